@@ -1,0 +1,49 @@
+//! Megatron's mmap indexed dataset: the `.bin`/`.idx` pair every training run reads.
+//!
+//! The format is documented in `docs/IDX_FORMAT.md` of the project's shared notes; in short,
+//! `.bin` holds the token ids of every sequence back to back and `.idx` a header, the
+//! sequence lengths, their byte offsets and the document boundaries.
+
+pub mod builder;
+pub mod dtype;
+pub mod error;
+pub mod index;
+pub mod indexed_dataset;
+pub mod merge;
+
+use std::path::{Path, PathBuf};
+
+pub use builder::{FinishedDataset, IndexedDatasetBuilder};
+pub use dtype::DType;
+pub use error::DatasetError;
+pub use index::IndexLayout;
+pub use indexed_dataset::{IndexedDataset, Tokens};
+pub use merge::merge_datasets;
+
+/// Path of the `.bin` file of a dataset prefix.
+pub fn data_file_path(prefix: &Path) -> PathBuf {
+    with_suffix(prefix, ".bin")
+}
+
+/// Path of the `.idx` file of a dataset prefix.
+pub fn index_file_path(prefix: &Path) -> PathBuf {
+    with_suffix(prefix, ".idx")
+}
+
+/// Accepts a prefix given with or without a trailing `.bin`/`.idx`, as users often paste one
+/// of the two file names.
+pub fn normalize_prefix(path: &Path) -> PathBuf {
+    let s = path.as_os_str().to_string_lossy();
+    for ext in [".bin", ".idx"] {
+        if let Some(stem) = s.strip_suffix(ext) {
+            return PathBuf::from(stem);
+        }
+    }
+    path.to_path_buf()
+}
+
+fn with_suffix(prefix: &Path, suffix: &str) -> PathBuf {
+    let mut s = prefix.as_os_str().to_owned();
+    s.push(suffix);
+    PathBuf::from(s)
+}

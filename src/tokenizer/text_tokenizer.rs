@@ -1,0 +1,234 @@
+//! The tokenizer `preprocess` uses, chosen with Megatron's `--tokenizer-type`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokenizers::Tokenizer;
+
+use super::{Gpt2Encoder, Gpt2Vocabulary, TokenizerError, GPT2_EOD_TOKEN};
+
+/// Megatron's `--tokenizer-type` values that ferrotron implements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokenizerType {
+    /// `GPT2BPETokenizer`: GPT-2 byte-level BPE from `vocab.json` + `merges.txt`.
+    Gpt2Bpe,
+    /// `HuggingFaceTokenizer`: any `tokenizer.json` (`--tokenizer-model`).
+    HuggingFace,
+}
+
+/// Megatron tokenizer types that exist there but not (yet) here, for a clear message.
+const MEGATRON_ONLY_TYPES: &[&str] = &[
+    "BertWordPieceLowerCase",
+    "BertWordPieceCase",
+    "SentencePieceTokenizer",
+    "GPTSentencePieceTokenizer",
+    "Llama2Tokenizer",
+    "TikTokenizer",
+    "MultimodalTokenizer",
+    "NullTokenizer",
+];
+
+impl std::str::FromStr for TokenizerType {
+    type Err = TokenizerError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "GPT2BPETokenizer" => Ok(Self::Gpt2Bpe),
+            "HuggingFaceTokenizer" => Ok(Self::HuggingFace),
+            other if MEGATRON_ONLY_TYPES.contains(&other) => Err(TokenizerError::Unsupported(
+                format!(
+                    "--tokenizer-type {other} is not supported by ferrotron; use GPT2BPETokenizer, \
+                     or HuggingFaceTokenizer with --tokenizer-model tokenizer.json"
+                ),
+            )),
+            other => Err(TokenizerError::Unsupported(format!(
+                "unknown --tokenizer-type {other:?}; expected GPT2BPETokenizer or HuggingFaceTokenizer"
+            ))),
+        }
+    }
+}
+
+/// Everything that selects and configures a tokenizer (Megatron's tokenizer flags).
+#[derive(Clone, Debug)]
+pub struct TokenizerOptions {
+    /// `--tokenizer-type`.
+    pub tokenizer_type: TokenizerType,
+    /// `--vocab-file`; the embedded GPT-2 file when `None`.
+    pub vocab_file: Option<PathBuf>,
+    /// `--merge-file`; the embedded GPT-2 file when `None`.
+    pub merge_file: Option<PathBuf>,
+    /// `--tokenizer-model`: a HuggingFace `tokenizer.json`.
+    pub tokenizer_model: Option<PathBuf>,
+    /// `--allow-special-tokens`: special tokens written literally in the text become their ids.
+    pub allow_special_tokens: bool,
+    /// `--eod-token`: the end-of-document token of a HuggingFace tokenizer.
+    pub eod_token: Option<String>,
+}
+
+impl Default for TokenizerOptions {
+    fn default() -> Self {
+        Self {
+            tokenizer_type: TokenizerType::Gpt2Bpe,
+            vocab_file: None,
+            merge_file: None,
+            tokenizer_model: None,
+            allow_special_tokens: false,
+            eod_token: None,
+        }
+    }
+}
+
+/// End-of-document tokens tried, in order, when a `tokenizer.json` does not say which it uses.
+const EOD_CANDIDATES: &[&str] = &[
+    GPT2_EOD_TOKEN,
+    "<|end_of_text|>",
+    "</s>",
+    "<eos>",
+    "<|eos|>",
+];
+
+/// A loaded tokenizer, shared by all workers; each worker makes its own [`TextEncoder`].
+#[derive(Clone, Debug)]
+pub enum TextTokenizer {
+    /// Megatron's `GPT2BPETokenizer`, encoded by ferrotron's fast exact encoder.
+    Gpt2 {
+        /// The vocabulary and merges.
+        vocab: Arc<Gpt2Vocabulary>,
+        /// Whether a literal `<|endoftext|>` becomes the EOD id.
+        allow_special_tokens: bool,
+    },
+    /// A HuggingFace `tokenizer.json`.
+    HuggingFace {
+        /// The tokenizer.
+        tokenizer: Arc<Tokenizer>,
+        /// Its end-of-document id, if one was found.
+        eod: Option<u32>,
+    },
+}
+
+impl TextTokenizer {
+    /// Loads the tokenizer the options describe.
+    pub fn load(options: &TokenizerOptions) -> Result<Self, TokenizerError> {
+        match options.tokenizer_type {
+            TokenizerType::Gpt2Bpe => {
+                if options.tokenizer_model.is_some() {
+                    return Err(TokenizerError::Unsupported(
+                        "--tokenizer-model is for HuggingFaceTokenizer; GPT2BPETokenizer takes \
+                         --vocab-file and --merge-file"
+                            .into(),
+                    ));
+                }
+                let vocab = Gpt2Vocabulary::from_files(
+                    options.vocab_file.as_deref(),
+                    options.merge_file.as_deref(),
+                )?;
+                Ok(Self::Gpt2 {
+                    vocab: Arc::new(vocab),
+                    allow_special_tokens: options.allow_special_tokens,
+                })
+            }
+            TokenizerType::HuggingFace => {
+                let path = options.tokenizer_model.as_ref().ok_or_else(|| {
+                    TokenizerError::Unsupported(
+                        "--tokenizer-type HuggingFaceTokenizer needs --tokenizer-model tokenizer.json"
+                            .into(),
+                    )
+                })?;
+                if !path.is_file() {
+                    return Err(TokenizerError::Io {
+                        path: path.clone(),
+                        source: std::io::Error::new(
+                            std::io::ErrorKind::NotFound,
+                            "not a file (a local tokenizer.json is needed; nothing is downloaded)",
+                        ),
+                    });
+                }
+                let tokenizer =
+                    Tokenizer::from_file(path).map_err(|e| TokenizerError::Invalid {
+                        file: path.display().to_string(),
+                        reason: format!("not a HuggingFace tokenizer.json: {e}"),
+                    })?;
+                let eod = match &options.eod_token {
+                    Some(token) => Some(tokenizer.token_to_id(token).ok_or_else(|| {
+                        TokenizerError::Invalid {
+                            file: path.display().to_string(),
+                            reason: format!("--eod-token {token:?} is not in the vocabulary"),
+                        }
+                    })?),
+                    None => EOD_CANDIDATES.iter().find_map(|t| tokenizer.token_to_id(t)),
+                };
+                Ok(Self::HuggingFace {
+                    tokenizer: Arc::new(tokenizer),
+                    eod,
+                })
+            }
+        }
+    }
+
+    /// The embedded GPT-2 tokenizer with Megatron's legacy defaults.
+    pub fn gpt2_embedded() -> Result<Self, TokenizerError> {
+        Self::load(&TokenizerOptions::default())
+    }
+
+    /// Vocabulary size, added tokens included (Megatron's `tokenizer.vocab_size`); it picks
+    /// the dataset dtype.
+    pub fn vocab_size(&self) -> usize {
+        match self {
+            Self::Gpt2 { vocab, .. } => vocab.vocab_size(),
+            Self::HuggingFace { tokenizer, .. } => tokenizer.get_vocab_size(true),
+        }
+    }
+
+    /// The end-of-document id that `--append-eod` appends, if the tokenizer has one.
+    pub fn eod(&self) -> Option<u32> {
+        match self {
+            Self::Gpt2 { vocab, .. } => Some(vocab.eod()),
+            Self::HuggingFace { eod, .. } => *eod,
+        }
+    }
+
+    /// A per-thread encoder.
+    pub fn encoder(&self) -> TextEncoder {
+        match self {
+            Self::Gpt2 {
+                vocab,
+                allow_special_tokens,
+            } => TextEncoder::Gpt2(Gpt2Encoder::new(vocab.clone(), *allow_special_tokens)),
+            Self::HuggingFace { tokenizer, .. } => TextEncoder::HuggingFace(tokenizer.clone()),
+        }
+    }
+
+    /// Decodes ids back to text.
+    pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizerError> {
+        match self {
+            Self::Gpt2 { vocab, .. } => vocab.decode(ids),
+            Self::HuggingFace { tokenizer, .. } => tokenizer
+                .decode(ids, false)
+                .map_err(|e| TokenizerError::Encode(e.to_string())),
+        }
+    }
+}
+
+/// Encodes documents on one worker thread.
+pub enum TextEncoder {
+    /// The fast GPT-2 encoder with its own memo.
+    Gpt2(Gpt2Encoder),
+    /// A shared HuggingFace tokenizer (stateless).
+    HuggingFace(Arc<Tokenizer>),
+}
+
+impl TextEncoder {
+    /// Appends the ids of `text` to `out` (no EOD; the caller appends it).
+    pub fn encode(&mut self, text: &str, out: &mut Vec<u32>) -> Result<(), TokenizerError> {
+        match self {
+            Self::Gpt2(encoder) => encoder.encode(text, out),
+            Self::HuggingFace(tokenizer) => {
+                let encoding = tokenizer
+                    .encode_fast(text, true)
+                    .map_err(|e| TokenizerError::Encode(e.to_string()))?;
+                out.extend_from_slice(encoding.get_ids());
+                Ok(())
+            }
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! `preprocess`: Megatron's `tools/preprocess_data.py`, byte-identical output, much faster.
+//!
+//! ```text
+//! preprocess --input data.jsonl --append-eod        # writes data_text_document.{bin,idx}
+//! ```
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+
+use ferrotron::preprocess::{
+    self, describe_outputs, progress::summary_line, PreprocessConfig, ProgressMode,
+};
+use ferrotron::tokenizer::{TextTokenizer, TokenizerOptions, TokenizerType};
+
+/// Tokenize JSONL documents into Megatron-LM indexed datasets (`.bin`/`.idx`).
+///
+/// Flags follow Megatron-LM's `tools/preprocess_data.py`; the output is byte-identical to it.
+#[derive(Parser, Debug)]
+#[command(name = "preprocess", version, about, long_about = None)]
+struct Args {
+    /// Input JSONL file(s), one JSON object per line; a directory means all its files, sorted.
+    #[arg(long, required = true, num_args = 1..)]
+    input: Vec<PathBuf>,
+
+    /// Output prefix: writes PREFIX_{key}_document.{bin,idx} [default: the input without its extension].
+    #[arg(long)]
+    output_prefix: Option<PathBuf>,
+
+    /// JSON keys to tokenize, one dataset each.
+    #[arg(long, num_args = 1.., default_value = "text")]
+    json_keys: Vec<String>,
+
+    /// Append the end-of-document token to every non-empty document.
+    #[arg(long)]
+    append_eod: bool,
+
+    /// Tokenizer: GPT2BPETokenizer or HuggingFaceTokenizer.
+    #[arg(long, default_value = "GPT2BPETokenizer")]
+    tokenizer_type: String,
+
+    /// GPT-2 vocab.json [default: the embedded GPT-2 vocabulary].
+    #[arg(long)]
+    vocab_file: Option<PathBuf>,
+
+    /// GPT-2 merges.txt [default: the embedded GPT-2 merges].
+    #[arg(long)]
+    merge_file: Option<PathBuf>,
+
+    /// HuggingFace tokenizer.json (for --tokenizer-type HuggingFaceTokenizer).
+    #[arg(long)]
+    tokenizer_model: Option<PathBuf>,
+
+    /// End-of-document token of a HuggingFace tokenizer [default: guessed: <|endoftext|>, </s>, ...].
+    #[arg(long)]
+    eod_token: Option<String>,
+
+    /// Treat a literal `<|endoftext|>` in the text as the EOD token (newer Megatron), instead of
+    /// plain text (Megatron's legacy GPT2BPETokenizer, the default).
+    #[arg(long)]
+    allow_special_tokens: bool,
+
+    /// Tokenizing threads [default: all cores].
+    #[arg(long)]
+    workers: Option<usize>,
+
+    /// Progress line every this many documents (when not on a terminal; at most one a second).
+    #[arg(long, default_value_t = 1000)]
+    log_interval: u64,
+
+    /// Skip invalid lines and report them, instead of stopping at the first.
+    #[arg(long)]
+    skip_bad_lines: bool,
+
+    /// Size of the input chunks handed to workers, in MiB (memory use is a small multiple of
+    /// this times the number of workers).
+    #[arg(long, default_value_t = 1.0)]
+    chunk_size_mb: f64,
+
+    /// No progress output, only the final summary.
+    #[arg(long, short)]
+    quiet: bool,
+
+    /// Not supported: needs NLTK punkt sentence splitting.
+    #[arg(long, hide = true)]
+    split_sentences: bool,
+
+    /// Not supported: only meaningful with --split-sentences.
+    #[arg(long, hide = true)]
+    keep_newlines: bool,
+
+    /// Accepted for Megatron compatibility: ferrotron streams, so partitions change nothing.
+    #[arg(long, hide = true)]
+    partitions: Option<usize>,
+
+    /// Accepted for Megatron compatibility: output order is always input order.
+    #[arg(long, hide = true)]
+    keep_sequential_samples: bool,
+
+    /// Accepted for Megatron compatibility: only used with --split-sentences.
+    #[arg(long, hide = true)]
+    lang: Option<String>,
+
+    /// Megatron's vocabulary size for NullTokenizer (not supported).
+    #[arg(long, hide = true)]
+    vocab_size: Option<usize>,
+}
+
+fn run(args: Args) -> Result<()> {
+    if args.split_sentences || args.keep_newlines {
+        bail!(
+            "--split-sentences/--keep-newlines are not supported: they need NLTK punkt sentence \
+             splitting, which ferrotron does not ship. Split sentences beforehand, or drop the flag \
+             to store each document as one sequence."
+        );
+    }
+    if args.vocab_size.is_some() {
+        bail!("--vocab-size is only used by Megatron's NullTokenizer, which ferrotron does not support");
+    }
+    if let Some(p) = args.partitions.filter(|&p| p > 1) {
+        eprintln!("note: --partitions {p} ignored: ferrotron streams the input, and the output is the same");
+    }
+    if args.lang.is_some() {
+        eprintln!("note: --lang ignored: it only matters with --split-sentences");
+    }
+    if args.workers == Some(0) {
+        bail!("--workers must be at least 1");
+    }
+    if !(args.chunk_size_mb > 0.0 && args.chunk_size_mb <= 1024.0) {
+        bail!("--chunk-size-mb must be in (0, 1024]");
+    }
+
+    let inputs = preprocess::resolve_inputs(&args.input)?;
+    let output_prefix = match args.output_prefix {
+        Some(p) => p,
+        None => preprocess::default_output_prefix(&args.input)
+            .context("several inputs given: name the output with --output-prefix")?,
+    };
+    let tokenizer_type: TokenizerType = args.tokenizer_type.parse()?;
+    let tokenizer = TextTokenizer::load(&TokenizerOptions {
+        tokenizer_type,
+        vocab_file: args.vocab_file,
+        merge_file: args.merge_file,
+        tokenizer_model: args.tokenizer_model,
+        allow_special_tokens: args.allow_special_tokens,
+        eod_token: args.eod_token,
+    })?;
+
+    let cancel = Arc::new(AtomicBool::new(false));
+    {
+        let cancel = cancel.clone();
+        // If a handler cannot be installed, Ctrl-C still kills the run; the final names are
+        // untouched either way because outputs are renamed into place only at the end.
+        let _ = ctrlc::set_handler(move || cancel.store(true, Ordering::Relaxed));
+    }
+    let mut config = PreprocessConfig::new(inputs, output_prefix);
+    config.json_keys = args.json_keys;
+    config.append_eod = args.append_eod;
+    if let Some(w) = args.workers {
+        config.workers = w;
+    }
+    config.chunk_bytes = (args.chunk_size_mb * (1 << 20) as f64) as usize;
+    config.log_interval = args.log_interval;
+    config.skip_bad_lines = args.skip_bad_lines;
+    config.progress = if args.quiet {
+        ProgressMode::Quiet
+    } else {
+        ProgressMode::Auto
+    };
+    config.cancel = Some(cancel);
+
+    eprintln!(
+        "preprocess: {} input file(s), {} worker(s), tokenizer {} (vocab {}), keys {:?}",
+        config.inputs.len(),
+        config.workers,
+        args.tokenizer_type,
+        tokenizer.vocab_size(),
+        config.json_keys
+    );
+    let summary = preprocess::run(&config, &tokenizer)?;
+    if summary.skipped_lines > 0 {
+        eprintln!("skipped {} bad line(s); the first:", summary.skipped_lines);
+        for bad in &summary.first_skipped {
+            eprintln!("  {bad}");
+        }
+    }
+    for line in describe_outputs(&summary.datasets) {
+        eprintln!("wrote {line}");
+    }
+    eprintln!("{}", summary_line(&summary.counts, summary.elapsed));
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("preprocess: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
