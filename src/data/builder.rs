@@ -61,8 +61,9 @@ fn temp_beside(final_path: &Path) -> Result<NamedTempFile, DatasetError> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
+    let prefix = format!(".{name}.");
     let mut builder = tempfile::Builder::new();
-    builder.prefix(&format!(".{name}.")).suffix(".tmp");
+    builder.prefix(&prefix).suffix(".tmp");
     // Final files get the usual 0666-minus-umask mode, not the 0600 of a temporary file.
     #[cfg(unix)]
     {
