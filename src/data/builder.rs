@@ -70,9 +70,23 @@ fn temp_beside(final_path: &Path) -> Result<NamedTempFile, DatasetError> {
         use std::os::unix::fs::PermissionsExt;
         builder.permissions(std::fs::Permissions::from_mode(0o666));
     }
-    builder
-        .tempfile_in(&dir)
-        .map_err(|e| DatasetError::io(final_path, e))
+    if !dir.is_dir() {
+        let why = format!(
+            "cannot create it: directory {} does not exist",
+            dir.display()
+        );
+        return Err(DatasetError::io(
+            final_path,
+            std::io::Error::new(std::io::ErrorKind::NotFound, why),
+        ));
+    }
+    builder.tempfile_in(&dir).map_err(|e| {
+        // tempfile appends " at path <temporary name>"; the final name is what users know.
+        let text = e.to_string();
+        let cause = text.split(" at path ").next().unwrap_or(&text);
+        let why = format!("cannot create it in {}: {cause}", dir.display());
+        DatasetError::io(final_path, std::io::Error::new(e.kind(), why))
+    })
 }
 
 impl IndexedDatasetBuilder {

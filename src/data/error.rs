@@ -6,12 +6,12 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum DatasetError {
     /// A file could not be opened, read, written or renamed.
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {cause}", path.display())]
     Io {
         /// The file.
         path: PathBuf,
         /// Why.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// The `.idx` is not a valid Megatron index (or does not fit its `.bin`).
     #[error("{}: {reason}", path.display())]
@@ -39,10 +39,10 @@ pub enum DatasetError {
 
 impl DatasetError {
     /// Wraps an I/O error with the path it happened on.
-    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+    pub fn io(path: impl Into<PathBuf>, cause: std::io::Error) -> Self {
         Self::Io {
             path: path.into(),
-            source,
+            cause,
         }
     }
 }

@@ -10,6 +10,7 @@ pub mod error;
 pub mod index;
 pub mod indexed_dataset;
 pub mod merge;
+pub mod stats;
 
 use std::path::{Path, PathBuf};
 
@@ -19,6 +20,7 @@ pub use error::DatasetError;
 pub use index::IndexLayout;
 pub use indexed_dataset::{IndexedDataset, Tokens};
 pub use merge::merge_datasets;
+pub use stats::DatasetStats;
 
 /// Path of the `.bin` file of a dataset prefix.
 pub fn data_file_path(prefix: &Path) -> PathBuf {

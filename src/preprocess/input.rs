@@ -14,20 +14,20 @@ const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
 pub fn resolve_inputs(paths: &[PathBuf]) -> Result<Vec<PathBuf>, PreprocessError> {
     let mut files = Vec::new();
     for path in paths {
-        let meta = std::fs::metadata(path).map_err(|source| PreprocessError::Input {
+        let meta = std::fs::metadata(path).map_err(|cause| PreprocessError::Input {
             path: path.clone(),
-            source,
+            cause,
         })?;
         if meta.is_dir() {
             let mut in_dir = Vec::new();
-            let entries = std::fs::read_dir(path).map_err(|source| PreprocessError::Input {
+            let entries = std::fs::read_dir(path).map_err(|cause| PreprocessError::Input {
                 path: path.clone(),
-                source,
+                cause,
             })?;
             for entry in entries {
-                let entry = entry.map_err(|source| PreprocessError::Input {
+                let entry = entry.map_err(|cause| PreprocessError::Input {
                     path: path.clone(),
-                    source,
+                    cause,
                 })?;
                 let hidden = entry.file_name().to_string_lossy().starts_with('.');
                 if !hidden && entry.path().is_file() {
@@ -105,9 +105,9 @@ impl ChunkReader {
                 let buf = open
                     .reader
                     .fill_buf()
-                    .map_err(|source| PreprocessError::Input {
+                    .map_err(|cause| PreprocessError::Input {
                         path: open.path.to_path_buf(),
-                        source,
+                        cause,
                     })?;
                 if !buf.is_empty() {
                     return Ok(true);
@@ -117,14 +117,14 @@ impl ChunkReader {
             let Some(path) = self.files.next() else {
                 return Ok(false);
             };
-            let file = File::open(&path).map_err(|source| PreprocessError::Input {
+            let file = File::open(&path).map_err(|cause| PreprocessError::Input {
                 path: path.clone(),
-                source,
+                cause,
             })?;
             let mut reader = BufReader::with_capacity(1 << 20, file);
-            let buf = reader.fill_buf().map_err(|source| PreprocessError::Input {
+            let buf = reader.fill_buf().map_err(|cause| PreprocessError::Input {
                 path: path.clone(),
-                source,
+                cause,
             })?;
             if buf.starts_with(UTF8_BOM) {
                 reader.consume(UTF8_BOM.len());
@@ -143,10 +143,10 @@ impl ChunkReader {
         let mut data = Vec::with_capacity(self.chunk_bytes + 4096);
         let first_line = open.next_line;
         while data.len() < self.chunk_bytes {
-            let n = open.reader.read_until(b'\n', &mut data).map_err(|source| {
+            let n = open.reader.read_until(b'\n', &mut data).map_err(|cause| {
                 PreprocessError::Input {
                     path: open.path.to_path_buf(),
-                    source,
+                    cause,
                 }
             })?;
             if n == 0 {

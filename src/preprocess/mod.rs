@@ -84,12 +84,12 @@ impl PreprocessConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum PreprocessError {
     /// An input could not be read.
-    #[error("cannot read input {}: {source}", path.display())]
+    #[error("cannot read input {}: {cause}", path.display())]
     Input {
         /// The input.
         path: PathBuf,
         /// Why.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// A line that is not a valid document (without `--skip-bad-lines`).
     #[error("{0}")]
@@ -155,9 +155,9 @@ pub fn run(
         .map(|p| {
             std::fs::metadata(p)
                 .map(|m| m.len())
-                .map_err(|source| PreprocessError::Input {
+                .map_err(|cause| PreprocessError::Input {
                     path: p.clone(),
-                    source,
+                    cause,
                 })
         })
         .sum::<Result<u64, _>>()?;

@@ -52,9 +52,9 @@ impl Gpt2Vocabulary {
     /// path that is `None`.
     pub fn from_files(vocab: Option<&Path>, merges: Option<&Path>) -> Result<Self, TokenizerError> {
         let read = |path: &Path| {
-            std::fs::read_to_string(path).map_err(|source| TokenizerError::Io {
+            std::fs::read_to_string(path).map_err(|cause| TokenizerError::Io {
                 path: path.to_path_buf(),
-                source,
+                cause,
             })
         };
         let (vocab_text, vocab_name) = match vocab {

@@ -17,12 +17,12 @@ pub use text_tokenizer::{TextEncoder, TextTokenizer, TokenizerOptions, Tokenizer
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
     /// A tokenizer file could not be read.
-    #[error("cannot read {}: {source}", path.display())]
+    #[error("cannot read {}: {cause}", path.display())]
     Io {
         /// The file.
         path: PathBuf,
         /// Why.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// A tokenizer file was read but is not what it should be.
     #[error("{file}: {reason}")]

@@ -137,7 +137,7 @@ impl TextTokenizer {
                 if !path.is_file() {
                     return Err(TokenizerError::Io {
                         path: path.clone(),
-                        source: std::io::Error::new(
+                        cause: std::io::Error::new(
                             std::io::ErrorKind::NotFound,
                             "not a file (a local tokenizer.json is needed; nothing is downloaded)",
                         ),

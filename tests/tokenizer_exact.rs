@@ -1,0 +1,120 @@
+//! The fast GPT-2 encoder must give exactly the ids of the plain HuggingFace `tokenizers`
+//! pipeline (ByteLevel pre-tokenizer with the GPT-2 regex + BPE) on all text.
+
+mod common;
+
+use std::sync::{Arc, OnceLock};
+
+use common::*;
+use ferrotron::tokenizer::{Gpt2Encoder, Gpt2PreTokens, Gpt2Vocabulary, TextTokenizer};
+use proptest::prelude::*;
+use tokenizers::Tokenizer;
+
+/// The vocabulary and the reference pipeline, built once for all cases.
+fn setup() -> (Arc<Gpt2Vocabulary>, &'static Tokenizer) {
+    static SHARED: OnceLock<(Arc<Gpt2Vocabulary>, Tokenizer)> = OnceLock::new();
+    let (vocab, reference) = SHARED.get_or_init(|| {
+        let vocab = Arc::new(Gpt2Vocabulary::embedded().unwrap());
+        let reference = vocab.reference_tokenizer();
+        (vocab, reference)
+    });
+    (vocab.clone(), reference)
+}
+
+fn reference_ids(reference: &Tokenizer, text: &str) -> Vec<u32> {
+    reference.encode(text, false).unwrap().get_ids().to_vec()
+}
+
+fn fast_ids(encoder: &mut Gpt2Encoder, text: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    encoder.encode(text, &mut out).unwrap();
+    out
+}
+
+#[test]
+fn fast_encoder_matches_tokenizers_on_every_document_of_every_corpus() {
+    let (vocab, reference) = setup();
+    let mut encoder = Gpt2Encoder::new(vocab, false);
+    let mut documents = 0;
+    for name in CORPORA {
+        let text = std::fs::read_to_string(corpus(name)).unwrap();
+        for line in text.lines() {
+            let value: serde_json::Value = serde_json::from_str(line).unwrap();
+            for (_, field) in value.as_object().unwrap() {
+                let Some(doc) = field.as_str() else { continue };
+                assert_eq!(
+                    fast_ids(&mut encoder, doc),
+                    reference_ids(reference, doc),
+                    "{name}: {:.80}",
+                    doc
+                );
+                documents += 1;
+            }
+        }
+    }
+    assert!(documents > 600);
+}
+
+#[test]
+fn documented_edge_cases() {
+    let (vocab, _) = setup();
+    let mut legacy = Gpt2Encoder::new(vocab.clone(), false);
+    assert_eq!(
+        fast_ids(&mut legacy, "<|endoftext|>"),
+        [27, 91, 437, 1659, 5239, 91, 29]
+    );
+    assert_eq!(fast_ids(&mut legacy, " "), [220]);
+    assert_eq!(fast_ids(&mut legacy, "\n"), [198]);
+    assert_eq!(fast_ids(&mut legacy, ""), Vec::<u32>::new());
+    let mut special = Gpt2Encoder::new(vocab, true);
+    assert_eq!(fast_ids(&mut special, "a<|endoftext|>b"), [64, 50256, 65]);
+    assert_eq!(fast_ids(&mut special, "<|endoftext|>"), [50256]);
+}
+
+#[test]
+fn decode_inverts_encode() {
+    let tokenizer = TextTokenizer::gpt2_embedded().unwrap();
+    let mut encoder = tokenizer.encoder();
+    let text = "Hello  world!\n\nIt's 2024 — naïve café, 東京 🙂 <|endoftext|>\t";
+    let mut ids = Vec::new();
+    encoder.encode(text, &mut ids).unwrap();
+    assert_eq!(tokenizer.decode(&ids).unwrap(), text);
+}
+
+/// Characters that stress each branch of the GPT-2 pattern: ASCII classes, apostrophes and
+/// contraction letters, every kind of Unicode white space, letters and numbers outside ASCII,
+/// combining marks (not letters), symbols, emoji, CJK.
+fn interesting_char() -> impl Strategy<Value = char> {
+    prop_oneof![
+        4 => prop::sample::select(vec![
+            'a', 'b', 's', 't', 'r', 'e', 'v', 'm', 'l', 'd', 'S', 'T', '0', '7', ' ', ' ', '\'', '\n',
+            '\r', '\t', '.', ',', '-', '!', '"', '<', '|', '>',
+        ]),
+        1 => prop::sample::select(vec![
+            '\u{0b}', '\u{0c}', '\u{85}', '\u{a0}', '\u{1680}', '\u{2000}', '\u{2009}', '\u{200a}',
+            '\u{2028}', '\u{2029}', '\u{202f}', '\u{205f}', '\u{3000}', '\u{1c}', '\u{200b}',
+            'é', 'ß', 'Ω', 'ж', 'ا', 'न', '\u{93f}', '\u{301}', '\u{300}', '²', '½', 'Ⅻ', '٣', '〇',
+            '東', '京', '😀', '🙂', '€', '©', '\u{feff}', 'ǅ', 'ʰ', '\u{0}',
+        ]),
+        1 => any::<char>(),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn fast_encoder_matches_tokenizers_on_random_text(chars in prop::collection::vec(interesting_char(), 0..40)) {
+        let text: String = chars.into_iter().collect();
+        let (vocab, reference) = setup();
+        let mut encoder = Gpt2Encoder::new(vocab, false);
+        prop_assert_eq!(fast_ids(&mut encoder, &text), reference_ids(reference, &text), "{:?}", text);
+    }
+
+    #[test]
+    fn pre_tokens_cover_the_text_exactly(chars in prop::collection::vec(interesting_char(), 0..60)) {
+        let text: String = chars.into_iter().collect();
+        let joined: String = Gpt2PreTokens::new(&text).collect();
+        prop_assert_eq!(joined, text);
+    }
+}
