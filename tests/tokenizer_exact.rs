@@ -101,7 +101,7 @@ fn interesting_char() -> impl Strategy<Value = char> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 2000, failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn fast_encoder_matches_tokenizers_on_random_text(chars in prop::collection::vec(interesting_char(), 0..40)) {

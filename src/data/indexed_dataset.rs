@@ -214,6 +214,13 @@ impl IndexedDataset {
 
     /// Tokens of the whole `.bin` from token `start`, `len` tokens long (bounds-checked).
     fn token_span(&self, start: u64, len: usize) -> Tokens<'_> {
+        if len == 0 {
+            // An empty `.bin` has no map, so there is no aligned pointer to borrow from.
+            return match self.dtype() {
+                DType::U16 => Tokens::U16(&[]),
+                _ => Tokens::I32(&[]),
+            };
+        }
         let bytes: &[u8] = self.data.as_deref().unwrap_or(&[]);
         let itemsize = self.dtype().itemsize();
         let from = start as usize * itemsize;
