@@ -139,6 +139,9 @@ fn merge_refuses_mixed_dtypes() {
     assert!(err.to_string().contains("different dtypes"), "{err}");
 }
 
+/// Changes the `.bin` and `.idx` bytes of a dataset.
+type Corruption = dyn FnOnce(&mut Vec<u8>, &mut Vec<u8>);
+
 /// Writes a good dataset, lets `corrupt` change its files, and returns the open error.
 fn open_corrupted(corrupt: impl FnOnce(&mut Vec<u8>, &mut Vec<u8>)) -> String {
     let dir = tempfile::tempdir().unwrap();
@@ -161,7 +164,7 @@ fn open_corrupted(corrupt: impl FnOnce(&mut Vec<u8>, &mut Vec<u8>)) -> String {
 #[test]
 fn corrupt_and_truncated_indexes_are_clear_errors() {
     let s = 3; // sequences in the dataset above
-    let cases: Vec<(&str, Box<dyn FnOnce(&mut Vec<u8>, &mut Vec<u8>)>)> = vec![
+    let cases: Vec<(&str, Box<Corruption>)> = vec![
         ("truncated", Box::new(|_, idx| idx.truncate(20))),
         ("empty file", Box::new(|_, idx| idx.clear())),
         (

@@ -308,3 +308,48 @@ fn huggingface_tokenizer_json_gives_the_same_ids_as_gpt2() {
             == read_pair(&golden("wikitext2_valid", "text"))
     );
 }
+
+#[cfg(unix)]
+#[test]
+fn ctrl_c_stops_the_run_and_leaves_no_output() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("in.jsonl");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let child = Command::new(PREPROCESS)
+        .args([
+            "--input",
+            "in.jsonl",
+            "--output-prefix",
+            "out",
+            "--chunk-size-mb",
+            "0.001",
+            "-q",
+        ])
+        .current_dir(dir.path())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let line = "{\"text\": \"some words to tokenize, again and again\"}\n".repeat(50);
+    let mut writer = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+    writer.write_all(line.as_bytes()).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    // The run notices the request at its next chunk.
+    let _ = writer.write_all(line.as_bytes());
+    drop(writer);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", stderr(&out));
+    assert!(stderr(&out).contains("interrupted"), "{}", stderr(&out));
+    assert_eq!(list_dir(dir.path()), ["in.jsonl"]);
+}

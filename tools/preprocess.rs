@@ -155,7 +155,12 @@ fn run(args: Args) -> Result<()> {
         let cancel = cancel.clone();
         // If a handler cannot be installed, Ctrl-C still kills the run; the final names are
         // untouched either way because outputs are renamed into place only at the end.
-        let _ = ctrlc::set_handler(move || cancel.store(true, Ordering::Relaxed));
+        // A second Ctrl-C exits at once (temporary files may then stay behind, hidden).
+        let _ = ctrlc::set_handler(move || {
+            if cancel.swap(true, Ordering::Relaxed) {
+                std::process::exit(130);
+            }
+        });
     }
     let mut config = PreprocessConfig::new(inputs, output_prefix);
     config.json_keys = args.json_keys;
@@ -201,7 +206,12 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("preprocess: error: {e:#}");
-            ExitCode::FAILURE
+            // 130 is the shell's code for "stopped by SIGINT".
+            let interrupted = matches!(
+                e.downcast_ref(),
+                Some(preprocess::PreprocessError::Interrupted)
+            );
+            ExitCode::from(if interrupted { 130 } else { 1 })
         }
     }
 }

@@ -122,11 +122,11 @@ impl Gpt2Vocabulary {
                 file: vocab_name.to_owned(),
                 reason: format!("the end-of-document token {GPT2_EOD_TOKEN} is missing"),
             })?;
-        // No internal cache: callers keep their own per-thread memo, and BPE's shared cache
-        // would only add lock traffic.
+        // BPE keeps its default word cache so that `reference_tokenizer` is the plain
+        // `tokenizers` pipeline, untouched; ferrotron's encoder puts its own per-thread memo
+        // in front, so that cache is only consulted on memo misses.
         let bpe = BPE::builder()
             .vocab_and_merges(vocab, merges)
-            .cache_capacity(0)
             .build()
             .map_err(|e| TokenizerError::Invalid {
                 file: merges_name.to_owned(),
