@@ -7,9 +7,10 @@
 //! failed or interrupted run leaves the final names untouched.
 
 use std::fs::File;
-use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
+use std::io::{BufReader, BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
+use byteorder::{LittleEndian, ReadBytesExt, WriteBytesExt};
 use tempfile::NamedTempFile;
 
 use super::index::encode_header;
@@ -164,7 +165,7 @@ impl IndexedDatasetBuilder {
             .write_all(&self.scratch)
             .map_err(|e| self.bin_io(e))?;
         self.lengths
-            .write_all(&len.to_le_bytes())
+            .write_i32::<LittleEndian>(len)
             .map_err(|e| self.spill_io(e))?;
         self.sequences += 1;
         self.tokens += tokens.len() as u64;
@@ -176,7 +177,7 @@ impl IndexedDatasetBuilder {
     /// boundary, so `document_indices` repeats a value).
     pub fn end_document(&mut self) -> Result<(), DatasetError> {
         self.document_ends
-            .write_all(&(self.sequences as i64).to_le_bytes())
+            .write_i64::<LittleEndian>(self.sequences as i64)
             .map_err(|e| self.spill_io(e))?;
         self.documents += 1;
         self.sequences_in_open_document = false;
@@ -225,13 +226,13 @@ impl IndexedDatasetBuilder {
         self.bin.write_all(bytes).map_err(|e| self.bin_io(e))?;
         for len in other.sequence_lengths() {
             self.lengths
-                .write_all(&(len as i32).to_le_bytes())
+                .write_i32::<LittleEndian>(len as i32)
                 .map_err(|e| self.spill_io(e))?;
         }
         for end in other.document_indices().skip(1) {
             let end = self.sequences + end as u64;
             self.document_ends
-                .write_all(&(end as i64).to_le_bytes())
+                .write_i64::<LittleEndian>(end as i64)
                 .map_err(|e| self.spill_io(e))?;
         }
         self.sequences += other.sequence_count() as u64;
@@ -294,14 +295,12 @@ impl IndexedDatasetBuilder {
         let mut reader = BufReader::with_capacity(WRITE_BUFFER, lengths);
         let itemsize = self.dtype.itemsize() as i64;
         let mut pointer = 0i64;
-        let mut buf = [0u8; 4];
         for _ in 0..summary.sequences {
-            reader.read_exact(&mut buf).map_err(spill_err)?;
-            out.write_all(&pointer.to_le_bytes()).map_err(idx_err)?;
-            pointer += i32::from_le_bytes(buf) as i64 * itemsize;
+            out.write_i64::<LittleEndian>(pointer).map_err(idx_err)?;
+            pointer += reader.read_i32::<LittleEndian>().map_err(spill_err)? as i64 * itemsize;
         }
         // document_indices: the leading 0, then each document's end.
-        out.write_all(&0i64.to_le_bytes()).map_err(idx_err)?;
+        out.write_i64::<LittleEndian>(0).map_err(idx_err)?;
         document_ends.seek(SeekFrom::Start(0)).map_err(spill_err)?;
         std::io::copy(&mut document_ends, &mut out).map_err(idx_err)?;
         let idx = out.into_inner().map_err(|e| idx_err(e.into_error()))?;

@@ -4,6 +4,8 @@
 //! reads can trust it: a corrupt or truncated file is an error at open, never a panic or a
 //! silent out-of-bounds read at training time. This parser is also the fuzz target.
 
+use byteorder::{ByteOrder, LittleEndian};
+
 use super::DType;
 
 /// The 9-byte magic every Megatron index starts with.
@@ -27,9 +29,11 @@ pub struct IndexLayout {
 }
 
 fn read_u64(bytes: &[u8], at: usize) -> u64 {
-    let mut b = [0u8; 8];
-    b.copy_from_slice(&bytes[at..at + 8]);
-    u64::from_le_bytes(b)
+    LittleEndian::read_u64(&bytes[at..at + 8])
+}
+
+fn read_i32(bytes: &[u8], at: usize) -> i32 {
+    LittleEndian::read_i32(&bytes[at..at + 4])
 }
 
 impl IndexLayout {
@@ -90,7 +94,7 @@ impl IndexLayout {
         let mut expected_pointer = 0u64;
         for i in 0..s {
             let at = lengths_at + 4 * i;
-            let len = i32::from_le_bytes([idx[at], idx[at + 1], idx[at + 2], idx[at + 3]]);
+            let len = read_i32(idx, at);
             if len < 0 {
                 return Err(format!("sequence {i} has negative length {len}"));
             }
@@ -153,7 +157,7 @@ impl IndexLayout {
     /// Length of sequence `i`; `idx` must be the bytes this layout was parsed from.
     pub fn sequence_length(&self, idx: &[u8], i: usize) -> usize {
         let at = HEADER_LEN + 4 * i;
-        i32::from_le_bytes([idx[at], idx[at + 1], idx[at + 2], idx[at + 3]]) as usize
+        read_i32(idx, at) as usize
     }
 
     /// Byte offset of sequence `i` in the `.bin`.

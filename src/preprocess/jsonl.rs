@@ -17,13 +17,22 @@ pub enum LineError {
         /// 1-based byte column of the first invalid byte.
         column: usize,
     },
-    /// Not parseable JSON (this includes an escaped lone surrogate such as `"\ud800"`).
+    /// Not parseable JSON.
     #[error("invalid JSON at column {column}: {message}")]
     InvalidJson {
         /// 1-based column where parsing failed.
         column: usize,
         /// serde_json's description.
         message: String,
+    },
+    /// A `\uXXXX` escape of half a surrogate pair with no other half: not a character,
+    /// so not text (Python's json accepts it; Megatron then fails to encode it).
+    #[error("escaped lone surrogate {escape} at column {column}: not valid Unicode text")]
+    LoneSurrogate {
+        /// The escape as written.
+        escape: String,
+        /// 1-based column of its backslash.
+        column: usize,
     },
     /// Valid JSON, but not an object.
     #[error("expected a JSON object per line, found {0}")]
@@ -60,8 +69,8 @@ pub fn parse_line<'a>(
     let mut de = serde_json::Deserializer::from_str(text);
     let fields = FieldsSeed { keys }
         .deserialize(&mut de)
-        .map_err(json_error)?;
-    de.end().map_err(json_error)?;
+        .and_then(|fields| de.end().map(|()| fields))
+        .map_err(|e| find_lone_surrogate(line).unwrap_or_else(|| json_error(e)))?;
     let values = match fields {
         Fields::Object(values) => values,
         Fields::NotAnObject(kind) => return Err(LineError::NotAnObject(kind)),
@@ -79,6 +88,42 @@ pub fn parse_line<'a>(
         })
         .collect::<Result<Vec<_>, _>>()
         .map(Some)
+}
+
+/// Finds the first `\uD800`–`\uDFFF` escape that is not half of a valid pair; called only
+/// after parsing failed, to name the problem in words users recognise.
+fn find_lone_surrogate(line: &[u8]) -> Option<LineError> {
+    let hex4 = |at: usize| -> Option<u32> {
+        let digits = std::str::from_utf8(line.get(at..at + 4)?).ok()?;
+        u32::from_str_radix(digits, 16).ok()
+    };
+    let mut i = 0;
+    while i + 1 < line.len() {
+        if line[i] != b'\\' {
+            i += 1;
+            continue;
+        }
+        if line[i + 1] != b'u' {
+            i += 2;
+            continue;
+        }
+        let unit = hex4(i + 2)?;
+        let paired = (0xD800..0xDC00).contains(&unit)
+            && line.get(i + 6..i + 8) == Some(b"\\u")
+            && hex4(i + 8).is_some_and(|low| (0xDC00..0xE000).contains(&low));
+        if paired {
+            i += 12;
+        } else if (0xD800..0xE000).contains(&unit) {
+            let escape = String::from_utf8_lossy(&line[i..i + 6]).into_owned();
+            return Some(LineError::LoneSurrogate {
+                escape,
+                column: i + 1,
+            });
+        } else {
+            i += 6;
+        }
+    }
+    None
 }
 
 fn json_error(e: serde_json::Error) -> LineError {
@@ -268,12 +313,22 @@ mod tests {
             parse_line(b"{\"text\": \"\xff\"}", &k),
             Err(LineError::InvalidUtf8 { column: 11 })
         ));
-        match parse_line(br#"{"text": "\ud800"}"#, &k) {
-            Err(LineError::InvalidJson { message, .. }) => {
-                assert!(message.contains("surrogate"), "{message}")
+        for (line, column) in [
+            (&br#"{"text": "\ud800"}"#[..], 11),
+            (br#"{"text": "a\ud800b"}"#, 12),
+            (br#"{"text": "\udc00 x"}"#, 11),
+            (br#"{"text": "\ud83d\ude00 \\u \ud800\u0041"}"#, 28),
+        ] {
+            match parse_line(line, &k) {
+                Err(LineError::LoneSurrogate { column: c, .. }) => assert_eq!(c, column),
+                other => panic!("lone surrogate not reported: {other:?}"),
             }
-            other => panic!("lone surrogate accepted: {other:?}"),
         }
+        // A proper pair is one character.
+        let pair = parse_line(br#"{"text": "\ud83d\ude00"}"#, &k)
+            .unwrap()
+            .unwrap();
+        assert_eq!(pair, vec![Cow::<str>::Owned("😀".into())]);
         let dup = parse_line(br#"{"text": "a", "text": "b"}"#, &k)
             .unwrap()
             .unwrap();

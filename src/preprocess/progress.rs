@@ -53,10 +53,13 @@ impl Progress {
     pub fn new(mode: ProgressMode, total_bytes: u64, log_interval: u64, start: Instant) -> Self {
         let terminal = std::io::stderr().is_terminal();
         let bar = (mode == ProgressMode::Auto && terminal).then(|| {
-            let bar = ProgressBar::with_draw_target(Some(total_bytes), ProgressDrawTarget::stderr_with_hz(4));
+            let bar = ProgressBar::with_draw_target(
+                Some(total_bytes),
+                ProgressDrawTarget::stderr_with_hz(4),
+            );
             bar.set_style(
                 ProgressStyle::with_template(
-                    "{elapsed_precise} [{bar:30}] {bytes}/{total_bytes} ({bytes_per_sec}, eta {eta}) {msg}",
+                    "{elapsed_precise} [{bar:30}] {percent:>3}% eta {eta} | {msg}",
                 )
                 .unwrap_or_else(|_| ProgressStyle::default_bar())
                 .progress_chars("=> "),
@@ -82,10 +85,10 @@ impl Progress {
     pub fn update(&mut self, counts: &Counts) {
         let elapsed = self.start.elapsed();
         if let Some(bar) = &self.bar {
-            let (docs_s, _, tok_s) = rates(counts, elapsed);
+            let (docs_s, mb_s, tok_s) = rates(counts, elapsed);
             bar.set_position(counts.bytes);
             bar.set_message(format!(
-                "{} docs ({docs_s:.0}/s), {:.2}M tokens/s",
+                "{} docs ({docs_s:.0}/s) | {mb_s:.1} MB/s | {:.2}M tokens/s",
                 counts.documents,
                 tok_s / 1e6
             ));
