@@ -136,7 +136,10 @@ const BAD_LINES: &[(&[u8], &str)] = &[
         "expected a JSON object per line, found a string",
     ),
     (b"{\"text\": \"bad \xff byte\"}", "invalid UTF-8"),
-    (b"{\"text\": \"lone \\udc00 surrogate\"}", "escaped lone surrogate \\udc00 at column 16"),
+    (
+        b"{\"text\": \"lone \\udc00 surrogate\"}",
+        "escaped lone surrogate \\udc00 at column 16",
+    ),
     (b"{\"text\": \"ok\"} trailing", "invalid JSON"),
 ];
 
