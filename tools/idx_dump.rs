@@ -8,12 +8,12 @@ use clap::Parser;
 use serde_json::json;
 
 use ferrotron::data::{normalize_prefix, DatasetStats, IndexedDataset};
-use ferrotron::tokenizer::{TextTokenizer, TokenizerOptions, TokenizerType};
+use ferrotron::tokenizer::TokenizerArgs;
 
 /// Show the header, counts and length statistics of a `.bin`/`.idx` pair, check it, and
 /// decode documents.
 #[derive(Parser, Debug)]
-#[command(name = "idx-dump", version, about, long_about = None)]
+#[command(name = "idx-dump", version)]
 struct Args {
     /// Dataset prefix (PREFIX.bin + PREFIX.idx); a path ending in .bin or .idx also works.
     prefix: PathBuf,
@@ -30,34 +30,14 @@ struct Args {
     #[arg(long)]
     json: bool,
 
-    /// Tokenizer used to decode: GPT2BPETokenizer or HuggingFaceTokenizer.
-    #[arg(long, default_value = "GPT2BPETokenizer")]
-    tokenizer_type: String,
-
-    /// GPT-2 vocab.json [default: the embedded GPT-2 vocabulary].
-    #[arg(long)]
-    vocab_file: Option<PathBuf>,
-
-    /// GPT-2 merges.txt [default: the embedded GPT-2 merges].
-    #[arg(long)]
-    merge_file: Option<PathBuf>,
-
-    /// HuggingFace tokenizer.json.
-    #[arg(long)]
-    tokenizer_model: Option<PathBuf>,
+    #[command(flatten)]
+    tokenizer: TokenizerArgs,
 }
 
 fn run(args: Args) -> Result<()> {
     let prefix = normalize_prefix(&args.prefix);
     let ds = IndexedDataset::open(&prefix)?;
-    let tokenizer_type: TokenizerType = args.tokenizer_type.parse()?;
-    let tokenizer = TextTokenizer::load(&TokenizerOptions {
-        tokenizer_type,
-        vocab_file: args.vocab_file,
-        merge_file: args.merge_file,
-        tokenizer_model: args.tokenizer_model,
-        ..TokenizerOptions::default()
-    })?;
+    let tokenizer = args.tokenizer.load()?;
     let stats = DatasetStats::compute(&ds, tokenizer.eod());
     let vocab = tokenizer.vocab_size() as i64;
     let ids_in_vocab = stats.max_token_id.is_none_or(|m| m < vocab);

@@ -15,13 +15,13 @@ use clap::Parser;
 use ferrotron::preprocess::{
     self, describe_outputs, progress::summary_line, PreprocessConfig, ProgressMode,
 };
-use ferrotron::tokenizer::{TextTokenizer, TokenizerOptions, TokenizerType};
+use ferrotron::tokenizer::TokenizerArgs;
 
 /// Tokenize JSONL documents into Megatron-LM indexed datasets (`.bin`/`.idx`).
 ///
 /// Flags follow Megatron-LM's `tools/preprocess_data.py`; the output is byte-identical to it.
 #[derive(Parser, Debug)]
-#[command(name = "preprocess", version, about, long_about = None)]
+#[command(name = "preprocess", version)]
 struct Args {
     /// Input JSONL file(s), one JSON object per line; a directory means all its files, sorted.
     #[arg(long, required = true, num_args = 1..)]
@@ -39,30 +39,8 @@ struct Args {
     #[arg(long)]
     append_eod: bool,
 
-    /// Tokenizer: GPT2BPETokenizer or HuggingFaceTokenizer.
-    #[arg(long, default_value = "GPT2BPETokenizer")]
-    tokenizer_type: String,
-
-    /// GPT-2 vocab.json [default: the embedded GPT-2 vocabulary].
-    #[arg(long)]
-    vocab_file: Option<PathBuf>,
-
-    /// GPT-2 merges.txt [default: the embedded GPT-2 merges].
-    #[arg(long)]
-    merge_file: Option<PathBuf>,
-
-    /// HuggingFace tokenizer.json (for --tokenizer-type HuggingFaceTokenizer).
-    #[arg(long)]
-    tokenizer_model: Option<PathBuf>,
-
-    /// End-of-document token of a HuggingFace tokenizer [default: guessed: <|endoftext|>, </s>, ...].
-    #[arg(long)]
-    eod_token: Option<String>,
-
-    /// Treat a literal `<|endoftext|>` in the text as the EOD token (newer Megatron), instead of
-    /// plain text (Megatron's legacy GPT2BPETokenizer, the default).
-    #[arg(long)]
-    allow_special_tokens: bool,
+    #[command(flatten)]
+    tokenizer: TokenizerArgs,
 
     /// Tokenizing threads [default: all cores].
     #[arg(long)]
@@ -140,15 +118,7 @@ fn run(args: Args) -> Result<()> {
         None => preprocess::default_output_prefix(&args.input)
             .context("several inputs given: name the output with --output-prefix")?,
     };
-    let tokenizer_type: TokenizerType = args.tokenizer_type.parse()?;
-    let tokenizer = TextTokenizer::load(&TokenizerOptions {
-        tokenizer_type,
-        vocab_file: args.vocab_file,
-        merge_file: args.merge_file,
-        tokenizer_model: args.tokenizer_model,
-        allow_special_tokens: args.allow_special_tokens,
-        eod_token: args.eod_token,
-    })?;
+    let tokenizer = args.tokenizer.load()?;
 
     let cancel = Arc::new(AtomicBool::new(false));
     {
@@ -182,7 +152,7 @@ fn run(args: Args) -> Result<()> {
         "preprocess: {} input file(s), {} worker(s), tokenizer {} (vocab {}), keys {:?}",
         config.inputs.len(),
         config.workers,
-        args.tokenizer_type,
+        args.tokenizer.tokenizer_type,
         tokenizer.vocab_size(),
         config.json_keys
     );

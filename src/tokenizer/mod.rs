@@ -1,6 +1,7 @@
 //! Tokenizers: Megatron's `GPT2BPETokenizer` (fast and exact) and HuggingFace `tokenizer.json`.
 
 pub mod byte_level;
+pub mod cli;
 pub mod gpt2_encoder;
 pub mod gpt2_split;
 pub mod gpt2_vocabulary;
@@ -8,6 +9,7 @@ pub mod text_tokenizer;
 
 use std::path::PathBuf;
 
+pub use cli::TokenizerArgs;
 pub use gpt2_encoder::Gpt2Encoder;
 pub use gpt2_split::Gpt2PreTokens;
 pub use gpt2_vocabulary::{Gpt2Vocabulary, GPT2_EOD_TOKEN};
