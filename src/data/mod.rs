@@ -7,9 +7,13 @@
 pub mod builder;
 pub mod dtype;
 pub mod error;
+pub mod gpt_dataset;
 pub mod index;
 pub mod indexed_dataset;
 pub mod merge;
+pub mod npy;
+pub mod numpy_random;
+pub mod split;
 pub mod stats;
 
 use std::path::{Path, PathBuf};
@@ -17,6 +21,7 @@ use std::path::{Path, PathBuf};
 pub use builder::{FinishedDataset, IndexedDatasetBuilder};
 pub use dtype::DType;
 pub use error::DatasetError;
+pub use gpt_dataset::{GptDataset, GptDatasetConfig, GptIndices, GptSample, Split};
 pub use index::IndexLayout;
 pub use indexed_dataset::{IndexedDataset, Tokens};
 pub use merge::merge_datasets;
