@@ -6,5 +6,7 @@
 //! - [`preprocess`]: the streaming, multi-threaded JSONL → indexed dataset pipeline.
 
 pub mod data;
+pub mod model;
 pub mod preprocess;
 pub mod tokenizer;
+pub mod train;

@@ -1,0 +1,20 @@
+//! The language-model loss, kept apart from the model (the tensor-parallel version replaces
+//! it with the vocab-parallel cross-entropy).
+
+use burn::tensor::activation::log_softmax;
+use burn::tensor::{Int, Tensor};
+
+/// Per-token cross-entropy `[batch, seq]` of `logits` `[batch, seq, vocab]` against `labels`.
+pub fn token_losses(logits: Tensor<3>, labels: Tensor<2, Int>) -> Tensor<2> {
+    log_softmax(logits, 2)
+        .gather(2, labels.unsqueeze_dim::<3>(2))
+        .squeeze_dim::<2>(2)
+        .neg()
+}
+
+/// Megatron's LM loss: the masked mean of the per-token cross-entropy,
+/// `Σ loss · mask / Σ mask`.
+pub fn lm_loss(logits: Tensor<3>, labels: Tensor<2, Int>, loss_mask: Tensor<2>) -> Tensor<1> {
+    let losses = token_losses(logits, labels);
+    (losses * loss_mask.clone()).sum() / loss_mask.sum()
+}

@@ -1,0 +1,24 @@
+//! Megatron's GPT on burn: pre-LayerNorm transformer blocks, learned positions, tied
+//! embedding and output layer, padded vocabulary.
+//!
+//! burn 0.22 picks the backend at run time from the [`burn::tensor::Device`] (Flex on CPU,
+//! wgpu, CUDA; autodiff is a property of the device), so the model is written once, without a
+//! backend type parameter, and runs wherever its device is.
+
+pub mod attention;
+pub mod config;
+pub mod gpt;
+pub mod init;
+pub mod layer_norm;
+pub mod linear;
+pub mod loss;
+pub mod mlp;
+pub mod named_parameters;
+pub mod ops;
+pub mod transformer_block;
+pub mod vocab;
+
+pub use config::GptConfig;
+pub use gpt::Gpt;
+pub use loss::lm_loss;
+pub use vocab::padded_vocab_size;

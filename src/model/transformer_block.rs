@@ -1,0 +1,69 @@
+//! One pre-LayerNorm transformer layer.
+
+use burn::module::Module;
+use burn::nn::{Dropout, DropoutConfig};
+use burn::tensor::{Device, Tensor};
+
+use super::attention::CausalSelfAttention;
+use super::layer_norm::LayerNorm;
+use super::mlp::Mlp;
+use super::GptConfig;
+
+/// `x + drop(attn(ln(x)))`, then `x + drop(mlp(ln(x)))`.
+#[derive(Module, Debug)]
+pub struct TransformerBlock {
+    /// LayerNorm before attention.
+    pub input_layernorm: LayerNorm,
+    /// Causal self-attention.
+    pub self_attention: CausalSelfAttention,
+    /// LayerNorm before the MLP.
+    pub post_attention_layernorm: LayerNorm,
+    /// The MLP.
+    pub mlp: Mlp,
+    /// `--hidden-dropout` on each branch before the residual add.
+    pub hidden_dropout: Dropout,
+}
+
+impl TransformerBlock {
+    /// Layer `index` (its parameters are named `layers.{index}.…`).
+    pub fn new(config: &GptConfig, index: usize, seed: u64, device: &Device) -> Self {
+        let name = format!("layers.{index}");
+        let (h, eps) = (config.hidden_size, config.layernorm_epsilon);
+        Self {
+            input_layernorm: LayerNorm::new(
+                h,
+                eps,
+                seed,
+                &format!("{name}.input_layernorm"),
+                device,
+            ),
+            self_attention: CausalSelfAttention::new(
+                config,
+                seed,
+                &format!("{name}.self_attention"),
+                device,
+            ),
+            post_attention_layernorm: LayerNorm::new(
+                h,
+                eps,
+                seed,
+                &format!("{name}.post_attention_layernorm"),
+                device,
+            ),
+            mlp: Mlp::new(config, seed, &format!("{name}.mlp"), device),
+            hidden_dropout: DropoutConfig::new(config.hidden_dropout).init(),
+        }
+    }
+
+    /// `[batch, seq, hidden]` → `[batch, seq, hidden]`.
+    pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        let attn = self
+            .self_attention
+            .forward(self.input_layernorm.forward(x.clone()));
+        let x = x + self.hidden_dropout.forward(attn);
+        let mlp = self
+            .mlp
+            .forward(self.post_attention_layernorm.forward(x.clone()));
+        x + self.hidden_dropout.forward(mlp)
+    }
+}
