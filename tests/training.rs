@@ -5,6 +5,9 @@ use ferrotron::model::named_parameters::named_parameters;
 use ferrotron::model::{lm_loss, GptConfig};
 use ferrotron::train::{AdamW, AdamWConfig, GradientAccumulator};
 
+/// A parameter in the naive optimizer: values, first and second moments, rank.
+type NaiveParam = (Vec<f64>, Vec<f64>, Vec<f64>, usize);
+
 #[test]
 fn adamw_matches_a_naive_implementation_with_global_clipping() {
     let device = Device::flex().autodiff();
@@ -24,23 +27,22 @@ fn adamw_matches_a_naive_implementation_with_global_clipping() {
     let mask = Tensor::<2>::ones([1, 4], &device);
 
     // Naive state per parameter name: values, m, v (f64).
-    let mut naive: std::collections::HashMap<String, (Vec<f64>, Vec<f64>, Vec<f64>, usize)> =
-        named_parameters(&model)
-            .into_iter()
-            .map(|p| {
-                let n = p.values.len();
-                let rank = p.shape.len();
+    let mut naive: std::collections::HashMap<String, NaiveParam> = named_parameters(&model)
+        .into_iter()
+        .map(|p| {
+            let n = p.values.len();
+            let rank = p.shape.len();
+            (
+                p.name,
                 (
-                    p.name,
-                    (
-                        p.values.iter().map(|&x| x as f64).collect(),
-                        vec![0.0; n],
-                        vec![0.0; n],
-                        rank,
-                    ),
-                )
-            })
-            .collect();
+                    p.values.iter().map(|&x| x as f64).collect(),
+                    vec![0.0; n],
+                    vec![0.0; n],
+                    rank,
+                ),
+            )
+        })
+        .collect();
     for step in 1..=3 {
         let lr = 0.05 * step as f64;
         let loss = lm_loss(model.forward(tokens.clone()), labels.clone(), mask.clone());
