@@ -1,7 +1,14 @@
-//! Training: Megatron's optimizer, learning-rate schedule and training loop.
+//! Training: Megatron's optimizer, learning-rate schedule, data loading, checkpoints and the
+//! training loop.
 
+pub mod checkpoint;
+pub mod loader;
 pub mod lr_schedule;
+pub mod megatron_log;
 pub mod optimizer;
+pub mod pretrain;
+pub mod tensor_file;
 
 pub use lr_schedule::{LrDecayStyle, LrSchedule};
 pub use optimizer::{AdamW, AdamWConfig, GradientAccumulator};
+pub use pretrain::{pretrain, PretrainConfig, PretrainOutcome};

@@ -1,0 +1,119 @@
+//! A prefetching loader: a thread prepares the next micro-batches while the model trains.
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use crossbeam_channel::{bounded, Receiver};
+
+use crate::data::GptDataset;
+
+/// One micro-batch on the host.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MicroBatch {
+    /// Input ids, `[batch × seq]` row-major.
+    pub tokens: Vec<u32>,
+    /// Target ids.
+    pub labels: Vec<u32>,
+    /// Loss mask.
+    pub loss_mask: Vec<f32>,
+    /// Samples in the batch.
+    pub batch_size: usize,
+    /// Tokens per sample.
+    pub seq_length: usize,
+}
+
+impl MicroBatch {
+    /// Samples `start..start + batch_size` of `dataset` (wrapping around its end).
+    pub fn from_dataset(
+        dataset: &GptDataset,
+        start: u64,
+        batch_size: usize,
+        eod: u32,
+        eod_mask_loss: bool,
+    ) -> Self {
+        let mut out = MicroBatch {
+            tokens: vec![],
+            labels: vec![],
+            loss_mask: vec![],
+            batch_size,
+            seq_length: 0,
+        };
+        for i in 0..batch_size as u64 {
+            let s = dataset.sample(
+                ((start + i) % dataset.len() as u64) as usize,
+                eod,
+                eod_mask_loss,
+            );
+            out.seq_length = s.tokens.len();
+            out.tokens.extend(s.tokens);
+            out.labels.extend(s.labels);
+            out.loss_mask.extend(s.loss_mask);
+        }
+        out
+    }
+
+    /// The batch as tensors on `device`: tokens, labels, loss mask.
+    pub fn to_tensors(&self, device: &Device) -> (Tensor<2, Int>, Tensor<2, Int>, Tensor<2>) {
+        let shape = [self.batch_size, self.seq_length];
+        let ids = |v: &[u32]| v.iter().map(|&x| x as i64).collect::<Vec<i64>>();
+        (
+            Tensor::from_data(TensorData::new(ids(&self.tokens), shape), device),
+            Tensor::from_data(TensorData::new(ids(&self.labels), shape), device),
+            Tensor::from_data(TensorData::new(self.loss_mask.clone(), shape), device),
+        )
+    }
+}
+
+/// Micro-batches in order from a starting sample, prepared ahead on a thread.
+pub struct BatchLoader {
+    receiver: Option<Receiver<MicroBatch>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl BatchLoader {
+    /// Starts loading micro-batches of `batch_size` from sample `start`, `prefetch` ahead.
+    pub fn new(
+        dataset: Arc<GptDataset>,
+        start: u64,
+        batch_size: usize,
+        eod: u32,
+        eod_mask_loss: bool,
+        prefetch: usize,
+    ) -> Self {
+        let (sender, receiver) = bounded(prefetch.max(1));
+        let thread = std::thread::spawn(move || {
+            let mut next = start;
+            loop {
+                let batch =
+                    MicroBatch::from_dataset(&dataset, next, batch_size, eod, eod_mask_loss);
+                next += batch_size as u64;
+                if sender.send(batch).is_err() {
+                    return;
+                }
+            }
+        });
+        Self {
+            receiver: Some(receiver),
+            thread: Some(thread),
+        }
+    }
+
+    /// The next micro-batch.
+    pub fn next_batch(&self) -> MicroBatch {
+        self.receiver
+            .as_ref()
+            .and_then(|r| r.recv().ok())
+            .expect("the loader thread stopped")
+    }
+}
+
+impl Drop for BatchLoader {
+    fn drop(&mut self) {
+        // Closing the channel ends the thread at its next send.
+        self.receiver.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

@@ -1,0 +1,103 @@
+//! Megatron's log lines, character for character where the values allow.
+
+/// Python's `'%.{digits}E' % x`: mantissa, `E`, sign and at least two exponent digits
+/// (`1.500E-04`; Rust's `{:E}` would print `1.5E-4`).
+pub fn sci(x: f64, digits: usize) -> String {
+    let s = format!("{x:.digits$E}");
+    match s.split_once('E') {
+        Some((mantissa, exp)) => {
+            let (sign, digits) = match exp.strip_prefix('-') {
+                Some(d) => ('-', d),
+                None => ('+', exp),
+            };
+            format!("{mantissa}E{sign}{digits:0>2}")
+        }
+        None => s,
+    }
+}
+
+/// What one training log line reports.
+#[derive(Clone, Debug)]
+pub struct IterationStats {
+    /// Iteration just finished.
+    pub iteration: u64,
+    /// `--train-iters`.
+    pub train_iters: u64,
+    /// Samples consumed so far.
+    pub consumed_samples: u64,
+    /// Mean wall time of the iterations since the last line.
+    pub ms_per_iteration: f64,
+    /// Learning rate.
+    pub learning_rate: f64,
+    /// Global batch size.
+    pub global_batch_size: usize,
+    /// Mean LM loss since the last line.
+    pub lm_loss: f64,
+    /// Gradient norm of the last iteration.
+    pub grad_norm: f64,
+    /// Training tokens per second.
+    pub tokens_per_second: f64,
+    /// Achieved model TFLOP/s.
+    pub tflops: f64,
+}
+
+/// ` iteration       10/    1000 | consumed samples:           80 | elapsed time per iteration (ms): 1210.0 | ...`
+pub fn iteration_line(s: &IterationStats) -> String {
+    format!(
+        " iteration {:8}/{:8} | consumed samples: {:12} | elapsed time per iteration (ms): {:.1} | learning rate: {} | \
+         global batch size: {:5} | lm loss: {} | grad norm: {:.3} | tokens/s: {:.0} | TFLOP/s: {:.4} |",
+        s.iteration,
+        s.train_iters,
+        s.consumed_samples,
+        s.ms_per_iteration,
+        sci(s.learning_rate, 3),
+        s.global_batch_size,
+        sci(s.lm_loss, 6),
+        s.grad_norm,
+        s.tokens_per_second,
+        s.tflops,
+    )
+}
+
+/// ` validation loss at iteration 100 | lm loss value: 7.086492E+00 | lm loss PPL: 1.195706E+03 | `
+pub fn validation_line(label: &str, loss: f64) -> String {
+    format!(
+        " {label} | lm loss value: {} | lm loss PPL: {} | ",
+        sci(loss, 6),
+        sci(loss.min(700.0).exp(), 6)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_like_python() {
+        assert_eq!(sci(1.5e-4, 3), "1.500E-04");
+        assert_eq!(sci(10.32014, 6), "1.032014E+01");
+        assert_eq!(sci(1195.706, 6), "1.195706E+03");
+        assert_eq!(sci(0.0, 3), "0.000E+00");
+        assert_eq!(sci(2.5e-120, 1), "2.5E-120");
+        assert_eq!(
+            validation_line("validation loss at iteration 100", 7.086492),
+            " validation loss at iteration 100 | lm loss value: 7.086492E+00 | lm loss PPL: 1.195706E+03 | "
+        );
+        let line = iteration_line(&IterationStats {
+            iteration: 10,
+            train_iters: 1000,
+            consumed_samples: 80,
+            ms_per_iteration: 1210.0,
+            learning_rate: 1.5e-4,
+            global_batch_size: 8,
+            lm_loss: 10.32014,
+            grad_norm: 1.458,
+            tokens_per_second: 6770.0,
+            tflops: 0.0123,
+        });
+        assert!(line.starts_with(
+            " iteration       10/    1000 | consumed samples:           80 | elapsed time per iteration (ms): 1210.0 | \
+             learning rate: 1.500E-04 | global batch size:     8 | lm loss: 1.032014E+01 | grad norm: 1.458 |"
+        ), "{line}");
+    }
+}

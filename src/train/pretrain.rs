@@ -1,0 +1,394 @@
+//! The training loop of `pretrain` (Megatron's `pretrain_gpt.py` on one rank).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use burn::module::Module;
+use burn::tensor::Device;
+
+use super::checkpoint::{load_checkpoint, save_checkpoint, TrainState};
+use super::loader::{BatchLoader, MicroBatch};
+use super::megatron_log::{iteration_line, validation_line, IterationStats};
+use super::{AdamW, AdamWConfig, GradientAccumulator, LrSchedule};
+use crate::data::split::{parse_split, split_ranges};
+use crate::data::{GptDataset, GptDatasetConfig, IndexedDataset, Split};
+use crate::model::{lm_loss, Gpt, GptConfig};
+
+/// Everything `pretrain` needs, already validated by the command line.
+#[derive(Clone, Debug)]
+pub struct PretrainConfig {
+    /// Model shape.
+    pub model: GptConfig,
+    /// `--seq-length`.
+    pub seq_length: usize,
+    /// `--micro-batch-size`.
+    pub micro_batch_size: usize,
+    /// `--global-batch-size` (a multiple of the micro-batch size: gradient accumulation).
+    pub global_batch_size: usize,
+    /// `--train-iters`.
+    pub train_iters: u64,
+    /// Learning-rate schedule.
+    pub schedule: LrSchedule,
+    /// Adam hyper-parameters.
+    pub adam: AdamWConfig,
+    /// `--clip-grad` (0 disables).
+    pub clip_grad: f64,
+    /// `--seed`.
+    pub seed: u64,
+    /// `--data-path` (one dataset prefix).
+    pub data_path: PathBuf,
+    /// `--split`.
+    pub split: String,
+    /// `--data-cache-path`.
+    pub data_cache_path: Option<PathBuf>,
+    /// `--eod-mask-loss`.
+    pub eod_mask_loss: bool,
+    /// The EOD id.
+    pub eod: u32,
+    /// `--log-interval`.
+    pub log_interval: u64,
+    /// `--eval-interval`.
+    pub eval_interval: u64,
+    /// `--eval-iters`.
+    pub eval_iters: u64,
+    /// `--save`.
+    pub save: Option<PathBuf>,
+    /// `--save-interval`.
+    pub save_interval: Option<u64>,
+    /// `--load`.
+    pub load: Option<PathBuf>,
+    /// `--exit-interval`.
+    pub exit_interval: Option<u64>,
+}
+
+/// What a run did, for callers and tests.
+#[derive(Clone, Debug, Default)]
+pub struct PretrainOutcome {
+    /// The LM loss of every iteration run (index 0 = first iteration of this run).
+    pub losses: Vec<(u64, f64)>,
+    /// Validation losses `(iteration, loss)`.
+    pub validation: Vec<(u64, f64)>,
+    /// Final test loss, if there is a test split.
+    pub test_loss: Option<f64>,
+    /// Iteration reached.
+    pub iteration: u64,
+}
+
+struct Datasets {
+    train: Arc<GptDataset>,
+    valid: Option<Arc<GptDataset>>,
+    test: Option<Arc<GptDataset>>,
+}
+
+fn build_datasets(cfg: &PretrainConfig) -> Result<Datasets> {
+    let data = Arc::new(
+        IndexedDataset::open(&cfg.data_path)
+            .with_context(|| format!("--data-path {}", cfg.data_path.display()))?,
+    );
+    let weights = parse_split(&cfg.split).map_err(anyhow::Error::msg)?;
+    let ranges = split_ranges(&weights, data.document_count());
+    let gbs = cfg.global_batch_size as u64;
+    let eval_runs = cfg.train_iters / cfg.eval_interval.max(1) + 1;
+    let samples = [
+        cfg.train_iters * gbs,
+        eval_runs * cfg.eval_iters * gbs,
+        cfg.eval_iters * gbs,
+    ];
+    let mut built = Vec::new();
+    for ((split, range), num_samples) in [Split::Train, Split::Valid, Split::Test]
+        .into_iter()
+        .zip(ranges)
+        .zip(samples)
+    {
+        if range.is_empty() || num_samples == 0 {
+            built.push(None);
+            continue;
+        }
+        let config = GptDatasetConfig {
+            sequence_length: cfg.seq_length,
+            seed: cfg.seed as u32,
+            num_samples: num_samples as usize,
+            cache_dir: cfg.data_cache_path.clone(),
+        };
+        let ds =
+            GptDataset::new(data.clone(), split, range.clone(), &config).with_context(|| {
+                format!("building the {} split (documents {range:?})", split.name())
+            })?;
+        println!(
+            " > {} split: documents {}..{}, {} samples of {} tokens",
+            split.name(),
+            range.start,
+            range.end,
+            ds.len(),
+            cfg.seq_length
+        );
+        built.push(Some(Arc::new(ds)));
+    }
+    let mut built = built.into_iter();
+    let train = built
+        .next()
+        .flatten()
+        .context("the training split is empty: check --split and --data-path")?;
+    Ok(Datasets {
+        train,
+        valid: built.next().flatten(),
+        test: built.next().flatten(),
+    })
+}
+
+/// Mean LM loss over `iters` global batches of `dataset` starting at sample `start`, without
+/// dropout or gradients.
+pub fn evaluate(
+    model: &Gpt,
+    dataset: &GptDataset,
+    start: u64,
+    iters: u64,
+    cfg: &PretrainConfig,
+    device: &Device,
+) -> f64 {
+    let model = model.valid();
+    let inner = device.clone().inner();
+    let micro_batches = iters * (cfg.global_batch_size / cfg.micro_batch_size) as u64;
+    let mut total = 0.0;
+    for k in 0..micro_batches {
+        let batch = MicroBatch::from_dataset(
+            dataset,
+            start + k * cfg.micro_batch_size as u64,
+            cfg.micro_batch_size,
+            cfg.eod,
+            cfg.eod_mask_loss,
+        );
+        let (tokens, labels, mask) = batch.to_tensors(&inner);
+        total += lm_loss(model.forward(tokens), labels, mask).into_scalar::<f32>() as f64;
+    }
+    total / micro_batches.max(1) as f64
+}
+
+/// A seed per iteration, so dropout after a resume is the same as without one.
+fn iteration_seed(seed: u64, iteration: u64) -> u64 {
+    seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ iteration.wrapping_mul(0xD1B5_4A32_D192_ED03)
+}
+
+/// Trains as configured on `device` (an autodiff device), printing Megatron's log lines.
+pub fn pretrain(cfg: &PretrainConfig, device: &Device) -> Result<PretrainOutcome> {
+    if !device.is_autodiff() {
+        bail!("pretrain needs an autodiff device");
+    }
+    if !cfg.global_batch_size.is_multiple_of(cfg.micro_batch_size) {
+        bail!(
+            "--global-batch-size {} is not a multiple of --micro-batch-size {}",
+            cfg.global_batch_size,
+            cfg.micro_batch_size
+        );
+    }
+    let datasets = build_datasets(cfg)?;
+    let mut optimizer = AdamW::new(cfg.adam.clone());
+    let mut state = TrainState {
+        iteration: 0,
+        consumed_train_samples: 0,
+        consumed_valid_samples: 0,
+    };
+    let loaded = match &cfg.load {
+        Some(dir) => load_checkpoint(dir, cfg.seed, device, Some(&mut optimizer))?,
+        None => None,
+    };
+    let mut model = match loaded {
+        Some((model, checkpoint)) => {
+            if checkpoint.config != cfg.model {
+                bail!(
+                    "the checkpoint in {} was saved with another model shape: {:?}",
+                    cfg.load
+                        .as_ref()
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_default(),
+                    checkpoint.config
+                );
+            }
+            println!(
+                " > loaded checkpoint from {} at iteration {}",
+                cfg.load.as_ref().unwrap().display(),
+                checkpoint.state.iteration
+            );
+            state = checkpoint.state;
+            model
+        }
+        None => {
+            if let Some(dir) = &cfg.load {
+                println!(
+                    " > no checkpoint in {}, starting from scratch",
+                    dir.display()
+                );
+            }
+            cfg.model
+                .init(cfg.seed, device)
+                .map_err(anyhow::Error::msg)?
+        }
+    };
+    println!(
+        " > number of parameters: {} ({} layers, hidden {}, {} heads, vocab {})",
+        cfg.model.num_parameters(),
+        cfg.model.num_layers,
+        cfg.model.hidden_size,
+        cfg.model.num_attention_heads,
+        cfg.model.padded_vocab_size
+    );
+    let mut metrics = match &cfg.save {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("creating --save {}", dir.display()))?;
+            Some(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(dir.join("metrics.jsonl"))
+                    .with_context(|| format!("opening {}/metrics.jsonl", dir.display()))?,
+            )
+        }
+        None => None,
+    };
+    let micro_batches = cfg.global_batch_size / cfg.micro_batch_size;
+    let loader = BatchLoader::new(
+        datasets.train.clone(),
+        state.consumed_train_samples,
+        cfg.micro_batch_size,
+        cfg.eod,
+        cfg.eod_mask_loss,
+        2 * micro_batches,
+    );
+    let mut outcome = PretrainOutcome {
+        iteration: state.iteration,
+        ..PretrainOutcome::default()
+    };
+    let (mut interval_loss, mut interval_iters, mut interval_start) = (0.0, 0u64, Instant::now());
+    let flops_per_token = cfg.model.flops_per_token(cfg.seq_length);
+    while state.iteration < cfg.train_iters {
+        let iteration = state.iteration + 1;
+        device.seed(iteration_seed(cfg.seed, iteration));
+        let lr = cfg.schedule.lr_at(state.iteration);
+        let mut grads = GradientAccumulator::default();
+        let mut loss_sum = 0.0;
+        for _ in 0..micro_batches {
+            let (tokens, labels, mask) = loader.next_batch().to_tensors(device);
+            let loss = lm_loss(model.forward(tokens), labels, mask);
+            loss_sum += loss.clone().into_scalar::<f32>() as f64;
+            grads.add(&model, loss.div_scalar(micro_batches as f64).backward());
+        }
+        let grad_norm = grads.clip_global_norm(cfg.clip_grad);
+        model = optimizer.step(model, &grads, lr);
+        state.iteration = iteration;
+        state.consumed_train_samples += cfg.global_batch_size as u64;
+        let loss = loss_sum / micro_batches as f64;
+        outcome.losses.push((iteration, loss));
+        interval_loss += loss;
+        interval_iters += 1;
+        if let Some(file) = metrics.as_mut() {
+            writeln!(
+                file,
+                "{}",
+                serde_json::json!({"iteration": iteration, "lm_loss": loss, "lr": lr, "grad_norm": grad_norm})
+            )?;
+        }
+        if iteration.is_multiple_of(cfg.log_interval.max(1)) || iteration == cfg.train_iters {
+            let elapsed = interval_start.elapsed().as_secs_f64();
+            let tokens =
+                (interval_iters * cfg.global_batch_size as u64 * cfg.seq_length as u64) as f64;
+            println!(
+                "{}",
+                iteration_line(&IterationStats {
+                    iteration,
+                    train_iters: cfg.train_iters,
+                    consumed_samples: state.consumed_train_samples,
+                    ms_per_iteration: 1000.0 * elapsed / interval_iters as f64,
+                    learning_rate: cfg.schedule.lr_at(iteration),
+                    global_batch_size: cfg.global_batch_size,
+                    lm_loss: interval_loss / interval_iters as f64,
+                    grad_norm,
+                    tokens_per_second: tokens / elapsed,
+                    tflops: tokens * flops_per_token / elapsed / 1e12,
+                })
+            );
+            (interval_loss, interval_iters, interval_start) = (0.0, 0, Instant::now());
+        }
+        if let Some(valid) = &datasets.valid {
+            if cfg.eval_interval > 0
+                && iteration.is_multiple_of(cfg.eval_interval)
+                && cfg.eval_iters > 0
+            {
+                let loss = evaluate(
+                    &model,
+                    valid,
+                    state.consumed_valid_samples,
+                    cfg.eval_iters,
+                    cfg,
+                    device,
+                );
+                state.consumed_valid_samples += cfg.eval_iters * cfg.global_batch_size as u64;
+                print_validation(&format!("validation loss at iteration {iteration}"), loss);
+                outcome.validation.push((iteration, loss));
+                if let Some(file) = metrics.as_mut() {
+                    writeln!(
+                        file,
+                        "{}",
+                        serde_json::json!({"iteration": iteration, "valid_lm_loss": loss})
+                    )?;
+                }
+            }
+        }
+        let save_now = cfg
+            .save_interval
+            .is_some_and(|k| k > 0 && iteration.is_multiple_of(k));
+        let exit_now = cfg
+            .exit_interval
+            .is_some_and(|k| k > 0 && iteration.is_multiple_of(k));
+        if let Some(dir) = &cfg.save {
+            if save_now || exit_now {
+                let path = save_checkpoint(dir, &model, &cfg.model, &optimizer, &state)?;
+                println!(
+                    " > saved checkpoint at iteration {iteration} to {}",
+                    path.display()
+                );
+            }
+        }
+        if exit_now {
+            println!(" > exiting at iteration {iteration} (--exit-interval)");
+            outcome.iteration = iteration;
+            return Ok(outcome);
+        }
+    }
+    outcome.iteration = state.iteration;
+    if let Some(dir) = &cfg.save {
+        if cfg
+            .save_interval
+            .is_none_or(|k| k == 0 || !state.iteration.is_multiple_of(k))
+        {
+            save_checkpoint(dir, &model, &cfg.model, &optimizer, &state)?;
+        }
+    }
+    if let Some(valid) = &datasets.valid {
+        let loss = evaluate(
+            &model,
+            valid,
+            state.consumed_valid_samples,
+            cfg.eval_iters,
+            cfg,
+            device,
+        );
+        print_validation("validation loss at the end of training for val data", loss);
+        outcome.validation.push((state.iteration, loss));
+    }
+    if let Some(test) = &datasets.test {
+        let loss = evaluate(&model, test, 0, cfg.eval_iters, cfg, device);
+        print_validation("validation loss at the end of training for test data", loss);
+        outcome.test_loss = Some(loss);
+    }
+    Ok(outcome)
+}
+
+fn print_validation(label: &str, loss: f64) {
+    let line = validation_line(label, loss);
+    let rule = "-".repeat(line.len());
+    println!("{rule}\n{line}\n{rule}");
+}

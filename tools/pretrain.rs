@@ -1,0 +1,322 @@
+//! `pretrain`: Megatron-LM's `pretrain_gpt.py`, same flags, on burn.
+//!
+//! ```text
+//! pretrain --num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 256 \
+//!   --max-position-embeddings 256 --micro-batch-size 8 --global-batch-size 8 --lr 6e-4 \
+//!   --train-iters 200 --data-path data_text_document --save ckpt
+//! ```
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+
+use ferrotron::model::vocab::{padded_vocab_log_line, padded_vocab_size};
+use ferrotron::model::GptConfig;
+use ferrotron::tokenizer::TokenizerArgs;
+use ferrotron::train::{pretrain, AdamWConfig, LrDecayStyle, LrSchedule, PretrainConfig};
+
+/// Pretrain a GPT with Megatron-LM's command line (single rank for now).
+#[derive(Parser, Debug)]
+#[command(name = "pretrain", version)]
+struct Args {
+    // --- model ---
+    /// Transformer layers.
+    #[arg(long)]
+    num_layers: usize,
+    /// Hidden size.
+    #[arg(long)]
+    hidden_size: usize,
+    /// Attention heads.
+    #[arg(long)]
+    num_attention_heads: usize,
+    /// MLP width [default: 4 × hidden size].
+    #[arg(long)]
+    ffn_hidden_size: Option<usize>,
+    /// Tokens per sample.
+    #[arg(long)]
+    seq_length: usize,
+    /// Learned positions [default: --seq-length].
+    #[arg(long)]
+    max_position_embeddings: Option<usize>,
+    /// Pad the vocabulary to a multiple of this × the tensor-parallel size.
+    #[arg(long, default_value_t = 128)]
+    make_vocab_size_divisible_by: usize,
+    /// Dropout after embeddings, attention and MLP.
+    #[arg(long, default_value_t = 0.1)]
+    hidden_dropout: f64,
+    /// Dropout on attention probabilities.
+    #[arg(long, default_value_t = 0.1)]
+    attention_dropout: f64,
+    /// LayerNorm epsilon.
+    #[arg(long, default_value_t = 1e-5)]
+    layernorm_epsilon: f64,
+    /// Std of the normal initialization.
+    #[arg(long, default_value_t = 0.02)]
+    init_method_std: f64,
+    /// tanh approximation of GELU instead of the exact erf form.
+    #[arg(long)]
+    openai_gelu: bool,
+
+    // --- batch and schedule ---
+    /// Samples per forward/backward pass.
+    #[arg(long)]
+    micro_batch_size: usize,
+    /// Samples per optimizer step [default: --micro-batch-size].
+    #[arg(long)]
+    global_batch_size: Option<usize>,
+    /// Optimizer steps.
+    #[arg(long)]
+    train_iters: u64,
+    /// Peak learning rate.
+    #[arg(long)]
+    lr: f64,
+    /// Minimum learning rate.
+    #[arg(long, default_value_t = 0.0)]
+    min_lr: f64,
+    /// constant, linear or cosine.
+    #[arg(long, default_value = "linear")]
+    lr_decay_style: String,
+    /// Iterations of decay [default: --train-iters].
+    #[arg(long)]
+    lr_decay_iters: Option<u64>,
+    /// Warmup iterations.
+    #[arg(long)]
+    lr_warmup_iters: Option<u64>,
+    /// Warmup as a fraction of the decay iterations.
+    #[arg(long)]
+    lr_warmup_fraction: Option<f64>,
+    /// Decoupled weight decay (weight matrices only).
+    #[arg(long, default_value_t = 0.01)]
+    weight_decay: f64,
+    /// Adam β₁.
+    #[arg(long, default_value_t = 0.9)]
+    adam_beta1: f64,
+    /// Adam β₂.
+    #[arg(long, default_value_t = 0.999)]
+    adam_beta2: f64,
+    /// Adam ε.
+    #[arg(long, default_value_t = 1e-8)]
+    adam_eps: f64,
+    /// Clip gradients to this global L2 norm (0: off).
+    #[arg(long, default_value_t = 1.0)]
+    clip_grad: f64,
+    /// Only adam (Adam with decoupled weight decay) is implemented.
+    #[arg(long, default_value = "adam")]
+    optimizer: String,
+    /// Random seed (initialization, data order, dropout).
+    #[arg(long, default_value_t = 1234)]
+    seed: u64,
+
+    // --- data ---
+    /// Dataset prefix (PREFIX.bin/.idx from `preprocess`).
+    #[arg(long, num_args = 1..)]
+    data_path: Vec<String>,
+    /// Train/validation/test split of the documents.
+    #[arg(long, default_value = "969, 30, 1")]
+    split: String,
+    /// Where to cache the dataset indices [default: cache/ beside the data].
+    #[arg(long)]
+    data_cache_path: Option<PathBuf>,
+    /// Do not train on the token that follows an end-of-document.
+    #[arg(long)]
+    eod_mask_loss: bool,
+    #[command(flatten)]
+    tokenizer: TokenizerArgs,
+
+    // --- logging, evaluation, checkpoints ---
+    /// Print a log line every N iterations.
+    #[arg(long, default_value_t = 100)]
+    log_interval: u64,
+    /// Evaluate every N iterations.
+    #[arg(long, default_value_t = 1000)]
+    eval_interval: u64,
+    /// Batches per evaluation.
+    #[arg(long, default_value_t = 100)]
+    eval_iters: u64,
+    /// Checkpoint directory to write.
+    #[arg(long)]
+    save: Option<PathBuf>,
+    /// Save every N iterations.
+    #[arg(long)]
+    save_interval: Option<u64>,
+    /// Checkpoint directory to resume from.
+    #[arg(long)]
+    load: Option<PathBuf>,
+    /// Save and exit after N iterations.
+    #[arg(long)]
+    exit_interval: Option<u64>,
+
+    // --- Megatron features not (yet) in ferrotron: said so, never silently ignored ---
+    /// Tensor-parallel size (ranks not implemented yet: runs the same model on one rank).
+    #[arg(long, default_value_t = 1)]
+    tensor_model_parallel_size: usize,
+    /// Pipeline-parallel size (only 1 is supported).
+    #[arg(long, default_value_t = 1)]
+    pipeline_model_parallel_size: usize,
+    /// fp16 mixed precision (not implemented: trains in fp32).
+    #[arg(long)]
+    fp16: bool,
+    /// bf16 mixed precision (not implemented: trains in fp32).
+    #[arg(long)]
+    bf16: bool,
+    /// Activation checkpointing (not implemented: activations are kept).
+    #[arg(long)]
+    activations_checkpoint_method: Option<String>,
+    /// Activation recomputation (not implemented: activations are kept).
+    #[arg(long)]
+    recompute_granularity: Option<String>,
+    /// Data-parallel implementation (single process: no data parallelism).
+    #[arg(long = "DDP-impl")]
+    ddp_impl: Option<String>,
+    /// Turn off the fused masked softmax (ferrotron has no fused kernels yet on this backend).
+    #[arg(long)]
+    no_masked_softmax_fusion: bool,
+    /// Turn off the persistent LayerNorm kernel (ferrotron has none yet on this backend).
+    #[arg(long)]
+    no_persist_layer_norm: bool,
+}
+
+fn warn(message: &str) {
+    eprintln!("WARNING: {message}");
+}
+
+fn build_config(args: &Args) -> Result<PretrainConfig> {
+    // Features that would change results: refuse.
+    if args.pipeline_model_parallel_size != 1 {
+        bail!("--pipeline-model-parallel-size {} is not supported: ferrotron has no pipeline parallelism (use 1)", args.pipeline_model_parallel_size);
+    }
+    if args.optimizer != "adam" {
+        bail!(
+            "--optimizer {} is not supported; only adam (decoupled weight decay) is",
+            args.optimizer
+        );
+    }
+    if args.data_path.len() != 1 {
+        bail!("--data-path takes one dataset prefix (blending several datasets with weights is not supported yet)");
+    }
+    // Features whose absence does not change the math: say so.
+    if args.tensor_model_parallel_size > 1 {
+        warn(&format!(
+            "--tensor-model-parallel-size {}: tensor parallelism is not implemented yet; training the same model on one \
+             rank (the vocabulary is padded for TP={} so the model is the one TP would train)",
+            args.tensor_model_parallel_size, args.tensor_model_parallel_size
+        ));
+    }
+    if args.fp16 || args.bf16 {
+        warn("--fp16/--bf16: mixed precision is not implemented yet; training in fp32");
+    }
+    if args.activations_checkpoint_method.is_some() || args.recompute_granularity.is_some() {
+        warn("activation checkpointing is not implemented yet; all activations are kept (same results, more memory)");
+    }
+    if let Some(ddp) = &args.ddp_impl {
+        warn(&format!(
+            "--DDP-impl {ddp}: single process, no data parallelism"
+        ));
+    }
+    if args.no_masked_softmax_fusion || args.no_persist_layer_norm {
+        eprintln!("note: fusion switches accepted; this backend uses the unfused reference ops");
+    }
+
+    let tokenizer = args.tokenizer.load()?;
+    let vocab = tokenizer.vocab_size();
+    let eod = tokenizer
+        .eod()
+        .context("the tokenizer has no end-of-document token")?;
+    let padded = padded_vocab_size(
+        vocab,
+        args.make_vocab_size_divisible_by,
+        args.tensor_model_parallel_size,
+    );
+    println!("{}", padded_vocab_log_line(vocab, padded));
+
+    let max_positions = args.max_position_embeddings.unwrap_or(args.seq_length);
+    if args.seq_length > max_positions {
+        bail!(
+            "--seq-length {} is larger than --max-position-embeddings {max_positions}",
+            args.seq_length
+        );
+    }
+    if args.micro_batch_size == 0 || args.seq_length == 0 || args.train_iters == 0 {
+        bail!("--micro-batch-size, --seq-length and --train-iters must be positive");
+    }
+    let model = GptConfig::new(
+        args.num_layers,
+        args.hidden_size,
+        args.num_attention_heads,
+        max_positions,
+        padded,
+    )
+    .with_ffn_hidden_size(args.ffn_hidden_size)
+    .with_hidden_dropout(args.hidden_dropout)
+    .with_attention_dropout(args.attention_dropout)
+    .with_layernorm_epsilon(args.layernorm_epsilon)
+    .with_init_method_std(args.init_method_std)
+    .with_openai_gelu(args.openai_gelu);
+    model.validate().map_err(anyhow::Error::msg)?;
+
+    let decay_iters = args.lr_decay_iters.unwrap_or(args.train_iters) as f64;
+    let warmup_iters = match (args.lr_warmup_iters, args.lr_warmup_fraction) {
+        (Some(_), Some(_)) => bail!("give --lr-warmup-iters or --lr-warmup-fraction, not both"),
+        (Some(i), None) => i as f64,
+        (None, Some(f)) if (0.0..=1.0).contains(&f) => f * decay_iters,
+        (None, Some(f)) => bail!("--lr-warmup-fraction {f} must be in [0, 1]"),
+        (None, None) => 0.0,
+    };
+    let style: LrDecayStyle = args.lr_decay_style.parse().map_err(anyhow::Error::msg)?;
+    if !(args.lr > 0.0 && args.min_lr >= 0.0 && args.min_lr <= args.lr) {
+        bail!("need 0 <= --min-lr <= --lr and --lr > 0");
+    }
+    Ok(PretrainConfig {
+        model,
+        seq_length: args.seq_length,
+        micro_batch_size: args.micro_batch_size,
+        global_batch_size: args.global_batch_size.unwrap_or(args.micro_batch_size),
+        train_iters: args.train_iters,
+        schedule: LrSchedule {
+            max_lr: args.lr,
+            min_lr: args.min_lr,
+            warmup_iters,
+            decay_iters,
+            style,
+        },
+        adam: AdamWConfig {
+            beta1: args.adam_beta1,
+            beta2: args.adam_beta2,
+            eps: args.adam_eps,
+            weight_decay: args.weight_decay,
+        },
+        clip_grad: args.clip_grad,
+        seed: args.seed,
+        data_path: ferrotron::data::normalize_prefix(std::path::Path::new(&args.data_path[0])),
+        split: args.split.clone(),
+        data_cache_path: args.data_cache_path.clone(),
+        eod_mask_loss: args.eod_mask_loss,
+        eod,
+        log_interval: args.log_interval,
+        eval_interval: args.eval_interval,
+        eval_iters: args.eval_iters,
+        save: args.save.clone(),
+        save_interval: args.save_interval,
+        load: args.load.clone(),
+        exit_interval: args.exit_interval,
+    })
+}
+
+fn run(args: Args) -> Result<()> {
+    let config = build_config(&args)?;
+    let device = burn::tensor::Device::flex().autodiff();
+    pretrain(&config, &device)?;
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match run(Args::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("pretrain: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
