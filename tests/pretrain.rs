@@ -1,0 +1,226 @@
+//! The training loop: a resumed run reproduces the uninterrupted run's losses exactly, the
+//! checkpoint layout is Megatron's, and the command line refuses what it cannot do.
+
+mod common;
+
+use std::path::Path;
+
+use burn::tensor::Device;
+use common::*;
+use ferrotron::model::GptConfig;
+use ferrotron::train::{pretrain, AdamWConfig, LrDecayStyle, LrSchedule, PretrainConfig};
+
+fn tiny(cache: &Path) -> PretrainConfig {
+    PretrainConfig {
+        model: GptConfig::new(1, 16, 2, 16, 50304)
+            .with_hidden_dropout(0.1)
+            .with_attention_dropout(0.1),
+        seq_length: 16,
+        micro_batch_size: 2,
+        global_batch_size: 4,
+        train_iters: 6,
+        schedule: LrSchedule {
+            max_lr: 3e-3,
+            min_lr: 1e-4,
+            warmup_iters: 2.0,
+            decay_iters: 6.0,
+            style: LrDecayStyle::Cosine,
+        },
+        adam: AdamWConfig::default(),
+        clip_grad: 1.0,
+        seed: 42,
+        data_path: golden("wikitext2_valid", "text"),
+        split: "90,10,0".into(),
+        data_cache_path: Some(cache.to_path_buf()),
+        eod_mask_loss: false,
+        eod: 50256,
+        log_interval: 1,
+        eval_interval: 3,
+        eval_iters: 1,
+        save: None,
+        save_interval: None,
+        load: None,
+        exit_interval: None,
+    }
+}
+
+#[test]
+fn resuming_reproduces_the_uninterrupted_run_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let device = Device::flex().autodiff();
+    let base = tiny(dir.path());
+    let full = pretrain(
+        &PretrainConfig {
+            save: Some(dir.path().join("full")),
+            ..base.clone()
+        },
+        &device,
+    )
+    .unwrap();
+    assert_eq!(full.losses.len(), 6);
+
+    let ckpt = dir.path().join("ckpt");
+    let first = pretrain(
+        &PretrainConfig {
+            save: Some(ckpt.clone()),
+            exit_interval: Some(3),
+            ..base.clone()
+        },
+        &device,
+    )
+    .unwrap();
+    assert_eq!(first.iteration, 3);
+    assert_eq!(
+        std::fs::read_to_string(ckpt.join("latest_checkpointed_iteration.txt"))
+            .unwrap()
+            .trim(),
+        "3"
+    );
+    assert!(ckpt
+        .join("iter_0000003/mp_rank_00/model_optim_rng.safetensors")
+        .is_file());
+    let second = pretrain(
+        &PretrainConfig {
+            save: Some(ckpt.clone()),
+            load: Some(ckpt.clone()),
+            ..base
+        },
+        &device,
+    )
+    .unwrap();
+
+    let resumed: Vec<(u64, f64)> = first.losses.iter().chain(&second.losses).copied().collect();
+    assert_eq!(
+        resumed, full.losses,
+        "losses after resume differ from the uninterrupted run"
+    );
+    assert_eq!(second.validation.last(), full.validation.last());
+    // The staging directory of a save never stays behind.
+    assert!(
+        list_dir(&ckpt).iter().all(|n| !n.starts_with('.')),
+        "{:?}",
+        list_dir(&ckpt)
+    );
+}
+
+#[test]
+fn pretrain_cli_runs_the_seed_tutorial_flags_and_refuses_pipeline_parallelism() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = golden("wikitext2_valid", "text");
+    let data = data.to_str().unwrap();
+    let cache = dir.path().join("cache");
+    let vocab = fixture("../../assets/gpt2/vocab.json");
+    let merges = fixture("../../assets/gpt2/merges.txt");
+    let args = [
+        "--num-layers",
+        "1",
+        "--hidden-size",
+        "16",
+        "--num-attention-heads",
+        "2",
+        "--seq-length",
+        "16",
+        "--max-position-embeddings",
+        "16",
+        "--micro-batch-size",
+        "2",
+        "--global-batch-size",
+        "4",
+        "--lr",
+        "0.00015",
+        "--train-iters",
+        "2",
+        "--lr-decay-iters",
+        "300",
+        "--lr-decay-style",
+        "cosine",
+        "--vocab-file",
+        vocab.to_str().unwrap(),
+        "--merge-file",
+        merges.to_str().unwrap(),
+        "--lr-warmup-fraction",
+        ".01",
+        "--fp16",
+        "--log-interval",
+        "1",
+        "--save-interval",
+        "500",
+        "--eval-interval",
+        "100",
+        "--eval-iters",
+        "1",
+        "--activations-checkpoint-method",
+        "uniform",
+        "--save",
+        "ckpt",
+        "--load",
+        "ckpt",
+        "--data-path",
+        data,
+        "--tensor-model-parallel-size",
+        "4",
+        "--pipeline-model-parallel-size",
+        "1",
+        "--DDP-impl",
+        "torch",
+        "--data-cache-path",
+        cache.to_str().unwrap(),
+    ];
+    let out = run_tool(env!("CARGO_BIN_EXE_pretrain"), &args, dir.path());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}\n{stdout}");
+    assert!(
+        stdout.contains(" > padded vocab (size: 50257) with 431 dummy tokens (new size: 50688)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(" iteration        2/       2 | consumed samples:            8 |"),
+        "{stdout}"
+    );
+    for warned in [
+        "--fp16",
+        "activation checkpointing",
+        "--tensor-model-parallel-size 4",
+        "--DDP-impl",
+    ] {
+        assert!(err.contains(warned), "no warning about {warned}: {err}");
+    }
+    let mut bad = args.to_vec();
+    let pp = bad
+        .iter()
+        .position(|a| *a == "--pipeline-model-parallel-size")
+        .unwrap();
+    bad[pp + 1] = "2";
+    let out = run_tool(env!("CARGO_BIN_EXE_pretrain"), &bad, dir.path());
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("pipeline"), "{}", stderr(&out));
+    let out = run_tool(
+        env!("CARGO_BIN_EXE_pretrain"),
+        &[
+            "--num-layers",
+            "1",
+            "--hidden-size",
+            "10",
+            "--num-attention-heads",
+            "3",
+            "--seq-length",
+            "8",
+            "--micro-batch-size",
+            "1",
+            "--train-iters",
+            "1",
+            "--lr",
+            "1e-3",
+            "--data-path",
+            data,
+        ],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("not divisible by --num-attention-heads"),
+        "{}",
+        stderr(&out)
+    );
+}
