@@ -1,5 +1,6 @@
 //! The README's demo: preprocess the bundled sample corpus exactly as
-//! `preprocess --input examples/data/sample.jsonl --append-eod` would, then inspect the result.
+//! `preprocess --input examples/data/sample.jsonl --append-eod` would, inspect the result, then
+//! train a small GPT on it on the CPU for a few minutes (the loss falls from ~10.8).
 //!
 //! ```text
 //! cargo run --release --example quickstart
@@ -8,11 +9,15 @@
 use std::path::PathBuf;
 
 use anyhow::Result;
+use burn::tensor::Device;
 use ferrotron::data::{DatasetStats, IndexedDataset};
+use ferrotron::model::vocab::{padded_vocab_log_line, padded_vocab_size};
+use ferrotron::model::GptConfig;
 use ferrotron::preprocess::{
     self, describe_outputs, progress::summary_line, PreprocessConfig, ProgressMode,
 };
 use ferrotron::tokenizer::TextTokenizer;
+use ferrotron::train::{pretrain, AdamWConfig, LrDecayStyle, LrSchedule, PretrainConfig};
 
 fn main() -> Result<()> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
@@ -58,9 +63,57 @@ fn main() -> Result<()> {
         "and decodes to:\n{}",
         text.chars().take(300).collect::<String>()
     );
-    println!(
-        "\nNext: `cargo run --release --bin idx-dump -- {} --doc 1`",
-        prefix.display()
-    );
+
+    // The same as:
+    // pretrain --num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 128
+    //   --micro-batch-size 4 --global-batch-size 8 --lr 1e-3 --min-lr 1e-4 --lr-warmup-iters 10
+    //   --lr-decay-style cosine --train-iters 120 --log-interval 10 --eval-interval 40
+    //   --eval-iters 2 --split 95,5,0 --data-path target/quickstart/sample_text_document
+    //   --save target/quickstart/checkpoints
+    println!("\n== pretrain a 2-layer GPT on it (CPU, about 3 minutes)");
+    let vocab = tokenizer.vocab_size();
+    let padded = padded_vocab_size(vocab, 128, 1);
+    println!("{}", padded_vocab_log_line(vocab, padded));
+    let config = PretrainConfig {
+        model: GptConfig::new(2, 128, 4, 128, padded),
+        seq_length: 128,
+        micro_batch_size: 4,
+        global_batch_size: 8,
+        train_iters: 120,
+        schedule: LrSchedule {
+            max_lr: 1e-3,
+            min_lr: 1e-4,
+            warmup_iters: 10.0,
+            decay_iters: 120.0,
+            style: LrDecayStyle::Cosine,
+        },
+        adam: AdamWConfig::default(),
+        clip_grad: 1.0,
+        seed: 1234,
+        data_path: prefix.clone(),
+        split: "95,5,0".into(),
+        data_cache_path: None,
+        eod_mask_loss: false,
+        eod: tokenizer.eod().unwrap_or(50256),
+        log_interval: 10,
+        eval_interval: 40,
+        eval_iters: 2,
+        save: Some(out_dir.join("checkpoints")),
+        save_interval: None,
+        load: None,
+        exit_interval: None,
+    };
+    let outcome = pretrain(&config, &Device::flex().autodiff())?;
+    let first = outcome.losses.first().map_or(f64::NAN, |l| l.1);
+    let last = outcome
+        .losses
+        .iter()
+        .rev()
+        .take(10)
+        .map(|l| l.1)
+        .sum::<f64>()
+        / 10.0;
+    println!("\nlm loss: {first:.3} at the first iteration, {last:.3} over the last 10");
+    println!("checkpoint: {}", out_dir.join("checkpoints").display());
     Ok(())
 }

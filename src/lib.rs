@@ -5,6 +5,7 @@
 //! - [`data`]: Megatron's mmap indexed dataset (`.bin`/`.idx`): reader, streaming builder, merge.
 //! - [`preprocess`]: the streaming, multi-threaded JSONL → indexed dataset pipeline.
 
+pub mod atomic_file;
 pub mod data;
 pub mod model;
 pub mod preprocess;

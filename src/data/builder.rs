@@ -15,6 +15,7 @@ use tempfile::NamedTempFile;
 
 use super::index::encode_header;
 use super::{data_file_path, index_file_path, DType, DatasetError, IndexedDataset, Tokens};
+use crate::atomic_file::{parent_dir, temp_file_beside};
 
 const WRITE_BUFFER: usize = 1 << 20;
 
@@ -49,28 +50,12 @@ pub struct IndexedDatasetBuilder {
 
 /// The directory a prefix's files go to (`.` for a bare name).
 fn output_dir(prefix: &Path) -> PathBuf {
-    match prefix.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    }
+    parent_dir(prefix)
 }
 
-/// A temporary file next to `final_path`, hidden and marked `.tmp`, removed if dropped.
+/// A temporary file next to `final_path`, with an error that names the final file.
 fn temp_beside(final_path: &Path) -> Result<NamedTempFile, DatasetError> {
     let dir = output_dir(final_path);
-    let name = final_path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let prefix = format!(".{name}.");
-    let mut builder = tempfile::Builder::new();
-    builder.prefix(&prefix).suffix(".tmp");
-    // Final files get the usual 0666-minus-umask mode, not the 0600 of a temporary file.
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        builder.permissions(std::fs::Permissions::from_mode(0o666));
-    }
     if !dir.is_dir() {
         let why = format!(
             "cannot create it: directory {} does not exist",
@@ -81,7 +66,7 @@ fn temp_beside(final_path: &Path) -> Result<NamedTempFile, DatasetError> {
             std::io::Error::new(std::io::ErrorKind::NotFound, why),
         ));
     }
-    builder.tempfile_in(&dir).map_err(|e| {
+    temp_file_beside(final_path).map_err(|e| {
         // tempfile appends " at path <temporary name>"; the final name is what users know.
         let text = e.to_string();
         let cause = text.split(" at path ").next().unwrap_or(&text);

@@ -75,11 +75,8 @@ pub fn write_npy<T: NpyElement>(
     for &v in values {
         v.write_le(&mut bytes);
     }
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| DatasetError::io(path, e))?;
+    let mut tmp =
+        crate::atomic_file::temp_file_beside(path).map_err(|e| DatasetError::io(path, e))?;
     tmp.write_all(&bytes)
         .map_err(|e| DatasetError::io(path, e))?;
     tmp.persist(path)

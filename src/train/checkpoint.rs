@@ -7,6 +7,7 @@
 //! leaves the previous checkpoint usable.
 
 use std::collections::HashMap;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -132,9 +133,10 @@ pub fn save_checkpoint(
     let staged = staging.keep();
     std::fs::rename(&staged, &final_iter_dir)
         .with_context(|| format!("renaming to {}", final_iter_dir.display()))?;
-    let tracker = tempfile::NamedTempFile::new_in(root)?;
-    std::fs::write(tracker.path(), format!("{}\n", state.iteration))?;
-    tracker.persist(root.join(TRACKER_FILE))?;
+    let tracker_path = root.join(TRACKER_FILE);
+    let mut tracker = crate::atomic_file::temp_file_beside(&tracker_path)?;
+    writeln!(tracker, "{}", state.iteration)?;
+    tracker.persist(tracker_path)?;
     Ok(checkpoint_dir(root, state.iteration, 0))
 }
 

@@ -2,12 +2,14 @@
 //! training loop.
 
 pub mod checkpoint;
+pub mod hf_export;
 pub mod loader;
 pub mod lr_schedule;
 pub mod megatron_log;
 pub mod optimizer;
 pub mod pretrain;
 pub mod tensor_file;
+pub mod window_eval;
 
 pub use lr_schedule::{LrDecayStyle, LrSchedule};
 pub use optimizer::{AdamW, AdamWConfig, GradientAccumulator};

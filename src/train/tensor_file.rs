@@ -44,12 +44,8 @@ pub fn write_tensors(
         .with_context(|| format!("{}: bad tensor shape", path.display()))?;
     let buffer = safetensors::serialize(views, Some(metadata))
         .with_context(|| format!("serializing {}", path.display()))?;
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)
-        .with_context(|| format!("creating a file in {}", dir.display()))?;
+    let mut tmp = crate::atomic_file::temp_file_beside(path)
+        .with_context(|| format!("creating {}", path.display()))?;
     tmp.write_all(&buffer)
         .with_context(|| format!("writing {}", path.display()))?;
     tmp.as_file()
