@@ -178,6 +178,11 @@ struct Args {
     no_persist_layer_norm: bool,
 }
 
+// burn allocates and frees large tensors every step; glibc's malloc hands such blocks back to
+// the kernel each time (half the run was page faults), mimalloc keeps and reuses them.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn warn(message: &str) {
     eprintln!("WARNING: {message}");
 }

@@ -1,0 +1,105 @@
+//! Training throughput of ferrotron against PyTorch eager on the same machine, same run.
+//!
+//! ```text
+//! python3 -m venv venv && venv/bin/pip install torch        # once, for the baseline
+//! FERROTRON_TORCH_PYTHON=venv/bin/python cargo bench --bench train_throughput
+//! ```
+//!
+//! Config (the issue's): 4 layers, hidden 256, 4 heads, seq 256, batch 8, padded vocabulary
+//! 50304, dropout 0.1, AdamW, fp32, CPU. Reports tokens/s of both (ratio ≥ 1 is the goal),
+//! and achieved GFLOP/s next to a plain 1024³ matmul on each side.
+
+use std::process::Command;
+use std::time::Instant;
+
+use burn::tensor::{Device, Distribution, Int, Tensor};
+use ferrotron::model::{lm_loss, GptConfig};
+use ferrotron::train::{AdamW, AdamWConfig, GradientAccumulator};
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const LAYERS: usize = 4;
+const HIDDEN: usize = 256;
+const HEADS: usize = 4;
+const SEQ: usize = 256;
+const BATCH: usize = 8;
+const STEPS: usize = 5;
+
+fn ferrotron_tokens_per_second(config: &GptConfig) -> f64 {
+    let device = Device::flex().autodiff();
+    device.seed(0);
+    let mut model = config.init(0, &device).expect("valid config");
+    let mut optimizer = AdamW::new(AdamWConfig::default());
+    let data = Tensor::<2, Int>::random(
+        [BATCH, SEQ + 1],
+        Distribution::Uniform(0.0, 50257.0),
+        &device,
+    );
+    let tokens = data.clone().narrow(1, 0, SEQ);
+    let labels = data.narrow(1, 1, SEQ);
+    let mask = Tensor::<2>::ones([BATCH, SEQ], &device);
+    let mut step = |model: ferrotron::model::Gpt| {
+        let loss = lm_loss(model.forward(tokens.clone()), labels.clone(), mask.clone());
+        let mut grads = GradientAccumulator::default();
+        grads.add(&model, loss.backward());
+        grads.clip_global_norm(1.0);
+        optimizer.step(model, &grads, 1e-4)
+    };
+    for _ in 0..2 {
+        model = step(model);
+    }
+    let start = Instant::now();
+    for _ in 0..STEPS {
+        model = step(model);
+    }
+    let _ = model;
+    (STEPS * BATCH * SEQ) as f64 / start.elapsed().as_secs_f64()
+}
+
+fn burn_gemm_gflops() -> f64 {
+    let device = Device::flex();
+    let a = Tensor::<2>::random([1024, 1024], Distribution::Normal(0.0, 1.0), &device);
+    let b = Tensor::<2>::random([1024, 1024], Distribution::Normal(0.0, 1.0), &device);
+    let _ = a.clone().matmul(b.clone()).into_data();
+    let start = Instant::now();
+    for _ in 0..10 {
+        let _ = a.clone().matmul(b.clone()).into_data();
+    }
+    10.0 * 2.0 * 1024f64.powi(3) / start.elapsed().as_secs_f64() / 1e9
+}
+
+fn main() {
+    let config = GptConfig::new(LAYERS, HIDDEN, HEADS, SEQ, 50304);
+    let flops = config.flops_per_token(SEQ);
+    let ours = ferrotron_tokens_per_second(&config);
+    let gemm = burn_gemm_gflops();
+    println!("config: {LAYERS} layers, hidden {HIDDEN}, {HEADS} heads, seq {SEQ}, batch {BATCH}, vocab 50304, fp32, CPU");
+    println!("| | tokens/s | model GFLOP/s | 1024³ gemm GFLOP/s | share of gemm |");
+    println!("|---|---|---|---|---|");
+    println!(
+        "| ferrotron (burn Flex) | {ours:.0} | {:.1} | {gemm:.1} | {:.0}% |",
+        ours * flops / 1e9,
+        100.0 * ours * flops / 1e9 / gemm
+    );
+    let python = std::env::var("FERROTRON_TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benchmarks/torch_gpt.py");
+    let args = [LAYERS, HIDDEN, HEADS, SEQ, BATCH, STEPS].map(|v| v.to_string());
+    match Command::new(&python).arg(script).args(&args).output() {
+        Ok(out) if out.status.success() => {
+            let text = String::from_utf8_lossy(&out.stdout);
+            let value = |key: &str| {
+                text.lines().find_map(|l| l.strip_prefix(key)).and_then(|v| v.trim().parse::<f64>().ok()).unwrap_or(f64::NAN)
+            };
+            let theirs = value("tokens/s:");
+            let their_gemm = value("gemm GFLOP/s:");
+            println!(
+                "| PyTorch eager | {theirs:.0} | {:.1} | {their_gemm:.1} | {:.0}% |",
+                theirs * flops / 1e9,
+                100.0 * theirs * flops / 1e9 / their_gemm
+            );
+            println!("\nferrotron / PyTorch tokens/s ratio: {:.2}x", ours / theirs);
+        }
+        _ => println!("\n(PyTorch baseline skipped: set FERROTRON_TORCH_PYTHON to a python with torch installed)"),
+    }
+}
