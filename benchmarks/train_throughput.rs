@@ -24,7 +24,7 @@ const HIDDEN: usize = 256;
 const HEADS: usize = 4;
 const SEQ: usize = 256;
 const BATCH: usize = 8;
-const STEPS: usize = 5;
+const STEPS: usize = 10;
 
 fn ferrotron_tokens_per_second(config: &GptConfig) -> f64 {
     let device = Device::flex().autodiff();
