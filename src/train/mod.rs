@@ -4,6 +4,7 @@
 pub mod checkpoint;
 pub mod hf_export;
 pub mod loader;
+pub mod loss_plot;
 pub mod lr_schedule;
 pub mod megatron_log;
 pub mod optimizer;

@@ -379,6 +379,14 @@ pub fn pretrain(cfg: &PretrainConfig, device: &Device) -> Result<PretrainOutcome
         print_validation("validation loss at the end of training for val data", loss);
         outcome.validation.push((state.iteration, loss));
     }
+    if let Some(dir) = &cfg.save {
+        let plot = dir.join("loss.png");
+        if let Err(e) =
+            super::loss_plot::write_loss_plot(&plot, &outcome.losses, &outcome.validation)
+        {
+            eprintln!("warning: could not write {}: {e}", plot.display());
+        }
+    }
     if let Some(test) = &datasets.test {
         let loss = evaluate(&model, test, 0, cfg.eval_iters, cfg, device);
         print_validation("validation loss at the end of training for test data", loss);
