@@ -6,6 +6,7 @@
 //! - [`preprocess`]: the streaming, multi-threaded JSONL → indexed dataset pipeline.
 
 pub mod atomic_file;
+pub mod cli;
 pub mod data;
 pub mod model;
 pub mod preprocess;

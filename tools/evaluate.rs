@@ -69,11 +69,5 @@ fn run(args: Args) -> Result<()> {
 }
 
 fn main() -> ExitCode {
-    match run(Args::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("evaluate: error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    ferrotron::cli::finish("evaluate", run(Args::parse()))
 }

@@ -63,11 +63,5 @@ fn run(args: Args) -> Result<()> {
 }
 
 fn main() -> ExitCode {
-    match run(Args::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("export-hf: error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    ferrotron::cli::finish("export-hf", run(Args::parse()))
 }

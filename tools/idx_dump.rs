@@ -135,11 +135,5 @@ fn run(args: Args) -> Result<()> {
 }
 
 fn main() -> ExitCode {
-    match run(Args::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("idx-dump: error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    ferrotron::cli::finish("idx-dump", run(Args::parse()))
 }

@@ -59,11 +59,5 @@ fn run(args: Args) -> Result<()> {
 }
 
 fn main() -> ExitCode {
-    match run(Args::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("merge-datasets: error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    ferrotron::cli::finish("merge-datasets", run(Args::parse()))
 }

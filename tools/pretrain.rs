@@ -317,11 +317,5 @@ fn run(args: Args) -> Result<()> {
 }
 
 fn main() -> ExitCode {
-    match run(Args::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("pretrain: error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    ferrotron::cli::finish("pretrain", run(Args::parse()))
 }
