@@ -62,7 +62,6 @@ impl Gpt {
     /// Final hidden states `[batch, seq, hidden]` for token ids `[batch, seq]`.
     pub fn hidden_states(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
         let [b, s] = tokens.dims();
-        let device = tokens.device();
         let h = self.word_embeddings.dims()[1];
         let words = self
             .word_embeddings
@@ -78,7 +77,6 @@ impl Gpt {
         for layer in &self.layers {
             x = layer.forward(x);
         }
-        let _ = device;
         self.final_layernorm.forward(x)
     }
 

@@ -177,11 +177,19 @@ pub fn pretrain(cfg: &PretrainConfig, device: &Device) -> Result<PretrainOutcome
     if !device.is_autodiff() {
         bail!("pretrain needs an autodiff device");
     }
-    if !cfg.global_batch_size.is_multiple_of(cfg.micro_batch_size) {
+    if cfg.micro_batch_size == 0 || !cfg.global_batch_size.is_multiple_of(cfg.micro_batch_size) {
         bail!(
             "--global-batch-size {} is not a multiple of --micro-batch-size {}",
             cfg.global_batch_size,
             cfg.micro_batch_size
+        );
+    }
+    cfg.model.validate().map_err(anyhow::Error::msg)?;
+    if cfg.seq_length == 0 || cfg.seq_length > cfg.model.max_position_embeddings {
+        bail!(
+            "--seq-length {} must be between 1 and --max-position-embeddings {}",
+            cfg.seq_length,
+            cfg.model.max_position_embeddings
         );
     }
     let datasets = build_datasets(cfg)?;
