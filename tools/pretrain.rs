@@ -148,6 +148,10 @@ struct Args {
     #[arg(long)]
     exit_interval: Option<u64>,
 
+    /// Backend: cpu, or (in builds with those features) cuda, cuda:N, wgpu, wgpu-cpu.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+
     // --- Megatron features not (yet) in ferrotron: said so, never silently ignored ---
     /// Tensor-parallel size (ranks not implemented yet: runs the same model on one rank).
     #[arg(long, default_value_t = 1)]
@@ -310,8 +314,10 @@ fn build_config(args: &Args) -> Result<PretrainConfig> {
 }
 
 fn run(args: Args) -> Result<()> {
+    let device = ferrotron::train::device::parse_device(&args.device)
+        .map_err(anyhow::Error::msg)?
+        .autodiff();
     let config = build_config(&args)?;
-    let device = burn::tensor::Device::flex().autodiff();
     pretrain(&config, &device)?;
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! training loop.
 
 pub mod checkpoint;
+pub mod device;
 pub mod hf_export;
 pub mod loader;
 pub mod loss_plot;

@@ -1,0 +1,51 @@
+//! `--device`: which burn backend a run uses.
+//!
+//! burn 0.22 chooses the backend at run time from the device, so one build can offer several;
+//! the GPU ones exist only when ferrotron is built with the `cuda` or `wgpu` feature.
+
+use burn::tensor::Device;
+
+/// The devices this build can run on, for messages.
+pub fn available_devices() -> &'static str {
+    match (cfg!(feature = "cuda"), cfg!(feature = "wgpu")) {
+        (true, true) => "cpu, cuda, cuda:N, wgpu, wgpu-cpu",
+        (true, false) => "cpu, cuda, cuda:N",
+        (false, true) => "cpu, wgpu, wgpu-cpu",
+        (false, false) => "cpu (build with --features cuda or wgpu for GPUs)",
+    }
+}
+
+/// Parses `cpu` (burn's Flex backend), `cuda`/`cuda:N`, `wgpu` (the best adapter) or
+/// `wgpu-cpu` (a software Vulkan device such as Mesa's lavapipe).
+pub fn parse_device(spec: &str) -> Result<Device, String> {
+    match spec {
+        "cpu" => Ok(Device::flex()),
+        #[cfg(feature = "cuda")]
+        "cuda" => Ok(Device::cuda(0usize)),
+        #[cfg(feature = "cuda")]
+        s if s.starts_with("cuda:") => s["cuda:".len()..]
+            .parse::<usize>()
+            .map(Device::cuda)
+            .map_err(|_| format!("--device {s}: expected cuda:N with N a GPU index")),
+        #[cfg(feature = "wgpu")]
+        "wgpu" => Ok(Device::wgpu(burn::tensor::DeviceKind::DefaultDevice)),
+        #[cfg(feature = "wgpu")]
+        "wgpu-cpu" => Ok(Device::wgpu(burn::tensor::DeviceKind::Cpu)),
+        other => Err(format!(
+            "--device {other} is not available in this build; use one of: {}",
+            available_devices()
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_is_always_there_and_unknown_devices_are_refused() {
+        assert!(parse_device("cpu").is_ok());
+        let err = parse_device("tpu").unwrap_err();
+        assert!(err.contains("--device tpu") && err.contains("cpu"), "{err}");
+    }
+}
