@@ -3,12 +3,12 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::Parser;
 
 use ferrotron::data::{normalize_prefix, IndexedDataset};
 use ferrotron::tokenizer::TokenizerArgs;
-use ferrotron::train::checkpoint::load_checkpoint;
+use ferrotron::train::checkpoint::load_model;
 use ferrotron::train::window_eval::{contiguous_windows, mean_window_loss};
 
 /// Score a checkpoint: mean LM loss (and PPL) over windows i = tokens[i·L .. i·L+L+1] from
@@ -40,13 +40,7 @@ fn run(args: Args) -> Result<()> {
         bail!("--seq-length and --num-samples must be positive");
     }
     let device = burn::tensor::Device::flex();
-    let (model, checkpoint) =
-        load_checkpoint(&args.load, 0, &device, None)?.with_context(|| {
-            format!(
-                "no checkpoint in {} (no latest_checkpointed_iteration.txt)",
-                args.load.display()
-            )
-        })?;
+    let (model, checkpoint) = load_model(&args.load, &device)?;
     if args.seq_length > checkpoint.config.max_position_embeddings {
         bail!(
             "--seq-length {} exceeds the model's {} positions",

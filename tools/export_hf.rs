@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 
 use ferrotron::tokenizer::TokenizerArgs;
-use ferrotron::train::checkpoint::load_checkpoint;
+use ferrotron::train::checkpoint::load_model;
 use ferrotron::train::hf_export::{hf_gpt2_config, hf_gpt2_tensors, hf_metadata};
 use ferrotron::train::tensor_file::write_tensors;
 
@@ -28,13 +28,7 @@ struct Args {
 
 fn run(args: Args) -> Result<()> {
     let device = burn::tensor::Device::flex();
-    let (model, checkpoint) =
-        load_checkpoint(&args.load, 0, &device, None)?.with_context(|| {
-            format!(
-                "no checkpoint in {} (no latest_checkpointed_iteration.txt)",
-                args.load.display()
-            )
-        })?;
+    let (model, checkpoint) = load_model(&args.load, &device)?;
     let tokenizer = args.tokenizer.load()?;
     let vocab = tokenizer.vocab_size();
     anyhow::ensure!(

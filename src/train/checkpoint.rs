@@ -224,3 +224,10 @@ pub fn load_checkpoint(
     }
     Ok(Some((model, loaded)))
 }
+
+/// The model of the latest checkpoint under `root`, for inference on `device` (no optimizer);
+/// an error when there is none.
+pub fn load_model(root: &Path, device: &Device) -> Result<(Gpt, LoadedCheckpoint)> {
+    load_checkpoint(root, 0, device, None)?
+        .with_context(|| format!("no checkpoint in {} (no {TRACKER_FILE})", root.display()))
+}
