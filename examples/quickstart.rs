@@ -75,7 +75,7 @@ fn main() -> Result<()> {
     //   --lr-decay-style cosine --train-iters 120 --log-interval 10 --eval-interval 40
     //   --eval-iters 2 --split 95,5,0 --data-path target/quickstart/sample_text_document
     //   --save target/quickstart/checkpoints
-    println!("\n== pretrain a 2-layer GPT on it (CPU, about 3 minutes)");
+    println!("\n== pretrain a 2-layer GPT on it (CPU, two to three minutes)");
     let vocab = tokenizer.vocab_size();
     let padded = padded_vocab_size(vocab, 128, 1);
     println!("{}", padded_vocab_log_line(vocab, padded));
