@@ -48,14 +48,9 @@ pub struct IndexedDatasetBuilder {
     scratch: Vec<u8>,
 }
 
-/// The directory a prefix's files go to (`.` for a bare name).
-fn output_dir(prefix: &Path) -> PathBuf {
-    parent_dir(prefix)
-}
-
 /// A temporary file next to `final_path`, with an error that names the final file.
 fn temp_beside(final_path: &Path) -> Result<NamedTempFile, DatasetError> {
-    let dir = output_dir(final_path);
+    let dir = parent_dir(final_path);
     if !dir.is_dir() {
         let why = format!(
             "cannot create it: directory {} does not exist",
@@ -86,7 +81,7 @@ impl IndexedDatasetBuilder {
         }
         let bin_path = data_file_path(&prefix);
         let bin = temp_beside(&bin_path)?;
-        let dir = output_dir(&prefix);
+        let dir = parent_dir(&prefix);
         let spill = || tempfile::tempfile_in(&dir).map_err(|e| DatasetError::io(&dir, e));
         Ok(Self {
             prefix,
@@ -112,7 +107,7 @@ impl IndexedDatasetBuilder {
     }
 
     fn spill_io(&self, e: std::io::Error) -> DatasetError {
-        DatasetError::io(output_dir(&self.prefix), e)
+        DatasetError::io(parent_dir(&self.prefix), e)
     }
 
     /// Appends one sequence to the open document. An empty slice adds nothing (Megatron
@@ -252,7 +247,7 @@ impl IndexedDatasetBuilder {
         bin.as_file()
             .sync_all()
             .map_err(|e| DatasetError::io(data_file_path(&self.prefix), e))?;
-        let dir = output_dir(&self.prefix);
+        let dir = parent_dir(&self.prefix);
         let spill_err = |e: std::io::Error| DatasetError::io(&dir, e);
         let mut lengths = self
             .lengths

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use super::npy::{read_npy, write_npy};
 use super::numpy_random::NumpyRandomState;
-use super::{DatasetError, IndexedDataset, Tokens};
+use super::{DatasetError, IndexedDataset};
 
 /// Megatron separates the last epoch when fewer than this share of its samples are used.
 const SEPARATE_LAST_EPOCH_THRESHOLD: f64 = 0.80;
@@ -341,7 +341,7 @@ impl GptDataset {
             } else {
                 tokens.len()
             };
-            extend_u32(&mut out, tokens.slice(start..end));
+            tokens.slice(start..end).append_to(&mut out);
         }
         out
     }
@@ -360,13 +360,6 @@ impl GptDataset {
             labels,
             loss_mask,
         }
-    }
-}
-
-fn extend_u32(out: &mut Vec<u32>, tokens: Tokens<'_>) {
-    match tokens {
-        Tokens::U16(t) => out.extend(t.iter().map(|&x| x as u32)),
-        Tokens::I32(t) => out.extend(t.iter().map(|&x| x as u32)),
     }
 }
 

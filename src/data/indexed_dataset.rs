@@ -46,9 +46,16 @@ impl<'a> Tokens<'a> {
 
     /// The ids as `u32` (negative `int32` ids, which no tokenizer produces, wrap).
     pub fn to_u32_vec(&self) -> Vec<u32> {
+        let mut out = Vec::with_capacity(self.len());
+        self.append_to(&mut out);
+        out
+    }
+
+    /// Appends the ids as `u32` to `out`.
+    pub fn append_to(&self, out: &mut Vec<u32>) {
         match self {
-            Self::U16(t) => t.iter().map(|&x| x as u32).collect(),
-            Self::I32(t) => t.iter().map(|&x| x as u32).collect(),
+            Self::U16(t) => out.extend(t.iter().map(|&x| x as u32)),
+            Self::I32(t) => out.extend(t.iter().map(|&x| x as u32)),
         }
     }
 

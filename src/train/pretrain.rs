@@ -277,15 +277,20 @@ pub fn pretrain(cfg: &PretrainConfig, device: &Device) -> Result<PretrainOutcome
         device.seed(iteration_seed(cfg.seed, iteration));
         let lr = cfg.schedule.lr_at(state.iteration);
         let mut grads = GradientAccumulator::default();
-        let mut loss_sum = 0.0;
+        // Loss values are read after the step, so no micro-batch waits on a device read.
+        let mut micro_losses = Vec::with_capacity(micro_batches);
         for _ in 0..micro_batches {
             let (tokens, labels, mask) = loader.next_batch().to_tensors(device);
             let loss = lm_loss(model.forward(tokens), labels, mask);
-            loss_sum += loss.clone().into_scalar::<f32>() as f64;
+            micro_losses.push(loss.clone().inner());
             grads.add(&model, loss.div_scalar(micro_batches as f64).backward());
         }
         let grad_norm = grads.clip_global_norm(cfg.clip_grad);
         model = optimizer.step(model, &grads, lr);
+        let loss_sum: f64 = micro_losses
+            .into_iter()
+            .map(|l| l.into_scalar::<f32>() as f64)
+            .sum();
         state.iteration = iteration;
         state.consumed_train_samples += cfg.global_batch_size as u64;
         let loss = loss_sum / micro_batches as f64;

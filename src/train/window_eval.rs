@@ -5,7 +5,7 @@
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
-use crate::data::{IndexedDataset, Tokens};
+use crate::data::IndexedDataset;
 use crate::model::loss::token_losses;
 use crate::model::Gpt;
 
@@ -23,10 +23,7 @@ pub fn contiguous_windows(
             data.prefix().display()
         ));
     }
-    let all = match data.all_tokens() {
-        Tokens::U16(t) => t[..needed].iter().map(|&x| x as u32).collect::<Vec<u32>>(),
-        Tokens::I32(t) => t[..needed].iter().map(|&x| x as u32).collect(),
-    };
+    let all = data.all_tokens().slice(0..needed).to_u32_vec();
     Ok((0..count)
         .map(|i| all[i * seq_length..i * seq_length + seq_length + 1].to_vec())
         .collect())
