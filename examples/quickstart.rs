@@ -107,6 +107,7 @@ fn main() -> Result<()> {
         save_interval: None,
         load: None,
         exit_interval: None,
+        tensor_model_parallel_size: 1,
     };
     let outcome = pretrain(&config, &Device::flex().autodiff())?;
     let first = outcome.losses.first().map_or(f64::NAN, |l| l.1);

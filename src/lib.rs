@@ -4,11 +4,16 @@
 //!   HuggingFace `tokenizer.json` tokenizers.
 //! - [`data`]: Megatron's mmap indexed dataset (`.bin`/`.idx`): reader, streaming builder, merge.
 //! - [`preprocess`]: the streaming, multi-threaded JSONL → indexed dataset pipeline.
+//! - [`model`], [`train`]: Megatron's GPT on burn and its training loop.
+//! - [`parallel`]: tensor model parallelism (collectives, region mappings, parallel layers,
+//!   vocab-parallel cross-entropy).
 
 pub mod atomic_file;
 pub mod cli;
 pub mod data;
+pub mod host_tensor;
 pub mod model;
+pub mod parallel;
 pub mod preprocess;
 pub mod tokenizer;
 pub mod train;

@@ -33,7 +33,7 @@ fn hf_tensors_have_gpt2_names_and_carry_the_same_weights() {
     );
     assert_eq!(
         hf["transformer.wte.weight"].1,
-        ours["word_embeddings"][..50 * 8]
+        ours["word_embeddings.weight"][..50 * 8]
     );
     assert_eq!(hf["transformer.h.1.mlp.c_fc.weight"].0, [8, 12]);
     assert_eq!(

@@ -99,7 +99,7 @@ impl Naive<'_> {
     fn logits(&self, tokens: &[usize]) -> Vec<Vec<f64>> {
         let (h, heads) = (self.c.hidden_size, self.c.num_attention_heads);
         let hd = h / heads;
-        let (_, wte) = self.w("word_embeddings");
+        let (_, wte) = self.w("word_embeddings.weight");
         let (_, wpe) = self.w("position_embeddings");
         let mut x: Vec<Vec<f64>> = tokens
             .iter()

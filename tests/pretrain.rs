@@ -41,6 +41,7 @@ fn tiny(cache: &Path) -> PretrainConfig {
         save_interval: None,
         load: None,
         exit_interval: None,
+        tensor_model_parallel_size: 1,
     }
 }
 

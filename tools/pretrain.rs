@@ -153,7 +153,7 @@ struct Args {
     device: String,
 
     // --- Megatron features not (yet) in ferrotron: said so, never silently ignored ---
-    /// Tensor-parallel size (ranks not implemented yet: runs the same model on one rank).
+    /// Tensor-parallel size: the model is split over this many ranks (threads), Megatron-style.
     #[arg(long, default_value_t = 1)]
     tensor_model_parallel_size: usize,
     /// Pipeline-parallel size (only 1 is supported).
@@ -206,13 +206,6 @@ fn build_config(args: &Args) -> Result<PretrainConfig> {
         bail!("--data-path takes one dataset prefix (blending several datasets with weights is not supported yet)");
     }
     // Features whose absence does not change the math: say so.
-    if args.tensor_model_parallel_size > 1 {
-        warn(&format!(
-            "--tensor-model-parallel-size {}: tensor parallelism is not implemented yet; training the same model on one \
-             rank (the vocabulary is padded for TP={} so the model is the one TP would train)",
-            args.tensor_model_parallel_size, args.tensor_model_parallel_size
-        ));
-    }
     if args.fp16 || args.bf16 {
         warn("--fp16/--bf16: mixed precision is not implemented yet; training in fp32");
     }
@@ -263,7 +256,9 @@ fn build_config(args: &Args) -> Result<PretrainConfig> {
     .with_layernorm_epsilon(args.layernorm_epsilon)
     .with_init_method_std(args.init_method_std)
     .with_openai_gelu(args.openai_gelu);
-    model.validate().map_err(anyhow::Error::msg)?;
+    model
+        .validate_parallel(args.tensor_model_parallel_size)
+        .map_err(anyhow::Error::msg)?;
 
     let decay_iters = args.lr_decay_iters.unwrap_or(args.train_iters) as f64;
     let warmup_iters = match (args.lr_warmup_iters, args.lr_warmup_fraction) {
@@ -310,6 +305,7 @@ fn build_config(args: &Args) -> Result<PretrainConfig> {
         save_interval: args.save_interval,
         load: args.load.clone(),
         exit_interval: args.exit_interval,
+        tensor_model_parallel_size: args.tensor_model_parallel_size,
     })
 }
 

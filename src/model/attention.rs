@@ -1,58 +1,64 @@
 //! Causal self-attention with a fused QKV projection (Megatron's `ParallelAttention`).
 
 use burn::module::Module;
-use burn::nn::{Dropout, DropoutConfig};
 use burn::tensor::{Device, Tensor};
 
-use super::linear::Linear;
+use super::dropout::Dropout;
 use super::ops::scaled_causal_masked_softmax;
 use super::GptConfig;
+use crate::parallel::layers::{ColumnParallelLinear, RowParallelLinear};
+use crate::parallel::random::RngRegion;
+use crate::parallel::TpGroup;
 
-/// Multi-head causal self-attention.
+/// Multi-head causal self-attention, its heads split across the tensor-parallel ranks.
 ///
-/// The fused QKV output is laid out per head as Megatron's is (`[heads, 3, head_dim]`), so a
-/// column split over heads keeps each head's q, k and v together on one rank.
+/// The fused QKV output is laid out per head as Megatron's is (`[heads, 3, head_dim]`), so the
+/// column split gives each rank whole heads, q, k and v together.
 #[derive(Module, Debug)]
 pub struct CausalSelfAttention {
-    /// hidden → 3 × hidden.
-    pub query_key_value: Linear,
-    /// hidden → hidden (std / √(2 · layers) at init).
-    pub dense: Linear,
-    /// Dropout on the attention probabilities.
+    /// hidden → 3 × hidden, column-parallel (this rank's heads).
+    pub query_key_value: ColumnParallelLinear,
+    /// hidden → hidden, row-parallel (std / √(2 · layers) at init).
+    pub dense: RowParallelLinear,
+    /// Dropout on the attention probabilities (a model-parallel region: per-rank masks).
     pub attention_dropout: Dropout,
-    /// Heads.
-    pub num_heads: usize,
+    /// Heads on this rank.
+    pub local_heads: usize,
 }
 
 impl CausalSelfAttention {
-    /// Layer `layer`'s attention.
-    pub fn new(config: &GptConfig, seed: u64, name: &str, device: &Device) -> Self {
+    /// The attention named `name` (e.g. `layers.0.self_attention`).
+    pub fn new(config: &GptConfig, seed: u64, name: &str, group: &TpGroup, device: &Device) -> Self {
         let h = config.hidden_size;
         let std = config.init_method_std;
         let output_std = std / (2.0 * config.num_layers as f64).sqrt();
+        let qkv_name = format!("{name}.query_key_value");
         Self {
-            query_key_value: Linear::new(
+            query_key_value: ColumnParallelLinear::new(
+                h, 3 * h, std, seed, &qkv_name, false, group, device,
+            ),
+            dense: RowParallelLinear::new(
                 h,
-                3 * h,
-                std,
+                h,
+                output_std,
                 seed,
-                &format!("{name}.query_key_value"),
+                &format!("{name}.dense"),
+                true,
+                group,
                 device,
             ),
-            dense: Linear::new(h, h, output_std, seed, &format!("{name}.dense"), device),
-            attention_dropout: DropoutConfig::new(config.attention_dropout).init(),
-            num_heads: config.num_attention_heads,
+            attention_dropout: Dropout::new(config.attention_dropout, RngRegion::ModelParallel),
+            local_heads: config.num_attention_heads / group.size(),
         }
     }
 
     /// `[batch, seq, hidden]` → `[batch, seq, hidden]`.
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let [b, s, h] = x.dims();
-        let (heads, head_dim) = (self.num_heads, h / self.num_heads);
-        let qkv = self
-            .query_key_value
-            .forward(x)
-            .reshape([b, s, heads, 3 * head_dim]);
+        let [b, s, _] = x.dims();
+        let qkv = self.query_key_value.forward(x); // [b, s, local heads · 3 · head_dim]
+        let heads = self.local_heads;
+        let head_dim = qkv.dims()[2] / (3 * heads);
+        let qkv = qkv.reshape([b, s, heads, 3 * head_dim]);
         let part = |i: usize| {
             qkv.clone()
                 .narrow(3, i * head_dim, head_dim)
@@ -63,6 +69,6 @@ impl CausalSelfAttention {
         let probs = scaled_causal_masked_softmax(scores, 1.0 / (head_dim as f64).sqrt());
         let context = self.attention_dropout.forward(probs).matmul(v);
         self.dense
-            .forward(context.swap_dims(1, 2).reshape([b, s, h]))
+            .forward(context.swap_dims(1, 2).reshape([b, s, heads * head_dim]))
     }
 }

@@ -4,6 +4,7 @@ use burn::config::Config;
 use burn::tensor::Device;
 
 use super::Gpt;
+use crate::parallel::TpGroup;
 
 /// Megatron's model flags.
 #[derive(Config, Debug, PartialEq)]
@@ -84,10 +85,37 @@ impl GptConfig {
         Ok(())
     }
 
+    /// Rejects a tensor-parallel size the shapes cannot be split by, with a one-line reason.
+    pub fn validate_parallel(&self, tensor_parallel_size: usize) -> Result<(), String> {
+        self.validate()?;
+        let n = tensor_parallel_size;
+        if n == 0 {
+            return Err("--tensor-model-parallel-size must be positive".into());
+        }
+        for (flag, value) in [
+            ("--num-attention-heads", self.num_attention_heads),
+            ("--ffn-hidden-size", self.ffn_size()),
+            ("the padded vocabulary size", self.padded_vocab_size),
+        ] {
+            if !value.is_multiple_of(n) {
+                return Err(format!(
+                    "{flag} {value} is not divisible by --tensor-model-parallel-size {n}"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Builds the model with Megatron's initialization from `seed`, on `device`.
     pub fn init(&self, seed: u64, device: &Device) -> Result<Gpt, String> {
-        self.validate()?;
-        Ok(Gpt::new(self, seed, device))
+        self.init_parallel(seed, &TpGroup::single(), device)
+    }
+
+    /// Builds `group`'s rank of the model: its shards of the same master weights that
+    /// [`Self::init`] builds whole.
+    pub fn init_parallel(&self, seed: u64, group: &TpGroup, device: &Device) -> Result<Gpt, String> {
+        self.validate_parallel(group.size())?;
+        Ok(Gpt::new(self, seed, group, device))
     }
 
     /// Number of trainable parameters.

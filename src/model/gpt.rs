@@ -1,21 +1,27 @@
 //! The whole GPT, readable top to bottom.
 
 use burn::module::{Module, Param};
-use burn::nn::{Dropout, DropoutConfig};
 use burn::tensor::{Device, Int, Tensor};
 
-use super::init::{init_tensor, Init};
+use super::dropout::Dropout;
+use super::init::Init;
 use super::layer_norm::LayerNorm;
 use super::transformer_block::TransformerBlock;
 use super::GptConfig;
+use crate::parallel::layers::VocabParallelEmbedding;
+use crate::parallel::mappings::copy_to_region;
+use crate::parallel::random::RngRegion;
+use crate::parallel::sharding::init_shard;
+use crate::parallel::TpGroup;
 
 /// Megatron's GPT: token + position embeddings, pre-LN blocks, final LayerNorm, and logits
-/// from the (tied) token embedding.
+/// from the (tied) token embedding. On a tensor-parallel rank it holds that rank's shards and
+/// produces that rank's vocabulary columns of the logits.
 #[derive(Module, Debug)]
 pub struct Gpt {
-    /// Token embedding `[padded vocab, hidden]`, also the output layer.
-    pub word_embeddings: Param<Tensor<2>>,
-    /// Learned position embedding `[max positions, hidden]`.
+    /// Token embedding `[padded vocab / N, hidden]`, also the output layer.
+    pub word_embeddings: VocabParallelEmbedding,
+    /// Learned position embedding `[max positions, hidden]` (replicated).
     pub position_embeddings: Param<Tensor<2>>,
     /// Dropout after the embeddings (`--hidden-dropout`).
     pub embedding_dropout: Dropout,
@@ -23,31 +29,38 @@ pub struct Gpt {
     pub layers: Vec<TransformerBlock>,
     /// LayerNorm before the output layer.
     pub final_layernorm: LayerNorm,
+    /// The tensor-parallel group.
+    #[module(skip)]
+    pub group: TpGroup,
 }
 
 impl Gpt {
-    /// Builds the model; use [`GptConfig::init`], which validates the config first.
-    pub(crate) fn new(config: &GptConfig, seed: u64, device: &Device) -> Self {
+    /// Builds this rank's part of the model; use [`GptConfig::init`] or
+    /// [`GptConfig::init_parallel`], which validate the config first.
+    pub(crate) fn new(config: &GptConfig, seed: u64, group: &TpGroup, device: &Device) -> Self {
         let (h, std) = (config.hidden_size, config.init_method_std);
-        let normal = Init::Normal(std);
         Self {
-            word_embeddings: Param::from_tensor(init_tensor(
-                normal,
-                [config.padded_vocab_size, h],
+            word_embeddings: VocabParallelEmbedding::new(
+                config.padded_vocab_size,
+                h,
+                std,
                 seed,
                 "word_embeddings",
+                group,
                 device,
-            )),
-            position_embeddings: Param::from_tensor(init_tensor(
-                normal,
+            ),
+            position_embeddings: Param::from_tensor(init_shard(
+                Init::Normal(std),
                 [config.max_position_embeddings, h],
                 seed,
                 "position_embeddings",
+                None,
+                group,
                 device,
             )),
-            embedding_dropout: DropoutConfig::new(config.hidden_dropout).init(),
+            embedding_dropout: Dropout::new(config.hidden_dropout, RngRegion::Replicated),
             layers: (0..config.num_layers)
-                .map(|i| TransformerBlock::new(config, i, seed, device))
+                .map(|i| TransformerBlock::new(config, i, seed, group, device))
                 .collect(),
             final_layernorm: LayerNorm::new(
                 h,
@@ -56,18 +69,14 @@ impl Gpt {
                 "final_layernorm",
                 device,
             ),
+            group: group.clone(),
         }
     }
 
     /// Final hidden states `[batch, seq, hidden]` for token ids `[batch, seq]`.
     pub fn hidden_states(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
-        let [b, s] = tokens.dims();
-        let h = self.word_embeddings.dims()[1];
-        let words = self
-            .word_embeddings
-            .val()
-            .select(0, tokens.reshape([b * s]))
-            .reshape([b, s, h]);
+        let s = tokens.dims()[1];
+        let words = self.word_embeddings.forward(tokens);
         let positions = self
             .position_embeddings
             .val()
@@ -80,9 +89,32 @@ impl Gpt {
         self.final_layernorm.forward(x)
     }
 
-    /// Logits `[batch, seq, padded vocab]` for token ids `[batch, seq]`.
+    /// This rank's logits `[batch, seq, padded vocab / N]` (all of them on one rank) for token
+    /// ids `[batch, seq]`: Megatron's `parallel_lm_logits`, never gathered.
     pub fn forward(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
-        let hidden = self.hidden_states(tokens);
-        hidden.matmul(self.word_embeddings.val().transpose().unsqueeze())
+        let hidden = copy_to_region(self.hidden_states(tokens), &self.group);
+        hidden.matmul(self.word_embeddings.weight.val().transpose().unsqueeze())
+    }
+
+    /// The first vocabulary id of this rank's logits.
+    pub fn vocab_start(&self) -> usize {
+        self.word_embeddings.vocab_start()
+    }
+
+    /// Megatron's LM loss for a micro-batch: the masked mean of the vocab-parallel
+    /// cross-entropy.
+    pub fn lm_loss(
+        &self,
+        tokens: Tensor<2, Int>,
+        labels: Tensor<2, Int>,
+        loss_mask: Tensor<2>,
+    ) -> Tensor<1> {
+        super::loss::parallel_lm_loss(
+            self.forward(tokens),
+            labels,
+            loss_mask,
+            self.vocab_start(),
+            &self.group,
+        )
     }
 }

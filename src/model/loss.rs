@@ -1,20 +1,30 @@
-//! The language-model loss, kept apart from the model (the tensor-parallel version replaces
-//! it with the vocab-parallel cross-entropy).
+//! The language-model loss, kept apart from the model.
 
 use burn::tensor::{Int, Tensor};
 
-/// Per-token cross-entropy `[batch, seq]` of `logits` `[batch, seq, vocab]` against `labels`:
-/// `logsumexp(logits) − logits[label]`, which never materializes the full log-softmax.
+use crate::parallel::cross_entropy::vocab_parallel_cross_entropy;
+use crate::parallel::TpGroup;
+
+/// Per-token cross-entropy `[batch, seq]` of full logits `[batch, seq, vocab]` against
+/// `labels`: `logsumexp(logits) − logits[label]` (the fused single-rank cross-entropy).
 pub fn token_losses(logits: Tensor<3>, labels: Tensor<2, Int>) -> Tensor<2> {
-    let max = logits.clone().max_dim(2).detach();
-    let target = logits.clone().gather(2, labels.unsqueeze_dim::<3>(2));
-    let log_sum_exp = (logits - max.clone()).exp().sum_dim(2).log() + max;
-    (log_sum_exp - target).squeeze_dim::<2>(2)
+    vocab_parallel_cross_entropy(logits, labels, 0, &TpGroup::single())
 }
 
 /// Megatron's LM loss: the masked mean of the per-token cross-entropy,
-/// `Σ loss · mask / Σ mask`.
+/// `Σ loss · mask / Σ mask`, over full logits.
 pub fn lm_loss(logits: Tensor<3>, labels: Tensor<2, Int>, loss_mask: Tensor<2>) -> Tensor<1> {
-    let losses = token_losses(logits, labels);
+    parallel_lm_loss(logits, labels, loss_mask, 0, &TpGroup::single())
+}
+
+/// [`lm_loss`] over one rank's vocabulary shard of the logits (columns from `vocab_start`).
+pub fn parallel_lm_loss(
+    logits: Tensor<3>,
+    labels: Tensor<2, Int>,
+    loss_mask: Tensor<2>,
+    vocab_start: usize,
+    group: &TpGroup,
+) -> Tensor<1> {
+    let losses = vocab_parallel_cross_entropy(logits, labels, vocab_start, group);
     (losses * loss_mask.clone()).sum() / loss_mask.sum()
 }

@@ -4,34 +4,47 @@ use burn::module::Module;
 use burn::tensor::activation::{gelu, gelu_approximate};
 use burn::tensor::{Device, Tensor};
 
-use super::linear::Linear;
 use super::GptConfig;
+use crate::parallel::layers::{ColumnParallelLinear, RowParallelLinear};
+use crate::parallel::TpGroup;
 
-/// Megatron's `ParallelMLP`.
+/// Megatron's `ParallelMLP`: h → ffn column-parallel, GELU on each rank's columns,
+/// ffn → h row-parallel.
 #[derive(Module, Debug)]
 pub struct Mlp {
-    /// hidden → ffn.
-    pub dense_h_to_4h: Linear,
-    /// ffn → hidden (std / √(2 · layers) at init).
-    pub dense_4h_to_h: Linear,
+    /// hidden → ffn (this rank's columns).
+    pub dense_h_to_4h: ColumnParallelLinear,
+    /// ffn → hidden (this rank's rows; std / √(2 · layers) at init).
+    pub dense_4h_to_h: RowParallelLinear,
     /// tanh GELU (`--openai-gelu`) instead of the exact erf form.
     pub openai_gelu: bool,
 }
 
 impl Mlp {
-    /// Layer `layer`'s MLP.
-    pub fn new(config: &GptConfig, seed: u64, name: &str, device: &Device) -> Self {
+    /// The MLP named `name` (e.g. `layers.0.mlp`).
+    pub fn new(config: &GptConfig, seed: u64, name: &str, group: &TpGroup, device: &Device) -> Self {
         let (h, f) = (config.hidden_size, config.ffn_size());
         let std = config.init_method_std;
         let output_std = std / (2.0 * config.num_layers as f64).sqrt();
         Self {
-            dense_h_to_4h: Linear::new(h, f, std, seed, &format!("{name}.dense_h_to_4h"), device),
-            dense_4h_to_h: Linear::new(
+            dense_h_to_4h: ColumnParallelLinear::new(
+                h,
+                f,
+                std,
+                seed,
+                &format!("{name}.dense_h_to_4h"),
+                false,
+                group,
+                device,
+            ),
+            dense_4h_to_h: RowParallelLinear::new(
                 f,
                 h,
                 output_std,
                 seed,
                 &format!("{name}.dense_4h_to_h"),
+                true,
+                group,
                 device,
             ),
             openai_gelu: config.openai_gelu,

@@ -7,10 +7,10 @@
 
 pub mod attention;
 pub mod config;
+pub mod dropout;
 pub mod gpt;
 pub mod init;
 pub mod layer_norm;
-pub mod linear;
 pub mod loss;
 pub mod mlp;
 pub mod named_parameters;
@@ -20,5 +20,5 @@ pub mod vocab;
 
 pub use config::GptConfig;
 pub use gpt::Gpt;
-pub use loss::lm_loss;
+pub use loss::{lm_loss, parallel_lm_loss};
 pub use vocab::padded_vocab_size;

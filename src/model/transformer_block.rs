@@ -1,13 +1,15 @@
 //! One pre-LayerNorm transformer layer.
 
 use burn::module::Module;
-use burn::nn::{Dropout, DropoutConfig};
 use burn::tensor::{Device, Tensor};
 
 use super::attention::CausalSelfAttention;
+use super::dropout::Dropout;
 use super::layer_norm::LayerNorm;
 use super::mlp::Mlp;
 use super::GptConfig;
+use crate::parallel::random::RngRegion;
+use crate::parallel::TpGroup;
 
 /// `x + drop(attn(ln(x)))`, then `x + drop(mlp(ln(x)))`.
 #[derive(Module, Debug)]
@@ -20,13 +22,19 @@ pub struct TransformerBlock {
     pub post_attention_layernorm: LayerNorm,
     /// The MLP.
     pub mlp: Mlp,
-    /// `--hidden-dropout` on each branch before the residual add.
+    /// `--hidden-dropout` on each branch before the residual add (replicated region).
     pub hidden_dropout: Dropout,
 }
 
 impl TransformerBlock {
     /// Layer `index` (its parameters are named `layers.{index}.…`).
-    pub fn new(config: &GptConfig, index: usize, seed: u64, device: &Device) -> Self {
+    pub fn new(
+        config: &GptConfig,
+        index: usize,
+        seed: u64,
+        group: &TpGroup,
+        device: &Device,
+    ) -> Self {
         let name = format!("layers.{index}");
         let (h, eps) = (config.hidden_size, config.layernorm_epsilon);
         Self {
@@ -41,6 +49,7 @@ impl TransformerBlock {
                 config,
                 seed,
                 &format!("{name}.self_attention"),
+                group,
                 device,
             ),
             post_attention_layernorm: LayerNorm::new(
@@ -50,8 +59,8 @@ impl TransformerBlock {
                 &format!("{name}.post_attention_layernorm"),
                 device,
             ),
-            mlp: Mlp::new(config, seed, &format!("{name}.mlp"), device),
-            hidden_dropout: DropoutConfig::new(config.hidden_dropout).init(),
+            mlp: Mlp::new(config, seed, &format!("{name}.mlp"), group, device),
+            hidden_dropout: Dropout::new(config.hidden_dropout, RngRegion::Replicated),
         }
     }
 

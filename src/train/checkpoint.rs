@@ -1,8 +1,10 @@
 //! Megatron-layout checkpoints: `DIR/iter_0000500/mp_rank_00/model_optim_rng.safetensors` and
 //! `DIR/latest_checkpointed_iteration.txt`.
 //!
-//! One file holds the model, the optimizer moments and the training state (iteration,
-//! consumed samples, optimizer steps, model shape). The iteration directory is written under a
+//! One file per tensor-parallel rank (`mp_rank_0R`) holds that rank's shard of the model and
+//! of the optimizer moments, and the training state (iteration, consumed samples, optimizer
+//! steps, model shape, TP size). Loading joins the shards and re-splits them for the loading
+//! run's TP size, so a checkpoint saved at one size loads at any other. The iteration directory is written under a
 //! temporary name and renamed, and the `latest` file is replaced last, so a kill during a save
 //! leaves the previous checkpoint usable.
 
@@ -18,6 +20,8 @@ use super::tensor_file::{read_tensors, write_tensors, HostTensor};
 use super::AdamW;
 use crate::model::named_parameters::{load_named_parameters, named_parameters, parameter_names};
 use crate::model::{Gpt, GptConfig};
+use crate::parallel::sharding::{partition_dim, shard_of};
+use crate::parallel::TpGroup;
 
 /// Megatron's tracker file.
 pub const TRACKER_FILE: &str = "latest_checkpointed_iteration.txt";
@@ -66,43 +70,49 @@ fn name_table(model: &Gpt) -> Vec<(burn::module::ParamId, String)> {
         .collect()
 }
 
-/// Saves model, optimizer and state under `root` (rank 0 of a single-rank run).
+/// Saves this rank's shard of the model and optimizer, and the training state, under `root`
+/// (`iter_XXXXXXX/mp_rank_0R/`). Every rank of `group` calls it; rank 0 publishes the
+/// iteration directory (a rename) and then the tracker once all shards are written.
 pub fn save_checkpoint(
     root: &Path,
     model: &Gpt,
     config: &GptConfig,
     optimizer: &AdamW,
     state: &TrainState,
+    group: &TpGroup,
 ) -> Result<PathBuf> {
-    std::fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?;
-    let mut tensors: Vec<(String, HostTensor)> = named_parameters(model)
-        .into_iter()
-        .map(|p| {
-            (
-                format!("model.{}", p.name),
-                HostTensor {
-                    shape: p.shape,
-                    values: p.values,
-                },
-            )
-        })
-        .collect();
+    let (rank, size) = (group.rank(), group.size());
+    let final_iter_dir = root.join(format!("iter_{:07}", state.iteration));
+    let staging = root.join(format!(".iter_{:07}.tmp", state.iteration));
+    if rank == 0 {
+        std::fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?;
+        if staging.exists() {
+            std::fs::remove_dir_all(&staging)
+                .with_context(|| format!("removing a stale {}", staging.display()))?;
+        }
+        std::fs::create_dir_all(&staging)
+            .with_context(|| format!("creating {}", staging.display()))?;
+    }
+    group.barrier()?;
+    let params = named_parameters(model);
+    let shapes: HashMap<&str, &Vec<usize>> =
+        params.iter().map(|p| (p.name.as_str(), &p.shape)).collect();
+    let mut tensors: Vec<(String, HostTensor)> = Vec::new();
     for m in optimizer.export(&name_table(model)) {
-        let n = m.m.len();
+        let shape = shapes
+            .get(m.name.as_str())
+            .map_or_else(|| vec![m.m.len()], |s| s.to_vec());
         tensors.push((
             format!("optimizer.exp_avg.{}", m.name),
-            HostTensor {
-                shape: vec![n],
-                values: m.m,
-            },
+            HostTensor::new(shape.clone(), m.m),
         ));
         tensors.push((
             format!("optimizer.exp_avg_sq.{}", m.name),
-            HostTensor {
-                shape: vec![n],
-                values: m.v,
-            },
+            HostTensor::new(shape, m.v),
         ));
+    }
+    for p in params {
+        tensors.push((format!("model.{}", p.name), HostTensor::new(p.shape, p.values)));
     }
     let metadata = HashMap::from([
         ("format".to_owned(), "ferrotron-checkpoint-1".to_owned()),
@@ -117,31 +127,28 @@ pub fn save_checkpoint(
         ),
         ("optimizer_steps".to_owned(), optimizer.steps().to_string()),
         ("model_config".to_owned(), serde_json::to_string(config)?),
+        ("tensor_model_parallel_size".to_owned(), size.to_string()),
+        ("tensor_model_parallel_rank".to_owned(), rank.to_string()),
     ]);
-    let final_iter_dir = root.join(format!("iter_{:07}", state.iteration));
-    let staging = tempfile::Builder::new()
-        .prefix(".iter_")
-        .suffix(".tmp")
-        .tempdir_in(root)?;
-    let rank_dir = staging.path().join("mp_rank_00");
+    let rank_dir = staging.join(format!("mp_rank_{rank:02}"));
     std::fs::create_dir_all(&rank_dir)?;
     write_tensors(&rank_dir.join(CHECKPOINT_FILE), &tensors, metadata)?;
-    if final_iter_dir.exists() {
-        std::fs::remove_dir_all(&final_iter_dir)
-            .with_context(|| format!("replacing {}", final_iter_dir.display()))?;
+    group.barrier()?;
+    if rank == 0 {
+        if final_iter_dir.exists() {
+            std::fs::remove_dir_all(&final_iter_dir)
+                .with_context(|| format!("replacing {}", final_iter_dir.display()))?;
+        }
+        std::fs::rename(&staging, &final_iter_dir)
+            .with_context(|| format!("renaming to {}", final_iter_dir.display()))?;
+        let tracker_path = root.join(TRACKER_FILE);
+        let mut tracker = crate::atomic_file::temp_file_beside(&tracker_path)?;
+        writeln!(tracker, "{}", state.iteration)?;
+        tracker.persist(tracker_path)?;
     }
-    let staged = staging.keep();
-    std::fs::rename(&staged, &final_iter_dir)
-        .with_context(|| format!("renaming to {}", final_iter_dir.display()))?;
-    let tracker_path = root.join(TRACKER_FILE);
-    let mut tracker = crate::atomic_file::temp_file_beside(&tracker_path)?;
-    writeln!(tracker, "{}", state.iteration)?;
-    tracker.persist(tracker_path)?;
-    Ok(checkpoint_dir(root, state.iteration, 0))
+    group.barrier()?;
+    Ok(checkpoint_dir(root, state.iteration, rank))
 }
-
-/// First and second moments of one parameter as found in a file (either may be missing).
-type SavedMoments = (Option<Vec<f32>>, Option<Vec<f32>>);
 
 /// What a checkpoint holds besides the weights.
 #[derive(Clone, Debug, PartialEq)]
@@ -152,60 +159,155 @@ pub struct LoadedCheckpoint {
     pub optimizer_steps: u64,
     /// The model shape it was saved with.
     pub config: GptConfig,
+    /// The tensor-parallel size it was saved with.
+    pub tensor_model_parallel_size: usize,
 }
 
-/// Reads the latest checkpoint under `root`: the model (built on `device` from the saved
-/// shape), and, when `optimizer` is given, its state. `None` when there is no checkpoint.
-pub fn load_checkpoint(
-    root: &Path,
-    seed: u64,
-    device: &Device,
-    optimizer: Option<&mut AdamW>,
-) -> Result<Option<(Gpt, LoadedCheckpoint)>> {
+/// A whole checkpoint with every tensor joined from its rank shards.
+pub struct FullCheckpoint {
+    /// State, shape, saved TP size.
+    pub info: LoadedCheckpoint,
+    /// `model.*`, `optimizer.exp_avg.*`, `optimizer.exp_avg_sq.*`, whole.
+    pub tensors: HashMap<String, HostTensor>,
+}
+
+/// Reads every `mp_rank_*` shard of the latest checkpoint under `root` and joins them along
+/// each parameter's partition dimension. `None` when there is no checkpoint.
+pub fn read_full_checkpoint(root: &Path) -> Result<Option<FullCheckpoint>> {
     let Some(iteration) = latest_iteration(root)? else {
         return Ok(None);
     };
-    let path = checkpoint_dir(root, iteration, 0).join(CHECKPOINT_FILE);
-    let (mut tensors, metadata) = read_tensors(&path)?;
+    let iter_dir = root.join(format!("iter_{iteration:07}"));
+    let mut shards = Vec::new();
+    for rank in 0.. {
+        let path = checkpoint_dir(root, iteration, rank).join(CHECKPOINT_FILE);
+        if rank > 0 && !path.exists() {
+            break;
+        }
+        let (mut tensors, metadata) = read_tensors(&path)?;
+        // Moments were once saved flat: give them their parameter's shape.
+        let shapes: HashMap<String, Vec<usize>> = tensors
+            .iter()
+            .filter_map(|(k, t)| Some((k.strip_prefix("model.")?.to_owned(), t.shape.clone())))
+            .collect();
+        for (key, t) in tensors.iter_mut() {
+            let param = key
+                .strip_prefix("optimizer.exp_avg.")
+                .or_else(|| key.strip_prefix("optimizer.exp_avg_sq."));
+            if let Some(shape) = param.and_then(|p| shapes.get(p)) {
+                if shape.iter().product::<usize>() == t.values.len() {
+                    t.shape = shape.clone();
+                }
+            }
+        }
+        shards.push((path, tensors, metadata));
+    }
+    let (path0, _, metadata) = &shards[0];
     let get = |key: &str| -> Result<String> {
         metadata
             .get(key)
             .cloned()
-            .with_context(|| format!("{}: metadata has no {key}", path.display()))
+            .with_context(|| format!("{}: metadata has no {key}", path0.display()))
     };
     let parse = |key: &str| -> Result<u64> {
         get(key)?
             .parse::<u64>()
-            .with_context(|| format!("{}: bad {key}", path.display()))
+            .with_context(|| format!("{}: bad {key}", path0.display()))
     };
+    let saved_size = metadata
+        .get("tensor_model_parallel_size")
+        .map_or(Ok(1), |v| v.parse::<usize>())
+        .with_context(|| format!("{}: bad tensor_model_parallel_size", path0.display()))?;
+    if saved_size != shards.len() {
+        bail!(
+            "{}: saved with {saved_size} tensor-parallel ranks but {} mp_rank_* shards are there",
+            iter_dir.display(),
+            shards.len()
+        );
+    }
     let config: GptConfig = serde_json::from_str(&get("model_config")?)
-        .with_context(|| format!("{}: bad model_config", path.display()))?;
-    let loaded = LoadedCheckpoint {
+        .with_context(|| format!("{}: bad model_config", path0.display()))?;
+    let info = LoadedCheckpoint {
         state: TrainState {
             iteration: parse("iteration")?,
             consumed_train_samples: parse("consumed_train_samples")?,
             consumed_valid_samples: parse("consumed_valid_samples")?,
         },
         optimizer_steps: parse("optimizer_steps")?,
-        config: config.clone(),
+        config,
+        tensor_model_parallel_size: saved_size,
     };
-    let model = config.init(seed, device).map_err(anyhow::Error::msg)?;
+    let names: Vec<String> = shards[0].1.keys().cloned().collect();
+    let mut tensors = HashMap::new();
+    for key in names {
+        let param = ["model.", "optimizer.exp_avg.", "optimizer.exp_avg_sq."]
+            .iter()
+            .find_map(|p| key.strip_prefix(p))
+            .unwrap_or(&key);
+        let mut parts = Vec::with_capacity(shards.len());
+        for (path, shard, _) in &shards {
+            parts.push(
+                shard
+                    .get(&key)
+                    .cloned()
+                    .with_context(|| format!("{}: no {key}", path.display()))?,
+            );
+        }
+        let whole = match partition_dim(param) {
+            Some(dim) if parts.len() > 1 => HostTensor::concat(&parts, dim)
+                .map_err(|e| anyhow::anyhow!("{}: {key}: {e}", iter_dir.display()))?,
+            _ => parts.swap_remove(0),
+        };
+        tensors.insert(key, whole);
+    }
+    Ok(Some(FullCheckpoint { info, tensors }))
+}
+
+/// Reads the latest checkpoint under `root` and builds `group`'s rank of the model from it, on
+/// `device`, resharding when it was saved with another tensor-parallel size. The model has the
+/// shape of `config` (default: the saved one); a different padded vocabulary cuts or
+/// zero-pads the embedding rows. When `optimizer` is given, its state is restored too.
+/// `None` when there is no checkpoint.
+pub fn load_checkpoint(
+    root: &Path,
+    config: Option<&GptConfig>,
+    device: &Device,
+    optimizer: Option<&mut AdamW>,
+    group: &TpGroup,
+) -> Result<Option<(Gpt, LoadedCheckpoint)>> {
+    let Some(full) = read_full_checkpoint(root)? else {
+        return Ok(None);
+    };
+    let config = config.unwrap_or(&full.info.config).clone();
+    let model = config
+        .init_parallel(0, group, device)
+        .map_err(anyhow::Error::msg)?;
     let mut values = HashMap::new();
-    let mut moments: HashMap<String, SavedMoments> = HashMap::new();
-    for (name, t) in tensors.drain() {
-        if let Some(p) = name.strip_prefix("model.") {
-            values.insert(p.to_owned(), (t.shape, t.values));
-        } else if let Some(p) = name.strip_prefix("optimizer.exp_avg.") {
-            moments.entry(p.to_owned()).or_default().0 = Some(t.values);
-        } else if let Some(p) = name.strip_prefix("optimizer.exp_avg_sq.") {
-            moments.entry(p.to_owned()).or_default().1 = Some(t.values);
+    let mut moments: HashMap<String, (Option<Vec<f32>>, Option<Vec<f32>>)> = HashMap::new();
+    for (key, mut t) in full.tensors {
+        let param = ["model.", "optimizer.exp_avg.", "optimizer.exp_avg_sq."]
+            .iter()
+            .find_map(|p| key.strip_prefix(p))
+            .unwrap_or(&key)
+            .to_owned();
+        if param == "word_embeddings.weight" && t.shape[0] != config.padded_vocab_size {
+            t = t.resized(0, config.padded_vocab_size);
+        }
+        let t = shard_of(&t, partition_dim(&param), group.rank(), group.size())
+            .map_err(|e| anyhow::anyhow!("{}: {key}: {e}", root.display()))?;
+        if key.starts_with("model.") {
+            values.insert(param, (t.shape, t.values));
+        } else if key.starts_with("optimizer.exp_avg.") {
+            moments.entry(param).or_default().0 = Some(t.values);
+        } else if key.starts_with("optimizer.exp_avg_sq.") {
+            moments.entry(param).or_default().1 = Some(t.values);
         }
     }
     let (model, missing) = load_named_parameters(model, &values);
     if !missing.is_empty() {
         bail!(
             "{}: no weights for {} (and {} more)",
-            path.display(),
+            root.display(),
             missing[0],
             missing.len() - 1
         );
@@ -216,18 +318,18 @@ pub fn load_checkpoint(
             .filter_map(|(name, (m, v))| Some(NamedMoments { name, m: m?, v: v? }))
             .collect();
         optimizer.import(
-            loaded.optimizer_steps,
+            full.info.optimizer_steps,
             state,
             &name_table(&model),
             &device.clone().inner(),
         );
     }
-    Ok(Some((model, loaded)))
+    Ok(Some((model, full.info)))
 }
 
-/// The model of the latest checkpoint under `root`, for inference on `device` (no optimizer);
-/// an error when there is none.
+/// The whole model of the latest checkpoint under `root` (shards joined), for inference on
+/// `device` (no optimizer); an error when there is none.
 pub fn load_model(root: &Path, device: &Device) -> Result<(Gpt, LoadedCheckpoint)> {
-    load_checkpoint(root, 0, device, None)?
+    load_checkpoint(root, None, device, None, &TpGroup::single())?
         .with_context(|| format!("no checkpoint in {} (no {TRACKER_FILE})", root.display()))
 }

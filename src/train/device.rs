@@ -49,3 +49,11 @@ mod tests {
         assert!(err.contains("--device tpu") && err.contains("cpu"), "{err}");
     }
 }
+
+/// Whether `device` (autodiff or not) is the Flex CPU backend.
+pub fn is_flex(device: &Device) -> bool {
+    matches!(
+        device.clone().inner().as_dispatch(),
+        burn::backend::DispatchDevice::Flex(_)
+    )
+}

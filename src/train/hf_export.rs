@@ -1,6 +1,6 @@
 //! Export to a HuggingFace `GPT2LMHeadModel` (`config.json` + `model.safetensors`).
 //!
-//! Name mapping (ferrotron → HF): `word_embeddings` → `transformer.wte.weight` (padding rows
+//! Name mapping (ferrotron → HF): `word_embeddings.weight` → `transformer.wte.weight` (padding rows
 //! dropped), `position_embeddings` → `transformer.wpe.weight`, per layer `input_layernorm` →
 //! `ln_1`, `self_attention.query_key_value` → `attn.c_attn` (columns reordered from Megatron's
 //! per-head `[q k v]` to HF's `[all q | all k | all v]`), `self_attention.dense` →
@@ -45,7 +45,7 @@ pub fn hf_gpt2_tensors(
     let mut out = Vec::new();
     for p in named_parameters(model) {
         let name = p.name.as_str();
-        let (hf, tensor) = if name == "word_embeddings" {
+        let (hf, tensor) = if name == "word_embeddings.weight" {
             let h = p.shape[1];
             let values = p.values[..vocab_size * h].to_vec();
             (

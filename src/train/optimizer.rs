@@ -5,11 +5,15 @@
 //! burn's `AdamW` clips per parameter and keeps its state by burn's parameter ids; this one
 //! clips globally, as Megatron does, and exposes its state by parameter name for checkpoints.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::{Gradients, Tensor, TensorData};
+
+use crate::host_tensor::HostTensor;
+use crate::parallel::comm::CommError;
+use crate::parallel::{ReduceOp, TpGroup};
 
 /// `--adam-beta1`, `--adam-beta2`, `--adam-eps`, `--weight-decay`.
 #[derive(Clone, Debug, PartialEq)]
@@ -37,14 +41,19 @@ impl Default for AdamWConfig {
 }
 
 /// Gradients summed over the micro-batches of one step, flattened, by parameter.
+///
+/// Parameters are kept in the module's declaration order, so reductions over them (the
+/// global norm) add in the same order in every run: bitwise reproducible.
 #[derive(Default)]
 pub struct GradientAccumulator {
     grads: HashMap<ParamId, Tensor<1>>,
+    order: Vec<ParamId>,
 }
 
 struct Accumulate<'a> {
     incoming: &'a mut GradientsParams,
     into: &'a mut HashMap<ParamId, Tensor<1>>,
+    order: &'a mut Vec<ParamId>,
 }
 
 impl ModuleVisitor for Accumulate<'_> {
@@ -54,7 +63,10 @@ impl ModuleVisitor for Accumulate<'_> {
             let g = g.reshape([n]);
             let sum = match self.into.remove(&param.id) {
                 Some(acc) => acc + g,
-                None => g,
+                None => {
+                    self.order.push(param.id);
+                    g
+                }
             };
             self.into.insert(param.id, sum);
         }
@@ -68,20 +80,30 @@ impl GradientAccumulator {
         module.visit(&mut Accumulate {
             incoming: &mut incoming,
             into: &mut self.grads,
+            order: &mut self.order,
         });
     }
 
-    /// Global L2 norm of all gradients (one host read).
-    pub fn global_norm(&self) -> f64 {
+    /// `Σ g²` over the parameters `counted` selects (one host read).
+    pub fn sum_of_squares(&self, counted: impl Fn(&ParamId) -> bool) -> f64 {
         let mut total: Option<Tensor<1>> = None;
-        for g in self.grads.values() {
+        for id in &self.order {
+            if !counted(id) {
+                continue;
+            }
+            let g = &self.grads[id];
             let s = g.clone().square().sum();
             total = Some(match total {
                 Some(t) => t + s,
                 None => s,
             });
         }
-        total.map_or(0.0, |t| (t.into_scalar::<f32>() as f64).sqrt())
+        total.map_or(0.0, |t| t.into_scalar::<f32>() as f64)
+    }
+
+    /// Global L2 norm of all gradients (one host read).
+    pub fn global_norm(&self) -> f64 {
+        self.sum_of_squares(|_| true).sqrt()
     }
 
     /// Multiplies every gradient by `factor`.
@@ -91,10 +113,9 @@ impl GradientAccumulator {
         }
     }
 
-    /// Clips to `max_norm` by the global norm (Megatron's `clip_grad_norm_fp32`) and returns
-    /// the norm before clipping.
-    pub fn clip_global_norm(&mut self, max_norm: f64) -> f64 {
-        let norm = self.global_norm();
+    /// Scales the gradients down so that their norm `norm` becomes `max_norm` (no-op when
+    /// already below, or when `max_norm` is 0); returns `norm`.
+    pub fn clip_to(&mut self, norm: f64, max_norm: f64) -> f64 {
         if max_norm > 0.0 {
             let coefficient = max_norm / (norm + 1e-6);
             if coefficient < 1.0 {
@@ -102,6 +123,28 @@ impl GradientAccumulator {
             }
         }
         norm
+    }
+
+    /// Clips to `max_norm` by the global norm (Megatron's `clip_grad_norm_fp32`) and returns
+    /// the norm before clipping.
+    pub fn clip_global_norm(&mut self, max_norm: f64) -> f64 {
+        let norm = self.global_norm();
+        self.clip_to(norm, max_norm)
+    }
+
+    /// [`Self::clip_global_norm`] over a tensor-parallel group: split parameters count on
+    /// every rank, `replicated` ones on rank 0 only (they are identical everywhere), and the
+    /// squares are all-reduced, so every rank clips by the norm of the whole model.
+    pub fn clip_global_norm_parallel(
+        &mut self,
+        max_norm: f64,
+        replicated: &HashSet<ParamId>,
+        group: &TpGroup,
+    ) -> Result<f64, CommError> {
+        let rank0 = group.rank() == 0;
+        let local = self.sum_of_squares(|id| rank0 || !replicated.contains(id));
+        let total = group.all_reduce(HostTensor::new(vec![1], vec![local as f32]), ReduceOp::Sum)?;
+        Ok(self.clip_to((total.values[0] as f64).sqrt(), max_norm))
     }
 
     /// The gradient of a parameter, flattened.

@@ -1,12 +1,13 @@
 //! The training loop of `pretrain` (Megatron's `pretrain_gpt.py` on one rank).
 
+use std::collections::HashSet;
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use burn::module::Module;
+use burn::module::{Module, ParamId};
 use burn::tensor::Device;
 
 use super::checkpoint::{load_checkpoint, save_checkpoint, TrainState};
@@ -15,7 +16,11 @@ use super::megatron_log::{iteration_line, validation_line, IterationStats};
 use super::{AdamW, AdamWConfig, GradientAccumulator, LrSchedule};
 use crate::data::split::{parse_split, split_ranges};
 use crate::data::{GptDataset, GptDatasetConfig, IndexedDataset, Split};
-use crate::model::{lm_loss, Gpt, GptConfig};
+use crate::model::named_parameters::parameter_names;
+use crate::model::{Gpt, GptConfig};
+use crate::parallel::random::seed_iteration;
+use crate::parallel::sharding::partition_dim;
+use crate::parallel::{run_ranks, TpGroup};
 
 /// Everything `pretrain` needs, already validated by the command line.
 #[derive(Clone, Debug)]
@@ -62,6 +67,8 @@ pub struct PretrainConfig {
     pub load: Option<PathBuf>,
     /// `--exit-interval`.
     pub exit_interval: Option<u64>,
+    /// `--tensor-model-parallel-size`: ranks (threads) the model is split over.
+    pub tensor_model_parallel_size: usize,
 }
 
 /// What a run did, for callers and tests.
@@ -140,7 +147,7 @@ fn build_datasets(cfg: &PretrainConfig) -> Result<Datasets> {
 }
 
 /// Mean LM loss over `iters` global batches of `dataset` starting at sample `start`, without
-/// dropout or gradients.
+/// dropout or gradients (every rank of a tensor-parallel group calls it and gets the same).
 pub fn evaluate(
     model: &Gpt,
     dataset: &GptDataset,
@@ -162,17 +169,15 @@ pub fn evaluate(
             cfg.eod_mask_loss,
         );
         let (tokens, labels, mask) = batch.to_tensors(&inner);
-        total += lm_loss(model.forward(tokens), labels, mask).into_scalar::<f32>() as f64;
+        total += model.lm_loss(tokens, labels, mask).into_scalar::<f32>() as f64;
     }
     total / micro_batches.max(1) as f64
 }
 
-/// A seed per iteration, so dropout after a resume is the same as without one.
-fn iteration_seed(seed: u64, iteration: u64) -> u64 {
-    seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ iteration.wrapping_mul(0xD1B5_4A32_D192_ED03)
-}
-
 /// Trains as configured on `device` (an autodiff device), printing Megatron's log lines.
+///
+/// With `--tensor-model-parallel-size N` > 1 the model is split over N ranks, one thread
+/// each, all reading the same batches; rank 0 logs and reports.
 pub fn pretrain(cfg: &PretrainConfig, device: &Device) -> Result<PretrainOutcome> {
     if !device.is_autodiff() {
         bail!("pretrain needs an autodiff device");
@@ -184,7 +189,13 @@ pub fn pretrain(cfg: &PretrainConfig, device: &Device) -> Result<PretrainOutcome
             cfg.micro_batch_size
         );
     }
-    cfg.model.validate().map_err(anyhow::Error::msg)?;
+    let tp = cfg.tensor_model_parallel_size;
+    cfg.model
+        .validate_parallel(tp)
+        .map_err(anyhow::Error::msg)?;
+    if tp > 1 && !super::device::is_flex(device) {
+        bail!("--tensor-model-parallel-size {tp}: tensor parallelism runs on the CPU (Flex) backend only for now (use --device cpu)");
+    }
     if cfg.seq_length == 0 || cfg.seq_length > cfg.model.max_position_embeddings {
         bail!(
             "--seq-length {} must be between 1 and --max-position-embeddings {}",
@@ -193,6 +204,31 @@ pub fn pretrain(cfg: &PretrainConfig, device: &Device) -> Result<PretrainOutcome
         );
     }
     let datasets = build_datasets(cfg)?;
+    if tp == 1 {
+        return train_rank(cfg, device, &datasets, &TpGroup::single());
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if tp > cores {
+        eprintln!("warning: --tensor-model-parallel-size {tp} is more than the {cores} cores here; the ranks share them");
+    }
+    println!(" > tensor model parallel size: {tp} (one thread per rank)");
+    let mut outcomes = run_ranks(tp, |group| {
+        train_rank(cfg, device, &datasets, &TpGroup::new(group))
+    })?;
+    Ok(outcomes.swap_remove(0))
+}
+
+/// One rank's training loop.
+fn train_rank(
+    cfg: &PretrainConfig,
+    device: &Device,
+    datasets: &Datasets,
+    group: &TpGroup,
+) -> Result<PretrainOutcome> {
+    let rank0 = group.rank() == 0;
+    macro_rules! say {
+        ($($arg:tt)*) => { if rank0 { println!($($arg)*); } };
+    }
     let mut optimizer = AdamW::new(cfg.adam.clone());
     let mut state = TrainState {
         iteration: 0,
@@ -200,12 +236,16 @@ pub fn pretrain(cfg: &PretrainConfig, device: &Device) -> Result<PretrainOutcome
         consumed_valid_samples: 0,
     };
     let loaded = match &cfg.load {
-        Some(dir) => load_checkpoint(dir, cfg.seed, device, Some(&mut optimizer))?,
+        Some(dir) => load_checkpoint(dir, Some(&cfg.model), device, Some(&mut optimizer), group)?,
         None => None,
     };
     let mut model = match loaded {
         Some((model, checkpoint)) => {
-            if checkpoint.config != cfg.model {
+            let same_shape = GptConfig {
+                padded_vocab_size: cfg.model.padded_vocab_size,
+                ..checkpoint.config.clone()
+            } == cfg.model;
+            if !same_shape {
                 bail!(
                     "the checkpoint in {} was saved with another model shape: {:?}",
                     cfg.load
@@ -215,27 +255,35 @@ pub fn pretrain(cfg: &PretrainConfig, device: &Device) -> Result<PretrainOutcome
                     checkpoint.config
                 );
             }
-            println!(
-                " > loaded checkpoint from {} at iteration {}",
+            say!(
+                " > loaded checkpoint from {} at iteration {} (saved with tensor model parallel size {})",
                 cfg.load.as_ref().unwrap().display(),
-                checkpoint.state.iteration
+                checkpoint.state.iteration,
+                checkpoint.tensor_model_parallel_size
             );
+            if checkpoint.config.padded_vocab_size != cfg.model.padded_vocab_size {
+                say!(
+                    " > padded vocabulary {} in the checkpoint, {} here: padding rows cut or zero-filled",
+                    checkpoint.config.padded_vocab_size,
+                    cfg.model.padded_vocab_size
+                );
+            }
             state = checkpoint.state;
             model
         }
         None => {
             if let Some(dir) = &cfg.load {
-                println!(
+                say!(
                     " > no checkpoint in {}, starting from scratch",
                     dir.display()
                 );
             }
             cfg.model
-                .init(cfg.seed, device)
+                .init_parallel(cfg.seed, group, device)
                 .map_err(anyhow::Error::msg)?
         }
     };
-    println!(
+    say!(
         " > number of parameters: {} ({} layers, hidden {}, {} heads, vocab {})",
         cfg.model.num_parameters(),
         cfg.model.num_layers,
@@ -244,7 +292,7 @@ pub fn pretrain(cfg: &PretrainConfig, device: &Device) -> Result<PretrainOutcome
         cfg.model.padded_vocab_size
     );
     let mut metrics = match &cfg.save {
-        Some(dir) => {
+        Some(dir) if rank0 => {
             std::fs::create_dir_all(dir)
                 .with_context(|| format!("creating --save {}", dir.display()))?;
             Some(
@@ -255,8 +303,13 @@ pub fn pretrain(cfg: &PretrainConfig, device: &Device) -> Result<PretrainOutcome
                     .with_context(|| format!("opening {}/metrics.jsonl", dir.display()))?,
             )
         }
-        None => None,
+        _ => None,
     };
+    let replicated: HashSet<ParamId> = parameter_names(&model)
+        .into_iter()
+        .filter(|p| partition_dim(&p.name).is_none())
+        .map(|p| p.id)
+        .collect();
     let micro_batches = cfg.global_batch_size / cfg.micro_batch_size;
     let loader = BatchLoader::new(
         datasets.train.clone(),
@@ -274,18 +327,18 @@ pub fn pretrain(cfg: &PretrainConfig, device: &Device) -> Result<PretrainOutcome
     let flops_per_token = cfg.model.flops_per_token(cfg.seq_length);
     while state.iteration < cfg.train_iters {
         let iteration = state.iteration + 1;
-        device.seed(iteration_seed(cfg.seed, iteration));
+        seed_iteration(cfg.seed, iteration, group.rank());
         let lr = cfg.schedule.lr_at(state.iteration);
         let mut grads = GradientAccumulator::default();
         // Loss values are read after the step, so no micro-batch waits on a device read.
         let mut micro_losses = Vec::with_capacity(micro_batches);
         for _ in 0..micro_batches {
             let (tokens, labels, mask) = loader.next_batch().to_tensors(device);
-            let loss = lm_loss(model.forward(tokens), labels, mask);
+            let loss = model.lm_loss(tokens, labels, mask);
             micro_losses.push(loss.clone().inner());
             grads.add(&model, loss.div_scalar(micro_batches as f64).backward());
         }
-        let grad_norm = grads.clip_global_norm(cfg.clip_grad);
+        let grad_norm = grads.clip_global_norm_parallel(cfg.clip_grad, &replicated, group)?;
         model = optimizer.step(model, &grads, lr);
         let loss_sum: f64 = micro_losses
             .into_iter()
@@ -308,7 +361,7 @@ pub fn pretrain(cfg: &PretrainConfig, device: &Device) -> Result<PretrainOutcome
             let elapsed = interval_start.elapsed().as_secs_f64();
             let tokens =
                 (interval_iters * cfg.global_batch_size as u64 * cfg.seq_length as u64) as f64;
-            println!(
+            say!(
                 "{}",
                 iteration_line(&IterationStats {
                     iteration,
@@ -339,7 +392,9 @@ pub fn pretrain(cfg: &PretrainConfig, device: &Device) -> Result<PretrainOutcome
                     device,
                 );
                 state.consumed_valid_samples += cfg.eval_iters * cfg.global_batch_size as u64;
-                print_validation(&format!("validation loss at iteration {iteration}"), loss);
+                if rank0 {
+                    print_validation(&format!("validation loss at iteration {iteration}"), loss);
+                }
                 outcome.validation.push((iteration, loss));
                 if let Some(file) = metrics.as_mut() {
                     writeln!(
@@ -358,15 +413,15 @@ pub fn pretrain(cfg: &PretrainConfig, device: &Device) -> Result<PretrainOutcome
             .is_some_and(|k| k > 0 && iteration.is_multiple_of(k));
         if let Some(dir) = &cfg.save {
             if save_now || exit_now {
-                let path = save_checkpoint(dir, &model, &cfg.model, &optimizer, &state)?;
-                println!(
+                let path = save_checkpoint(dir, &model, &cfg.model, &optimizer, &state, group)?;
+                say!(
                     " > saved checkpoint at iteration {iteration} to {}",
                     path.display()
                 );
             }
         }
         if exit_now {
-            println!(" > exiting at iteration {iteration} (--exit-interval)");
+            say!(" > exiting at iteration {iteration} (--exit-interval)");
             outcome.iteration = iteration;
             return Ok(outcome);
         }
@@ -377,7 +432,7 @@ pub fn pretrain(cfg: &PretrainConfig, device: &Device) -> Result<PretrainOutcome
             .save_interval
             .is_none_or(|k| k == 0 || !state.iteration.is_multiple_of(k))
         {
-            save_checkpoint(dir, &model, &cfg.model, &optimizer, &state)?;
+            save_checkpoint(dir, &model, &cfg.model, &optimizer, &state, group)?;
         }
     }
     if let Some(valid) = &datasets.valid {
@@ -389,10 +444,12 @@ pub fn pretrain(cfg: &PretrainConfig, device: &Device) -> Result<PretrainOutcome
             cfg,
             device,
         );
-        print_validation("validation loss at the end of training for val data", loss);
+        if rank0 {
+            print_validation("validation loss at the end of training for val data", loss);
+        }
         outcome.validation.push((state.iteration, loss));
     }
-    if let Some(dir) = &cfg.save {
+    if let Some(dir) = cfg.save.as_ref().filter(|_| rank0) {
         let plot = dir.join("loss.png");
         if let Err(e) =
             super::loss_plot::write_loss_plot(&plot, &outcome.losses, &outcome.validation)
@@ -402,7 +459,9 @@ pub fn pretrain(cfg: &PretrainConfig, device: &Device) -> Result<PretrainOutcome
     }
     if let Some(test) = &datasets.test {
         let loss = evaluate(&model, test, 0, cfg.eval_iters, cfg, device);
-        print_validation("validation loss at the end of training for test data", loss);
+        if rank0 {
+            print_validation("validation loss at the end of training for test data", loss);
+        }
         outcome.test_loss = Some(loss);
     }
     Ok(outcome)

@@ -7,14 +7,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 
-/// A named tensor on the host.
-#[derive(Clone, Debug, PartialEq)]
-pub struct HostTensor {
-    /// Shape.
-    pub shape: Vec<usize>,
-    /// Row-major values.
-    pub values: Vec<f32>,
-}
+pub use crate::host_tensor::HostTensor;
 
 /// Writes `tensors` and string `metadata` to `path` through a temporary file and a rename.
 pub fn write_tensors(

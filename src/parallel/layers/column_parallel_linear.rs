@@ -1,0 +1,77 @@
+//! `y = x·W + b` with `W` split along its output dimension.
+
+use burn::module::{Module, Param};
+use burn::tensor::{Device, Tensor};
+
+use crate::model::init::Init;
+use crate::parallel::mappings::{copy_to_region, gather_from_region};
+use crate::parallel::sharding::init_shard;
+use crate::parallel::TpGroup;
+
+/// Megatron's `ColumnParallelLinear`: each rank holds `out / N` output columns.
+///
+/// The input is copied into the parallel region (its gradient is all-reduced on the way
+/// back); the output stays split unless `gather_output`.
+#[derive(Module, Debug)]
+pub struct ColumnParallelLinear {
+    /// `[in, out / N]`.
+    pub weight: Param<Tensor<2>>,
+    /// `[out / N]`.
+    pub bias: Param<Tensor<1>>,
+    /// All-gather the output columns (otherwise each rank keeps its own).
+    #[module(skip)]
+    pub gather_output: bool,
+    /// The tensor-parallel group.
+    #[module(skip)]
+    pub group: TpGroup,
+}
+
+impl ColumnParallelLinear {
+    /// This rank's columns of an `in → out` layer with Normal(0, `std`) weights and zero
+    /// bias; `name` seeds the master weights. `out` must be divisible by the group size.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        d_in: usize,
+        d_out: usize,
+        std: f64,
+        seed: u64,
+        name: &str,
+        gather_output: bool,
+        group: &TpGroup,
+        device: &Device,
+    ) -> Self {
+        Self {
+            weight: Param::from_tensor(init_shard(
+                Init::Normal(std),
+                [d_in, d_out],
+                seed,
+                &format!("{name}.weight"),
+                Some(1),
+                group,
+                device,
+            )),
+            bias: Param::from_tensor(init_shard(
+                Init::Zeros,
+                [d_out],
+                seed,
+                &format!("{name}.bias"),
+                Some(0),
+                group,
+                device,
+            )),
+            gather_output,
+            group: group.clone(),
+        }
+    }
+
+    /// Applies the layer over the last dimension of `x` (whole on every rank).
+    pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        let x = copy_to_region(x, &self.group);
+        let y = x.matmul(self.weight.val().unsqueeze()) + self.bias.val().unsqueeze();
+        if self.gather_output {
+            gather_from_region(y, &self.group)
+        } else {
+            y
+        }
+    }
+}

@@ -1,0 +1,77 @@
+//! `y = x·W + b` with `W` split along its input dimension.
+
+use burn::module::{Module, Param};
+use burn::tensor::{Device, Tensor};
+
+use crate::model::init::Init;
+use crate::parallel::mappings::{reduce_from_region, scatter_to_region};
+use crate::parallel::sharding::init_shard;
+use crate::parallel::TpGroup;
+
+/// Megatron's `RowParallelLinear`: each rank holds `in / N` input rows of the weight and
+/// multiplies its part of the input; the partial products are all-reduced and the bias,
+/// replicated on every rank, is added after the reduce.
+#[derive(Module, Debug)]
+pub struct RowParallelLinear {
+    /// `[in / N, out]`.
+    pub weight: Param<Tensor<2>>,
+    /// `[out]`, the same on every rank.
+    pub bias: Param<Tensor<1>>,
+    /// The input already arrives split (from a column-parallel layer); otherwise it is
+    /// scattered first.
+    #[module(skip)]
+    pub input_is_parallel: bool,
+    /// The tensor-parallel group.
+    #[module(skip)]
+    pub group: TpGroup,
+}
+
+impl RowParallelLinear {
+    /// This rank's rows of an `in → out` layer with Normal(0, `std`) weights and zero bias;
+    /// `in` must be divisible by the group size.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        d_in: usize,
+        d_out: usize,
+        std: f64,
+        seed: u64,
+        name: &str,
+        input_is_parallel: bool,
+        group: &TpGroup,
+        device: &Device,
+    ) -> Self {
+        Self {
+            weight: Param::from_tensor(init_shard(
+                Init::Normal(std),
+                [d_in, d_out],
+                seed,
+                &format!("{name}.weight"),
+                Some(0),
+                group,
+                device,
+            )),
+            bias: Param::from_tensor(init_shard(
+                Init::Zeros,
+                [d_out],
+                seed,
+                &format!("{name}.bias"),
+                None,
+                group,
+                device,
+            )),
+            input_is_parallel,
+            group: group.clone(),
+        }
+    }
+
+    /// Applies the layer over the last dimension of `x`; the output is whole on every rank.
+    pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        let x = if self.input_is_parallel {
+            x
+        } else {
+            scatter_to_region(x, &self.group)
+        };
+        let partial = x.matmul(self.weight.val().unsqueeze());
+        reduce_from_region(partial, &self.group) + self.bias.val().unsqueeze()
+    }
+}

@@ -1,0 +1,75 @@
+//! The token embedding with its vocabulary rows split across ranks.
+
+use burn::module::{Module, Param};
+use burn::tensor::{Device, Int, Tensor};
+
+use crate::model::init::Init;
+use crate::parallel::mappings::reduce_from_region;
+use crate::parallel::sharding::init_shard;
+use crate::parallel::TpGroup;
+
+/// Megatron's `VocabParallelEmbedding`: rank r holds rows `[r·V/N, (r+1)·V/N)`. Each rank
+/// looks up the tokens in its range, zeroes the others, and an all-reduce assembles the
+/// embeddings. The same shard is the (tied) output layer.
+#[derive(Module, Debug)]
+pub struct VocabParallelEmbedding {
+    /// `[padded vocab / N, hidden]`.
+    pub weight: Param<Tensor<2>>,
+    /// The tensor-parallel group.
+    #[module(skip)]
+    pub group: TpGroup,
+}
+
+impl VocabParallelEmbedding {
+    /// This rank's rows of a `[vocab, hidden]` Normal(0, `std`) embedding named `name`.
+    pub fn new(
+        vocab: usize,
+        hidden: usize,
+        std: f64,
+        seed: u64,
+        name: &str,
+        group: &TpGroup,
+        device: &Device,
+    ) -> Self {
+        Self {
+            weight: Param::from_tensor(init_shard(
+                Init::Normal(std),
+                [vocab, hidden],
+                seed,
+                &format!("{name}.weight"),
+                Some(0),
+                group,
+                device,
+            )),
+            group: group.clone(),
+        }
+    }
+
+    /// The first vocabulary id this rank holds.
+    pub fn vocab_start(&self) -> usize {
+        self.group.rank() * self.weight.dims()[0]
+    }
+
+    /// Embeddings `[batch, seq, hidden]` of token ids `[batch, seq]`.
+    pub fn forward(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
+        let [b, s] = tokens.dims();
+        let [rows, h] = self.weight.dims();
+        let flat = tokens.reshape([b * s]);
+        if self.group.size() == 1 {
+            return self.weight.val().select(0, flat).reshape([b, s, h]);
+        }
+        let start = self.vocab_start() as i64;
+        let local = flat.sub_scalar(start);
+        let outside = local
+            .clone()
+            .lower_elem(0)
+            .bool_or(local.clone().greater_equal_elem(rows as i64));
+        let index = local.mask_fill(outside.clone(), 0);
+        let rows_out = self
+            .weight
+            .val()
+            .select(0, index)
+            .mask_fill(outside.unsqueeze_dim::<2>(1), 0.0);
+        reduce_from_region(rows_out, &self.group).reshape([b, s, h])
+    }
+}

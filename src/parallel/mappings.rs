@@ -1,0 +1,175 @@
+//! Megatron's four region operators (`tensor_parallel/mappings.py`), each a custom autodiff op
+//! whose backward is another region's forward:
+//!
+//! | operator             | forward                 | backward                |
+//! |----------------------|-------------------------|-------------------------|
+//! | copy to region       | identity                | all-reduce (sum)        |
+//! | reduce from region   | all-reduce (sum)        | identity                |
+//! | scatter to region    | keep own last-dim chunk | all-gather last dim     |
+//! | gather from region   | all-gather last dim     | keep own last-dim chunk |
+//!
+//! They are a burn backend extension (`#[backend_extension]`) with a hand-written `Backward`
+//! for `Autodiff<B>`, so gradients communicate exactly where Megatron's do. On a single-rank
+//! group every operator is the identity and never reaches the backend.
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::Autodiff;
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{backend_extension, Backend, Dispatch, Flex, TensorMetadata};
+use burn::tensor::{Tensor, TensorData};
+
+use super::comm::{ReduceOp, TpGroup};
+use crate::host_tensor::HostTensor;
+
+/// Which of Megatron's region operators.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RegionKind {
+    /// Identity forward, all-reduce backward (`copy_to_tensor_model_parallel_region`).
+    Copy,
+    /// All-reduce forward, identity backward (`reduce_from_tensor_model_parallel_region`).
+    Reduce,
+    /// Split forward, all-gather backward (`scatter_to_tensor_model_parallel_region`).
+    Scatter,
+    /// All-gather forward, split backward (`gather_from_tensor_model_parallel_region`).
+    Gather,
+}
+
+impl RegionKind {
+    /// The operator whose forward is this one's backward.
+    pub fn transpose(self) -> Self {
+        match self {
+            Self::Copy => Self::Reduce,
+            Self::Reduce => Self::Copy,
+            Self::Scatter => Self::Gather,
+            Self::Gather => Self::Scatter,
+        }
+    }
+}
+
+/// A region operator bound to its group: the extension op's non-tensor argument.
+#[derive(Clone, Debug)]
+pub struct Region {
+    /// The operator.
+    pub kind: RegionKind,
+    /// The tensor-parallel group.
+    pub group: TpGroup,
+}
+
+/// The backend extension carrying the region operators.
+#[backend_extension(Autodiff, Flex)]
+pub trait RegionOps: Backend {
+    /// Applies `region`'s forward to `x` (the split/gather dimension is the last one).
+    fn tensor_parallel_region(x: FloatTensor<Self>, region: Region) -> FloatTensor<Self>;
+}
+
+/// Reads a primitive to the host as f32.
+pub(crate) fn to_host<B: Backend>(x: FloatTensor<B>) -> HostTensor {
+    let shape = x.shape().to_vec();
+    let data = burn::tensor::read_sync(B::float_into_data(x))
+        .expect("reading a tensor for a collective");
+    let values = data
+        .convert::<f32>()
+        .try_into_vec::<f32>()
+        .expect("f32 tensor data");
+    HostTensor::new(shape, values)
+}
+
+/// Uploads a host tensor to `device`.
+pub(crate) fn from_host<B: Backend>(t: HostTensor, device: &<B as burn::backend::BackendTypes>::Device) -> FloatTensor<B> {
+    B::float_from_data(TensorData::new(t.values, t.shape), device)
+}
+
+/// The forward of `region` on any backend, through host memory.
+fn region_forward<B: Backend>(x: FloatTensor<B>, region: &Region) -> FloatTensor<B> {
+    let group = &region.group;
+    if group.size() == 1 || region.kind == RegionKind::Copy {
+        return x;
+    }
+    let device = x.device();
+    let last = x.shape().num_dims() - 1;
+    let host = to_host::<B>(x);
+    let out = match region.kind {
+        RegionKind::Copy => unreachable!(),
+        RegionKind::Reduce => group.all_reduce_or_panic(host, ReduceOp::Sum),
+        RegionKind::Scatter => host
+            .chunk(last, group.size(), group.rank())
+            .unwrap_or_else(|e| panic!("scatter to tensor-parallel region: {e}")),
+        RegionKind::Gather => group.all_gather_or_panic(host, last),
+    };
+    from_host::<B>(out, &device)
+}
+
+impl RegionOps for Flex {
+    fn tensor_parallel_region(x: FloatTensor<Self>, region: Region) -> FloatTensor<Self> {
+        region_forward::<Self>(x, &region)
+    }
+}
+
+#[derive(Debug)]
+struct RegionBackward;
+
+impl<B: RegionOps> Backward<B, 1> for RegionBackward {
+    /// The transposed region.
+    type State = Region;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [parent] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        if let Some(parent) = parent {
+            grads.register::<B>(parent.id, B::tensor_parallel_region(grad, ops.state));
+        }
+    }
+}
+
+impl<B: RegionOps, C: CheckpointStrategy> RegionOps for Autodiff<B, C> {
+    fn tensor_parallel_region(x: FloatTensor<Self>, region: Region) -> FloatTensor<Self> {
+        let (primitive, node) = x.into_parts();
+        match RegionBackward.prepare::<C>([node]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let transposed = Region {
+                    kind: region.kind.transpose(),
+                    group: region.group.clone(),
+                };
+                prep.finish(transposed, B::tensor_parallel_region(primitive, region))
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::tensor_parallel_region(primitive, region)),
+        }
+    }
+}
+
+fn apply<const D: usize>(x: Tensor<D>, kind: RegionKind, group: &TpGroup) -> Tensor<D> {
+    if group.size() == 1 {
+        return x;
+    }
+    let region = Region {
+        kind,
+        group: group.clone(),
+    };
+    Tensor::from_dispatch(<Dispatch as RegionOps>::tensor_parallel_region(
+        x.into_dispatch(),
+        region,
+    ))
+}
+
+/// Identity forward, all-reduce of the gradient backward: the input of a column-parallel layer.
+pub fn copy_to_region<const D: usize>(x: Tensor<D>, group: &TpGroup) -> Tensor<D> {
+    apply(x, RegionKind::Copy, group)
+}
+
+/// All-reduce (sum) forward, identity backward: the output of a row-parallel layer.
+pub fn reduce_from_region<const D: usize>(x: Tensor<D>, group: &TpGroup) -> Tensor<D> {
+    apply(x, RegionKind::Reduce, group)
+}
+
+/// This rank's chunk of the last dimension forward, all-gather backward.
+pub fn scatter_to_region<const D: usize>(x: Tensor<D>, group: &TpGroup) -> Tensor<D> {
+    apply(x, RegionKind::Scatter, group)
+}
+
+/// All-gather along the last dimension forward, own chunk backward.
+pub fn gather_from_region<const D: usize>(x: Tensor<D>, group: &TpGroup) -> Tensor<D> {
+    apply(x, RegionKind::Gather, group)
+}

@@ -1,0 +1,103 @@
+//! Dropout randomness with Megatron's tensor-parallel rule (its `CudaRNGStatesTracker`):
+//! dropout in replicated regions (embeddings, residual stream) draws the same mask on every
+//! rank, dropout in parallel regions (attention probabilities of the rank's own heads) draws
+//! from a stream offset by the rank, as Megatron's `seed + 2718 + tp_rank`.
+//!
+//! Masks are drawn on the host from a counter-based generator seeded per iteration, so they
+//! are the same on every backend, after a resume, and whatever threads run the other ranks
+//! (each rank is a thread here; the state is thread-local, like Megatron's per-process state).
+
+use std::cell::RefCell;
+
+/// Which stream a dropout draws from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RngRegion {
+    /// The same on every rank of the tensor-parallel group.
+    #[default]
+    Replicated,
+    /// Different on every rank.
+    ModelParallel,
+}
+
+/// Megatron's offset of the model-parallel seed.
+const MODEL_PARALLEL_OFFSET: u64 = 2718;
+
+#[derive(Default)]
+struct Tracker {
+    seeds: [u64; 2],
+    draws: [u64; 2],
+}
+
+thread_local! {
+    static TRACKER: RefCell<Tracker> = RefCell::new(Tracker::default());
+}
+
+fn splitmix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Seeds this thread's streams for one training iteration of tensor-parallel rank `tp_rank`.
+pub fn seed_iteration(seed: u64, iteration: u64, tp_rank: usize) {
+    let base = splitmix64(seed ^ splitmix64(iteration));
+    let parallel = splitmix64(
+        seed.wrapping_add(MODEL_PARALLEL_OFFSET + tp_rank as u64) ^ splitmix64(iteration),
+    );
+    TRACKER.with(|t| {
+        *t.borrow_mut() = Tracker {
+            seeds: [base, parallel],
+            draws: [0, 0],
+        }
+    });
+}
+
+/// The next dropout multiplier mask of `n` elements from `region`'s stream: `1 / (1 − p)`
+/// where kept, 0 where dropped (each with probability `p`).
+pub fn dropout_mask(n: usize, p: f64, region: RngRegion) -> Vec<f32> {
+    let stream = region as usize;
+    let draw_seed = TRACKER.with(|t| {
+        let mut t = t.borrow_mut();
+        t.draws[stream] += 1;
+        splitmix64(t.seeds[stream] ^ splitmix64(t.draws[stream]))
+    });
+    let threshold = (p * (1u64 << 32) as f64) as u64;
+    let keep = (1.0 / (1.0 - p)) as f32;
+    let mut out = Vec::with_capacity(n);
+    let mut i = 0u64;
+    while out.len() < n {
+        let bits = splitmix64(draw_seed.wrapping_add(i));
+        i += 1;
+        for half in [bits & 0xFFFF_FFFF, bits >> 32] {
+            out.push(if half < threshold { 0.0 } else { keep });
+        }
+    }
+    out.truncate(n);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masks_keep_the_expected_fraction_and_follow_the_region_rule() {
+        seed_iteration(1234, 7, 0);
+        let a = dropout_mask(100_000, 0.1, RngRegion::Replicated);
+        let a_mp = dropout_mask(1000, 0.1, RngRegion::ModelParallel);
+        let kept = a.iter().filter(|&&v| v > 0.0).count() as f64 / a.len() as f64;
+        assert!((kept - 0.9).abs() < 0.005, "kept {kept}");
+        assert!(a.iter().all(|&v| v == 0.0 || (v - 1.0 / 0.9).abs() < 1e-6));
+        // Rank 1, same iteration: same replicated mask, different model-parallel mask.
+        seed_iteration(1234, 7, 1);
+        assert_eq!(dropout_mask(100_000, 0.1, RngRegion::Replicated), a);
+        assert_ne!(dropout_mask(1000, 0.1, RngRegion::ModelParallel), a_mp);
+        // Rank 0 again reproduces its masks; another iteration does not.
+        seed_iteration(1234, 7, 0);
+        assert_eq!(dropout_mask(100_000, 0.1, RngRegion::Replicated), a);
+        assert_eq!(dropout_mask(1000, 0.1, RngRegion::ModelParallel), a_mp);
+        seed_iteration(1234, 8, 0);
+        assert_ne!(dropout_mask(100_000, 0.1, RngRegion::Replicated), a);
+    }
+}

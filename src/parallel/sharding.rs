@@ -1,0 +1,62 @@
+//! Which part of each parameter a rank holds.
+//!
+//! Every parameter is first built whole (the *master* tensor, the same for every
+//! tensor-parallel size) and each rank keeps one equal chunk of it along its partition
+//! dimension, as Megatron's CPU initialization does. Checkpoints store these chunks, one file
+//! per rank, and [`partition_dim`] says how to join or re-split them.
+
+use burn::tensor::{Device, Tensor, TensorData};
+
+use super::TpGroup;
+use crate::host_tensor::HostTensor;
+use crate::model::init::{master_values, Init};
+
+/// The dimension along which parameter `name` is split across ranks, `None` when every rank
+/// holds all of it (LayerNorms, position embedding, row-parallel biases).
+///
+/// Weights are stored `[in, out]`: column-parallel layers split dimension 1 (and their bias),
+/// row-parallel layers dimension 0, the word embedding its vocabulary rows.
+pub fn partition_dim(name: &str) -> Option<usize> {
+    const COLUMN: [&str; 2] = [".self_attention.query_key_value.", ".mlp.dense_h_to_4h."];
+    const ROW: [&str; 2] = [".self_attention.dense.weight", ".mlp.dense_4h_to_h.weight"];
+    if name == "word_embeddings.weight" {
+        Some(0)
+    } else if COLUMN.iter().any(|c| name.contains(c)) {
+        Some(if name.ends_with(".weight") { 1 } else { 0 })
+    } else if ROW.iter().any(|r| name.ends_with(r)) {
+        Some(0)
+    } else {
+        None
+    }
+}
+
+/// Rank `rank`'s chunk of `full` along `dim` (all of it when `dim` is `None`).
+pub fn shard_of(
+    full: &HostTensor,
+    dim: Option<usize>,
+    rank: usize,
+    size: usize,
+) -> Result<HostTensor, String> {
+    match dim {
+        Some(d) => full.chunk(d, size, rank),
+        None => Ok(full.clone()),
+    }
+}
+
+/// This rank's shard of parameter `name`, initialized as the master tensor of `shape`
+/// would be, on `device`.
+pub fn init_shard<const D: usize>(
+    init: Init,
+    shape: [usize; D],
+    seed: u64,
+    name: &str,
+    dim: Option<usize>,
+    group: &TpGroup,
+    device: &Device,
+) -> Tensor<D> {
+    let full = HostTensor::new(shape.to_vec(), master_values(init, &shape, seed, name));
+    let part = shard_of(&full, dim, group.rank(), group.size())
+        .unwrap_or_else(|e| panic!("{name}: {e} (validated before building the model)"));
+    let local: [usize; D] = part.shape.clone().try_into().expect("same rank");
+    Tensor::from_data(TensorData::new(part.values, local), device)
+}
