@@ -105,7 +105,7 @@ fn resuming_reproduces_the_uninterrupted_run_exactly() {
 }
 
 #[test]
-fn pretrain_cli_runs_the_seed_tutorial_flags_and_refuses_pipeline_parallelism() {
+fn pretrain_cli_runs_the_seed_tutorial_flags_and_refuses_what_it_cannot_split() {
     let dir = tempfile::tempdir().unwrap();
     let data = golden("wikitext2_valid", "text");
     let data = data.to_str().unwrap();
@@ -118,7 +118,7 @@ fn pretrain_cli_runs_the_seed_tutorial_flags_and_refuses_pipeline_parallelism() 
         "--hidden-size",
         "16",
         "--num-attention-heads",
-        "2",
+        "4",
         "--seq-length",
         "16",
         "--max-position-embeddings",
@@ -179,14 +179,34 @@ fn pretrain_cli_runs_the_seed_tutorial_flags_and_refuses_pipeline_parallelism() 
         stdout.contains(" iteration        2/       2 | consumed samples:            8 |"),
         "{stdout}"
     );
-    for warned in [
-        "--fp16",
-        "activation checkpointing",
-        "--tensor-model-parallel-size 4",
-        "--DDP-impl",
-    ] {
+    assert!(
+        stdout.contains(" > tensor model parallel size: 4"),
+        "{stdout}"
+    );
+    assert_eq!(
+        list_dir(&dir.path().join("ckpt/iter_0000002")),
+        ["mp_rank_00", "mp_rank_01", "mp_rank_02", "mp_rank_03"]
+    );
+    for warned in ["--fp16", "activation checkpointing", "--DDP-impl"] {
         assert!(err.contains(warned), "no warning about {warned}: {err}");
     }
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 4 {
+        assert!(err.contains("more than the"), "no warning about cores: {err}");
+    }
+    // Heads that do not split over the ranks: refused before any work.
+    let mut bad = args.to_vec();
+    let tp = bad
+        .iter()
+        .position(|a| *a == "--tensor-model-parallel-size")
+        .unwrap();
+    bad[tp + 1] = "3";
+    let out = run_tool(env!("CARGO_BIN_EXE_pretrain"), &bad, dir.path());
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("--num-attention-heads 4 is not divisible by --tensor-model-parallel-size 3"),
+        "{}",
+        stderr(&out)
+    );
     let mut bad = args.to_vec();
     let pp = bad
         .iter()

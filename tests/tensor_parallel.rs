@@ -16,6 +16,7 @@ use ferrotron::parallel::cross_entropy::vocab_parallel_cross_entropy;
 use ferrotron::parallel::layers::{ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding};
 use ferrotron::parallel::sharding::partition_dim;
 use ferrotron::parallel::{run_ranks, TpGroup};
+use ferrotron::train::checkpoint::load_model;
 use ferrotron::train::tensor_file::read_tensors;
 use ferrotron::train::{pretrain, AdamWConfig, LrDecayStyle, LrSchedule, PretrainConfig};
 
@@ -365,6 +366,42 @@ fn checkpoints_are_per_rank_and_reshard_to_other_sizes() {
             assert_eq!(resumed, full[3..], "same size resume must be exact");
         }
     }
+
+    // evaluate and export-hf load the whole model: the TP=2 shards joined equal the weights
+    // of a TP=1 run of the same 3 iterations.
+    let single = dir.path().join("single");
+    pretrain(
+        &PretrainConfig {
+            save: Some(single.clone()),
+            exit_interval: Some(3),
+            ..tiny(dir.path(), 1, 6)
+        },
+        &device(),
+    )
+    .unwrap();
+    let joined = named_parameters(&load_model(&ckpt, &Device::flex()).unwrap().0);
+    let reference = named_parameters(&load_model(&single, &Device::flex()).unwrap().0);
+    assert_eq!(joined.len(), reference.len());
+    for (a, b) in joined.iter().zip(&reference) {
+        assert_eq!((&a.name, &a.shape), (&b.name, &b.shape));
+        // Adam's normalized steps (lr 2e-3) amplify last-bit gradient differences in
+        // near-zero gradients, so compare absolutely, well below one step.
+        let worst = a
+            .values
+            .iter()
+            .zip(&b.values)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0f32, f32::max);
+        assert!(worst < 1e-5, "{}: joined TP=2 vs TP=1 differ by {worst}", a.name);
+    }
+    let out = run_tool(
+        env!("CARGO_BIN_EXE_export-hf"),
+        &["--load", ckpt.to_str().unwrap(), "--output", "hf"],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (hf, _) = read_tensors(&dir.path().join("hf/model.safetensors")).unwrap();
+    assert_eq!(hf["transformer.wte.weight"].shape, vec![50257, 32]);
 }
 
 #[test]
