@@ -46,10 +46,12 @@ fn forward<B: Backend>(
     let tokens = logits.shape().dims::<2>()[0];
     let mut max = B::float_max_dim(logits.clone(), 1);
     if group.size() > 1 {
-        max = from_host::<B>(
-            group.all_reduce_or_panic(to_host::<B>(max), ReduceOp::Max),
-            &device,
-        );
+        max = group.timed(|| {
+            from_host::<B>(
+                group.all_reduce_or_panic(to_host::<B>(max), ReduceOp::Max),
+                &device,
+            )
+        });
     }
     let shifted = B::float_sub(logits, max);
     let mut predicted = B::float_mul(
@@ -60,12 +62,17 @@ fn forward<B: Backend>(
     let mut sum_exp = B::float_sum_dim(exp.clone(), 1);
     if group.size() > 1 {
         // One all-reduce for both [tokens, 1] columns.
-        let mut both = to_host::<B>(predicted).values;
-        both.extend(to_host::<B>(sum_exp).values);
-        let both = group.all_reduce_or_panic(HostTensor::new(vec![2 * tokens], both), ReduceOp::Sum);
-        let column = |i: usize| HostTensor::new(vec![tokens, 1], both.values[i * tokens..(i + 1) * tokens].to_vec());
-        predicted = from_host::<B>(column(0), &device);
-        sum_exp = from_host::<B>(column(1), &device);
+        (predicted, sum_exp) = group.timed(|| {
+            let mut both = to_host::<B>(predicted).values;
+            both.extend(to_host::<B>(sum_exp).values);
+            let both = group
+                .all_reduce_or_panic(HostTensor::new(vec![2 * tokens], both), ReduceOp::Sum);
+            let column = |i: usize| {
+                let values = both.values[i * tokens..(i + 1) * tokens].to_vec();
+                from_host::<B>(HostTensor::new(vec![tokens, 1], values), &device)
+            };
+            (column(0), column(1))
+        });
     }
     let loss = B::float_sub(B::float_log(sum_exp.clone()), predicted);
     (loss, B::float_div(exp, sum_exp))
@@ -126,12 +133,18 @@ impl<B: CrossEntropyOps, C: CheckpointStrategy> CrossEntropyOps for Autodiff<B, 
 /// (`[batch, seq, V/N]`, columns `vocab_start..vocab_start + V/N`) against `labels`
 /// (global ids). With a single-rank group, `vocab_start` is 0 and this is the fused
 /// cross-entropy over the whole vocabulary.
+///
+/// The fused op is implemented for the Flex CPU backend; elsewhere (wgpu, CUDA) one rank
+/// falls back to [`composed_cross_entropy`].
 pub fn vocab_parallel_cross_entropy(
     logits: Tensor<3>,
     labels: Tensor<2, Int>,
     vocab_start: usize,
     group: &TpGroup,
 ) -> Tensor<2> {
+    if group.size() == 1 && !crate::train::device::is_flex(&logits.device()) {
+        return composed_cross_entropy(logits, labels);
+    }
     let [b, s, v] = logits.dims();
     let local = labels.reshape([b * s, 1]).sub_scalar(vocab_start as i64);
     let outside = local
@@ -147,4 +160,14 @@ pub fn vocab_parallel_cross_entropy(
         group.clone(),
     );
     Tensor::<2>::from_dispatch(loss).reshape([b, s])
+}
+
+/// The single-rank cross-entropy composed of plain burn ops (autodiff derives its backward):
+/// `logsumexp(logits) − logits[label]`, `[batch, seq]`. The reference the fused op is tested
+/// against, and the path on backends without the fused op.
+pub fn composed_cross_entropy(logits: Tensor<3>, labels: Tensor<2, Int>) -> Tensor<2> {
+    let max = logits.clone().max_dim(2).detach();
+    let target = logits.clone().gather(2, labels.unsqueeze_dim::<3>(2));
+    let log_sum_exp = (logits - max.clone()).exp().sum_dim(2).log() + max;
+    (log_sum_exp - target).squeeze_dim::<2>(2)
 }

@@ -88,18 +88,20 @@ fn region_forward<B: Backend>(x: FloatTensor<B>, region: &Region) -> FloatTensor
     if group.size() == 1 || region.kind == RegionKind::Copy {
         return x;
     }
-    let device = x.device();
-    let last = x.shape().num_dims() - 1;
-    let host = to_host::<B>(x);
-    let out = match region.kind {
-        RegionKind::Copy => unreachable!(),
-        RegionKind::Reduce => group.all_reduce_or_panic(host, ReduceOp::Sum),
-        RegionKind::Scatter => host
-            .chunk(last, group.size(), group.rank())
-            .unwrap_or_else(|e| panic!("scatter to tensor-parallel region: {e}")),
-        RegionKind::Gather => group.all_gather_or_panic(host, last),
-    };
-    from_host::<B>(out, &device)
+    group.timed(|| {
+        let device = x.device();
+        let last = x.shape().num_dims() - 1;
+        let host = to_host::<B>(x);
+        let out = match region.kind {
+            RegionKind::Copy => unreachable!(),
+            RegionKind::Reduce => group.all_reduce_or_panic(host, ReduceOp::Sum),
+            RegionKind::Scatter => host
+                .chunk(last, group.size(), group.rank())
+                .unwrap_or_else(|e| panic!("scatter to tensor-parallel region: {e}")),
+            RegionKind::Gather => group.all_gather_or_panic(host, last),
+        };
+        from_host::<B>(out, &device)
+    })
 }
 
 impl RegionOps for Flex {

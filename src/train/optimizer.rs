@@ -143,7 +143,9 @@ impl GradientAccumulator {
     ) -> Result<f64, CommError> {
         let rank0 = group.rank() == 0;
         let local = self.sum_of_squares(|id| rank0 || !replicated.contains(id));
-        let total = group.all_reduce(HostTensor::new(vec![1], vec![local as f32]), ReduceOp::Sum)?;
+        let total = group.timed(|| {
+            group.all_reduce(HostTensor::new(vec![1], vec![local as f32]), ReduceOp::Sum)
+        })?;
         Ok(self.clip_to((total.values[0] as f64).sqrt(), max_norm))
     }
 

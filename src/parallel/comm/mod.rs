@@ -10,7 +10,9 @@
 mod thread_group;
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 pub use thread_group::{run_ranks, ThreadGroup};
 
@@ -77,20 +79,42 @@ pub trait ProcessGroup: Send + Sync + fmt::Debug {
 
 /// A cheap, clonable handle on this rank's tensor-parallel group, stored in the parallel
 /// layers. The default is a group of one rank, where every collective is the identity.
+///
+/// It also clocks the time this rank spends communicating (see [`Self::timed`]), shared by
+/// all clones, for the benchmarks.
 #[derive(Clone, Debug, Default)]
 pub struct TpGroup {
     group: Option<Arc<dyn ProcessGroup>>,
+    comm_nanos: Arc<AtomicU64>,
 }
 
 impl TpGroup {
     /// A single-rank group (no communication at all).
     pub fn single() -> Self {
-        Self { group: None }
+        Self::default()
     }
 
     /// A handle on `group`.
     pub fn new(group: Arc<dyn ProcessGroup>) -> Self {
-        Self { group: Some(group) }
+        Self {
+            group: Some(group),
+            comm_nanos: Arc::default(),
+        }
+    }
+
+    /// Runs `f`, adding its wall time to this rank's communication clock.
+    pub fn timed<T>(&self, f: impl FnOnce() -> T) -> T {
+        let start = Instant::now();
+        let out = f();
+        self.comm_nanos
+            .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        out
+    }
+
+    /// Seconds spent in [`Self::timed`] sections (collectives, with their host transfers and
+    /// the wait for the other ranks) since this group was made.
+    pub fn comm_seconds(&self) -> f64 {
+        self.comm_nanos.load(Ordering::Relaxed) as f64 * 1e-9
     }
 
     /// This rank.
