@@ -31,7 +31,9 @@ const SEQ: usize = 256;
 /// (seconds per step, communication seconds per step) of one rank.
 fn rank_steps(config: &GptConfig, group: &TpGroup, steps: usize) -> (f64, f64) {
     let device = Device::flex().autodiff();
-    let mut model = config.init_parallel(0, group, &device).expect("valid config");
+    let mut model = config
+        .init_parallel(0, group, &device)
+        .expect("valid config");
     let mut optimizer = AdamW::new(AdamWConfig::default());
     let mut state = 12345u64;
     let ids: Vec<i64> = (0..BATCH * (SEQ + 1))
@@ -91,7 +93,11 @@ fn main() {
     let mut baseline = None;
     for n in sizes {
         let per_rank = run_ranks(n, |pg| {
-            let group = if n == 1 { TpGroup::single() } else { TpGroup::new(pg) };
+            let group = if n == 1 {
+                TpGroup::single()
+            } else {
+                TpGroup::new(pg)
+            };
             Ok(rank_steps(&config, &group, steps))
         })
         .expect("benchmark run");

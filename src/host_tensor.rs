@@ -30,7 +30,10 @@ impl HostTensor {
         let first = parts.first().ok_or("nothing to concatenate")?;
         let rank = first.shape.len();
         if dim >= rank {
-            return Err(format!("dimension {dim} out of range for {:?}", first.shape));
+            return Err(format!(
+                "dimension {dim} out of range for {:?}",
+                first.shape
+            ));
         }
         for p in parts {
             let same = p.shape.len() == rank

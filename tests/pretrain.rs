@@ -191,7 +191,10 @@ fn pretrain_cli_runs_the_seed_tutorial_flags_and_refuses_what_it_cannot_split() 
         assert!(err.contains(warned), "no warning about {warned}: {err}");
     }
     if std::thread::available_parallelism().map_or(1, |n| n.get()) < 4 {
-        assert!(err.contains("more than the"), "no warning about cores: {err}");
+        assert!(
+            err.contains("more than the"),
+            "no warning about cores: {err}"
+        );
     }
     // Heads that do not split over the ranks: refused before any work.
     let mut bad = args.to_vec();
@@ -203,7 +206,8 @@ fn pretrain_cli_runs_the_seed_tutorial_flags_and_refuses_what_it_cannot_split() 
     let out = run_tool(env!("CARGO_BIN_EXE_pretrain"), &bad, dir.path());
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        stderr(&out).contains("--num-attention-heads 4 is not divisible by --tensor-model-parallel-size 3"),
+        stderr(&out)
+            .contains("--num-attention-heads 4 is not divisible by --tensor-model-parallel-size 3"),
         "{}",
         stderr(&out)
     );

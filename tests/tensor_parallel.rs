@@ -13,7 +13,9 @@ use ferrotron::host_tensor::HostTensor;
 use ferrotron::model::named_parameters::named_parameters;
 use ferrotron::model::GptConfig;
 use ferrotron::parallel::cross_entropy::vocab_parallel_cross_entropy;
-use ferrotron::parallel::layers::{ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding};
+use ferrotron::parallel::layers::{
+    ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
+};
 use ferrotron::parallel::sharding::partition_dim;
 use ferrotron::parallel::{run_ranks, TpGroup};
 use ferrotron::train::checkpoint::load_model;
@@ -24,7 +26,9 @@ const SIZES: [usize; 3] = [1, 2, 4];
 
 fn random(shape: &[usize], seed: u64) -> HostTensor {
     let n = shape.iter().product();
-    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     let values = (0..n)
         .map(|_| {
             state = state
@@ -54,7 +58,10 @@ fn assert_close(what: &str, got: &HostTensor, want: &HostTensor, tol: f32) {
         .zip(&want.values)
         .map(|(a, b)| (a - b).abs())
         .fold(0.0f32, f32::max);
-    assert!(worst <= tol * scale, "{what}: max |diff| {worst} > {tol} × {scale}");
+    assert!(
+        worst <= tol * scale,
+        "{what}: max |diff| {worst} > {tol} × {scale}"
+    );
 }
 
 fn device() -> Device {
@@ -89,17 +96,35 @@ fn column_parallel_linear_matches_the_unsplit_layer() {
             let results = run_ranks(n, |pg| {
                 let group = TpGroup::new(pg);
                 let rank = group.rank();
-                let r_used = if gather { r.clone() } else { r.chunk(2, n, rank).unwrap() };
+                let r_used = if gather {
+                    r.clone()
+                } else {
+                    r.chunk(2, n, rank).unwrap()
+                };
                 Ok(column_run(&x, &r_used, gather, &group))
             })
             .unwrap();
             for (rank, (yr, gxr, gwr, gbr)) in results.iter().enumerate() {
                 let what = format!("column gather={gather} N={n} rank {rank}");
-                let want_y = if gather { y.clone() } else { y.chunk(2, n, rank).unwrap() };
+                let want_y = if gather {
+                    y.clone()
+                } else {
+                    y.chunk(2, n, rank).unwrap()
+                };
                 assert_close(&format!("{what} output"), yr, &want_y, 1e-5);
                 assert_close(&format!("{what} dx"), gxr, &gx, 1e-5);
-                assert_close(&format!("{what} dW"), gwr, &gw.chunk(1, n, rank).unwrap(), 1e-5);
-                assert_close(&format!("{what} db"), gbr, &gb.chunk(0, n, rank).unwrap(), 1e-5);
+                assert_close(
+                    &format!("{what} dW"),
+                    gwr,
+                    &gw.chunk(1, n, rank).unwrap(),
+                    1e-5,
+                );
+                assert_close(
+                    &format!("{what} db"),
+                    gbr,
+                    &gb.chunk(0, n, rank).unwrap(),
+                    1e-5,
+                );
             }
         }
     }
@@ -138,10 +163,19 @@ fn row_parallel_linear_matches_the_unsplit_layer() {
             .unwrap();
             for (rank, (yr, gxr, gwr, gbr)) in results.iter().enumerate() {
                 let what = format!("row input_is_parallel={parallel_input} N={n} rank {rank}");
-                let want_gx = if parallel_input { gx.chunk(2, n, rank).unwrap() } else { gx.clone() };
+                let want_gx = if parallel_input {
+                    gx.chunk(2, n, rank).unwrap()
+                } else {
+                    gx.clone()
+                };
                 assert_close(&format!("{what} output"), yr, &y, 1e-5);
                 assert_close(&format!("{what} dx"), gxr, &want_gx, 1e-5);
-                assert_close(&format!("{what} dW"), gwr, &gw.chunk(0, n, rank).unwrap(), 1e-5);
+                assert_close(
+                    &format!("{what} dW"),
+                    gwr,
+                    &gw.chunk(0, n, rank).unwrap(),
+                    1e-5,
+                );
                 // The bias is replicated: every rank has the whole gradient.
                 assert_close(&format!("{what} db"), gbr, &gb, 1e-5);
             }
@@ -185,7 +219,10 @@ fn naive_cross_entropy(logits: &HostTensor, labels: &[i64]) -> (f64, Vec<f64>) {
     let mut loss = 0.0;
     let mut grad = vec![0.0; logits.values.len()];
     for t in 0..rows {
-        let row: Vec<f64> = logits.values[t * v..(t + 1) * v].iter().map(|&x| x as f64).collect();
+        let row: Vec<f64> = logits.values[t * v..(t + 1) * v]
+            .iter()
+            .map(|&x| x as f64)
+            .collect();
         let max = row.iter().cloned().fold(f64::MIN, f64::max);
         let sum: f64 = row.iter().map(|x| (x - max).exp()).sum();
         loss += sum.ln() + max - row[labels[t] as usize];
@@ -220,12 +257,20 @@ fn vocab_parallel_cross_entropy_matches_float64_for_every_split() {
     // Targets in every shard, including the first and last column.
     let labels = [0i64, 23, 5, 6, 11, 12, 17, 18, 1, 22, 9, 14, 3, 20];
     let (want_loss, want_grad) = naive_cross_entropy(&logits, &labels);
-    let want_grad = HostTensor::new(logits.shape.clone(), want_grad.iter().map(|&g| g as f32).collect());
+    let want_grad = HostTensor::new(
+        logits.shape.clone(),
+        want_grad.iter().map(|&g| g as f32).collect(),
+    );
     for n in SIZES {
         let results = run_ranks(n, |pg| {
             let group = TpGroup::new(pg);
             let shard = logits.chunk(2, n, group.rank()).unwrap();
-            Ok(cross_entropy_run(&shard, &labels, group.rank() * 24 / n, &group))
+            Ok(cross_entropy_run(
+                &shard,
+                &labels,
+                group.rank() * 24 / n,
+                &group,
+            ))
         })
         .unwrap();
         for (rank, (loss, grad)) in results.iter().enumerate() {
@@ -244,13 +289,16 @@ fn vocab_parallel_cross_entropy_matches_float64_for_every_split() {
 #[test]
 fn every_parameter_is_its_shard_of_the_same_master_tensor() {
     let config = GptConfig::new(2, 16, 4, 8, 64);
-    let whole: HashMap<String, HostTensor> = named_parameters(&config.init(3, &Device::flex()).unwrap())
-        .into_iter()
-        .map(|p| (p.name, HostTensor::new(p.shape, p.values)))
-        .collect();
+    let whole: HashMap<String, HostTensor> =
+        named_parameters(&config.init(3, &Device::flex()).unwrap())
+            .into_iter()
+            .map(|p| (p.name, HostTensor::new(p.shape, p.values)))
+            .collect();
     for n in [2, 4] {
         let shards = run_ranks(n, |pg| {
-            let model = config.init_parallel(3, &TpGroup::new(pg), &Device::flex()).map_err(anyhow::Error::msg)?;
+            let model = config
+                .init_parallel(3, &TpGroup::new(pg), &Device::flex())
+                .map_err(anyhow::Error::msg)?;
             Ok(named_parameters(&model))
         })
         .unwrap();
@@ -321,10 +369,18 @@ fn training_at_tp_1_2_4_follows_the_same_loss_curve() {
     let dir = tempfile::tempdir().unwrap();
     let runs: Vec<_> = SIZES
         .iter()
-        .map(|&n| pretrain(&tiny(dir.path(), n, 40), &device()).unwrap().losses)
+        .map(|&n| {
+            pretrain(&tiny(dir.path(), n, 40), &device())
+                .unwrap()
+                .losses
+        })
         .collect();
     assert_eq!(runs[0].len(), 40);
-    assert!(runs[0][39].1 < runs[0][0].1 - 1.0, "loss does not fall: {:?}", runs[0]);
+    assert!(
+        runs[0][39].1 < runs[0][0].1 - 1.0,
+        "loss does not fall: {:?}",
+        runs[0]
+    );
     for (n, run) in SIZES.iter().zip(&runs).skip(1) {
         let worst = worst_relative(run, &runs[0]);
         println!("TP={n}: worst relative loss difference to TP=1 over 40 iterations: {worst:.3e}");
@@ -346,9 +402,16 @@ fn checkpoints_are_per_rank_and_reshard_to_other_sizes() {
         &device(),
     )
     .unwrap();
-    assert_eq!(list_dir(&ckpt.join("iter_0000003")), ["mp_rank_00", "mp_rank_01"]);
-    let (rank0, _) = read_tensors(&ckpt.join("iter_0000003/mp_rank_00/model_optim_rng.safetensors")).unwrap();
-    assert_eq!(rank0["model.word_embeddings.weight"].shape, vec![50304 / 2, 32]);
+    assert_eq!(
+        list_dir(&ckpt.join("iter_0000003")),
+        ["mp_rank_00", "mp_rank_01"]
+    );
+    let (rank0, _) =
+        read_tensors(&ckpt.join("iter_0000003/mp_rank_00/model_optim_rng.safetensors")).unwrap();
+    assert_eq!(
+        rank0["model.word_embeddings.weight"].shape,
+        vec![50304 / 2, 32]
+    );
     for n in [1, 2, 4] {
         let resumed = pretrain(
             &PretrainConfig {
@@ -361,7 +424,11 @@ fn checkpoints_are_per_rank_and_reshard_to_other_sizes() {
         .losses;
         let worst = worst_relative(&resumed, &full[3..]);
         println!("TP=2 checkpoint resumed at TP={n}: worst relative difference {worst:.3e}");
-        assert!(worst < 1e-3, "resumed at TP={n}: {resumed:?} vs {:?}", &full[3..]);
+        assert!(
+            worst < 1e-3,
+            "resumed at TP={n}: {resumed:?} vs {:?}",
+            &full[3..]
+        );
         if n == 2 {
             assert_eq!(resumed, full[3..], "same size resume must be exact");
         }
@@ -392,7 +459,11 @@ fn checkpoints_are_per_rank_and_reshard_to_other_sizes() {
             .zip(&b.values)
             .map(|(x, y)| (x - y).abs())
             .fold(0.0f32, f32::max);
-        assert!(worst < 1e-5, "{}: joined TP=2 vs TP=1 differ by {worst}", a.name);
+        assert!(
+            worst < 1e-5,
+            "{}: joined TP=2 vs TP=1 differ by {worst}",
+            a.name
+        );
     }
     let out = run_tool(
         env!("CARGO_BIN_EXE_export-hf"),
@@ -412,18 +483,25 @@ fn with_dropout_replicated_parameters_stay_identical_on_every_rank() {
         save: Some(ckpt.clone()),
         ..tiny(dir.path(), 2, 3)
     };
-    cfg.model = cfg.model.with_hidden_dropout(0.1).with_attention_dropout(0.1);
+    cfg.model = cfg
+        .model
+        .with_hidden_dropout(0.1)
+        .with_attention_dropout(0.1);
     let losses = pretrain(&cfg, &device()).unwrap().losses;
     assert!(losses.iter().all(|(_, l)| l.is_finite()));
     let read = |r: usize| {
-        read_tensors(&ckpt.join(format!("iter_0000003/mp_rank_0{r}/model_optim_rng.safetensors")))
-            .unwrap()
-            .0
+        read_tensors(&ckpt.join(format!(
+            "iter_0000003/mp_rank_0{r}/model_optim_rng.safetensors"
+        )))
+        .unwrap()
+        .0
     };
     let (a, b) = (read(0), read(1));
     let mut replicated = 0;
     for (key, t) in &a {
-        let Some(name) = key.strip_prefix("model.") else { continue };
+        let Some(name) = key.strip_prefix("model.") else {
+            continue;
+        };
         if partition_dim(name).is_none() {
             // Hidden dropout draws the same masks on both ranks, so the whole replicated
             // computation, and its updates, are bitwise the same.

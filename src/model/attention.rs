@@ -28,14 +28,27 @@ pub struct CausalSelfAttention {
 
 impl CausalSelfAttention {
     /// The attention named `name` (e.g. `layers.0.self_attention`).
-    pub fn new(config: &GptConfig, seed: u64, name: &str, group: &TpGroup, device: &Device) -> Self {
+    pub fn new(
+        config: &GptConfig,
+        seed: u64,
+        name: &str,
+        group: &TpGroup,
+        device: &Device,
+    ) -> Self {
         let h = config.hidden_size;
         let std = config.init_method_std;
         let output_std = std / (2.0 * config.num_layers as f64).sqrt();
         let qkv_name = format!("{name}.query_key_value");
         Self {
             query_key_value: ColumnParallelLinear::new(
-                h, 3 * h, std, seed, &qkv_name, false, group, device,
+                h,
+                3 * h,
+                std,
+                seed,
+                &qkv_name,
+                false,
+                group,
+                device,
             ),
             dense: RowParallelLinear::new(
                 h,

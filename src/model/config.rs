@@ -113,7 +113,12 @@ impl GptConfig {
 
     /// Builds `group`'s rank of the model: its shards of the same master weights that
     /// [`Self::init`] builds whole.
-    pub fn init_parallel(&self, seed: u64, group: &TpGroup, device: &Device) -> Result<Gpt, String> {
+    pub fn init_parallel(
+        &self,
+        seed: u64,
+        group: &TpGroup,
+        device: &Device,
+    ) -> Result<Gpt, String> {
         self.validate_parallel(group.size())?;
         Ok(Gpt::new(self, seed, group, device))
     }

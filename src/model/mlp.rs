@@ -22,7 +22,13 @@ pub struct Mlp {
 
 impl Mlp {
     /// The MLP named `name` (e.g. `layers.0.mlp`).
-    pub fn new(config: &GptConfig, seed: u64, name: &str, group: &TpGroup, device: &Device) -> Self {
+    pub fn new(
+        config: &GptConfig,
+        seed: u64,
+        name: &str,
+        group: &TpGroup,
+        device: &Device,
+    ) -> Self {
         let (h, f) = (config.hidden_size, config.ffn_size());
         let std = config.init_method_std;
         let output_std = std / (2.0 * config.num_layers as f64).sqrt();

@@ -65,8 +65,8 @@ fn forward<B: Backend>(
         (predicted, sum_exp) = group.timed(|| {
             let mut both = to_host::<B>(predicted).values;
             both.extend(to_host::<B>(sum_exp).values);
-            let both = group
-                .all_reduce_or_panic(HostTensor::new(vec![2 * tokens], both), ReduceOp::Sum);
+            let both =
+                group.all_reduce_or_panic(HostTensor::new(vec![2 * tokens], both), ReduceOp::Sum);
             let column = |i: usize| {
                 let values = both.values[i * tokens..(i + 1) * tokens].to_vec();
                 from_host::<B>(HostTensor::new(vec![tokens, 1], values), &device)
@@ -117,14 +117,22 @@ impl<B: CrossEntropyOps, C: CheckpointStrategy> CrossEntropyOps for Autodiff<B, 
     ) -> FloatTensor<Self> {
         let (logits, node) = logits.into_parts();
         let inside = target_inside.into_primitive();
-        match CrossEntropyBackward.prepare::<C>([node]).compute_bound().stateful() {
+        match CrossEntropyBackward
+            .prepare::<C>([node])
+            .compute_bound()
+            .stateful()
+        {
             OpsKind::Tracked(prep) => {
-                let (loss, softmax) = forward::<B>(logits, target_index.clone(), inside.clone(), &group);
+                let (loss, softmax) =
+                    forward::<B>(logits, target_index.clone(), inside.clone(), &group);
                 prep.finish((softmax, target_index, inside), loss)
             }
-            OpsKind::UnTracked(prep) => {
-                prep.finish(B::vocab_parallel_cross_entropy(logits, target_index, inside, group))
-            }
+            OpsKind::UnTracked(prep) => prep.finish(B::vocab_parallel_cross_entropy(
+                logits,
+                target_index,
+                inside,
+                group,
+            )),
         }
     }
 }

@@ -68,8 +68,8 @@ pub trait RegionOps: Backend {
 /// Reads a primitive to the host as f32.
 pub(crate) fn to_host<B: Backend>(x: FloatTensor<B>) -> HostTensor {
     let shape = x.shape().to_vec();
-    let data = burn::tensor::read_sync(B::float_into_data(x))
-        .expect("reading a tensor for a collective");
+    let data =
+        burn::tensor::read_sync(B::float_into_data(x)).expect("reading a tensor for a collective");
     let values = data
         .convert::<f32>()
         .try_into_vec::<f32>()
@@ -78,7 +78,10 @@ pub(crate) fn to_host<B: Backend>(x: FloatTensor<B>) -> HostTensor {
 }
 
 /// Uploads a host tensor to `device`.
-pub(crate) fn from_host<B: Backend>(t: HostTensor, device: &<B as burn::backend::BackendTypes>::Device) -> FloatTensor<B> {
+pub(crate) fn from_host<B: Backend>(
+    t: HostTensor,
+    device: &<B as burn::backend::BackendTypes>::Device,
+) -> FloatTensor<B> {
     B::float_from_data(TensorData::new(t.values, t.shape), device)
 }
 
@@ -129,7 +132,11 @@ impl<B: RegionOps> Backward<B, 1> for RegionBackward {
 impl<B: RegionOps, C: CheckpointStrategy> RegionOps for Autodiff<B, C> {
     fn tensor_parallel_region(x: FloatTensor<Self>, region: Region) -> FloatTensor<Self> {
         let (primitive, node) = x.into_parts();
-        match RegionBackward.prepare::<C>([node]).compute_bound().stateful() {
+        match RegionBackward
+            .prepare::<C>([node])
+            .compute_bound()
+            .stateful()
+        {
             OpsKind::Tracked(prep) => {
                 let transposed = Region {
                     kind: region.kind.transpose(),

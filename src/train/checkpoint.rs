@@ -112,7 +112,10 @@ pub fn save_checkpoint(
         ));
     }
     for p in params {
-        tensors.push((format!("model.{}", p.name), HostTensor::new(p.shape, p.values)));
+        tensors.push((
+            format!("model.{}", p.name),
+            HostTensor::new(p.shape, p.values),
+        ));
     }
     let metadata = HashMap::from([
         ("format".to_owned(), "ferrotron-checkpoint-1".to_owned()),
@@ -149,6 +152,9 @@ pub fn save_checkpoint(
     group.barrier()?;
     Ok(checkpoint_dir(root, state.iteration, rank))
 }
+
+/// First and second moments of one parameter as found in a file (either may be missing).
+type SavedMoments = (Option<Vec<f32>>, Option<Vec<f32>>);
 
 /// What a checkpoint holds besides the weights.
 #[derive(Clone, Debug, PartialEq)]
@@ -283,7 +289,7 @@ pub fn load_checkpoint(
         .init_parallel(0, group, device)
         .map_err(anyhow::Error::msg)?;
     let mut values = HashMap::new();
-    let mut moments: HashMap<String, (Option<Vec<f32>>, Option<Vec<f32>>)> = HashMap::new();
+    let mut moments: HashMap<String, SavedMoments> = HashMap::new();
     for (key, mut t) in full.tensors {
         let param = ["model.", "optimizer.exp_avg.", "optimizer.exp_avg_sq."]
             .iter()

@@ -38,6 +38,14 @@ pub fn parse_device(spec: &str) -> Result<Device, String> {
     }
 }
 
+/// Whether `device` (autodiff or not) is the Flex CPU backend.
+pub fn is_flex(device: &Device) -> bool {
+    matches!(
+        device.clone().inner().as_dispatch(),
+        burn::backend::DispatchDevice::Flex(_)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -48,12 +56,4 @@ mod tests {
         let err = parse_device("tpu").unwrap_err();
         assert!(err.contains("--device tpu") && err.contains("cpu"), "{err}");
     }
-}
-
-/// Whether `device` (autodiff or not) is the Flex CPU backend.
-pub fn is_flex(device: &Device) -> bool {
-    matches!(
-        device.clone().inner().as_dispatch(),
-        burn::backend::DispatchDevice::Flex(_)
-    )
 }

@@ -150,7 +150,9 @@ impl TpGroup {
     pub fn all_reduce_or_panic(&self, tensor: HostTensor, op: ReduceOp) -> HostTensor {
         match self.process_group() {
             None => tensor,
-            Some(g) => g.all_reduce(tensor, op).unwrap_or_else(|e| comm_panic(g, e)),
+            Some(g) => g
+                .all_reduce(tensor, op)
+                .unwrap_or_else(|e| comm_panic(g, e)),
         }
     }
 
@@ -158,14 +160,13 @@ impl TpGroup {
     pub fn all_gather_or_panic(&self, tensor: HostTensor, dim: usize) -> HostTensor {
         match self.process_group() {
             None => tensor,
-            Some(g) => g.all_gather(tensor, dim).unwrap_or_else(|e| comm_panic(g, e)),
+            Some(g) => g
+                .all_gather(tensor, dim)
+                .unwrap_or_else(|e| comm_panic(g, e)),
         }
     }
 }
 
 fn comm_panic(group: &Arc<dyn ProcessGroup>, error: CommError) -> ! {
-    std::panic::panic_any(format!(
-        "tensor-parallel rank {}: {error}",
-        group.rank()
-    ))
+    std::panic::panic_any(format!("tensor-parallel rank {}: {error}", group.rank()))
 }

@@ -99,8 +99,11 @@ impl ThreadGroup {
         let my_round = state.round;
         state.deposits[self.rank] = Some((call.clone(), tensor));
         if state.deposits.iter().all(Option::is_some) {
-            let deposits: Vec<(Call, HostTensor)> =
-                state.deposits.iter_mut().map(|d| d.take().unwrap()).collect();
+            let deposits: Vec<(Call, HostTensor)> = state
+                .deposits
+                .iter_mut()
+                .map(|d| d.take().unwrap())
+                .collect();
             if deposits.iter().any(|(c, _)| *c != deposits[0].0) {
                 let detail = deposits
                     .iter()
@@ -322,9 +325,15 @@ mod tests {
         })
         .unwrap_err()
         .to_string();
-        assert!(err.contains("rank 0: collective mismatch at call #0"), "{err}");
+        assert!(
+            err.contains("rank 0: collective mismatch at call #0"),
+            "{err}"
+        );
         assert!(err.contains("rank 1: collective mismatch"), "{err}");
-        assert!(err.contains("rank 1 called all_reduce(Sum) of shape [3]"), "{err}");
+        assert!(
+            err.contains("rank 1 called all_reduce(Sum) of shape [3]"),
+            "{err}"
+        );
     }
 
     #[test]
