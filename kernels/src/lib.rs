@@ -1,5 +1,18 @@
-//! ferrotron's fused CubeCL kernels.
+//! ferrotron's fused CubeCL kernels, the counterparts of Megatron's fused CUDA kernels:
 //!
-//! This crate will hold the scaled (causal-)masked softmax and layernorm kernels that the model
-//! uses through a burn backend extension. It is part of the workspace from the start so that
-//! the layout is fixed; the kernels themselves arrive with the kernel work.
+//! - [`softmax`]: scaled upper-triangular (causal) masked softmax
+//!   (`ScaledUpperTriangMaskedSoftmax`), scaled softmax with a padding mask
+//!   (`ScaledMaskedSoftmax`), and their shared backward;
+//! - [`layer_norm`]: LayerNorm forward (saving mean and 1/σ) and backward (dx, dγ, dβ).
+//!
+//! Every kernel reads and writes its tensors once, keeps one row per cube, loops over rows
+//! of any length in strides of the cube, and accumulates in a separate float type `A`
+//! (launch with `A = f32`) whatever the storage type `F` (f32, f16, bf16). They are written
+//! against CubeCL's runtime-generic frontend, so the same source compiles for CUDA, wgpu
+//! (Vulkan, Metal, lavapipe on CPU) and the other CubeCL runtimes. Buffers are contiguous
+//! row-major slices.
+
+pub mod launch;
+pub mod layer_norm;
+pub mod reduce;
+pub mod softmax;
