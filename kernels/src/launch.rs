@@ -241,3 +241,23 @@ pub fn layer_norm_backward<F: Float + CubeElement>(
         cols as u32,
     );
 }
+
+/// Half-precision storage must keep compiling: every launcher instantiated for f16 and bf16
+/// (whether a device runs them depends on its shader features).
+#[allow(dead_code)]
+fn half_precision_instantiates(client: &Client, h: &Handle) {
+    fn all<F: Float + CubeElement>(client: &Client, h: &Handle) {
+        let shape = ScoresShape {
+            batch: 1,
+            heads: 1,
+            sq: 1,
+            sk: 1,
+        };
+        softmax_forward::<F>(client, h, SoftmaxMask::Causal, h, shape, 1.0);
+        softmax_backward::<F>(client, h, h, h, 1, 1, 1.0);
+        layer_norm_forward::<F>(client, h, h, h, h, h, h, 1, 1, 1e-5);
+        layer_norm_backward::<F>(client, h, h, h, h, h, h, h, h, 1, 1);
+    }
+    all::<half::f16>(client, h);
+    all::<half::bf16>(client, h);
+}
