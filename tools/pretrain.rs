@@ -174,10 +174,12 @@ struct Args {
     /// Data-parallel implementation (single process: no data parallelism).
     #[arg(long = "DDP-impl")]
     ddp_impl: Option<String>,
-    /// Turn off the fused masked softmax (ferrotron has no fused kernels yet on this backend).
+    /// Turn off the fused scaled causal-masked softmax kernel (GPU builds; the CPU backend
+    /// always uses the composed reference ops).
     #[arg(long)]
     no_masked_softmax_fusion: bool,
-    /// Turn off the persistent LayerNorm kernel (ferrotron has none yet on this backend).
+    /// Turn off the fused LayerNorm kernel (GPU builds; the CPU backend always uses the
+    /// composed reference ops).
     #[arg(long)]
     no_persist_layer_norm: bool,
 }
@@ -217,9 +219,6 @@ fn build_config(args: &Args) -> Result<PretrainConfig> {
             "--DDP-impl {ddp}: single process, no data parallelism"
         ));
     }
-    if args.no_masked_softmax_fusion || args.no_persist_layer_norm {
-        eprintln!("note: fusion switches accepted; this backend uses the unfused reference ops");
-    }
 
     let tokenizer = args.tokenizer.load()?;
     let vocab = tokenizer.vocab_size();
@@ -255,7 +254,9 @@ fn build_config(args: &Args) -> Result<PretrainConfig> {
     .with_attention_dropout(args.attention_dropout)
     .with_layernorm_epsilon(args.layernorm_epsilon)
     .with_init_method_std(args.init_method_std)
-    .with_openai_gelu(args.openai_gelu);
+    .with_openai_gelu(args.openai_gelu)
+    .with_masked_softmax_fusion(!args.no_masked_softmax_fusion)
+    .with_layer_norm_fusion(!args.no_persist_layer_norm);
     model
         .validate_parallel(args.tensor_model_parallel_size)
         .map_err(anyhow::Error::msg)?;

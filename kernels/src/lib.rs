@@ -16,3 +16,6 @@ pub mod launch;
 pub mod layer_norm;
 pub mod reduce;
 pub mod softmax;
+
+/// The half-precision storage types, for launching the kernels in f16 / bf16.
+pub use half;

@@ -24,6 +24,9 @@ pub struct CausalSelfAttention {
     pub attention_dropout: Dropout,
     /// Heads on this rank.
     pub local_heads: usize,
+    /// Use the fused softmax kernel where the backend has it (off:
+    /// `--no-masked-softmax-fusion`).
+    pub masked_softmax_fusion: bool,
 }
 
 impl CausalSelfAttention {
@@ -62,6 +65,7 @@ impl CausalSelfAttention {
             ),
             attention_dropout: Dropout::new(config.attention_dropout, RngRegion::ModelParallel),
             local_heads: config.num_attention_heads / group.size(),
+            masked_softmax_fusion: config.masked_softmax_fusion,
         }
     }
 
@@ -79,7 +83,11 @@ impl CausalSelfAttention {
         };
         let (q, k, v) = (part(0), part(1), part(2)); // [b, heads, s, head_dim]
         let scores = q.matmul(k.transpose());
-        let probs = scaled_causal_masked_softmax(scores, 1.0 / (head_dim as f64).sqrt());
+        let probs = scaled_causal_masked_softmax(
+            scores,
+            1.0 / (head_dim as f64).sqrt(),
+            self.masked_softmax_fusion,
+        );
         let context = self.attention_dropout.forward(probs).matmul(v);
         self.dense
             .forward(context.swap_dims(1, 2).reshape([b, s, heads * head_dim]))

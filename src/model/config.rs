@@ -36,6 +36,14 @@ pub struct GptConfig {
     /// `--openai-gelu`: the tanh approximation instead of the exact erf GELU.
     #[config(default = false)]
     pub openai_gelu: bool,
+    /// The fused scaled causal-masked softmax kernel where the backend has it
+    /// (`--no-masked-softmax-fusion` turns it off; the math is the same).
+    #[config(default = true)]
+    pub masked_softmax_fusion: bool,
+    /// The fused LayerNorm kernel where the backend has it (`--no-persist-layer-norm` turns it
+    /// off; the math is the same).
+    #[config(default = true)]
+    pub layer_norm_fusion: bool,
 }
 
 impl GptConfig {
@@ -47,6 +55,16 @@ impl GptConfig {
     /// Width of one attention head.
     pub fn head_dim(&self) -> usize {
         self.hidden_size / self.num_attention_heads.max(1)
+    }
+
+    /// The same model with the fusion switches as in `other` (they do not change the math, so
+    /// checkpoints compare shapes without them).
+    pub fn with_fusion_of(&self, other: &GptConfig) -> GptConfig {
+        GptConfig {
+            masked_softmax_fusion: other.masked_softmax_fusion,
+            layer_norm_fusion: other.layer_norm_fusion,
+            ..self.clone()
+        }
     }
 
     /// Rejects shapes that cannot work, with a one-line reason.

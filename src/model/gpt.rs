@@ -68,7 +68,8 @@ impl Gpt {
                 seed,
                 "final_layernorm",
                 device,
-            ),
+            )
+            .with_fusion(config.layer_norm_fusion),
             group: group.clone(),
         }
     }

@@ -15,10 +15,12 @@ pub struct LayerNorm {
     pub bias: Param<Tensor<1>>,
     /// ε (`--layernorm-epsilon`).
     pub epsilon: f64,
+    /// Use the fused kernel where the backend has it (off: `--no-persist-layer-norm`).
+    pub fused: bool,
 }
 
 impl LayerNorm {
-    /// A LayerNorm of width `hidden`.
+    /// A LayerNorm of width `hidden` (fused where the backend has the kernel).
     pub fn new(hidden: usize, epsilon: f64, seed: u64, name: &str, device: &Device) -> Self {
         Self {
             weight: Param::from_tensor(init_tensor(
@@ -36,11 +38,24 @@ impl LayerNorm {
                 device,
             )),
             epsilon,
+            fused: true,
         }
+    }
+
+    /// The same LayerNorm, with the fused kernel allowed or not.
+    pub fn with_fusion(mut self, fused: bool) -> Self {
+        self.fused = fused;
+        self
     }
 
     /// Normalizes `x` over its last dimension.
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        ops::layer_norm(x, self.weight.val(), self.bias.val(), self.epsilon)
+        ops::layer_norm(
+            x,
+            self.weight.val(),
+            self.bias.val(),
+            self.epsilon,
+            self.fused,
+        )
     }
 }

@@ -8,6 +8,8 @@
 pub mod attention;
 pub mod config;
 pub mod dropout;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod fused_ops;
 pub mod gpt;
 pub mod init;
 pub mod layer_norm;

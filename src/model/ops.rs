@@ -1,8 +1,8 @@
 //! The operations the fused kernels replace, each behind one function.
 //!
-//! These are the reference implementations composed of plain burn tensor ops; they run on
-//! every backend. The CubeCL kernels (in `ferrotron-kernels`) will take over on the backends
-//! that have them, through these same functions.
+//! With `fused` set and a CubeCL device (a GPU build on CUDA or wgpu), they run ferrotron's
+//! fused kernels ([`super::fused_ops`]); otherwise the reference implementations composed of
+//! plain burn tensor ops, which run on every backend (the CPU default).
 
 use burn::tensor::activation::softmax;
 use burn::tensor::{Bool, Tensor};
@@ -12,7 +12,12 @@ pub const MASKED_SCORE: f32 = -10000.0;
 
 /// `softmax(scale · x)` over the last dimension with key positions after the query masked
 /// (Megatron's `ScaledUpperTriangMaskedSoftmax`); `x` is `[batch, heads, sq, sk]`.
-pub fn scaled_causal_masked_softmax(x: Tensor<4>, scale: f64) -> Tensor<4> {
+pub fn scaled_causal_masked_softmax(x: Tensor<4>, scale: f64, fused: bool) -> Tensor<4> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if fused && crate::train::device::is_cube(&x.device()) {
+        return super::fused_ops::causal_softmax(x, scale);
+    }
+    let _ = fused;
     let [_, _, sq, sk] = x.dims();
     let device = x.device();
     // True strictly above the diagonal: key j > query i is hidden.
@@ -25,7 +30,18 @@ pub fn scaled_causal_masked_softmax(x: Tensor<4>, scale: f64) -> Tensor<4> {
 }
 
 /// LayerNorm over the last dimension (biased variance, as PyTorch and Megatron).
-pub fn layer_norm(x: Tensor<3>, gamma: Tensor<1>, beta: Tensor<1>, epsilon: f64) -> Tensor<3> {
+pub fn layer_norm(
+    x: Tensor<3>,
+    gamma: Tensor<1>,
+    beta: Tensor<1>,
+    epsilon: f64,
+    fused: bool,
+) -> Tensor<3> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if fused && crate::train::device::is_cube(&x.device()) {
+        return super::fused_ops::layer_norm(x, gamma, beta, epsilon);
+    }
+    let _ = fused;
     let mean = x.clone().mean_dim(2);
     let centered = x - mean;
     let var = centered.clone().square().mean_dim(2);

@@ -44,7 +44,8 @@ impl TransformerBlock {
                 seed,
                 &format!("{name}.input_layernorm"),
                 device,
-            ),
+            )
+            .with_fusion(config.layer_norm_fusion),
             self_attention: CausalSelfAttention::new(
                 config,
                 seed,
@@ -58,7 +59,8 @@ impl TransformerBlock {
                 seed,
                 &format!("{name}.post_attention_layernorm"),
                 device,
-            ),
+            )
+            .with_fusion(config.layer_norm_fusion),
             mlp: Mlp::new(config, seed, &format!("{name}.mlp"), group, device),
             hidden_dropout: Dropout::new(config.hidden_dropout, RngRegion::Replicated),
         }

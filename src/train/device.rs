@@ -38,6 +38,16 @@ pub fn parse_device(spec: &str) -> Result<Device, String> {
     }
 }
 
+/// Whether `device` (autodiff or not) is a CubeCL backend (CUDA, wgpu), where the fused
+/// kernels run.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub fn is_cube(device: &Device) -> bool {
+    matches!(
+        device.clone().inner().as_dispatch(),
+        burn::backend::DispatchDevice::Cube(_)
+    )
+}
+
 /// Whether `device` (autodiff or not) is the Flex CPU backend.
 pub fn is_flex(device: &Device) -> bool {
     matches!(

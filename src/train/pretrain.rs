@@ -243,7 +243,7 @@ fn train_rank(
         Some((model, checkpoint)) => {
             let same_shape = GptConfig {
                 padded_vocab_size: cfg.model.padded_vocab_size,
-                ..checkpoint.config.clone()
+                ..checkpoint.config.with_fusion_of(&cfg.model)
             } == cfg.model;
             if !same_shape {
                 bail!(

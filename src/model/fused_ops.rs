@@ -1,0 +1,329 @@
+//! The fused CubeCL kernels of `ferrotron-kernels` inside burn (GPU builds only).
+//!
+//! [`FusedKernels`] is what a backend must run (forward kernels that save what the backward
+//! needs, and the backward kernels); [`FusedOps`] is the burn backend extension the model
+//! calls, with a hand-written `Backward` for `Autodiff<B>` that calls the backward kernels.
+//! Implemented for burn's CubeCL backend, so the same code serves CUDA, wgpu (Vulkan, Metal,
+//! lavapipe) and the other CubeCL runtimes; other backends use the composed reference ops in
+//! [`super::ops`].
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::Autodiff;
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{backend_extension, Backend, Dispatch, TensorMetadata};
+use burn::tensor::{DType, Shape, Tensor};
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::CubeBackend;
+use ferrotron_kernels::launch::{self as kernels, ScoresShape, SoftmaxMask};
+
+/// The kernels a backend runs for the fused ops.
+pub trait FusedKernels: Backend {
+    /// `softmax(scale · x)` over the last dimension of `[b, heads, sq, sk]`, keys after the
+    /// query masked.
+    fn causal_softmax_forward(x: FloatTensor<Self>, scale: f32) -> FloatTensor<Self>;
+    /// `scale · y ⊙ (dy − Σ dy ⊙ y)` per row of the last dimension.
+    fn softmax_backward(
+        y: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+        scale: f32,
+    ) -> FloatTensor<Self>;
+    /// LayerNorm over the last dimension: output, and the per-row mean and 1/σ.
+    fn layer_norm_forward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        epsilon: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+    /// LayerNorm backward: dx, dγ, dβ.
+    fn layer_norm_backward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        rstd: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+}
+
+/// The differentiable fused ops (a burn backend extension).
+#[backend_extension(Autodiff, Cube)]
+pub trait FusedOps: Backend {
+    /// Megatron's scaled upper-triangular masked softmax.
+    fn fused_causal_softmax(x: FloatTensor<Self>, scale: f32) -> FloatTensor<Self>;
+    /// LayerNorm over the last dimension.
+    fn fused_layer_norm(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        epsilon: f32,
+    ) -> FloatTensor<Self>;
+}
+
+/// A contiguous row-major tensor (what the kernels index; the handle carries its offset, and
+/// the buffer may be padded past the end).
+fn packed(t: CubeTensor) -> CubeTensor {
+    let t = into_contiguous(t);
+    assert!(t.is_contiguous(), "fused kernels need a contiguous tensor");
+    t
+}
+
+/// A new, uninitialized contiguous tensor like `like` with `shape` and `dtype`.
+fn empty_like(like: &CubeTensor, shape: Shape, dtype: DType) -> CubeTensor {
+    let handle = like.client.empty(shape.num_elements() * dtype.size());
+    CubeTensor::new_contiguous(
+        like.client.clone(),
+        like.device.clone(),
+        shape,
+        handle,
+        dtype,
+    )
+}
+
+/// Calls `$launch::<F>` for the storage type of `$dtype`.
+macro_rules! by_dtype {
+    ($dtype:expr, $launch:ident, $($arg:expr),* $(,)?) => {
+        match $dtype {
+            DType::F32 => kernels::$launch::<f32>($($arg),*),
+            DType::F16 => kernels::$launch::<ferrotron_kernels::half::f16>($($arg),*),
+            DType::BF16 => kernels::$launch::<ferrotron_kernels::half::bf16>($($arg),*),
+            other => panic!("fused kernels support f32, f16 and bf16, not {other:?}"),
+        }
+    };
+}
+
+fn rows_cols(shape: &Shape) -> (usize, usize) {
+    let cols = shape[shape.num_dims() - 1];
+    (shape.num_elements() / cols.max(1), cols)
+}
+
+impl FusedKernels for CubeBackend {
+    fn causal_softmax_forward(x: CubeTensor, scale: f32) -> CubeTensor {
+        let x = packed(x);
+        let shape = x.shape();
+        let dims = shape.dims::<4>();
+        let out = empty_like(&x, shape, x.dtype);
+        let scores = ScoresShape {
+            batch: dims[0],
+            heads: dims[1],
+            sq: dims[2],
+            sk: dims[3],
+        };
+        by_dtype!(
+            x.dtype,
+            softmax_forward,
+            &x.client,
+            &x.handle,
+            SoftmaxMask::Causal,
+            &out.handle,
+            scores,
+            scale
+        );
+        out
+    }
+
+    fn softmax_backward(y: CubeTensor, dy: CubeTensor, scale: f32) -> CubeTensor {
+        let (y, dy) = (packed(y), packed(dy));
+        let shape = y.shape();
+        let (rows, cols) = rows_cols(&shape);
+        let dx = empty_like(&y, shape, y.dtype);
+        by_dtype!(
+            y.dtype,
+            softmax_backward,
+            &y.client,
+            &y.handle,
+            &dy.handle,
+            &dx.handle,
+            rows,
+            cols,
+            scale
+        );
+        dx
+    }
+
+    fn layer_norm_forward(
+        x: CubeTensor,
+        gamma: CubeTensor,
+        beta: CubeTensor,
+        epsilon: f32,
+    ) -> (CubeTensor, CubeTensor, CubeTensor) {
+        let (x, gamma, beta) = (packed(x), packed(gamma), packed(beta));
+        let shape = x.shape();
+        let (rows, cols) = rows_cols(&shape);
+        let y = empty_like(&x, shape, x.dtype);
+        let mean = empty_like(&x, Shape::new([rows]), DType::F32);
+        let rstd = empty_like(&x, Shape::new([rows]), DType::F32);
+        by_dtype!(
+            x.dtype,
+            layer_norm_forward,
+            &x.client,
+            &x.handle,
+            &gamma.handle,
+            &beta.handle,
+            &y.handle,
+            &mean.handle,
+            &rstd.handle,
+            rows,
+            cols,
+            epsilon
+        );
+        (y, mean, rstd)
+    }
+
+    fn layer_norm_backward(
+        x: CubeTensor,
+        gamma: CubeTensor,
+        dy: CubeTensor,
+        mean: CubeTensor,
+        rstd: CubeTensor,
+    ) -> (CubeTensor, CubeTensor, CubeTensor) {
+        let (x, gamma, dy) = (packed(x), packed(gamma), packed(dy));
+        let shape = x.shape();
+        let (rows, cols) = rows_cols(&shape);
+        let dx = empty_like(&x, shape, x.dtype);
+        let dgamma = empty_like(&x, Shape::new([cols]), x.dtype);
+        let dbeta = empty_like(&x, Shape::new([cols]), x.dtype);
+        by_dtype!(
+            x.dtype,
+            layer_norm_backward,
+            &x.client,
+            &x.handle,
+            &gamma.handle,
+            &dy.handle,
+            &mean.handle,
+            &rstd.handle,
+            &dx.handle,
+            &dgamma.handle,
+            &dbeta.handle,
+            rows,
+            cols
+        );
+        (dx, dgamma, dbeta)
+    }
+}
+
+impl FusedOps for CubeBackend {
+    fn fused_causal_softmax(x: CubeTensor, scale: f32) -> CubeTensor {
+        Self::causal_softmax_forward(x, scale)
+    }
+
+    fn fused_layer_norm(
+        x: CubeTensor,
+        gamma: CubeTensor,
+        beta: CubeTensor,
+        epsilon: f32,
+    ) -> CubeTensor {
+        Self::layer_norm_forward(x, gamma, beta, epsilon).0
+    }
+}
+
+#[derive(Debug)]
+struct SoftmaxBackward;
+
+impl<B: FusedKernels> Backward<B, 1> for SoftmaxBackward {
+    /// The softmax output and the scale.
+    type State = (FloatTensor<B>, f32);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [parent] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        if let Some(parent) = parent {
+            let (y, scale) = ops.state;
+            grads.register::<B>(parent.id, B::softmax_backward(y, grad, scale));
+        }
+    }
+}
+
+#[derive(Debug)]
+struct LayerNormBackward;
+
+impl<B: FusedKernels> Backward<B, 3> for LayerNormBackward {
+    /// x, γ, mean, 1/σ.
+    type State = (
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+    );
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [px, pgamma, pbeta] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        let (x, gamma, mean, rstd) = ops.state;
+        let (dx, dgamma, dbeta) = B::layer_norm_backward(x, gamma, grad, mean, rstd);
+        if let Some(p) = px {
+            grads.register::<B>(p.id, dx);
+        }
+        if let Some(p) = pgamma {
+            grads.register::<B>(p.id, dgamma);
+        }
+        if let Some(p) = pbeta {
+            grads.register::<B>(p.id, dbeta);
+        }
+    }
+}
+
+impl<B: FusedKernels + FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
+    fn fused_causal_softmax(x: FloatTensor<Self>, scale: f32) -> FloatTensor<Self> {
+        let (x, node) = x.into_parts();
+        match SoftmaxBackward
+            .prepare::<C>([node])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let y = B::causal_softmax_forward(x, scale);
+                prep.finish((y.clone(), scale), y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::causal_softmax_forward(x, scale)),
+        }
+    }
+
+    fn fused_layer_norm(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        epsilon: f32,
+    ) -> FloatTensor<Self> {
+        let (x, nx) = x.into_parts();
+        let (gamma, ngamma) = gamma.into_parts();
+        let (beta, nbeta) = beta.into_parts();
+        match LayerNormBackward
+            .prepare::<C>([nx, ngamma, nbeta])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let (y, mean, rstd) =
+                    B::layer_norm_forward(x.clone(), gamma.clone(), beta, epsilon);
+                prep.finish((x, gamma, mean, rstd), y)
+            }
+            OpsKind::UnTracked(prep) => {
+                prep.finish(B::layer_norm_forward(x, gamma, beta, epsilon).0)
+            }
+        }
+    }
+}
+
+/// The fused causal softmax of `[b, heads, s, s]` scores (square, as Megatron's kernel: query
+/// i sees keys 0..=i, the same mask as the composed reference).
+pub fn causal_softmax(x: Tensor<4>, scale: f64) -> Tensor<4> {
+    let [_, _, sq, sk] = x.dims();
+    assert_eq!(sq, sk, "the fused causal softmax takes square scores");
+    Tensor::from_dispatch(<Dispatch as FusedOps>::fused_causal_softmax(
+        x.into_dispatch(),
+        scale as f32,
+    ))
+}
+
+/// The fused LayerNorm of `x` over its last dimension.
+pub fn layer_norm(x: Tensor<3>, gamma: Tensor<1>, beta: Tensor<1>, epsilon: f64) -> Tensor<3> {
+    Tensor::from_dispatch(<Dispatch as FusedOps>::fused_layer_norm(
+        x.into_dispatch(),
+        gamma.into_dispatch(),
+        beta.into_dispatch(),
+        epsilon as f32,
+    ))
+}

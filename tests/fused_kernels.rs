@@ -1,0 +1,153 @@
+//! The fused CubeCL kernels inside the model, on wgpu (lavapipe's CPU Vulkan device in CI):
+//! each fused op against the composed reference ops (values and autodiff gradients), and a few
+//! training steps with and without fusion giving the same losses.
+//!
+//! `cargo test --features wgpu --test fused_kernels` (needs a Vulkan device, e.g.
+//! `apt-get install mesa-vulkan-drivers libvulkan1`).
+#![cfg(feature = "wgpu")]
+
+mod common;
+
+use burn::tensor::{Device, Tensor, TensorData};
+use common::*;
+use ferrotron::model::ops::{layer_norm, scaled_causal_masked_softmax};
+use ferrotron::model::GptConfig;
+use ferrotron::train::device::parse_device;
+use ferrotron::train::{pretrain, AdamWConfig, LrDecayStyle, LrSchedule, PretrainConfig};
+
+fn device() -> Device {
+    parse_device("wgpu-cpu").unwrap().autodiff()
+}
+
+fn random<const D: usize>(shape: [usize; D], seed: u64, scale: f32, device: &Device) -> Tensor<D> {
+    let n = shape.iter().product();
+    let mut s = seed;
+    let values: Vec<f32> = (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            scale * (((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0)
+        })
+        .collect();
+    Tensor::from_data(TensorData::new(values, shape), device)
+}
+
+fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    t.try_into_vec_as::<f32>().unwrap()
+}
+
+fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
+    assert_eq!(got.len(), want.len());
+    let scale = want.iter().fold(1e-3f32, |m, v| m.max(v.abs()));
+    let worst = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(
+        worst <= tol * scale,
+        "{what}: max |diff| {worst} > {tol} × {scale}"
+    );
+}
+
+#[test]
+fn fused_causal_softmax_matches_the_composed_ops_with_gradients() {
+    let d = device();
+    for shape in [[1, 1, 1, 1], [2, 3, 17, 17], [3, 1, 7, 7], [2, 4, 128, 128]] {
+        let x = random(shape, 1, 8.0, &d);
+        let r = random(shape, 2, 1.0, &d);
+        let run = |fused: bool| {
+            let x = x.clone().require_grad();
+            let y = scaled_causal_masked_softmax(x.clone(), 0.3, fused);
+            let grads = (y.clone() * r.clone()).sum().backward();
+            (values(y), values(x.grad(&grads).unwrap()))
+        };
+        let (y_fused, g_fused) = run(true);
+        let (y_ref, g_ref) = run(false);
+        assert_close(&format!("softmax {shape:?}"), &y_fused, &y_ref, 1e-5);
+        assert_close(&format!("softmax grad {shape:?}"), &g_fused, &g_ref, 1e-5);
+    }
+}
+
+#[test]
+fn fused_layer_norm_matches_the_composed_ops_with_gradients() {
+    let d = device();
+    for (b, s, h) in [(1, 1, 1), (2, 3, 17), (4, 64, 256), (1, 5, 1000)] {
+        let x = random([b, s, h], 3, 4.0, &d).add_scalar(10.0);
+        let gamma = random([h], 4, 1.0, &d).add_scalar(1.0);
+        let beta = random([h], 5, 1.0, &d);
+        let r = random([b, s, h], 6, 1.0, &d);
+        let run = |fused: bool| {
+            let (x, gamma, beta) = (
+                x.clone().require_grad(),
+                gamma.clone().require_grad(),
+                beta.clone().require_grad(),
+            );
+            let y = layer_norm(x.clone(), gamma.clone(), beta.clone(), 1e-5, fused);
+            let grads = (y.clone() * r.clone()).sum().backward();
+            (
+                values(y),
+                values(x.grad(&grads).unwrap()),
+                values(gamma.grad(&grads).unwrap()),
+                values(beta.grad(&grads).unwrap()),
+            )
+        };
+        let fused = run(true);
+        let reference = run(false);
+        let what = format!("layer norm {b}×{s}×{h}");
+        assert_close(&format!("{what} y"), &fused.0, &reference.0, 1e-5);
+        assert_close(&format!("{what} dx"), &fused.1, &reference.1, 1e-4);
+        assert_close(&format!("{what} dgamma"), &fused.2, &reference.2, 1e-4);
+        assert_close(&format!("{what} dbeta"), &fused.3, &reference.3, 1e-5);
+    }
+}
+
+#[test]
+fn training_with_and_without_fusion_gives_the_same_losses() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |fused: bool| {
+        let cfg = PretrainConfig {
+            model: GptConfig::new(2, 32, 4, 16, 50304)
+                .with_hidden_dropout(0.0)
+                .with_attention_dropout(0.0)
+                .with_masked_softmax_fusion(fused)
+                .with_layer_norm_fusion(fused),
+            seq_length: 16,
+            micro_batch_size: 2,
+            global_batch_size: 4,
+            train_iters: 4,
+            schedule: LrSchedule {
+                max_lr: 2e-3,
+                min_lr: 1e-4,
+                warmup_iters: 1.0,
+                decay_iters: 4.0,
+                style: LrDecayStyle::Cosine,
+            },
+            adam: AdamWConfig::default(),
+            clip_grad: 1.0,
+            seed: 1234,
+            data_path: golden("wikitext2_valid", "text"),
+            split: "100,0,0".into(),
+            data_cache_path: Some(dir.path().to_path_buf()),
+            eod_mask_loss: false,
+            eod: 50256,
+            log_interval: 1,
+            eval_interval: 0,
+            eval_iters: 0,
+            save: None,
+            save_interval: None,
+            load: None,
+            exit_interval: None,
+            tensor_model_parallel_size: 1,
+        };
+        pretrain(&cfg, &device()).unwrap().losses
+    };
+    let fused = run(true);
+    let unfused = run(false);
+    for ((i, a), (_, b)) in fused.iter().zip(&unfused) {
+        let rel = (a - b).abs() / b.abs();
+        println!("iteration {i}: fused {a:.7} unfused {b:.7} (relative {rel:.1e})");
+        assert!(rel < 1e-4, "iteration {i}: {a} vs {b}");
+    }
+}
