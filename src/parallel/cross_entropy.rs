@@ -19,6 +19,7 @@ use burn::tensor::{Int, Tensor};
 
 use super::comm::{ReduceOp, TpGroup};
 use super::mappings::{from_host, to_host};
+use super::sharding::vocab_shard_index;
 use crate::host_tensor::HostTensor;
 
 /// The backend extension carrying the fused cross-entropy.
@@ -154,13 +155,8 @@ pub fn vocab_parallel_cross_entropy(
         return composed_cross_entropy(logits, labels);
     }
     let [b, s, v] = logits.dims();
-    let local = labels.reshape([b * s, 1]).sub_scalar(vocab_start as i64);
-    let outside = local
-        .clone()
-        .lower_elem(0)
-        .bool_or(local.clone().greater_equal_elem(v as i64));
-    let inside = outside.clone().bool_not().float();
-    let index = local.mask_fill(outside, 0);
+    let (index, outside) = vocab_shard_index(labels.reshape([b * s, 1]), vocab_start, v);
+    let inside = outside.bool_not().float();
     let loss = <Dispatch as CrossEntropyOps>::vocab_parallel_cross_entropy(
         logits.reshape([b * s, v]).into_dispatch(),
         index.into_dispatch(),

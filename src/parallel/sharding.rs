@@ -5,7 +5,7 @@
 //! dimension, as Megatron's CPU initialization does. Checkpoints store these chunks, one file
 //! per rank, and [`partition_dim`] says how to join or re-split them.
 
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 
 use super::TpGroup;
 use crate::host_tensor::HostTensor;
@@ -59,4 +59,20 @@ pub fn init_shard<const D: usize>(
         .unwrap_or_else(|e| panic!("{name}: {e} (validated before building the model)"));
     let local: [usize; D] = part.shape.clone().try_into().expect("same rank");
     Tensor::from_data(TensorData::new(part.values, local), device)
+}
+
+/// Global vocabulary ids as columns of the shard `[start, start + len)`: the local index
+/// (0 where the id lies outside the shard, so it is always a valid index) and the mask of ids
+/// outside. Used by the vocab-parallel embedding and cross-entropy.
+pub fn vocab_shard_index<const D: usize>(
+    ids: Tensor<D, Int>,
+    start: usize,
+    len: usize,
+) -> (Tensor<D, Int>, Tensor<D, Bool>) {
+    let local = ids.sub_scalar(start as i64);
+    let outside = local
+        .clone()
+        .lower_elem(0)
+        .bool_or(local.clone().greater_equal_elem(len as i64));
+    (local.mask_fill(outside.clone(), 0), outside)
 }

@@ -169,6 +169,15 @@ pub struct LoadedCheckpoint {
     pub tensor_model_parallel_size: usize,
 }
 
+/// The parameter a checkpoint key belongs to (`model.X`, `optimizer.exp_avg.X`,
+/// `optimizer.exp_avg_sq.X` → `X`).
+fn parameter_of(key: &str) -> &str {
+    ["model.", "optimizer.exp_avg.", "optimizer.exp_avg_sq."]
+        .iter()
+        .find_map(|p| key.strip_prefix(p))
+        .unwrap_or(key)
+}
+
 /// A whole checkpoint with every tensor joined from its rank shards.
 pub struct FullCheckpoint {
     /// State, shape, saved TP size.
@@ -246,10 +255,7 @@ pub fn read_full_checkpoint(root: &Path) -> Result<Option<FullCheckpoint>> {
     let names: Vec<String> = shards[0].1.keys().cloned().collect();
     let mut tensors = HashMap::new();
     for key in names {
-        let param = ["model.", "optimizer.exp_avg.", "optimizer.exp_avg_sq."]
-            .iter()
-            .find_map(|p| key.strip_prefix(p))
-            .unwrap_or(&key);
+        let param = parameter_of(&key);
         let mut parts = Vec::with_capacity(shards.len());
         for (path, shard, _) in &shards {
             parts.push(
@@ -291,11 +297,7 @@ pub fn load_checkpoint(
     let mut values = HashMap::new();
     let mut moments: HashMap<String, SavedMoments> = HashMap::new();
     for (key, mut t) in full.tensors {
-        let param = ["model.", "optimizer.exp_avg.", "optimizer.exp_avg_sq."]
-            .iter()
-            .find_map(|p| key.strip_prefix(p))
-            .unwrap_or(&key)
-            .to_owned();
+        let param = parameter_of(&key).to_owned();
         if param == "word_embeddings.weight" && t.shape[0] != config.padded_vocab_size {
             t = t.resized(0, config.padded_vocab_size);
         }

@@ -5,7 +5,7 @@ use burn::tensor::{Device, Int, Tensor};
 
 use crate::model::init::Init;
 use crate::parallel::mappings::reduce_from_region;
-use crate::parallel::sharding::init_shard;
+use crate::parallel::sharding::{init_shard, vocab_shard_index};
 use crate::parallel::TpGroup;
 
 /// Megatron's `VocabParallelEmbedding`: rank r holds rows `[r·V/N, (r+1)·V/N)`. Each rank
@@ -58,13 +58,7 @@ impl VocabParallelEmbedding {
         if self.group.size() == 1 {
             return self.weight.val().select(0, flat).reshape([b, s, h]);
         }
-        let start = self.vocab_start() as i64;
-        let local = flat.sub_scalar(start);
-        let outside = local
-            .clone()
-            .lower_elem(0)
-            .bool_or(local.clone().greater_equal_elem(rows as i64));
-        let index = local.mask_fill(outside.clone(), 0);
+        let (index, outside) = vocab_shard_index(flat, self.vocab_start(), rows);
         let rows_out = self
             .weight
             .val()
