@@ -23,7 +23,7 @@ use ferrotron::parallel::{run_ranks, TpGroup};
 use ferrotron::train::{AdamW, AdamWConfig, GradientAccumulator};
 
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: ferrotron::allocator::TrainingAllocator = ferrotron::allocator::TrainingAllocator;
 
 const BATCH: usize = 8;
 const SEQ: usize = 256;
@@ -75,6 +75,7 @@ fn rank_steps(config: &GptConfig, group: &TpGroup, steps: usize) -> (f64, f64) {
 }
 
 fn main() {
+    ferrotron::allocator::retain_freed_memory();
     let steps = std::env::var("FERROTRON_BENCH_STEPS")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -18,7 +18,7 @@ use ferrotron::model::{lm_loss, GptConfig};
 use ferrotron::train::{AdamW, AdamWConfig, GradientAccumulator};
 
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: ferrotron::allocator::TrainingAllocator = ferrotron::allocator::TrainingAllocator;
 
 const LAYERS: usize = 4;
 const HIDDEN: usize = 256;
@@ -71,6 +71,7 @@ fn burn_gemm_gflops() -> f64 {
 }
 
 fn main() {
+    ferrotron::allocator::retain_freed_memory();
     let vocab = std::env::var("FERROTRON_BENCH_VOCAB")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -19,10 +19,9 @@ use ferrotron::preprocess::{
 use ferrotron::tokenizer::TextTokenizer;
 use ferrotron::train::{pretrain, AdamWConfig, LrDecayStyle, LrSchedule, PretrainConfig};
 
-// burn allocates and frees large tensors every step; mimalloc reuses them instead of handing
-// them back to the kernel each time (twice as fast as glibc's malloc here).
+// Why this allocator: see `ferrotron::allocator`.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: ferrotron::allocator::TrainingAllocator = ferrotron::allocator::TrainingAllocator;
 
 fn main() -> Result<()> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));

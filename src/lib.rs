@@ -8,6 +8,7 @@
 //! - [`parallel`]: tensor model parallelism (collectives, region mappings, parallel layers,
 //!   vocab-parallel cross-entropy).
 
+pub mod allocator;
 pub mod atomic_file;
 pub mod cli;
 pub mod data;

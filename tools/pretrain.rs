@@ -184,10 +184,9 @@ struct Args {
     no_persist_layer_norm: bool,
 }
 
-// burn allocates and frees large tensors every step; glibc's malloc hands such blocks back to
-// the kernel each time (half the run was page faults), mimalloc keeps and reuses them.
+// Why this allocator: see `ferrotron::allocator`.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: ferrotron::allocator::TrainingAllocator = ferrotron::allocator::TrainingAllocator;
 
 fn warn(message: &str) {
     eprintln!("WARNING: {message}");

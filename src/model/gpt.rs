@@ -8,7 +8,7 @@ use super::init::Init;
 use super::layer_norm::LayerNorm;
 use super::transformer_block::TransformerBlock;
 use super::GptConfig;
-use crate::parallel::layers::VocabParallelEmbedding;
+use crate::parallel::layers::{weight_matmul, VocabParallelEmbedding};
 use crate::parallel::mappings::copy_to_region;
 use crate::parallel::random::RngRegion;
 use crate::parallel::sharding::init_shard;
@@ -94,7 +94,7 @@ impl Gpt {
     /// ids `[batch, seq]`: Megatron's `parallel_lm_logits`, never gathered.
     pub fn forward(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
         let hidden = copy_to_region(self.hidden_states(tokens), &self.group);
-        hidden.matmul(self.word_embeddings.weight.val().transpose().unsqueeze())
+        weight_matmul(hidden, self.word_embeddings.weight.val().transpose())
     }
 
     /// The first vocabulary id of this rank's logits.

@@ -182,6 +182,8 @@ pub fn pretrain(cfg: &PretrainConfig, device: &Device) -> Result<PretrainOutcome
     if !device.is_autodiff() {
         bail!("pretrain needs an autodiff device");
     }
+    // Steady-state steps reuse resident memory instead of page-faulting it back in.
+    crate::allocator::retain_freed_memory();
     if cfg.micro_batch_size == 0 || !cfg.global_batch_size.is_multiple_of(cfg.micro_batch_size) {
         bail!(
             "--global-batch-size {} is not a multiple of --micro-batch-size {}",

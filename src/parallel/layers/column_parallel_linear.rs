@@ -3,6 +3,7 @@
 use burn::module::{Module, Param};
 use burn::tensor::{Device, Tensor};
 
+use super::weight_matmul;
 use crate::model::init::Init;
 use crate::parallel::mappings::{copy_to_region, gather_from_region};
 use crate::parallel::sharding::init_shard;
@@ -67,7 +68,7 @@ impl ColumnParallelLinear {
     /// Applies the layer over the last dimension of `x` (whole on every rank).
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         let x = copy_to_region(x, &self.group);
-        let y = x.matmul(self.weight.val().unsqueeze()) + self.bias.val().unsqueeze();
+        let y = weight_matmul(x, self.weight.val()) + self.bias.val().unsqueeze();
         if self.gather_output {
             gather_from_region(y, &self.group)
         } else {

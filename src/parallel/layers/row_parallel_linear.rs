@@ -3,6 +3,7 @@
 use burn::module::{Module, Param};
 use burn::tensor::{Device, Tensor};
 
+use super::weight_matmul;
 use crate::model::init::Init;
 use crate::parallel::mappings::{reduce_from_region, scatter_to_region};
 use crate::parallel::sharding::init_shard;
@@ -71,7 +72,7 @@ impl RowParallelLinear {
         } else {
             scatter_to_region(x, &self.group)
         };
-        let partial = x.matmul(self.weight.val().unsqueeze());
+        let partial = weight_matmul(x, self.weight.val());
         reduce_from_region(partial, &self.group) + self.bias.val().unsqueeze()
     }
 }
