@@ -34,9 +34,9 @@ pub fn retain_freed_memory() {
 }
 
 /// mimalloc's current purge delay in milliseconds (−1: never purge).
-pub fn purge_delay_ms() -> i64 {
+pub fn purge_delay_ms() -> c_long {
     // SAFETY: see `retain_freed_memory`.
-    i64::from(unsafe { mi_option_get(MI_OPTION_PURGE_DELAY) })
+    unsafe { mi_option_get(MI_OPTION_PURGE_DELAY) }
 }
 
 #[cfg(test)]
