@@ -1,6 +1,7 @@
 //! Training: Megatron's optimizer, learning-rate schedule, data loading, checkpoints and the
 //! training loop.
 
+mod bitmap_font;
 pub mod checkpoint;
 pub mod device;
 pub mod hf_export;
