@@ -4,20 +4,9 @@
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
+use crate::rows::cube_count;
+pub use crate::rows::RowLaunch;
 use crate::{layer_norm, softmax};
-
-/// Units per cube for rows of `cols` elements: a power of two from 32 to 256, about four
-/// elements per unit.
-pub fn units_for(cols: usize) -> u32 {
-    (cols.div_ceil(4).clamp(32, 256) as u32).next_power_of_two()
-}
-
-/// One cube per row, spread over two dimensions when there are more rows than one holds.
-pub fn cube_count(rows: usize) -> CubeCount {
-    const MAX_X: usize = 65_535;
-    let x = rows.clamp(1, MAX_X);
-    CubeCount::Static(x as u32, rows.div_ceil(x).max(1) as u32, 1)
-}
 
 fn arg(handle: &Handle, len: usize) -> BufferArg {
     // SAFETY: every launcher sizes its buffers from the same shape it passes to the kernel,
@@ -67,6 +56,7 @@ pub enum SoftmaxMask<'a> {
 /// `output = softmax(scale · input)` with `mask` (Megatron's fused forward).
 pub fn softmax_forward<F: Float + CubeElement>(
     client: &Client,
+    launch: RowLaunch,
     input: &Handle,
     mask: SoftmaxMask<'_>,
     output: &Handle,
@@ -82,7 +72,6 @@ pub fn softmax_forward<F: Float + CubeElement>(
             "causal softmax needs sq ≤ sk, got {shape:?}"
         );
     }
-    let units = units_for(shape.sk);
     let (mask_arg, causal, padded) = match mask {
         SoftmaxMask::Causal => (
             arg(&client.create_from_slice(u32::as_bytes(&[0])), 1),
@@ -93,8 +82,8 @@ pub fn softmax_forward<F: Float + CubeElement>(
     };
     softmax::masked_softmax_forward::launch::<F, f32>(
         client,
-        cube_count(shape.rows()),
-        CubeDim::new_1d(units),
+        launch.cube_count(shape.rows()),
+        launch.cube_dim(),
         arg(input, shape.len()),
         mask_arg,
         arg(output, shape.len()),
@@ -105,13 +94,15 @@ pub fn softmax_forward<F: Float + CubeElement>(
         shape.sk as u32,
         causal,
         padded,
-        units,
+        launch.lanes,
+        launch.rows_per_cube,
     );
 }
 
 /// `grad_input = scale · y ⊙ (dy − Σ dy ⊙ y)` per row of `sk` (both softmaxes' backward).
 pub fn softmax_backward<F: Float + CubeElement>(
     client: &Client,
+    launch: RowLaunch,
     output: &Handle,
     grad_output: &Handle,
     grad_input: &Handle,
@@ -122,18 +113,18 @@ pub fn softmax_backward<F: Float + CubeElement>(
     if rows * sk == 0 {
         return;
     }
-    let units = units_for(sk);
     softmax::softmax_backward::launch::<F, f32>(
         client,
-        cube_count(rows),
-        CubeDim::new_1d(units),
+        launch.cube_count(rows),
+        launch.cube_dim(),
         arg(output, rows * sk),
         arg(grad_output, rows * sk),
         arg(grad_input, rows * sk),
         scale,
         rows as u32,
         sk as u32,
-        units,
+        launch.lanes,
+        launch.rows_per_cube,
     );
 }
 
@@ -142,6 +133,7 @@ pub fn softmax_backward<F: Float + CubeElement>(
 #[allow(clippy::too_many_arguments)]
 pub fn layer_norm_forward<F: Float + CubeElement>(
     client: &Client,
+    launch: RowLaunch,
     input: &Handle,
     gamma: &Handle,
     beta: &Handle,
@@ -155,11 +147,10 @@ pub fn layer_norm_forward<F: Float + CubeElement>(
     if rows * cols == 0 {
         return;
     }
-    let units = units_for(cols);
     layer_norm::layer_norm_forward::launch::<F, f32>(
         client,
-        cube_count(rows),
-        CubeDim::new_1d(units),
+        launch.cube_count(rows),
+        launch.cube_dim(),
         arg(input, rows * cols),
         arg(gamma, cols),
         arg(beta, cols),
@@ -169,18 +160,23 @@ pub fn layer_norm_forward<F: Float + CubeElement>(
         epsilon,
         rows as u32,
         cols as u32,
-        units,
+        launch.lanes,
+        launch.rows_per_cube,
     );
 }
 
 /// Rows each cube of the first dγ/dβ stage sums.
 pub const PARAM_GRAD_BLOCK: usize = 64;
 
+/// Units per cube of the first dγ/dβ stage (each strides over the columns).
+pub const PARAM_GRAD_UNITS: u32 = 256;
+
 /// LayerNorm backward: `grad_input` per row, and `grad_gamma`, `grad_beta` (`cols` each)
 /// reduced over rows in two stages (blocks of [`PARAM_GRAD_BLOCK`] rows, then the blocks).
 #[allow(clippy::too_many_arguments)]
 pub fn layer_norm_backward<F: Float + CubeElement>(
     client: &Client,
+    launch: RowLaunch,
     input: &Handle,
     gamma: &Handle,
     grad_output: &Handle,
@@ -195,11 +191,10 @@ pub fn layer_norm_backward<F: Float + CubeElement>(
     if rows * cols == 0 {
         return;
     }
-    let units = units_for(cols);
     layer_norm::layer_norm_backward_input::launch::<F, f32>(
         client,
-        cube_count(rows),
-        CubeDim::new_1d(units),
+        launch.cube_count(rows),
+        launch.cube_dim(),
         arg(input, rows * cols),
         arg(gamma, cols),
         arg(grad_output, rows * cols),
@@ -208,7 +203,8 @@ pub fn layer_norm_backward<F: Float + CubeElement>(
         arg(grad_input, rows * cols),
         rows as u32,
         cols as u32,
-        units,
+        launch.lanes,
+        launch.rows_per_cube,
     );
     let blocks = rows.div_ceil(PARAM_GRAD_BLOCK);
     let partial_gamma = client.empty(blocks * cols * 4);
@@ -216,7 +212,7 @@ pub fn layer_norm_backward<F: Float + CubeElement>(
     layer_norm::layer_norm_backward_params_partial::launch::<F, f32>(
         client,
         cube_count(blocks),
-        CubeDim::new_1d(units),
+        CubeDim::new_1d(PARAM_GRAD_UNITS),
         arg(input, rows * cols),
         arg(grad_output, rows * cols),
         arg(mean, rows),
@@ -226,7 +222,7 @@ pub fn layer_norm_backward<F: Float + CubeElement>(
         rows as u32,
         cols as u32,
         PARAM_GRAD_BLOCK as u32,
-        units,
+        PARAM_GRAD_UNITS,
     );
     let per_cube = 64usize;
     layer_norm::layer_norm_backward_params_final::launch::<F, f32>(
@@ -253,10 +249,11 @@ fn half_precision_instantiates(client: &Client, h: &Handle) {
             sq: 1,
             sk: 1,
         };
-        softmax_forward::<F>(client, h, SoftmaxMask::Causal, h, shape, 1.0);
-        softmax_backward::<F>(client, h, h, h, 1, 1, 1.0);
-        layer_norm_forward::<F>(client, h, h, h, h, h, h, 1, 1, 1e-5);
-        layer_norm_backward::<F>(client, h, h, h, h, h, h, h, h, 1, 1);
+        let rows = RowLaunch::for_client(client);
+        softmax_forward::<F>(client, rows, h, SoftmaxMask::Causal, h, shape, 1.0);
+        softmax_backward::<F>(client, rows, h, h, h, 1, 1, 1.0);
+        layer_norm_forward::<F>(client, rows, h, h, h, h, h, h, 1, 1, 1e-5);
+        layer_norm_backward::<F>(client, rows, h, h, h, h, h, h, h, h, 1, 1);
     }
     all::<half::f16>(client, h);
     all::<half::bf16>(client, h);

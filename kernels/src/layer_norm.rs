@@ -3,8 +3,9 @@
 
 use cubecl::prelude::*;
 
-use crate::reduce::cube_sum;
-use crate::softmax::row_index;
+use crate::reduce::row_sum;
+use crate::rows::{cube_index, row_index};
+use crate::softmax::row_length;
 
 /// `y = (x − μ) / σ · γ + β` per row of `cols`, σ = √(var + ε) with the biased variance (two
 /// passes: the mean, then the squared deviations). Saves μ and 1/σ per row.
@@ -20,43 +21,41 @@ pub fn layer_norm_forward<F: Float, A: Float>(
     epsilon: f32,
     rows: u32,
     cols: u32,
-    #[comptime] units: u32,
+    #[comptime] lanes: u32,
+    #[comptime] rows_per_cube: u32,
 ) {
     let row = row_index();
-    if row >= rows as usize {
-        terminate!();
-    }
-    let u = UNIT_POS as usize;
-    let step = units as usize;
-    let cols = cols as usize;
-    let base = row * cols;
-    let n = A::cast_from(cols as u32);
+    let length = row_length(row, rows, cols);
+    let u = UNIT_POS_X as usize;
+    let step = lanes as usize;
+    let base = row * cols as usize;
+    let n = A::cast_from(cols);
 
     let mut local = A::new(0.0);
     let mut j = u;
-    while j < cols {
+    while j < length {
         local += A::cast_from(input[base + j]);
         j += step;
     }
-    let mu = cube_sum::<A>(local, units) / n;
+    let mu = row_sum::<A>(local, lanes, rows_per_cube) / n;
 
     local = A::new(0.0);
     j = u;
-    while j < cols {
+    while j < length {
         let d = A::cast_from(input[base + j]) - mu;
         local += d * d;
         j += step;
     }
-    let var = cube_sum::<A>(local, units) / n;
+    let var = row_sum::<A>(local, lanes, rows_per_cube) / n;
     let r = A::new(1.0) / A::sqrt(var + A::cast_from(epsilon));
 
     j = u;
-    while j < cols {
+    while j < length {
         let normed = (A::cast_from(input[base + j]) - mu) * r;
         output[base + j] = F::cast_from(normed * A::cast_from(gamma[j]) + A::cast_from(beta[j]));
         j += step;
     }
-    if u == 0 {
+    if u == 0 && length > 0 {
         mean[row] = mu;
         rstd[row] = r;
     }
@@ -75,34 +74,37 @@ pub fn layer_norm_backward_input<F: Float, A: Float>(
     grad_input: &mut [F],
     rows: u32,
     cols: u32,
-    #[comptime] units: u32,
+    #[comptime] lanes: u32,
+    #[comptime] rows_per_cube: u32,
 ) {
     let row = row_index();
-    if row >= rows as usize {
-        terminate!();
+    let length = row_length(row, rows, cols);
+    let u = UNIT_POS_X as usize;
+    let step = lanes as usize;
+    let base = row * cols as usize;
+    let n = A::cast_from(cols);
+    let mut mu = A::new(0.0);
+    let mut r = A::new(0.0);
+    if length > 0 {
+        mu = mean[row];
+        r = rstd[row];
     }
-    let u = UNIT_POS as usize;
-    let step = units as usize;
-    let cols = cols as usize;
-    let base = row * cols;
-    let n = A::cast_from(cols as u32);
-    let (mu, r) = (mean[row], rstd[row]);
 
     let mut local_g = A::new(0.0);
     let mut local_gx = A::new(0.0);
     let mut j = u;
-    while j < cols {
+    while j < length {
         let g = A::cast_from(grad_output[base + j]) * A::cast_from(gamma[j]);
         let x_hat = (A::cast_from(input[base + j]) - mu) * r;
         local_g += g;
         local_gx += g * x_hat;
         j += step;
     }
-    let mean_g = cube_sum::<A>(local_g, units) / n;
-    let mean_gx = cube_sum::<A>(local_gx, units) / n;
+    let mean_g = row_sum::<A>(local_g, lanes, rows_per_cube) / n;
+    let mean_gx = row_sum::<A>(local_gx, lanes, rows_per_cube) / n;
 
     j = u;
-    while j < cols {
+    while j < length {
         let g = A::cast_from(grad_output[base + j]) * A::cast_from(gamma[j]);
         let x_hat = (A::cast_from(input[base + j]) - mu) * r;
         grad_input[base + j] = F::cast_from(r * (g - mean_g - x_hat * mean_gx));
@@ -126,7 +128,7 @@ pub fn layer_norm_backward_params_partial<F: Float, A: Float>(
     block: u32,
     #[comptime] units: u32,
 ) {
-    let b = row_index();
+    let b = cube_index();
     let (rows, cols, block) = (rows as usize, cols as usize, block as usize);
     let first = b * block;
     if first >= rows {

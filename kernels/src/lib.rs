@@ -5,8 +5,8 @@
 //!   (`ScaledMaskedSoftmax`), and their shared backward;
 //! - [`layer_norm`]: LayerNorm forward (saving mean and 1/σ) and backward (dx, dγ, dβ).
 //!
-//! Every kernel reads and writes its tensors once, keeps one row per cube, loops over rows
-//! of any length in strides of the cube, and accumulates in a separate float type `A`
+//! Every kernel reads and writes its tensors once, gives each row a warp-sized group of units
+//! ([`rows`]), loops over rows of any length in strides of that group, and accumulates in a separate float type `A`
 //! (launch with `A = f32`) whatever the storage type `F` (f32, f16, bf16). They are written
 //! against CubeCL's runtime-generic frontend, so the same source compiles for CUDA, wgpu
 //! (Vulkan, Metal, lavapipe on CPU) and the other CubeCL runtimes. Buffers are contiguous
@@ -15,6 +15,7 @@
 pub mod launch;
 pub mod layer_norm;
 pub mod reduce;
+pub mod rows;
 pub mod softmax;
 
 /// The half-precision storage types, for launching the kernels in f16 / bf16.

@@ -1,43 +1,51 @@
-//! Cube-wide reductions through shared memory, the building block of the row kernels.
+//! Row-wide reductions through shared memory, the building block of the row kernels: the
+//! `lanes` units of one row (see [`crate::rows`]) combine their partial values.
 
 use cubecl::prelude::*;
 
-/// Sum of `value` over the cube's `units` units (a power of two), returned to every unit.
+/// Sum of `value` over the `lanes` units of this unit's row, returned to each of them.
 #[cube]
-pub fn cube_sum<A: Float>(value: A, #[comptime] units: u32) -> A {
-    cube_reduce::<A>(value, units, false)
+pub fn row_sum<A: Float>(value: A, #[comptime] lanes: u32, #[comptime] rows_per_cube: u32) -> A {
+    row_reduce::<A>(value, lanes, rows_per_cube, false)
 }
 
-/// Maximum of `value` over the cube's `units` units (a power of two), returned to every unit.
+/// Maximum of `value` over the `lanes` units of this unit's row, returned to each of them.
 #[cube]
-pub fn cube_max<A: Float>(value: A, #[comptime] units: u32) -> A {
-    cube_reduce::<A>(value, units, true)
+pub fn row_max<A: Float>(value: A, #[comptime] lanes: u32, #[comptime] rows_per_cube: u32) -> A {
+    row_reduce::<A>(value, lanes, rows_per_cube, true)
 }
 
-/// Tree reduction (sum, or max with `max`) over the cube; each call site gets its own
-/// `units` values of shared memory, free again on return.
+/// Tree reduction (sum, or max with `max`) within each row of the cube. Every unit of the
+/// cube must call it (the barriers are cube-wide); each call site gets its own shared memory,
+/// free again on return.
 #[cube]
-fn cube_reduce<A: Float>(value: A, #[comptime] units: u32, #[comptime] max: bool) -> A {
-    let mut scratch = Shared::<[A]>::new_slice(units as usize);
-    let u = UNIT_POS as usize;
-    scratch[u] = value;
+fn row_reduce<A: Float>(
+    value: A,
+    #[comptime] lanes: u32,
+    #[comptime] rows_per_cube: u32,
+    #[comptime] max: bool,
+) -> A {
+    let mut scratch = Shared::<[A]>::new_slice((lanes * rows_per_cube) as usize);
+    let lane = UNIT_POS_X as usize;
+    let base = UNIT_POS_Y as usize * lanes as usize;
+    scratch[base + lane] = value;
     sync_cube();
-    // From the runtime cube size (= `units`): a comptime initial value would make `stride`
+    // From the runtime cube size (= `lanes`): a comptime initial value would make `stride`
     // a constant the loop cannot update.
-    let mut stride = (CUBE_DIM / 2) as usize;
+    let mut stride = (CUBE_DIM_X / 2) as usize;
     while stride > 0 {
-        if u < stride {
-            let (a, b) = (scratch[u], scratch[u + stride]);
+        if lane < stride {
+            let (a, b) = (scratch[base + lane], scratch[base + lane + stride]);
             if max {
-                scratch[u] = A::max(a, b);
+                scratch[base + lane] = A::max(a, b);
             } else {
-                scratch[u] = a + b;
+                scratch[base + lane] = a + b;
             }
         }
         sync_cube();
         stride /= 2;
     }
-    let total = scratch[0];
+    let total = scratch[base];
     sync_cube();
     total
 }

@@ -1,23 +1,28 @@
 //! Megatron's fused softmaxes: `y = softmax(scale · x)` over the last dimension with masked
 //! positions excluded, and the backward `dx = scale · y ⊙ (dy − Σ dy ⊙ y)`.
 //!
-//! One cube per row; each unit strides over the row, so any row length works (Megatron's
-//! kernels stop at 4096). Masked positions get exactly 0 and fully masked rows are all 0
+//! Rows map onto cubes as [`crate::rows`] says; the lanes of a row stride over it, so any row
+//! length works (Megatron's kernels stop at 4096). Masked positions get exactly 0 and fully masked rows are all 0
 //! (Megatron's fill of −10000 gives the same zeros in f32 except for fully masked rows, which
 //! it leaves uniform).
 
 use cubecl::prelude::*;
 
-use crate::reduce::{cube_max, cube_sum};
+use crate::reduce::{row_max, row_sum};
+use crate::rows::row_index;
 
-/// The row this cube handles (cube counts are 2-D when there are more rows than one
-/// dimension can hold).
+/// The columns this unit's row has: `cols`, or none for a unit past the last row (which must
+/// still take part in its cube's reductions, so it cannot simply stop).
 #[cube]
-pub fn row_index() -> usize {
-    (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize
+pub fn row_length(row: usize, rows: u32, cols: u32) -> usize {
+    let mut n = cols as usize;
+    if row >= rows as usize {
+        n = 0;
+    }
+    n
 }
 
-/// Softmax of one row over the columns `j` where `keep(j)`; writes `output`.
+/// Softmax of one row of `sk` over the columns `j` where `keep(j)`; writes `output`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn masked_row_softmax<F: Float, A: Float>(
@@ -30,10 +35,11 @@ fn masked_row_softmax<F: Float, A: Float>(
     scale: f32,
     sk: usize,
     #[comptime] use_mask: bool,
-    #[comptime] units: u32,
+    #[comptime] lanes: u32,
+    #[comptime] rows_per_cube: u32,
 ) {
-    let u = UNIT_POS as usize;
-    let step = units as usize;
+    let u = UNIT_POS_X as usize;
+    let step = lanes as usize;
     let scale = A::cast_from(scale);
 
     let mut local_max = A::new(-3.0e38);
@@ -48,7 +54,7 @@ fn masked_row_softmax<F: Float, A: Float>(
         }
         j += step;
     }
-    let max = cube_max::<A>(local_max, units);
+    let max = row_max::<A>(local_max, lanes, rows_per_cube);
 
     let mut local_sum = A::new(0.0);
     j = u;
@@ -62,7 +68,7 @@ fn masked_row_softmax<F: Float, A: Float>(
         }
         j += step;
     }
-    let sum = cube_sum::<A>(local_sum, units);
+    let sum = row_sum::<A>(local_sum, lanes, rows_per_cube);
     let inv = select(sum > A::new(0.0), A::new(1.0) / sum, A::new(0.0));
 
     j = u;
@@ -100,16 +106,15 @@ pub fn masked_softmax_forward<F: Float, A: Float>(
     sk: u32,
     #[comptime] causal: bool,
     #[comptime] padded: bool,
-    #[comptime] units: u32,
+    #[comptime] lanes: u32,
+    #[comptime] rows_per_cube: u32,
 ) {
     let row = row_index();
-    if row >= rows as usize {
-        terminate!();
-    }
+    let length = row_length(row, rows, sk);
     let (sq, sk) = (sq as usize, sk as usize);
     let query = row % sq;
-    let mut limit = sk;
-    if causal {
+    let mut limit = length;
+    if causal && length > 0 {
         limit = query + 1 + sk - sq;
     }
     let batch = row / (sq * heads as usize);
@@ -121,9 +126,10 @@ pub fn masked_softmax_forward<F: Float, A: Float>(
         (batch * sq + query) * sk,
         limit,
         scale,
-        sk,
+        length,
         padded,
-        units,
+        lanes,
+        rows_per_cube,
     );
 }
 
@@ -137,26 +143,24 @@ pub fn softmax_backward<F: Float, A: Float>(
     scale: f32,
     rows: u32,
     sk: u32,
-    #[comptime] units: u32,
+    #[comptime] lanes: u32,
+    #[comptime] rows_per_cube: u32,
 ) {
     let row = row_index();
-    if row >= rows as usize {
-        terminate!();
-    }
-    let u = UNIT_POS as usize;
-    let step = units as usize;
-    let sk = sk as usize;
-    let base = row * sk;
+    let length = row_length(row, rows, sk);
+    let u = UNIT_POS_X as usize;
+    let step = lanes as usize;
+    let base = row * sk as usize;
     let mut local = A::new(0.0);
     let mut j = u;
-    while j < sk {
+    while j < length {
         local += A::cast_from(grad_output[base + j]) * A::cast_from(output[base + j]);
         j += step;
     }
-    let dot = cube_sum::<A>(local, units);
+    let dot = row_sum::<A>(local, lanes, rows_per_cube);
     let scale = A::cast_from(scale);
     j = u;
-    while j < sk {
+    while j < length {
         let y = A::cast_from(output[base + j]);
         let dy = A::cast_from(grad_output[base + j]);
         grad_input[base + j] = F::cast_from(scale * y * (dy - dot));

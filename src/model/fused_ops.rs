@@ -18,7 +18,7 @@ use burn::tensor::{DType, Shape, Tensor};
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
-use ferrotron_kernels::launch::{self as kernels, ScoresShape, SoftmaxMask};
+use ferrotron_kernels::launch::{self as kernels, RowLaunch, ScoresShape, SoftmaxMask};
 
 /// The kernels a backend runs for the fused ops.
 pub trait FusedKernels: Backend {
@@ -115,6 +115,7 @@ impl FusedKernels for CubeBackend {
             x.dtype,
             softmax_forward,
             &x.client,
+            RowLaunch::for_client(&x.client),
             &x.handle,
             SoftmaxMask::Causal,
             &out.handle,
@@ -133,6 +134,7 @@ impl FusedKernels for CubeBackend {
             y.dtype,
             softmax_backward,
             &y.client,
+            RowLaunch::for_client(&y.client),
             &y.handle,
             &dy.handle,
             &dx.handle,
@@ -159,6 +161,7 @@ impl FusedKernels for CubeBackend {
             x.dtype,
             layer_norm_forward,
             &x.client,
+            RowLaunch::for_client(&x.client),
             &x.handle,
             &gamma.handle,
             &beta.handle,
@@ -189,6 +192,7 @@ impl FusedKernels for CubeBackend {
             x.dtype,
             layer_norm_backward,
             &x.client,
+            RowLaunch::for_client(&x.client),
             &x.handle,
             &gamma.handle,
             &dy.handle,
