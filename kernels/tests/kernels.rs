@@ -299,6 +299,7 @@ struct LayerNormRun {
     rstd: Vec<f32>,
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run_layer_norm(
     client: &Client,
     launch: RowLaunch,
