@@ -25,27 +25,32 @@ fn row_reduce<A: Float>(
     #[comptime] rows_per_cube: u32,
     #[comptime] max: bool,
 ) -> A {
-    let mut scratch = Shared::<[A]>::new_slice((lanes * rows_per_cube) as usize);
-    let lane = UNIT_POS_X as usize;
-    let base = UNIT_POS_Y as usize * lanes as usize;
-    scratch[base + lane] = value;
-    sync_cube();
-    // From the runtime cube size (= `lanes`): a comptime initial value would make `stride`
-    // a constant the loop cannot update.
-    let mut stride = (CUBE_DIM_X / 2) as usize;
-    while stride > 0 {
-        if lane < stride {
-            let (a, b) = (scratch[base + lane], scratch[base + lane + stride]);
-            if max {
-                scratch[base + lane] = A::max(a, b);
-            } else {
-                scratch[base + lane] = a + b;
-            }
-        }
+    let mut total = value;
+    // One lane per row (runtimes without planes, such as cubecl-cpu): nothing to combine,
+    // and no barrier to pay.
+    if lanes > 1 {
+        let mut scratch = Shared::<[A]>::new_slice((lanes * rows_per_cube) as usize);
+        let lane = UNIT_POS_X as usize;
+        let base = UNIT_POS_Y as usize * lanes as usize;
+        scratch[base + lane] = value;
         sync_cube();
-        stride /= 2;
+        // From the runtime cube size (= `lanes`): a comptime initial value would make `stride`
+        // a constant the loop cannot update.
+        let mut stride = (CUBE_DIM_X / 2) as usize;
+        while stride > 0 {
+            if lane < stride {
+                let (a, b) = (scratch[base + lane], scratch[base + lane + stride]);
+                if max {
+                    scratch[base + lane] = A::max(a, b);
+                } else {
+                    scratch[base + lane] = a + b;
+                }
+            }
+            sync_cube();
+            stride /= 2;
+        }
+        total = scratch[base];
+        sync_cube();
     }
-    let total = scratch[base];
-    sync_cube();
     total
 }

@@ -10,6 +10,10 @@ use cubecl::server::Handle;
 use ferrotron_kernels::launch::*;
 
 fn client() -> Client {
+    #[cfg(feature = "cpu")]
+    if std::env::var("FERROTRON_KERNEL_DEVICE").as_deref() == Ok("cpu") {
+        return cubecl::Device::cpu().expect("cubecl-cpu").client();
+    }
     let device = cubecl::Device::wgpu(WgpuDeviceKind::Cpu)
         .or_else(|_| cubecl::Device::wgpu(WgpuDeviceKind::default()))
         .expect("this build links wgpu");
@@ -17,11 +21,11 @@ fn client() -> Client {
 }
 
 /// The launch shapes every kernel is checked with: this device's own, NVIDIA's (a 32-lane
-/// warp per row, four rows per cube), one wide cube per row, and a row count per cube that
-/// leaves a partly filled last cube for every shape below.
+/// warp per row, four rows per cube), one wide cube per row, cubecl-cpu's one unit per row,
+/// and row counts per cube that leave a partly filled last cube for the shapes below.
 fn launches(client: &Client) -> Vec<RowLaunch> {
     let mut all = vec![RowLaunch::for_client(client)];
-    for (lanes, rows_per_cube) in [(32, 4), (256, 1), (16, 3)] {
+    for (lanes, rows_per_cube) in [(32, 4), (256, 1), (16, 3), (1, 7)] {
         let launch = RowLaunch {
             lanes,
             rows_per_cube,
