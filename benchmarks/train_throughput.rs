@@ -91,21 +91,50 @@ fn main() {
     let python = std::env::var("FERROTRON_TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benchmarks/torch_gpt.py");
     let args = [LAYERS, HIDDEN, HEADS, SEQ, BATCH, STEPS].map(|v| v.to_string());
-    match Command::new(&python).arg(script).args(&args).output() {
-        Ok(out) if out.status.success() => {
-            let text = String::from_utf8_lossy(&out.stdout);
-            let value = |key: &str| {
-                text.lines().find_map(|l| l.strip_prefix(key)).and_then(|v| v.trim().parse::<f64>().ok()).unwrap_or(f64::NAN)
-            };
-            let theirs = value("tokens/s:");
-            let their_gemm = value("gemm GFLOP/s:");
-            println!(
-                "| PyTorch eager | {theirs:.0} | {:.1} | {their_gemm:.1} | {:.0}% |",
-                theirs * flops / 1e9,
-                100.0 * theirs * flops / 1e9 / their_gemm
-            );
-            println!("\nferrotron / PyTorch tokens/s ratio: {:.2}x", ours / theirs);
+    // PyTorch as installed, and PyTorch with glibc's malloc told to keep freed memory (the
+    // same favour `ferrotron::allocator` does mimalloc): no mmap'd blocks, no trimming.
+    let variants: [(&str, &[(&str, &str)]); 2] = [
+        ("PyTorch eager", &[]),
+        (
+            "PyTorch eager, malloc keeps memory",
+            &[
+                ("MALLOC_MMAP_MAX_", "0"),
+                ("MALLOC_TRIM_THRESHOLD_", "1000000000000"),
+                ("MALLOC_TOP_PAD_", "1000000000"),
+            ],
+        ),
+    ];
+    let mut ratios = Vec::new();
+    for (name, env) in variants {
+        let run = Command::new(&python)
+            .arg(script)
+            .args(&args)
+            .envs(env.iter().copied())
+            .output();
+        let Ok(out) = run.as_ref() else { break };
+        if !out.status.success() {
+            break;
         }
-        _ => println!("\n(PyTorch baseline skipped: set FERROTRON_TORCH_PYTHON to a python with torch installed)"),
+        let text = String::from_utf8_lossy(&out.stdout);
+        let value = |key: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .unwrap_or(f64::NAN)
+        };
+        let theirs = value("tokens/s:");
+        let their_gemm = value("gemm GFLOP/s:");
+        println!(
+            "| {name} | {theirs:.0} | {:.1} | {their_gemm:.1} | {:.0}% |",
+            theirs * flops / 1e9,
+            100.0 * theirs * flops / 1e9 / their_gemm
+        );
+        ratios.push((name, ours / theirs));
+    }
+    if ratios.is_empty() {
+        println!("\n(PyTorch baseline skipped: set FERROTRON_TORCH_PYTHON to a python with torch installed)");
+    }
+    for (name, ratio) in ratios {
+        println!("\nferrotron / {name} tokens/s ratio: {ratio:.2}x");
     }
 }
