@@ -4,8 +4,7 @@
 use cubecl::prelude::*;
 
 use crate::reduce::row_sum;
-use crate::rows::{cube_index, row_index};
-use crate::softmax::row_length;
+use crate::rows::{cube_index, row_index, row_length};
 
 /// `y = (x − μ) / σ · γ + β` per row of `cols`, σ = √(var + ε) with the biased variance (two
 /// passes: the mean, then the squared deviations). Saves μ and 1/σ per row.

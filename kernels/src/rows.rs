@@ -24,6 +24,17 @@ pub fn row_index() -> usize {
     cube_index() * CUBE_DIM_Y as usize + UNIT_POS_Y as usize
 }
 
+/// The columns this unit's row has: `cols`, or none for a unit past the last row (which must
+/// still take part in its cube's reductions, so it cannot simply stop).
+#[cube]
+pub fn row_length(row: usize, rows: u32, cols: u32) -> usize {
+    let mut n = cols as usize;
+    if row >= rows as usize {
+        n = 0;
+    }
+    n
+}
+
 /// The shape of a row kernel's launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RowLaunch {

@@ -1,26 +1,15 @@
 //! Megatron's fused softmaxes: `y = softmax(scale · x)` over the last dimension with masked
 //! positions excluded, and the backward `dx = scale · y ⊙ (dy − Σ dy ⊙ y)`.
 //!
-//! Rows map onto cubes as [`crate::rows`] says; the lanes of a row stride over it, so any row
-//! length works (Megatron's kernels stop at 4096). Masked positions get exactly 0 and fully masked rows are all 0
-//! (Megatron's fill of −10000 gives the same zeros in f32 except for fully masked rows, which
-//! it leaves uniform).
+//! Rows map onto cubes as [`crate::rows`] says; the lanes of a row stride over it, so any
+//! row length works (Megatron's kernels stop at 4096). Masked positions get exactly 0 and
+//! fully masked rows are all 0 (Megatron's fill of −10000 gives the same zeros in f32 except
+//! for fully masked rows, which it leaves uniform).
 
 use cubecl::prelude::*;
 
 use crate::reduce::{row_max, row_sum};
-use crate::rows::row_index;
-
-/// The columns this unit's row has: `cols`, or none for a unit past the last row (which must
-/// still take part in its cube's reductions, so it cannot simply stop).
-#[cube]
-pub fn row_length(row: usize, rows: u32, cols: u32) -> usize {
-    let mut n = cols as usize;
-    if row >= rows as usize {
-        n = 0;
-    }
-    n
-}
+use crate::rows::{row_index, row_length};
 
 /// Softmax of one row of `sk` over the columns `j` where `keep(j)`; writes `output`.
 #[cube]

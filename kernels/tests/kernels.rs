@@ -344,6 +344,35 @@ fn run_layer_norm(
     }
 }
 
+/// dx, dγ, dβ from the backward kernels, outputs poisoned first.
+#[allow(clippy::too_many_arguments)]
+fn run_layer_norm_backward(
+    client: &Client,
+    launch: RowLaunch,
+    x: &[f32],
+    gamma: &[f32],
+    dy: &[f32],
+    mean: &[f32],
+    rstd: &[f32],
+    rows: usize,
+    cols: usize,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let [xh, gh, dyh, mh, rh] = [x, gamma, dy, mean, rstd].map(|v| upload(client, v));
+    let (dx, dg, db) = (
+        poisoned(client, x.len()),
+        poisoned(client, cols),
+        poisoned(client, cols),
+    );
+    layer_norm_backward::<f32>(
+        client, launch, &xh, &gh, &dyh, &mh, &rh, &dx, &dg, &db, rows, cols,
+    );
+    (
+        download(client, dx, x.len()),
+        download(client, dg, cols),
+        download(client, db, cols),
+    )
+}
+
 #[test]
 fn layer_norm_forward_and_backward_match_float64() {
     let client = client();
@@ -408,31 +437,8 @@ fn layer_norm_forward_and_backward_match_float64() {
             }
 
             let dy = rng.vec(rows * cols, -1.0, 1.0);
-            let handles = [&x[..], &gamma, &dy].map(|v| upload(&client, v));
-            let (mean_h, rstd_h) = (upload(&client, &run.mean), upload(&client, &run.rstd));
-            let (dx, dg, db) = (
-                poisoned(&client, x.len()),
-                poisoned(&client, cols),
-                poisoned(&client, cols),
-            );
-            layer_norm_backward::<f32>(
-                &client,
-                launch,
-                &handles[0],
-                &handles[1],
-                &handles[2],
-                &mean_h,
-                &rstd_h,
-                &dx,
-                &dg,
-                &db,
-                rows,
-                cols,
-            );
-            let (dx, dg, db) = (
-                download(&client, dx, x.len()),
-                download(&client, dg, cols),
-                download(&client, db, cols),
+            let (dx, dg, db) = run_layer_norm_backward(
+                &client, launch, &x, &gamma, &dy, &run.mean, &run.rstd, rows, cols,
             );
             let mut want_dx = vec![0.0; x.len()];
             let (mut want_dg, mut want_db) = (vec![0.0; cols], vec![0.0; cols]);
@@ -486,30 +492,8 @@ fn layer_norm_backward_matches_finite_differences_of_the_forward_kernel() {
         y.iter().zip(&dy).map(|(&a, &b)| a as f64 * b as f64).sum()
     };
     let run = run_layer_norm(&client, launch, &x, &gamma, &beta, rows, cols, 1e-5);
-    let handles = [&x[..], &gamma, &dy, &run.mean, &run.rstd].map(|v| upload(&client, v));
-    let (dx, dg, db) = (
-        poisoned(&client, x.len()),
-        poisoned(&client, cols),
-        poisoned(&client, cols),
-    );
-    layer_norm_backward::<f32>(
-        &client,
-        launch,
-        &handles[0],
-        &handles[1],
-        &handles[2],
-        &handles[3],
-        &handles[4],
-        &dx,
-        &dg,
-        &db,
-        rows,
-        cols,
-    );
-    let (dx, dg, db) = (
-        download(&client, dx, x.len()),
-        download(&client, dg, cols),
-        download(&client, db, cols),
+    let (dx, dg, db) = run_layer_norm_backward(
+        &client, launch, &x, &gamma, &dy, &run.mean, &run.rstd, rows, cols,
     );
     let h = 1e-2f32;
     let fd = |f: &dyn Fn(f32) -> f64| (f(h) - f(-h)) / (2.0 * h as f64);
