@@ -80,8 +80,8 @@ fn masked_row_softmax<F: Float, A: Float>(
 ///
 /// With `causal`, query `i` sees keys `j ≤ i + (sk − sq)` (Megatron's upper-triangular mask);
 /// with `padded`, `mask` `[batch, 1, sq, sk]` hides keys where it is non-zero (Megatron's
-/// padding mask; one mask row serves all heads). A kernel without `padded` is given a
-/// one-element `mask` it never reads.
+/// padding mask; one mask row serves all heads). A kernel without `padded` never reads
+/// `mask` (its launcher binds any buffer there).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn masked_softmax_forward<F: Float, A: Float>(
