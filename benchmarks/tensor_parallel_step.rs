@@ -15,11 +15,11 @@
 use std::time::Instant;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
+use ferrotron::comm::{run_ranks, Group};
 use ferrotron::model::named_parameters::parameter_names;
 use ferrotron::model::GptConfig;
-use ferrotron::parallel::random::seed_iteration;
+use ferrotron::parallel::random::seed_micro_batch;
 use ferrotron::parallel::sharding::partition_dim;
-use ferrotron::parallel::{run_ranks, TpGroup};
 use ferrotron::train::{AdamW, AdamWConfig, GradientAccumulator};
 
 #[global_allocator]
@@ -29,7 +29,7 @@ const BATCH: usize = 8;
 const SEQ: usize = 256;
 
 /// (seconds per step, communication seconds per step) of one rank.
-fn rank_steps(config: &GptConfig, group: &TpGroup, steps: usize) -> (f64, f64) {
+fn rank_steps(config: &GptConfig, group: &Group, steps: usize) -> (f64, f64) {
     let device = Device::flex().autodiff();
     let mut model = config
         .init_parallel(0, group, &device)
@@ -52,7 +52,7 @@ fn rank_steps(config: &GptConfig, group: &TpGroup, steps: usize) -> (f64, f64) {
         .map(|p| p.id)
         .collect();
     let mut step = |model: ferrotron::model::Gpt, i: usize| {
-        seed_iteration(0, i as u64, group.rank());
+        seed_micro_batch(0, i as u64, 0, group.rank());
         let loss = model.lm_loss(tokens.clone(), labels.clone(), mask.clone());
         let mut grads = GradientAccumulator::default();
         grads.add(&model, loss.backward());
@@ -95,9 +95,9 @@ fn main() {
     for n in sizes {
         let per_rank = run_ranks(n, |pg| {
             let group = if n == 1 {
-                TpGroup::single()
+                Group::single()
             } else {
-                TpGroup::new(pg)
+                Group::new(pg)
             };
             Ok(rank_steps(&config, &group, steps))
         })

@@ -107,6 +107,8 @@ fn main() -> Result<()> {
         load: None,
         exit_interval: None,
         tensor_model_parallel_size: 1,
+        use_distributed_optimizer: false,
+        ddp_bucket_size: ferrotron::train::pretrain::DEFAULT_DDP_BUCKET_SIZE,
     };
     let outcome = pretrain(&config, &Device::flex().autodiff())?;
     let first = outcome.losses.first().map_or(f64::NAN, |l| l.1);

@@ -5,12 +5,14 @@
 //! - [`data`]: Megatron's mmap indexed dataset (`.bin`/`.idx`): reader, streaming builder, merge.
 //! - [`preprocess`]: the streaming, multi-threaded JSONL → indexed dataset pipeline.
 //! - [`model`], [`train`]: Megatron's GPT on burn and its training loop.
-//! - [`parallel`]: tensor model parallelism (collectives, region mappings, parallel layers,
+//! - [`comm`]: communicators (threads, MPI) and their collectives on tensors of any dtype.
+//! - [`parallel`]: Megatron's parallel state and tensor model parallelism (region mappings, parallel layers,
 //!   vocab-parallel cross-entropy).
 
 pub mod allocator;
 pub mod atomic_file;
 pub mod cli;
+pub mod comm;
 pub mod data;
 pub mod host_tensor;
 pub mod model;

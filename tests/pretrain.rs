@@ -42,6 +42,8 @@ fn tiny(cache: &Path) -> PretrainConfig {
         load: None,
         exit_interval: None,
         tensor_model_parallel_size: 1,
+        use_distributed_optimizer: false,
+        ddp_bucket_size: ferrotron::train::pretrain::DEFAULT_DDP_BUCKET_SIZE,
     }
 }
 
@@ -187,7 +189,13 @@ fn pretrain_cli_runs_the_seed_tutorial_flags_and_refuses_what_it_cannot_split() 
         list_dir(&dir.path().join("ckpt/iter_0000002")),
         ["mp_rank_00", "mp_rank_01", "mp_rank_02", "mp_rank_03"]
     );
-    for warned in ["--fp16", "activation checkpointing", "--DDP-impl"] {
+    assert!(
+        stdout.contains("using world size: 4, data-parallel size: 1, tensor-model-parallel size: 4, pipeline-model-parallel size: 1"),
+        "{stdout}"
+    );
+    // --DDP-impl torch is accepted silently: it names ferrotron's data-parallel all-reduce.
+    assert!(!err.contains("--DDP-impl"), "{err}");
+    for warned in ["--fp16", "activation checkpointing"] {
         assert!(err.contains(warned), "no warning about {warned}: {err}");
     }
     if std::thread::available_parallelism().map_or(1, |n| n.get()) < 4 {

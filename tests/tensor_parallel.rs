@@ -9,6 +9,7 @@ use std::path::Path;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use common::*;
+use ferrotron::comm::{run_ranks, Group};
 use ferrotron::host_tensor::HostTensor;
 use ferrotron::model::named_parameters::named_parameters;
 use ferrotron::model::GptConfig;
@@ -17,7 +18,6 @@ use ferrotron::parallel::layers::{
     ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
 };
 use ferrotron::parallel::sharding::partition_dim;
-use ferrotron::parallel::{run_ranks, TpGroup};
 use ferrotron::train::checkpoint::load_model;
 use ferrotron::train::tensor_file::read_tensors;
 use ferrotron::train::{pretrain, AdamWConfig, LrDecayStyle, LrSchedule, PretrainConfig};
@@ -72,7 +72,7 @@ fn device() -> Device {
 /// `loss = Σ output ⊙ r`.
 type LayerResult = (HostTensor, HostTensor, HostTensor, HostTensor);
 
-fn column_run(x: &HostTensor, r: &HostTensor, gather: bool, group: &TpGroup) -> LayerResult {
+fn column_run(x: &HostTensor, r: &HostTensor, gather: bool, group: &Group) -> LayerResult {
     let d = device();
     let layer = ColumnParallelLinear::new(8, 12, 0.5, 7, "col", gather, group, &d);
     let xt = tensor::<3>(x, &d).require_grad();
@@ -91,10 +91,10 @@ fn column_parallel_linear_matches_the_unsplit_layer() {
     let x = random(&[2, 3, 8], 1);
     let r = random(&[2, 3, 12], 2);
     for gather in [false, true] {
-        let (y, gx, gw, gb) = column_run(&x, &r, gather, &TpGroup::single());
+        let (y, gx, gw, gb) = column_run(&x, &r, gather, &Group::single());
         for n in SIZES {
             let results = run_ranks(n, |pg| {
-                let group = TpGroup::new(pg);
+                let group = Group::new(pg);
                 let rank = group.rank();
                 let r_used = if gather {
                     r.clone()
@@ -130,7 +130,7 @@ fn column_parallel_linear_matches_the_unsplit_layer() {
     }
 }
 
-fn row_run(x: &HostTensor, r: &HostTensor, parallel_input: bool, group: &TpGroup) -> LayerResult {
+fn row_run(x: &HostTensor, r: &HostTensor, parallel_input: bool, group: &Group) -> LayerResult {
     let d = device();
     let layer = RowParallelLinear::new(12, 8, 0.5, 9, "row", parallel_input, group, &d);
     let xt = tensor::<3>(x, &d).require_grad();
@@ -148,11 +148,11 @@ fn row_run(x: &HostTensor, r: &HostTensor, parallel_input: bool, group: &TpGroup
 fn row_parallel_linear_matches_the_unsplit_layer() {
     let x = random(&[2, 3, 12], 3);
     let r = random(&[2, 3, 8], 4);
-    let (y, gx, gw, gb) = row_run(&x, &r, false, &TpGroup::single());
+    let (y, gx, gw, gb) = row_run(&x, &r, false, &Group::single());
     for parallel_input in [true, false] {
         for n in SIZES {
             let results = run_ranks(n, |pg| {
-                let group = TpGroup::new(pg);
+                let group = Group::new(pg);
                 let x_used = if parallel_input {
                     x.chunk(2, n, group.rank()).unwrap()
                 } else {
@@ -183,7 +183,7 @@ fn row_parallel_linear_matches_the_unsplit_layer() {
     }
 }
 
-fn embedding_run(tokens: &[i64], r: &HostTensor, group: &TpGroup) -> (HostTensor, HostTensor) {
+fn embedding_run(tokens: &[i64], r: &HostTensor, group: &Group) -> (HostTensor, HostTensor) {
     let d = device();
     let layer = VocabParallelEmbedding::new(16, 4, 1.0, 5, "emb", group, &d);
     let ids = Tensor::<2, Int>::from_data(TensorData::new(tokens.to_vec(), [2, 5]), &d);
@@ -197,9 +197,9 @@ fn vocab_parallel_embedding_matches_the_unsplit_embedding() {
     // Ids in every rank's range, repeated ids, the first and last rows.
     let tokens = [0i64, 15, 3, 4, 4, 8, 11, 12, 7, 0];
     let r = random(&[2, 5, 4], 6);
-    let (y, gw) = embedding_run(&tokens, &r, &TpGroup::single());
+    let (y, gw) = embedding_run(&tokens, &r, &Group::single());
     for n in SIZES {
-        let results = run_ranks(n, |pg| Ok(embedding_run(&tokens, &r, &TpGroup::new(pg)))).unwrap();
+        let results = run_ranks(n, |pg| Ok(embedding_run(&tokens, &r, &Group::new(pg)))).unwrap();
         for (rank, (yr, gwr)) in results.iter().enumerate() {
             assert_close(&format!("embedding N={n} rank {rank}"), yr, &y, 1e-6);
             assert_close(
@@ -239,7 +239,7 @@ fn cross_entropy_run(
     logits: &HostTensor,
     labels: &[i64],
     vocab_start: usize,
-    group: &TpGroup,
+    group: &Group,
 ) -> (f32, HostTensor) {
     let d = device();
     let x = tensor::<3>(logits, &d).require_grad();
@@ -263,7 +263,7 @@ fn vocab_parallel_cross_entropy_matches_float64_for_every_split() {
     );
     for n in SIZES {
         let results = run_ranks(n, |pg| {
-            let group = TpGroup::new(pg);
+            let group = Group::new(pg);
             let shard = logits.chunk(2, n, group.rank()).unwrap();
             Ok(cross_entropy_run(
                 &shard,
@@ -297,7 +297,7 @@ fn every_parameter_is_its_shard_of_the_same_master_tensor() {
     for n in [2, 4] {
         let shards = run_ranks(n, |pg| {
             let model = config
-                .init_parallel(3, &TpGroup::new(pg), &Device::flex())
+                .init_parallel(3, &Group::new(pg), &Device::flex())
                 .map_err(anyhow::Error::msg)?;
             Ok(named_parameters(&model))
         })
@@ -350,6 +350,8 @@ fn tiny(cache: &Path, tp: usize, train_iters: u64) -> PretrainConfig {
         load: None,
         exit_interval: None,
         tensor_model_parallel_size: tp,
+        use_distributed_optimizer: false,
+        ddp_bucket_size: ferrotron::train::pretrain::DEFAULT_DDP_BUCKET_SIZE,
     }
 }
 

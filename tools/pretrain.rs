@@ -12,12 +12,15 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 
+use ferrotron::comm::world::World;
 use ferrotron::model::vocab::{padded_vocab_log_line, padded_vocab_size};
 use ferrotron::model::GptConfig;
 use ferrotron::tokenizer::TokenizerArgs;
+use ferrotron::train::pretrain::pretrain_on;
 use ferrotron::train::{pretrain, AdamWConfig, LrDecayStyle, LrSchedule, PretrainConfig};
 
-/// Pretrain a GPT with Megatron-LM's command line (single rank for now).
+/// Pretrain a GPT with Megatron-LM's command line: one process (tensor-parallel ranks as
+/// threads) or, under `mpirun`/`srun`, one MPI rank per process.
 #[derive(Parser, Debug)]
 #[command(name = "pretrain", version)]
 struct Args {
@@ -171,9 +174,20 @@ struct Args {
     /// Activation recomputation (not implemented: activations are kept).
     #[arg(long)]
     recompute_granularity: Option<String>,
-    /// Data-parallel implementation (single process: no data parallelism).
+    /// Data-parallel implementation: `local` or `torch` (both are ferrotron's bucketed
+    /// all-reduce).
     #[arg(long = "DDP-impl")]
     ddp_impl: Option<String>,
+    /// Shard Adam's state over the data-parallel ranks (ZeRO-1).
+    #[arg(long)]
+    use_distributed_optimizer: bool,
+    /// Gradient elements per data-parallel all-reduce bucket.
+    #[arg(long, default_value_t = ferrotron::train::pretrain::DEFAULT_DDP_BUCKET_SIZE)]
+    ddp_bucket_size: usize,
+    /// Overlap the gradient all-reduce with the backward pass (accepted; the reduction runs
+    /// after the backward pass, see README).
+    #[arg(long)]
+    overlap_grad_reduce: bool,
     /// Turn off the fused scaled causal-masked softmax kernel (GPU builds; the CPU backend
     /// always uses the composed reference ops).
     #[arg(long)]
@@ -192,7 +206,7 @@ fn warn(message: &str) {
     eprintln!("WARNING: {message}");
 }
 
-fn build_config(args: &Args) -> Result<PretrainConfig> {
+fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
     // Features that would change results: refuse.
     if args.pipeline_model_parallel_size != 1 {
         bail!("--pipeline-model-parallel-size {} is not supported: ferrotron has no pipeline parallelism (use 1)", args.pipeline_model_parallel_size);
@@ -207,16 +221,21 @@ fn build_config(args: &Args) -> Result<PretrainConfig> {
         bail!("--data-path takes one dataset prefix (blending several datasets with weights is not supported yet)");
     }
     // Features whose absence does not change the math: say so.
-    if args.fp16 || args.bf16 {
+    if (args.fp16 || args.bf16) && verbose {
         warn("--fp16/--bf16: mixed precision is not implemented yet; training in fp32");
     }
-    if args.activations_checkpoint_method.is_some() || args.recompute_granularity.is_some() {
+    if (args.activations_checkpoint_method.is_some() || args.recompute_granularity.is_some())
+        && verbose
+    {
         warn("activation checkpointing is not implemented yet; all activations are kept (same results, more memory)");
     }
     if let Some(ddp) = &args.ddp_impl {
-        warn(&format!(
-            "--DDP-impl {ddp}: single process, no data parallelism"
-        ));
+        if ddp != "local" && ddp != "torch" {
+            bail!("--DDP-impl {ddp}: expected local or torch");
+        }
+    }
+    if args.overlap_grad_reduce && verbose {
+        warn("--overlap-grad-reduce: gradients are all-reduced in buckets after the backward pass, not during it (burn's autodiff has no per-parameter gradient hooks)");
     }
 
     let tokenizer = args.tokenizer.load()?;
@@ -229,7 +248,9 @@ fn build_config(args: &Args) -> Result<PretrainConfig> {
         args.make_vocab_size_divisible_by,
         args.tensor_model_parallel_size,
     );
-    println!("{}", padded_vocab_log_line(vocab, padded));
+    if verbose {
+        println!("{}", padded_vocab_log_line(vocab, padded));
+    }
 
     let max_positions = args.max_position_embeddings.unwrap_or(args.seq_length);
     if args.seq_length > max_positions {
@@ -306,18 +327,35 @@ fn build_config(args: &Args) -> Result<PretrainConfig> {
         load: args.load.clone(),
         exit_interval: args.exit_interval,
         tensor_model_parallel_size: args.tensor_model_parallel_size,
+        use_distributed_optimizer: args.use_distributed_optimizer,
+        ddp_bucket_size: args.ddp_bucket_size,
     })
 }
 
-fn run(args: Args) -> Result<()> {
+fn run(args: Args, world: &World) -> Result<()> {
     let device = ferrotron::train::device::parse_device(&args.device)
         .map_err(anyhow::Error::msg)?
         .autodiff();
-    let config = build_config(&args)?;
-    pretrain(&config, &device)?;
+    let config = build_config(&args, world.rank() == 0)?;
+    if world.is_mpi() {
+        pretrain_on(&config, &device, world.comm())?;
+    } else {
+        pretrain(&config, &device)?;
+    }
     Ok(())
 }
 
 fn main() -> ExitCode {
-    ferrotron::cli::finish("pretrain", run(Args::parse()))
+    let args = Args::parse();
+    let world = match World::from_environment() {
+        Ok(world) => world,
+        Err(e) => return ferrotron::cli::finish("pretrain", Err(e)),
+    };
+    let result = run(args, &world);
+    if let (Err(e), true) = (&result, world.size() > 1) {
+        // The other ranks may be waiting in a collective for this one: end them all.
+        eprintln!("pretrain: rank {}: error: {e:#}", world.rank());
+        world.abort(1);
+    }
+    ferrotron::cli::finish("pretrain", result)
 }

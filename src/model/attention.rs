@@ -6,9 +6,9 @@ use burn::tensor::{Device, Tensor};
 use super::dropout::Dropout;
 use super::ops::scaled_causal_masked_softmax;
 use super::GptConfig;
+use crate::comm::Group;
 use crate::parallel::layers::{ColumnParallelLinear, RowParallelLinear};
 use crate::parallel::random::RngRegion;
-use crate::parallel::TpGroup;
 
 /// Multi-head causal self-attention, its heads split across the tensor-parallel ranks.
 ///
@@ -31,13 +31,7 @@ pub struct CausalSelfAttention {
 
 impl CausalSelfAttention {
     /// The attention named `name` (e.g. `layers.0.self_attention`).
-    pub fn new(
-        config: &GptConfig,
-        seed: u64,
-        name: &str,
-        group: &TpGroup,
-        device: &Device,
-    ) -> Self {
+    pub fn new(config: &GptConfig, seed: u64, name: &str, group: &Group, device: &Device) -> Self {
         let h = config.hidden_size;
         let std = config.init_method_std;
         let output_std = std / (2.0 * config.num_layers as f64).sqrt();

@@ -4,7 +4,7 @@ use burn::config::Config;
 use burn::tensor::Device;
 
 use super::Gpt;
-use crate::parallel::TpGroup;
+use crate::comm::Group;
 
 /// Megatron's model flags.
 #[derive(Config, Debug, PartialEq)]
@@ -126,17 +126,12 @@ impl GptConfig {
 
     /// Builds the model with Megatron's initialization from `seed`, on `device`.
     pub fn init(&self, seed: u64, device: &Device) -> Result<Gpt, String> {
-        self.init_parallel(seed, &TpGroup::single(), device)
+        self.init_parallel(seed, &Group::single(), device)
     }
 
     /// Builds `group`'s rank of the model: its shards of the same master weights that
     /// [`Self::init`] builds whole.
-    pub fn init_parallel(
-        &self,
-        seed: u64,
-        group: &TpGroup,
-        device: &Device,
-    ) -> Result<Gpt, String> {
+    pub fn init_parallel(&self, seed: u64, group: &Group, device: &Device) -> Result<Gpt, String> {
         self.validate_parallel(group.size())?;
         Ok(Gpt::new(self, seed, group, device))
     }

@@ -8,11 +8,11 @@ use super::init::Init;
 use super::layer_norm::LayerNorm;
 use super::transformer_block::TransformerBlock;
 use super::GptConfig;
+use crate::comm::Group;
 use crate::parallel::layers::{weight_matmul, VocabParallelEmbedding};
 use crate::parallel::mappings::copy_to_region;
 use crate::parallel::random::RngRegion;
 use crate::parallel::sharding::init_shard;
-use crate::parallel::TpGroup;
 
 /// Megatron's GPT: token + position embeddings, pre-LN blocks, final LayerNorm, and logits
 /// from the (tied) token embedding. On a tensor-parallel rank it holds that rank's shards and
@@ -31,13 +31,13 @@ pub struct Gpt {
     pub final_layernorm: LayerNorm,
     /// The tensor-parallel group.
     #[module(skip)]
-    pub group: TpGroup,
+    pub group: Group,
 }
 
 impl Gpt {
     /// Builds this rank's part of the model; use [`GptConfig::init`] or
     /// [`GptConfig::init_parallel`], which validate the config first.
-    pub(crate) fn new(config: &GptConfig, seed: u64, group: &TpGroup, device: &Device) -> Self {
+    pub(crate) fn new(config: &GptConfig, seed: u64, group: &Group, device: &Device) -> Self {
         let (h, std) = (config.hidden_size, config.init_method_std);
         Self {
             word_embeddings: VocabParallelEmbedding::new(

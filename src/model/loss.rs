@@ -2,19 +2,19 @@
 
 use burn::tensor::{Int, Tensor};
 
+use crate::comm::Group;
 use crate::parallel::cross_entropy::vocab_parallel_cross_entropy;
-use crate::parallel::TpGroup;
 
 /// Per-token cross-entropy `[batch, seq]` of full logits `[batch, seq, vocab]` against
 /// `labels`: `logsumexp(logits) − logits[label]` (the fused single-rank cross-entropy).
 pub fn token_losses(logits: Tensor<3>, labels: Tensor<2, Int>) -> Tensor<2> {
-    vocab_parallel_cross_entropy(logits, labels, 0, &TpGroup::single())
+    vocab_parallel_cross_entropy(logits, labels, 0, &Group::single())
 }
 
 /// Megatron's LM loss: the masked mean of the per-token cross-entropy,
 /// `Σ loss · mask / Σ mask`, over full logits.
 pub fn lm_loss(logits: Tensor<3>, labels: Tensor<2, Int>, loss_mask: Tensor<2>) -> Tensor<1> {
-    parallel_lm_loss(logits, labels, loss_mask, 0, &TpGroup::single())
+    parallel_lm_loss(logits, labels, loss_mask, 0, &Group::single())
 }
 
 /// [`lm_loss`] over one rank's vocabulary shard of the logits (columns from `vocab_start`).
@@ -23,7 +23,7 @@ pub fn parallel_lm_loss(
     labels: Tensor<2, Int>,
     loss_mask: Tensor<2>,
     vocab_start: usize,
-    group: &TpGroup,
+    group: &Group,
 ) -> Tensor<1> {
     let losses = vocab_parallel_cross_entropy(logits, labels, vocab_start, group);
     (losses * loss_mask.clone()).sum() / loss_mask.sum()

@@ -5,8 +5,8 @@ use burn::tensor::activation::{gelu, gelu_approximate};
 use burn::tensor::{Device, Tensor};
 
 use super::GptConfig;
+use crate::comm::Group;
 use crate::parallel::layers::{ColumnParallelLinear, RowParallelLinear};
-use crate::parallel::TpGroup;
 
 /// Megatron's `ParallelMLP`: h → ffn column-parallel, GELU on each rank's columns,
 /// ffn → h row-parallel.
@@ -22,13 +22,7 @@ pub struct Mlp {
 
 impl Mlp {
     /// The MLP named `name` (e.g. `layers.0.mlp`).
-    pub fn new(
-        config: &GptConfig,
-        seed: u64,
-        name: &str,
-        group: &TpGroup,
-        device: &Device,
-    ) -> Self {
+    pub fn new(config: &GptConfig, seed: u64, name: &str, group: &Group, device: &Device) -> Self {
         let (h, f) = (config.hidden_size, config.ffn_size());
         let std = config.init_method_std;
         let output_std = std / (2.0 * config.num_layers as f64).sqrt();

@@ -8,8 +8,8 @@ use super::dropout::Dropout;
 use super::layer_norm::LayerNorm;
 use super::mlp::Mlp;
 use super::GptConfig;
+use crate::comm::Group;
 use crate::parallel::random::RngRegion;
-use crate::parallel::TpGroup;
 
 /// `x + drop(attn(ln(x)))`, then `x + drop(mlp(ln(x)))`.
 #[derive(Module, Debug)]
@@ -32,7 +32,7 @@ impl TransformerBlock {
         config: &GptConfig,
         index: usize,
         seed: u64,
-        group: &TpGroup,
+        group: &Group,
         device: &Device,
     ) -> Self {
         let name = format!("layers.{index}");

@@ -17,13 +17,13 @@ use burn::backend::tensor::{FloatTensor, IndexingUpdateOp, IntTensor};
 use burn::backend::{backend_extension, Backend, Dispatch, Flex, TensorMetadata};
 use burn::tensor::{Int, Tensor};
 
-use super::comm::{ReduceOp, TpGroup};
-use super::mappings::{from_host, to_host};
 use super::sharding::vocab_shard_index;
-use crate::host_tensor::HostTensor;
+use crate::comm::buffer::{join, split};
+use crate::comm::tensor::{primitive_from_host, primitive_to_host, through_host};
+use crate::comm::{Group, ReduceOp};
 
 /// The backend extension carrying the fused cross-entropy.
-#[backend_extension(Autodiff, Flex)]
+#[backend_extension(Autodiff, Flex, Cube: cfg(any(feature = "wgpu", feature = "cuda")))]
 pub trait CrossEntropyOps: Backend {
     /// Per-token loss `[tokens, 1]` of `logits` `[tokens, V/N]`; `target_index` `[tokens, 1]`
     /// is the target's column in this shard (0 when outside) and `target_inside` `[tokens, 1]`
@@ -32,7 +32,7 @@ pub trait CrossEntropyOps: Backend {
         logits: FloatTensor<Self>,
         target_index: IntTensor<Self>,
         target_inside: FloatTensor<Self>,
-        group: TpGroup,
+        group: Group,
     ) -> FloatTensor<Self>;
 }
 
@@ -41,18 +41,12 @@ fn forward<B: Backend>(
     logits: FloatTensor<B>,
     target_index: IntTensor<B>,
     target_inside: FloatTensor<B>,
-    group: &TpGroup,
+    group: &Group,
 ) -> (FloatTensor<B>, FloatTensor<B>) {
-    let device = logits.device();
-    let tokens = logits.shape().dims::<2>()[0];
     let mut max = B::float_max_dim(logits.clone(), 1);
     if group.size() > 1 {
-        max = group.timed(|| {
-            from_host::<B>(
-                group.all_reduce_or_panic(to_host::<B>(max), ReduceOp::Max),
-                &device,
-            )
-        });
+        max =
+            group.timed(|| through_host::<B>(max, |d| group.all_reduce_or_panic(d, ReduceOp::Max)));
     }
     let shifted = B::float_sub(logits, max);
     let mut predicted = B::float_mul(
@@ -64,15 +58,19 @@ fn forward<B: Backend>(
     if group.size() > 1 {
         // One all-reduce for both [tokens, 1] columns.
         (predicted, sum_exp) = group.timed(|| {
-            let mut both = to_host::<B>(predicted).values;
-            both.extend(to_host::<B>(sum_exp).values);
-            let both =
-                group.all_reduce_or_panic(HostTensor::new(vec![2 * tokens], both), ReduceOp::Sum);
-            let column = |i: usize| {
-                let values = both.values[i * tokens..(i + 1) * tokens].to_vec();
-                from_host::<B>(HostTensor::new(vec![tokens, 1], values), &device)
-            };
-            (column(0), column(1))
+            let device = predicted.device();
+            let both = join(
+                &[
+                    primitive_to_host::<B>(predicted),
+                    primitive_to_host::<B>(sum_exp),
+                ],
+                1,
+            )
+            .expect("two [tokens, 1] columns");
+            let both = group.all_reduce_or_panic(both, ReduceOp::Sum);
+            let mut columns = split(&both, 1, 2).expect("[tokens, 2]").into_iter();
+            let mut next = || primitive_from_host::<B>(columns.next().unwrap(), &device);
+            (next(), next())
         });
     }
     let loss = B::float_sub(B::float_log(sum_exp.clone()), predicted);
@@ -84,7 +82,20 @@ impl CrossEntropyOps for Flex {
         logits: FloatTensor<Self>,
         target_index: IntTensor<Self>,
         target_inside: FloatTensor<Self>,
-        group: TpGroup,
+        group: Group,
+    ) -> FloatTensor<Self> {
+        forward::<Self>(logits, target_index, target_inside, &group).0
+    }
+}
+
+/// The CubeCL backend (CUDA, wgpu): the same ops, host-staged collectives.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+impl CrossEntropyOps for burn_cubecl::CubeBackend {
+    fn vocab_parallel_cross_entropy(
+        logits: FloatTensor<Self>,
+        target_index: IntTensor<Self>,
+        target_inside: FloatTensor<Self>,
+        group: Group,
     ) -> FloatTensor<Self> {
         forward::<Self>(logits, target_index, target_inside, &group).0
     }
@@ -114,7 +125,7 @@ impl<B: CrossEntropyOps, C: CheckpointStrategy> CrossEntropyOps for Autodiff<B, 
         logits: FloatTensor<Self>,
         target_index: IntTensor<Self>,
         target_inside: FloatTensor<Self>,
-        group: TpGroup,
+        group: Group,
     ) -> FloatTensor<Self> {
         let (logits, node) = logits.into_parts();
         let inside = target_inside.into_primitive();
@@ -149,7 +160,7 @@ pub fn vocab_parallel_cross_entropy(
     logits: Tensor<3>,
     labels: Tensor<2, Int>,
     vocab_start: usize,
-    group: &TpGroup,
+    group: &Group,
 ) -> Tensor<2> {
     if group.size() == 1 && !crate::train::device::is_flex(&logits.device()) {
         return composed_cross_entropy(logits, labels);

@@ -19,10 +19,11 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::autodiff::Autodiff;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{backend_extension, Backend, Dispatch, Flex, TensorMetadata};
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::Tensor;
 
-use super::comm::{ReduceOp, TpGroup};
-use crate::host_tensor::HostTensor;
+use crate::comm::buffer::split;
+use crate::comm::tensor::through_host;
+use crate::comm::{Group, ReduceOp};
 
 /// Which of Megatron's region operators.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,34 +56,14 @@ pub struct Region {
     /// The operator.
     pub kind: RegionKind,
     /// The tensor-parallel group.
-    pub group: TpGroup,
+    pub group: Group,
 }
 
 /// The backend extension carrying the region operators.
-#[backend_extension(Autodiff, Flex)]
+#[backend_extension(Autodiff, Flex, Cube: cfg(any(feature = "wgpu", feature = "cuda")))]
 pub trait RegionOps: Backend {
     /// Applies `region`'s forward to `x` (the split/gather dimension is the last one).
     fn tensor_parallel_region(x: FloatTensor<Self>, region: Region) -> FloatTensor<Self>;
-}
-
-/// Reads a primitive to the host as f32.
-pub(crate) fn to_host<B: Backend>(x: FloatTensor<B>) -> HostTensor {
-    let shape = x.shape().to_vec();
-    let data =
-        burn::tensor::read_sync(B::float_into_data(x)).expect("reading a tensor for a collective");
-    let values = data
-        .convert::<f32>()
-        .try_into_vec::<f32>()
-        .expect("f32 tensor data");
-    HostTensor::new(shape, values)
-}
-
-/// Uploads a host tensor to `device`.
-pub(crate) fn from_host<B: Backend>(
-    t: HostTensor,
-    device: &<B as burn::backend::BackendTypes>::Device,
-) -> FloatTensor<B> {
-    B::float_from_data(TensorData::new(t.values, t.shape), device)
 }
 
 /// The forward of `region` on any backend, through host memory.
@@ -91,23 +72,28 @@ fn region_forward<B: Backend>(x: FloatTensor<B>, region: &Region) -> FloatTensor
     if group.size() == 1 || region.kind == RegionKind::Copy {
         return x;
     }
+    let last = x.shape().num_dims() - 1;
     group.timed(|| {
-        let device = x.device();
-        let last = x.shape().num_dims() - 1;
-        let host = to_host::<B>(x);
-        let out = match region.kind {
+        through_host::<B>(x, |data| match region.kind {
             RegionKind::Copy => unreachable!(),
-            RegionKind::Reduce => group.all_reduce_or_panic(host, ReduceOp::Sum),
-            RegionKind::Scatter => host
-                .chunk(last, group.size(), group.rank())
+            RegionKind::Reduce => group.all_reduce_or_panic(data, ReduceOp::Sum),
+            RegionKind::Scatter => split(&data, last, group.size())
+                .map(|mut parts| parts.swap_remove(group.rank()))
                 .unwrap_or_else(|e| panic!("scatter to tensor-parallel region: {e}")),
-            RegionKind::Gather => group.all_gather_or_panic(host, last),
-        };
-        from_host::<B>(out, &device)
+            RegionKind::Gather => group.all_gather_or_panic(data, last),
+        })
     })
 }
 
 impl RegionOps for Flex {
+    fn tensor_parallel_region(x: FloatTensor<Self>, region: Region) -> FloatTensor<Self> {
+        region_forward::<Self>(x, &region)
+    }
+}
+
+/// The CubeCL backend (CUDA, wgpu): the same host-staged collectives.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+impl RegionOps for burn_cubecl::CubeBackend {
     fn tensor_parallel_region(x: FloatTensor<Self>, region: Region) -> FloatTensor<Self> {
         region_forward::<Self>(x, &region)
     }
@@ -149,7 +135,7 @@ impl<B: RegionOps, C: CheckpointStrategy> RegionOps for Autodiff<B, C> {
     }
 }
 
-fn apply<const D: usize>(x: Tensor<D>, kind: RegionKind, group: &TpGroup) -> Tensor<D> {
+fn apply<const D: usize>(x: Tensor<D>, kind: RegionKind, group: &Group) -> Tensor<D> {
     if group.size() == 1 {
         return x;
     }
@@ -164,21 +150,21 @@ fn apply<const D: usize>(x: Tensor<D>, kind: RegionKind, group: &TpGroup) -> Ten
 }
 
 /// Identity forward, all-reduce of the gradient backward: the input of a column-parallel layer.
-pub fn copy_to_region<const D: usize>(x: Tensor<D>, group: &TpGroup) -> Tensor<D> {
+pub fn copy_to_region<const D: usize>(x: Tensor<D>, group: &Group) -> Tensor<D> {
     apply(x, RegionKind::Copy, group)
 }
 
 /// All-reduce (sum) forward, identity backward: the output of a row-parallel layer.
-pub fn reduce_from_region<const D: usize>(x: Tensor<D>, group: &TpGroup) -> Tensor<D> {
+pub fn reduce_from_region<const D: usize>(x: Tensor<D>, group: &Group) -> Tensor<D> {
     apply(x, RegionKind::Reduce, group)
 }
 
 /// This rank's chunk of the last dimension forward, all-gather backward.
-pub fn scatter_to_region<const D: usize>(x: Tensor<D>, group: &TpGroup) -> Tensor<D> {
+pub fn scatter_to_region<const D: usize>(x: Tensor<D>, group: &Group) -> Tensor<D> {
     apply(x, RegionKind::Scatter, group)
 }
 
 /// All-gather along the last dimension forward, own chunk backward.
-pub fn gather_from_region<const D: usize>(x: Tensor<D>, group: &TpGroup) -> Tensor<D> {
+pub fn gather_from_region<const D: usize>(x: Tensor<D>, group: &Group) -> Tensor<D> {
     apply(x, RegionKind::Gather, group)
 }

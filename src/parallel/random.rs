@@ -39,12 +39,16 @@ fn splitmix64(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Seeds this thread's streams for one training iteration of tensor-parallel rank `tp_rank`.
-pub fn seed_iteration(seed: u64, iteration: u64, tp_rank: usize) {
-    let base = splitmix64(seed ^ splitmix64(iteration));
-    let parallel = splitmix64(
-        seed.wrapping_add(MODEL_PARALLEL_OFFSET + tp_rank as u64) ^ splitmix64(iteration),
-    );
+/// Seeds this thread's streams for micro-batch `micro_batch` (its index in the global
+/// batch) of one training iteration, on tensor-parallel rank `tp_rank`.
+///
+/// Keying the masks by the micro-batch's place in the global batch, not by how many this
+/// rank has run, gives a data-parallel run the masks the single-process run draws for the
+/// same samples, so the two train the same model.
+pub fn seed_micro_batch(seed: u64, iteration: u64, micro_batch: u64, tp_rank: usize) {
+    let step = splitmix64(iteration) ^ splitmix64(micro_batch.wrapping_add(0x5EED));
+    let base = splitmix64(seed ^ step);
+    let parallel = splitmix64(seed.wrapping_add(MODEL_PARALLEL_OFFSET + tp_rank as u64) ^ step);
     TRACKER.with(|t| {
         *t.borrow_mut() = Tracker {
             seeds: [base, parallel],
@@ -83,21 +87,21 @@ mod tests {
 
     #[test]
     fn masks_keep_the_expected_fraction_and_follow_the_region_rule() {
-        seed_iteration(1234, 7, 0);
+        seed_micro_batch(1234, 7, 0, 0);
         let a = dropout_mask(100_000, 0.1, RngRegion::Replicated);
         let a_mp = dropout_mask(1000, 0.1, RngRegion::ModelParallel);
         let kept = a.iter().filter(|&&v| v > 0.0).count() as f64 / a.len() as f64;
         assert!((kept - 0.9).abs() < 0.005, "kept {kept}");
         assert!(a.iter().all(|&v| v == 0.0 || (v - 1.0 / 0.9).abs() < 1e-6));
         // Rank 1, same iteration: same replicated mask, different model-parallel mask.
-        seed_iteration(1234, 7, 1);
+        seed_micro_batch(1234, 7, 0, 1);
         assert_eq!(dropout_mask(100_000, 0.1, RngRegion::Replicated), a);
         assert_ne!(dropout_mask(1000, 0.1, RngRegion::ModelParallel), a_mp);
         // Rank 0 again reproduces its masks; another iteration does not.
-        seed_iteration(1234, 7, 0);
+        seed_micro_batch(1234, 7, 0, 0);
         assert_eq!(dropout_mask(100_000, 0.1, RngRegion::Replicated), a);
         assert_eq!(dropout_mask(1000, 0.1, RngRegion::ModelParallel), a_mp);
-        seed_iteration(1234, 8, 0);
+        seed_micro_batch(1234, 8, 0, 0);
         assert_ne!(dropout_mask(100_000, 0.1, RngRegion::Replicated), a);
     }
 }

@@ -7,7 +7,7 @@
 
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 
-use super::TpGroup;
+use crate::comm::Group;
 use crate::host_tensor::HostTensor;
 use crate::model::init::{master_values, Init};
 
@@ -51,7 +51,7 @@ pub fn init_shard<const D: usize>(
     seed: u64,
     name: &str,
     dim: Option<usize>,
-    group: &TpGroup,
+    group: &Group,
     device: &Device,
 ) -> Tensor<D> {
     let full = HostTensor::new(shape.to_vec(), master_values(init, &shape, seed, name));

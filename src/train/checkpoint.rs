@@ -17,11 +17,10 @@ use burn::tensor::Device;
 
 use super::optimizer::NamedMoments;
 use super::tensor_file::{read_tensors, write_tensors, HostTensor};
-use super::AdamW;
-use crate::model::named_parameters::{load_named_parameters, named_parameters, parameter_names};
+use crate::comm::Group;
+use crate::model::named_parameters::{load_named_parameters, named_parameters};
 use crate::model::{Gpt, GptConfig};
 use crate::parallel::sharding::{partition_dim, shard_of};
-use crate::parallel::TpGroup;
 
 /// Megatron's tracker file.
 pub const TRACKER_FILE: &str = "latest_checkpointed_iteration.txt";
@@ -63,11 +62,14 @@ pub fn latest_iteration(root: &Path) -> Result<Option<u64>> {
     }
 }
 
-fn name_table(model: &Gpt) -> Vec<(burn::module::ParamId, String)> {
-    parameter_names(model)
-        .into_iter()
-        .map(|p| (p.id, p.name))
-        .collect()
+/// The optimizer state a checkpoint holds, by parameter name, whatever optimizer (replicated
+/// or distributed over data-parallel ranks) kept it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OptimizerState {
+    /// Steps taken.
+    pub steps: u64,
+    /// Adam's moments of this tensor-parallel rank's shard of each parameter.
+    pub moments: Vec<NamedMoments>,
 }
 
 /// Saves this rank's shard of the model and optimizer, and the training state, under `root`
@@ -77,9 +79,9 @@ pub fn save_checkpoint(
     root: &Path,
     model: &Gpt,
     config: &GptConfig,
-    optimizer: &AdamW,
+    optimizer: &OptimizerState,
     state: &TrainState,
-    group: &TpGroup,
+    group: &Group,
 ) -> Result<PathBuf> {
     let (rank, size) = (group.rank(), group.size());
     let final_iter_dir = root.join(format!("iter_{:07}", state.iteration));
@@ -98,7 +100,8 @@ pub fn save_checkpoint(
     let shapes: HashMap<&str, &Vec<usize>> =
         params.iter().map(|p| (p.name.as_str(), &p.shape)).collect();
     let mut tensors: Vec<(String, HostTensor)> = Vec::new();
-    for m in optimizer.export(&name_table(model)) {
+    for m in &optimizer.moments {
+        let m = m.clone();
         let shape = shapes
             .get(m.name.as_str())
             .map_or_else(|| vec![m.m.len()], |s| s.to_vec());
@@ -128,7 +131,7 @@ pub fn save_checkpoint(
             "consumed_valid_samples".to_owned(),
             state.consumed_valid_samples.to_string(),
         ),
-        ("optimizer_steps".to_owned(), optimizer.steps().to_string()),
+        ("optimizer_steps".to_owned(), optimizer.steps.to_string()),
         ("model_config".to_owned(), serde_json::to_string(config)?),
         ("tensor_model_parallel_size".to_owned(), size.to_string()),
         ("tensor_model_parallel_rank".to_owned(), rank.to_string()),
@@ -278,15 +281,14 @@ pub fn read_full_checkpoint(root: &Path) -> Result<Option<FullCheckpoint>> {
 /// Reads the latest checkpoint under `root` and builds `group`'s rank of the model from it, on
 /// `device`, resharding when it was saved with another tensor-parallel size. The model has the
 /// shape of `config` (default: the saved one); a different padded vocabulary cuts or
-/// zero-pads the embedding rows. When `optimizer` is given, its state is restored too.
+/// zero-pads the embedding rows. Also returns the optimizer state of this rank's shards.
 /// `None` when there is no checkpoint.
 pub fn load_checkpoint(
     root: &Path,
     config: Option<&GptConfig>,
     device: &Device,
-    optimizer: Option<&mut AdamW>,
-    group: &TpGroup,
-) -> Result<Option<(Gpt, LoadedCheckpoint)>> {
+    group: &Group,
+) -> Result<Option<(Gpt, LoadedCheckpoint, OptimizerState)>> {
     let Some(full) = read_full_checkpoint(root)? else {
         return Ok(None);
     };
@@ -320,24 +322,20 @@ pub fn load_checkpoint(
             missing.len() - 1
         );
     }
-    if let Some(optimizer) = optimizer {
-        let state = moments
+    let optimizer = OptimizerState {
+        steps: full.info.optimizer_steps,
+        moments: moments
             .into_iter()
             .filter_map(|(name, (m, v))| Some(NamedMoments { name, m: m?, v: v? }))
-            .collect();
-        optimizer.import(
-            full.info.optimizer_steps,
-            state,
-            &name_table(&model),
-            &device.clone().inner(),
-        );
-    }
-    Ok(Some((model, full.info)))
+            .collect(),
+    };
+    Ok(Some((model, full.info, optimizer)))
 }
 
 /// The whole model of the latest checkpoint under `root` (shards joined), for inference on
 /// `device` (no optimizer); an error when there is none.
 pub fn load_model(root: &Path, device: &Device) -> Result<(Gpt, LoadedCheckpoint)> {
-    load_checkpoint(root, None, device, None, &TpGroup::single())?
+    load_checkpoint(root, None, device, &Group::single())?
+        .map(|(model, info, _)| (model, info))
         .with_context(|| format!("no checkpoint in {} (no {TRACKER_FILE})", root.display()))
 }

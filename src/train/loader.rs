@@ -65,17 +65,22 @@ impl MicroBatch {
     }
 }
 
-/// Micro-batches in order from a starting sample, prepared ahead on a thread.
+/// Micro-batches from a starting sample, every `stride` samples, prepared ahead on a thread.
+///
+/// A data-parallel rank starts at its own slice of the first global batch and strides over
+/// the other ranks' slices, as Megatron's `MegatronPretrainingSampler` hands them out.
 pub struct BatchLoader {
     receiver: Option<Receiver<MicroBatch>>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl BatchLoader {
-    /// Starts loading micro-batches of `batch_size` from sample `start`, `prefetch` ahead.
+    /// Starts loading micro-batches of `batch_size` from sample `start`, the next one
+    /// `stride` samples further, `prefetch` ahead.
     pub fn new(
         dataset: Arc<GptDataset>,
         start: u64,
+        stride: u64,
         batch_size: usize,
         eod: u32,
         eod_mask_loss: bool,
@@ -87,7 +92,7 @@ impl BatchLoader {
             loop {
                 let batch =
                     MicroBatch::from_dataset(&dataset, next, batch_size, eod, eod_mask_loss);
-                next += batch_size as u64;
+                next += stride;
                 if sender.send(batch).is_err() {
                     return;
                 }

@@ -4,6 +4,7 @@
 mod bitmap_font;
 pub mod checkpoint;
 pub mod device;
+pub mod distributed_optimizer;
 pub mod hf_export;
 pub mod loader;
 pub mod loss_plot;

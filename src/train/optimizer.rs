@@ -11,9 +11,8 @@ use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::{Gradients, Tensor, TensorData};
 
-use crate::host_tensor::HostTensor;
-use crate::parallel::comm::CommError;
-use crate::parallel::{ReduceOp, TpGroup};
+use crate::comm::CommError;
+use crate::comm::{Group, ReduceOp};
 
 /// `--adam-beta1`, `--adam-beta2`, `--adam-eps`, `--weight-decay`.
 #[derive(Clone, Debug, PartialEq)]
@@ -139,14 +138,54 @@ impl GradientAccumulator {
         &mut self,
         max_norm: f64,
         replicated: &HashSet<ParamId>,
-        group: &TpGroup,
+        group: &Group,
     ) -> Result<f64, CommError> {
         let rank0 = group.rank() == 0;
         let local = self.sum_of_squares(|id| rank0 || !replicated.contains(id));
-        let total = group.timed(|| {
-            group.all_reduce(HostTensor::new(vec![1], vec![local as f32]), ReduceOp::Sum)
-        })?;
-        Ok(self.clip_to((total.values[0] as f64).sqrt(), max_norm))
+        let total =
+            group.timed(|| group.all_reduce(TensorData::new(vec![local], [1]), ReduceOp::Sum))?;
+        let total = total.try_to_vec::<f64>().expect("f64")[0];
+        Ok(self.clip_to(total.sqrt(), max_norm))
+    }
+
+    /// Sums the gradients over the data-parallel `group` (Megatron's DDP: every rank's
+    /// gradients were computed with the loss already divided by the global number of
+    /// micro-batches, so the sum is the gradient of the global batch). Parameters are
+    /// concatenated in declaration order into buckets of at least `bucket_elements` elements,
+    /// one all-reduce each, so small parameters do not each pay a collective's latency.
+    pub fn all_reduce_in_buckets(
+        &mut self,
+        group: &Group,
+        bucket_elements: usize,
+    ) -> Result<(), CommError> {
+        if group.size() == 1 {
+            return Ok(());
+        }
+        let mut bucket: Vec<ParamId> = Vec::new();
+        let mut filled = 0;
+        for (k, id) in self.order.iter().enumerate() {
+            bucket.push(*id);
+            filled += self.grads[id].dims()[0];
+            if filled >= bucket_elements || k + 1 == self.order.len() {
+                let parts: Vec<Tensor<1>> =
+                    bucket.iter().map(|id| self.grads[id].clone()).collect();
+                let sizes: Vec<usize> = parts.iter().map(|p| p.dims()[0]).collect();
+                let flat = Tensor::cat(parts, 0);
+                let summed = crate::comm::tensor::all_reduce(group, flat, ReduceOp::Sum)?;
+                let mut offset = 0;
+                for (id, n) in bucket.drain(..).zip(sizes) {
+                    self.grads.insert(id, summed.clone().narrow(0, offset, n));
+                    offset += n;
+                }
+                filled = 0;
+            }
+        }
+        Ok(())
+    }
+
+    /// The parameters with gradients, in declaration order.
+    pub fn order(&self) -> &[ParamId] {
+        &self.order
     }
 
     /// The gradient of a parameter, flattened.

@@ -1,6 +1,6 @@
 //! The training loop of `pretrain` (Megatron's `pretrain_gpt.py` on one rank).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -8,19 +8,22 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use burn::module::{Module, ParamId};
-use burn::tensor::Device;
+use burn::tensor::{Device, TensorData};
 
-use super::checkpoint::{load_checkpoint, save_checkpoint, TrainState};
+use super::checkpoint::{load_checkpoint, save_checkpoint, OptimizerState, TrainState};
+use super::distributed_optimizer::DistributedAdamW;
 use super::loader::{BatchLoader, MicroBatch};
 use super::megatron_log::{iteration_line, validation_line, IterationStats};
 use super::{AdamW, AdamWConfig, GradientAccumulator, LrSchedule};
+use crate::comm::world::World;
+use crate::comm::{run_ranks, Communicator, Group, ReduceOp};
 use crate::data::split::{parse_split, split_ranges};
 use crate::data::{GptDataset, GptDatasetConfig, IndexedDataset, Split};
 use crate::model::named_parameters::parameter_names;
 use crate::model::{Gpt, GptConfig};
-use crate::parallel::random::seed_iteration;
+use crate::parallel::random::seed_micro_batch;
 use crate::parallel::sharding::partition_dim;
-use crate::parallel::{run_ranks, TpGroup};
+use crate::parallel::state::ParallelState;
 
 /// Everything `pretrain` needs, already validated by the command line.
 #[derive(Clone, Debug)]
@@ -67,9 +70,17 @@ pub struct PretrainConfig {
     pub load: Option<PathBuf>,
     /// `--exit-interval`.
     pub exit_interval: Option<u64>,
-    /// `--tensor-model-parallel-size`: ranks (threads) the model is split over.
+    /// `--tensor-model-parallel-size`: ranks the model is split over (threads of this
+    /// process, or MPI ranks under a launcher).
     pub tensor_model_parallel_size: usize,
+    /// `--use-distributed-optimizer`: Adam's state sharded over the data-parallel ranks.
+    pub use_distributed_optimizer: bool,
+    /// Gradient elements per data-parallel all-reduce (Megatron's `--ddp-bucket-size`).
+    pub ddp_bucket_size: usize,
 }
+
+/// Megatron's default bucket: 40 M elements (it grows with the data-parallel size there too).
+pub const DEFAULT_DDP_BUCKET_SIZE: usize = 40_000_000;
 
 /// What a run did, for callers and tests.
 #[derive(Clone, Debug, Default)]
@@ -90,7 +101,7 @@ struct Datasets {
     test: Option<Arc<GptDataset>>,
 }
 
-fn build_datasets(cfg: &PretrainConfig) -> Result<Datasets> {
+fn build_datasets(cfg: &PretrainConfig, verbose: bool) -> Result<Datasets> {
     let data = Arc::new(
         IndexedDataset::open(&cfg.data_path)
             .with_context(|| format!("--data-path {}", cfg.data_path.display()))?,
@@ -124,14 +135,16 @@ fn build_datasets(cfg: &PretrainConfig) -> Result<Datasets> {
             GptDataset::new(data.clone(), split, range.clone(), &config).with_context(|| {
                 format!("building the {} split (documents {range:?})", split.name())
             })?;
-        println!(
-            " > {} split: documents {}..{}, {} samples of {} tokens",
-            split.name(),
-            range.start,
-            range.end,
-            ds.len(),
-            cfg.seq_length
-        );
+        if verbose {
+            println!(
+                " > {} split: documents {}..{}, {} samples of {} tokens",
+                split.name(),
+                range.start,
+                range.end,
+                ds.len(),
+                cfg.seq_length
+            );
+        }
         built.push(Some(Arc::new(ds)));
     }
     let mut built = built.into_iter();
@@ -147,23 +160,27 @@ fn build_datasets(cfg: &PretrainConfig) -> Result<Datasets> {
 }
 
 /// Mean LM loss over `iters` global batches of `dataset` starting at sample `start`, without
-/// dropout or gradients (every rank of a tensor-parallel group calls it and gets the same).
+/// dropout or gradients. Every rank calls it: each data-parallel rank evaluates its slice of
+/// every global batch and the sums are all-reduced over `data`, so all ranks get the mean.
 pub fn evaluate(
     model: &Gpt,
     dataset: &GptDataset,
     start: u64,
     iters: u64,
     cfg: &PretrainConfig,
+    data: &Group,
     device: &Device,
-) -> f64 {
+) -> Result<f64> {
     let model = model.valid();
     let inner = device.clone().inner();
-    let micro_batches = iters * (cfg.global_batch_size / cfg.micro_batch_size) as u64;
+    let dp = data.size() as u64;
+    let mbs = cfg.micro_batch_size as u64;
+    let micro_batches = iters * cfg.global_batch_size as u64 / mbs;
     let mut total = 0.0;
-    for k in 0..micro_batches {
+    for k in 0..micro_batches / dp {
         let batch = MicroBatch::from_dataset(
             dataset,
-            start + k * cfg.micro_batch_size as u64,
+            start + (k * dp + data.rank() as u64) * mbs,
             cfg.micro_batch_size,
             cfg.eod,
             cfg.eod_mask_loss,
@@ -171,19 +188,15 @@ pub fn evaluate(
         let (tokens, labels, mask) = batch.to_tensors(&inner);
         total += model.lm_loss(tokens, labels, mask).into_scalar::<f32>() as f64;
     }
-    total / micro_batches.max(1) as f64
+    let total = data.all_reduce(TensorData::new(vec![total], [1]), ReduceOp::Sum)?;
+    Ok(total.try_to_vec::<f64>().expect("f64")[0] / micro_batches.max(1) as f64)
 }
 
-/// Trains as configured on `device` (an autodiff device), printing Megatron's log lines.
-///
-/// With `--tensor-model-parallel-size N` > 1 the model is split over N ranks, one thread
-/// each, all reading the same batches; rank 0 logs and reports.
-pub fn pretrain(cfg: &PretrainConfig, device: &Device) -> Result<PretrainOutcome> {
+/// Checks what can be checked before any rank starts.
+fn validate(cfg: &PretrainConfig, device: &Device) -> Result<()> {
     if !device.is_autodiff() {
         bail!("pretrain needs an autodiff device");
     }
-    // Steady-state steps reuse resident memory instead of page-faulting it back in.
-    crate::allocator::retain_freed_memory();
     if cfg.micro_batch_size == 0 || !cfg.global_batch_size.is_multiple_of(cfg.micro_batch_size) {
         bail!(
             "--global-batch-size {} is not a multiple of --micro-batch-size {}",
@@ -195,9 +208,6 @@ pub fn pretrain(cfg: &PretrainConfig, device: &Device) -> Result<PretrainOutcome
     cfg.model
         .validate_parallel(tp)
         .map_err(anyhow::Error::msg)?;
-    if tp > 1 && !super::device::is_flex(device) {
-        bail!("--tensor-model-parallel-size {tp}: tensor parallelism runs on the CPU (Flex) backend only for now (use --device cpu)");
-    }
     if cfg.seq_length == 0 || cfg.seq_length > cfg.model.max_position_embeddings {
         bail!(
             "--seq-length {} must be between 1 and --max-position-embeddings {}",
@@ -205,19 +215,74 @@ pub fn pretrain(cfg: &PretrainConfig, device: &Device) -> Result<PretrainOutcome
             cfg.model.max_position_embeddings
         );
     }
-    let datasets = build_datasets(cfg)?;
+    Ok(())
+}
+
+/// Trains as configured on `device` (an autodiff device) in this process, printing
+/// Megatron's log lines.
+///
+/// With `--tensor-model-parallel-size N` > 1 the model is split over N ranks, one thread
+/// each, all reading the same batches; rank 0 logs and reports. Under an MPI launcher use
+/// [`pretrain_on`] with the MPI world instead.
+pub fn pretrain(cfg: &PretrainConfig, device: &Device) -> Result<PretrainOutcome> {
+    validate(cfg, device)?;
+    let tp = cfg.tensor_model_parallel_size;
     if tp == 1 {
-        return train_rank(cfg, device, &datasets, &TpGroup::single());
+        return pretrain_on(cfg, device, World::single().comm());
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     if tp > cores {
         eprintln!("warning: --tensor-model-parallel-size {tp} is more than the {cores} cores here; the ranks share them");
     }
     println!(" > tensor model parallel size: {tp} (one thread per rank)");
-    let mut outcomes = run_ranks(tp, |group| {
-        train_rank(cfg, device, &datasets, &TpGroup::new(group))
-    })?;
+    let mut outcomes = run_ranks(tp, |world| pretrain_on(cfg, device, world))?;
     Ok(outcomes.swap_remove(0))
+}
+
+/// Trains on this rank of `world` (every rank calls it): the world is cut into Megatron's
+/// tensor- and data-parallel groups (data-parallel size = world / tensor-parallel size).
+/// World rank 0 logs, writes the metrics and the plot, and builds the dataset index cache
+/// before the other ranks read it.
+pub fn pretrain_on(
+    cfg: &PretrainConfig,
+    device: &Device,
+    world: Arc<dyn Communicator>,
+) -> Result<PretrainOutcome> {
+    validate(cfg, device)?;
+    // Steady-state steps reuse resident memory instead of page-faulting it back in.
+    crate::allocator::retain_freed_memory();
+    let state = ParallelState::new(world, cfg.tensor_model_parallel_size, 1)?;
+    let rank0 = state.is_world_rank0();
+    if rank0 {
+        println!("{}", state.layout.log_line());
+    }
+    let dp = state.layout.dp;
+    if !cfg
+        .global_batch_size
+        .is_multiple_of(cfg.micro_batch_size * dp)
+    {
+        bail!(
+            "--global-batch-size {} is not a multiple of --micro-batch-size {} × data-parallel size {dp}",
+            cfg.global_batch_size,
+            cfg.micro_batch_size
+        );
+    }
+    // Rank 0 builds (and caches) the dataset indices; the others then read the cache.
+    let datasets = if rank0 {
+        let built = build_datasets(cfg, true);
+        state.world.barrier()?;
+        built?
+    } else {
+        state.world.barrier()?;
+        build_datasets(cfg, false)?
+    };
+    train_rank(cfg, device, &datasets, &state)
+}
+
+/// The optimizer a run uses: Adam replicated on every data-parallel rank, or sharded.
+enum Optimizer {
+    Replicated(AdamW),
+    Distributed(Box<DistributedAdamW>),
 }
 
 /// One rank's training loop.
@@ -225,36 +290,43 @@ fn train_rank(
     cfg: &PretrainConfig,
     device: &Device,
     datasets: &Datasets,
-    group: &TpGroup,
+    parallel: &ParallelState,
 ) -> Result<PretrainOutcome> {
-    let rank0 = group.rank() == 0;
+    let rank0 = parallel.is_world_rank0();
     macro_rules! say {
         ($($arg:tt)*) => { if rank0 { println!($($arg)*); } };
     }
-    let mut optimizer = AdamW::new(cfg.adam.clone());
+    let (tensor, data) = (&parallel.tensor, &parallel.data);
+    let dp = data.size();
     let mut state = TrainState {
         iteration: 0,
         consumed_train_samples: 0,
         consumed_valid_samples: 0,
     };
     let loaded = match &cfg.load {
-        Some(dir) => load_checkpoint(dir, Some(&cfg.model), device, Some(&mut optimizer), group)?,
+        Some(dir) => load_checkpoint(dir, Some(&cfg.model), device, tensor)?,
         None => None,
     };
-    let mut model = match loaded {
-        Some((model, checkpoint)) => {
+    let (mut model, saved_optimizer) = match loaded {
+        Some((model, checkpoint, optimizer)) => {
             let same_shape = GptConfig {
                 padded_vocab_size: cfg.model.padded_vocab_size,
                 ..checkpoint.config.with_fusion_of(&cfg.model)
             } == cfg.model;
             if !same_shape {
+                let c = &checkpoint.config;
                 bail!(
-                    "the checkpoint in {} was saved with another model shape: {:?}",
-                    cfg.load
-                        .as_ref()
-                        .map(|p| p.display().to_string())
-                        .unwrap_or_default(),
-                    checkpoint.config
+                    "--load {}: the checkpoint is a {}-layer model with hidden size {} and {} heads \
+                     ({} positions), this run asks for {} layers, hidden {}, {} heads ({} positions)",
+                    cfg.load.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+                    c.num_layers,
+                    c.hidden_size,
+                    c.num_attention_heads,
+                    c.max_position_embeddings,
+                    cfg.model.num_layers,
+                    cfg.model.hidden_size,
+                    cfg.model.num_attention_heads,
+                    cfg.model.max_position_embeddings
                 );
             }
             say!(
@@ -271,7 +343,7 @@ fn train_rank(
                 );
             }
             state = checkpoint.state;
-            model
+            (model, Some(optimizer))
         }
         None => {
             if let Some(dir) = &cfg.load {
@@ -280,9 +352,11 @@ fn train_rank(
                     dir.display()
                 );
             }
-            cfg.model
-                .init_parallel(cfg.seed, group, device)
-                .map_err(anyhow::Error::msg)?
+            let model = cfg
+                .model
+                .init_parallel(cfg.seed, tensor, device)
+                .map_err(anyhow::Error::msg)?;
+            (model, None)
         }
     };
     say!(
@@ -293,6 +367,44 @@ fn train_rank(
         cfg.model.num_attention_heads,
         cfg.model.padded_vocab_size
     );
+    let names: Vec<(ParamId, String)> = parameter_names(&model)
+        .into_iter()
+        .map(|p| (p.id, p.name))
+        .collect();
+    let replicated: HashSet<ParamId> = names
+        .iter()
+        .filter(|(_, name)| partition_dim(name).is_none())
+        .map(|(id, _)| *id)
+        .collect();
+    let inner = device.clone().inner();
+    let mut optimizer = if cfg.use_distributed_optimizer {
+        let by_id: HashMap<ParamId, String> = names.iter().cloned().collect();
+        let mut opt = DistributedAdamW::new(
+            cfg.adam.clone(),
+            &model,
+            &by_id,
+            &replicated,
+            tensor.rank() == 0,
+            data.clone(),
+            &inner,
+        );
+        if let Some(saved) = &saved_optimizer {
+            opt.import(saved.steps, &saved.moments);
+        }
+        let (mine, whole) = opt.state_elements();
+        say!(
+            " > distributed optimizer: Adam state {:.1} MB per rank ({:.1} MB unsharded, data-parallel size {dp})",
+            mine as f64 * 4e-6,
+            whole as f64 * 4e-6
+        );
+        Optimizer::Distributed(Box::new(opt))
+    } else {
+        let mut opt = AdamW::new(cfg.adam.clone());
+        if let Some(saved) = saved_optimizer {
+            opt.import(saved.steps, saved.moments, &names, &inner);
+        }
+        Optimizer::Replicated(opt)
+    };
     let mut metrics = match &cfg.save {
         Some(dir) if rank0 => {
             std::fs::create_dir_all(dir)
@@ -307,19 +419,17 @@ fn train_rank(
         }
         _ => None,
     };
-    let replicated: HashSet<ParamId> = parameter_names(&model)
-        .into_iter()
-        .filter(|p| partition_dim(&p.name).is_none())
-        .map(|p| p.id)
-        .collect();
+    let mbs = cfg.micro_batch_size as u64;
     let micro_batches = cfg.global_batch_size / cfg.micro_batch_size;
+    let my_micro_batches = micro_batches / dp;
     let loader = BatchLoader::new(
         datasets.train.clone(),
-        state.consumed_train_samples,
+        state.consumed_train_samples + data.rank() as u64 * mbs,
+        mbs * dp as u64,
         cfg.micro_batch_size,
         cfg.eod,
         cfg.eod_mask_loss,
-        2 * micro_batches,
+        2 * my_micro_batches,
     );
     let mut outcome = PretrainOutcome {
         iteration: state.iteration,
@@ -329,26 +439,39 @@ fn train_rank(
     let flops_per_token = cfg.model.flops_per_token(cfg.seq_length);
     while state.iteration < cfg.train_iters {
         let iteration = state.iteration + 1;
-        seed_iteration(cfg.seed, iteration, group.rank());
         let lr = cfg.schedule.lr_at(state.iteration);
         let mut grads = GradientAccumulator::default();
         // Loss values are read after the step, so no micro-batch waits on a device read.
-        let mut micro_losses = Vec::with_capacity(micro_batches);
-        for _ in 0..micro_batches {
+        let mut micro_losses = Vec::with_capacity(my_micro_batches);
+        for k in 0..my_micro_batches {
+            let global_index = (k * dp + data.rank()) as u64;
+            seed_micro_batch(cfg.seed, iteration, global_index, tensor.rank());
             let (tokens, labels, mask) = loader.next_batch().to_tensors(device);
             let loss = model.lm_loss(tokens, labels, mask);
             micro_losses.push(loss.clone().inner());
+            // Divided by the global number of micro-batches: summed over data-parallel
+            // ranks, the gradients are those of the global batch's mean loss.
             grads.add(&model, loss.div_scalar(micro_batches as f64).backward());
         }
-        let grad_norm = grads.clip_global_norm_parallel(cfg.clip_grad, &replicated, group)?;
-        model = optimizer.step(model, &grads, lr);
-        let loss_sum: f64 = micro_losses
+        let grad_norm;
+        (model, grad_norm) = match &mut optimizer {
+            Optimizer::Replicated(adam) => {
+                grads.all_reduce_in_buckets(data, cfg.ddp_bucket_size.max(1))?;
+                let norm = grads.clip_global_norm_parallel(cfg.clip_grad, &replicated, tensor)?;
+                (adam.step(model, &grads, lr), norm)
+            }
+            Optimizer::Distributed(adam) => {
+                adam.step(model, &grads, lr, cfg.clip_grad, &parallel.world)?
+            }
+        };
+        let local_loss: f64 = micro_losses
             .into_iter()
             .map(|l| l.into_scalar::<f32>() as f64)
             .sum();
+        let loss_sum = data.all_reduce(TensorData::new(vec![local_loss], [1]), ReduceOp::Sum)?;
+        let loss = loss_sum.try_to_vec::<f64>().expect("f64")[0] / micro_batches as f64;
         state.iteration = iteration;
         state.consumed_train_samples += cfg.global_batch_size as u64;
-        let loss = loss_sum / micro_batches as f64;
         outcome.losses.push((iteration, loss));
         interval_loss += loss;
         interval_iters += 1;
@@ -391,8 +514,9 @@ fn train_rank(
                     state.consumed_valid_samples,
                     cfg.eval_iters,
                     cfg,
+                    data,
                     device,
-                );
+                )?;
                 state.consumed_valid_samples += cfg.eval_iters * cfg.global_batch_size as u64;
                 if rank0 {
                     print_validation(&format!("validation loss at iteration {iteration}"), loss);
@@ -415,7 +539,7 @@ fn train_rank(
             .is_some_and(|k| k > 0 && iteration.is_multiple_of(k));
         if let Some(dir) = &cfg.save {
             if save_now || exit_now {
-                let path = save_checkpoint(dir, &model, &cfg.model, &optimizer, &state, group)?;
+                let path = save(dir, &model, cfg, &optimizer, &names, &state, parallel)?;
                 say!(
                     " > saved checkpoint at iteration {iteration} to {}",
                     path.display()
@@ -434,7 +558,7 @@ fn train_rank(
             .save_interval
             .is_none_or(|k| k == 0 || !state.iteration.is_multiple_of(k))
         {
-            save_checkpoint(dir, &model, &cfg.model, &optimizer, &state, group)?;
+            save(dir, &model, cfg, &optimizer, &names, &state, parallel)?;
         }
     }
     if let Some(valid) = &datasets.valid {
@@ -444,8 +568,9 @@ fn train_rank(
             state.consumed_valid_samples,
             cfg.eval_iters,
             cfg,
+            data,
             device,
-        );
+        )?;
         if rank0 {
             print_validation("validation loss at the end of training for val data", loss);
         }
@@ -460,13 +585,53 @@ fn train_rank(
         }
     }
     if let Some(test) = &datasets.test {
-        let loss = evaluate(&model, test, 0, cfg.eval_iters, cfg, device);
+        let loss = evaluate(&model, test, 0, cfg.eval_iters, cfg, data, device)?;
         if rank0 {
             print_validation("validation loss at the end of training for test data", loss);
         }
         outcome.test_loss = Some(loss);
     }
     Ok(outcome)
+}
+
+/// Saves a checkpoint: the optimizer state is gathered by name (a collective over the
+/// data-parallel group when it is sharded), the ranks of data-parallel replica 0 write their
+/// tensor-parallel shards, and every rank waits until the checkpoint is complete.
+fn save(
+    dir: &std::path::Path,
+    model: &Gpt,
+    cfg: &PretrainConfig,
+    optimizer: &Optimizer,
+    names: &[(ParamId, String)],
+    state: &TrainState,
+    parallel: &ParallelState,
+) -> Result<std::path::PathBuf> {
+    let optimizer_state = match optimizer {
+        Optimizer::Replicated(adam) => OptimizerState {
+            steps: adam.steps(),
+            moments: adam.export(names),
+        },
+        Optimizer::Distributed(adam) => OptimizerState {
+            steps: adam.steps(),
+            moments: adam.export()?,
+        },
+    };
+    let path = if parallel.coordinates.dp == 0 {
+        Some(save_checkpoint(
+            dir,
+            model,
+            &cfg.model,
+            &optimizer_state,
+            state,
+            &parallel.tensor,
+        )?)
+    } else {
+        None
+    };
+    parallel.world.barrier()?;
+    Ok(path.unwrap_or_else(|| {
+        super::checkpoint::checkpoint_dir(dir, state.iteration, parallel.coordinates.tp)
+    }))
 }
 
 fn print_validation(label: &str, loss: f64) {

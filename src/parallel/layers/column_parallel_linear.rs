@@ -4,10 +4,10 @@ use burn::module::{Module, Param};
 use burn::tensor::{Device, Tensor};
 
 use super::weight_matmul;
+use crate::comm::Group;
 use crate::model::init::Init;
 use crate::parallel::mappings::{copy_to_region, gather_from_region};
 use crate::parallel::sharding::init_shard;
-use crate::parallel::TpGroup;
 
 /// Megatron's `ColumnParallelLinear`: each rank holds `out / N` output columns.
 ///
@@ -24,7 +24,7 @@ pub struct ColumnParallelLinear {
     pub gather_output: bool,
     /// The tensor-parallel group.
     #[module(skip)]
-    pub group: TpGroup,
+    pub group: Group,
 }
 
 impl ColumnParallelLinear {
@@ -38,7 +38,7 @@ impl ColumnParallelLinear {
         seed: u64,
         name: &str,
         gather_output: bool,
-        group: &TpGroup,
+        group: &Group,
         device: &Device,
     ) -> Self {
         Self {

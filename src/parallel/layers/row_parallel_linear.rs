@@ -4,10 +4,10 @@ use burn::module::{Module, Param};
 use burn::tensor::{Device, Tensor};
 
 use super::weight_matmul;
+use crate::comm::Group;
 use crate::model::init::Init;
 use crate::parallel::mappings::{reduce_from_region, scatter_to_region};
 use crate::parallel::sharding::init_shard;
-use crate::parallel::TpGroup;
 
 /// Megatron's `RowParallelLinear`: each rank holds `in / N` input rows of the weight and
 /// multiplies its part of the input; the partial products are all-reduced and the bias,
@@ -24,7 +24,7 @@ pub struct RowParallelLinear {
     pub input_is_parallel: bool,
     /// The tensor-parallel group.
     #[module(skip)]
-    pub group: TpGroup,
+    pub group: Group,
 }
 
 impl RowParallelLinear {
@@ -38,7 +38,7 @@ impl RowParallelLinear {
         seed: u64,
         name: &str,
         input_is_parallel: bool,
-        group: &TpGroup,
+        group: &Group,
         device: &Device,
     ) -> Self {
         Self {

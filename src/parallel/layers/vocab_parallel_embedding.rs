@@ -3,10 +3,10 @@
 use burn::module::{Module, Param};
 use burn::tensor::{Device, Int, Tensor};
 
+use crate::comm::Group;
 use crate::model::init::Init;
 use crate::parallel::mappings::reduce_from_region;
 use crate::parallel::sharding::{init_shard, vocab_shard_index};
-use crate::parallel::TpGroup;
 
 /// Megatron's `VocabParallelEmbedding`: rank r holds rows `[r·V/N, (r+1)·V/N)`. Each rank
 /// looks up the tokens in its range, zeroes the others, and an all-reduce assembles the
@@ -17,7 +17,7 @@ pub struct VocabParallelEmbedding {
     pub weight: Param<Tensor<2>>,
     /// The tensor-parallel group.
     #[module(skip)]
-    pub group: TpGroup,
+    pub group: Group,
 }
 
 impl VocabParallelEmbedding {
@@ -28,7 +28,7 @@ impl VocabParallelEmbedding {
         std: f64,
         seed: u64,
         name: &str,
-        group: &TpGroup,
+        group: &Group,
         device: &Device,
     ) -> Self {
         Self {

@@ -1,0 +1,89 @@
+//! Burn device tensors through a communicator: read to host bytes (dtype kept), communicate,
+//! upload to the same device. This is what the host-staging communicators (threads, MPI) do
+//! on every backend; a device communicator (NCCL) would work on the device memory in place.
+
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Backend, BackendTypes, TensorMetadata};
+use burn::tensor::{Tensor, TensorData};
+
+use super::{CommError, Group, ReduceOp};
+
+/// A backend primitive's values on the host, in its own dtype.
+pub fn primitive_to_host<B: Backend>(x: FloatTensor<B>) -> TensorData {
+    burn::tensor::read_sync(B::float_into_data(x)).expect("reading a tensor for a collective")
+}
+
+/// Host values as a backend primitive on `device`.
+pub fn primitive_from_host<B: Backend>(
+    data: TensorData,
+    device: &<B as BackendTypes>::Device,
+) -> FloatTensor<B> {
+    B::float_from_data(data, device)
+}
+
+/// Applies `f` to `x`'s host values and puts the result on `x`'s device.
+pub fn through_host<B: Backend>(
+    x: FloatTensor<B>,
+    f: impl FnOnce(TensorData) -> TensorData,
+) -> FloatTensor<B> {
+    let device = x.device();
+    primitive_from_host::<B>(f(primitive_to_host::<B>(x)), &device)
+}
+
+fn staged<const D: usize>(
+    x: Tensor<D>,
+    f: impl FnOnce(TensorData) -> Result<TensorData, CommError>,
+) -> Result<Tensor<D>, CommError> {
+    let device = x.device();
+    let out = f(x.into_data())?;
+    Ok(Tensor::from_data(out, &device))
+}
+
+/// The element-wise `op` of `x` over `group`, on `x`'s device and in its dtype.
+pub fn all_reduce<const D: usize>(
+    group: &Group,
+    x: Tensor<D>,
+    op: ReduceOp,
+) -> Result<Tensor<D>, CommError> {
+    if group.size() == 1 {
+        return Ok(x);
+    }
+    group.timed(|| staged(x, |d| group.all_reduce(d, op)))
+}
+
+/// Every rank's `x` joined along `dim`.
+pub fn all_gather<const D: usize>(
+    group: &Group,
+    x: Tensor<D>,
+    dim: usize,
+) -> Result<Tensor<D>, CommError> {
+    if group.size() == 1 {
+        return Ok(x);
+    }
+    group.timed(|| staged(x, |d| group.all_gather(d, dim)))
+}
+
+/// This rank's part (along `dim`) of the element-wise `op` over `group`.
+pub fn reduce_scatter<const D: usize>(
+    group: &Group,
+    x: Tensor<D>,
+    dim: usize,
+    op: ReduceOp,
+) -> Result<Tensor<D>, CommError> {
+    if group.size() == 1 {
+        return Ok(x);
+    }
+    group.timed(|| staged(x, |d| group.reduce_scatter(d, dim, op)))
+}
+
+/// Rank `root`'s `x` on every rank.
+pub fn broadcast<const D: usize>(
+    group: &Group,
+    x: Tensor<D>,
+    root: usize,
+) -> Result<Tensor<D>, CommError> {
+    if group.size() == 1 {
+        return Ok(x);
+    }
+    group.timed(|| staged(x, |d| group.broadcast(d, root)))
+}

@@ -1,0 +1,123 @@
+//! How a run finds its ranks: from an MPI launcher (`mpirun`, `srun`) when the environment
+//! says one started this process, otherwise a single process (whose tensor-parallel ranks,
+//! if any, are threads, see [`super::run_ranks`]).
+//!
+//! MPI is initialised only when a launcher is detected: a plain `pretrain` never touches
+//! MPI, so it runs on machines without it and starts no MPI daemons.
+
+use std::sync::Arc;
+
+use super::{Communicator, ThreadComm};
+
+/// Environment variables by which launchers tell a process its rank: Open MPI's `mpirun`,
+/// PMIx (Open MPI 5, `srun --mpi=pmix`), PMI-1/2 (MPICH's hydra, `srun --mpi=pmi2`).
+const LAUNCHER_RANK_VARIABLES: [&str; 4] =
+    ["OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"];
+
+/// The launcher variable that is set, if a process manager started this process.
+pub fn launcher_variable() -> Option<&'static str> {
+    LAUNCHER_RANK_VARIABLES
+        .into_iter()
+        .find(|v| std::env::var_os(v).is_some())
+}
+
+/// This process's ranks: the world communicator, and what keeps MPI alive while it is used.
+pub struct World {
+    comm: Arc<dyn Communicator>,
+    #[cfg(feature = "mpi")]
+    universe: Option<mpi::environment::Universe>,
+}
+
+impl std::fmt::Debug for World {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "World({:?})", self.comm)
+    }
+}
+
+impl World {
+    /// One process, one rank.
+    pub fn single() -> Self {
+        let comm: Arc<dyn Communicator> = Arc::new(
+            ThreadComm::world(1)
+                .pop()
+                .expect("a one-rank world has one handle"),
+        );
+        Self {
+            comm,
+            #[cfg(feature = "mpi")]
+            universe: None,
+        }
+    }
+
+    /// MPI's world when a launcher started this process, else [`Self::single`].
+    pub fn from_environment() -> anyhow::Result<Self> {
+        match launcher_variable() {
+            None => Ok(Self::single()),
+            Some(variable) => Self::init_mpi(variable),
+        }
+    }
+
+    #[cfg(feature = "mpi")]
+    fn init_mpi(_variable: &str) -> anyhow::Result<Self> {
+        use mpi::Threading;
+        let (universe, threading) = mpi::initialize_with_threading(Threading::Multiple)
+            .ok_or_else(|| anyhow::anyhow!("MPI was already initialised"))?;
+        if threading != Threading::Multiple {
+            anyhow::bail!(
+                "the MPI library grants {threading:?} threading, ferrotron needs Multiple \
+                 (Open MPI and MPICH both provide it)"
+            );
+        }
+        let comm: Arc<dyn Communicator> = Arc::new(super::mpi::MpiComm::new(universe.world()));
+        Ok(Self {
+            comm,
+            universe: Some(universe),
+        })
+    }
+
+    #[cfg(not(feature = "mpi"))]
+    fn init_mpi(variable: &str) -> anyhow::Result<Self> {
+        anyhow::bail!(
+            "started by an MPI launcher ({variable} is set) but this build has no MPI support; \
+             rebuild with the `mpi` feature (the default)"
+        )
+    }
+
+    /// The world communicator.
+    pub fn comm(&self) -> Arc<dyn Communicator> {
+        self.comm.clone()
+    }
+
+    /// This process's rank in the world.
+    pub fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+
+    /// Number of ranks in the world.
+    pub fn size(&self) -> usize {
+        self.comm.size()
+    }
+
+    /// Whether the ranks are MPI processes.
+    pub fn is_mpi(&self) -> bool {
+        #[cfg(feature = "mpi")]
+        {
+            self.universe.is_some()
+        }
+        #[cfg(not(feature = "mpi"))]
+        {
+            false
+        }
+    }
+
+    /// Ends every rank of the job with `code` (`MPI_Abort`): what a rank that failed does so
+    /// that the others do not wait for it. In a single process, exits.
+    pub fn abort(&self, code: i32) -> ! {
+        #[cfg(feature = "mpi")]
+        if let Some(universe) = &self.universe {
+            use mpi::traits::Communicator as _;
+            universe.world().abort(code)
+        }
+        std::process::exit(code)
+    }
+}

@@ -1,0 +1,386 @@
+//! Multi-rank training against the single-process run, on both kinds of ranks:
+//!
+//! - thread worlds (`run_ranks`), in every `cargo test`;
+//! - MPI processes: the test binary starts itself under `mpirun -np 4` (Open MPI, see README)
+//!   and each process, finding itself launched by MPI, runs as one rank.
+//!
+//! Layouts: TP=2 × DP=2 and DP=4, with the replicated and the distributed (ZeRO-1) optimizer,
+//! dropout on; checkpoints written at one layout resume at another; the collective
+//! conformance suite on MPI; a rank killed mid-training ends the job.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use burn::tensor::Device;
+use common::*;
+use ferrotron::comm::world::{launcher_variable, World};
+use ferrotron::comm::{run_ranks, Communicator};
+use ferrotron::model::GptConfig;
+use ferrotron::train::pretrain::pretrain_on;
+use ferrotron::train::{pretrain, AdamWConfig, LrDecayStyle, LrSchedule, PretrainConfig};
+
+type Losses = Vec<(u64, f64)>;
+
+const ITERS: u64 = 30;
+
+fn config(
+    cache: &Path,
+    tp: usize,
+    distributed_optimizer: bool,
+    train_iters: u64,
+) -> PretrainConfig {
+    PretrainConfig {
+        // 50304 divides by 2 and 4: the same padded vocabulary at every TP size. Hidden
+        // dropout draws the same masks at every layout; attention dropout is off because, as
+        // in Megatron, its masks come from a per-tensor-parallel-rank stream, so TP=2 draws
+        // other masks than TP=1 (a different model, not a rounding difference).
+        model: GptConfig::new(2, 32, 4, 16, 50304)
+            .with_hidden_dropout(0.1)
+            .with_attention_dropout(0.0),
+        seq_length: 16,
+        micro_batch_size: 1,
+        global_batch_size: 8,
+        train_iters,
+        schedule: LrSchedule {
+            max_lr: 2e-3,
+            min_lr: 1e-4,
+            warmup_iters: 4.0,
+            decay_iters: ITERS as f64,
+            style: LrDecayStyle::Cosine,
+        },
+        adam: AdamWConfig::default(),
+        clip_grad: 1.0,
+        seed: 1234,
+        data_path: golden("wikitext2_valid", "text"),
+        split: "95,5,0".into(),
+        data_cache_path: Some(cache.to_path_buf()),
+        eod_mask_loss: false,
+        eod: 50256,
+        log_interval: 10,
+        eval_interval: 15,
+        eval_iters: 1,
+        save: None,
+        save_interval: None,
+        load: None,
+        exit_interval: None,
+        tensor_model_parallel_size: tp,
+        use_distributed_optimizer: distributed_optimizer,
+        // Small buckets: several all-reduces per step.
+        ddp_bucket_size: 20_000,
+    }
+}
+
+fn device() -> Device {
+    Device::flex().autodiff()
+}
+
+/// The layouts checked on a 4-rank world: (tensor-parallel size, distributed optimizer).
+const LAYOUTS: [(usize, bool); 4] = [(2, false), (2, true), (1, false), (1, true)];
+
+fn name(tp: usize, zero: bool) -> String {
+    format!(
+        "TP={tp} × DP={}{}",
+        4 / tp,
+        if zero { ", distributed optimizer" } else { "" }
+    )
+}
+
+/// Every layout's training and validation losses, on this rank of a 4-rank `world`.
+fn layout_runs(
+    cache: &Path,
+    world: Arc<dyn Communicator>,
+) -> anyhow::Result<Vec<(Losses, Losses)>> {
+    LAYOUTS
+        .iter()
+        .map(|&(tp, zero)| {
+            let out = pretrain_on(&config(cache, tp, zero, ITERS), &device(), world.clone())?;
+            Ok((out.losses, out.validation))
+        })
+        .collect()
+}
+
+fn worst_relative(a: &Losses, b: &Losses) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|((ia, la), (ib, lb))| {
+            assert_eq!(ia, ib);
+            (la - lb).abs() / lb.abs()
+        })
+        .fold(0.0, f64::max)
+}
+
+/// Asserts every layout's losses follow the single-process run's.
+fn check_layouts(reference: &(Losses, Losses), runs: &[(Losses, Losses)], ranks: &str) {
+    assert_eq!(reference.0.len(), ITERS as usize);
+    assert!(
+        reference.0[29].1 < reference.0[0].1 - 0.5,
+        "loss does not fall: {:?}",
+        reference.0
+    );
+    let mut failures = Vec::new();
+    for (&(tp, zero), (losses, validation)) in LAYOUTS.iter().zip(runs) {
+        let worst = worst_relative(losses, &reference.0);
+        let worst_valid = worst_relative(validation, &reference.1);
+        println!(
+            "{ranks}, {}: worst relative difference to the single process over {ITERS} iterations: \
+             training {worst:.2e}, validation {worst_valid:.2e}",
+            name(tp, zero)
+        );
+        // Only the order of float sums differs (gradients over ranks, matmuls cut by TP).
+        if !(worst < 1e-5 && worst_valid < 1e-5) {
+            failures.push(format!("{}: {worst} / {worst_valid}", name(tp, zero)));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+}
+
+fn reference(cache: &Path) -> (Losses, Losses) {
+    let out = pretrain(&config(cache, 1, false, ITERS), &device()).unwrap();
+    (out.losses, out.validation)
+}
+
+#[test]
+fn thread_ranks_reproduce_the_single_process_losses() {
+    let dir = tempfile::tempdir().unwrap();
+    let reference = reference(dir.path());
+    let runs = run_ranks(4, |world| layout_runs(dir.path(), world)).unwrap();
+    check_layouts(&reference, &runs[0], "4 threads");
+    // Every rank reports the same losses.
+    assert!(runs.iter().all(|r| r == &runs[0]));
+}
+
+// ---------------------------------------------------------------------------------------
+// MPI: the test binary runs itself under mpirun.
+
+/// Runs this test binary's test `test` under `mpirun -np ranks`, with `env`, and returns
+/// (success, stdout + stderr). Fails the test when `mpirun` cannot be started.
+fn mpirun(test: &str, ranks: usize, env: &[(&str, &Path)], limit: Duration) -> (bool, String) {
+    let exe = std::env::current_exe().unwrap();
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["-np", &ranks.to_string()])
+        .arg(&exe)
+        .args(["--exact", test, "--nocapture", "--test-threads", "1"])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap_or_else(|e| {
+        panic!(
+            "cannot start mpirun ({e}): install Open MPI (apt-get install openmpi-bin), see README"
+        )
+    });
+    let start = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Every rank must have run the test (a filter matching nothing would pass vacuously).
+    let ran = text.matches("test result: ok. 1 passed").count();
+    (out.status.success() && ran == ranks, text)
+}
+
+/// The MPI world when this process is an MPI rank.
+fn mpi_rank() -> Option<World> {
+    launcher_variable()?;
+    Some(World::from_environment().expect("MPI world"))
+}
+
+fn dir_from_env() -> PathBuf {
+    PathBuf::from(std::env::var_os("FERROTRON_TEST_DIR").expect("FERROTRON_TEST_DIR"))
+}
+
+#[test]
+fn mpi_collectives_pass_the_conformance_suite() {
+    if let Some(world) = mpi_rank() {
+        ferrotron::comm::conformance::run_all(world.comm().as_ref())
+            .unwrap_or_else(|e| panic!("rank {}: {e:#}", world.rank()));
+        return;
+    }
+    for ranks in [4, 3] {
+        let (ok, out) = mpirun(
+            "mpi_collectives_pass_the_conformance_suite",
+            ranks,
+            &[],
+            Duration::from_secs(120),
+        );
+        assert!(ok, "{ranks} MPI ranks:\n{out}");
+    }
+}
+
+#[test]
+fn mpi_ranks_reproduce_the_single_process_losses() {
+    if let Some(world) = mpi_rank() {
+        let dir = dir_from_env();
+        let runs = layout_runs(&dir.join("cache"), world.comm()).unwrap();
+        if world.rank() == 0 {
+            std::fs::write(dir.join("runs.json"), serde_json::to_string(&runs).unwrap()).unwrap();
+        }
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let reference = reference(&dir.path().join("cache"));
+    let (ok, out) = mpirun(
+        "mpi_ranks_reproduce_the_single_process_losses",
+        4,
+        &[("FERROTRON_TEST_DIR", dir.path())],
+        Duration::from_secs(900),
+    );
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("using world size: 4, data-parallel size: 2, tensor-model-parallel size: 2, pipeline-model-parallel size: 1"),
+        "{out}"
+    );
+    assert!(out.contains("distributed optimizer: Adam state"), "{out}");
+    let runs: Vec<(Losses, Losses)> =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("runs.json")).unwrap())
+            .unwrap();
+    check_layouts(&reference, &runs, "4 MPI ranks");
+}
+
+/// A checkpoint saved by one layout, resumed by another: losses continue as the
+/// uninterrupted single-process run's.
+#[test]
+fn checkpoints_move_between_mpi_layouts_and_a_single_process() {
+    let save_at = 4;
+    let iters = 8;
+    if let Some(world) = mpi_rank() {
+        let dir = dir_from_env();
+        let cache = dir.join("cache");
+        // TP=2 × DP=2 (distributed optimizer) writes a checkpoint at iteration 4 ...
+        let first = PretrainConfig {
+            save: Some(dir.join("from_mpi")),
+            exit_interval: Some(save_at),
+            ..config(&cache, 2, true, iters)
+        };
+        pretrain_on(&first, &device(), world.comm()).unwrap();
+        // ... and TP=2 × DP=2 resumes the single process's checkpoint.
+        let resumed = PretrainConfig {
+            load: Some(dir.join("from_single")),
+            ..config(&cache, 2, false, iters)
+        };
+        let out = pretrain_on(&resumed, &device(), world.comm()).unwrap();
+        if world.rank() == 0 {
+            std::fs::write(
+                dir.join("resumed.json"),
+                serde_json::to_string(&out.losses).unwrap(),
+            )
+            .unwrap();
+        }
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let full = pretrain(&config(&cache, 1, false, iters), &device())
+        .unwrap()
+        .losses;
+    let single = PretrainConfig {
+        save: Some(dir.path().join("from_single")),
+        exit_interval: Some(save_at),
+        ..config(&cache, 1, false, iters)
+    };
+    pretrain(&single, &device()).unwrap();
+    let (ok, out) = mpirun(
+        "checkpoints_move_between_mpi_layouts_and_a_single_process",
+        4,
+        &[("FERROTRON_TEST_DIR", dir.path())],
+        Duration::from_secs(600),
+    );
+    assert!(ok, "{out}");
+    // Only data-parallel replica 0 writes: one file per tensor-parallel rank.
+    assert_eq!(
+        list_dir(&dir.path().join("from_mpi/iter_0000004")),
+        ["mp_rank_00", "mp_rank_01"]
+    );
+    let from_mpi = pretrain(
+        &PretrainConfig {
+            load: Some(dir.path().join("from_mpi")),
+            ..config(&cache, 1, false, iters)
+        },
+        &device(),
+    )
+    .unwrap()
+    .losses;
+    let resumed: Losses =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("resumed.json")).unwrap())
+            .unwrap();
+    let tail = full[save_at as usize..].to_vec();
+    let a = worst_relative(&from_mpi, &tail);
+    let b = worst_relative(&resumed, &tail);
+    println!("TP=2×DP=2 checkpoint resumed in one process: {a:.2e}; single-process checkpoint resumed at TP=2×DP=2: {b:.2e}");
+    assert!(a < 1e-4 && b < 1e-4, "{a} {b}");
+}
+
+/// `kill -9` of one rank mid-training: mpirun ends every rank, exits non-zero, and the last
+/// complete checkpoint loads.
+#[test]
+fn a_killed_mpi_rank_ends_the_job_and_leaves_the_last_checkpoint() {
+    if let Some(world) = mpi_rank() {
+        let dir = dir_from_env();
+        let cfg = PretrainConfig {
+            save: Some(dir.join("ckpt")),
+            save_interval: Some(2),
+            ..config(&dir.join("cache"), 2, false, 100_000)
+        };
+        // Rank 3 kills itself once the checkpoint of iteration 2 exists, noting when.
+        if world.rank() == 3 {
+            let ckpt = dir.join("ckpt/latest_checkpointed_iteration.txt");
+            let note = dir.join("killed_at");
+            std::thread::spawn(move || loop {
+                if ckpt.exists() {
+                    std::fs::write(&note, "").unwrap();
+                    // SAFETY: sending a signal to this very process.
+                    unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            });
+        }
+        pretrain_on(&cfg, &device(), world.comm()).unwrap();
+        unreachable!("training of 100000 iterations cannot finish");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let start = Instant::now();
+    let (ok, out) = mpirun(
+        "a_killed_mpi_rank_ends_the_job_and_leaves_the_last_checkpoint",
+        4,
+        &[("FERROTRON_TEST_DIR", dir.path())],
+        Duration::from_secs(300),
+    );
+    let ended = std::time::SystemTime::now();
+    assert!(!ok, "the job should fail:\n{out}");
+    let killed = std::fs::metadata(dir.path().join("killed_at"))
+        .and_then(|m| m.modified())
+        .expect("rank 3 noted its kill");
+    let after_kill = ended.duration_since(killed).unwrap_or_default();
+    println!(
+        "job ended {after_kill:?} after the kill ({:?} after start), non-zero exit",
+        start.elapsed()
+    );
+    assert!(
+        after_kill < Duration::from_secs(30),
+        "{after_kill:?}\n{out}"
+    );
+    let ckpt = dir.path().join("ckpt");
+    let (_, info) = ferrotron::train::checkpoint::load_model(&ckpt, &Device::flex()).unwrap();
+    assert!(info.state.iteration >= 2 && info.state.iteration % 2 == 0);
+}
