@@ -251,7 +251,31 @@ fn mpi_ranks_reproduce_the_single_process_losses() {
         out.contains("using world size: 4, data-parallel size: 2, tensor-model-parallel size: 2, pipeline-model-parallel size: 1"),
         "{out}"
     );
-    assert!(out.contains("distributed optimizer: Adam state"), "{out}");
+    // The sharded Adam state per rank is 1/DP of the whole (DP = 2 and 4 here).
+    let shares: Vec<(f64, f64, f64)> = out
+        .lines()
+        .filter_map(|l| {
+            let rest = l.split("distributed optimizer: Adam state ").nth(1)?;
+            let mine: f64 = rest.split(" MB per rank (").next()?.parse().ok()?;
+            let rest = rest.split(" MB per rank (").nth(1)?;
+            let whole: f64 = rest.split(" MB unsharded").next()?.parse().ok()?;
+            let dp: f64 = rest
+                .split("data-parallel size ")
+                .nth(1)?
+                .trim_end_matches(')')
+                .parse()
+                .ok()?;
+            Some((mine, whole, dp))
+        })
+        .collect();
+    assert_eq!(shares.len(), 2, "{out}");
+    for (mine, whole, dp) in shares {
+        println!("distributed optimizer: {mine} MB of Adam state per rank, {whole} MB unsharded, DP={dp}");
+        assert!(
+            (mine * dp - whole).abs() <= 0.01 * whole + 0.1,
+            "{mine} × {dp} vs {whole}"
+        );
+    }
     let runs: Vec<(Losses, Losses)> =
         serde_json::from_str(&std::fs::read_to_string(dir.path().join("runs.json")).unwrap())
             .unwrap();
@@ -383,4 +407,73 @@ fn a_killed_mpi_rank_ends_the_job_and_leaves_the_last_checkpoint() {
     let ckpt = dir.path().join("ckpt");
     let (_, info) = ferrotron::train::checkpoint::load_model(&ckpt, &Device::flex()).unwrap();
     assert!(info.state.iteration >= 2 && info.state.iteration % 2 == 0);
+}
+
+/// The `pretrain` binary itself under `mpirun -np 2`: two data-parallel ranks, Megatron's
+/// layout line and iteration lines printed once (by rank 0), one checkpoint.
+#[test]
+fn the_pretrain_binary_runs_under_mpirun() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = golden("wikitext2_valid", "text");
+    let out = Command::new("mpirun")
+        .args(["-np", "2", env!("CARGO_BIN_EXE_pretrain")])
+        .args([
+            "--num-layers",
+            "1",
+            "--hidden-size",
+            "16",
+            "--num-attention-heads",
+            "2",
+            "--seq-length",
+            "16",
+            "--max-position-embeddings",
+            "16",
+            "--micro-batch-size",
+            "2",
+            "--global-batch-size",
+            "8",
+            "--lr",
+            "1e-3",
+            "--train-iters",
+            "3",
+            "--log-interval",
+            "1",
+            "--eval-interval",
+            "0",
+            "--split",
+            "100,0,0",
+            "--use-distributed-optimizer",
+            "--DDP-impl",
+            "local",
+            "--save",
+            "ckpt",
+            "--data-cache-path",
+            "cache",
+            "--data-path",
+        ])
+        .arg(&data)
+        .current_dir(dir.path())
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
+        .output()
+        .expect("mpirun (install Open MPI, see README)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", stderr(&out));
+    assert_eq!(
+        stdout
+            .matches("using world size: 2, data-parallel size: 2, tensor-model-parallel size: 1, pipeline-model-parallel size: 1")
+            .count(),
+        1,
+        "{stdout}"
+    );
+    assert_eq!(
+        stdout.matches(" iteration        3/       3 |").count(),
+        1,
+        "{stdout}"
+    );
+    assert_eq!(
+        list_dir(&dir.path().join("ckpt/iter_0000003")),
+        ["mp_rank_00"]
+    );
 }

@@ -104,6 +104,18 @@ fn resuming_reproduces_the_uninterrupted_run_exactly() {
         "{:?}",
         list_dir(&ckpt)
     );
+
+    // Loading it into another model shape is refused with a one-line reason.
+    let mut deeper = tiny(dir.path());
+    deeper.model = GptConfig::new(2, 16, 2, 16, 50304);
+    deeper.load = Some(ckpt.clone());
+    let err = format!("{:#}", pretrain(&deeper, &device).unwrap_err());
+    assert!(
+        err.contains("the checkpoint is a model of 1 layers, hidden size 16, 2 heads")
+            && err.contains("this run asks for 2 layers")
+            && !err.contains('\n'),
+        "{err}"
+    );
 }
 
 #[test]

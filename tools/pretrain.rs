@@ -333,7 +333,14 @@ fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
 }
 
 fn run(args: Args, world: &World) -> Result<()> {
-    let device = ferrotron::train::device::parse_device(&args.device)
+    // Under a launcher, `--device cuda` means this rank's GPU on its machine (Megatron's
+    // `torch.cuda.set_device(local_rank)`).
+    let spec = if world.is_mpi() && args.device == "cuda" {
+        format!("cuda:{}", ferrotron::comm::world::local_rank())
+    } else {
+        args.device.clone()
+    };
+    let device = ferrotron::train::device::parse_device(&spec)
         .map_err(anyhow::Error::msg)?
         .autodiff();
     let config = build_config(&args, world.rank() == 0)?;

@@ -21,6 +21,20 @@ pub fn launcher_variable() -> Option<&'static str> {
         .find(|v| std::env::var_os(v).is_some())
 }
 
+/// This process's rank among the ranks on its machine, as the launcher tells it (Open MPI,
+/// Slurm, MPICH), for picking "its" GPU; 0 when no launcher says.
+pub fn local_rank() -> usize {
+    [
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "SLURM_LOCALID",
+        "MPI_LOCALRANKID",
+        "PMIX_LOCAL_RANK",
+    ]
+    .into_iter()
+    .find_map(|v| std::env::var(v).ok()?.parse().ok())
+    .unwrap_or(0)
+}
+
 /// This process's ranks: the world communicator, and what keeps MPI alive while it is used.
 pub struct World {
     comm: Arc<dyn Communicator>,

@@ -103,5 +103,8 @@ mod tests {
         assert_eq!(dropout_mask(1000, 0.1, RngRegion::ModelParallel), a_mp);
         seed_micro_batch(1234, 8, 0, 0);
         assert_ne!(dropout_mask(100_000, 0.1, RngRegion::Replicated), a);
+        // Another micro-batch of the same iteration draws other masks too.
+        seed_micro_batch(1234, 7, 1, 0);
+        assert_ne!(dropout_mask(100_000, 0.1, RngRegion::Replicated), a);
     }
 }

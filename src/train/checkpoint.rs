@@ -292,6 +292,9 @@ pub fn load_checkpoint(
     let Some(full) = read_full_checkpoint(root)? else {
         return Ok(None);
     };
+    if let Some(wanted) = config {
+        check_same_model(root, &full.info.config, wanted)?;
+    }
     let config = config.unwrap_or(&full.info.config).clone();
     let model = config
         .init_parallel(0, group, device)
@@ -330,6 +333,39 @@ pub fn load_checkpoint(
             .collect(),
     };
     Ok(Some((model, full.info, optimizer)))
+}
+
+/// Refuses, in one line, to load a checkpoint of one model into another: the padded
+/// vocabulary may differ (rows are cut or zero-padded) and the fusion switches do not change
+/// the math; everything else must match.
+fn check_same_model(root: &Path, saved: &GptConfig, wanted: &GptConfig) -> Result<()> {
+    let comparable = GptConfig {
+        padded_vocab_size: wanted.padded_vocab_size,
+        ..saved.with_fusion_of(wanted)
+    };
+    if comparable == *wanted {
+        return Ok(());
+    }
+    let shape = |c: &GptConfig| {
+        format!(
+            "{} layers, hidden size {}, {} heads, {} positions",
+            c.num_layers, c.hidden_size, c.num_attention_heads, c.max_position_embeddings
+        )
+    };
+    if shape(saved) != shape(wanted) {
+        bail!(
+            "--load {}: the checkpoint is a model of {}, this run asks for {}",
+            root.display(),
+            shape(saved),
+            shape(wanted)
+        );
+    }
+    bail!(
+        "--load {}: the checkpoint's model settings differ from this run's: {} vs {}",
+        root.display(),
+        serde_json::to_string(saved)?,
+        serde_json::to_string(wanted)?
+    )
 }
 
 /// The whole model of the latest checkpoint under `root` (shards joined), for inference on

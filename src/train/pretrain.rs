@@ -309,26 +309,6 @@ fn train_rank(
     };
     let (mut model, saved_optimizer) = match loaded {
         Some((model, checkpoint, optimizer)) => {
-            let same_shape = GptConfig {
-                padded_vocab_size: cfg.model.padded_vocab_size,
-                ..checkpoint.config.with_fusion_of(&cfg.model)
-            } == cfg.model;
-            if !same_shape {
-                let c = &checkpoint.config;
-                bail!(
-                    "--load {}: the checkpoint is a {}-layer model with hidden size {} and {} heads \
-                     ({} positions), this run asks for {} layers, hidden {}, {} heads ({} positions)",
-                    cfg.load.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
-                    c.num_layers,
-                    c.hidden_size,
-                    c.num_attention_heads,
-                    c.max_position_embeddings,
-                    cfg.model.num_layers,
-                    cfg.model.hidden_size,
-                    cfg.model.num_attention_heads,
-                    cfg.model.max_position_embeddings
-                );
-            }
             say!(
                 " > loaded checkpoint from {} at iteration {} (saved with tensor model parallel size {})",
                 cfg.load.as_ref().unwrap().display(),
