@@ -140,6 +140,7 @@ fn timings(text: &str) -> Vec<(usize, f64)> {
 
 fn main() {
     if launcher_variable().is_some() {
+        ferrotron::comm::world::share_cores_among_local_ranks();
         let world = World::from_environment().expect("MPI world");
         match std::env::var("FERROTRON_BENCH_MODE").as_deref() {
             Ok("allreduce") => allreduce_rank(&world),

@@ -415,49 +415,53 @@ fn a_killed_mpi_rank_ends_the_job_and_leaves_the_last_checkpoint() {
 fn the_pretrain_binary_runs_under_mpirun() {
     let dir = tempfile::tempdir().unwrap();
     let data = golden("wikitext2_valid", "text");
-    let out = Command::new("mpirun")
-        .args(["-np", "2", env!("CARGO_BIN_EXE_pretrain")])
-        .args([
-            "--num-layers",
-            "1",
-            "--hidden-size",
-            "16",
-            "--num-attention-heads",
-            "2",
-            "--seq-length",
-            "16",
-            "--max-position-embeddings",
-            "16",
-            "--micro-batch-size",
-            "2",
-            "--global-batch-size",
-            "8",
-            "--lr",
-            "1e-3",
-            "--train-iters",
-            "3",
-            "--log-interval",
-            "1",
-            "--eval-interval",
-            "0",
-            "--split",
-            "100,0,0",
-            "--use-distributed-optimizer",
-            "--DDP-impl",
-            "local",
-            "--save",
-            "ckpt",
-            "--data-cache-path",
-            "cache",
-            "--data-path",
-        ])
-        .arg(&data)
-        .current_dir(dir.path())
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
-        .output()
-        .expect("mpirun (install Open MPI, see README)");
+    let run = |layers: &str, extra: &[&str]| {
+        Command::new("mpirun")
+            .args(["-np", "2", env!("CARGO_BIN_EXE_pretrain")])
+            .args([
+                "--num-layers",
+                layers,
+                "--hidden-size",
+                "16",
+                "--num-attention-heads",
+                "2",
+                "--seq-length",
+                "16",
+                "--max-position-embeddings",
+                "16",
+                "--micro-batch-size",
+                "2",
+                "--global-batch-size",
+                "8",
+                "--lr",
+                "1e-3",
+                "--train-iters",
+                "3",
+                "--log-interval",
+                "1",
+                "--eval-interval",
+                "0",
+                "--split",
+                "100,0,0",
+                "--use-distributed-optimizer",
+                "--DDP-impl",
+                "local",
+                "--save",
+                "ckpt",
+                "--data-cache-path",
+                "cache",
+                "--data-path",
+            ])
+            .arg(&data)
+            .args(extra)
+            .current_dir(dir.path())
+            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+            .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
+            .output()
+            .expect("mpirun (install Open MPI, see README)")
+    };
+    let out = run("1", &[]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", stderr(&out));
     assert_eq!(
@@ -475,5 +479,22 @@ fn the_pretrain_binary_runs_under_mpirun() {
     assert_eq!(
         list_dir(&dir.path().join("ckpt/iter_0000003")),
         ["mp_rank_00"]
+    );
+
+    // An error on the ranks (here: loading the checkpoint into a deeper model) ends the job
+    // with a non-zero exit and the rank's message, promptly.
+    let start = Instant::now();
+    let out = run("2", &["--load", "ckpt"]);
+    let err = stderr(&out);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("pretrain: rank ")
+            && err.contains("error: --load ckpt: the checkpoint is a model of 1 layers"),
+        "{err}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(60),
+        "{:?}",
+        start.elapsed()
     );
 }

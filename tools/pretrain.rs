@@ -354,6 +354,7 @@ fn run(args: Args, world: &World) -> Result<()> {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    ferrotron::comm::world::share_cores_among_local_ranks();
     let world = match World::from_environment() {
         Ok(world) => world,
         Err(e) => return ferrotron::cli::finish("pretrain", Err(e)),

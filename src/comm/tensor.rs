@@ -36,7 +36,8 @@ fn staged<const D: usize>(
 ) -> Result<Tensor<D>, CommError> {
     let device = x.device();
     let out = f(x.into_data())?;
-    Ok(Tensor::from_data(out, &device))
+    let dtype = out.dtype();
+    Ok(Tensor::from_data(out, (&device, dtype)))
 }
 
 /// The element-wise `op` of `x` over `group`, on `x`'s device and in its dtype.
@@ -86,4 +87,45 @@ pub fn broadcast<const D: usize>(
         return Ok(x);
     }
     group.timed(|| staged(x, |d| group.broadcast(d, root)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::comm::run_ranks;
+    use burn::tensor::{DType, Device};
+
+    #[test]
+    fn device_tensors_keep_their_dtype_through_the_collectives() {
+        for dtype in [DType::F32, DType::BF16] {
+            let results = run_ranks(2, |world| {
+                let group = Group::new(world);
+                let device = Device::flex();
+                let r = group.rank() as f32;
+                let x = Tensor::<2>::from_data(
+                    TensorData::new(vec![r, 1.0, 2.0 * r, 3.0], [2, 2]),
+                    (&device, dtype),
+                );
+                assert_eq!(x.dtype(), dtype);
+                let sum = all_reduce(&group, x.clone(), ReduceOp::Sum)?;
+                let gathered = all_gather(&group, x.clone(), 1)?;
+                let part = reduce_scatter(&group, x.clone(), 0, ReduceOp::Sum)?;
+                let root = broadcast(&group, x, 1)?;
+                Ok([sum, gathered, part, root].map(|t| t.into_data()))
+            })
+            .unwrap();
+            for (rank, [sum, gathered, part, root]) in results.into_iter().enumerate() {
+                for d in [&sum, &gathered, &part, &root] {
+                    assert_eq!(d.dtype(), dtype);
+                }
+                let f = |d: TensorData| d.convert::<f32>().try_to_vec::<f32>().unwrap();
+                assert_eq!(f(sum), vec![1.0, 2.0, 2.0, 6.0]);
+                assert_eq!(gathered.shape().to_vec(), vec![2, 4]);
+                assert_eq!(f(gathered), vec![0.0, 1.0, 1.0, 1.0, 0.0, 3.0, 2.0, 3.0]);
+                let rows = [[1.0, 2.0], [2.0, 6.0]];
+                assert_eq!(f(part), rows[rank].to_vec());
+                assert_eq!(f(root), vec![1.0, 1.0, 2.0, 3.0]);
+            }
+        }
+    }
 }

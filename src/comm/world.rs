@@ -35,6 +35,27 @@ pub fn local_rank() -> usize {
     .unwrap_or(0)
 }
 
+/// Under a launcher, gives this process its share of the machine's cores for its compute
+/// threads (`RAYON_NUM_THREADS` = cores / ranks on this machine, at least 1), unless the user
+/// set it: N ranks on one machine would otherwise each start a thread per core and fight over
+/// them (Megatron users know this as `OMP_NUM_THREADS`). Call it before any tensor work.
+pub fn share_cores_among_local_ranks() -> Option<usize> {
+    if launcher_variable().is_none() || std::env::var_os("RAYON_NUM_THREADS").is_some() {
+        return None;
+    }
+    let local = [
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+        "SLURM_NTASKS_PER_NODE",
+        "MPI_LOCALNRANKS",
+    ]
+    .into_iter()
+    .find_map(|v| std::env::var(v).ok()?.parse::<usize>().ok())?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = (cores / local.max(1)).max(1);
+    std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
+    Some(threads)
+}
+
 /// This process's ranks: the world communicator, and what keeps MPI alive while it is used.
 pub struct World {
     comm: Arc<dyn Communicator>,
