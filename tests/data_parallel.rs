@@ -103,17 +103,6 @@ fn layout_runs(
         .collect()
 }
 
-fn worst_relative(a: &Losses, b: &Losses) -> f64 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|((ia, la), (ib, lb))| {
-            assert_eq!(ia, ib);
-            (la - lb).abs() / lb.abs()
-        })
-        .fold(0.0, f64::max)
-}
-
 /// Asserts every layout's losses follow the single-process run's.
 fn check_layouts(reference: &(Losses, Losses), runs: &[(Losses, Losses)], ranks: &str) {
     assert_eq!(reference.0.len(), ITERS as usize);
@@ -195,9 +184,10 @@ fn mpirun(test: &str, ranks: usize, env: &[(&str, &Path)], limit: Duration) -> (
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    // Every rank must have run the test (a filter matching nothing would pass vacuously).
-    let ran = text.matches("test result: ok. 1 passed").count();
-    (out.status.success() && ran == ranks, text)
+    // The ranks must have run the test: a filter matching nothing would pass vacuously. (The
+    // ranks' lines interleave in the pipe, so look for the vacuous case, not for 4 passes.)
+    let vacuous = text.contains("running 0 tests") || !text.contains("running 1 test");
+    (out.status.success() && !vacuous, text)
 }
 
 /// The MPI world when this process is an MPI rank.

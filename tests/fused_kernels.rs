@@ -103,50 +103,52 @@ fn fused_layer_norm_matches_the_composed_ops_with_gradients() {
     }
 }
 
+/// The losses of 4 iterations of a small GPT on the GPU device (dropout off).
+fn train_losses(dir: &std::path::Path, fused: bool, tp: usize) -> Vec<(u64, f64)> {
+    let cfg = PretrainConfig {
+        model: GptConfig::new(2, 32, 4, 16, 50304)
+            .with_hidden_dropout(0.0)
+            .with_attention_dropout(0.0)
+            .with_masked_softmax_fusion(fused)
+            .with_layer_norm_fusion(fused),
+        seq_length: 16,
+        micro_batch_size: 2,
+        global_batch_size: 4,
+        train_iters: 4,
+        schedule: LrSchedule {
+            max_lr: 2e-3,
+            min_lr: 1e-4,
+            warmup_iters: 1.0,
+            decay_iters: 4.0,
+            style: LrDecayStyle::Cosine,
+        },
+        adam: AdamWConfig::default(),
+        clip_grad: 1.0,
+        seed: 1234,
+        data_path: golden("wikitext2_valid", "text"),
+        split: "100,0,0".into(),
+        data_cache_path: Some(dir.to_path_buf()),
+        eod_mask_loss: false,
+        eod: 50256,
+        log_interval: 1,
+        eval_interval: 0,
+        eval_iters: 0,
+        save: None,
+        save_interval: None,
+        load: None,
+        exit_interval: None,
+        tensor_model_parallel_size: tp,
+        use_distributed_optimizer: false,
+        ddp_bucket_size: ferrotron::train::pretrain::DEFAULT_DDP_BUCKET_SIZE,
+    };
+    pretrain(&cfg, &device()).unwrap().losses
+}
+
 #[test]
 fn training_with_and_without_fusion_gives_the_same_losses() {
     let dir = tempfile::tempdir().unwrap();
-    let run = |fused: bool| {
-        let cfg = PretrainConfig {
-            model: GptConfig::new(2, 32, 4, 16, 50304)
-                .with_hidden_dropout(0.0)
-                .with_attention_dropout(0.0)
-                .with_masked_softmax_fusion(fused)
-                .with_layer_norm_fusion(fused),
-            seq_length: 16,
-            micro_batch_size: 2,
-            global_batch_size: 4,
-            train_iters: 4,
-            schedule: LrSchedule {
-                max_lr: 2e-3,
-                min_lr: 1e-4,
-                warmup_iters: 1.0,
-                decay_iters: 4.0,
-                style: LrDecayStyle::Cosine,
-            },
-            adam: AdamWConfig::default(),
-            clip_grad: 1.0,
-            seed: 1234,
-            data_path: golden("wikitext2_valid", "text"),
-            split: "100,0,0".into(),
-            data_cache_path: Some(dir.path().to_path_buf()),
-            eod_mask_loss: false,
-            eod: 50256,
-            log_interval: 1,
-            eval_interval: 0,
-            eval_iters: 0,
-            save: None,
-            save_interval: None,
-            load: None,
-            exit_interval: None,
-            tensor_model_parallel_size: 1,
-            use_distributed_optimizer: false,
-            ddp_bucket_size: ferrotron::train::pretrain::DEFAULT_DDP_BUCKET_SIZE,
-        };
-        pretrain(&cfg, &device()).unwrap().losses
-    };
-    let fused = run(true);
-    let unfused = run(false);
+    let fused = train_losses(dir.path(), true, 1);
+    let unfused = train_losses(dir.path(), false, 1);
     for ((i, a), (_, b)) in fused.iter().zip(&unfused) {
         let rel = (a - b).abs() / b.abs();
         println!("iteration {i}: fused {a:.7} unfused {b:.7} (relative {rel:.1e})");
@@ -157,46 +159,9 @@ fn training_with_and_without_fusion_gives_the_same_losses() {
 #[test]
 fn tensor_parallel_training_on_the_gpu_backend_follows_tp_1() {
     let dir = tempfile::tempdir().unwrap();
-    let run = |tp: usize| {
-        let cfg = PretrainConfig {
-            model: GptConfig::new(2, 32, 4, 16, 50304)
-                .with_hidden_dropout(0.0)
-                .with_attention_dropout(0.0),
-            seq_length: 16,
-            micro_batch_size: 2,
-            global_batch_size: 4,
-            train_iters: 4,
-            schedule: LrSchedule {
-                max_lr: 2e-3,
-                min_lr: 1e-4,
-                warmup_iters: 1.0,
-                decay_iters: 4.0,
-                style: LrDecayStyle::Cosine,
-            },
-            adam: AdamWConfig::default(),
-            clip_grad: 1.0,
-            seed: 1234,
-            data_path: golden("wikitext2_valid", "text"),
-            split: "100,0,0".into(),
-            data_cache_path: Some(dir.path().to_path_buf()),
-            eod_mask_loss: false,
-            eod: 50256,
-            log_interval: 1,
-            eval_interval: 0,
-            eval_iters: 0,
-            save: None,
-            save_interval: None,
-            load: None,
-            exit_interval: None,
-            tensor_model_parallel_size: tp,
-            use_distributed_optimizer: false,
-            ddp_bucket_size: ferrotron::train::pretrain::DEFAULT_DDP_BUCKET_SIZE,
-        };
-        pretrain(&cfg, &device()).unwrap().losses
-    };
     // Tensor parallelism's collectives run on the CubeCL backend too (host-staged).
-    let split = run(2);
-    let whole = run(1);
+    let split = train_losses(dir.path(), true, 2);
+    let whole = train_losses(dir.path(), true, 1);
     for ((i, a), (_, b)) in split.iter().zip(&whole) {
         let rel = (a - b).abs() / b.abs();
         println!("iteration {i}: TP=2 {a:.7} TP=1 {b:.7} (relative {rel:.1e})");

@@ -355,17 +355,6 @@ fn tiny(cache: &Path, tp: usize, train_iters: u64) -> PretrainConfig {
     }
 }
 
-fn worst_relative(a: &[(u64, f64)], b: &[(u64, f64)]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|((ia, la), (ib, lb))| {
-            assert_eq!(ia, ib);
-            (la - lb).abs() / lb.abs()
-        })
-        .fold(0.0, f64::max)
-}
-
 #[test]
 fn training_at_tp_1_2_4_follows_the_same_loss_curve() {
     let dir = tempfile::tempdir().unwrap();

@@ -154,6 +154,21 @@ pub fn reduce(parts: &[TensorData], op: ReduceOp) -> Result<TensorData, CommErro
     })
 }
 
+/// Part `rank` (of `parts.len()` along `dim`) of the element-wise `op` of every rank's
+/// `parts`: the local half of a reduce-scatter computed from gathered contributions.
+pub fn reduce_own_part(
+    parts: &[TensorData],
+    dim: usize,
+    rank: usize,
+    op: ReduceOp,
+) -> Result<TensorData, CommError> {
+    let mine: Vec<TensorData> = parts
+        .iter()
+        .map(|p| split(p, dim, parts.len()).map(|mut v| v.swap_remove(rank)))
+        .collect::<Result<_, _>>()?;
+    reduce(&mine, op)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,7 +17,7 @@ use mpi::topology::{Color, SimpleCommunicator};
 use mpi::traits::Communicator as _;
 use mpi::traits::*;
 
-use super::buffer::{join, reduce, split};
+use super::buffer::{join, reduce, reduce_own_part, split};
 use super::{shape_of, CommError, Communicator, Expect, ReduceOp};
 
 /// An MPI communicator handle that may move between threads.
@@ -215,14 +215,7 @@ impl Communicator for MpiComm {
                 };
                 Ok(out)
             }
-            _ => {
-                let mine: Vec<TensorData> = self
-                    .gather_parts(&data)
-                    .iter()
-                    .map(|p| split(p, dim, self.size).map(|mut v| v.swap_remove(self.rank)))
-                    .collect::<Result<_, _>>()?;
-                reduce(&mine, op)
-            }
+            _ => reduce_own_part(&self.gather_parts(&data), dim, self.rank, op),
         }
     }
 

@@ -12,7 +12,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 
 use burn::tensor::TensorData;
 
-use super::buffer::{join, reduce, split};
+use super::buffer::{join, reduce, reduce_own_part, split};
 use super::{shape_of, CommError, Communicator, Expect, ReduceOp};
 
 /// What a rank asked for in one round; all ranks must ask for the same.
@@ -276,11 +276,7 @@ impl Communicator for ThreadComm {
         split(&data, dim, self.size())?;
         let c = call(format!("reduce_scatter({op:?}, dim {dim})"), &data);
         let (_, parts) = self.exchange(c, data)?;
-        let mine: Vec<TensorData> = parts
-            .iter()
-            .map(|p| split(p, dim, self.size()).map(|mut v| v.swap_remove(self.rank)))
-            .collect::<Result<_, _>>()?;
-        reduce(&mine, op)
+        reduce_own_part(&parts, dim, self.rank, op)
     }
 
     fn broadcast(&self, data: TensorData, root: usize) -> Result<TensorData, CommError> {

@@ -59,3 +59,15 @@ pub fn list_dir(dir: &Path) -> Vec<String> {
     names.sort();
     names
 }
+
+/// The largest relative difference between two loss curves over the same iterations.
+pub fn worst_relative(a: &[(u64, f64)], b: &[(u64, f64)]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|((ia, la), (ib, lb))| {
+            assert_eq!(ia, ib);
+            (la - lb).abs() / lb.abs()
+        })
+        .fold(0.0, f64::max)
+}
