@@ -162,3 +162,32 @@ fn indices_are_cached_and_a_damaged_cache_is_rebuilt() {
     let rebuilt = GptDataset::new(data, Split::Train, 0..60, &config).unwrap();
     assert_eq!(rebuilt.indices(), first.indices());
 }
+
+/// `--split` cuts documents as Megatron-Core does, for every split and document count in
+/// `tests/fixtures/split_indices.json` (made by `tests/fixtures/megatron_core_split.py`).
+#[test]
+fn splits_match_megatron_core_for_every_document_count() {
+    #[derive(serde::Deserialize)]
+    struct Case {
+        split: String,
+        documents: usize,
+        ranges: Vec<Option<[usize; 2]>>,
+    }
+    let cases: Vec<Case> =
+        serde_json::from_str(&std::fs::read_to_string(fixture("split_indices.json")).unwrap())
+            .unwrap();
+    assert!(cases.len() > 1000);
+    for case in cases {
+        let weights = ferrotron::data::split::parse_split(&case.split).unwrap();
+        let got = ferrotron::data::split::split_ranges(&weights, case.documents);
+        let want: Vec<Option<std::ops::Range<usize>>> =
+            case.ranges.iter().map(|r| r.map(|[a, b]| a..b)).collect();
+        assert_eq!(
+            got.to_vec(),
+            want,
+            "--split {} over {} documents",
+            case.split,
+            case.documents
+        );
+    }
+}

@@ -164,6 +164,9 @@ fn pretrain_cli_runs_the_seed_tutorial_flags_and_refuses_what_it_cannot_split() 
         "100",
         "--eval-iters",
         "1",
+        // Megatron's default 969,30,1 leaves the test split of these 60 documents empty.
+        "--split",
+        "90,5,5",
         "--activations-checkpoint-method",
         "uniform",
         "--save",
@@ -267,5 +270,24 @@ fn pretrain_cli_runs_the_seed_tutorial_flags_and_refuses_what_it_cannot_split() 
         stderr(&out).contains("not divisible by --num-attention-heads"),
         "{}",
         stderr(&out)
+    );
+}
+
+#[test]
+fn a_split_without_documents_but_asked_for_samples_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = PretrainConfig {
+        split: "999,1,0".into(),
+        ..tiny(dir.path())
+    };
+    let err = format!(
+        "{:#}",
+        pretrain(&cfg, &Device::flex().autodiff()).unwrap_err()
+    );
+    assert!(
+        err.contains("--split 999,1,0: the valid split of")
+            && err.contains("wikitext2_valid_text_document gets none of its")
+            && err.contains("samples are asked of it"),
+        "{err}"
     );
 }

@@ -431,9 +431,21 @@ where
         .filter_map(|(r, o)| o.err().map(|e| (r, e)))
         .collect();
     errors.sort_by_key(|(r, e)| (e.contains("is gone (") || e.contains("mismatch"), *r));
-    let lines: Vec<String> = errors
-        .iter()
-        .map(|(r, e)| format!("rank {r}: {e}"))
+    // Ranks failing the same way (a bad argument every rank sees) make one line.
+    let mut lines: Vec<(Vec<usize>, String)> = Vec::new();
+    for (r, e) in errors {
+        match lines.iter_mut().find(|(_, m)| *m == e) {
+            Some((ranks, _)) => ranks.push(r),
+            None => lines.push((vec![r], e)),
+        }
+    }
+    let lines: Vec<String> = lines
+        .into_iter()
+        .map(|(ranks, e)| match ranks.as_slice() {
+            [r] => format!("rank {r}: {e}"),
+            _ if ranks.len() == size => format!("every rank: {e}"),
+            _ => format!("ranks {ranks:?}: {e}"),
+        })
         .collect();
     anyhow::bail!("{}", lines.join("\n"))
 }
@@ -461,11 +473,11 @@ mod tests {
         })
         .unwrap_err()
         .to_string();
+        // Both ranks fail the same way: one line says so.
         assert!(
-            err.contains("rank 0: collective mismatch at call #0"),
+            err.starts_with("every rank: collective mismatch at call #0"),
             "{err}"
         );
-        assert!(err.contains("rank 1: collective mismatch"), "{err}");
         assert!(
             err.contains("rank 1 called all_reduce(Sum) F32 of shape [3]"),
             "{err}"

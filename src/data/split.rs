@@ -36,19 +36,23 @@ fn round_half_even(x: f64) -> f64 {
     }
 }
 
-/// The document ranges of the three splits over `num_documents` documents (Megatron's
-/// `_get_split_indices`: cumulative rounded sizes, the rounding error taken off every bound).
-pub fn split_ranges(weights: &[f64; 3], num_documents: usize) -> [Range<usize>; 3] {
-    let mut bounds = [0i64; 4];
-    for i in 0..3 {
-        bounds[i + 1] = bounds[i] + round_half_even(weights[i] * num_documents as f64) as i64;
-    }
-    let diff = bounds[3] - num_documents as i64;
-    for b in bounds.iter_mut().skip(1) {
-        *b -= diff;
-    }
-    let b = bounds.map(|x| x.max(0) as usize);
-    [b[0]..b[1], b[1]..b[2], b[2]..b[3]]
+/// The document ranges of the three splits over `num_documents` documents, as
+/// Megatron-Core cuts them (`convert_split_vector_to_split_matrix` and the dataset builder):
+/// each split's book-ends are the running sums of the weights, and each book-end is rounded on
+/// its own (`round(fraction · documents)`, ties to even). A split of weight zero is `None`
+/// (no dataset at all); a split with weight may still get an empty range on few documents.
+pub fn split_ranges(weights: &[f64; 3], num_documents: usize) -> [Option<Range<usize>>; 3] {
+    let n = num_documents as f64;
+    let mut start = 0.0;
+    weights.map(|w| {
+        let end = start + w;
+        let bookends = (start, end);
+        start = end;
+        (bookends.1 > bookends.0).then(|| {
+            let cut = |f: f64| round_half_even(f * n) as usize;
+            cut(bookends.0)..cut(bookends.1)
+        })
+    })
 }
 
 #[cfg(test)]
@@ -56,19 +60,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn splits_like_megatron() {
+    fn splits_like_megatron_core() {
         let w = parse_split("969,30,1").unwrap();
-        assert_eq!(split_ranges(&w, 1000), [0..969, 969..999, 999..1000]);
-        // 489 documents: round(473.841)=474, round(14.67)=15, round(0.489)=0.
-        assert_eq!(split_ranges(&w, 489), [0..474, 474..489, 489..489]);
+        assert_eq!(
+            split_ranges(&w, 1000),
+            [Some(0..969), Some(969..999), Some(999..1000)]
+        );
+        // Book-ends rounded one by one: 1/3 and 2/3 of 62 documents are 20.67 → 21 and
+        // 41.33 → 41, so the training split gets 21 documents.
+        assert_eq!(
+            split_ranges(&parse_split("1,1,1").unwrap(), 62),
+            [Some(0..21), Some(21..41), Some(41..62)]
+        );
+        // A zero weight is no split at all; a small weight may round to an empty range.
+        assert_eq!(
+            split_ranges(&parse_split("98,2,0").unwrap(), 20),
+            [Some(0..20), Some(20..20), None]
+        );
         assert_eq!(
             split_ranges(&parse_split("1").unwrap(), 10),
-            [0..10, 10..10, 10..10]
+            [Some(0..10), None, None]
         );
         // Ties go to even, as in Python: round(2.5) = 2.
         assert_eq!(
             split_ranges(&parse_split("1,1").unwrap(), 5),
-            [0..3, 3..5, 5..5]
+            [Some(0..2), Some(2..5), None]
         );
         assert!(parse_split("1,2,3,4").is_err());
         assert!(parse_split("a,b").is_err());

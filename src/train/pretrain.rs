@@ -121,9 +121,21 @@ fn build_datasets(cfg: &PretrainConfig, verbose: bool) -> Result<Datasets> {
         .zip(ranges)
         .zip(samples)
     {
-        if range.is_empty() || num_samples == 0 {
+        let Some(range) = range.filter(|_| num_samples > 0) else {
             built.push(None);
             continue;
+        };
+        if range.is_empty() {
+            // Megatron-Core would loop forever looking for samples here.
+            bail!(
+                "--split {}: the {} split of {} gets none of its {} documents, yet {num_samples} \
+                 samples are asked of it (give it a larger share of --split, or use \
+                 --eval-iters 0 for no validation and test)",
+                cfg.split,
+                split.name(),
+                cfg.data_path.display(),
+                data.document_count()
+            );
         }
         let config = GptDatasetConfig {
             sequence_length: cfg.seq_length,
