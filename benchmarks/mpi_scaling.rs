@@ -91,6 +91,8 @@ fn train_config(iters: u64, cache: &Path) -> PretrainConfig {
         tensor_model_parallel_size: 1,
         use_distributed_optimizer: false,
         ddp_bucket_size: DEFAULT_DDP_BUCKET_SIZE,
+        tensorboard_dir: None,
+        tensorboard_log_interval: 1,
     }
 }
 

@@ -109,6 +109,8 @@ fn main() -> Result<()> {
         tensor_model_parallel_size: 1,
         use_distributed_optimizer: false,
         ddp_bucket_size: ferrotron::train::pretrain::DEFAULT_DDP_BUCKET_SIZE,
+        tensorboard_dir: None,
+        tensorboard_log_interval: 1,
     };
     let outcome = pretrain(&config, &Device::flex().autodiff())?;
     let first = outcome.losses.first().map_or(f64::NAN, |l| l.1);

@@ -71,6 +71,8 @@ fn config(
         use_distributed_optimizer: distributed_optimizer,
         // Small buckets: several all-reduces per step.
         ddp_bucket_size: 20_000,
+        tensorboard_dir: None,
+        tensorboard_log_interval: 1,
     }
 }
 

@@ -140,6 +140,8 @@ fn train_losses(dir: &std::path::Path, fused: bool, tp: usize) -> Vec<(u64, f64)
         tensor_model_parallel_size: tp,
         use_distributed_optimizer: false,
         ddp_bucket_size: ferrotron::train::pretrain::DEFAULT_DDP_BUCKET_SIZE,
+        tensorboard_dir: None,
+        tensorboard_log_interval: 1,
     };
     pretrain(&cfg, &device()).unwrap().losses
 }

@@ -44,6 +44,8 @@ fn tiny(cache: &Path) -> PretrainConfig {
         tensor_model_parallel_size: 1,
         use_distributed_optimizer: false,
         ddp_bucket_size: ferrotron::train::pretrain::DEFAULT_DDP_BUCKET_SIZE,
+        tensorboard_dir: None,
+        tensorboard_log_interval: 1,
     }
 }
 
@@ -290,4 +292,152 @@ fn a_split_without_documents_but_asked_for_samples_is_a_clear_error() {
             && err.contains("samples are asked of it"),
         "{err}"
     );
+}
+
+/// CRC-32C bit by bit (the Castagnoli polynomial, reflected), independent of the writer's
+/// table-driven crate.
+fn crc32c_bitwise(bytes: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in bytes {
+        crc ^= b as u32;
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ 0x82F6_3B78
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
+
+fn read_varint(bytes: &[u8], pos: &mut usize) -> u64 {
+    let (mut v, mut shift) = (0u64, 0);
+    loop {
+        let b = bytes[*pos];
+        *pos += 1;
+        v |= ((b & 0x7f) as u64) << shift;
+        if b < 0x80 {
+            return v;
+        }
+        shift += 7;
+    }
+}
+
+/// Protobuf fields of `bytes`: (field number, wire type, raw value bytes or varint).
+fn fields(bytes: &[u8]) -> Vec<(u64, u64, Vec<u8>, u64)> {
+    let mut out = Vec::new();
+    let mut pos = 0;
+    while pos < bytes.len() {
+        let key = read_varint(bytes, &mut pos);
+        let (field, wire) = (key >> 3, key & 7);
+        match wire {
+            0 => {
+                let v = read_varint(bytes, &mut pos);
+                out.push((field, wire, vec![], v));
+            }
+            1 => {
+                out.push((field, wire, bytes[pos..pos + 8].to_vec(), 0));
+                pos += 8;
+            }
+            2 => {
+                let n = read_varint(bytes, &mut pos) as usize;
+                out.push((field, wire, bytes[pos..pos + n].to_vec(), 0));
+                pos += n;
+            }
+            5 => {
+                out.push((field, wire, bytes[pos..pos + 4].to_vec(), 0));
+                pos += 4;
+            }
+            w => panic!("unexpected wire type {w}"),
+        }
+    }
+    out
+}
+
+/// Reads a TensorBoard event file independently: every record's checksums, then the scalars
+/// as (tag, step, value).
+fn read_event_file(path: &Path) -> (String, Vec<(String, u64, f32)>) {
+    let data = std::fs::read(path).unwrap();
+    let mask = |c: u32| c.rotate_right(15).wrapping_add(0xa282_ead8);
+    let (mut pos, mut version, mut scalars) = (0, String::new(), Vec::new());
+    while pos < data.len() {
+        let len_bytes = &data[pos..pos + 8];
+        let len = u64::from_le_bytes(len_bytes.try_into().unwrap()) as usize;
+        let len_crc = u32::from_le_bytes(data[pos + 8..pos + 12].try_into().unwrap());
+        assert_eq!(len_crc, mask(crc32c_bitwise(len_bytes)), "length checksum");
+        let payload = &data[pos + 12..pos + 12 + len];
+        let crc = u32::from_le_bytes(data[pos + 12 + len..pos + 16 + len].try_into().unwrap());
+        assert_eq!(crc, mask(crc32c_bitwise(payload)), "payload checksum");
+        pos += 16 + len;
+        let event = fields(payload);
+        let step = event.iter().find(|f| f.0 == 2).map_or(0, |f| f.3);
+        for (field, _, raw, _) in &event {
+            match field {
+                3 => version = String::from_utf8(raw.clone()).unwrap(),
+                5 => {
+                    for value in fields(raw).into_iter().filter(|f| f.0 == 1) {
+                        let parts = fields(&value.2);
+                        let tag = parts.iter().find(|f| f.0 == 1).unwrap();
+                        let v = parts.iter().find(|f| f.0 == 2 && f.1 == 5).unwrap();
+                        scalars.push((
+                            String::from_utf8(tag.2.clone()).unwrap(),
+                            step,
+                            f32::from_le_bytes(v.2.clone().try_into().unwrap()),
+                        ));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    (version, scalars)
+}
+
+#[test]
+fn tensorboard_event_files_hold_megatrons_scalars() {
+    let dir = tempfile::tempdir().unwrap();
+    let tb = dir.path().join("tb");
+    let cfg = PretrainConfig {
+        tensorboard_dir: Some(tb.clone()),
+        tensorboard_log_interval: 2,
+        log_interval: 3,
+        ..tiny(dir.path())
+    };
+    let out = pretrain(&cfg, &Device::flex().autodiff()).unwrap();
+    let files = list_dir(&tb);
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert!(files[0].starts_with("events.out.tfevents."), "{files:?}");
+    let (version, scalars) = read_event_file(&tb.join(&files[0]));
+    assert_eq!(version, "brain.Event:2");
+    let of = |tag: &str| -> Vec<(u64, f32)> {
+        scalars
+            .iter()
+            .filter(|s| s.0 == tag)
+            .map(|s| (s.1, s.2))
+            .collect()
+    };
+    // Every --tensorboard-log-interval iterations: the same losses the run reports.
+    let want: Vec<(u64, f32)> = out
+        .losses
+        .iter()
+        .filter(|(i, _)| i % 2 == 0)
+        .map(|&(i, l)| (i, l as f32))
+        .collect();
+    assert_eq!(of("lm loss"), want);
+    for tag in ["learning-rate", "batch-size", "grad-norm"] {
+        assert_eq!(of(tag).len(), 3, "{tag}");
+    }
+    assert!(of("batch-size").iter().all(|&(_, v)| v == 4.0));
+    // Every --log-interval: timing; every --eval-interval: validation loss and perplexity.
+    assert_eq!(
+        of("iteration-time").iter().map(|s| s.0).collect::<Vec<_>>(),
+        [3, 6]
+    );
+    assert!(of("tokens-per-sec").iter().all(|&(_, v)| v > 0.0));
+    let valid = of("lm loss validation");
+    let at_3 = out.validation.iter().find(|v| v.0 == 3).unwrap().1;
+    assert_eq!(valid[0], (3, at_3 as f32));
+    let ppl = of("lm loss validation ppl");
+    assert!((ppl[0].1 - (at_3 as f32).exp()).abs() <= 1e-3 * ppl[0].1);
 }

@@ -352,6 +352,8 @@ fn tiny(cache: &Path, tp: usize, train_iters: u64) -> PretrainConfig {
         tensor_model_parallel_size: tp,
         use_distributed_optimizer: false,
         ddp_bucket_size: ferrotron::train::pretrain::DEFAULT_DDP_BUCKET_SIZE,
+        tensorboard_dir: None,
+        tensorboard_log_interval: 1,
     }
 }
 

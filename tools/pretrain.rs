@@ -151,6 +151,14 @@ struct Args {
     #[arg(long)]
     exit_interval: Option<u64>,
 
+    /// Write TensorBoard scalars (loss, learning rate, grad norm, batch size, iteration time,
+    /// tokens/s, validation loss and perplexity) to this directory.
+    #[arg(long)]
+    tensorboard_dir: Option<PathBuf>,
+    /// Iterations between training scalars in TensorBoard.
+    #[arg(long, default_value_t = 1)]
+    tensorboard_log_interval: u64,
+
     /// Backend: cpu, or (in builds with those features) cuda, cuda:N, wgpu, wgpu-cpu.
     #[arg(long, default_value = "cpu")]
     device: String,
@@ -329,6 +337,8 @@ fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
         tensor_model_parallel_size: args.tensor_model_parallel_size,
         use_distributed_optimizer: args.use_distributed_optimizer,
         ddp_bucket_size: args.ddp_bucket_size,
+        tensorboard_dir: args.tensorboard_dir.clone(),
+        tensorboard_log_interval: args.tensorboard_log_interval,
     })
 }
 

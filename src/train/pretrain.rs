@@ -19,6 +19,7 @@ use crate::comm::world::World;
 use crate::comm::{run_ranks, Communicator, Group, ReduceOp};
 use crate::data::split::{parse_split, split_ranges};
 use crate::data::{GptDataset, GptDatasetConfig, IndexedDataset, Split};
+use crate::logging::tensorboard::TensorBoardWriter;
 use crate::model::named_parameters::parameter_names;
 use crate::model::{Gpt, GptConfig};
 use crate::parallel::random::seed_micro_batch;
@@ -77,6 +78,10 @@ pub struct PretrainConfig {
     pub use_distributed_optimizer: bool,
     /// Gradient elements per data-parallel all-reduce (Megatron's `--ddp-bucket-size`).
     pub ddp_bucket_size: usize,
+    /// `--tensorboard-dir`: where world rank 0 writes TensorBoard scalars.
+    pub tensorboard_dir: Option<PathBuf>,
+    /// `--tensorboard-log-interval`: iterations between training scalars.
+    pub tensorboard_log_interval: u64,
 }
 
 /// Megatron's default bucket: 40 M elements (it grows with the data-parallel size there too).
@@ -411,6 +416,13 @@ fn train_rank(
         }
         _ => None,
     };
+    let mut tensorboard = match &cfg.tensorboard_dir {
+        Some(dir) if rank0 => Some(
+            TensorBoardWriter::create(dir)
+                .with_context(|| format!("--tensorboard-dir {}", dir.display()))?,
+        ),
+        _ => None,
+    };
     let mbs = cfg.micro_batch_size as u64;
     let micro_batches = cfg.global_batch_size / cfg.micro_batch_size;
     let my_micro_batches = micro_batches / dp;
@@ -474,10 +486,24 @@ fn train_rank(
                 serde_json::json!({"iteration": iteration, "lm_loss": loss, "lr": lr, "grad_norm": grad_norm})
             )?;
         }
+        if let Some(tb) = tensorboard.as_mut() {
+            if iteration.is_multiple_of(cfg.tensorboard_log_interval.max(1)) {
+                // Megatron's tags.
+                tb.add_scalar("learning-rate", lr, iteration)?;
+                tb.add_scalar("batch-size", cfg.global_batch_size as f64, iteration)?;
+                tb.add_scalar("lm loss", loss, iteration)?;
+                tb.add_scalar("grad-norm", grad_norm, iteration)?;
+            }
+        }
         if iteration.is_multiple_of(cfg.log_interval.max(1)) || iteration == cfg.train_iters {
             let elapsed = interval_start.elapsed().as_secs_f64();
             let tokens =
                 (interval_iters * cfg.global_batch_size as u64 * cfg.seq_length as u64) as f64;
+            if let Some(tb) = tensorboard.as_mut() {
+                tb.add_scalar("iteration-time", elapsed / interval_iters as f64, iteration)?;
+                tb.add_scalar("tokens-per-sec", tokens / elapsed, iteration)?;
+                tb.flush()?;
+            }
             say!(
                 "{}",
                 iteration_line(&IterationStats {
@@ -512,6 +538,11 @@ fn train_rank(
                 state.consumed_valid_samples += cfg.eval_iters * cfg.global_batch_size as u64;
                 if rank0 {
                     print_validation(&format!("validation loss at iteration {iteration}"), loss);
+                }
+                if let Some(tb) = tensorboard.as_mut() {
+                    tb.add_scalar("lm loss validation", loss, iteration)?;
+                    tb.add_scalar("lm loss validation ppl", loss.min(20.0).exp(), iteration)?;
+                    tb.flush()?;
                 }
                 outcome.validation.push((iteration, loss));
                 if let Some(file) = metrics.as_mut() {

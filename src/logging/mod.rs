@@ -1,0 +1,4 @@
+//! What a run writes for people to watch: TensorBoard event files (Megatron's
+//! `--tensorboard-dir`).
+
+pub mod tensorboard;
