@@ -63,6 +63,29 @@ pub fn run_all(comm: &dyn Communicator) -> Result<()> {
     }
     point_to_point(comm).context("send/recv")?;
     sub_groups(comm).context("split")?;
+    mismatch(comm).context("mismatched shapes")?;
+    Ok(())
+}
+
+/// Ranks passing different shapes to one collective get an error naming the mismatch on
+/// every rank, not a crash or a hang (checked on a sub-group: a thread group that saw a
+/// mismatch stays failed).
+pub fn mismatch(comm: &dyn Communicator) -> Result<()> {
+    if comm.size() == 1 {
+        return Ok(());
+    }
+    let sub = comm.split(0, comm.rank())?;
+    let n = 2 + sub.rank();
+    match sub.all_reduce(TensorData::new(vec![1f32; n], [n]), ReduceOp::Sum) {
+        Err(super::CommError::Mismatch { detail, .. }) => {
+            ensure!(
+                detail.contains("[3]"),
+                "the message names the shapes: {detail}"
+            )
+        }
+        other => anyhow::bail!("expected a mismatch error, got {other:?}"),
+    }
+    comm.barrier()?;
     Ok(())
 }
 

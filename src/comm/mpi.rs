@@ -9,6 +9,7 @@
 //! Errors inside MPI are fatal (MPI's default handler): a failed or killed rank ends the job
 //! through the launcher, so no rank hangs waiting for a dead one.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use burn::tensor::{DType, TensorData};
@@ -30,10 +31,16 @@ struct Raw(SimpleCommunicator);
 unsafe impl Send for Raw {}
 
 /// One rank's handle on an MPI communicator.
+///
+/// `recv` holds the communicator's lock while it waits, so a rank must not expect another of
+/// its threads to send on the same communicator meanwhile: give such a thread its own
+/// communicator (`split`).
 pub struct MpiComm {
     raw: Mutex<Raw>,
     rank: usize,
     size: usize,
+    /// Collectives issued so far, for error messages.
+    calls: AtomicU64,
 }
 
 impl std::fmt::Debug for MpiComm {
@@ -57,6 +64,7 @@ impl MpiComm {
             raw: Mutex::new(Raw(comm)),
             rank,
             size,
+            calls: AtomicU64::new(0),
         }
     }
 
@@ -89,6 +97,7 @@ impl MpiComm {
     /// Checks on every rank that all ranks called with the same shape and dtype, so a
     /// mismatch is an error rather than MPI reading past a buffer.
     fn agree(&self, what: &str, data: &TensorData) -> Result<(), CommError> {
+        let call = self.calls.fetch_add(1, Ordering::Relaxed);
         let mut sig: Vec<i64> = vec![dtype_code(data.dtype()), data.shape().len() as i64];
         sig.extend(data.shape().iter().map(|&d| d as i64));
         sig.resize(10, -1);
@@ -110,7 +119,7 @@ impl MpiComm {
             })
             .collect::<Vec<_>>()
             .join(", ");
-        Err(CommError::Mismatch { call: 0, detail })
+        Err(CommError::Mismatch { call, detail })
     }
 
     fn check_rank(&self, what: &str, rank: usize) -> Result<(), CommError> {
@@ -250,7 +259,7 @@ impl Communicator for MpiComm {
             .receive_vec::<u8>();
         if bytes.len() != n {
             return Err(CommError::Mismatch {
-                call: 0,
+                call: self.calls.load(Ordering::Relaxed),
                 detail: format!(
                     "rank {} expected {:?} {:?} ({n} bytes) from rank {src}, which sent {} bytes",
                     self.rank,
