@@ -83,3 +83,107 @@ fn evaluate_scores_contiguous_windows_of_the_token_stream() {
     let loss = mean_window_loss(&model, &windows, 50257, 2, &Device::flex());
     assert!((loss - (50257f64).ln()).abs() < 0.1, "{loss}");
 }
+
+/// A checkpoint exported to HuggingFace and imported back: the HF tensors of the round trip
+/// are identical, the weights are the original's (padding rows zero), and `pretrain --load`
+/// continues from it.
+#[test]
+fn import_hf_round_trips_export_hf_and_pretrain_continues_from_it() {
+    use ferrotron::train::checkpoint::load_model;
+    use ferrotron::train::tensor_file::read_tensors;
+    use ferrotron::train::{pretrain, AdamWConfig, LrDecayStyle, LrSchedule, PretrainConfig};
+
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = PretrainConfig {
+        model: GptConfig::new(2, 16, 2, 16, 50304).with_openai_gelu(true),
+        seq_length: 16,
+        micro_batch_size: 2,
+        global_batch_size: 2,
+        train_iters: 2,
+        schedule: LrSchedule {
+            max_lr: 1e-3,
+            min_lr: 1e-4,
+            warmup_iters: 0.0,
+            decay_iters: 10.0,
+            style: LrDecayStyle::Cosine,
+        },
+        adam: AdamWConfig::default(),
+        clip_grad: 1.0,
+        seed: 7,
+        data_path: golden("wikitext2_valid", "text"),
+        split: "100,0,0".into(),
+        data_cache_path: Some(dir.path().join("cache")),
+        eod_mask_loss: false,
+        eod: 50256,
+        log_interval: 1,
+        eval_interval: 0,
+        eval_iters: 0,
+        save: Some(dir.path().join("orig")),
+        save_interval: None,
+        load: None,
+        exit_interval: None,
+        tensor_model_parallel_size: 1,
+        use_distributed_optimizer: false,
+        ddp_bucket_size: ferrotron::train::pretrain::DEFAULT_DDP_BUCKET_SIZE,
+        tensorboard_dir: None,
+        tensorboard_log_interval: 1,
+    };
+    pretrain(&cfg, &Device::flex().autodiff()).unwrap();
+    let tool = |exe: &str, args: &[&str]| {
+        let out = run_tool(exe, args, dir.path());
+        assert!(out.status.success(), "{exe}: {}", stderr(&out));
+    };
+    let export = env!("CARGO_BIN_EXE_export-hf");
+    let import = env!("CARGO_BIN_EXE_import-hf");
+    tool(export, &["--load", "orig", "--output", "hf1"]);
+    tool(import, &["--input", "hf1", "--save", "imported"]);
+    tool(export, &["--load", "imported", "--output", "hf2"]);
+    let (a, _) = read_tensors(&dir.path().join("hf1/model.safetensors")).unwrap();
+    let (b, _) = read_tensors(&dir.path().join("hf2/model.safetensors")).unwrap();
+    assert_eq!(a.len(), b.len());
+    for (name, t) in &a {
+        assert_eq!(t, &b[name], "{name} changed in the round trip");
+    }
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("hf1/config.json")).unwrap(),
+        std::fs::read_to_string(dir.path().join("hf2/config.json")).unwrap()
+    );
+
+    let (orig, _) = load_model(&dir.path().join("orig"), &Device::flex()).unwrap();
+    let (imported, info) = load_model(&dir.path().join("imported"), &Device::flex()).unwrap();
+    assert_eq!(info.state.iteration, 0);
+    assert!(info.config.openai_gelu);
+    for (x, y) in named_parameters(&orig)
+        .iter()
+        .zip(named_parameters(&imported))
+    {
+        assert_eq!((&x.name, &x.shape), (&y.name, &y.shape));
+        if x.name == "word_embeddings.weight" {
+            let real = 50257 * 16;
+            assert_eq!(x.values[..real], y.values[..real]);
+            assert!(y.values[real..].iter().all(|&v| v == 0.0), "padding rows");
+        } else {
+            assert_eq!(x.values, y.values, "{}", x.name);
+        }
+    }
+    // Training continues from the imported weights.
+    let resumed = pretrain(
+        &PretrainConfig {
+            load: Some(dir.path().join("imported")),
+            save: None,
+            ..cfg
+        },
+        &Device::flex().autodiff(),
+    )
+    .unwrap();
+    assert_eq!(resumed.losses.len(), 2);
+    assert!(resumed.losses.iter().all(|(_, l)| l.is_finite()));
+    // A directory that already holds a checkpoint is refused.
+    let out = run_tool(import, &["--input", "hf1", "--save", "orig"], dir.path());
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("already holds a checkpoint"),
+        "{}",
+        stderr(&out)
+    );
+}

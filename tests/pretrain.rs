@@ -113,7 +113,7 @@ fn resuming_reproduces_the_uninterrupted_run_exactly() {
     deeper.load = Some(ckpt.clone());
     let err = format!("{:#}", pretrain(&deeper, &device).unwrap_err());
     assert!(
-        err.contains("the checkpoint is a model of 1 layers, hidden size 16, 2 heads")
+        err.contains("the checkpoint is a model of 1 layers, hidden size 16, 2 heads, 16 positions, FFN width 64")
             && err.contains("this run asks for 2 layers")
             && !err.contains('\n'),
         "{err}"

@@ -335,21 +335,19 @@ pub fn load_checkpoint(
     Ok(Some((model, full.info, optimizer)))
 }
 
-/// Refuses, in one line, to load a checkpoint of one model into another: the padded
-/// vocabulary may differ (rows are cut or zero-padded) and the fusion switches do not change
-/// the math; everything else must match.
+/// Refuses, in one line, to load a checkpoint of one model into another. What must match is
+/// the shape (layers, hidden size, heads, positions, FFN width) and the math of the layers
+/// (GELU form, LayerNorm epsilon); the padded vocabulary may differ (rows are cut or
+/// zero-padded), and dropout, init std and the fusion switches are settings of the run.
 fn check_same_model(root: &Path, saved: &GptConfig, wanted: &GptConfig) -> Result<()> {
-    let comparable = GptConfig {
-        padded_vocab_size: wanted.padded_vocab_size,
-        ..saved.with_fusion_of(wanted)
-    };
-    if comparable == *wanted {
-        return Ok(());
-    }
     let shape = |c: &GptConfig| {
         format!(
-            "{} layers, hidden size {}, {} heads, {} positions",
-            c.num_layers, c.hidden_size, c.num_attention_heads, c.max_position_embeddings
+            "{} layers, hidden size {}, {} heads, {} positions, FFN width {}",
+            c.num_layers,
+            c.hidden_size,
+            c.num_attention_heads,
+            c.max_position_embeddings,
+            c.ffn_size()
         )
     };
     if shape(saved) != shape(wanted) {
@@ -360,12 +358,26 @@ fn check_same_model(root: &Path, saved: &GptConfig, wanted: &GptConfig) -> Resul
             shape(wanted)
         );
     }
-    bail!(
-        "--load {}: the checkpoint's model settings differ from this run's: {} vs {}",
-        root.display(),
-        serde_json::to_string(saved)?,
-        serde_json::to_string(wanted)?
-    )
+    let math = |c: &GptConfig| {
+        format!(
+            "{} GELU, LayerNorm epsilon {}",
+            if c.openai_gelu {
+                "tanh (--openai-gelu)"
+            } else {
+                "exact"
+            },
+            c.layernorm_epsilon
+        )
+    };
+    if math(saved) != math(wanted) {
+        bail!(
+            "--load {}: the checkpoint's model uses {}, this run {}",
+            root.display(),
+            math(saved),
+            math(wanted)
+        );
+    }
+    Ok(())
 }
 
 /// The whole model of the latest checkpoint under `root` (shards joined), for inference on

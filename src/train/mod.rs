@@ -6,6 +6,7 @@ pub mod checkpoint;
 pub mod device;
 pub mod distributed_optimizer;
 pub mod hf_export;
+pub mod hf_import;
 pub mod loader;
 pub mod loss_plot;
 pub mod lr_schedule;

@@ -1,0 +1,81 @@
+//! `import-hf`: a HuggingFace GPT-2 model as a ferrotron checkpoint.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+
+use ferrotron::comm::Group;
+use ferrotron::model::named_parameters::load_named_parameters;
+use ferrotron::train::checkpoint::{save_checkpoint, OptimizerState, TrainState, TRACKER_FILE};
+use ferrotron::train::hf_import::{ferrotron_parameters, gpt_config_from_hf};
+
+/// Convert a directory holding a `GPT2LMHeadModel` (`config.json` + `model.safetensors`, as
+/// `save_pretrained` writes it) into a checkpoint that `pretrain --load` continues from
+/// (iteration 0, no optimizer state) and `evaluate` / `export-hf` read.
+#[derive(Parser, Debug)]
+#[command(name = "import-hf", version)]
+struct Args {
+    /// The HuggingFace model directory.
+    #[arg(long)]
+    input: PathBuf,
+    /// Checkpoint directory to create (must not hold a checkpoint yet).
+    #[arg(long)]
+    save: PathBuf,
+    /// Pad the vocabulary to a multiple of this (Megatron's flag; the padded size must match
+    /// the `pretrain` run that loads it, which multiplies it by its tensor-parallel size).
+    #[arg(long, default_value_t = 128)]
+    make_vocab_size_divisible_by: usize,
+}
+
+fn run(args: Args) -> Result<()> {
+    if args.save.join(TRACKER_FILE).exists() {
+        bail!(
+            "--save {}: already holds a checkpoint; choose an empty directory",
+            args.save.display()
+        );
+    }
+    let (config, vocab) = gpt_config_from_hf(
+        &args.input.join("config.json"),
+        args.make_vocab_size_divisible_by,
+    )?;
+    let values = ferrotron_parameters(&args.input, &config, vocab)?;
+    let device = burn::tensor::Device::flex();
+    let model = config.init(0, &device).map_err(anyhow::Error::msg)?;
+    let (model, missing) = load_named_parameters(model, &values);
+    if let Some(first) = missing.first() {
+        bail!(
+            "{}: no tensor for {first} ({} parameters missing)",
+            args.input.join("model.safetensors").display(),
+            missing.len()
+        );
+    }
+    let state = TrainState {
+        iteration: 0,
+        consumed_train_samples: 0,
+        consumed_valid_samples: 0,
+    };
+    let path = save_checkpoint(
+        &args.save,
+        &model,
+        &config,
+        &OptimizerState::default(),
+        &state,
+        &Group::single(),
+    )
+    .with_context(|| format!("writing the checkpoint to {}", args.save.display()))?;
+    eprintln!(
+        "imported a {}-layer GPT-2 (hidden {}, {} heads, vocabulary {vocab} padded to {}) to {}",
+        config.num_layers,
+        config.hidden_size,
+        config.num_attention_heads,
+        config.padded_vocab_size,
+        path.display()
+    );
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    ferrotron::cli::finish("import-hf", run(Args::parse()))
+}
