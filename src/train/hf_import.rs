@@ -156,12 +156,16 @@ fn ferrotron_name(hf: &str) -> Result<Option<String>> {
     }))
 }
 
+/// Parameter values by ferrotron name: shape and row-major values (what
+/// [`crate::model::named_parameters::load_named_parameters`] takes).
+pub type ParameterValues = HashMap<String, (Vec<usize>, Vec<f32>)>;
+
 /// The ferrotron parameters (name → shape, values) of the HF model in `dir`, for `config`.
 pub fn ferrotron_parameters(
     dir: &Path,
     config: &GptConfig,
     vocab: usize,
-) -> Result<HashMap<String, (Vec<usize>, Vec<f32>)>> {
+) -> Result<ParameterValues> {
     let path = dir.join("model.safetensors");
     let mut tensors = read_any_float(&path)?;
     let lm_head = tensors
