@@ -441,3 +441,68 @@ fn tensorboard_event_files_hold_megatrons_scalars() {
     let ppl = of("lm loss validation ppl");
     assert!((ppl[0].1 - (at_3 as f32).exp()).abs() <= 1e-3 * ppl[0].1);
 }
+
+/// Decoded pixels of a PNG (RGB or RGBA, 8 bits).
+fn png_pixels(path: &Path) -> (u32, u32, Vec<[u8; 3]>) {
+    let decoder = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(path).unwrap()));
+    let mut reader = decoder.read_info().unwrap();
+    let mut buf = vec![0; reader.output_buffer_size().unwrap()];
+    let info = reader.next_frame(&mut buf).unwrap();
+    let step = info.color_type.samples();
+    let pixels = buf[..info.buffer_size()]
+        .chunks(step)
+        .map(|c| [c[0], c[1], c[2]])
+        .collect();
+    (info.width, info.height, pixels)
+}
+
+#[test]
+fn the_loss_plot_is_drawn_from_the_metrics_and_the_plot_tool_redraws_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = PretrainConfig {
+        save: Some(dir.path().join("run")),
+        ..tiny(dir.path())
+    };
+    pretrain(&cfg, &Device::flex().autodiff()).unwrap();
+    let (w, h, pixels) = png_pixels(&dir.path().join("run/loss.png"));
+    assert_eq!((w, h), (800, 500));
+    let count = |c: [u8; 3]| pixels.iter().filter(|&&p| p == c).count();
+    // The training line (blue), validation points (red) and dark text and axes.
+    assert!(count([31, 119, 180]) > 200, "training line");
+    assert!(count([214, 39, 40]) > 20, "validation points");
+    let dark = pixels.iter().filter(|p| p.iter().all(|&v| v < 80)).count();
+    assert!(dark > 1000, "axes and text: {dark} dark pixels");
+
+    // Two runs on one SVG figure, with titled axes and a legend entry per run.
+    let second = PretrainConfig {
+        save: Some(dir.path().join("other")),
+        seed: 43,
+        ..tiny(dir.path())
+    };
+    pretrain(&second, &Device::flex().autodiff()).unwrap();
+    let out = run_tool(
+        env!("CARGO_BIN_EXE_plot"),
+        &["run", "other/metrics.jsonl", "--output", "both.svg"],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let svg = std::fs::read_to_string(dir.path().join("both.svg")).unwrap();
+    for text in [
+        "iteration",
+        "lm loss",
+        "run train",
+        "other/metrics.jsonl validation",
+    ] {
+        assert!(svg.contains(text), "no {text:?} in the SVG");
+    }
+    // One colour per run (the line and its legend swatch).
+    for colour in ["#1F77B4", "#2CA02C"] {
+        assert!(
+            svg.contains(&format!("stroke=\"{colour}\"")),
+            "no {colour} line"
+        );
+    }
+    let out = run_tool(env!("CARGO_BIN_EXE_plot"), &["missing"], dir.path());
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("missing"), "{}", stderr(&out));
+}

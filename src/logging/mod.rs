@@ -1,4 +1,5 @@
 //! What a run writes for people to watch: TensorBoard event files (Megatron's
-//! `--tensorboard-dir`).
+//! `--tensorboard-dir`) and loss plots.
 
+pub mod loss_plot;
 pub mod tensorboard;

@@ -1,14 +1,12 @@
 //! Training: Megatron's optimizer, learning-rate schedule, data loading, checkpoints and the
 //! training loop.
 
-mod bitmap_font;
 pub mod checkpoint;
 pub mod device;
 pub mod distributed_optimizer;
 pub mod hf_export;
 pub mod hf_import;
 pub mod loader;
-pub mod loss_plot;
 pub mod lr_schedule;
 pub mod megatron_log;
 pub mod optimizer;

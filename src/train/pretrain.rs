@@ -19,6 +19,7 @@ use crate::comm::world::World;
 use crate::comm::{run_ranks, Communicator, Group, ReduceOp};
 use crate::data::split::{parse_split, split_ranges};
 use crate::data::{GptDataset, GptDatasetConfig, IndexedDataset, Split};
+use crate::logging::loss_plot::{draw_loss_plot, read_metrics};
 use crate::logging::tensorboard::TensorBoardWriter;
 use crate::model::named_parameters::parameter_names;
 use crate::model::{Gpt, GptConfig};
@@ -600,11 +601,13 @@ fn train_rank(
         outcome.validation.push((state.iteration, loss));
     }
     if let Some(dir) = cfg.save.as_ref().filter(|_| rank0) {
+        // Drawn from the metrics file, so a resumed run's plot shows the whole history.
+        drop(metrics);
         let plot = dir.join("loss.png");
-        if let Err(e) =
-            super::loss_plot::write_loss_plot(&plot, &outcome.losses, &outcome.validation)
-        {
-            eprintln!("warning: could not write {}: {e}", plot.display());
+        let drawn = read_metrics(&dir.join("metrics.jsonl"), "")
+            .and_then(|run| draw_loss_plot(&plot, &[run]));
+        if let Err(e) = drawn {
+            eprintln!("warning: could not write {}: {e:#}", plot.display());
         }
     }
     if let Some(test) = &datasets.test {
