@@ -16,24 +16,52 @@ use super::tensor_file::HostTensor;
 use crate::model::named_parameters::named_parameters;
 use crate::model::{Gpt, GptConfig};
 
-/// Reorders the fused QKV output columns from `[head, (q|k|v), head_dim]` to
-/// `[(q|k|v), head, head_dim]`; `rows` is 1 for the bias.
-fn reorder_qkv(values: &[f32], rows: usize, heads: usize, head_dim: usize) -> Vec<f32> {
+/// Which way [`permute_qkv`] moves the fused QKV columns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum QkvOrder {
+    /// Megatron's `[head, (q|k|v), head_dim]` → HF's `[(q|k|v), head, head_dim]`.
+    ToHf,
+    /// HF's order back to Megatron's.
+    FromHf,
+}
+
+/// Permutes the fused QKV output columns between Megatron's per-head order and HF's
+/// per-part order; `rows` is 1 for the bias.
+pub(crate) fn permute_qkv(
+    values: &[f32],
+    rows: usize,
+    heads: usize,
+    head_dim: usize,
+    order: QkvOrder,
+) -> Vec<f32> {
     let width = 3 * heads * head_dim;
     let mut out = vec![0.0; values.len()];
     for r in 0..rows {
         for head in 0..heads {
             for part in 0..3 {
                 for d in 0..head_dim {
-                    let ours = head * 3 * head_dim + part * head_dim + d;
-                    let theirs = part * heads * head_dim + head * head_dim + d;
-                    out[r * width + theirs] = values[r * width + ours];
+                    let ours = r * width + head * 3 * head_dim + part * head_dim + d;
+                    let theirs = r * width + part * heads * head_dim + head * head_dim + d;
+                    match order {
+                        QkvOrder::ToHf => out[theirs] = values[ours],
+                        QkvOrder::FromHf => out[ours] = values[theirs],
+                    }
                 }
             }
         }
     }
     out
 }
+
+/// Per-layer module names, ferrotron's and HF's (`transformer.h.N.<hf>.{weight,bias}`).
+pub(crate) const LAYER_MODULES: [(&str, &str); 6] = [
+    ("input_layernorm", "ln_1"),
+    ("post_attention_layernorm", "ln_2"),
+    ("self_attention.query_key_value", "attn.c_attn"),
+    ("self_attention.dense", "attn.c_proj"),
+    ("mlp.dense_h_to_4h", "mlp.c_fc"),
+    ("mlp.dense_4h_to_h", "mlp.c_proj"),
+];
 
 /// The HF tensors of `model`, with the embedding cut to `vocab_size` rows.
 pub fn hf_gpt2_tensors(
@@ -76,18 +104,14 @@ pub fn hf_gpt2_tensors(
                 .split_once('.')
                 .context("layer parameter without a name")?;
             let (module, kind) = local.rsplit_once('.').context("parameter without a kind")?;
-            let hf_module = match module {
-                "input_layernorm" => "ln_1",
-                "post_attention_layernorm" => "ln_2",
-                "self_attention.query_key_value" => "attn.c_attn",
-                "self_attention.dense" => "attn.c_proj",
-                "mlp.dense_h_to_4h" => "mlp.c_fc",
-                "mlp.dense_4h_to_h" => "mlp.c_proj",
-                other => anyhow::bail!("no HuggingFace name for {other}"),
-            };
+            let hf_module = LAYER_MODULES
+                .iter()
+                .find(|(ours, _)| *ours == module)
+                .map(|(_, hf)| *hf)
+                .with_context(|| format!("no HuggingFace name for {module}"))?;
             let values = if module == "self_attention.query_key_value" {
                 let rows = if kind == "weight" { p.shape[0] } else { 1 };
-                reorder_qkv(&p.values, rows, heads, head_dim)
+                permute_qkv(&p.values, rows, heads, head_dim, QkvOrder::ToHf)
             } else {
                 p.values
             };
@@ -146,7 +170,7 @@ mod tests {
     fn qkv_columns_go_from_per_head_to_per_part() {
         // 2 heads × head_dim 1: ours [q0 k0 v0 q1 k1 v1] → HF [q0 q1 k0 k1 v0 v1].
         assert_eq!(
-            reorder_qkv(&[1., 2., 3., 4., 5., 6.], 1, 2, 1),
+            permute_qkv(&[1., 2., 3., 4., 5., 6.], 1, 2, 1, QkvOrder::ToHf),
             [1., 4., 2., 5., 3., 6.]
         );
     }

@@ -15,6 +15,7 @@ use burn::tensor::{DType, TensorData};
 use safetensors::tensor::Dtype;
 use safetensors::SafeTensors;
 
+use super::hf_export::{permute_qkv, QkvOrder, LAYER_MODULES};
 use super::tensor_file::HostTensor;
 use crate::model::vocab::padded_vocab_size;
 use crate::model::GptConfig;
@@ -102,25 +103,6 @@ fn read_any_float(path: &Path) -> Result<HashMap<String, HostTensor>> {
     Ok(out)
 }
 
-/// Reorders fused QKV columns from HF's `[(q|k|v), head, head_dim]` to Megatron's
-/// `[head, (q|k|v), head_dim]`; `rows` is 1 for the bias.
-fn qkv_per_head(values: &[f32], rows: usize, heads: usize, head_dim: usize) -> Vec<f32> {
-    let width = 3 * heads * head_dim;
-    let mut out = vec![0.0; values.len()];
-    for r in 0..rows {
-        for head in 0..heads {
-            for part in 0..3 {
-                for d in 0..head_dim {
-                    let theirs = part * heads * head_dim + head * head_dim + d;
-                    let ours = head * 3 * head_dim + part * head_dim + d;
-                    out[r * width + ours] = values[r * width + theirs];
-                }
-            }
-        }
-    }
-    out
-}
-
 /// ferrotron's parameter name for a HF tensor name, `None` for buffers that are not
 /// parameters.
 fn ferrotron_name(hf: &str) -> Result<Option<String>> {
@@ -139,15 +121,11 @@ fn ferrotron_name(hf: &str) -> Result<Option<String>> {
                     .split_once('.')
                     .context("layer tensor without a name")?;
                 let (module, kind) = local.rsplit_once('.').context("tensor without a kind")?;
-                let ours = match module {
-                    "ln_1" => "input_layernorm",
-                    "ln_2" => "post_attention_layernorm",
-                    "attn.c_attn" => "self_attention.query_key_value",
-                    "attn.c_proj" => "self_attention.dense",
-                    "mlp.c_fc" => "mlp.dense_h_to_4h",
-                    "mlp.c_proj" => "mlp.dense_4h_to_h",
-                    other => bail!("{hf}: no ferrotron parameter for {other}"),
-                };
+                let ours = LAYER_MODULES
+                    .iter()
+                    .find(|(_, theirs)| *theirs == module)
+                    .map(|(ours, _)| *ours)
+                    .with_context(|| format!("{hf}: no ferrotron parameter for {module}"))?;
                 format!("layers.{layer}.{ours}.{kind}")
             } else {
                 bail!("{hf}: not a GPT-2 tensor name")
@@ -207,7 +185,7 @@ pub fn ferrotron_parameters(
                 t.shape,
                 3 * heads * head_dim
             );
-            let values = qkv_per_head(&t.values, rows, heads, head_dim);
+            let values = permute_qkv(&t.values, rows, heads, head_dim, QkvOrder::FromHf);
             (t.shape, values)
         } else {
             (t.shape, t.values)
@@ -225,7 +203,7 @@ mod tests {
     fn qkv_columns_go_back_from_per_part_to_per_head() {
         // 2 heads × head_dim 1: HF [q0 q1 k0 k1 v0 v1] → ours [q0 k0 v0 q1 k1 v1].
         assert_eq!(
-            qkv_per_head(&[1., 4., 2., 5., 3., 6.], 1, 2, 1),
+            permute_qkv(&[1., 4., 2., 5., 3., 6.], 1, 2, 1, QkvOrder::FromHf),
             [1., 2., 3., 4., 5., 6.]
         );
     }
