@@ -148,17 +148,24 @@ fn thread_ranks_reproduce_the_single_process_losses() {
 // ---------------------------------------------------------------------------------------
 // MPI: the test binary runs itself under mpirun.
 
+/// `mpirun -np ranks` allowed to run as root and to put more ranks than cores on this
+/// machine.
+fn mpirun_command(ranks: usize) -> Command {
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["-np", &ranks.to_string()])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMPI_MCA_rmaps_base_oversubscribe", "1");
+    cmd
+}
+
 /// Runs this test binary's test `test` under `mpirun -np ranks`, with `env`, and returns
 /// (success, stdout + stderr). Fails the test when `mpirun` cannot be started.
 fn mpirun(test: &str, ranks: usize, env: &[(&str, &Path)], limit: Duration) -> (bool, String) {
     let exe = std::env::current_exe().unwrap();
-    let mut cmd = Command::new("mpirun");
-    cmd.args(["-np", &ranks.to_string()])
-        .arg(&exe)
+    let mut cmd = mpirun_command(ranks);
+    cmd.arg(&exe)
         .args(["--exact", test, "--nocapture", "--test-threads", "1"])
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     for (k, v) in env {
@@ -408,8 +415,8 @@ fn the_pretrain_binary_runs_under_mpirun() {
     let dir = tempfile::tempdir().unwrap();
     let data = golden("wikitext2_valid", "text");
     let run = |layers: &str, extra: &[&str]| {
-        Command::new("mpirun")
-            .args(["-np", "2", env!("CARGO_BIN_EXE_pretrain")])
+        mpirun_command(2)
+            .arg(env!("CARGO_BIN_EXE_pretrain"))
             .args([
                 "--num-layers",
                 layers,
@@ -447,9 +454,6 @@ fn the_pretrain_binary_runs_under_mpirun() {
             .arg(&data)
             .args(extra)
             .current_dir(dir.path())
-            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-            .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
             .output()
             .expect("mpirun (install Open MPI, see README)")
     };

@@ -134,13 +134,11 @@ impl DistributedAdamW {
         for e in &layout.entries {
             let start = e.offset.max(shard.start);
             let end = (e.offset + e.len()).min(shard.end);
-            for i in start..end.max(start) {
-                decay[i - shard.start] = e.decay;
-                counted[i - shard.start] = if tensor_rank0 || !replicated.contains(&e.id) {
-                    1.0
-                } else {
-                    0.0
-                };
+            if start < end {
+                let counts = tensor_rank0 || !replicated.contains(&e.id);
+                let local = start - shard.start..end - shard.start;
+                decay[local.clone()].fill(e.decay);
+                counted[local].fill(if counts { 1.0 } else { 0.0 });
             }
         }
         Self {
