@@ -20,6 +20,7 @@ use std::time::Instant;
 use burn::tensor::{Device, TensorData};
 use ferrotron::comm::world::{launcher_variable, World};
 use ferrotron::comm::ReduceOp;
+use ferrotron::data::DataSources;
 use ferrotron::model::GptConfig;
 use ferrotron::train::pretrain::{pretrain_on, DEFAULT_DDP_BUCKET_SIZE};
 use ferrotron::train::{AdamWConfig, LrDecayStyle, LrSchedule, PretrainConfig};
@@ -76,7 +77,9 @@ fn train_config(iters: u64, cache: &Path) -> PretrainConfig {
         adam: AdamWConfig::default(),
         clip_grad: 1.0,
         seed: 1234,
-        data_path: root().join("tests/fixtures/golden/wikitext2_valid_text_document"),
+        data: DataSources::single(
+            root().join("tests/fixtures/golden/wikitext2_valid_text_document"),
+        ),
         split: "100,0,0".into(),
         data_cache_path: Some(cache.to_path_buf()),
         eod_mask_loss: false,

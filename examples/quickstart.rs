@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use burn::tensor::Device;
-use ferrotron::data::{DatasetStats, IndexedDataset};
+use ferrotron::data::{DataSources, DatasetStats, IndexedDataset};
 use ferrotron::model::vocab::{padded_vocab_log_line, padded_vocab_size};
 use ferrotron::model::GptConfig;
 use ferrotron::preprocess::{
@@ -94,7 +94,7 @@ fn main() -> Result<()> {
         adam: AdamWConfig::default(),
         clip_grad: 1.0,
         seed: 1234,
-        data_path: prefix.clone(),
+        data: DataSources::single(prefix.clone()),
         split: "95,5,0".into(),
         data_cache_path: None,
         eod_mask_loss: false,

@@ -19,6 +19,7 @@ use burn::tensor::Device;
 use common::*;
 use ferrotron::comm::world::{launcher_variable, World};
 use ferrotron::comm::{run_ranks, Communicator};
+use ferrotron::data::DataSources;
 use ferrotron::model::GptConfig;
 use ferrotron::train::pretrain::pretrain_on;
 use ferrotron::train::{pretrain, AdamWConfig, LrDecayStyle, LrSchedule, PretrainConfig};
@@ -55,7 +56,7 @@ fn config(
         adam: AdamWConfig::default(),
         clip_grad: 1.0,
         seed: 1234,
-        data_path: golden("wikitext2_valid", "text"),
+        data: DataSources::single(golden("wikitext2_valid", "text")),
         split: "95,5,0".into(),
         data_cache_path: Some(cache.to_path_buf()),
         eod_mask_loss: false,

@@ -5,7 +5,7 @@ mod common;
 
 use burn::tensor::Device;
 use common::*;
-use ferrotron::data::IndexedDataset;
+use ferrotron::data::{DataSources, IndexedDataset};
 use ferrotron::model::named_parameters::named_parameters;
 use ferrotron::model::GptConfig;
 use ferrotron::train::hf_export::{hf_gpt2_config, hf_gpt2_tensors};
@@ -110,7 +110,7 @@ fn import_hf_round_trips_export_hf_and_pretrain_continues_from_it() {
         adam: AdamWConfig::default(),
         clip_grad: 1.0,
         seed: 7,
-        data_path: golden("wikitext2_valid", "text"),
+        data: DataSources::single(golden("wikitext2_valid", "text")),
         split: "100,0,0".into(),
         data_cache_path: Some(dir.path().join("cache")),
         eod_mask_loss: false,

@@ -10,6 +10,7 @@ mod common;
 
 use burn::tensor::{Device, Tensor, TensorData};
 use common::*;
+use ferrotron::data::DataSources;
 use ferrotron::model::ops::{layer_norm, scaled_causal_masked_softmax};
 use ferrotron::model::GptConfig;
 use ferrotron::train::device::parse_device;
@@ -125,7 +126,7 @@ fn train_losses(dir: &std::path::Path, fused: bool, tp: usize) -> Vec<(u64, f64)
         adam: AdamWConfig::default(),
         clip_grad: 1.0,
         seed: 1234,
-        data_path: golden("wikitext2_valid", "text"),
+        data: DataSources::single(golden("wikitext2_valid", "text")),
         split: "100,0,0".into(),
         data_cache_path: Some(dir.to_path_buf()),
         eod_mask_loss: false,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use common::*;
 use ferrotron::data::gpt_dataset::build_indices;
-use ferrotron::data::{GptDataset, GptDatasetConfig, IndexedDataset, Split};
+use ferrotron::data::{GptDataset, GptDatasetConfig, IndexedDataset, SampleDataset, Split};
 
 fn lengths(ds: &IndexedDataset) -> Vec<u32> {
     ds.sequence_lengths().map(|l| l as u32).collect()

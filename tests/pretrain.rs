@@ -7,6 +7,7 @@ use std::path::Path;
 
 use burn::tensor::Device;
 use common::*;
+use ferrotron::data::DataSources;
 use ferrotron::model::GptConfig;
 use ferrotron::train::{pretrain, AdamWConfig, LrDecayStyle, LrSchedule, PretrainConfig};
 
@@ -29,7 +30,7 @@ fn tiny(cache: &Path) -> PretrainConfig {
         adam: AdamWConfig::default(),
         clip_grad: 1.0,
         seed: 42,
-        data_path: golden("wikitext2_valid", "text"),
+        data: DataSources::single(golden("wikitext2_valid", "text")),
         split: "90,10,0".into(),
         data_cache_path: Some(cache.to_path_buf()),
         eod_mask_loss: false,
@@ -505,4 +506,109 @@ fn the_loss_plot_is_drawn_from_the_metrics_and_the_plot_tool_redraws_runs() {
     let out = run_tool(env!("CARGO_BIN_EXE_plot"), &["missing"], dir.path());
     assert!(!out.status.success());
     assert!(stderr(&out).contains("missing"), "{}", stderr(&out));
+}
+
+/// The lm-loss values of a pretrain log.
+fn lm_losses(stdout: &str) -> Vec<String> {
+    stdout
+        .lines()
+        .filter(|l| l.contains(" iteration "))
+        .filter_map(|l| l.split("lm loss: ").nth(1))
+        .map(|rest| rest.split(" |").next().unwrap().trim().to_owned())
+        .collect()
+}
+
+#[test]
+fn pretrain_cli_blends_datasets_from_each_of_megatrons_data_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = golden("wikitext2_valid", "text");
+    let b = golden("wikitext2_test", "text");
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    let cache = dir.path().join("cache");
+    let common = [
+        "--num-layers",
+        "1",
+        "--hidden-size",
+        "16",
+        "--num-attention-heads",
+        "4",
+        "--seq-length",
+        "16",
+        "--max-position-embeddings",
+        "16",
+        "--micro-batch-size",
+        "2",
+        "--global-batch-size",
+        "4",
+        "--lr",
+        "0.00015",
+        "--train-iters",
+        "3",
+        "--log-interval",
+        "1",
+        "--eval-interval",
+        "100",
+        "--eval-iters",
+        "1",
+        "--split",
+        "90,5,5",
+        "--data-cache-path",
+        cache.to_str().unwrap(),
+    ];
+    let run = |extra: &[&str]| {
+        let args: Vec<&str> = common.iter().chain(extra).copied().collect();
+        run_tool(env!("CARGO_BIN_EXE_pretrain"), &args, dir.path())
+    };
+    let blended = run(&["--data-path", "0.3", a, "0.7", b]);
+    let stdout = String::from_utf8_lossy(&blended.stdout).into_owned();
+    assert!(blended.status.success(), "{}\n{stdout}", stderr(&blended));
+    assert!(
+        stdout.contains(" > train blend: 13 samples from 2 datasets, weights [0.3, 0.7]"),
+        "{stdout}"
+    );
+    let losses = lm_losses(&stdout);
+    assert_eq!(losses.len(), 3, "{stdout}");
+    // ceil(12 · 0.3) + ceil(12 · 0.7) = 4 + 9 samples, as Megatron-Core counts them.
+    // The same blend from a --data-args-path file trains on the same samples.
+    std::fs::write(dir.path().join("blend.txt"), format!("0.3 {a}\n0.7 {b}\n")).unwrap();
+    let from_file = run(&["--data-args-path", "blend.txt"]);
+    assert!(from_file.status.success(), "{}", stderr(&from_file));
+    assert_eq!(
+        lm_losses(&String::from_utf8_lossy(&from_file.stdout)),
+        losses
+    );
+    // One dataset alone trains on other samples.
+    let single = run(&["--data-path", a]);
+    assert!(single.status.success(), "{}", stderr(&single));
+    assert_ne!(lm_losses(&String::from_utf8_lossy(&single.stdout)), losses);
+    // Per split: a blend for training, whole datasets for validation and test.
+    let per_split = run(&[
+        "--train-data-path",
+        "0.3",
+        a,
+        "0.7",
+        b,
+        "--valid-data-path",
+        b,
+        "--test-data-path",
+        a,
+    ]);
+    let stdout = String::from_utf8_lossy(&per_split.stdout).into_owned();
+    assert!(per_split.status.success(), "{}", stderr(&per_split));
+    assert!(stdout.contains(" > train blend: 13 samples"), "{stdout}");
+    assert!(
+        stdout.contains("validation loss at the end of training"),
+        "{stdout}"
+    );
+    // Mixed weights and prefixes, and both kinds of flags: clear errors, exit code 1.
+    let bad = run(&["--data-path", "0.3", a, b, a]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(
+        stderr(&bad).contains("stands where a weight should be"),
+        "{}",
+        stderr(&bad)
+    );
+    let bad = run(&["--data-path", a, "--train-data-path", b]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(stderr(&bad).contains("not both"), "{}", stderr(&bad));
 }

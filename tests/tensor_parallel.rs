@@ -10,6 +10,7 @@ use std::path::Path;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use common::*;
 use ferrotron::comm::{run_ranks, Group};
+use ferrotron::data::DataSources;
 use ferrotron::host_tensor::HostTensor;
 use ferrotron::model::named_parameters::named_parameters;
 use ferrotron::model::GptConfig;
@@ -337,7 +338,7 @@ fn tiny(cache: &Path, tp: usize, train_iters: u64) -> PretrainConfig {
         adam: AdamWConfig::default(),
         clip_grad: 1.0,
         seed: 1234,
-        data_path: golden("wikitext2_valid", "text"),
+        data: DataSources::single(golden("wikitext2_valid", "text")),
         split: "100,0,0".into(),
         data_cache_path: Some(cache.to_path_buf()),
         eod_mask_loss: false,

@@ -13,6 +13,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 
 use ferrotron::comm::world::World;
+use ferrotron::data::{Blend, DataSources};
 use ferrotron::model::vocab::{padded_vocab_log_line, padded_vocab_size};
 use ferrotron::model::GptConfig;
 use ferrotron::tokenizer::TokenizerArgs;
@@ -113,9 +114,26 @@ struct Args {
     seed: u64,
 
     // --- data ---
-    /// Dataset prefix (PREFIX.bin/.idx from `preprocess`).
-    #[arg(long, num_args = 1..)]
+    /// Dataset prefix (PREFIX.bin/.idx from `preprocess`), several prefixes, or a weighted
+    /// blend `W1 PREFIX1 W2 PREFIX2 ...` (weights need not sum to 1), cut by --split.
+    #[arg(long, num_args = 1.., allow_negative_numbers = true)]
     data_path: Vec<String>,
+    /// A file holding what --data-path would (for long blends).
+    #[arg(long, conflicts_with = "data_path")]
+    data_args_path: Option<PathBuf>,
+    /// Training data (a prefix or a blend), used whole; instead of --data-path and --split.
+    #[arg(long, num_args = 1.., allow_negative_numbers = true)]
+    train_data_path: Vec<String>,
+    /// Validation data, used whole.
+    #[arg(long, num_args = 1.., allow_negative_numbers = true)]
+    valid_data_path: Vec<String>,
+    /// Test data, used whole.
+    #[arg(long, num_args = 1.., allow_negative_numbers = true)]
+    test_data_path: Vec<String>,
+    /// A JSON file {"train": ..., "valid": ..., "test": ...}, each a list (or a string) of
+    /// what --train-data-path and the others would hold.
+    #[arg(long)]
+    per_split_data_args_path: Option<PathBuf>,
     /// Train/validation/test split of the documents.
     #[arg(long, default_value = "969, 30, 1")]
     split: String,
@@ -225,9 +243,7 @@ fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
             args.optimizer
         );
     }
-    if args.data_path.len() != 1 {
-        bail!("--data-path takes one dataset prefix (blending several datasets with weights is not supported yet)");
-    }
+    let data = data_sources(args)?;
     // Features whose absence does not change the math: say so.
     if (args.fp16 || args.bf16) && verbose {
         warn("--fp16/--bf16: mixed precision is not implemented yet; training in fp32");
@@ -322,7 +338,7 @@ fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
         },
         clip_grad: args.clip_grad,
         seed: args.seed,
-        data_path: ferrotron::data::normalize_prefix(std::path::Path::new(&args.data_path[0])),
+        data,
         split: args.split.clone(),
         data_cache_path: args.data_cache_path.clone(),
         eod_mask_loss: args.eod_mask_loss,
@@ -376,4 +392,88 @@ fn main() -> ExitCode {
         world.abort(1);
     }
     ferrotron::cli::finish("pretrain", result)
+}
+
+/// Megatron's `get_blend_and_blend_per_split`: `--data-path` / `--data-args-path` (one blend
+/// cut by `--split`) or the per-split flags (a blend per split, each used whole).
+fn data_sources(args: &Args) -> Result<DataSources> {
+    let per_split_flags = [
+        &args.train_data_path,
+        &args.valid_data_path,
+        &args.test_data_path,
+    ];
+    let per_split =
+        per_split_flags.iter().any(|v| !v.is_empty()) || args.per_split_data_args_path.is_some();
+    let whole = !args.data_path.is_empty() || args.data_args_path.is_some();
+    if whole && per_split {
+        bail!("give either --data-path (or --data-args-path) or the per-split data flags (--train-data-path, --valid-data-path, --test-data-path, --per-split-data-args-path), not both");
+    }
+    if let Some(path) = &args.data_args_path {
+        return Ok(DataSources::Blend(
+            Blend::from_args_file(path).map_err(anyhow::Error::msg)?,
+        ));
+    }
+    if !args.data_path.is_empty() {
+        return Ok(DataSources::Blend(
+            Blend::from_args("--data-path", &args.data_path).map_err(anyhow::Error::msg)?,
+        ));
+    }
+    if !per_split {
+        bail!("no training data: give --data-path PREFIX (from `preprocess`), a weighted blend --data-path W1 PREFIX1 W2 PREFIX2, or --train-data-path");
+    }
+    let names = ["train", "valid", "test"];
+    let lists: [Vec<String>; 3] = match &args.per_split_data_args_path {
+        Some(path) => {
+            if per_split_flags.iter().any(|v| !v.is_empty()) {
+                bail!("--per-split-data-args-path replaces --train-data-path, --valid-data-path and --test-data-path: give one or the other");
+            }
+            per_split_lists(path)?
+        }
+        None => per_split_flags.map(|v| v.clone()),
+    };
+    let mut blends = [None, None, None];
+    for ((blend, list), name) in blends.iter_mut().zip(&lists).zip(names) {
+        if !list.is_empty() {
+            *blend = Some(
+                Blend::from_args(&format!("--{name}-data-path"), list)
+                    .map_err(anyhow::Error::msg)?,
+            );
+        }
+    }
+    Ok(DataSources::PerSplit(blends))
+}
+
+/// Reads `--per-split-data-args-path`.
+fn per_split_lists(path: &std::path::Path) -> Result<[Vec<String>; 3]> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--per-split-data-args-path {}", path.display()))?;
+    let json: serde_json::Value = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "--per-split-data-args-path {}: not JSON like {{\"train\": [\"0.3\", \"a\", \"0.7\", \"b\"], \"valid\": \"c\", \"test\": \"c\"}}",
+            path.display()
+        )
+    })?;
+    let mut out: [Vec<String>; 3] = Default::default();
+    for (list, key) in out.iter_mut().zip(["train", "valid", "test"]) {
+        *list = match &json[key] {
+            serde_json::Value::Null => vec![],
+            serde_json::Value::String(s) => s.split_whitespace().map(str::to_owned).collect(),
+            serde_json::Value::Array(items) => items
+                .iter()
+                .map(|v| match v {
+                    serde_json::Value::String(s) => Ok(s.clone()),
+                    serde_json::Value::Number(n) => Ok(n.to_string()),
+                    other => bail!(
+                        "{}: \"{key}\" holds {other}, expected strings",
+                        path.display()
+                    ),
+                })
+                .collect::<Result<_>>()?,
+            other => bail!(
+                "{}: \"{key}\" is {other}, expected a list of words or a string",
+                path.display()
+            ),
+        };
+    }
+    Ok(out)
 }

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use super::npy::{read_npy, write_npy};
 use super::numpy_random::NumpyRandomState;
-use super::{DatasetError, IndexedDataset};
+use super::{DatasetError, IndexedDataset, SampleDataset};
 
 /// Megatron separates the last epoch when fewer than this share of its samples are used.
 const SEPARATE_LAST_EPOCH_THRESHOLD: f64 = 0.80;
@@ -214,7 +214,7 @@ pub fn build_indices(
 }
 
 /// FNV-1a, 64 bits: a stable name for a cache entry (not a security hash).
-fn fnv1a(text: &str) -> u64 {
+pub(crate) fn fnv1a(text: &str) -> u64 {
     text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
     })
@@ -238,6 +238,7 @@ pub struct GptDataset {
     indices: GptIndices,
     sequence_length: usize,
     split: Split,
+    description: String,
 }
 
 impl std::fmt::Debug for GptDataset {
@@ -266,6 +267,7 @@ impl GptDataset {
         }
         let lengths: Vec<u32> = data.sequence_lengths().map(|l| l as u32).collect();
         let cache = CacheFiles::new(&data, split, &documents, config);
+        let documents_for_description = documents.clone();
         let tokens_per_epoch: u64 = documents.clone().map(|d| lengths[d] as u64).sum();
         let indices = match cache
             .as_ref()
@@ -289,6 +291,7 @@ impl GptDataset {
             }
         };
         Ok(Self {
+            description: describe(&data, split, &documents_for_description, config),
             data,
             indices,
             sequence_length: config.sequence_length,
@@ -345,22 +348,44 @@ impl GptDataset {
         }
         out
     }
+}
 
-    /// Sample `i` as inputs, labels and loss mask.
-    pub fn sample(&self, i: usize, eod: u32, eod_mask_loss: bool) -> GptSample {
-        let mut tokens = self.sample_tokens(i);
-        let labels = tokens[1..].to_vec();
-        tokens.pop();
-        let loss_mask = tokens
-            .iter()
-            .map(|&t| if eod_mask_loss && t == eod { 0.0 } else { 1.0 })
-            .collect();
-        GptSample {
-            tokens,
-            labels,
-            loss_mask,
-        }
+impl SampleDataset for GptDataset {
+    fn len(&self) -> usize {
+        GptDataset::len(self)
     }
+
+    fn sample_tokens(&self, i: usize) -> Vec<u32> {
+        GptDataset::sample_tokens(self, i)
+    }
+
+    fn description(&self) -> String {
+        self.description.clone()
+    }
+}
+
+/// Everything a GPT dataset's indices depend on, as text: the cache key, and how a blend
+/// describes its parts.
+fn describe(
+    data: &IndexedDataset,
+    split: Split,
+    documents: &Range<usize>,
+    config: &GptDatasetConfig,
+) -> String {
+    format!(
+        "class: GPTDataset (ferrotron)\ndataset: {}\nsequences: {}\ntokens: {}\nsplit: {}\ndocuments: {}..{}\n\
+         num_samples: {}\nsequence_length: {}\nrandom_seed: {}\nadd_extra_token_to_sequence: true\n\
+         drop_last_partial_sequence: true\nformat: 1\n",
+        data.prefix().display(),
+        data.sequence_count(),
+        data.total_tokens(),
+        split.name(),
+        documents.start,
+        documents.end,
+        config.num_samples,
+        config.sequence_length,
+        config.seed,
+    )
 }
 
 /// Where a dataset's indices are cached, named by a hash of everything they depend on.
@@ -386,20 +411,7 @@ impl CacheFiles {
                 .join("GPTDataset_indices"),
         };
         let name = prefix.file_name()?.to_string_lossy().into_owned();
-        let description = format!(
-            "class: GPTDataset (ferrotron)\ndataset: {}\nsequences: {}\ntokens: {}\nsplit: {}\ndocuments: {}..{}\n\
-             num_samples: {}\nsequence_length: {}\nrandom_seed: {}\nadd_extra_token_to_sequence: true\n\
-             drop_last_partial_sequence: true\nformat: 1\n",
-            prefix.display(),
-            data.sequence_count(),
-            data.total_tokens(),
-            split.name(),
-            documents.start,
-            documents.end,
-            config.num_samples,
-            config.sequence_length,
-            config.seed,
-        );
+        let description = describe(data, split, documents, config);
         let stem = dir.join(format!(
             "{name}-{}-{:016x}",
             split.name(),

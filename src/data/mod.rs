@@ -4,6 +4,9 @@
 //! `.bin` holds the token ids of every sequence back to back and `.idx` a header, the
 //! sequence lengths, their byte offsets and the document boundaries.
 
+pub mod blend;
+pub mod blended_builder;
+pub mod blended_dataset;
 pub mod builder;
 pub mod dtype;
 pub mod error;
@@ -13,11 +16,15 @@ pub mod indexed_dataset;
 pub mod merge;
 pub mod npy;
 pub mod numpy_random;
+pub mod sample_dataset;
 pub mod split;
 pub mod stats;
 
 use std::path::{Path, PathBuf};
 
+pub use blend::{Blend, DataSources};
+pub use blended_builder::{build_datasets, DatasetBuildConfig, SplitDataset};
+pub use blended_dataset::BlendedDataset;
 pub use builder::{FinishedDataset, IndexedDatasetBuilder};
 pub use dtype::DType;
 pub use error::DatasetError;
@@ -25,6 +32,7 @@ pub use gpt_dataset::{GptDataset, GptDatasetConfig, GptIndices, GptSample, Split
 pub use index::IndexLayout;
 pub use indexed_dataset::{IndexedDataset, Tokens};
 pub use merge::merge_datasets;
+pub use sample_dataset::SampleDataset;
 pub use stats::DatasetStats;
 
 /// Path of the `.bin` file of a dataset prefix.

@@ -30,6 +30,16 @@ impl NpyElement for i32 {
     }
 }
 
+impl NpyElement for i16 {
+    const DESCR: &'static str = "<i2";
+    fn write_le(self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.to_le_bytes());
+    }
+    fn read_le(bytes: &[u8]) -> Self {
+        i16::from_le_bytes(bytes.try_into().expect("2 bytes"))
+    }
+}
+
 impl NpyElement for i64 {
     const DESCR: &'static str = "<i8";
     fn write_le(self, out: &mut Vec<u8>) {

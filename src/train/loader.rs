@@ -6,7 +6,7 @@ use std::thread::JoinHandle;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use crossbeam_channel::{bounded, Receiver};
 
-use crate::data::GptDataset;
+use crate::data::SampleDataset;
 
 /// One micro-batch on the host.
 #[derive(Clone, Debug, PartialEq)]
@@ -26,7 +26,7 @@ pub struct MicroBatch {
 impl MicroBatch {
     /// Samples `start..start + batch_size` of `dataset` (wrapping around its end).
     pub fn from_dataset(
-        dataset: &GptDataset,
+        dataset: &dyn SampleDataset,
         start: u64,
         batch_size: usize,
         eod: u32,
@@ -78,7 +78,7 @@ impl BatchLoader {
     /// Starts loading micro-batches of `batch_size` from sample `start`, the next one
     /// `stride` samples further, `prefetch` ahead.
     pub fn new(
-        dataset: Arc<GptDataset>,
+        dataset: Arc<dyn SampleDataset>,
         start: u64,
         stride: u64,
         batch_size: usize,
@@ -90,8 +90,13 @@ impl BatchLoader {
         let thread = std::thread::spawn(move || {
             let mut next = start;
             loop {
-                let batch =
-                    MicroBatch::from_dataset(&dataset, next, batch_size, eod, eod_mask_loss);
+                let batch = MicroBatch::from_dataset(
+                    dataset.as_ref(),
+                    next,
+                    batch_size,
+                    eod,
+                    eod_mask_loss,
+                );
                 next += stride;
                 if sender.send(batch).is_err() {
                     return;

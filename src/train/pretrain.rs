@@ -17,8 +17,7 @@ use super::megatron_log::{iteration_line, validation_line, IterationStats};
 use super::{AdamW, AdamWConfig, GradientAccumulator, LrSchedule};
 use crate::comm::world::World;
 use crate::comm::{run_ranks, Communicator, Group, ReduceOp};
-use crate::data::split::{parse_split, split_ranges};
-use crate::data::{GptDataset, GptDatasetConfig, IndexedDataset, Split};
+use crate::data::{self, DataSources, DatasetBuildConfig, SampleDataset};
 use crate::logging::loss_plot::{draw_loss_plot, read_metrics};
 use crate::logging::tensorboard::TensorBoardWriter;
 use crate::model::named_parameters::parameter_names;
@@ -48,8 +47,8 @@ pub struct PretrainConfig {
     pub clip_grad: f64,
     /// `--seed`.
     pub seed: u64,
-    /// `--data-path` (one dataset prefix).
-    pub data_path: PathBuf,
+    /// `--data-path` (one dataset or a weighted blend), or a blend per split.
+    pub data: DataSources,
     /// `--split`.
     pub split: String,
     /// `--data-cache-path`.
@@ -102,18 +101,12 @@ pub struct PretrainOutcome {
 }
 
 struct Datasets {
-    train: Arc<GptDataset>,
-    valid: Option<Arc<GptDataset>>,
-    test: Option<Arc<GptDataset>>,
+    train: Arc<dyn SampleDataset>,
+    valid: Option<Arc<dyn SampleDataset>>,
+    test: Option<Arc<dyn SampleDataset>>,
 }
 
 fn build_datasets(cfg: &PretrainConfig, verbose: bool) -> Result<Datasets> {
-    let data = Arc::new(
-        IndexedDataset::open(&cfg.data_path)
-            .with_context(|| format!("--data-path {}", cfg.data_path.display()))?,
-    );
-    let weights = parse_split(&cfg.split).map_err(anyhow::Error::msg)?;
-    let ranges = split_ranges(&weights, data.document_count());
     let gbs = cfg.global_batch_size as u64;
     let eval_runs = cfg.train_iters / cfg.eval_interval.max(1) + 1;
     let samples = [
@@ -121,60 +114,18 @@ fn build_datasets(cfg: &PretrainConfig, verbose: bool) -> Result<Datasets> {
         eval_runs * cfg.eval_iters * gbs,
         cfg.eval_iters * gbs,
     ];
-    let mut built = Vec::new();
-    for ((split, range), num_samples) in [Split::Train, Split::Valid, Split::Test]
-        .into_iter()
-        .zip(ranges)
-        .zip(samples)
-    {
-        let Some(range) = range.filter(|_| num_samples > 0) else {
-            built.push(None);
-            continue;
-        };
-        if range.is_empty() {
-            // Megatron-Core would loop forever looking for samples here.
-            bail!(
-                "--split {}: the {} split of {} gets none of its {} documents, yet {num_samples} \
-                 samples are asked of it (give it a larger share of --split, or use \
-                 --eval-iters 0 for no validation and test)",
-                cfg.split,
-                split.name(),
-                cfg.data_path.display(),
-                data.document_count()
-            );
-        }
-        let config = GptDatasetConfig {
-            sequence_length: cfg.seq_length,
-            seed: cfg.seed as u32,
-            num_samples: num_samples as usize,
-            cache_dir: cfg.data_cache_path.clone(),
-        };
-        let ds =
-            GptDataset::new(data.clone(), split, range.clone(), &config).with_context(|| {
-                format!("building the {} split (documents {range:?})", split.name())
-            })?;
-        if verbose {
-            println!(
-                " > {} split: documents {}..{}, {} samples of {} tokens",
-                split.name(),
-                range.start,
-                range.end,
-                ds.len(),
-                cfg.seq_length
-            );
-        }
-        built.push(Some(Arc::new(ds)));
-    }
-    let mut built = built.into_iter();
-    let train = built
-        .next()
-        .flatten()
-        .context("the training split is empty: check --split and --data-path")?;
-    Ok(Datasets {
-        train,
-        valid: built.next().flatten(),
-        test: built.next().flatten(),
-    })
+    let config = DatasetBuildConfig {
+        split: cfg.split.clone(),
+        sequence_length: cfg.seq_length,
+        seed: cfg.seed as u32,
+        cache_dir: cfg.data_cache_path.clone(),
+        verbose,
+    };
+    let [train, valid, test] = data::build_datasets(&cfg.data, samples, &config)?;
+    let train = train.context(
+        "there is no training data: check --split and --data-path (or --train-data-path)",
+    )?;
+    Ok(Datasets { train, valid, test })
 }
 
 /// Mean LM loss over `iters` global batches of `dataset` starting at sample `start`, without
@@ -182,7 +133,7 @@ fn build_datasets(cfg: &PretrainConfig, verbose: bool) -> Result<Datasets> {
 /// every global batch and the sums are all-reduced over `data`, so all ranks get the mean.
 pub fn evaluate(
     model: &Gpt,
-    dataset: &GptDataset,
+    dataset: &dyn SampleDataset,
     start: u64,
     iters: u64,
     cfg: &PretrainConfig,
@@ -529,7 +480,7 @@ fn train_rank(
             {
                 let loss = evaluate(
                     &model,
-                    valid,
+                    valid.as_ref(),
                     state.consumed_valid_samples,
                     cfg.eval_iters,
                     cfg,
@@ -588,7 +539,7 @@ fn train_rank(
     if let Some(valid) = &datasets.valid {
         let loss = evaluate(
             &model,
-            valid,
+            valid.as_ref(),
             state.consumed_valid_samples,
             cfg.eval_iters,
             cfg,
@@ -611,7 +562,7 @@ fn train_rank(
         }
     }
     if let Some(test) = &datasets.test {
-        let loss = evaluate(&model, test, 0, cfg.eval_iters, cfg, data, device)?;
+        let loss = evaluate(&model, test.as_ref(), 0, cfg.eval_iters, cfg, data, device)?;
         if rank0 {
             print_validation("validation loss at the end of training for test data", loss);
         }
