@@ -15,6 +15,7 @@ pub mod cli;
 pub mod comm;
 pub mod data;
 pub mod host_tensor;
+pub mod inference;
 pub mod logging;
 pub mod model;
 pub mod parallel;

@@ -426,9 +426,13 @@ fn tensorboard_event_files_hold_megatrons_scalars() {
         .map(|&(i, l)| (i, l as f32))
         .collect();
     assert_eq!(of("lm loss"), want);
-    for tag in ["learning-rate", "batch-size", "grad-norm"] {
+    for tag in ["learning-rate", "batch-size", "grad-norm", "loss-scale"] {
         assert_eq!(of(tag).len(), 3, "{tag}");
     }
+    assert!(of("loss-scale").iter().all(|&(_, v)| v == 1.0));
+    // The same against consumed samples (4 per iteration).
+    let by_samples: Vec<(u64, f32)> = want.iter().map(|&(i, l)| (4 * i, l)).collect();
+    assert_eq!(of("lm loss vs samples"), by_samples);
     assert!(of("batch-size").iter().all(|&(_, v)| v == 4.0));
     // Every --log-interval: timing; every --eval-interval: validation loss and perplexity.
     assert_eq!(
@@ -503,6 +507,22 @@ fn the_loss_plot_is_drawn_from_the_metrics_and_the_plot_tool_redraws_runs() {
             "no {colour} line"
         );
     }
+    // Against training tokens: the metrics count them (consumed samples × seq length), and
+    // the axis says so.
+    let metrics = std::fs::read_to_string(dir.path().join("run/metrics.jsonl")).unwrap();
+    let first: serde_json::Value = serde_json::from_str(metrics.lines().next().unwrap()).unwrap();
+    assert_eq!(
+        first["tokens"].as_u64().unwrap(),
+        first["consumed_samples"].as_u64().unwrap() * cfg.seq_length as u64
+    );
+    let out = run_tool(
+        env!("CARGO_BIN_EXE_plot"),
+        &["run", "--x-axis", "tokens", "--output", "tokens.svg"],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let svg = std::fs::read_to_string(dir.path().join("tokens.svg")).unwrap();
+    assert!(svg.contains("training tokens"), "no token axis title");
     let out = run_tool(env!("CARGO_BIN_EXE_plot"), &["missing"], dir.path());
     assert!(!out.status.success());
     assert!(stderr(&out).contains("missing"), "{}", stderr(&out));

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::Parser;
 
-use ferrotron::logging::loss_plot::{draw_loss_plot, read_metrics};
+use ferrotron::logging::loss_plot::{draw_loss_plot_against, read_metrics, XAxis};
 
 /// Draw the training and validation loss of runs (their `--save` directories or
 /// `metrics.jsonl` files) on one figure.
@@ -19,6 +19,10 @@ struct Args {
     /// Output image: `.svg` for SVG, otherwise PNG.
     #[arg(long, short, default_value = "loss.png")]
     output: PathBuf,
+    /// Horizontal axis: iteration, or tokens (training tokens consumed, to compare runs of
+    /// different batch or sequence sizes).
+    #[arg(long, default_value = "iteration", value_parser = ["iteration", "tokens"])]
+    x_axis: String,
 }
 
 fn run(args: Args) -> Result<()> {
@@ -39,7 +43,12 @@ fn run(args: Args) -> Result<()> {
             read_metrics(&file, &label)
         })
         .collect::<Result<Vec<_>>>()?;
-    draw_loss_plot(&args.output, &runs)?;
+    let axis = if args.x_axis == "tokens" {
+        XAxis::Tokens
+    } else {
+        XAxis::Iteration
+    };
+    draw_loss_plot_against(&args.output, &runs, axis)?;
     eprintln!("wrote {}", args.output.display());
     Ok(())
 }

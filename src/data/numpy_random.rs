@@ -90,6 +90,13 @@ impl NumpyRandomState {
         }
     }
 
+    /// A uniform float in [0, 1) with 53 random bits (numpy's `random_sample`).
+    pub fn random_sample(&mut self) -> f64 {
+        let a = (self.next_u32() >> 5) as f64;
+        let b = (self.next_u32() >> 6) as f64;
+        (a * 67_108_864.0 + b) / 9_007_199_254_740_992.0
+    }
+
     /// Shuffles in place exactly like `RandomState.shuffle` on a 1-D array.
     pub fn shuffle<T>(&mut self, items: &mut [T]) {
         for i in (1..items.len()).rev() {
@@ -113,5 +120,9 @@ mod tests {
         let mut a: Vec<u32> = (0..10).collect();
         NumpyRandomState::new(1234).shuffle(&mut a);
         assert_eq!(a, [7, 2, 9, 1, 0, 8, 4, 5, 6, 3]);
+        // numpy 2.x: r = np.random.RandomState(1234); r.random_sample(), r.random_sample()
+        let mut r = NumpyRandomState::new(1234);
+        assert_eq!(r.random_sample(), 0.1915194503788923);
+        assert_eq!(r.random_sample(), 0.6221087710398319);
     }
 }

@@ -4,7 +4,8 @@ use burn::module::Module;
 use burn::tensor::{Device, Tensor};
 
 use super::dropout::Dropout;
-use super::ops::scaled_causal_masked_softmax;
+use super::kv_cache::LayerKv;
+use super::ops::{offset_causal_masked_softmax, scaled_causal_masked_softmax};
 use super::GptConfig;
 use crate::comm::Group;
 use crate::parallel::layers::{ColumnParallelLinear, RowParallelLinear};
@@ -85,5 +86,47 @@ impl CausalSelfAttention {
         let context = self.attention_dropout.forward(probs).matmul(v);
         self.dense
             .forward(context.swap_dims(1, 2).reshape([b, s, heads * head_dim]))
+    }
+
+    /// [`Self::forward`] for `x` = the positions after those in `past` (inference only, no
+    /// dropout): their keys and values are appended to `past`, and each query attends to every
+    /// cached position and to the new ones up to itself.
+    pub fn forward_cached(&self, x: Tensor<3>, past: &mut Option<LayerKv>) -> Tensor<3> {
+        let [b, s, _] = x.dims();
+        let qkv = self.query_key_value.forward(x);
+        let heads = self.local_heads;
+        let head_dim = qkv.dims()[2] / (3 * heads);
+        let qkv = qkv.reshape([b, s, heads, 3 * head_dim]);
+        let part = |i: usize| {
+            qkv.clone()
+                .narrow(3, i * head_dim, head_dim)
+                .swap_dims(1, 2)
+        };
+        let (q, k, v) = (part(0), part(1), part(2));
+        let (k, v) = match past.take() {
+            Some(p) => (
+                Tensor::cat(vec![p.keys, k], 2),
+                Tensor::cat(vec![p.values, v], 2),
+            ),
+            None => (k, v),
+        };
+        *past = Some(LayerKv {
+            keys: k.clone(),
+            values: v.clone(),
+        });
+        let cached = k.dims()[2] - s;
+        let scale = 1.0 / (head_dim as f64).sqrt();
+        let scores = q.matmul(k.transpose());
+        let probs = if cached == 0 {
+            scaled_causal_masked_softmax(scores, scale, self.masked_softmax_fusion)
+        } else {
+            offset_causal_masked_softmax(scores, scale, cached)
+        };
+        self.dense.forward(
+            probs
+                .matmul(v)
+                .swap_dims(1, 2)
+                .reshape([b, s, heads * head_dim]),
+        )
     }
 }

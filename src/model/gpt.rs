@@ -5,6 +5,7 @@ use burn::tensor::{Device, Int, Tensor};
 
 use super::dropout::Dropout;
 use super::init::Init;
+use super::kv_cache::KvCache;
 use super::layer_norm::LayerNorm;
 use super::transformer_block::TransformerBlock;
 use super::GptConfig;
@@ -94,6 +95,31 @@ impl Gpt {
     /// ids `[batch, seq]`: Megatron's `parallel_lm_logits`, never gathered.
     pub fn forward(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
         let hidden = copy_to_region(self.hidden_states(tokens), &self.group);
+        weight_matmul(hidden, self.word_embeddings.weight.val().transpose())
+    }
+
+    /// [`Self::forward`] for `tokens` continuing the positions held in `cache`, which takes
+    /// their keys and values (inference: no dropout). Feeding a prompt and then one token at a
+    /// time gives the logits a full forward over the whole sequence gives, each step costing
+    /// one position.
+    pub fn forward_cached(&self, tokens: Tensor<2, Int>, cache: &mut KvCache) -> Tensor<3> {
+        let s = tokens.dims()[1];
+        let start = cache.positions;
+        let words = self.word_embeddings.forward(tokens);
+        let positions = self
+            .position_embeddings
+            .val()
+            .narrow(0, start, s)
+            .unsqueeze::<3>();
+        let mut x = words + positions;
+        if cache.layers.len() != self.layers.len() {
+            *cache = KvCache::new(self.layers.len());
+        }
+        for (layer, past) in self.layers.iter().zip(&mut cache.layers) {
+            x = layer.forward_cached(x, past);
+        }
+        cache.positions += s;
+        let hidden = copy_to_region(self.final_layernorm.forward(x), &self.group);
         weight_matmul(hidden, self.word_embeddings.weight.val().transpose())
     }
 

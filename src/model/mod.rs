@@ -12,6 +12,7 @@ pub mod dropout;
 pub mod fused_ops;
 pub mod gpt;
 pub mod init;
+pub mod kv_cache;
 pub mod layer_norm;
 pub mod loss;
 pub mod mlp;
@@ -22,5 +23,6 @@ pub mod vocab;
 
 pub use config::GptConfig;
 pub use gpt::Gpt;
+pub use kv_cache::KvCache;
 pub use loss::{lm_loss, parallel_lm_loss};
 pub use vocab::padded_vocab_size;

@@ -29,6 +29,18 @@ pub fn scaled_causal_masked_softmax(x: Tensor<4>, scale: f64, fused: bool) -> Te
     )
 }
 
+/// [`scaled_causal_masked_softmax`] for queries at positions `offset..offset + sq` over keys
+/// `0..sk` (incremental decoding: query i sees keys up to `offset + i`).
+pub fn offset_causal_masked_softmax(x: Tensor<4>, scale: f64, offset: usize) -> Tensor<4> {
+    let [_, _, sq, sk] = x.dims();
+    let mask = Tensor::<2, Bool>::tril_mask([sq, sk], offset as i64, &x.device());
+    softmax(
+        x.mul_scalar(scale)
+            .mask_fill(mask.unsqueeze::<4>(), MASKED_SCORE),
+        3,
+    )
+}
+
 /// LayerNorm over the last dimension (biased variance, as PyTorch and Megatron).
 pub fn layer_norm(
     x: Tensor<3>,

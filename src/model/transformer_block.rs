@@ -5,6 +5,7 @@ use burn::tensor::{Device, Tensor};
 
 use super::attention::CausalSelfAttention;
 use super::dropout::Dropout;
+use super::kv_cache::LayerKv;
 use super::layer_norm::LayerNorm;
 use super::mlp::Mlp;
 use super::GptConfig;
@@ -76,5 +77,17 @@ impl TransformerBlock {
             .mlp
             .forward(self.post_attention_layernorm.forward(x.clone()));
         x + self.hidden_dropout.forward(mlp)
+    }
+
+    /// [`Self::forward`] for the positions after those cached in `past` (inference).
+    pub fn forward_cached(&self, x: Tensor<3>, past: &mut Option<LayerKv>) -> Tensor<3> {
+        let attn = self
+            .self_attention
+            .forward_cached(self.input_layernorm.forward(x.clone()), past);
+        let x = x + attn;
+        let mlp = self
+            .mlp
+            .forward(self.post_attention_layernorm.forward(x.clone()));
+        x + mlp
     }
 }

@@ -435,16 +435,31 @@ fn train_rank(
             writeln!(
                 file,
                 "{}",
-                serde_json::json!({"iteration": iteration, "lm_loss": loss, "lr": lr, "grad_norm": grad_norm})
+                serde_json::json!({
+                    "iteration": iteration,
+                    "consumed_samples": state.consumed_train_samples,
+                    "tokens": state.consumed_train_samples * cfg.seq_length as u64,
+                    "lm_loss": loss,
+                    "lr": lr,
+                    "grad_norm": grad_norm
+                })
             )?;
         }
         if let Some(tb) = tensorboard.as_mut() {
             if iteration.is_multiple_of(cfg.tensorboard_log_interval.max(1)) {
-                // Megatron's tags.
-                tb.add_scalar("learning-rate", lr, iteration)?;
-                tb.add_scalar("batch-size", cfg.global_batch_size as f64, iteration)?;
-                tb.add_scalar("lm loss", loss, iteration)?;
-                tb.add_scalar("grad-norm", grad_norm, iteration)?;
+                // Megatron's tags, each also against the consumed samples. The loss scale
+                // is 1 in fp32, as Megatron logs it without a grad scaler.
+                let samples = state.consumed_train_samples;
+                for (tag, value) in [
+                    ("learning-rate", lr),
+                    ("batch-size", cfg.global_batch_size as f64),
+                    ("lm loss", loss),
+                    ("loss-scale", 1.0),
+                    ("grad-norm", grad_norm),
+                ] {
+                    tb.add_scalar(tag, value, iteration)?;
+                    tb.add_scalar(&format!("{tag} vs samples"), value, samples)?;
+                }
             }
         }
         if iteration.is_multiple_of(cfg.log_interval.max(1)) || iteration == cfg.train_iters {
@@ -493,6 +508,11 @@ fn train_rank(
                 }
                 if let Some(tb) = tensorboard.as_mut() {
                     tb.add_scalar("lm loss validation", loss, iteration)?;
+                    tb.add_scalar(
+                        "lm loss validation vs samples",
+                        loss,
+                        state.consumed_train_samples,
+                    )?;
                     tb.add_scalar("lm loss validation ppl", loss.min(20.0).exp(), iteration)?;
                     tb.flush()?;
                 }
@@ -501,7 +521,12 @@ fn train_rank(
                     writeln!(
                         file,
                         "{}",
-                        serde_json::json!({"iteration": iteration, "valid_lm_loss": loss})
+                        serde_json::json!({
+                            "iteration": iteration,
+                            "consumed_samples": state.consumed_train_samples,
+                            "tokens": state.consumed_train_samples * cfg.seq_length as u64,
+                            "valid_lm_loss": loss
+                        })
                     )?;
                 }
             }

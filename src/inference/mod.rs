@@ -1,0 +1,7 @@
+//! Text generation from a trained model: sampling rules and the KV-cached decoding loop.
+
+pub mod generate;
+pub mod sampling;
+
+pub use generate::{generate, GenerateOptions};
+pub use sampling::{Sampler, SamplingConfig};

@@ -1,0 +1,194 @@
+//! `generate`: text continuations of prompts from a ferrotron checkpoint.
+//!
+//!   generate --load ckpt --prompt "The history of" --max-new-tokens 40 --greedy
+//!   generate --load ckpt --prompts-file prompts.jsonl --temperature 0.8 --top-p 0.9 --json
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+
+use ferrotron::inference::{generate, GenerateOptions, Sampler, SamplingConfig};
+use ferrotron::tokenizer::{TextTokenizer, TokenizerArgs};
+use ferrotron::train::checkpoint::load_model;
+use ferrotron::train::device::parse_device;
+
+/// Continue prompts with a checkpoint (any tensor-parallel layout it was saved with): greedy or
+/// sampled (temperature, top-k, top-p), stopping at the end-of-document token, with a KV cache
+/// so each new token costs one position. Text streams to stdout as it comes; `--json` writes
+/// one line per prompt instead.
+#[derive(Parser, Debug)]
+#[command(name = "generate", version)]
+struct Args {
+    /// Checkpoint directory (as given to `pretrain --save`).
+    #[arg(long)]
+    load: PathBuf,
+    /// A prompt (repeat the flag for several).
+    #[arg(long)]
+    prompt: Vec<String>,
+    /// A JSONL file of prompts: each line a JSON string or an object with "prompt" (or "text").
+    #[arg(long)]
+    prompts_file: Option<PathBuf>,
+    /// New tokens per prompt at most (Megatron's --out-seq-length).
+    #[arg(long, alias = "out-seq-length", default_value_t = 64)]
+    max_new_tokens: usize,
+    /// Always the most likely token (same as --temperature 0).
+    #[arg(long)]
+    greedy: bool,
+    /// Sampling temperature (0: greedy).
+    #[arg(long, default_value_t = 1.0)]
+    temperature: f64,
+    /// Sample among the k most likely tokens only (0: all).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Sample among the most likely tokens holding this probability mass (0: all).
+    #[arg(long, default_value_t = 0.0)]
+    top_p: f64,
+    /// Seed of the sampler.
+    #[arg(long, default_value_t = 1234)]
+    seed: u32,
+    /// One JSON line per prompt: {"prompt", "prompt_tokens", "tokens" (new ids), "text"}.
+    #[arg(long)]
+    json: bool,
+    /// Recompute the whole prefix for every token (the reference for the cache).
+    #[arg(long)]
+    no_kv_cache: bool,
+    /// Backend: cpu, or (in builds with those features) cuda, cuda:N, wgpu, wgpu-cpu.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    #[command(flatten)]
+    tokenizer: TokenizerArgs,
+}
+
+/// The prompts of `--prompts-file`, with line numbers in errors.
+fn read_prompts(path: &Path) -> Result<Vec<String>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--prompts-file {}", path.display()))?;
+    let mut prompts = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let value: serde_json::Value = serde_json::from_str(line)
+            .with_context(|| format!("{}:{}: not a JSON line", path.display(), n + 1))?;
+        let prompt = match &value {
+            serde_json::Value::String(s) => Some(s.clone()),
+            serde_json::Value::Object(o) => o
+                .get("prompt")
+                .or_else(|| o.get("text"))
+                .and_then(|v| v.as_str())
+                .map(str::to_owned),
+            _ => None,
+        };
+        match prompt {
+            Some(p) => prompts.push(p),
+            None => bail!(
+                "{}:{}: expected a JSON string or an object with a \"prompt\" (or \"text\") string",
+                path.display(),
+                n + 1
+            ),
+        }
+    }
+    Ok(prompts)
+}
+
+/// Writes text to stdout as tokens arrive, holding back a trailing partial UTF-8 character.
+struct TextStream<'a> {
+    tokenizer: &'a TextTokenizer,
+    tokens: Vec<u32>,
+    printed: usize,
+}
+
+impl TextStream<'_> {
+    fn push(&mut self, token: u32) {
+        self.tokens.push(token);
+        if let Ok(text) = self.tokenizer.decode(&self.tokens) {
+            let complete = text.trim_end_matches('\u{fffd}');
+            if complete.len() > self.printed {
+                print!("{}", &complete[self.printed..]);
+                let _ = std::io::stdout().flush();
+                self.printed = complete.len();
+            }
+        }
+    }
+
+    fn finish(&mut self) {
+        if let Ok(text) = self.tokenizer.decode(&self.tokens) {
+            if text.len() > self.printed {
+                print!("{}", &text[self.printed..]);
+            }
+        }
+        println!();
+    }
+}
+
+fn run(args: Args) -> Result<()> {
+    let mut prompts = args.prompt.clone();
+    if let Some(path) = &args.prompts_file {
+        prompts.extend(read_prompts(path)?);
+    }
+    if prompts.is_empty() {
+        bail!("nothing to continue: give --prompt TEXT or --prompts-file FILE.jsonl");
+    }
+    let sampling = SamplingConfig {
+        greedy: args.greedy,
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        seed: args.seed,
+    };
+    sampling.validate().map_err(anyhow::Error::msg)?;
+    let device = parse_device(&args.device).map_err(anyhow::Error::msg)?;
+    let (model, _) = load_model(&args.load, &device)?;
+    let tokenizer = args.tokenizer.load()?;
+    let model_vocab = model.word_embeddings.weight.val().dims()[0];
+    if tokenizer.vocab_size() > model_vocab {
+        bail!(
+            "the tokenizer has {} tokens but the checkpoint's vocabulary only {model_vocab}: give the --vocab-file / --merge-file (or --tokenizer-model) the model was trained with",
+            tokenizer.vocab_size()
+        );
+    }
+    let options = GenerateOptions {
+        max_new_tokens: args.max_new_tokens,
+        stop_token: tokenizer.eod(),
+        vocab_size: tokenizer.vocab_size(),
+        kv_cache: !args.no_kv_cache,
+    };
+    let mut sampler = Sampler::new(sampling);
+    for prompt in &prompts {
+        let mut ids = Vec::new();
+        tokenizer.encoder().encode(prompt, &mut ids)?;
+        let tokens = if args.json {
+            generate(&model, &ids, &options, &mut sampler, &device, |_| {})
+        } else {
+            print!("{prompt}");
+            let mut stream = TextStream {
+                tokenizer: &tokenizer,
+                tokens: vec![],
+                printed: 0,
+            };
+            let tokens = generate(&model, &ids, &options, &mut sampler, &device, |t| {
+                stream.push(t)
+            });
+            stream.finish();
+            tokens
+        }
+        .map_err(|e| anyhow::anyhow!("prompt {prompt:?}: {e}"))?;
+        if args.json {
+            let line = serde_json::json!({
+                "prompt": prompt,
+                "prompt_tokens": ids,
+                "tokens": tokens,
+                "text": tokenizer.decode(&tokens)?,
+            });
+            println!("{line}");
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    ferrotron::cli::finish("generate", run(Args::parse()))
+}
