@@ -19,6 +19,7 @@ pub mod inference;
 pub mod logging;
 pub mod model;
 pub mod parallel;
+pub mod pipeline;
 pub mod preprocess;
 pub mod tokenizer;
 pub mod train;
