@@ -96,6 +96,7 @@ fn train_config(iters: u64, cache: &Path) -> PretrainConfig {
         ddp_bucket_size: DEFAULT_DDP_BUCKET_SIZE,
         tensorboard_dir: None,
         tensorboard_log_interval: 1,
+        recompute: Default::default(),
     }
 }
 

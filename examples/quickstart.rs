@@ -111,6 +111,7 @@ fn main() -> Result<()> {
         ddp_bucket_size: ferrotron::train::pretrain::DEFAULT_DDP_BUCKET_SIZE,
         tensorboard_dir: None,
         tensorboard_log_interval: 1,
+        recompute: Default::default(),
     };
     let outcome = pretrain(&config, &Device::flex().autodiff())?;
     let first = outcome.losses.first().map_or(f64::NAN, |l| l.1);

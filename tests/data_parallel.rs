@@ -74,6 +74,7 @@ fn config(
         ddp_bucket_size: 20_000,
         tensorboard_dir: None,
         tensorboard_log_interval: 1,
+        recompute: Default::default(),
     }
 }
 

@@ -127,6 +127,7 @@ fn import_hf_round_trips_export_hf_and_pretrain_continues_from_it() {
         ddp_bucket_size: ferrotron::train::pretrain::DEFAULT_DDP_BUCKET_SIZE,
         tensorboard_dir: None,
         tensorboard_log_interval: 1,
+        recompute: Default::default(),
     };
     pretrain(&cfg, &Device::flex().autodiff()).unwrap();
     let tool = |exe: &str, args: &[&str]| {

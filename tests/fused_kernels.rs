@@ -143,6 +143,7 @@ fn train_losses(dir: &std::path::Path, fused: bool, tp: usize) -> Vec<(u64, f64)
         ddp_bucket_size: ferrotron::train::pretrain::DEFAULT_DDP_BUCKET_SIZE,
         tensorboard_dir: None,
         tensorboard_log_interval: 1,
+        recompute: Default::default(),
     };
     pretrain(&cfg, &device()).unwrap().losses
 }

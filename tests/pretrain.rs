@@ -8,7 +8,7 @@ use std::path::Path;
 use burn::tensor::Device;
 use common::*;
 use ferrotron::data::DataSources;
-use ferrotron::model::GptConfig;
+use ferrotron::model::{GptConfig, Recompute};
 use ferrotron::train::{pretrain, AdamWConfig, LrDecayStyle, LrSchedule, PretrainConfig};
 
 fn tiny(cache: &Path) -> PretrainConfig {
@@ -47,6 +47,7 @@ fn tiny(cache: &Path) -> PretrainConfig {
         ddp_bucket_size: ferrotron::train::pretrain::DEFAULT_DDP_BUCKET_SIZE,
         tensorboard_dir: None,
         tensorboard_log_interval: 1,
+        recompute: Default::default(),
     }
 }
 
@@ -213,9 +214,9 @@ fn pretrain_cli_runs_the_seed_tutorial_flags_and_refuses_what_it_cannot_split() 
     );
     // --DDP-impl torch is accepted silently: it names ferrotron's data-parallel all-reduce.
     assert!(!err.contains("--DDP-impl"), "{err}");
-    for warned in ["--fp16", "activation checkpointing"] {
-        assert!(err.contains(warned), "no warning about {warned}: {err}");
-    }
+    assert!(err.contains("--fp16"), "no warning about --fp16: {err}");
+    // --activations-checkpoint-method uniform is Megatron's recompute now, not a warning.
+    assert!(!err.contains("checkpoint"), "{err}");
     if std::thread::available_parallelism().map_or(1, |n| n.get()) < 4 {
         assert!(
             err.contains("more than the"),
@@ -402,6 +403,7 @@ fn tensorboard_event_files_hold_megatrons_scalars() {
     let cfg = PretrainConfig {
         tensorboard_dir: Some(tb.clone()),
         tensorboard_log_interval: 2,
+        recompute: Default::default(),
         log_interval: 3,
         ..tiny(dir.path())
     };
@@ -631,4 +633,34 @@ fn pretrain_cli_blends_datasets_from_each_of_megatrons_data_flags() {
     let bad = run(&["--data-path", a, "--train-data-path", b]);
     assert_eq!(bad.status.code(), Some(1));
     assert!(stderr(&bad).contains("not both"), "{}", stderr(&bad));
+}
+
+/// Recomputing layers replays their dropout masks, so the run is the same run: bitwise equal
+/// losses (training and validation) with every recompute method, at TP = 1 and TP = 2.
+#[test]
+fn recomputation_gives_the_losses_of_keeping_activations() {
+    let dir = tempfile::tempdir().unwrap();
+    for tp in [1, 2] {
+        let cfg = |recompute| PretrainConfig {
+            model: GptConfig::new(3, 16, 2, 16, 50304)
+                .with_hidden_dropout(0.1)
+                .with_attention_dropout(0.1),
+            train_iters: 30,
+            eval_interval: 10,
+            tensor_model_parallel_size: tp,
+            recompute,
+            ..tiny(dir.path())
+        };
+        let kept = pretrain(&cfg(Recompute::None), &Device::flex().autodiff()).unwrap();
+        assert_eq!(kept.losses.len(), 30);
+        for recompute in [
+            Recompute::Uniform(1),
+            Recompute::Uniform(2),
+            Recompute::Block(1),
+        ] {
+            let run = pretrain(&cfg(recompute), &Device::flex().autodiff()).unwrap();
+            assert_eq!(run.losses, kept.losses, "{recompute:?}, TP {tp}");
+            assert_eq!(run.validation, kept.validation, "{recompute:?}, TP {tp}");
+        }
+    }
 }

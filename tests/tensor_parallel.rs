@@ -355,6 +355,7 @@ fn tiny(cache: &Path, tp: usize, train_iters: u64) -> PretrainConfig {
         ddp_bucket_size: ferrotron::train::pretrain::DEFAULT_DDP_BUCKET_SIZE,
         tensorboard_dir: None,
         tensorboard_log_interval: 1,
+        recompute: Default::default(),
     }
 }
 

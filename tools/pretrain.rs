@@ -15,7 +15,7 @@ use clap::Parser;
 use ferrotron::comm::world::World;
 use ferrotron::data::{Blend, DataSources};
 use ferrotron::model::vocab::{padded_vocab_log_line, padded_vocab_size};
-use ferrotron::model::GptConfig;
+use ferrotron::model::{GptConfig, Recompute};
 use ferrotron::tokenizer::TokenizerArgs;
 use ferrotron::train::pretrain::pretrain_on;
 use ferrotron::train::{pretrain, AdamWConfig, LrDecayStyle, LrSchedule, PretrainConfig};
@@ -194,12 +194,26 @@ struct Args {
     /// bf16 mixed precision (not implemented: trains in fp32).
     #[arg(long)]
     bf16: bool,
-    /// Activation checkpointing (not implemented: activations are kept).
+    /// Legacy form of `--recompute-granularity full --recompute-method METHOD`.
     #[arg(long)]
     activations_checkpoint_method: Option<String>,
-    /// Activation recomputation (not implemented: activations are kept).
+    /// Legacy form of `--recompute-num-layers`.
+    #[arg(long)]
+    activations_checkpoint_num_layers: Option<usize>,
+    /// Legacy form of `--recompute-granularity full --recompute-method uniform`.
+    #[arg(long)]
+    checkpoint_activations: bool,
+    /// Activation recomputation: `full` (whole layers, from their inputs; needs
+    /// --recompute-method) or `selective` (the attention core only; not implemented yet).
     #[arg(long)]
     recompute_granularity: Option<String>,
+    /// With `full`: `uniform` (the layers in chunks of --recompute-num-layers, every chunk
+    /// recomputed) or `block` (only the first --recompute-num-layers layers recomputed).
+    #[arg(long)]
+    recompute_method: Option<String>,
+    /// Layers per recomputed chunk (uniform) or recomputed layers (block).
+    #[arg(long)]
+    recompute_num_layers: Option<usize>,
     /// Data-parallel implementation: `local` or `torch` (both are ferrotron's bucketed
     /// all-reduce).
     #[arg(long = "DDP-impl")]
@@ -248,11 +262,7 @@ fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
     if (args.fp16 || args.bf16) && verbose {
         warn("--fp16/--bf16: mixed precision is not implemented yet; training in fp32");
     }
-    if (args.activations_checkpoint_method.is_some() || args.recompute_granularity.is_some())
-        && verbose
-    {
-        warn("activation checkpointing is not implemented yet; all activations are kept (same results, more memory)");
-    }
+    let recompute = recompute(args, verbose)?;
     if let Some(ddp) = &args.ddp_impl {
         if ddp != "local" && ddp != "torch" {
             bail!("--DDP-impl {ddp}: expected local or torch");
@@ -355,7 +365,47 @@ fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
         ddp_bucket_size: args.ddp_bucket_size,
         tensorboard_dir: args.tensorboard_dir.clone(),
         tensorboard_log_interval: args.tensorboard_log_interval,
+        recompute,
     })
+}
+
+/// Megatron's recompute flags, the legacy ones mapped as its `arguments.py` maps them.
+fn recompute(args: &Args, verbose: bool) -> Result<Recompute> {
+    let mut granularity = args.recompute_granularity.clone();
+    let mut method = args.recompute_method.clone();
+    if args.checkpoint_activations {
+        granularity = Some("full".into());
+        method.get_or_insert_with(|| "uniform".into());
+    }
+    if let Some(m) = &args.activations_checkpoint_method {
+        granularity = Some("full".into());
+        method = Some(m.clone());
+    }
+    let layers = args
+        .recompute_num_layers
+        .or(args.activations_checkpoint_num_layers)
+        .unwrap_or(1);
+    match granularity.as_deref() {
+        None => {
+            if method.is_some() {
+                bail!("--recompute-method needs --recompute-granularity full");
+            }
+            Ok(Recompute::None)
+        }
+        Some("full") => {
+            let Some(method) = method else {
+                bail!("--recompute-granularity full needs --recompute-method uniform or block");
+            };
+            Recompute::from_flags(&method, layers).map_err(anyhow::Error::msg)
+        }
+        Some("selective") => {
+            if verbose {
+                warn("--recompute-granularity selective is not implemented yet; all activations are kept (same results, more memory); --recompute-granularity full --recompute-method uniform saves memory");
+            }
+            Ok(Recompute::None)
+        }
+        Some(other) => bail!("--recompute-granularity {other}: expected full or selective"),
+    }
 }
 
 fn run(args: Args, world: &World) -> Result<()> {

@@ -2,4 +2,5 @@
 //! `--tensorboard-dir`) and loss plots.
 
 pub mod loss_plot;
+pub mod memory;
 pub mod tensorboard;

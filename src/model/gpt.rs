@@ -75,8 +75,9 @@ impl Gpt {
         }
     }
 
-    /// Final hidden states `[batch, seq, hidden]` for token ids `[batch, seq]`.
-    pub fn hidden_states(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
+    /// The embedding block: token + position embeddings, then dropout; `[batch, seq, hidden]`
+    /// for token ids `[batch, seq]`.
+    pub fn embed(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
         let s = tokens.dims()[1];
         let words = self.word_embeddings.forward(tokens);
         let positions = self
@@ -84,11 +85,23 @@ impl Gpt {
             .val()
             .narrow(0, 0, s)
             .unsqueeze::<3>();
-        let mut x = self.embedding_dropout.forward(words + positions);
+        self.embedding_dropout.forward(words + positions)
+    }
+
+    /// Final hidden states `[batch, seq, hidden]` for token ids `[batch, seq]`.
+    pub fn hidden_states(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
+        let mut x = self.embed(tokens);
         for layer in &self.layers {
             x = layer.forward(x);
         }
         self.final_layernorm.forward(x)
+    }
+
+    /// This rank's logits for the output of the last layer: final LayerNorm, then the tied
+    /// output layer (Megatron's `parallel_lm_logits`, never gathered).
+    pub fn logits(&self, last_layer_output: Tensor<3>) -> Tensor<3> {
+        let hidden = copy_to_region(self.final_layernorm.forward(last_layer_output), &self.group);
+        weight_matmul(hidden, self.word_embeddings.weight.val().transpose())
     }
 
     /// This rank's logits `[batch, seq, padded vocab / N]` (all of them on one rank) for token
@@ -96,6 +109,22 @@ impl Gpt {
     pub fn forward(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
         let hidden = copy_to_region(self.hidden_states(tokens), &self.group);
         weight_matmul(hidden, self.word_embeddings.weight.val().transpose())
+    }
+
+    /// The LM loss of the last layer's output (the head of [`Self::lm_loss`]).
+    pub fn head_loss(
+        &self,
+        last_layer_output: Tensor<3>,
+        labels: Tensor<2, Int>,
+        loss_mask: Tensor<2>,
+    ) -> Tensor<1> {
+        super::loss::parallel_lm_loss(
+            self.logits(last_layer_output),
+            labels,
+            loss_mask,
+            self.vocab_start(),
+            &self.group,
+        )
     }
 
     /// [`Self::forward`] for `tokens` continuing the positions held in `cache`, which takes

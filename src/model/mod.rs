@@ -18,6 +18,7 @@ pub mod loss;
 pub mod mlp;
 pub mod named_parameters;
 pub mod ops;
+pub mod recompute;
 pub mod transformer_block;
 pub mod vocab;
 
@@ -25,4 +26,5 @@ pub use config::GptConfig;
 pub use gpt::Gpt;
 pub use kv_cache::KvCache;
 pub use loss::{lm_loss, parallel_lm_loss};
+pub use recompute::Recompute;
 pub use vocab::padded_vocab_size;

@@ -22,7 +22,7 @@ pub enum RngRegion {
 /// Megatron's offset of the model-parallel seed.
 const MODEL_PARALLEL_OFFSET: u64 = 2718;
 
-#[derive(Default)]
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
 struct Tracker {
     seeds: [u64; 2],
     draws: [u64; 2],
@@ -55,6 +55,22 @@ pub fn seed_micro_batch(seed: u64, iteration: u64, micro_batch: u64, tp_rank: us
             draws: [0, 0],
         }
     });
+}
+
+/// This thread's dropout streams at one point, to replay them (Megatron's
+/// `CheckpointFunction` saves and restores the RNG states around a recomputed chunk so that
+/// the recomputation draws the same masks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RngState(Tracker);
+
+/// The current state of this thread's dropout streams.
+pub fn rng_state() -> RngState {
+    TRACKER.with(|t| RngState(*t.borrow()))
+}
+
+/// Puts this thread's dropout streams back to `state`.
+pub fn set_rng_state(state: RngState) {
+    TRACKER.with(|t| *t.borrow_mut() = state.0);
 }
 
 /// The next dropout multiplier mask of `n` elements from `region`'s stream: `1 / (1 − p)`

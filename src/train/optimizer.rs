@@ -83,6 +83,34 @@ impl GradientAccumulator {
         });
     }
 
+    /// Adds `other` (one micro-batch's gradients gathered from several backward passes, as
+    /// with recomputation) parameter by parameter in `module`'s declaration order, so the sums
+    /// and their order are those of one whole backward pass.
+    pub fn merge<M: Module>(&mut self, module: &M, mut other: GradientAccumulator) {
+        struct Merge<'a> {
+            from: &'a mut HashMap<ParamId, Tensor<1>>,
+            into: &'a mut GradientAccumulator,
+        }
+        impl ModuleVisitor for Merge<'_> {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+                if let Some(g) = self.from.remove(&param.id) {
+                    let sum = match self.into.grads.remove(&param.id) {
+                        Some(acc) => acc + g,
+                        None => {
+                            self.into.order.push(param.id);
+                            g
+                        }
+                    };
+                    self.into.grads.insert(param.id, sum);
+                }
+            }
+        }
+        module.visit(&mut Merge {
+            from: &mut other.grads,
+            into: self,
+        });
+    }
+
     /// `Σ g²` over the parameters `counted` selects (one host read).
     pub fn sum_of_squares(&self, counted: impl Fn(&ParamId) -> bool) -> f64 {
         let mut total: Option<Tensor<1>> = None;

@@ -19,9 +19,11 @@ use crate::comm::world::World;
 use crate::comm::{run_ranks, Communicator, Group, ReduceOp};
 use crate::data::{self, DataSources, DatasetBuildConfig, SampleDataset};
 use crate::logging::loss_plot::{draw_loss_plot, read_metrics};
+use crate::logging::memory::{memory_report_line, peak_rss_bytes};
 use crate::logging::tensorboard::TensorBoardWriter;
 use crate::model::named_parameters::parameter_names;
-use crate::model::{Gpt, GptConfig};
+use crate::model::recompute::lm_loss_backward;
+use crate::model::{Gpt, GptConfig, Recompute};
 use crate::parallel::random::seed_micro_batch;
 use crate::parallel::sharding::partition_dim;
 use crate::parallel::state::ParallelState;
@@ -47,6 +49,9 @@ pub struct PretrainConfig {
     pub clip_grad: f64,
     /// `--seed`.
     pub seed: u64,
+    /// Activation recomputation (`--recompute-granularity full` with
+    /// `--recompute-method` / `--recompute-num-layers`).
+    pub recompute: Recompute,
     /// `--data-path` (one dataset or a weighted blend), or a blend per split.
     pub data: DataSources,
     /// `--split`.
@@ -393,6 +398,7 @@ fn train_rank(
     };
     let (mut interval_loss, mut interval_iters, mut interval_start) = (0.0, 0u64, Instant::now());
     let flops_per_token = cfg.model.flops_per_token(cfg.seq_length);
+    let mut memory_reported = false;
     while state.iteration < cfg.train_iters {
         let iteration = state.iteration + 1;
         let lr = cfg.schedule.lr_at(state.iteration);
@@ -403,11 +409,26 @@ fn train_rank(
             let global_index = (k * dp + data.rank()) as u64;
             seed_micro_batch(cfg.seed, iteration, global_index, tensor.rank());
             let (tokens, labels, mask) = loader.next_batch().to_tensors(device);
-            let loss = model.lm_loss(tokens, labels, mask);
-            micro_losses.push(loss.clone().inner());
             // Divided by the global number of micro-batches: summed over data-parallel
             // ranks, the gradients are those of the global batch's mean loss.
-            grads.add(&model, loss.div_scalar(micro_batches as f64).backward());
+            if cfg.recompute == Recompute::None {
+                let loss = model.lm_loss(tokens, labels, mask);
+                micro_losses.push(loss.clone().inner());
+                grads.add(&model, loss.div_scalar(micro_batches as f64).backward());
+            } else {
+                let mut micro = GradientAccumulator::default();
+                let loss = lm_loss_backward(
+                    &model,
+                    tokens,
+                    labels,
+                    mask,
+                    micro_batches as f64,
+                    cfg.recompute,
+                    |g| micro.add(&model, g),
+                );
+                micro_losses.push(loss.inner());
+                grads.merge(&model, micro);
+            }
         }
         let grad_norm;
         (model, grad_norm) = match &mut optimizer {
@@ -441,7 +462,8 @@ fn train_rank(
                     "tokens": state.consumed_train_samples * cfg.seq_length as u64,
                     "lm_loss": loss,
                     "lr": lr,
-                    "grad_norm": grad_norm
+                    "grad_norm": grad_norm,
+                    "peak_rss_mib": peak_rss_bytes().map(|b| b as f64 / 1048576.0)
                 })
             )?;
         }
@@ -486,6 +508,13 @@ fn train_rank(
                     tflops: tokens * flops_per_token / elapsed / 1e12,
                 })
             );
+            if !memory_reported {
+                // Megatron reports memory once, after the first logged iteration.
+                if let Some(peak) = peak_rss_bytes() {
+                    say!("{}", memory_report_line(0, iteration, peak));
+                }
+                memory_reported = true;
+            }
             (interval_loss, interval_iters, interval_start) = (0.0, 0, Instant::now());
         }
         if let Some(valid) = &datasets.valid {

@@ -1,0 +1,189 @@
+//! Activation recomputation (Megatron's `--recompute-granularity full`): keep only the inputs
+//! of chunks of layers during the forward pass, and run each chunk's forward again, with its
+//! graph, just before its backward.
+//!
+//! The step runs as a chain of vector–Jacobian products. Each chunk's forward starts from a
+//! leaf copy of its input; its backward is `backward(Σ output ⊙ g)` with `g` the gradient of
+//! the chunk after it, which yields the chunk's parameter gradients and `g` for the chunk
+//! before. The dropout streams are saved at each chunk's start and replayed for its
+//! recomputation (Megatron's `CheckpointFunction`), so the masks, and so the losses and
+//! gradients, are the ones of the run without recomputation. Collectives inside a chunk
+//! (tensor parallelism) run again in the recomputation, in the same order on every rank.
+
+use std::ops::Range;
+
+use burn::module::Module;
+use burn::tensor::{Gradients, Int, Tensor};
+
+use super::Gpt;
+use crate::parallel::random::{rng_state, set_rng_state, RngState};
+
+/// Which transformer layers are recomputed (Megatron's `--recompute-method` with
+/// `--recompute-num-layers`; the legacy `--activations-checkpoint-method` means the same).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Recompute {
+    /// Every activation is kept.
+    #[default]
+    None,
+    /// `uniform`: the layers in chunks of N, each chunk's input kept and the chunk recomputed.
+    Uniform(usize),
+    /// `block`: the first N layers recomputed one by one, the others kept.
+    Block(usize),
+}
+
+impl Recompute {
+    /// Megatron's flags: `--recompute-granularity full`, `--recompute-method uniform|block`,
+    /// `--recompute-num-layers N`.
+    pub fn from_flags(method: &str, num_layers: usize) -> Result<Self, String> {
+        if num_layers == 0 {
+            return Err("--recompute-num-layers must be at least 1".into());
+        }
+        match method {
+            "uniform" => Ok(Self::Uniform(num_layers)),
+            "block" => Ok(Self::Block(num_layers)),
+            other => Err(format!(
+                "--recompute-method {other:?}: expected uniform or block"
+            )),
+        }
+    }
+
+    /// The layers in chunks, each with whether it is recomputed.
+    pub fn chunks(self, layers: usize) -> Vec<(Range<usize>, bool)> {
+        match self {
+            Self::None => vec![(0..layers, false)],
+            Self::Uniform(n) => (0..layers)
+                .step_by(n.max(1))
+                .map(|start| (start..(start + n.max(1)).min(layers), true))
+                .collect(),
+            Self::Block(n) => {
+                let n = n.min(layers);
+                let mut chunks: Vec<(Range<usize>, bool)> =
+                    (0..n).map(|i| (i..i + 1, true)).collect();
+                if n < layers {
+                    chunks.push((n..layers, false));
+                }
+                chunks
+            }
+        }
+    }
+}
+
+/// A chunk between its forward and its backward.
+struct Pending {
+    layers: Range<usize>,
+    /// The chunk's input: a leaf of the kept graph, or the saved activation to recompute from.
+    input: Tensor<3>,
+    /// The kept chunk's output (with its graph); `None` when the chunk is recomputed.
+    output: Option<Tensor<3>>,
+    /// The dropout streams at the chunk's start.
+    rng: RngState,
+}
+
+fn run_layers(model: &Gpt, layers: &Range<usize>, mut x: Tensor<3>) -> Tensor<3> {
+    for layer in &model.layers[layers.clone()] {
+        x = layer.forward(x);
+    }
+    x
+}
+
+/// `backward(Σ output ⊙ g)`: the vector–Jacobian product that continues the chain.
+fn backward_through(output: Tensor<3>, g: Tensor<3>) -> Gradients {
+    (output * g.autodiff()).sum().backward()
+}
+
+/// One micro-batch's forward and backward with the layers recomputed as `recompute` says:
+/// the gradients of `model.lm_loss(tokens, labels, mask) / divisor`, handed to `on_grads` a
+/// chunk at a time (so each chunk's graph is freed before the next is built). Returns the
+/// loss (before the division, without a graph).
+pub fn lm_loss_backward(
+    model: &Gpt,
+    tokens: Tensor<2, Int>,
+    labels: Tensor<2, Int>,
+    loss_mask: Tensor<2>,
+    divisor: f64,
+    recompute: Recompute,
+    mut on_grads: impl FnMut(Gradients),
+) -> Tensor<1> {
+    let embedded = model.embed(tokens);
+    let mut x = embedded.clone().detach();
+    let mut pending = Vec::new();
+    // The same weights, not requiring gradients: forward passes through them build no graph
+    // (so keep no activations) yet run the training computation, dropout included, op for op.
+    let without_graph = model.clone().no_grad();
+    for (layers, recomputed) in recompute.chunks(model.layers.len()) {
+        let rng = rng_state();
+        if recomputed {
+            let output = run_layers(&without_graph, &layers, x.clone());
+            pending.push(Pending {
+                layers,
+                input: x,
+                output: None,
+                rng,
+            });
+            x = output;
+        } else {
+            let input = x.require_grad();
+            let output = run_layers(model, &layers, input.clone());
+            x = output.clone().detach();
+            pending.push(Pending {
+                layers,
+                input,
+                output: Some(output),
+                rng,
+            });
+        }
+    }
+    let last = x.require_grad();
+    let loss = model.head_loss(last.clone(), labels, loss_mask);
+    let value = loss.clone().detach();
+    let grads = loss.div_scalar(divisor).backward();
+    let mut g = last
+        .grad(&grads)
+        .expect("the head's input takes part in the loss");
+    on_grads(grads);
+    for chunk in pending.into_iter().rev() {
+        let (input, output) = match chunk.output {
+            Some(output) => (chunk.input, output),
+            None => {
+                let resume = rng_state();
+                set_rng_state(chunk.rng);
+                let input = chunk.input.require_grad();
+                let output = run_layers(model, &chunk.layers, input.clone());
+                set_rng_state(resume);
+                (input, output)
+            }
+        };
+        let grads = backward_through(output, g);
+        g = input
+            .grad(&grads)
+            .expect("a chunk's input takes part in its output");
+        on_grads(grads);
+    }
+    on_grads(backward_through(embedded, g));
+    value
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_follow_megatrons_methods() {
+        assert_eq!(Recompute::None.chunks(4), vec![(0..4, false)]);
+        assert_eq!(
+            Recompute::Uniform(1).chunks(3),
+            vec![(0..1, true), (1..2, true), (2..3, true)]
+        );
+        assert_eq!(
+            Recompute::Uniform(2).chunks(5),
+            vec![(0..2, true), (2..4, true), (4..5, true)]
+        );
+        assert_eq!(
+            Recompute::Block(2).chunks(5),
+            vec![(0..1, true), (1..2, true), (2..5, false)]
+        );
+        assert_eq!(Recompute::Block(9).chunks(2).len(), 2);
+        assert!(Recompute::from_flags("uniform", 0).is_err());
+        assert!(Recompute::from_flags("blocks", 1).is_err());
+    }
+}
