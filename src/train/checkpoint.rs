@@ -16,7 +16,7 @@ use anyhow::{bail, Context, Result};
 use burn::tensor::Device;
 
 use super::optimizer::NamedMoments;
-use super::tensor_file::{read_tensors, write_tensors, HostTensor};
+use super::tensor_file::{read_tensors, write_tensor_refs, HostTensor, TensorRef};
 use crate::comm::Group;
 use crate::model::named_parameters::{load_named_parameters, named_parameters};
 use crate::model::{Gpt, GptConfig};
@@ -99,26 +99,30 @@ pub fn save_checkpoint(
     let params = named_parameters(model);
     let shapes: HashMap<&str, &Vec<usize>> =
         params.iter().map(|p| (p.name.as_str(), &p.shape)).collect();
-    let mut tensors: Vec<(String, HostTensor)> = Vec::new();
+    // Borrowed, not copied: the file is streamed from the optimizer's and the weights' own
+    // buffers (a 345M model's state is 4 GB).
+    let mut tensors: Vec<TensorRef<'_>> = Vec::new();
     for m in &optimizer.moments {
-        let m = m.clone();
         let shape = shapes
             .get(m.name.as_str())
             .map_or_else(|| vec![m.m.len()], |s| s.to_vec());
-        tensors.push((
-            format!("optimizer.exp_avg.{}", m.name),
-            HostTensor::new(shape.clone(), m.m),
-        ));
-        tensors.push((
-            format!("optimizer.exp_avg_sq.{}", m.name),
-            HostTensor::new(shape, m.v),
-        ));
+        tensors.push(TensorRef {
+            name: format!("optimizer.exp_avg.{}", m.name),
+            shape: shape.clone(),
+            values: &m.m,
+        });
+        tensors.push(TensorRef {
+            name: format!("optimizer.exp_avg_sq.{}", m.name),
+            shape,
+            values: &m.v,
+        });
     }
-    for p in params {
-        tensors.push((
-            format!("model.{}", p.name),
-            HostTensor::new(p.shape, p.values),
-        ));
+    for p in &params {
+        tensors.push(TensorRef {
+            name: format!("model.{}", p.name),
+            shape: p.shape.clone(),
+            values: &p.values,
+        });
     }
     let metadata = HashMap::from([
         ("format".to_owned(), "ferrotron-checkpoint-1".to_owned()),
@@ -138,7 +142,7 @@ pub fn save_checkpoint(
     ]);
     let rank_dir = staging.join(format!("mp_rank_{rank:02}"));
     std::fs::create_dir_all(&rank_dir)?;
-    write_tensors(&rank_dir.join(CHECKPOINT_FILE), &tensors, metadata)?;
+    write_tensor_refs(&rank_dir.join(CHECKPOINT_FILE), &tensors, metadata)?;
     group.barrier()?;
     if rank == 0 {
         if final_iter_dir.exists() {

@@ -1,11 +1,11 @@
 //! Named f32 tensors in a `.safetensors` file, written atomically.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use safetensors::tensor::{Dtype, SafeTensors};
 
 pub use crate::host_tensor::HostTensor;
 
@@ -15,32 +15,68 @@ pub fn write_tensors(
     tensors: &[(String, HostTensor)],
     metadata: HashMap<String, String>,
 ) -> Result<()> {
-    let bytes: Vec<(String, Vec<u8>, Vec<usize>)> = tensors
+    let refs: Vec<TensorRef<'_>> = tensors
         .iter()
-        .map(|(name, t)| {
-            (
-                name.clone(),
-                t.values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-                t.shape.clone(),
-            )
+        .map(|(name, t)| TensorRef {
+            name: name.clone(),
+            shape: t.shape.clone(),
+            values: &t.values,
         })
         .collect();
-    let views = bytes
-        .iter()
-        .map(|(name, data, shape)| {
-            Ok((
-                name.clone(),
-                TensorView::new(Dtype::F32, shape.clone(), data)?,
-            ))
-        })
-        .collect::<Result<Vec<_>, safetensors::SafeTensorError>>()
-        .with_context(|| format!("{}: bad tensor shape", path.display()))?;
-    let buffer = safetensors::serialize(views, Some(metadata))
-        .with_context(|| format!("serializing {}", path.display()))?;
-    let mut tmp = crate::atomic_file::temp_file_beside(path)
+    write_tensor_refs(path, &refs, metadata)
+}
+
+/// A named f32 tensor borrowed for writing.
+pub struct TensorRef<'a> {
+    /// Name in the file.
+    pub name: String,
+    /// Shape.
+    pub shape: Vec<usize>,
+    /// Row-major values.
+    pub values: &'a [f32],
+}
+
+impl safetensors::View for &TensorRef<'_> {
+    fn dtype(&self) -> Dtype {
+        Dtype::F32
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        // One tensor's bytes at a time: the file is written tensor by tensor.
+        Cow::Owned(self.values.iter().flat_map(|v| v.to_le_bytes()).collect())
+    }
+    fn data_len(&self) -> usize {
+        self.values.len() * 4
+    }
+}
+
+/// [`write_tensors`] for borrowed values, streamed to the file one tensor at a time: a
+/// checkpoint never holds a second copy of the weights and optimizer state in memory.
+pub fn write_tensor_refs(
+    path: &Path,
+    tensors: &[TensorRef<'_>],
+    metadata: HashMap<String, String>,
+) -> Result<()> {
+    for t in tensors {
+        anyhow::ensure!(
+            t.shape.iter().product::<usize>() == t.values.len(),
+            "{}: tensor {} has {} values for shape {:?}",
+            path.display(),
+            t.name,
+            t.values.len(),
+            t.shape
+        );
+    }
+    let tmp = crate::atomic_file::temp_file_beside(path)
         .with_context(|| format!("creating {}", path.display()))?;
-    tmp.write_all(&buffer)
-        .with_context(|| format!("writing {}", path.display()))?;
+    safetensors::serialize_to_file(
+        tensors.iter().map(|t| (t.name.as_str(), t)),
+        Some(metadata),
+        tmp.path(),
+    )
+    .with_context(|| format!("writing {}", path.display()))?;
     tmp.as_file()
         .sync_all()
         .with_context(|| format!("writing {}", path.display()))?;
