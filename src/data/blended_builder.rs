@@ -90,13 +90,13 @@ fn build_blend(
     }
     // Samples asked of each dataset per split: its share plus the margin, or one epoch.
     let targets = weights.as_ref().map(|w| sizes_per_dataset(w, &sizes, 0.0));
+    let with_margin = weights
+        .as_ref()
+        .map(|w| sizes_per_dataset(w, &sizes, MID_LEVEL_DATASET_SURPLUS));
     let mut per_dataset: Vec<[Option<Arc<GptDataset>>; 3]> = Vec::new();
     for (d, prefix) in blend.prefixes.iter().enumerate() {
-        let wanted: [Option<u64>; 3] = match &weights {
-            Some(w) => {
-                let with_margin = sizes_per_dataset(&w[d..=d], &sizes, MID_LEVEL_DATASET_SURPLUS);
-                std::array::from_fn(|i| (sizes[i] > 0).then_some(with_margin[0][i]))
-            }
+        let wanted: [Option<u64>; 3] = match &with_margin {
+            Some(m) => std::array::from_fn(|i| (sizes[i] > 0).then_some(m[d][i])),
             None => sizes.map(|s| (s > 0).then_some(0)),
         };
         per_dataset.push(build_splits_of(prefix, cut, wanted, config)?);
@@ -149,7 +149,8 @@ fn build_splits_of(
         let (Some(range), Some(samples)) = (ranges[i].clone(), wanted[i]) else {
             continue;
         };
-        let empty = (range.start..range.end)
+        let empty = range
+            .clone()
             .map(|d| data.sequence_length(d) as u64)
             .sum::<u64>()
             == 0;

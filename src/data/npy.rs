@@ -20,35 +20,22 @@ pub trait NpyElement: Copy {
     fn read_le(bytes: &[u8]) -> Self;
 }
 
-impl NpyElement for i32 {
-    const DESCR: &'static str = "<i4";
-    fn write_le(self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.to_le_bytes());
-    }
-    fn read_le(bytes: &[u8]) -> Self {
-        i32::from_le_bytes(bytes.try_into().expect("4 bytes"))
-    }
+/// `NpyElement` for a primitive integer with numpy's `descr` for it.
+macro_rules! npy_element {
+    ($($t:ty => $descr:literal),* $(,)?) => {$(
+        impl NpyElement for $t {
+            const DESCR: &'static str = $descr;
+            fn write_le(self, out: &mut Vec<u8>) {
+                out.extend_from_slice(&self.to_le_bytes());
+            }
+            fn read_le(bytes: &[u8]) -> Self {
+                <$t>::from_le_bytes(bytes.try_into().expect("one element's bytes"))
+            }
+        }
+    )*};
 }
 
-impl NpyElement for i16 {
-    const DESCR: &'static str = "<i2";
-    fn write_le(self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.to_le_bytes());
-    }
-    fn read_le(bytes: &[u8]) -> Self {
-        i16::from_le_bytes(bytes.try_into().expect("2 bytes"))
-    }
-}
-
-impl NpyElement for i64 {
-    const DESCR: &'static str = "<i8";
-    fn write_le(self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.to_le_bytes());
-    }
-    fn read_le(bytes: &[u8]) -> Self {
-        i64::from_le_bytes(bytes.try_into().expect("8 bytes"))
-    }
-}
+npy_element!(i16 => "<i2", i32 => "<i4", i64 => "<i8");
 
 fn header(descr: &str, shape: &[usize]) -> Vec<u8> {
     let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();

@@ -64,45 +64,47 @@ impl CausalSelfAttention {
         }
     }
 
-    /// `[batch, seq, hidden]` → `[batch, seq, hidden]`.
-    pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+    /// Queries, keys and values `[batch, local heads, seq, head_dim]` of `x`, from the fused
+    /// per-head `[q k v]` projection.
+    fn query_key_value_heads(&self, x: Tensor<3>) -> [Tensor<4>; 3] {
         let [b, s, _] = x.dims();
         let qkv = self.query_key_value.forward(x); // [b, s, local heads · 3 · head_dim]
         let heads = self.local_heads;
         let head_dim = qkv.dims()[2] / (3 * heads);
         let qkv = qkv.reshape([b, s, heads, 3 * head_dim]);
-        let part = |i: usize| {
+        [0, 1, 2].map(|i| {
             qkv.clone()
                 .narrow(3, i * head_dim, head_dim)
                 .swap_dims(1, 2)
-        };
-        let (q, k, v) = (part(0), part(1), part(2)); // [b, heads, s, head_dim]
+        })
+    }
+
+    /// The output projection of the per-head context `[batch, local heads, seq, head_dim]`.
+    fn project_out(&self, context: Tensor<4>) -> Tensor<3> {
+        let [b, heads, s, head_dim] = context.dims();
+        self.dense
+            .forward(context.swap_dims(1, 2).reshape([b, s, heads * head_dim]))
+    }
+
+    /// `[batch, seq, hidden]` → `[batch, seq, hidden]`.
+    pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        let [q, k, v] = self.query_key_value_heads(x);
+        let head_dim = q.dims()[3];
         let scores = q.matmul(k.transpose());
         let probs = scaled_causal_masked_softmax(
             scores,
             1.0 / (head_dim as f64).sqrt(),
             self.masked_softmax_fusion,
         );
-        let context = self.attention_dropout.forward(probs).matmul(v);
-        self.dense
-            .forward(context.swap_dims(1, 2).reshape([b, s, heads * head_dim]))
+        self.project_out(self.attention_dropout.forward(probs).matmul(v))
     }
 
     /// [`Self::forward`] for `x` = the positions after those in `past` (inference only, no
     /// dropout): their keys and values are appended to `past`, and each query attends to every
     /// cached position and to the new ones up to itself.
     pub fn forward_cached(&self, x: Tensor<3>, past: &mut Option<LayerKv>) -> Tensor<3> {
-        let [b, s, _] = x.dims();
-        let qkv = self.query_key_value.forward(x);
-        let heads = self.local_heads;
-        let head_dim = qkv.dims()[2] / (3 * heads);
-        let qkv = qkv.reshape([b, s, heads, 3 * head_dim]);
-        let part = |i: usize| {
-            qkv.clone()
-                .narrow(3, i * head_dim, head_dim)
-                .swap_dims(1, 2)
-        };
-        let (q, k, v) = (part(0), part(1), part(2));
+        let [q, k, v] = self.query_key_value_heads(x);
+        let [_, _, s, head_dim] = q.dims();
         let (k, v) = match past.take() {
             Some(p) => (
                 Tensor::cat(vec![p.keys, k], 2),
@@ -122,11 +124,6 @@ impl CausalSelfAttention {
         } else {
             offset_causal_masked_softmax(scores, scale, cached)
         };
-        self.dense.forward(
-            probs
-                .matmul(v)
-                .swap_dims(1, 2)
-                .reshape([b, s, heads * head_dim]),
-        )
+        self.project_out(probs.matmul(v))
     }
 }

@@ -78,23 +78,19 @@ impl Gpt {
     /// The embedding block: token + position embeddings, then dropout; `[batch, seq, hidden]`
     /// for token ids `[batch, seq]`.
     pub fn embed(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
+        self.embed_from(tokens, 0)
+    }
+
+    /// [`Self::embed`] for tokens at positions `start..start + seq` (incremental decoding).
+    fn embed_from(&self, tokens: Tensor<2, Int>, start: usize) -> Tensor<3> {
         let s = tokens.dims()[1];
         let words = self.word_embeddings.forward(tokens);
         let positions = self
             .position_embeddings
             .val()
-            .narrow(0, 0, s)
+            .narrow(0, start, s)
             .unsqueeze::<3>();
         self.embedding_dropout.forward(words + positions)
-    }
-
-    /// Final hidden states `[batch, seq, hidden]` for token ids `[batch, seq]`.
-    pub fn hidden_states(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
-        let mut x = self.embed(tokens);
-        for layer in &self.layers {
-            x = layer.forward(x);
-        }
-        self.final_layernorm.forward(x)
     }
 
     /// This rank's logits for the output of the last layer: final LayerNorm, then the tied
@@ -107,8 +103,11 @@ impl Gpt {
     /// This rank's logits `[batch, seq, padded vocab / N]` (all of them on one rank) for token
     /// ids `[batch, seq]`: Megatron's `parallel_lm_logits`, never gathered.
     pub fn forward(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
-        let hidden = copy_to_region(self.hidden_states(tokens), &self.group);
-        weight_matmul(hidden, self.word_embeddings.weight.val().transpose())
+        let mut x = self.embed(tokens);
+        for layer in &self.layers {
+            x = layer.forward(x);
+        }
+        self.logits(x)
     }
 
     /// The LM loss of the last layer's output (the head of [`Self::lm_loss`]).
@@ -133,14 +132,7 @@ impl Gpt {
     /// one position.
     pub fn forward_cached(&self, tokens: Tensor<2, Int>, cache: &mut KvCache) -> Tensor<3> {
         let s = tokens.dims()[1];
-        let start = cache.positions;
-        let words = self.word_embeddings.forward(tokens);
-        let positions = self
-            .position_embeddings
-            .val()
-            .narrow(0, start, s)
-            .unsqueeze::<3>();
-        let mut x = words + positions;
+        let mut x = self.embed_from(tokens, cache.positions);
         if cache.layers.len() != self.layers.len() {
             *cache = KvCache::new(self.layers.len());
         }
@@ -148,8 +140,7 @@ impl Gpt {
             x = layer.forward_cached(x, past);
         }
         cache.positions += s;
-        let hidden = copy_to_region(self.final_layernorm.forward(x), &self.group);
-        weight_matmul(hidden, self.word_embeddings.weight.val().transpose())
+        self.logits(x)
     }
 
     /// The first vocabulary id of this rank's logits.
