@@ -97,6 +97,9 @@ fn train_config(iters: u64, cache: &Path) -> PretrainConfig {
         tensorboard_dir: None,
         tensorboard_log_interval: 1,
         recompute: Default::default(),
+        precision: Default::default(),
+        loss_scale: None,
+        dynamic_loss_scale: Default::default(),
     }
 }
 

@@ -112,6 +112,9 @@ fn main() -> Result<()> {
         tensorboard_dir: None,
         tensorboard_log_interval: 1,
         recompute: Default::default(),
+        precision: Default::default(),
+        loss_scale: None,
+        dynamic_loss_scale: Default::default(),
     };
     let outcome = pretrain(&config, &Device::flex().autodiff())?;
     let first = outcome.losses.first().map_or(f64::NAN, |l| l.1);

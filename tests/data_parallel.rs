@@ -75,6 +75,9 @@ fn config(
         tensorboard_dir: None,
         tensorboard_log_interval: 1,
         recompute: Default::default(),
+        precision: Default::default(),
+        loss_scale: None,
+        dynamic_loss_scale: Default::default(),
     }
 }
 

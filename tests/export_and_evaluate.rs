@@ -128,6 +128,9 @@ fn import_hf_round_trips_export_hf_and_pretrain_continues_from_it() {
         tensorboard_dir: None,
         tensorboard_log_interval: 1,
         recompute: Default::default(),
+        precision: Default::default(),
+        loss_scale: None,
+        dynamic_loss_scale: Default::default(),
     };
     pretrain(&cfg, &Device::flex().autodiff()).unwrap();
     let tool = |exe: &str, args: &[&str]| {

@@ -144,6 +144,9 @@ fn train_losses(dir: &std::path::Path, fused: bool, tp: usize) -> Vec<(u64, f64)
         tensorboard_dir: None,
         tensorboard_log_interval: 1,
         recompute: Default::default(),
+        precision: Default::default(),
+        loss_scale: None,
+        dynamic_loss_scale: Default::default(),
     };
     pretrain(&cfg, &device()).unwrap().losses
 }

@@ -48,6 +48,9 @@ fn tiny(cache: &Path) -> PretrainConfig {
         tensorboard_dir: None,
         tensorboard_log_interval: 1,
         recompute: Default::default(),
+        precision: Default::default(),
+        loss_scale: None,
+        dynamic_loss_scale: Default::default(),
     }
 }
 
@@ -214,7 +217,17 @@ fn pretrain_cli_runs_the_seed_tutorial_flags_and_refuses_what_it_cannot_split() 
     );
     // --DDP-impl torch is accepted silently: it names ferrotron's data-parallel all-reduce.
     assert!(!err.contains("--DDP-impl"), "{err}");
-    assert!(err.contains("--fp16"), "no warning about --fp16: {err}");
+    // --fp16 is mixed precision now: fp16 model, dynamic loss scale from 2^32, whose first
+    // iterations overflow and are skipped (the forward losses stay finite).
+    assert!(!err.contains("--fp16"), "{err}");
+    assert!(
+        stdout.contains(" > mixed precision: model in torch.float16, fp32 main weights")
+            && stdout.contains("| loss scale: 2147483648.0 |")
+            && stdout.contains("| number of skipped iterations:   1 |")
+            // Megatron leaves out the loss of a line whose iterations were all skipped.
+            && !stdout.contains("lm loss: 0"),
+        "{stdout}"
+    );
     // --activations-checkpoint-method uniform is Megatron's recompute now, not a warning.
     assert!(!err.contains("checkpoint"), "{err}");
     if std::thread::available_parallelism().map_or(1, |n| n.get()) < 4 {
@@ -404,6 +417,9 @@ fn tensorboard_event_files_hold_megatrons_scalars() {
         tensorboard_dir: Some(tb.clone()),
         tensorboard_log_interval: 2,
         recompute: Default::default(),
+        precision: Default::default(),
+        loss_scale: None,
+        dynamic_loss_scale: Default::default(),
         log_interval: 3,
         ..tiny(dir.path())
     };

@@ -356,6 +356,9 @@ fn tiny(cache: &Path, tp: usize, train_iters: u64) -> PretrainConfig {
         tensorboard_dir: None,
         tensorboard_log_interval: 1,
         recompute: Default::default(),
+        precision: Default::default(),
+        loss_scale: None,
+        dynamic_loss_scale: Default::default(),
     }
 }
 

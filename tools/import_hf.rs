@@ -51,11 +51,7 @@ fn run(args: Args) -> Result<()> {
             missing.len()
         );
     }
-    let state = TrainState {
-        iteration: 0,
-        consumed_train_samples: 0,
-        consumed_valid_samples: 0,
-    };
+    let state = TrainState::default();
     let path = save_checkpoint(
         &args.save,
         &model,

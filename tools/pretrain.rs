@@ -16,6 +16,8 @@ use ferrotron::comm::world::World;
 use ferrotron::data::{Blend, DataSources};
 use ferrotron::model::vocab::{padded_vocab_log_line, padded_vocab_size};
 use ferrotron::model::{GptConfig, Recompute};
+use ferrotron::optim::grad_scaler::DynamicGradScalerConfig;
+use ferrotron::optim::Precision;
 use ferrotron::tokenizer::TokenizerArgs;
 use ferrotron::train::pretrain::pretrain_on;
 use ferrotron::train::{pretrain, AdamWConfig, LrDecayStyle, LrSchedule, PretrainConfig};
@@ -188,12 +190,36 @@ struct Args {
     /// Pipeline-parallel size (only 1 is supported).
     #[arg(long, default_value_t = 1)]
     pipeline_model_parallel_size: usize,
-    /// fp16 mixed precision (not implemented: trains in fp32).
+    /// fp16 mixed precision: the model computes in fp16 over fp32 main weights, with a
+    /// dynamic loss scale (or --loss-scale).
     #[arg(long)]
     fp16: bool,
-    /// bf16 mixed precision (not implemented: trains in fp32).
+    /// bf16 mixed precision: the model computes in bf16 over fp32 main weights (no loss
+    /// scaling unless --loss-scale).
     #[arg(long)]
     bf16: bool,
+    /// A constant loss scale (with --fp16/--bf16) instead of the dynamic one.
+    #[arg(long)]
+    loss_scale: Option<f64>,
+    /// The dynamic loss scale's starting value.
+    #[arg(long, default_value_t = 4294967296.0)]
+    initial_loss_scale: f64,
+    /// The dynamic loss scale's floor.
+    #[arg(long, default_value_t = 1.0)]
+    min_loss_scale: f64,
+    /// Iterations without overflow before the dynamic loss scale doubles.
+    #[arg(long, default_value_t = 1000)]
+    loss_scale_window: u64,
+    /// Overflows tolerated before the dynamic loss scale halves.
+    #[arg(long, default_value_t = 2)]
+    hysteresis: u64,
+    /// Softmax in fp32 under --fp16/--bf16 (always so here; accepted for Megatron's scripts).
+    #[arg(long)]
+    attention_softmax_in_fp32: bool,
+    /// Gradients summed and all-reduced in fp32 (always so here; accepted for Megatron's
+    /// scripts).
+    #[arg(long)]
+    accumulate_allreduce_grads_in_fp32: bool,
     /// Legacy form of `--recompute-granularity full --recompute-method METHOD`.
     #[arg(long)]
     activations_checkpoint_method: Option<String>,
@@ -258,10 +284,19 @@ fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
         );
     }
     let data = data_sources(args)?;
-    // Features whose absence does not change the math: say so.
-    if (args.fp16 || args.bf16) && verbose {
-        warn("--fp16/--bf16: mixed precision is not implemented yet; training in fp32");
+    let precision = Precision::from_flags(args.fp16, args.bf16).map_err(anyhow::Error::msg)?;
+    if let Some(scale) = args.loss_scale {
+        if !(scale > 0.0 && scale.is_finite()) {
+            bail!("--loss-scale {scale} must be a positive number");
+        }
     }
+    if !(args.initial_loss_scale >= args.min_loss_scale && args.min_loss_scale > 0.0)
+        || args.loss_scale_window == 0
+        || args.hysteresis == 0
+    {
+        bail!("need 0 < --min-loss-scale <= --initial-loss-scale, and --loss-scale-window and --hysteresis of at least 1");
+    }
+    // Features whose absence does not change the math: say so.
     let recompute = recompute(args, verbose)?;
     if let Some(ddp) = &args.ddp_impl {
         if ddp != "local" && ddp != "torch" {
@@ -348,6 +383,15 @@ fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
         },
         clip_grad: args.clip_grad,
         seed: args.seed,
+        precision,
+        loss_scale: args.loss_scale,
+        dynamic_loss_scale: DynamicGradScalerConfig {
+            initial_scale: args.initial_loss_scale,
+            min_scale: args.min_loss_scale,
+            growth_interval: args.loss_scale_window,
+            hysteresis: args.hysteresis,
+            ..DynamicGradScalerConfig::default()
+        },
         data,
         split: args.split.clone(),
         data_cache_path: args.data_cache_path.clone(),

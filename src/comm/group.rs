@@ -59,6 +59,12 @@ impl Group {
         self.comm.as_ref().map_or(1, |g| g.size())
     }
 
+    /// How many of the group's ranks share this process (see
+    /// [`Communicator::ranks_in_process`]).
+    pub fn ranks_in_process(&self) -> usize {
+        self.comm.as_ref().map_or(1, |g| g.ranks_in_process())
+    }
+
     /// The communicator, when there is more than one rank.
     pub fn communicator(&self) -> Option<&Arc<dyn Communicator>> {
         self.comm.as_ref().filter(|g| g.size() > 1)

@@ -113,6 +113,11 @@ pub trait Communicator: Send + Sync + fmt::Debug {
     /// Sub-groups: every rank calls it; ranks passing the same `color` form one new group,
     /// ordered by `key` (then by rank here). Like `MPI_Comm_split`.
     fn split(&self, color: usize, key: usize) -> Result<Arc<dyn Communicator>, CommError>;
+    /// How many of this group's ranks share this process (and its memory): all of them for
+    /// threads, one for processes.
+    fn ranks_in_process(&self) -> usize {
+        1
+    }
 }
 
 /// The shape of `data` as a plain vector.

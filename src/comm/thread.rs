@@ -256,6 +256,10 @@ impl Communicator for ThreadComm {
         self.shared.members.len()
     }
 
+    fn ranks_in_process(&self) -> usize {
+        self.size()
+    }
+
     fn all_reduce(&self, data: TensorData, op: ReduceOp) -> Result<TensorData, CommError> {
         let (_, parts) = self.exchange(call(format!("all_reduce({op:?})"), &data), data)?;
         reduce(&parts, op)

@@ -1,6 +1,7 @@
 //! What a run writes for people to watch: TensorBoard event files (Megatron's
-//! `--tensorboard-dir`) and loss plots.
+//! `--tensorboard-dir`), loss plots, and memory (measured and estimated before training).
 
 pub mod loss_plot;
 pub mod memory;
+pub mod memory_estimate;
 pub mod tensorboard;

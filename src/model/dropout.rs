@@ -34,7 +34,8 @@ impl Dropout {
         let mask = Tensor::<D>::from_data(
             TensorData::new(dropout_mask(n, self.prob, self.region), shape),
             &x.device(),
-        );
+        )
+        .cast(x.dtype());
         x * mask
     }
 }

@@ -5,7 +5,17 @@
 //! plain burn tensor ops, which run on every backend (the CPU default).
 
 use burn::tensor::activation::softmax;
-use burn::tensor::{Bool, Tensor};
+use burn::tensor::{Bool, DType, FloatDType, Tensor};
+
+/// `x` in fp32 if it is in half precision (bf16, fp16), else unchanged (fp32, or the f64 of
+/// gradient checks): what the precision-sensitive reductions (LayerNorm statistics, softmax,
+/// cross-entropy) compute in.
+pub fn at_least_f32<const D: usize>(x: Tensor<D>) -> Tensor<D> {
+    match x.dtype() {
+        DType::F16 | DType::BF16 => x.cast(FloatDType::F32),
+        _ => x,
+    }
+}
 
 /// Megatron's fill value for masked attention scores.
 pub const MASKED_SCORE: f32 = -10000.0;
@@ -18,30 +28,30 @@ pub fn scaled_causal_masked_softmax(x: Tensor<4>, scale: f64, fused: bool) -> Te
         return super::fused_ops::causal_softmax(x, scale);
     }
     let _ = fused;
-    let [_, _, sq, sk] = x.dims();
-    let device = x.device();
-    // True strictly above the diagonal: key j > query i is hidden.
-    let mask = Tensor::<2, Bool>::tril_mask([sq, sk], 0, &device);
-    softmax(
-        x.mul_scalar(scale)
-            .mask_fill(mask.unsqueeze::<4>(), MASKED_SCORE),
-        3,
-    )
+    offset_causal_masked_softmax(x, scale, 0)
 }
 
 /// [`scaled_causal_masked_softmax`] for queries at positions `offset..offset + sq` over keys
 /// `0..sk` (incremental decoding: query i sees keys up to `offset + i`).
+///
+/// Computed in fp32 whatever `x`'s dtype (Megatron's `--attention-softmax-in-fp32`), the
+/// probabilities returned in `x`'s dtype.
 pub fn offset_causal_masked_softmax(x: Tensor<4>, scale: f64, offset: usize) -> Tensor<4> {
     let [_, _, sq, sk] = x.dims();
+    let dtype = x.dtype();
+    // True strictly above the (shifted) diagonal: key j > query offset + i is hidden.
     let mask = Tensor::<2, Bool>::tril_mask([sq, sk], offset as i64, &x.device());
     softmax(
-        x.mul_scalar(scale)
+        at_least_f32(x)
+            .mul_scalar(scale)
             .mask_fill(mask.unsqueeze::<4>(), MASKED_SCORE),
         3,
     )
+    .cast(dtype)
 }
 
-/// LayerNorm over the last dimension (biased variance, as PyTorch and Megatron).
+/// LayerNorm over the last dimension (biased variance, as PyTorch and Megatron), computed in
+/// fp32 whatever `x`'s dtype and returned in `x`'s dtype (as Megatron's fused LayerNorm).
 pub fn layer_norm(
     x: Tensor<3>,
     gamma: Tensor<1>,
@@ -54,9 +64,13 @@ pub fn layer_norm(
         return super::fused_ops::layer_norm(x, gamma, beta, epsilon);
     }
     let _ = fused;
+    let dtype = x.dtype();
+    let x = at_least_f32(x);
+    let compute = x.dtype();
     let mean = x.clone().mean_dim(2);
     let centered = x - mean;
     let var = centered.clone().square().mean_dim(2);
     let normed = centered / var.add_scalar(epsilon).sqrt();
-    normed * gamma.unsqueeze::<3>() + beta.unsqueeze::<3>()
+    (normed * gamma.cast(compute).unsqueeze::<3>() + beta.cast(compute).unsqueeze::<3>())
+        .cast(dtype)
 }

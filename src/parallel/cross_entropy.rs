@@ -162,6 +162,9 @@ pub fn vocab_parallel_cross_entropy(
     vocab_start: usize,
     group: &Group,
 ) -> Tensor<2> {
+    // In fp32 whatever the model computes in (Megatron's `vocab_parallel_cross_entropy(
+    // logits.float(), ...)`): half-precision logsumexp over 50k columns loses the loss.
+    let logits = crate::model::ops::at_least_f32(logits);
     if group.size() == 1 && !crate::train::device::is_flex(&logits.device()) {
         return composed_cross_entropy(logits, labels);
     }

@@ -15,11 +15,11 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use burn::tensor::Device;
 
-use super::optimizer::NamedMoments;
 use super::tensor_file::{read_tensors, write_tensor_refs, HostTensor, TensorRef};
 use crate::comm::Group;
 use crate::model::named_parameters::{load_named_parameters, named_parameters};
 use crate::model::{Gpt, GptConfig};
+use crate::optim::{GradScalerState, NamedMoments};
 use crate::parallel::sharding::{partition_dim, shard_of};
 
 /// Megatron's tracker file.
@@ -27,10 +27,13 @@ pub const TRACKER_FILE: &str = "latest_checkpointed_iteration.txt";
 const CHECKPOINT_FILE: &str = "model_optim_rng.safetensors";
 
 /// Where training stands, saved with the weights.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TrainState {
     /// Iterations completed.
     pub iteration: u64,
+    /// Iterations skipped for overflowing gradients (no update, no learning-rate step): the
+    /// schedule has advanced `iteration - skipped_iterations` steps.
+    pub skipped_iterations: u64,
     /// Training samples consumed.
     pub consumed_train_samples: u64,
     /// Validation samples consumed (evaluations continue through the validation set).
@@ -70,6 +73,8 @@ pub struct OptimizerState {
     pub steps: u64,
     /// Adam's moments of this tensor-parallel rank's shard of each parameter.
     pub moments: Vec<NamedMoments>,
+    /// The loss scaler's state (mixed precision with a scaler only).
+    pub grad_scaler: Option<GradScalerState>,
 }
 
 /// Saves this rank's shard of the model and optimizer, and the training state, under `root`
@@ -124,7 +129,7 @@ pub fn save_checkpoint(
             values: &p.values,
         });
     }
-    let metadata = HashMap::from([
+    let mut metadata = HashMap::from([
         ("format".to_owned(), "ferrotron-checkpoint-1".to_owned()),
         ("iteration".to_owned(), state.iteration.to_string()),
         (
@@ -136,10 +141,17 @@ pub fn save_checkpoint(
             state.consumed_valid_samples.to_string(),
         ),
         ("optimizer_steps".to_owned(), optimizer.steps.to_string()),
+        (
+            "skipped_iterations".to_owned(),
+            state.skipped_iterations.to_string(),
+        ),
         ("model_config".to_owned(), serde_json::to_string(config)?),
         ("tensor_model_parallel_size".to_owned(), size.to_string()),
         ("tensor_model_parallel_rank".to_owned(), rank.to_string()),
     ]);
+    if let Some(scaler) = &optimizer.grad_scaler {
+        metadata.insert("grad_scaler".to_owned(), serde_json::to_string(scaler)?);
+    }
     let rank_dir = staging.join(format!("mp_rank_{rank:02}"));
     std::fs::create_dir_all(&rank_dir)?;
     write_tensor_refs(&rank_dir.join(CHECKPOINT_FILE), &tensors, metadata)?;
@@ -170,6 +182,8 @@ pub struct LoadedCheckpoint {
     pub state: TrainState,
     /// Optimizer steps taken.
     pub optimizer_steps: u64,
+    /// The loss scaler's state, if the run had one.
+    pub grad_scaler: Option<GradScalerState>,
     /// The model shape it was saved with.
     pub config: GptConfig,
     /// The tensor-parallel size it was saved with.
@@ -252,10 +266,19 @@ pub fn read_full_checkpoint(root: &Path) -> Result<Option<FullCheckpoint>> {
     let info = LoadedCheckpoint {
         state: TrainState {
             iteration: parse("iteration")?,
+            skipped_iterations: match metadata.get("skipped_iterations") {
+                Some(_) => parse("skipped_iterations")?,
+                None => 0,
+            },
             consumed_train_samples: parse("consumed_train_samples")?,
             consumed_valid_samples: parse("consumed_valid_samples")?,
         },
         optimizer_steps: parse("optimizer_steps")?,
+        grad_scaler: metadata
+            .get("grad_scaler")
+            .map(|json| serde_json::from_str(json))
+            .transpose()
+            .with_context(|| format!("{}: bad grad_scaler", path0.display()))?,
         config,
         tensor_model_parallel_size: saved_size,
     };
@@ -331,6 +354,7 @@ pub fn load_checkpoint(
     }
     let optimizer = OptimizerState {
         steps: full.info.optimizer_steps,
+        grad_scaler: full.info.grad_scaler.clone(),
         moments: moments
             .into_iter()
             .filter_map(|(name, (m, v))| Some(NamedMoments { name, m: m?, v: v? }))

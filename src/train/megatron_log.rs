@@ -31,10 +31,17 @@ pub struct IterationStats {
     pub learning_rate: f64,
     /// Global batch size.
     pub global_batch_size: usize,
-    /// Mean LM loss since the last line.
-    pub lm_loss: f64,
-    /// Gradient norm of the last iteration.
-    pub grad_norm: f64,
+    /// Mean LM loss of the iterations since the last line that were not skipped (none when
+    /// all were).
+    pub lm_loss: Option<f64>,
+    /// The loss scale (1 without a scaler).
+    pub loss_scale: f64,
+    /// Gradient norm of the last iteration (none when it was skipped).
+    pub grad_norm: Option<f64>,
+    /// Iterations skipped for overflow since the last line.
+    pub skipped_iterations: u64,
+    /// Skipped iterations whose loss was not finite, since the last line.
+    pub nan_iterations: u64,
     /// Training tokens per second.
     pub tokens_per_second: f64,
     /// Achieved model TFLOP/s.
@@ -43,17 +50,25 @@ pub struct IterationStats {
 
 /// ` iteration       10/    1000 | consumed samples:           80 | elapsed time per iteration (ms): 1210.0 | ...`
 pub fn iteration_line(s: &IterationStats) -> String {
+    let lm_loss = s
+        .lm_loss
+        .map_or(String::new(), |l| format!(" lm loss: {} |", sci(l, 6)));
+    let grad_norm = s
+        .grad_norm
+        .map_or(String::new(), |g| format!(" grad norm: {g:.3} |"));
     format!(
         " iteration {:8}/{:8} | consumed samples: {:12} | elapsed time per iteration (ms): {:.1} | learning rate: {} | \
-         global batch size: {:5} | lm loss: {} | grad norm: {:.3} | tokens/s: {:.0} | TFLOP/s: {:.4} |",
+         global batch size: {:5} |{lm_loss} loss scale: {:.1} |{grad_norm} number of skipped iterations: {:3} | \
+         number of nan iterations: {:3} | tokens/s: {:.0} | TFLOP/s: {:.4} |",
         s.iteration,
         s.train_iters,
         s.consumed_samples,
         s.ms_per_iteration,
         sci(s.learning_rate, 3),
         s.global_batch_size,
-        sci(s.lm_loss, 6),
-        s.grad_norm,
+        s.loss_scale,
+        s.skipped_iterations,
+        s.nan_iterations,
         s.tokens_per_second,
         s.tflops,
     )
@@ -90,14 +105,18 @@ mod tests {
             ms_per_iteration: 1210.0,
             learning_rate: 1.5e-4,
             global_batch_size: 8,
-            lm_loss: 10.32014,
-            grad_norm: 1.458,
+            lm_loss: Some(10.32014),
+            loss_scale: 4294967296.0,
+            grad_norm: Some(1.458),
+            skipped_iterations: 0,
+            nan_iterations: 0,
             tokens_per_second: 6770.0,
             tflops: 0.0123,
         });
         assert!(line.starts_with(
             " iteration       10/    1000 | consumed samples:           80 | elapsed time per iteration (ms): 1210.0 | \
-             learning rate: 1.500E-04 | global batch size:     8 | lm loss: 1.032014E+01 | grad norm: 1.458 |"
+             learning rate: 1.500E-04 | global batch size:     8 | lm loss: 1.032014E+01 | loss scale: 4294967296.0 | \
+             grad norm: 1.458 | number of skipped iterations:   0 | number of nan iterations:   0 |"
         ), "{line}");
     }
 }

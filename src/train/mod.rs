@@ -1,19 +1,15 @@
-//! Training: Megatron's optimizer, learning-rate schedule, data loading, checkpoints and the
-//! training loop.
+//! Training: data loading, checkpoints and the training loop (the optimizer side is in
+//! [`crate::optim`], re-exported here).
 
 pub mod checkpoint;
 pub mod device;
-pub mod distributed_optimizer;
 pub mod hf_export;
 pub mod hf_import;
 pub mod loader;
-pub mod lr_schedule;
 pub mod megatron_log;
-pub mod optimizer;
 pub mod pretrain;
 pub mod tensor_file;
 pub mod window_eval;
 
-pub use lr_schedule::{LrDecayStyle, LrSchedule};
-pub use optimizer::{AdamW, AdamWConfig, GradientAccumulator};
+pub use crate::optim::{AdamW, AdamWConfig, GradientAccumulator, LrDecayStyle, LrSchedule};
 pub use pretrain::{pretrain, PretrainConfig, PretrainOutcome};

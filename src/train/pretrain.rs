@@ -11,7 +11,6 @@ use burn::module::{Module, ParamId};
 use burn::tensor::{Device, TensorData};
 
 use super::checkpoint::{load_checkpoint, save_checkpoint, OptimizerState, TrainState};
-use super::distributed_optimizer::DistributedAdamW;
 use super::loader::{BatchLoader, MicroBatch};
 use super::megatron_log::{iteration_line, validation_line, IterationStats};
 use super::{AdamW, AdamWConfig, GradientAccumulator, LrSchedule};
@@ -20,10 +19,14 @@ use crate::comm::{run_ranks, Communicator, Group, ReduceOp};
 use crate::data::{self, DataSources, DatasetBuildConfig, SampleDataset};
 use crate::logging::loss_plot::{draw_loss_plot, read_metrics};
 use crate::logging::memory::{memory_report_line, peak_rss_bytes};
+use crate::logging::memory_estimate::{self, MemoryPlan};
 use crate::logging::tensorboard::TensorBoardWriter;
 use crate::model::named_parameters::parameter_names;
 use crate::model::recompute::lm_loss_backward;
 use crate::model::{Gpt, GptConfig, Recompute};
+use crate::optim::grad_scaler::DynamicGradScalerConfig;
+use crate::optim::DistributedAdamW;
+use crate::optim::{DynamicGradScaler, GradScaler, Precision};
 use crate::parallel::random::seed_micro_batch;
 use crate::parallel::sharding::partition_dim;
 use crate::parallel::state::ParallelState;
@@ -49,6 +52,13 @@ pub struct PretrainConfig {
     pub clip_grad: f64,
     /// `--seed`.
     pub seed: u64,
+    /// `--fp16` / `--bf16`: the model computes in half precision over fp32 main weights.
+    pub precision: Precision,
+    /// `--loss-scale`: a constant loss scale (with `--fp16`/`--bf16`); without it `--fp16`
+    /// scales dynamically.
+    pub loss_scale: Option<f64>,
+    /// `--initial-loss-scale`, `--min-loss-scale`, `--loss-scale-window`, `--hysteresis`.
+    pub dynamic_loss_scale: DynamicGradScalerConfig,
     /// Activation recomputation (`--recompute-granularity full` with
     /// `--recompute-method` / `--recompute-num-layers`).
     pub recompute: Recompute,
@@ -89,6 +99,21 @@ pub struct PretrainConfig {
     pub tensorboard_log_interval: u64,
 }
 
+impl PretrainConfig {
+    /// The run's loss scaler, as Megatron's `get_megatron_optimizer` picks it: constant with
+    /// `--loss-scale` (half precision only), dynamic with `--fp16`, none otherwise.
+    pub fn grad_scaler(&self) -> Option<GradScaler> {
+        match (self.precision, self.loss_scale) {
+            (Precision::Fp32, _) => None,
+            (_, Some(scale)) => Some(GradScaler::Constant(scale)),
+            (Precision::Fp16, None) => Some(GradScaler::Dynamic(DynamicGradScaler::new(
+                self.dynamic_loss_scale.clone(),
+            ))),
+            (Precision::Bf16, None) => None,
+        }
+    }
+}
+
 /// Megatron's default bucket: 40 M elements (it grows with the data-parallel size there too).
 pub const DEFAULT_DDP_BUCKET_SIZE: usize = 40_000_000;
 
@@ -103,6 +128,10 @@ pub struct PretrainOutcome {
     pub test_loss: Option<f64>,
     /// Iteration reached.
     pub iteration: u64,
+    /// The loss scale after every iteration run (1 without a scaler).
+    pub loss_scales: Vec<(u64, f64)>,
+    /// The iterations skipped for overflowing gradients.
+    pub skipped_iterations: Vec<u64>,
 }
 
 struct Datasets {
@@ -272,16 +301,12 @@ fn train_rank(
     }
     let (tensor, data) = (&parallel.tensor, &parallel.data);
     let dp = data.size();
-    let mut state = TrainState {
-        iteration: 0,
-        consumed_train_samples: 0,
-        consumed_valid_samples: 0,
-    };
+    let mut state = TrainState::default();
     let loaded = match &cfg.load {
         Some(dir) => load_checkpoint(dir, Some(&cfg.model), device, tensor)?,
         None => None,
     };
-    let (mut model, saved_optimizer) = match loaded {
+    let (model, saved_optimizer) = match loaded {
         Some((model, checkpoint, optimizer)) => {
             say!(
                 " > loaded checkpoint from {} at iteration {} (saved with tensor model parallel size {})",
@@ -321,7 +346,29 @@ fn train_rank(
         cfg.model.num_attention_heads,
         cfg.model.padded_vocab_size
     );
-    let names: Vec<(ParamId, String)> = parameter_names(&model)
+    let mut scaler = cfg.grad_scaler();
+    if let (Some(scaler), Some(saved)) = (
+        scaler.as_mut(),
+        saved_optimizer.as_ref().and_then(|o| o.grad_scaler.clone()),
+    ) {
+        scaler.load_state(saved);
+    }
+    if cfg.precision != Precision::Fp32 {
+        say!(
+            " > mixed precision: model in {}, fp32 main weights, gradients summed in fp32; loss scale: {}",
+            cfg.precision.name(),
+            match &scaler {
+                Some(GradScaler::Dynamic(_)) => "dynamic".to_owned(),
+                Some(GradScaler::Constant(s)) => format!("constant {s}"),
+                None => "none".to_owned(),
+            }
+        );
+    }
+    // The fp32 main weights (what the optimizer updates and checkpoints keep), and the model
+    // the micro-batches run: the same one in fp32, a half-precision copy of it otherwise.
+    let mut main = model;
+    let mut model = cfg.precision.working_copy(&main);
+    let names: Vec<(ParamId, String)> = parameter_names(&main)
         .into_iter()
         .map(|p| (p.id, p.name))
         .collect();
@@ -335,7 +382,7 @@ fn train_rank(
         let by_id: HashMap<ParamId, String> = names.iter().cloned().collect();
         let mut opt = DistributedAdamW::new(
             cfg.adam.clone(),
-            &model,
+            &main,
             &by_id,
             &replicated,
             tensor.rank() == 0,
@@ -380,6 +427,28 @@ fn train_rank(
         ),
         _ => None,
     };
+    if rank0 {
+        let plan = MemoryPlan {
+            model: &cfg.model,
+            rank_parameters: main.num_params(),
+            micro_batch_size: cfg.micro_batch_size,
+            seq_length: cfg.seq_length,
+            tensor_parallel: tensor.size(),
+            data_parallel: dp,
+            distributed_optimizer: cfg.use_distributed_optimizer,
+        };
+        let ranks = parallel.world.ranks_in_process();
+        let lines = memory_estimate::report(
+            &plan,
+            cfg.precision,
+            cfg.recompute,
+            ranks,
+            memory_estimate::available_bytes(),
+        );
+        for line in lines {
+            println!("{line}");
+        }
+    }
     let mbs = cfg.micro_batch_size as u64;
     let micro_batches = cfg.global_batch_size / cfg.micro_batch_size;
     let my_micro_batches = micro_batches / dp;
@@ -397,11 +466,22 @@ fn train_rank(
         ..PretrainOutcome::default()
     };
     let (mut interval_loss, mut interval_iters, mut interval_start) = (0.0, 0u64, Instant::now());
+    // Megatron's log counters: iterations whose loss is averaged, skipped ones, and skipped
+    // ones whose loss was not finite.
+    let (mut interval_advanced, mut interval_skipped, mut interval_nan) = (0u64, 0u64, 0u64);
     let flops_per_token = cfg.model.flops_per_token(cfg.seq_length);
     let mut memory_reported = false;
     while state.iteration < cfg.train_iters {
         let iteration = state.iteration + 1;
-        let lr = cfg.schedule.lr_at(state.iteration);
+        // The schedule advances only on iterations that updated the weights.
+        let lr = cfg
+            .schedule
+            .lr_at(state.iteration - state.skipped_iterations);
+        let loss_scale = scaler.as_ref().map_or(1.0, GradScaler::scale);
+        // Each micro-batch's loss is divided by the global number of micro-batches (summed
+        // over data-parallel ranks, the gradients are those of the global batch's mean loss)
+        // and multiplied by the loss scale.
+        let divisor = micro_batches as f64 / loss_scale;
         let mut grads = GradientAccumulator::default();
         // Loss values are read after the step, so no micro-batch waits on a device read.
         let mut micro_losses = Vec::with_capacity(my_micro_batches);
@@ -409,38 +489,61 @@ fn train_rank(
             let global_index = (k * dp + data.rank()) as u64;
             seed_micro_batch(cfg.seed, iteration, global_index, tensor.rank());
             let (tokens, labels, mask) = loader.next_batch().to_tensors(device);
-            // Divided by the global number of micro-batches: summed over data-parallel
-            // ranks, the gradients are those of the global batch's mean loss.
             if cfg.recompute == Recompute::None {
                 let loss = model.lm_loss(tokens, labels, mask);
                 micro_losses.push(loss.clone().inner());
-                grads.add(&model, loss.div_scalar(micro_batches as f64).backward());
+                grads.add(&model, loss.div_scalar(divisor).backward());
             } else {
                 let mut micro = GradientAccumulator::default();
-                let loss = lm_loss_backward(
-                    &model,
-                    tokens,
-                    labels,
-                    mask,
-                    micro_batches as f64,
-                    cfg.recompute,
-                    |g| micro.add(&model, g),
-                );
+                let loss =
+                    lm_loss_backward(&model, tokens, labels, mask, divisor, cfg.recompute, |g| {
+                        micro.add(&model, g)
+                    });
                 micro_losses.push(loss.inner());
                 grads.merge(&model, micro);
             }
         }
-        let grad_norm;
-        (model, grad_norm) = match &mut optimizer {
-            Optimizer::Replicated(adam) => {
-                grads.all_reduce_in_buckets(data, cfg.ddp_bucket_size.max(1))?;
-                let norm = grads.clip_global_norm_parallel(cfg.clip_grad, &replicated, tensor)?;
-                (adam.step(model, &grads, lr), norm)
+        // With a loss scaler: unscale, and skip the step on every rank if any rank's
+        // gradients overflowed (checked before the data-parallel reduction, which would only
+        // carry the overflow to every rank).
+        let found_inf = match scaler.as_mut() {
+            Some(scaler) => {
+                grads.scale(1.0 / loss_scale);
+                let local = if grads.all_finite() { 0.0 } else { 1.0 };
+                let any = parallel
+                    .world
+                    .all_reduce(TensorData::new(vec![local], [1]), ReduceOp::Max)?;
+                let found_inf = any.try_to_vec::<f64>().expect("f64")[0] > 0.0;
+                scaler.update(found_inf);
+                found_inf
             }
-            Optimizer::Distributed(adam) => {
-                adam.step(model, &grads, lr, cfg.clip_grad, &parallel.world)?
-            }
+            None => false,
         };
+        let grad_norm = if found_inf {
+            state.skipped_iterations += 1;
+            outcome.skipped_iterations.push(iteration);
+            None
+        } else {
+            // The working copy goes first: in fp32 it shares the main weights' storage, and
+            // the step replaces them parameter by parameter.
+            drop(model);
+            let norm;
+            (main, norm) = match &mut optimizer {
+                Optimizer::Replicated(adam) => {
+                    grads.all_reduce_in_buckets(data, cfg.ddp_bucket_size.max(1))?;
+                    let norm =
+                        grads.clip_global_norm_parallel(cfg.clip_grad, &replicated, tensor)?;
+                    (adam.step(main, &grads, lr), norm)
+                }
+                Optimizer::Distributed(adam) => {
+                    adam.step(main, &grads, lr, cfg.clip_grad, &parallel.world)?
+                }
+            };
+            model = cfg.precision.working_copy(&main);
+            Some(norm)
+        };
+        drop(grads);
+        let loss_scale = scaler.as_ref().map_or(1.0, GradScaler::scale);
         let local_loss: f64 = micro_losses
             .into_iter()
             .map(|l| l.into_scalar::<f32>() as f64)
@@ -450,8 +553,15 @@ fn train_rank(
         state.iteration = iteration;
         state.consumed_train_samples += cfg.global_batch_size as u64;
         outcome.losses.push((iteration, loss));
-        interval_loss += loss;
+        outcome.loss_scales.push((iteration, loss_scale));
         interval_iters += 1;
+        if found_inf {
+            interval_skipped += 1;
+            interval_nan += u64::from(!loss.is_finite());
+        } else {
+            interval_loss += loss;
+            interval_advanced += 1;
+        }
         if let Some(file) = metrics.as_mut() {
             writeln!(
                 file,
@@ -463,6 +573,8 @@ fn train_rank(
                     "lm_loss": loss,
                     "lr": lr,
                     "grad_norm": grad_norm,
+                    "loss_scale": loss_scale,
+                    "skipped": found_inf,
                     "peak_rss_mib": peak_rss_bytes().map(|b| b as f64 / 1048576.0)
                 })
             )?;
@@ -470,15 +582,16 @@ fn train_rank(
         if let Some(tb) = tensorboard.as_mut() {
             if iteration.is_multiple_of(cfg.tensorboard_log_interval.max(1)) {
                 // Megatron's tags, each also against the consumed samples. The loss scale
-                // is 1 in fp32, as Megatron logs it without a grad scaler.
+                // is 1 without a grad scaler, as Megatron logs it.
                 let samples = state.consumed_train_samples;
-                for (tag, value) in [
+                let mut scalars = vec![
                     ("learning-rate", lr),
                     ("batch-size", cfg.global_batch_size as f64),
                     ("lm loss", loss),
-                    ("loss-scale", 1.0),
-                    ("grad-norm", grad_norm),
-                ] {
+                    ("loss-scale", loss_scale),
+                ];
+                scalars.extend(grad_norm.map(|norm| ("grad-norm", norm)));
+                for (tag, value) in scalars {
                     tb.add_scalar(tag, value, iteration)?;
                     tb.add_scalar(&format!("{tag} vs samples"), value, samples)?;
                 }
@@ -500,10 +613,14 @@ fn train_rank(
                     train_iters: cfg.train_iters,
                     consumed_samples: state.consumed_train_samples,
                     ms_per_iteration: 1000.0 * elapsed / interval_iters as f64,
-                    learning_rate: cfg.schedule.lr_at(iteration),
+                    learning_rate: cfg.schedule.lr_at(iteration - state.skipped_iterations),
                     global_batch_size: cfg.global_batch_size,
-                    lm_loss: interval_loss / interval_iters as f64,
+                    lm_loss: (interval_advanced > 0)
+                        .then(|| interval_loss / interval_advanced as f64),
+                    loss_scale,
                     grad_norm,
+                    skipped_iterations: interval_skipped,
+                    nan_iterations: interval_nan,
                     tokens_per_second: tokens / elapsed,
                     tflops: tokens * flops_per_token / elapsed / 1e12,
                 })
@@ -516,6 +633,7 @@ fn train_rank(
                 memory_reported = true;
             }
             (interval_loss, interval_iters, interval_start) = (0.0, 0, Instant::now());
+            (interval_advanced, interval_skipped, interval_nan) = (0, 0, 0);
         }
         if let Some(valid) = &datasets.valid {
             if cfg.eval_interval > 0
@@ -568,7 +686,9 @@ fn train_rank(
             .is_some_and(|k| k > 0 && iteration.is_multiple_of(k));
         if let Some(dir) = &cfg.save {
             if save_now || exit_now {
-                let path = save(dir, &model, cfg, &optimizer, &names, &state, parallel)?;
+                let path = save(
+                    dir, &main, cfg, &optimizer, &scaler, &names, &state, parallel,
+                )?;
                 say!(
                     " > saved checkpoint at iteration {iteration} to {}",
                     path.display()
@@ -587,7 +707,9 @@ fn train_rank(
             .save_interval
             .is_none_or(|k| k == 0 || !state.iteration.is_multiple_of(k))
         {
-            save(dir, &model, cfg, &optimizer, &names, &state, parallel)?;
+            save(
+                dir, &main, cfg, &optimizer, &scaler, &names, &state, parallel,
+            )?;
         }
     }
     if let Some(valid) = &datasets.valid {
@@ -625,14 +747,17 @@ fn train_rank(
     Ok(outcome)
 }
 
-/// Saves a checkpoint: the optimizer state is gathered by name (a collective over the
-/// data-parallel group when it is sharded), the ranks of data-parallel replica 0 write their
-/// tensor-parallel shards, and every rank waits until the checkpoint is complete.
+/// Saves a checkpoint of the fp32 main weights `model`: the optimizer state is gathered by
+/// name (a collective over the data-parallel group when it is sharded), the ranks of
+/// data-parallel replica 0 write their tensor-parallel shards, and every rank waits until the
+/// checkpoint is complete.
+#[allow(clippy::too_many_arguments)]
 fn save(
     dir: &std::path::Path,
     model: &Gpt,
     cfg: &PretrainConfig,
     optimizer: &Optimizer,
+    scaler: &Option<GradScaler>,
     names: &[(ParamId, String)],
     state: &TrainState,
     parallel: &ParallelState,
@@ -641,10 +766,12 @@ fn save(
         Optimizer::Replicated(adam) => OptimizerState {
             steps: adam.steps(),
             moments: adam.export(names),
+            grad_scaler: scaler.as_ref().map(GradScaler::state),
         },
         Optimizer::Distributed(adam) => OptimizerState {
             steps: adam.steps(),
             moments: adam.export()?,
+            grad_scaler: scaler.as_ref().map(GradScaler::state),
         },
     };
     let path = if parallel.coordinates.dp == 0 {

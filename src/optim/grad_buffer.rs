@@ -1,43 +1,17 @@
-//! Megatron's optimizer: Adam with decoupled weight decay (apex `FusedAdam`, `adam_w_mode`),
-//! weight decay on weight matrices only (not on biases or LayerNorm), gradients accumulated
-//! over micro-batches and clipped by their global L2 norm.
-//!
-//! burn's `AdamW` clips per parameter and keeps its state by burn's parameter ids; this one
-//! clips globally, as Megatron does, and exposes its state by parameter name for checkpoints.
+//! Gradients accumulated over the micro-batches of one step, in fp32 whatever precision the
+//! model computes in (Megatron's `main_grad` buffers, `--accumulate-allreduce-grads-in-fp32`),
+//! with what is done to them before the optimizer step: the data-parallel all-reduce in
+//! buckets, unscaling and the overflow check of mixed precision, and clipping by the global
+//! norm.
 
 use std::collections::{HashMap, HashSet};
 
-use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
-use burn::tensor::{Gradients, Tensor, TensorData};
+use burn::tensor::{FloatDType, Gradients, Tensor, TensorData};
 
 use crate::comm::CommError;
 use crate::comm::{Group, ReduceOp};
-
-/// `--adam-beta1`, `--adam-beta2`, `--adam-eps`, `--weight-decay`.
-#[derive(Clone, Debug, PartialEq)]
-pub struct AdamWConfig {
-    /// β₁.
-    pub beta1: f64,
-    /// β₂.
-    pub beta2: f64,
-    /// ε.
-    pub eps: f64,
-    /// Decoupled weight decay, applied to parameters with two or more dimensions.
-    pub weight_decay: f64,
-}
-
-impl Default for AdamWConfig {
-    /// Megatron's defaults.
-    fn default() -> Self {
-        Self {
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.01,
-        }
-    }
-}
 
 /// Gradients summed over the micro-batches of one step, flattened, by parameter.
 ///
@@ -59,7 +33,8 @@ impl ModuleVisitor for Accumulate<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
         if let Some(g) = self.incoming.remove::<D>(param.id) {
             let n = g.shape().num_elements();
-            let g = g.reshape([n]);
+            // Half-precision models give half-precision gradients; they are summed in fp32.
+            let g = g.reshape([n]).cast(FloatDType::F32);
             let sum = match self.into.remove(&param.id) {
                 Some(acc) => acc + g,
                 None => {
@@ -126,6 +101,20 @@ impl GradientAccumulator {
             });
         }
         total.map_or(0.0, |t| t.into_scalar::<f32>() as f64)
+    }
+
+    /// Whether every gradient is finite (one host read): `g · 0` is 0 for a finite `g` and NaN
+    /// for ±inf or NaN, so the sum of all of them is 0 exactly when nothing overflowed.
+    pub fn all_finite(&self) -> bool {
+        let mut total: Option<Tensor<1>> = None;
+        for id in &self.order {
+            let s = self.grads[id].clone().mul_scalar(0.0).sum();
+            total = Some(match total {
+                Some(t) => t + s,
+                None => s,
+            });
+        }
+        total.is_none_or(|t| t.into_scalar::<f32>() == 0.0)
     }
 
     /// Global L2 norm of all gradients (one host read).
@@ -219,143 +208,5 @@ impl GradientAccumulator {
     /// The gradient of a parameter, flattened.
     pub fn get(&self, id: &ParamId) -> Option<&Tensor<1>> {
         self.grads.get(id)
-    }
-}
-
-/// First and second moments of one parameter, flattened.
-#[derive(Clone)]
-struct Moments {
-    m: Tensor<1>,
-    v: Tensor<1>,
-}
-
-/// Adam with decoupled weight decay and bias correction.
-pub struct AdamW {
-    config: AdamWConfig,
-    steps: u64,
-    moments: HashMap<ParamId, Moments>,
-}
-
-struct Update<'a> {
-    optimizer: &'a mut AdamW,
-    grads: &'a GradientAccumulator,
-    lr: f64,
-}
-
-impl ModuleMapper for Update<'_> {
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-        let Some(g) = self.grads.get(&param.id).cloned() else {
-            return param;
-        };
-        let (id, value, mapper) = param.consume();
-        let autodiff = value.is_autodiff();
-        let shape = value.dims();
-        let n = g.dims()[0];
-        let p = value.inner().reshape([n]);
-        let c = &self.optimizer.config;
-        let t = self.optimizer.steps as i32;
-        let (m, v) = match self.optimizer.moments.remove(&id) {
-            Some(s) => (
-                s.m.mul_scalar(c.beta1) + g.clone().mul_scalar(1.0 - c.beta1),
-                s.v.mul_scalar(c.beta2) + g.square().mul_scalar(1.0 - c.beta2),
-            ),
-            None => (
-                g.clone().mul_scalar(1.0 - c.beta1),
-                g.square().mul_scalar(1.0 - c.beta2),
-            ),
-        };
-        let m_hat = m.clone().div_scalar(1.0 - c.beta1.powi(t));
-        let v_hat = v.clone().div_scalar(1.0 - c.beta2.powi(t));
-        let decay = if D >= 2 { c.weight_decay } else { 0.0 };
-        let update = m_hat / v_hat.sqrt().add_scalar(c.eps);
-        let p = p.mul_scalar(1.0 - self.lr * decay) - update.mul_scalar(self.lr);
-        self.optimizer.moments.insert(id, Moments { m, v });
-        let p = p.reshape(shape);
-        let p = if autodiff {
-            p.autodiff().require_grad()
-        } else {
-            p
-        };
-        Param::from_mapped_value(id, p, mapper)
-    }
-}
-
-/// Optimizer state of one parameter, by name, for checkpoints.
-#[derive(Clone, Debug, PartialEq)]
-pub struct NamedMoments {
-    /// Parameter name.
-    pub name: String,
-    /// First moment (flattened).
-    pub m: Vec<f32>,
-    /// Second moment (flattened).
-    pub v: Vec<f32>,
-}
-
-impl AdamW {
-    /// A fresh optimizer.
-    pub fn new(config: AdamWConfig) -> Self {
-        Self {
-            config,
-            steps: 0,
-            moments: HashMap::new(),
-        }
-    }
-
-    /// The hyper-parameters.
-    pub fn config(&self) -> &AdamWConfig {
-        &self.config
-    }
-
-    /// Number of steps taken.
-    pub fn steps(&self) -> u64 {
-        self.steps
-    }
-
-    /// One update of every parameter that has a gradient, with learning rate `lr`.
-    pub fn step<M: Module>(&mut self, module: M, grads: &GradientAccumulator, lr: f64) -> M {
-        self.steps += 1;
-        module.map(&mut Update {
-            optimizer: self,
-            grads,
-            lr,
-        })
-    }
-
-    /// The moments by parameter name (`names` maps ids to names, from
-    /// [`crate::model::named_parameters::parameter_names`]).
-    pub fn export(&self, names: &[(ParamId, String)]) -> Vec<NamedMoments> {
-        names
-            .iter()
-            .filter_map(|(id, name)| {
-                let s = self.moments.get(id)?;
-                Some(NamedMoments {
-                    name: name.clone(),
-                    m: s.m.clone().try_into_vec_as::<f32>().ok()?,
-                    v: s.v.clone().try_into_vec_as::<f32>().ok()?,
-                })
-            })
-            .collect()
-    }
-
-    /// Restores state saved by [`export`](Self::export) after `steps` steps, on `device`.
-    pub fn import(
-        &mut self,
-        steps: u64,
-        state: Vec<NamedMoments>,
-        names: &[(ParamId, String)],
-        device: &burn::tensor::Device,
-    ) {
-        self.steps = steps;
-        self.moments.clear();
-        let by_name: HashMap<&str, ParamId> =
-            names.iter().map(|(id, n)| (n.as_str(), *id)).collect();
-        for s in state {
-            if let Some(id) = by_name.get(s.name.as_str()) {
-                let n = s.m.len();
-                let m = Tensor::<1>::from_data(TensorData::new(s.m, [n]), device);
-                let v = Tensor::<1>::from_data(TensorData::new(s.v, [n]), device);
-                self.moments.insert(*id, Moments { m, v });
-            }
-        }
     }
 }

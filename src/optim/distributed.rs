@@ -14,7 +14,8 @@ use std::ops::Range;
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::{Bool, Device, Tensor, TensorData};
 
-use super::optimizer::{AdamWConfig, GradientAccumulator, NamedMoments};
+use super::adamw::{AdamWConfig, NamedMoments};
+use super::grad_buffer::GradientAccumulator;
 use crate::comm::{tensor as comm_tensor, CommError, Group, ReduceOp};
 
 /// One parameter's place in the flat buffer.

@@ -1,0 +1,221 @@
+//! A memory estimate printed before training (as Megatron's `report_theoretical_memory`),
+//! so that a configuration that cannot fit is known before it runs out of memory, with the
+//! flags that would make it fit.
+//!
+//! Weights and optimizer state are counted exactly from the parameters a rank holds. The
+//! activations are what burn's autodiff keeps for the backward pass of ferrotron's composed
+//! layers, counted op by op (per layer: the inputs of the LayerNorms, of the matmuls, of
+//! GELU and the dropout masks; the attention scores in fp32 and the model's dtype; the
+//! logits and the cross-entropy's softmax). It is an estimate: allocator slack and the
+//! transient tensors of the backward pass come on top.
+
+use crate::model::{GptConfig, Recompute};
+use crate::optim::Precision;
+
+/// What one rank holds, in bytes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MemoryEstimate {
+    /// Model weights (fp32 main and half copy), fp32 gradient sums, Adam's moments.
+    pub weights_and_optimizer: f64,
+    /// Activations kept for one micro-batch's backward pass (with recomputation: the kept
+    /// chunk inputs plus the chunk being recomputed).
+    pub activations: f64,
+}
+
+impl MemoryEstimate {
+    /// Both together.
+    pub fn total(&self) -> f64 {
+        self.weights_and_optimizer + self.activations
+    }
+}
+
+/// The shape of a run, as far as memory goes.
+#[derive(Clone, Debug)]
+pub struct MemoryPlan<'a> {
+    /// Model shape.
+    pub model: &'a GptConfig,
+    /// Parameters this rank holds.
+    pub rank_parameters: usize,
+    /// `--micro-batch-size`.
+    pub micro_batch_size: usize,
+    /// `--seq-length`.
+    pub seq_length: usize,
+    /// Tensor-parallel size.
+    pub tensor_parallel: usize,
+    /// Data-parallel size.
+    pub data_parallel: usize,
+    /// `--use-distributed-optimizer`.
+    pub distributed_optimizer: bool,
+}
+
+/// Bytes one rank needs with `precision` and `recompute`.
+pub fn estimate(plan: &MemoryPlan, precision: Precision, recompute: Recompute) -> MemoryEstimate {
+    let p = plan.rank_parameters as f64;
+    let e = precision.bytes() as f64;
+    // Working weights; fp32 main weights when the working copy is half; the fp32 gradient
+    // sums and one backward pass's gradients in the model's dtype; Adam's two fp32 moments
+    // (sharded over data-parallel ranks by the distributed optimizer).
+    let main = if precision == Precision::Fp32 {
+        0.0
+    } else {
+        4.0
+    };
+    let adam = if plan.distributed_optimizer {
+        8.0 / plan.data_parallel as f64
+    } else {
+        8.0
+    };
+    let weights_and_optimizer = p * (e + main + 4.0 + e + adam);
+
+    let m = plan.model;
+    let (b, s, h) = (
+        plan.micro_batch_size as f64,
+        plan.seq_length as f64,
+        m.hidden_size as f64,
+    );
+    let t = plan.tensor_parallel as f64;
+    let (f, heads, v) = (
+        m.ffn_size() as f64,
+        m.num_attention_heads as f64,
+        m.padded_vocab_size as f64,
+    );
+    let layer_input = b * s * h * e;
+    // Replicated [b, s, h] tensors: LayerNorm inputs and outputs, dropout inputs and masks
+    // (8 in the model's dtype), the LayerNorms' fp32 statistics passes (6 in fp32).
+    let replicated = b * s * h * (8.0 * e + 6.0 * 4.0);
+    // Split [b, s, h/t]: q, k, v (fused output and per-head copies), context and its
+    // reshaped copy; split [b, s, ffn/t]: fc1 output, GELU's inputs and output.
+    let split = b * s * (8.0 * h / t + 5.0 * f / t) * e;
+    // [b, heads/t, s, s]: scores, probabilities, dropout mask and output in the model's
+    // dtype; the fp32 scores, masked scores and softmax.
+    let scores = b * (heads / t) * s * s * (4.0 * e + 3.0 * 4.0);
+    let per_layer = replicated + split + scores;
+    // Embedding output and dropout; final LayerNorm; logits (model dtype), their fp32 copy
+    // and the cross-entropy's fp32 softmax, over this rank's vocabulary shard.
+    let ends = 2.0 * layer_input + b * s * h * (2.0 * e + 4.0) + b * s * (v / t) * (e + 8.0);
+    let layers = m.num_layers as f64;
+    let kept = match recompute {
+        Recompute::None => layers * per_layer,
+        Recompute::Uniform(n) => {
+            let n = (n.max(1) as f64).min(layers);
+            (layers / n).ceil() * layer_input + n * per_layer
+        }
+        Recompute::Block(n) => {
+            let n = (n as f64).min(layers);
+            n * layer_input + (layers - n) * per_layer + per_layer.min(n * per_layer)
+        }
+    };
+    MemoryEstimate {
+        weights_and_optimizer,
+        activations: kept + ends,
+    }
+}
+
+/// Memory the system can still give (`MemAvailable` of `/proc/meminfo`), in bytes.
+pub fn available_bytes() -> Option<f64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024.0)
+}
+
+/// The report: one line for the estimate (for `ranks` ranks in this process), and, when it
+/// exceeds `available` bytes, a warning naming the flags that would bring it down.
+pub fn report(
+    plan: &MemoryPlan,
+    precision: Precision,
+    recompute: Recompute,
+    ranks: usize,
+    available: Option<f64>,
+) -> Vec<String> {
+    let mb = |x: f64| x / (1024.0 * 1024.0);
+    let n = ranks as f64;
+    let est = estimate(plan, precision, recompute);
+    let total = n * est.total();
+    let mut lines = vec![format!(
+        " > memory estimate{}: weights and optimizer={:.1} MB, activation={:.1} MB, total={:.1} MB",
+        if ranks > 1 {
+            format!(" (this process: {ranks} ranks)")
+        } else {
+            String::new()
+        },
+        mb(n * est.weights_and_optimizer),
+        mb(n * est.activations),
+        mb(total)
+    )];
+    let Some(available) = available else {
+        return lines;
+    };
+    if total <= available {
+        return lines;
+    }
+    let mut options = vec![];
+    let layers = plan.model.num_layers;
+    if recompute == Recompute::None || matches!(recompute, Recompute::Block(k) if k < layers) {
+        let r = Recompute::Uniform(1);
+        let t = n * estimate(plan, precision, r).total();
+        options.push(format!(
+            "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1 (≈{:.0} MB)",
+            mb(t)
+        ));
+    }
+    if precision == Precision::Fp32 {
+        let t = n * estimate(plan, Precision::Bf16, recompute).total();
+        options.push(format!("--bf16 (≈{:.0} MB)", mb(t)));
+    }
+    if plan.data_parallel > 1 && !plan.distributed_optimizer {
+        let mut p = plan.clone();
+        p.distributed_optimizer = true;
+        let t = n * estimate(&p, precision, recompute).total();
+        options.push(format!("--use-distributed-optimizer (≈{:.0} MB)", mb(t)));
+    }
+    if options.is_empty() {
+        options.push("a smaller --micro-batch-size or more machines".to_owned());
+    }
+    lines.push(format!(
+        "WARNING: this run may not fit: it needs about {:.0} MB and {:.0} MB are available; try {}",
+        mb(total),
+        mb(available),
+        options.join(", or ")
+    ));
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(model: &GptConfig) -> MemoryPlan<'_> {
+        MemoryPlan {
+            model,
+            rank_parameters: model.num_parameters(),
+            micro_batch_size: 4,
+            seq_length: 1024,
+            tensor_parallel: 1,
+            data_parallel: 1,
+            distributed_optimizer: false,
+        }
+    }
+
+    #[test]
+    fn recompute_and_half_precision_lower_the_estimate_and_the_warning_says_so() {
+        let model = GptConfig::new(24, 1024, 16, 1024, 50304);
+        let plan = plan(&model);
+        let full = estimate(&plan, Precision::Fp32, Recompute::None);
+        let recomputed = estimate(&plan, Precision::Fp32, Recompute::Uniform(1));
+        let bf16 = estimate(&plan, Precision::Bf16, Recompute::None);
+        assert!(recomputed.activations < full.activations / 4.0);
+        assert!(bf16.activations < full.activations);
+        // Mixed precision keeps fp32 main weights: the half copy and its half gradients
+        // take what fp32 main weights add, so weight memory does not shrink.
+        assert_eq!(bf16.weights_and_optimizer, full.weights_and_optimizer);
+        // 345M parameters × (4 weights + 4 sums + 4 backward + 8 Adam) bytes.
+        let p = model.num_parameters() as f64;
+        assert_eq!(full.weights_and_optimizer, p * 20.0);
+        let lines = report(&plan, Precision::Fp32, Recompute::None, 1, Some(1e9));
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(lines[1].contains("--recompute-method uniform") && lines[1].contains("--bf16"));
+        let fits = report(&plan, Precision::Fp32, Recompute::None, 1, Some(1e12));
+        assert_eq!(fits.len(), 1);
+    }
+}

@@ -1,0 +1,17 @@
+//! The optimizer side of a training step, as Megatron-Core's `optimizer/` package: gradient
+//! buffers, Adam (replicated or sharded over data-parallel ranks), the learning-rate schedule,
+//! loss scaling and mixed precision (fp32 main weights behind a half-precision model).
+
+pub mod adamw;
+pub mod distributed;
+pub mod grad_buffer;
+pub mod grad_scaler;
+pub mod lr_schedule;
+pub mod mixed_precision;
+
+pub use adamw::{AdamW, AdamWConfig, NamedMoments};
+pub use distributed::DistributedAdamW;
+pub use grad_buffer::GradientAccumulator;
+pub use grad_scaler::{DynamicGradScaler, GradScaler, GradScalerState};
+pub use lr_schedule::{LrDecayStyle, LrSchedule};
+pub use mixed_precision::{cast_parameters, Precision};

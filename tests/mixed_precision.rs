@@ -1,0 +1,260 @@
+//! Mixed precision (`--bf16`, `--fp16` with Megatron's dynamic loss scaler) against the fp32
+//! run, and the scaler's decisions against an independent re-implementation of its rule.
+
+mod common;
+
+use std::path::Path;
+
+use burn::tensor::Device;
+use common::*;
+use ferrotron::data::DataSources;
+use ferrotron::model::GptConfig;
+use ferrotron::optim::grad_scaler::DynamicGradScalerConfig;
+use ferrotron::optim::Precision;
+use ferrotron::train::checkpoint::read_full_checkpoint;
+use ferrotron::train::{pretrain, AdamWConfig, LrDecayStyle, LrSchedule, PretrainConfig};
+
+fn config(cache: &Path, precision: Precision, train_iters: u64) -> PretrainConfig {
+    PretrainConfig {
+        model: GptConfig::new(2, 32, 4, 16, 50304)
+            .with_hidden_dropout(0.1)
+            .with_attention_dropout(0.1),
+        seq_length: 16,
+        micro_batch_size: 2,
+        global_batch_size: 4,
+        train_iters,
+        schedule: LrSchedule {
+            max_lr: 2e-3,
+            min_lr: 1e-4,
+            warmup_iters: 10.0,
+            decay_iters: train_iters as f64,
+            style: LrDecayStyle::Cosine,
+        },
+        adam: AdamWConfig::default(),
+        clip_grad: 1.0,
+        seed: 1234,
+        precision,
+        loss_scale: None,
+        dynamic_loss_scale: DynamicGradScalerConfig::default(),
+        recompute: Default::default(),
+        data: DataSources::single(golden("wikitext2_valid", "text")),
+        split: "95,5,0".into(),
+        data_cache_path: Some(cache.to_path_buf()),
+        eod_mask_loss: false,
+        eod: 50256,
+        log_interval: 50,
+        eval_interval: 1000,
+        eval_iters: 1,
+        save: None,
+        save_interval: None,
+        load: None,
+        exit_interval: None,
+        tensor_model_parallel_size: 1,
+        use_distributed_optimizer: false,
+        ddp_bucket_size: 1 << 20,
+        tensorboard_dir: None,
+        tensorboard_log_interval: 1,
+    }
+}
+
+fn device() -> Device {
+    Device::flex().autodiff()
+}
+
+/// Mean loss of the last `n` iterations.
+fn tail_mean(losses: &[(u64, f64)], n: usize) -> f64 {
+    let tail = &losses[losses.len() - n..];
+    tail.iter().map(|(_, l)| l).sum::<f64>() / n as f64
+}
+
+#[test]
+fn bf16_and_fp16_curves_end_within_two_percent_of_fp32() {
+    let cache = tempfile::tempdir().unwrap();
+    let iters = 200;
+    let fp32 = pretrain(&config(cache.path(), Precision::Fp32, iters), &device()).unwrap();
+    let first = fp32.losses[0].1;
+    let end32 = tail_mean(&fp32.losses, 10);
+    assert!(end32 < first - 1.0, "fp32 must learn: {first} → {end32}");
+    for precision in [Precision::Bf16, Precision::Fp16] {
+        let out = pretrain(&config(cache.path(), precision, iters), &device()).unwrap();
+        let end = tail_mean(&out.losses, 10);
+        let relative = (end - end32).abs() / end32;
+        eprintln!("{precision:?}: final loss {end:.4}, fp32 {end32:.4}");
+        assert!(
+            relative < 0.02,
+            "{precision:?}: final loss {end} vs fp32 {end32} ({:.2} %)",
+            100.0 * relative
+        );
+        // Half precision really ran: the curve is not fp32's to the bit.
+        assert_ne!(out.losses, fp32.losses, "{precision:?} gave fp32's losses");
+        // bf16 has no scaler: nothing skipped, scale 1.
+        if precision == Precision::Bf16 {
+            assert!(out.skipped_iterations.is_empty());
+            assert!(out.loss_scales.iter().all(|&(_, s)| s == 1.0));
+        }
+    }
+}
+
+/// Megatron's `DynamicGradScaler.update`, written again from its source: the reference the
+/// training loop's scale sequence is checked against.
+struct ReferenceScaler {
+    scale: f64,
+    growth_tracker: u64,
+    hysteresis_tracker: i64,
+}
+
+impl ReferenceScaler {
+    fn update(&mut self, found_inf: bool, min_scale: f64, window: u64, hysteresis: u64) {
+        if found_inf {
+            self.growth_tracker = 0;
+            self.hysteresis_tracker -= 1;
+            if self.hysteresis_tracker <= 0 {
+                self.scale = f64::max(self.scale / 2.0, min_scale);
+            }
+        } else {
+            self.growth_tracker += 1;
+            if self.growth_tracker == window {
+                self.growth_tracker = 0;
+                self.hysteresis_tracker = hysteresis as i64;
+                self.scale *= 2.0;
+            }
+        }
+    }
+}
+
+#[test]
+fn fp16_overflows_are_skipped_and_the_scale_follows_megatrons_rule() {
+    let cache = tempfile::tempdir().unwrap();
+    let save = tempfile::tempdir().unwrap();
+    let (window, hysteresis) = (4, 2);
+    let iters = 40;
+    let mut cfg = config(cache.path(), Precision::Fp16, iters);
+    // 2³² times a loss gradient overflows fp16 (max 65504) at once: the run must skip
+    // iterations and back off until the scaled gradients fit, then grow again.
+    cfg.dynamic_loss_scale = DynamicGradScalerConfig {
+        initial_scale: 2f64.powi(32),
+        min_scale: 1.0,
+        growth_interval: window,
+        hysteresis,
+        ..Default::default()
+    };
+    cfg.save = Some(save.path().to_path_buf());
+    let out = pretrain(&cfg, &device()).unwrap();
+
+    assert_eq!(
+        out.skipped_iterations.first(),
+        Some(&1),
+        "2^32 must overflow"
+    );
+    let mut reference = ReferenceScaler {
+        scale: 2f64.powi(32),
+        growth_tracker: 0,
+        hysteresis_tracker: hysteresis as i64,
+    };
+    let (mut backed_off, mut grew) = (false, false);
+    for &(iteration, scale) in &out.loss_scales {
+        let before = reference.scale;
+        reference.update(
+            out.skipped_iterations.contains(&iteration),
+            1.0,
+            window,
+            hysteresis,
+        );
+        assert_eq!(
+            scale, reference.scale,
+            "loss scale after iteration {iteration}"
+        );
+        backed_off |= reference.scale < before;
+        grew |= reference.scale > before;
+    }
+    // The first overflow only uses up hysteresis; the second halves the scale.
+    assert_eq!(out.loss_scales[0].1, 2f64.powi(32));
+    assert_eq!(out.loss_scales[1].1, 2f64.powi(31));
+    assert!(backed_off && grew, "scales: {:?}", out.loss_scales);
+    // It settles: most of the later iterations update the weights.
+    let late = out
+        .skipped_iterations
+        .iter()
+        .filter(|&&i| i > iters / 2)
+        .count();
+    assert!(
+        late < iters as usize / 4,
+        "skipped: {:?}",
+        out.skipped_iterations
+    );
+    // Clean iterations have finite losses and the run learns.
+    let clean: Vec<f64> = out
+        .losses
+        .iter()
+        .filter(|(i, _)| !out.skipped_iterations.contains(i))
+        .map(|&(_, l)| l)
+        .collect();
+    assert!(clean.iter().all(|l| l.is_finite()));
+    assert!(clean.last().unwrap() < &(clean[0] - 0.2), "{clean:?}");
+
+    // Skipped iterations took no optimizer step; the checkpoint says how many there were
+    // and keeps the scaler's state.
+    let checkpoint = read_full_checkpoint(save.path()).unwrap().unwrap();
+    let skipped = out.skipped_iterations.len() as u64;
+    assert_eq!(checkpoint.info.optimizer_steps, iters - skipped);
+    assert_eq!(checkpoint.info.state.skipped_iterations, skipped);
+    let state = checkpoint.info.grad_scaler.expect("scaler state");
+    assert_eq!(state.scale, reference.scale);
+    assert_eq!(state.growth_tracker, reference.growth_tracker);
+    assert_eq!(state.hysteresis_tracker, reference.hysteresis_tracker);
+}
+
+#[test]
+fn fp16_resume_continues_bit_exactly_across_skipped_iterations() {
+    let cache = tempfile::tempdir().unwrap();
+    let save = tempfile::tempdir().unwrap();
+    let iters = 16;
+    let mut cfg = config(cache.path(), Precision::Fp16, iters);
+    cfg.dynamic_loss_scale.growth_interval = 3;
+    let whole = pretrain(&cfg, &device()).unwrap();
+    // Stop while the scaler is still backing off, so its state matters.
+    let stop = whole.skipped_iterations[whole.skipped_iterations.len() / 2];
+    let mut first = cfg.clone();
+    first.save = Some(save.path().to_path_buf());
+    first.exit_interval = Some(stop);
+    pretrain(&first, &device()).unwrap();
+    let mut second = cfg.clone();
+    second.load = Some(save.path().to_path_buf());
+    let resumed = pretrain(&second, &device()).unwrap();
+    assert_eq!(resumed.losses[..], whole.losses[stop as usize..]);
+    assert_eq!(resumed.loss_scales[..], whole.loss_scales[stop as usize..]);
+}
+
+#[test]
+fn the_working_copy_computes_in_half_precision_and_its_gradients_are_summed_in_fp32() {
+    use burn::tensor::{DType, Int, Tensor, TensorData};
+    use ferrotron::train::GradientAccumulator;
+    let model = GptConfig::new(1, 16, 2, 8, 128).init(7, &device()).unwrap();
+    for (precision, dtype) in [
+        (Precision::Bf16, DType::BF16),
+        (Precision::Fp16, DType::F16),
+    ] {
+        let copy = precision.working_copy(&model);
+        let tokens =
+            Tensor::<2, Int>::from_data(TensorData::new(vec![1i64, 5, 9, 3], [1, 4]), &device());
+        let logits = copy.forward(tokens.clone());
+        assert_eq!(logits.dtype(), dtype, "{precision:?} logits");
+        let labels =
+            Tensor::<2, Int>::from_data(TensorData::new(vec![5i64, 9, 3, 2], [1, 4]), &device());
+        let mask = Tensor::<2>::ones([1, 4], &device());
+        let loss = copy.lm_loss(tokens, labels, mask);
+        // The cross-entropy runs in fp32 on the upcast logits.
+        assert_eq!(loss.dtype(), DType::F32);
+        let mut grads = GradientAccumulator::default();
+        grads.add(&copy, loss.backward());
+        let first = grads.order()[0];
+        assert_eq!(grads.get(&first).unwrap().dtype(), DType::F32);
+        assert!(grads.all_finite());
+        // The main weights are untouched fp32.
+        let main_ids: Vec<_> = ferrotron::model::named_parameters::parameter_names(&model)
+            .into_iter()
+            .map(|p| p.id)
+            .collect();
+        assert!(grads.order().iter().all(|id| main_ids.contains(id)));
+    }
+}
