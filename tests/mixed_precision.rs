@@ -258,3 +258,37 @@ fn the_working_copy_computes_in_half_precision_and_its_gradients_are_summed_in_f
         assert!(grads.order().iter().all(|id| main_ids.contains(id)));
     }
 }
+
+/// Half precision under the parallel layouts, against the single-process run in the same
+/// precision: data parallelism (2 thread ranks) with fp16 and its loss scaler changes only the
+/// order of the fp32 gradient sums; tensor parallelism (2 ranks) with bf16 also rounds the
+/// partial sums of the row-parallel layers to bf16 before adding them, so its tolerance is
+/// bf16's.
+#[test]
+fn half_precision_layouts_reproduce_the_single_process_losses() {
+    use ferrotron::comm::run_ranks;
+    use ferrotron::train::pretrain::pretrain_on;
+    let cache = tempfile::tempdir().unwrap();
+    let iters = 20;
+    let mut fp16 = config(cache.path(), Precision::Fp16, iters);
+    fp16.dynamic_loss_scale.initial_scale = 2f64.powi(16);
+    fp16.dynamic_loss_scale.growth_interval = 5;
+    // As in the data-parallel tests: attention dropout draws per tensor-parallel rank.
+    fp16.model = fp16.model.with_attention_dropout(0.0);
+    let single = pretrain(&fp16, &device()).unwrap();
+    let dp = run_ranks(2, |world| pretrain_on(&fp16, &device(), world)).unwrap();
+    for out in &dp {
+        let worst = worst_relative(&out.losses, &single.losses);
+        assert!(worst < 1e-5, "fp16 DP=2: {worst}");
+        assert_eq!(out.skipped_iterations, single.skipped_iterations);
+        assert_eq!(out.loss_scales, single.loss_scales);
+    }
+
+    let mut bf16 = fp16.clone();
+    bf16.precision = Precision::Bf16;
+    let single = pretrain(&bf16, &device()).unwrap();
+    bf16.tensor_model_parallel_size = 2;
+    let tp = pretrain(&bf16, &device()).unwrap();
+    let worst = worst_relative(&tp.losses, &single.losses);
+    assert!(worst < 1e-2, "bf16 TP=2: {worst}");
+}

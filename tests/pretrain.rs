@@ -651,8 +651,9 @@ fn pretrain_cli_blends_datasets_from_each_of_megatrons_data_flags() {
     assert!(stderr(&bad).contains("not both"), "{}", stderr(&bad));
 }
 
-/// Recomputing layers replays their dropout masks, so the run is the same run: bitwise equal
-/// losses (training and validation) with every recompute method, at TP = 1 and TP = 2.
+/// Recomputing layers (or only their attention cores) replays their dropout masks, so the run
+/// is the same run: bitwise equal losses (training and validation) with every recompute
+/// method and with selective recomputation, at TP = 1 and TP = 2.
 #[test]
 fn recomputation_gives_the_losses_of_keeping_activations() {
     let dir = tempfile::tempdir().unwrap();
@@ -673,6 +674,7 @@ fn recomputation_gives_the_losses_of_keeping_activations() {
             Recompute::Uniform(1),
             Recompute::Uniform(2),
             Recompute::Block(1),
+            Recompute::Selective,
         ] {
             let run = pretrain(&cfg(recompute), &Device::flex().autodiff()).unwrap();
             assert_eq!(run.losses, kept.losses, "{recompute:?}, TP {tp}");

@@ -230,7 +230,7 @@ struct Args {
     #[arg(long)]
     checkpoint_activations: bool,
     /// Activation recomputation: `full` (whole layers, from their inputs; needs
-    /// --recompute-method) or `selective` (the attention core only; not implemented yet).
+    /// --recompute-method) or `selective` (the attention core only).
     #[arg(long)]
     recompute_granularity: Option<String>,
     /// With `full`: `uniform` (the layers in chunks of --recompute-num-layers, every chunk
@@ -297,7 +297,7 @@ fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
         bail!("need 0 < --min-loss-scale <= --initial-loss-scale, and --loss-scale-window and --hysteresis of at least 1");
     }
     // Features whose absence does not change the math: say so.
-    let recompute = recompute(args, verbose)?;
+    let recompute = recompute(args)?;
     if let Some(ddp) = &args.ddp_impl {
         if ddp != "local" && ddp != "torch" {
             bail!("--DDP-impl {ddp}: expected local or torch");
@@ -414,7 +414,7 @@ fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
 }
 
 /// Megatron's recompute flags, the legacy ones mapped as its `arguments.py` maps them.
-fn recompute(args: &Args, verbose: bool) -> Result<Recompute> {
+fn recompute(args: &Args) -> Result<Recompute> {
     let mut granularity = args.recompute_granularity.clone();
     let mut method = args.recompute_method.clone();
     if args.checkpoint_activations {
@@ -443,10 +443,11 @@ fn recompute(args: &Args, verbose: bool) -> Result<Recompute> {
             Recompute::from_flags(&method, layers).map_err(anyhow::Error::msg)
         }
         Some("selective") => {
-            if verbose {
-                warn("--recompute-granularity selective is not implemented yet; all activations are kept (same results, more memory); --recompute-granularity full --recompute-method uniform saves memory");
+            // As Megatron's arguments.py: the method and layer count are for `full` only.
+            if method.is_some() {
+                bail!("--recompute-method is for --recompute-granularity full, not selective");
             }
-            Ok(Recompute::None)
+            Ok(Recompute::Selective)
         }
         Some(other) => bail!("--recompute-granularity {other}: expected full or selective"),
     }

@@ -90,12 +90,16 @@ pub fn estimate(plan: &MemoryPlan, precision: Precision, recompute: Recompute) -
     // dtype; the fp32 scores, masked scores and softmax.
     let scores = b * (heads / t) * s * s * (4.0 * e + 3.0 * 4.0);
     let per_layer = replicated + split + scores;
+    // Selective recomputation keeps everything but the attention core's [b, heads, s, s]
+    // tensors and its context.
+    let selective = replicated + split - b * s * (2.0 * h / t) * e;
     // Embedding output and dropout; final LayerNorm; logits (model dtype), their fp32 copy
     // and the cross-entropy's fp32 softmax, over this rank's vocabulary shard.
     let ends = 2.0 * layer_input + b * s * h * (2.0 * e + 4.0) + b * s * (v / t) * (e + 8.0);
     let layers = m.num_layers as f64;
     let kept = match recompute {
         Recompute::None => layers * per_layer,
+        Recompute::Selective => layers * selective + scores,
         Recompute::Uniform(n) => {
             let n = (n.max(1) as f64).min(layers);
             (layers / n).ceil() * layer_input + n * per_layer
@@ -151,7 +155,9 @@ pub fn report(
     }
     let mut options = vec![];
     let layers = plan.model.num_layers;
-    if recompute == Recompute::None || matches!(recompute, Recompute::Block(k) if k < layers) {
+    if matches!(recompute, Recompute::None | Recompute::Selective)
+        || matches!(recompute, Recompute::Block(k) if k < layers)
+    {
         let r = Recompute::Uniform(1);
         let t = n * estimate(plan, precision, r).total();
         options.push(format!(
@@ -204,6 +210,9 @@ mod tests {
         let full = estimate(&plan, Precision::Fp32, Recompute::None);
         let recomputed = estimate(&plan, Precision::Fp32, Recompute::Uniform(1));
         let bf16 = estimate(&plan, Precision::Bf16, Recompute::None);
+        let selective = estimate(&plan, Precision::Fp32, Recompute::Selective);
+        assert!(selective.activations < full.activations);
+        assert!(selective.activations > recomputed.activations);
         assert!(recomputed.activations < full.activations / 4.0);
         assert!(bf16.activations < full.activations);
         // Mixed precision keeps fp32 main weights: the half copy and its half gradients

@@ -66,7 +66,7 @@ impl CausalSelfAttention {
 
     /// Queries, keys and values `[batch, local heads, seq, head_dim]` of `x`, from the fused
     /// per-head `[q k v]` projection.
-    fn query_key_value_heads(&self, x: Tensor<3>) -> [Tensor<4>; 3] {
+    pub fn query_key_value_heads(&self, x: Tensor<3>) -> [Tensor<4>; 3] {
         let [b, s, _] = x.dims();
         let qkv = self.query_key_value.forward(x); // [b, s, local heads · 3 · head_dim]
         let heads = self.local_heads;
@@ -80,15 +80,17 @@ impl CausalSelfAttention {
     }
 
     /// The output projection of the per-head context `[batch, local heads, seq, head_dim]`.
-    fn project_out(&self, context: Tensor<4>) -> Tensor<3> {
+    pub fn project_out(&self, context: Tensor<4>) -> Tensor<3> {
         let [b, heads, s, head_dim] = context.dims();
         self.dense
             .forward(context.swap_dims(1, 2).reshape([b, s, heads * head_dim]))
     }
 
-    /// `[batch, seq, hidden]` → `[batch, seq, hidden]`.
-    pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let [q, k, v] = self.query_key_value_heads(x);
+    /// The attention core (Megatron's `CoreAttention`): `dropout(softmax(q kᵀ / √d)) v`, the
+    /// per-head context `[batch, local heads, seq, head_dim]`. It has no parameters and keeps
+    /// the largest activations (`[batch, heads, seq, seq]`), which is why selective
+    /// recomputation recomputes exactly this.
+    pub fn core(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
         let head_dim = q.dims()[3];
         let scores = q.matmul(k.transpose());
         let probs = scaled_causal_masked_softmax(
@@ -96,7 +98,13 @@ impl CausalSelfAttention {
             1.0 / (head_dim as f64).sqrt(),
             self.masked_softmax_fusion,
         );
-        self.project_out(self.attention_dropout.forward(probs).matmul(v))
+        self.attention_dropout.forward(probs).matmul(v)
+    }
+
+    /// `[batch, seq, hidden]` → `[batch, seq, hidden]`.
+    pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        let [q, k, v] = self.query_key_value_heads(x);
+        self.project_out(self.core(q, k, v))
     }
 
     /// [`Self::forward`] for `x` = the positions after those in `past` (inference only, no

@@ -1,6 +1,8 @@
-//! Activation recomputation (Megatron's `--recompute-granularity full`): keep only the inputs
+//! Activation recomputation. Megatron's `--recompute-granularity full`: keep only the inputs
 //! of chunks of layers during the forward pass, and run each chunk's forward again, with its
-//! graph, just before its backward.
+//! graph, just before its backward. `--recompute-granularity selective`: keep every layer's
+//! activations but those of the attention core (scores, softmax, dropout, `· v`), the
+//! largest per byte of compute, which is run again from the kept queries, keys and values.
 //!
 //! The step runs as a chain of vector–Jacobian products. Each chunk's forward starts from a
 //! leaf copy of its input; its backward is `backward(Σ output ⊙ g)` with `g` the gradient of
@@ -29,6 +31,8 @@ pub enum Recompute {
     Uniform(usize),
     /// `block`: the first N layers recomputed one by one, the others kept.
     Block(usize),
+    /// `selective`: only the attention core of every layer recomputed.
+    Selective,
 }
 
 impl Recompute {
@@ -50,7 +54,7 @@ impl Recompute {
     /// The layers in chunks, each with whether it is recomputed.
     pub fn chunks(self, layers: usize) -> Vec<(Range<usize>, bool)> {
         match self {
-            Self::None => vec![(0..layers, false)],
+            Self::None | Self::Selective => vec![(0..layers, false)],
             Self::Uniform(n) => (0..layers)
                 .step_by(n.max(1))
                 .map(|start| (start..(start + n.max(1)).min(layers), true))
@@ -87,8 +91,102 @@ fn run_layers(model: &Gpt, layers: &Range<usize>, mut x: Tensor<3>) -> Tensor<3>
 }
 
 /// `backward(Σ output ⊙ g)`: the vector–Jacobian product that continues the chain.
-fn backward_through(output: Tensor<3>, g: Tensor<3>) -> Gradients {
+fn backward_through<const D: usize>(output: Tensor<D>, g: Tensor<D>) -> Gradients {
     (output * g.autodiff()).sum().backward()
+}
+
+/// One layer between its forward and its backward under selective recomputation: three
+/// graphs, the part before the attention core (kept), the core (recomputed), the part after
+/// (kept). Each starts from leaves of its own, so each backward frees only its own graph.
+struct SelectiveLayer {
+    /// Leaf: the layer's input, as the part before the core sees it.
+    input: Tensor<3>,
+    /// q, k, v with the graph of the part before the core.
+    attention_inputs: [Tensor<4>; 3],
+    /// q, k, v without a graph: what the core is recomputed from.
+    saved: [Tensor<4>; 3],
+    /// The dropout streams at the core's start.
+    rng: RngState,
+    /// Leaves of the part after the core: the layer's input (residual) and the context.
+    residual: Tensor<3>,
+    context: Tensor<4>,
+    /// The layer's output, with the graph of the part after the core.
+    output: Tensor<3>,
+}
+
+/// [`lm_loss_backward`] under selective recomputation.
+fn selective_lm_loss_backward(
+    model: &Gpt,
+    tokens: Tensor<2, Int>,
+    labels: Tensor<2, Int>,
+    loss_mask: Tensor<2>,
+    divisor: f64,
+    mut on_grads: impl FnMut(Gradients),
+) -> Tensor<1> {
+    let embedded = model.embed(tokens);
+    let mut x = embedded.clone().detach();
+    let mut pending = Vec::with_capacity(model.layers.len());
+    for layer in &model.layers {
+        // Two leaves of the same value (detach gives each its own node): the two graphs that
+        // use the layer's input must not share a node.
+        let input = x.clone().detach().require_grad();
+        let attention_inputs = layer.attention_inputs(input.clone());
+        let saved = attention_inputs.clone().map(|t| t.detach());
+        let rng = rng_state();
+        // Without a graph: the core's inputs do not require gradients.
+        let [q, k, v] = saved.clone();
+        let context = layer.self_attention.core(q, k, v).require_grad();
+        let residual = x.detach().require_grad();
+        let output = layer.after_attention_core(residual.clone(), context.clone());
+        x = output.clone().detach();
+        pending.push(SelectiveLayer {
+            input,
+            attention_inputs,
+            saved,
+            rng,
+            residual,
+            context,
+            output,
+        });
+    }
+    let last = x.require_grad();
+    let loss = model.head_loss(last.clone(), labels, loss_mask);
+    let value = loss.clone().detach();
+    let grads = loss.div_scalar(divisor).backward();
+    let mut g = last
+        .grad(&grads)
+        .expect("the head's input takes part in the loss");
+    on_grads(grads);
+    for (layer, p) in model.layers.iter().zip(pending).rev() {
+        let grads = backward_through(p.output, g);
+        let g_context = p.context.grad(&grads).expect("the context is used");
+        let g_residual = p.residual.grad(&grads).expect("the residual is used");
+        on_grads(grads);
+        let resume = rng_state();
+        set_rng_state(p.rng);
+        let [q, k, v] = p.saved.map(|t| t.require_grad());
+        let context = layer.self_attention.core(q.clone(), k.clone(), v.clone());
+        set_rng_state(resume);
+        let grads = backward_through(context, g_context);
+        let g_qkv = [&q, &k, &v].map(|t| t.grad(&grads).expect("q, k and v are used"));
+        let [(q, gq), (k, gk), (v, gv)] = {
+            let [a, b, c] = p.attention_inputs;
+            let [ga, gb, gc] = g_qkv;
+            [(a, ga), (b, gb), (c, gc)]
+        };
+        // The residual's gradient joins the input's inside this backward pass, so autodiff
+        // sums the input's three gradients (residual, and LayerNorm's two uses) in the order
+        // one whole backward pass does.
+        let grads = ((q * gq.autodiff()).sum()
+            + (k * gk.autodiff()).sum()
+            + (v * gv.autodiff()).sum()
+            + (p.input.clone() * g_residual.autodiff()).sum())
+        .backward();
+        g = p.input.grad(&grads).expect("the input is used");
+        on_grads(grads);
+    }
+    on_grads(backward_through(embedded, g));
+    value
 }
 
 /// One micro-batch's forward and backward with the layers recomputed as `recompute` says:
@@ -104,6 +202,9 @@ pub fn lm_loss_backward(
     recompute: Recompute,
     mut on_grads: impl FnMut(Gradients),
 ) -> Tensor<1> {
+    if recompute == Recompute::Selective {
+        return selective_lm_loss_backward(model, tokens, labels, loss_mask, divisor, on_grads);
+    }
     let embedded = model.embed(tokens);
     let mut x = embedded.clone().detach();
     let mut pending = Vec::new();

@@ -69,9 +69,23 @@ impl TransformerBlock {
 
     /// `[batch, seq, hidden]` → `[batch, seq, hidden]`.
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let attn = self
-            .self_attention
-            .forward(self.input_layernorm.forward(x.clone()));
+        let [q, k, v] = self.attention_inputs(x.clone());
+        let context = self.self_attention.core(q, k, v);
+        self.after_attention_core(x, context)
+    }
+
+    /// The layer up to the attention core: queries, keys and values of `ln(x)`. With
+    /// [`CausalSelfAttention::core`] and [`Self::after_attention_core`] it is
+    /// [`Self::forward`], cut where selective recomputation cuts it.
+    pub fn attention_inputs(&self, x: Tensor<3>) -> [Tensor<4>; 3] {
+        self.self_attention
+            .query_key_value_heads(self.input_layernorm.forward(x))
+    }
+
+    /// The layer after the attention core, from the layer's input `x` (for the residual) and
+    /// the core's per-head `context`.
+    pub fn after_attention_core(&self, x: Tensor<3>, context: Tensor<4>) -> Tensor<3> {
+        let attn = self.self_attention.project_out(context);
         let x = x + self.hidden_dropout.forward(attn);
         let mlp = self
             .mlp

@@ -4,7 +4,8 @@
 //! One file per tensor-parallel rank (`mp_rank_0R`) holds that rank's shard of the model and
 //! of the optimizer moments, and the training state (iteration, consumed samples, optimizer
 //! steps, model shape, TP size). Loading joins the shards and re-splits them for the loading
-//! run's TP size, so a checkpoint saved at one size loads at any other. The iteration directory is written under a
+//! run's TP size, so a checkpoint saved at one size loads at any other; the files are mapped
+//! and read one tensor at a time (at the saved size each rank reads only its own parts). The iteration directory is written under a
 //! temporary name and renamed, and the `latest` file is replaced last, so a kill during a save
 //! leaves the previous checkpoint usable.
 
@@ -15,7 +16,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use burn::tensor::Device;
 
-use super::tensor_file::{read_tensors, write_tensor_refs, HostTensor, TensorRef};
+use super::tensor_file::{write_tensor_refs, HostTensor, TensorFile, TensorRef};
 use crate::comm::Group;
 use crate::model::named_parameters::{load_named_parameters, named_parameters};
 use crate::model::{Gpt, GptConfig};
@@ -199,17 +200,19 @@ fn parameter_of(key: &str) -> &str {
         .unwrap_or(key)
 }
 
-/// A whole checkpoint with every tensor joined from its rank shards.
-pub struct FullCheckpoint {
-    /// State, shape, saved TP size.
-    pub info: LoadedCheckpoint,
-    /// `model.*`, `optimizer.exp_avg.*`, `optimizer.exp_avg_sq.*`, whole.
-    pub tensors: HashMap<String, HostTensor>,
+/// The shard files of a saved checkpoint, mapped, read a tensor at a time: a rank joins (or
+/// takes) one parameter at a time, so loading holds one whole tensor beyond its own shards,
+/// never the whole checkpoint (which, per rank of a 4-thread run of a 345M model, would be
+/// 4 × 4 GB).
+struct SavedCheckpoint {
+    iter_dir: PathBuf,
+    shards: Vec<TensorFile>,
+    info: LoadedCheckpoint,
 }
 
-/// Reads every `mp_rank_*` shard of the latest checkpoint under `root` and joins them along
-/// each parameter's partition dimension. `None` when there is no checkpoint.
-pub fn read_full_checkpoint(root: &Path) -> Result<Option<FullCheckpoint>> {
+/// Opens every `mp_rank_*` shard of the latest checkpoint under `root`. `None` when there is
+/// no checkpoint.
+fn open_checkpoint(root: &Path) -> Result<Option<SavedCheckpoint>> {
     let Some(iteration) = latest_iteration(root)? else {
         return Ok(None);
     };
@@ -220,25 +223,10 @@ pub fn read_full_checkpoint(root: &Path) -> Result<Option<FullCheckpoint>> {
         if rank > 0 && !path.exists() {
             break;
         }
-        let (mut tensors, metadata) = read_tensors(&path)?;
-        // Moments were once saved flat: give them their parameter's shape.
-        let shapes: HashMap<String, Vec<usize>> = tensors
-            .iter()
-            .filter_map(|(k, t)| Some((k.strip_prefix("model.")?.to_owned(), t.shape.clone())))
-            .collect();
-        for (key, t) in tensors.iter_mut() {
-            let param = key
-                .strip_prefix("optimizer.exp_avg.")
-                .or_else(|| key.strip_prefix("optimizer.exp_avg_sq."));
-            if let Some(shape) = param.and_then(|p| shapes.get(p)) {
-                if shape.iter().product::<usize>() == t.values.len() {
-                    t.shape = shape.clone();
-                }
-            }
-        }
-        shards.push((path, tensors, metadata));
+        shards.push(TensorFile::open(&path)?);
     }
-    let (path0, _, metadata) = &shards[0];
+    let metadata = shards[0].metadata()?;
+    let path0 = shards[0].path().to_path_buf();
     let get = |key: &str| -> Result<String> {
         metadata
             .get(key)
@@ -282,27 +270,73 @@ pub fn read_full_checkpoint(root: &Path) -> Result<Option<FullCheckpoint>> {
         config,
         tensor_model_parallel_size: saved_size,
     };
-    let names: Vec<String> = shards[0].1.keys().cloned().collect();
-    let mut tensors = HashMap::new();
-    for key in names {
-        let param = parameter_of(&key);
-        let mut parts = Vec::with_capacity(shards.len());
-        for (path, shard, _) in &shards {
-            parts.push(
-                shard
-                    .get(&key)
-                    .cloned()
-                    .with_context(|| format!("{}: no {key}", path.display()))?,
-            );
+    Ok(Some(SavedCheckpoint {
+        iter_dir,
+        shards,
+        info,
+    }))
+}
+
+impl SavedCheckpoint {
+    /// The tensor names (those of rank 0's shard).
+    fn names(&self) -> Result<Vec<String>> {
+        self.shards[0].names()
+    }
+
+    /// Shard `rank`'s part of tensor `key`. Moments were once saved flat: they get their
+    /// parameter's shape.
+    fn part(&self, key: &str, rank: usize) -> Result<HostTensor> {
+        let file = &self.shards[rank];
+        let mut t = file
+            .read(key)?
+            .with_context(|| format!("{}: no {key}", file.path().display()))?;
+        if !key.starts_with("model.") {
+            if let Some(shape) = file.shape(&format!("model.{}", parameter_of(key)))? {
+                if shape.iter().product::<usize>() == t.values.len() {
+                    t.shape = shape;
+                }
+            }
         }
-        let whole = match partition_dim(param) {
-            Some(dim) if parts.len() > 1 => HostTensor::concat(&parts, dim)
-                .map_err(|e| anyhow::anyhow!("{}: {key}: {e}", iter_dir.display()))?,
-            _ => parts.swap_remove(0),
-        };
+        Ok(t)
+    }
+
+    /// Tensor `key` whole: the shards' parts joined along the parameter's partition dimension.
+    fn whole(&self, key: &str) -> Result<HostTensor> {
+        let dim = partition_dim(parameter_of(key));
+        if dim.is_none() || self.shards.len() == 1 {
+            return self.part(key, 0);
+        }
+        let parts = (0..self.shards.len())
+            .map(|rank| self.part(key, rank))
+            .collect::<Result<Vec<_>>>()?;
+        HostTensor::concat(&parts, dim.unwrap())
+            .map_err(|e| anyhow::anyhow!("{}: {key}: {e}", self.iter_dir.display()))
+    }
+}
+
+/// A whole checkpoint with every tensor joined from its rank shards.
+pub struct FullCheckpoint {
+    /// State, shape, saved TP size.
+    pub info: LoadedCheckpoint,
+    /// `model.*`, `optimizer.exp_avg.*`, `optimizer.exp_avg_sq.*`, whole.
+    pub tensors: HashMap<String, HostTensor>,
+}
+
+/// Reads every `mp_rank_*` shard of the latest checkpoint under `root` and joins them along
+/// each parameter's partition dimension. `None` when there is no checkpoint.
+pub fn read_full_checkpoint(root: &Path) -> Result<Option<FullCheckpoint>> {
+    let Some(saved) = open_checkpoint(root)? else {
+        return Ok(None);
+    };
+    let mut tensors = HashMap::new();
+    for key in saved.names()? {
+        let whole = saved.whole(&key)?;
         tensors.insert(key, whole);
     }
-    Ok(Some(FullCheckpoint { info, tensors }))
+    Ok(Some(FullCheckpoint {
+        info: saved.info,
+        tensors,
+    }))
 }
 
 /// Reads the latest checkpoint under `root` and builds `group`'s rank of the model from it, on
@@ -316,25 +350,33 @@ pub fn load_checkpoint(
     device: &Device,
     group: &Group,
 ) -> Result<Option<(Gpt, LoadedCheckpoint, OptimizerState)>> {
-    let Some(full) = read_full_checkpoint(root)? else {
+    let Some(saved) = open_checkpoint(root)? else {
         return Ok(None);
     };
     if let Some(wanted) = config {
-        check_same_model(root, &full.info.config, wanted)?;
+        check_same_model(root, &saved.info.config, wanted)?;
     }
-    let config = config.unwrap_or(&full.info.config).clone();
+    let config = config.unwrap_or(&saved.info.config).clone();
+    // Saved at this layout: each rank reads its own shard's parts as they are.
+    let same_layout = saved.shards.len() == group.size()
+        && saved.info.config.padded_vocab_size == config.padded_vocab_size;
     let model = config
         .init_parallel(0, group, device)
         .map_err(anyhow::Error::msg)?;
     let mut values = HashMap::new();
     let mut moments: HashMap<String, SavedMoments> = HashMap::new();
-    for (key, mut t) in full.tensors {
+    for key in saved.names()? {
         let param = parameter_of(&key).to_owned();
-        if param == "word_embeddings.weight" && t.shape[0] != config.padded_vocab_size {
-            t = t.resized(0, config.padded_vocab_size);
-        }
-        let t = shard_of(&t, partition_dim(&param), group.rank(), group.size())
-            .map_err(|e| anyhow::anyhow!("{}: {key}: {e}", root.display()))?;
+        let t = if same_layout {
+            saved.part(&key, group.rank())?
+        } else {
+            let mut t = saved.whole(&key)?;
+            if param == "word_embeddings.weight" && t.shape[0] != config.padded_vocab_size {
+                t = t.resized(0, config.padded_vocab_size);
+            }
+            shard_of(&t, partition_dim(&param), group.rank(), group.size())
+                .map_err(|e| anyhow::anyhow!("{}: {key}: {e}", root.display()))?
+        };
         if key.starts_with("model.") {
             values.insert(param, (t.shape, t.values));
         } else if key.starts_with("optimizer.exp_avg.") {
@@ -353,14 +395,14 @@ pub fn load_checkpoint(
         );
     }
     let optimizer = OptimizerState {
-        steps: full.info.optimizer_steps,
-        grad_scaler: full.info.grad_scaler.clone(),
+        steps: saved.info.optimizer_steps,
+        grad_scaler: saved.info.grad_scaler.clone(),
         moments: moments
             .into_iter()
             .filter_map(|(name, (m, v))| Some(NamedMoments { name, m: m?, v: v? }))
             .collect(),
     };
-    Ok(Some((model, full.info, optimizer)))
+    Ok(Some((model, saved.info, optimizer)))
 }
 
 /// Refuses, in one line, to load a checkpoint of one model into another. What must match is

@@ -2,7 +2,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use safetensors::tensor::{Dtype, SafeTensors};
@@ -85,20 +85,74 @@ pub fn write_tensor_refs(
     Ok(())
 }
 
-/// Reads every f32 tensor and the metadata of a `.safetensors` file.
-pub fn read_tensors(path: &Path) -> Result<(HashMap<String, HostTensor>, HashMap<String, String>)> {
-    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    let (_, header) = SafeTensors::read_metadata(&bytes)
-        .with_context(|| format!("{}: not a safetensors file", path.display()))?;
-    let metadata = header.metadata().clone().unwrap_or_default();
-    let file = SafeTensors::deserialize(&bytes)
-        .with_context(|| format!("{}: not a safetensors file", path.display()))?;
-    let mut tensors = HashMap::new();
-    for (name, view) in file.tensors() {
+/// A `.safetensors` file mapped into memory, read a tensor at a time: a 345M model's
+/// checkpoint shards are gigabytes, and a loading rank needs one tensor of each at a time.
+pub struct TensorFile {
+    path: PathBuf,
+    map: memmap2::Mmap,
+}
+
+impl TensorFile {
+    /// Maps the file at `path` and checks its header.
+    pub fn open(path: &Path) -> Result<Self> {
+        let file =
+            std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
+        // SAFETY: checkpoints are written to a temporary name and renamed into place, never
+        // modified afterwards, so the mapped bytes do not change under us.
+        let map = unsafe { memmap2::Mmap::map(&file) }
+            .with_context(|| format!("mapping {}", path.display()))?;
+        let opened = Self {
+            path: path.to_path_buf(),
+            map,
+        };
+        opened.parsed()?;
+        Ok(opened)
+    }
+
+    fn parsed(&self) -> Result<SafeTensors<'_>> {
+        SafeTensors::deserialize(&self.map)
+            .with_context(|| format!("{}: not a safetensors file", self.path.display()))
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The string metadata of the header.
+    pub fn metadata(&self) -> Result<HashMap<String, String>> {
+        let (_, header) = SafeTensors::read_metadata(&self.map)
+            .with_context(|| format!("{}: not a safetensors file", self.path.display()))?;
+        Ok(header.metadata().clone().unwrap_or_default())
+    }
+
+    /// The names of the tensors, sorted.
+    pub fn names(&self) -> Result<Vec<String>> {
+        let mut names: Vec<String> = self
+            .parsed()?
+            .names()
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// The shape of tensor `name`, if the file has it.
+    pub fn shape(&self, name: &str) -> Result<Option<Vec<usize>>> {
+        Ok(self.parsed()?.tensor(name).ok().map(|v| v.shape().to_vec()))
+    }
+
+    /// Tensor `name` (f32), if the file has it.
+    pub fn read(&self, name: &str) -> Result<Option<HostTensor>> {
+        let file = self.parsed()?;
+        let Ok(view) = file.tensor(name) else {
+            return Ok(None);
+        };
         anyhow::ensure!(
             view.dtype() == Dtype::F32,
             "{}: tensor {name} is {:?}, expected F32",
-            path.display(),
+            self.path.display(),
             view.dtype()
         );
         let values = view
@@ -106,13 +160,20 @@ pub fn read_tensors(path: &Path) -> Result<(HashMap<String, HostTensor>, HashMap
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
-        tensors.insert(
-            name,
-            HostTensor {
-                shape: view.shape().to_vec(),
-                values,
-            },
-        );
+        Ok(Some(HostTensor {
+            shape: view.shape().to_vec(),
+            values,
+        }))
     }
-    Ok((tensors, metadata))
+}
+
+/// Every tensor and the string metadata of the `.safetensors` file at `path`.
+pub fn read_tensors(path: &Path) -> Result<(HashMap<String, HostTensor>, HashMap<String, String>)> {
+    let file = TensorFile::open(path)?;
+    let mut tensors = HashMap::new();
+    for name in file.names()? {
+        let t = file.read(&name)?.expect("a listed tensor");
+        tensors.insert(name, t);
+    }
+    Ok((tensors, file.metadata()?))
 }
