@@ -117,12 +117,12 @@ fn main() {
     // fp16 starts its dynamic loss scale at 2^12 here, not Megatron's 2^32, so that the four
     // iterations update the weights instead of backing the scale off.
     let fp16 = ["--fp16", "--initial-loss-scale", "4096"];
-    let runs: Vec<(&str, Vec<&str>, Option<usize>)> = vec![
+    let runs: Vec<(&str, Vec<&str>, Option<&str>)> = vec![
         ("fp32 (baseline)", vec![], None),
         (
             "fp32, recompute full uniform 1",
             recompute.to_vec(),
-            Some(0),
+            Some("fp32 (baseline)"),
         ),
         (
             "fp32, recompute full uniform 4",
@@ -131,7 +131,7 @@ fn main() {
                 r[5] = "4";
                 r
             },
-            Some(0),
+            Some("fp32 (baseline)"),
         ),
         (
             "fp32, recompute full block 4",
@@ -143,29 +143,40 @@ fn main() {
                 "--recompute-num-layers",
                 "4",
             ],
-            Some(0),
+            Some("fp32 (baseline)"),
+        ),
+        (
+            "fp32, recompute selective",
+            vec!["--recompute-granularity", "selective"],
+            Some("fp32 (baseline)"),
         ),
         ("bf16", vec!["--bf16"], None),
         (
             "bf16, recompute full uniform 1",
             [&["--bf16"][..], &recompute].concat(),
-            Some(4),
+            Some("bf16"),
         ),
         ("fp16", fp16.to_vec(), None),
         (
             "fp16, recompute full uniform 1",
             [&fp16[..], &recompute].concat(),
-            Some(6),
+            Some("fp16"),
         ),
     ];
     println!("training memory and speed, 8 layers, hidden 256, seq 512, micro-batch 4, CPU:");
-    let mut done: Vec<Run> = vec![];
+    let mut done: Vec<(&str, Run)> = vec![];
     for (name, flags, same_losses_as) in runs {
         let run = train(4, &flags, cache.path());
-        let base = done.first().unwrap_or(&run);
+        let base = done.first().map_or(&run, |(_, r)| r);
         let losses = match same_losses_as {
-            Some(k) if run.losses == done[k].losses => "losses equal without recompute",
-            Some(_) => "losses DIFFER from the run without recompute",
+            Some(name) => {
+                let (_, kept) = done.iter().find(|(n, _)| *n == name).expect("run before");
+                if run.losses == kept.losses {
+                    "losses equal without recompute"
+                } else {
+                    "losses DIFFER from the run without recompute"
+                }
+            }
             None => "",
         };
         println!(
@@ -176,6 +187,6 @@ fn main() {
             run.tokens_per_second,
             run.tokens_per_second / base.tokens_per_second,
         );
-        done.push(run);
+        done.push((name, run));
     }
 }

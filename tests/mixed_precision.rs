@@ -202,6 +202,23 @@ fn fp16_overflows_are_skipped_and_the_scale_follows_megatrons_rule() {
     assert_eq!(state.scale, reference.scale);
     assert_eq!(state.growth_tracker, reference.growth_tracker);
     assert_eq!(state.hysteresis_tracker, reference.hysteresis_tracker);
+
+    // The checkpoint holds the fp32 main weights: export-hf reads it as any other, and the
+    // exported embedding is the main weights' (first 50257 rows), not a rounded copy.
+    let out = run_tool(
+        env!("CARGO_BIN_EXE_export-hf"),
+        &["--load", save.path().to_str().unwrap(), "--output", "hf"],
+        save.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (hf, _) =
+        ferrotron::train::tensor_file::read_tensors(&save.path().join("hf/model.safetensors"))
+            .unwrap();
+    let main = &checkpoint.tensors["model.word_embeddings.weight"];
+    assert_eq!(
+        hf["transformer.wte.weight"].values[..],
+        main.values[..50257 * 32]
+    );
 }
 
 #[test]
@@ -291,4 +308,24 @@ fn half_precision_layouts_reproduce_the_single_process_losses() {
     let tp = pretrain(&bf16, &device()).unwrap();
     let worst = worst_relative(&tp.losses, &single.losses);
     assert!(worst < 1e-2, "bf16 TP=2: {worst}");
+}
+
+/// Recomputation in half precision is the same run too: the recomputed pieces' gradients are
+/// summed in the model's dtype within a micro-batch (as autodiff sums the tied embedding's
+/// two uses) before joining the fp32 sums, so losses stay bitwise equal.
+#[test]
+fn half_precision_recomputation_gives_the_losses_of_keeping_activations() {
+    use ferrotron::model::Recompute;
+    let cache = tempfile::tempdir().unwrap();
+    for precision in [Precision::Bf16, Precision::Fp16] {
+        let mut cfg = config(cache.path(), precision, 12);
+        cfg.dynamic_loss_scale.initial_scale = 2f64.powi(20);
+        let kept = pretrain(&cfg, &device()).unwrap();
+        for recompute in [Recompute::Uniform(1), Recompute::Selective] {
+            cfg.recompute = recompute;
+            let run = pretrain(&cfg, &device()).unwrap();
+            assert_eq!(run.losses, kept.losses, "{precision:?}, {recompute:?}");
+            assert_eq!(run.skipped_iterations, kept.skipped_iterations);
+        }
+    }
 }

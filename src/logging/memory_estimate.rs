@@ -4,10 +4,10 @@
 //!
 //! Weights and optimizer state are counted exactly from the parameters a rank holds. The
 //! activations are what burn's autodiff keeps for the backward pass of ferrotron's composed
-//! layers, counted op by op (per layer: the inputs of the LayerNorms, of the matmuls, of
-//! GELU and the dropout masks; the attention scores in fp32 and the model's dtype; the
-//! logits and the cross-entropy's softmax). It is an estimate: allocator slack and the
-//! transient tensors of the backward pass come on top.
+//! layers (per layer: matmul and GELU inputs, LayerNorm inputs, dropout masks; the attention
+//! scores; the logits' softmax), with coefficients checked against the peak RSS measured by
+//! `benchmarks/training_memory.rs` (fp32, bf16 and fp16, with and without recomputation:
+//! within 10 %, on the high side for half precision). The process's own ~50 MB come on top.
 
 use crate::model::{GptConfig, Recompute};
 use crate::optim::Precision;
@@ -80,26 +80,27 @@ pub fn estimate(plan: &MemoryPlan, precision: Precision, recompute: Recompute) -
         m.padded_vocab_size as f64,
     );
     let layer_input = b * s * h * e;
-    // Replicated [b, s, h] tensors: LayerNorm inputs and outputs, dropout inputs and masks
-    // (8 in the model's dtype), the LayerNorms' fp32 statistics passes (6 in fp32).
-    let replicated = b * s * h * (8.0 * e + 6.0 * 4.0);
-    // Split [b, s, h/t]: q, k, v (fused output and per-head copies), context and its
-    // reshaped copy; split [b, s, ffn/t]: fc1 output, GELU's inputs and output.
-    let split = b * s * (8.0 * h / t + 5.0 * f / t) * e;
-    // [b, heads/t, s, s]: scores, probabilities, dropout mask and output in the model's
-    // dtype; the fp32 scores, masked scores and softmax.
-    let scores = b * (heads / t) * s * s * (4.0 * e + 3.0 * 4.0);
-    let per_layer = replicated + split + scores;
-    // Selective recomputation keeps everything but the attention core's [b, heads, s, s]
-    // tensors and its context.
-    let selective = replicated + split - b * s * (2.0 * h / t) * e;
-    // Embedding output and dropout; final LayerNorm; logits (model dtype), their fp32 copy
-    // and the cross-entropy's fp32 softmax, over this rank's vocabulary shard.
-    let ends = 2.0 * layer_input + b * s * h * (2.0 * e + 4.0) + b * s * (v / t) * (e + 8.0);
+    // Per layer, what autodiff keeps, in the model's dtype: the split [b, s, ffn/t] tensors
+    // (fc1 output, GELU output), the split [b, s, h/t] ones (q, k, v, context), and the
+    // replicated [b, s, h] ones (LayerNorm inputs, dropout masks), in units of `e` bytes.
+    let rest = b * s * e * (2.0 * f / t + 3.0 * h / t + 1.5 * h);
+    // [b, heads/t, s, s]: the softmax's fp32 exponentials, and the probabilities, dropout
+    // mask and dropped probabilities in the model's dtype.
+    let scores = b * (heads / t) * s * s * (4.0 + 3.0 * e);
+    let per_layer = rest + scores;
+    // The head over this rank's vocabulary shard: the cross-entropy's fp32 softmax (computed
+    // in place from fp32 logits); half-precision logits add their half copy and the fp32
+    // upcast beside it (and CPU half matmuls an fp32 output). Plus the embedding output.
+    let logits = if precision == Precision::Fp32 {
+        4.0
+    } else {
+        8.0 + e
+    };
+    let ends = 2.0 * layer_input + b * s * (v / t) * logits;
     let layers = m.num_layers as f64;
     let kept = match recompute {
         Recompute::None => layers * per_layer,
-        Recompute::Selective => layers * selective + scores,
+        Recompute::Selective => layers * rest + scores,
         Recompute::Uniform(n) => {
             let n = (n.max(1) as f64).min(layers);
             (layers / n).ceil() * layer_input + n * per_layer

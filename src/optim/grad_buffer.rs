@@ -21,12 +21,15 @@ use crate::comm::{Group, ReduceOp};
 pub struct GradientAccumulator {
     grads: HashMap<ParamId, Tensor<1>>,
     order: Vec<ParamId>,
+    /// Sum in the gradients' own dtype instead of fp32 (see [`Self::in_model_dtype`]).
+    model_dtype: bool,
 }
 
 struct Accumulate<'a> {
     incoming: &'a mut GradientsParams,
     into: &'a mut HashMap<ParamId, Tensor<1>>,
     order: &'a mut Vec<ParamId>,
+    model_dtype: bool,
 }
 
 impl ModuleVisitor for Accumulate<'_> {
@@ -34,7 +37,12 @@ impl ModuleVisitor for Accumulate<'_> {
         if let Some(g) = self.incoming.remove::<D>(param.id) {
             let n = g.shape().num_elements();
             // Half-precision models give half-precision gradients; they are summed in fp32.
-            let g = g.reshape([n]).cast(FloatDType::F32);
+            let g = g.reshape([n]);
+            let g = if self.model_dtype {
+                g
+            } else {
+                g.cast(FloatDType::F32)
+            };
             let sum = match self.into.remove(&param.id) {
                 Some(acc) => acc + g,
                 None => {
@@ -48,6 +56,17 @@ impl ModuleVisitor for Accumulate<'_> {
 }
 
 impl GradientAccumulator {
+    /// An accumulator for the pieces of *one* backward pass that runs as several (activation
+    /// recomputation): it sums in the model's dtype, as autodiff sums the contributions of a
+    /// parameter used twice (the tied embedding) within one pass, so that merging it
+    /// ([`Self::merge`]) gives the fp32 sums of one whole pass bit for bit.
+    pub fn in_model_dtype() -> Self {
+        Self {
+            model_dtype: true,
+            ..Self::default()
+        }
+    }
+
     /// Adds the gradients of one backward pass (`loss.backward()`) of `module`.
     pub fn add<M: Module>(&mut self, module: &M, grads: Gradients) {
         let mut incoming = GradientsParams::from_grads(grads, module);
@@ -55,6 +74,7 @@ impl GradientAccumulator {
             incoming: &mut incoming,
             into: &mut self.grads,
             order: &mut self.order,
+            model_dtype: self.model_dtype,
         });
     }
 
@@ -69,6 +89,11 @@ impl GradientAccumulator {
         impl ModuleVisitor for Merge<'_> {
             fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
                 if let Some(g) = self.from.remove(&param.id) {
+                    let g = if self.into.model_dtype {
+                        g
+                    } else {
+                        g.cast(FloatDType::F32)
+                    };
                     let sum = match self.into.grads.remove(&param.id) {
                         Some(acc) => acc + g,
                         None => {

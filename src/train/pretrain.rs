@@ -494,7 +494,7 @@ fn train_rank(
                 micro_losses.push(loss.clone().inner());
                 grads.add(&model, loss.div_scalar(divisor).backward());
             } else {
-                let mut micro = GradientAccumulator::default();
+                let mut micro = GradientAccumulator::in_model_dtype();
                 let loss =
                     lm_loss_backward(&model, tokens, labels, mask, divisor, cfg.recompute, |g| {
                         micro.add(&model, g)
