@@ -260,6 +260,27 @@ fn pretrain_cli_runs_the_seed_tutorial_flags_and_refuses_what_it_cannot_split() 
     let out = run_tool(env!("CARGO_BIN_EXE_pretrain"), &bad, dir.path());
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("pipeline"), "{}", stderr(&out));
+    // Precision flags that contradict each other, or a scale that is not one: one-line
+    // errors, exit code 1, before any work.
+    for (extra, message) in [
+        (&["--bf16"][..], "--fp16 and --bf16 exclude each other"),
+        (
+            &["--loss-scale", "0"][..],
+            "--loss-scale 0 must be a positive number",
+        ),
+        (&["--hysteresis", "0"][..], "--hysteresis of at least 1"),
+    ] {
+        let mut bad = args.to_vec();
+        bad.extend_from_slice(extra);
+        let out = run_tool(env!("CARGO_BIN_EXE_pretrain"), &bad, dir.path());
+        assert_eq!(out.status.code(), Some(1), "{extra:?}");
+        assert!(
+            stderr(&out).contains(message),
+            "{extra:?}: {}",
+            stderr(&out)
+        );
+        assert!(!stderr(&out).contains("panicked"), "{}", stderr(&out));
+    }
     let out = run_tool(
         env!("CARGO_BIN_EXE_pretrain"),
         &[
