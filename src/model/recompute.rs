@@ -95,6 +95,37 @@ fn backward_through<const D: usize>(output: Tensor<D>, g: Tensor<D>) -> Gradient
     (output * g.autodiff()).sum().backward()
 }
 
+/// The head's forward and backward from the last layer's output `x`: the loss (without a
+/// graph) and the gradient of `x`; the head's parameter gradients go to `on_grads`.
+fn head_backward(
+    model: &Gpt,
+    x: Tensor<3>,
+    labels: Tensor<2, Int>,
+    loss_mask: Tensor<2>,
+    divisor: f64,
+    on_grads: &mut impl FnMut(Gradients),
+) -> (Tensor<1>, Tensor<3>) {
+    let last = x.require_grad();
+    let loss = model.head_loss(last.clone(), labels, loss_mask);
+    let value = loss.clone().detach();
+    let grads = loss.div_scalar(divisor).backward();
+    let g = last
+        .grad(&grads)
+        .expect("the head's input takes part in the loss");
+    on_grads(grads);
+    (value, g)
+}
+
+/// Runs `f` with the dropout streams as they were at `saved` (a recomputation), then puts
+/// them back as they are now.
+fn replaying<T>(saved: RngState, f: impl FnOnce() -> T) -> T {
+    let resume = rng_state();
+    set_rng_state(saved);
+    let out = f();
+    set_rng_state(resume);
+    out
+}
+
 /// One layer between its forward and its backward under selective recomputation: three
 /// graphs, the part before the attention core (kept), the core (recomputed), the part after
 /// (kept). Each starts from leaves of its own, so each backward frees only its own graph.
@@ -149,24 +180,16 @@ fn selective_lm_loss_backward(
             output,
         });
     }
-    let last = x.require_grad();
-    let loss = model.head_loss(last.clone(), labels, loss_mask);
-    let value = loss.clone().detach();
-    let grads = loss.div_scalar(divisor).backward();
-    let mut g = last
-        .grad(&grads)
-        .expect("the head's input takes part in the loss");
-    on_grads(grads);
+    let (value, mut g) = head_backward(model, x, labels, loss_mask, divisor, &mut on_grads);
     for (layer, p) in model.layers.iter().zip(pending).rev() {
         let grads = backward_through(p.output, g);
         let g_context = p.context.grad(&grads).expect("the context is used");
         let g_residual = p.residual.grad(&grads).expect("the residual is used");
         on_grads(grads);
-        let resume = rng_state();
-        set_rng_state(p.rng);
         let [q, k, v] = p.saved.map(|t| t.require_grad());
-        let context = layer.self_attention.core(q.clone(), k.clone(), v.clone());
-        set_rng_state(resume);
+        let context = replaying(p.rng, || {
+            layer.self_attention.core(q.clone(), k.clone(), v.clone())
+        });
         let grads = backward_through(context, g_context);
         let g_qkv = [&q, &k, &v].map(|t| t.grad(&grads).expect("q, k and v are used"));
         let [(q, gq), (k, gk), (v, gv)] = {
@@ -234,23 +257,15 @@ pub fn lm_loss_backward(
             });
         }
     }
-    let last = x.require_grad();
-    let loss = model.head_loss(last.clone(), labels, loss_mask);
-    let value = loss.clone().detach();
-    let grads = loss.div_scalar(divisor).backward();
-    let mut g = last
-        .grad(&grads)
-        .expect("the head's input takes part in the loss");
-    on_grads(grads);
+    let (value, mut g) = head_backward(model, x, labels, loss_mask, divisor, &mut on_grads);
     for chunk in pending.into_iter().rev() {
         let (input, output) = match chunk.output {
             Some(output) => (chunk.input, output),
             None => {
-                let resume = rng_state();
-                set_rng_state(chunk.rng);
                 let input = chunk.input.require_grad();
-                let output = run_layers(model, &chunk.layers, input.clone());
-                set_rng_state(resume);
+                let output = replaying(chunk.rng, || {
+                    run_layers(model, &chunk.layers, input.clone())
+                });
                 (input, output)
             }
         };
