@@ -10,14 +10,13 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use burn::tensor::Device;
+use common::mpi::*;
 use common::*;
-use ferrotron::comm::world::{launcher_variable, World};
 use ferrotron::comm::{run_ranks, Communicator};
 use ferrotron::data::DataSources;
 use ferrotron::model::GptConfig;
@@ -69,6 +68,8 @@ fn config(
         load: None,
         exit_interval: None,
         tensor_model_parallel_size: tp,
+        pipeline_model_parallel_size: 1,
+        num_layers_per_virtual_pipeline_stage: None,
         use_distributed_optimizer: distributed_optimizer,
         // Small buckets: several all-reduces per step.
         ddp_bucket_size: 20_000,
@@ -152,67 +153,6 @@ fn thread_ranks_reproduce_the_single_process_losses() {
 
 // ---------------------------------------------------------------------------------------
 // MPI: the test binary runs itself under mpirun.
-
-/// `mpirun -np ranks` allowed to run as root and to put more ranks than cores on this
-/// machine.
-fn mpirun_command(ranks: usize) -> Command {
-    let mut cmd = Command::new("mpirun");
-    cmd.args(["-np", &ranks.to_string()])
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env("OMPI_MCA_rmaps_base_oversubscribe", "1");
-    cmd
-}
-
-/// Runs this test binary's test `test` under `mpirun -np ranks`, with `env`, and returns
-/// (success, stdout + stderr). Fails the test when `mpirun` cannot be started.
-fn mpirun(test: &str, ranks: usize, env: &[(&str, &Path)], limit: Duration) -> (bool, String) {
-    let exe = std::env::current_exe().unwrap();
-    let mut cmd = mpirun_command(ranks);
-    cmd.arg(&exe)
-        .args(["--exact", test, "--nocapture", "--test-threads", "1"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let mut child = cmd.spawn().unwrap_or_else(|e| {
-        panic!(
-            "cannot start mpirun ({e}): install Open MPI (apt-get install openmpi-bin), see README"
-        )
-    });
-    let start = Instant::now();
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            break;
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let out = child.wait_with_output().unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    // The ranks must have run the test: a filter matching nothing would pass vacuously. (The
-    // ranks' lines interleave in the pipe, so look for the vacuous case, not for 4 passes.)
-    let vacuous = text.contains("running 0 tests") || !text.contains("running 1 test");
-    (out.status.success() && !vacuous, text)
-}
-
-/// The MPI world when this process is an MPI rank.
-fn mpi_rank() -> Option<World> {
-    launcher_variable()?;
-    Some(World::from_environment().expect("MPI world"))
-}
-
-fn dir_from_env() -> PathBuf {
-    PathBuf::from(std::env::var_os("FERROTRON_TEST_DIR").expect("FERROTRON_TEST_DIR"))
-}
 
 #[test]
 fn mpi_collectives_pass_the_conformance_suite() {

@@ -139,6 +139,8 @@ fn train_losses(dir: &std::path::Path, fused: bool, tp: usize) -> Vec<(u64, f64)
         load: None,
         exit_interval: None,
         tensor_model_parallel_size: tp,
+        pipeline_model_parallel_size: 1,
+        num_layers_per_virtual_pipeline_stage: None,
         use_distributed_optimizer: false,
         ddp_bucket_size: ferrotron::train::pretrain::DEFAULT_DDP_BUCKET_SIZE,
         tensorboard_dir: None,

@@ -43,6 +43,8 @@ fn tiny(cache: &Path) -> PretrainConfig {
         load: None,
         exit_interval: None,
         tensor_model_parallel_size: 1,
+        pipeline_model_parallel_size: 1,
+        num_layers_per_virtual_pipeline_stage: None,
         use_distributed_optimizer: false,
         ddp_bucket_size: ferrotron::train::pretrain::DEFAULT_DDP_BUCKET_SIZE,
         tensorboard_dir: None,
@@ -686,6 +688,8 @@ fn recomputation_gives_the_losses_of_keeping_activations() {
             train_iters: 30,
             eval_interval: 10,
             tensor_model_parallel_size: tp,
+            pipeline_model_parallel_size: 1,
+            num_layers_per_virtual_pipeline_stage: None,
             recompute,
             ..tiny(dir.path())
         };

@@ -351,6 +351,8 @@ fn tiny(cache: &Path, tp: usize, train_iters: u64) -> PretrainConfig {
         load: None,
         exit_interval: None,
         tensor_model_parallel_size: tp,
+        pipeline_model_parallel_size: 1,
+        num_layers_per_virtual_pipeline_stage: None,
         use_distributed_optimizer: false,
         ddp_bucket_size: ferrotron::train::pretrain::DEFAULT_DDP_BUCKET_SIZE,
         tensorboard_dir: None,

@@ -143,7 +143,7 @@ fn run(args: Args) -> Result<()> {
     let device = parse_device(&args.device).map_err(anyhow::Error::msg)?;
     let (model, _) = load_model(&args.load, &device)?;
     let tokenizer = args.tokenizer.load()?;
-    let model_vocab = model.word_embeddings.weight.val().dims()[0];
+    let model_vocab = model.word_embedding().weight.val().dims()[0];
     if tokenizer.vocab_size() > model_vocab {
         bail!(
             "the tokenizer has {} tokens but the checkpoint's vocabulary only {model_vocab}: give the --vocab-file / --merge-file (or --tokenizer-model) the model was trained with",

@@ -8,7 +8,9 @@ use clap::Parser;
 
 use ferrotron::comm::Group;
 use ferrotron::model::named_parameters::load_named_parameters;
-use ferrotron::train::checkpoint::{save_checkpoint, OptimizerState, TrainState, TRACKER_FILE};
+use ferrotron::train::checkpoint::{
+    save_checkpoint, OptimizerState, ShardPlace, TrainState, TRACKER_FILE,
+};
 use ferrotron::train::hf_import::{ferrotron_parameters, gpt_config_from_hf};
 
 /// Convert a directory holding a `GPT2LMHeadModel` (`config.json` + `model.safetensors`, as
@@ -59,6 +61,7 @@ fn run(args: Args) -> Result<()> {
         &OptimizerState::default(),
         &state,
         &Group::single(),
+        ShardPlace::tensor(0, 1),
     )
     .with_context(|| format!("writing the checkpoint to {}", args.save.display()))?;
     eprintln!(

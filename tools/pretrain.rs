@@ -187,9 +187,14 @@ struct Args {
     /// Tensor-parallel size: the model is split over this many ranks (threads), Megatron-style.
     #[arg(long, default_value_t = 1)]
     tensor_model_parallel_size: usize,
-    /// Pipeline-parallel size (only 1 is supported).
+    /// Pipeline-parallel size: the layers are cut into this many stages, one per rank
+    /// (threads without a launcher), run with Megatron's 1F1B schedule.
     #[arg(long, default_value_t = 1)]
     pipeline_model_parallel_size: usize,
+    /// Layers per virtual pipeline stage: each rank holds several model chunks of this many
+    /// layers and runs the interleaved 1F1B schedule (a smaller bubble).
+    #[arg(long)]
+    num_layers_per_virtual_pipeline_stage: Option<usize>,
     /// fp16 mixed precision: the model computes in fp16 over fp32 main weights, with a
     /// dynamic loss scale (or --loss-scale).
     #[arg(long)]
@@ -274,9 +279,6 @@ fn warn(message: &str) {
 
 fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
     // Features that would change results: refuse.
-    if args.pipeline_model_parallel_size != 1 {
-        bail!("--pipeline-model-parallel-size {} is not supported: ferrotron has no pipeline parallelism (use 1)", args.pipeline_model_parallel_size);
-    }
     if args.optimizer != "adam" {
         bail!(
             "--optimizer {} is not supported; only adam (decoupled weight decay) is",
@@ -405,6 +407,8 @@ fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
         load: args.load.clone(),
         exit_interval: args.exit_interval,
         tensor_model_parallel_size: args.tensor_model_parallel_size,
+        pipeline_model_parallel_size: args.pipeline_model_parallel_size,
+        num_layers_per_virtual_pipeline_stage: args.num_layers_per_virtual_pipeline_stage,
         use_distributed_optimizer: args.use_distributed_optimizer,
         ddp_bucket_size: args.ddp_bucket_size,
         tensorboard_dir: args.tensorboard_dir.clone(),

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use burn::tensor::{DType, TensorData};
 use mpi::collective::SystemOperation;
+use mpi::request::StaticScope;
 use mpi::topology::{Color, SimpleCommunicator};
 use mpi::traits::Communicator as _;
 use mpi::traits::*;
@@ -37,10 +38,60 @@ unsafe impl Send for Raw {}
 /// communicator (`split`).
 pub struct MpiComm {
     raw: Mutex<Raw>,
+    /// Sends not yet known to be complete (see [`Communicator::send`] here).
+    pending: Mutex<Vec<PendingSend>>,
     rank: usize,
     size: usize,
     /// Collectives issued so far, for error messages.
     calls: AtomicU64,
+}
+
+/// A send in flight: MPI's request and the buffer it reads, owned here until it completes.
+struct PendingSend {
+    request: Option<mpi::request::Request<'static, [u8], StaticScope>>,
+    buffer: *mut [u8],
+}
+
+// SAFETY: as for `Raw`: MPI is initialised with `MPI_THREAD_MULTIPLE`, and the buffer is
+// owned by this value alone (leaked from a `Box` for MPI to read, reclaimed once done).
+unsafe impl Send for PendingSend {}
+
+impl PendingSend {
+    /// Whether the send is complete (then the buffer is freed).
+    fn try_finish(&mut self) -> bool {
+        let Some(request) = self.request.take() else {
+            return true;
+        };
+        match request.test() {
+            Ok(_) => {
+                self.free();
+                true
+            }
+            Err(request) => {
+                self.request = Some(request);
+                false
+            }
+        }
+    }
+
+    /// Waits for the send to complete and frees the buffer.
+    fn finish(mut self) {
+        if let Some(request) = self.request.take() {
+            request.wait();
+            self.free();
+        }
+    }
+
+    fn free(&mut self) {
+        // SAFETY: `buffer` came from `Box::leak` in `send`, and MPI no longer reads it.
+        drop(unsafe { Box::from_raw(self.buffer) });
+    }
+}
+
+impl Drop for MpiComm {
+    fn drop(&mut self) {
+        self.finish_sends();
+    }
 }
 
 impl std::fmt::Debug for MpiComm {
@@ -62,9 +113,18 @@ impl MpiComm {
         let (rank, size) = (comm.rank() as usize, comm.size() as usize);
         Self {
             raw: Mutex::new(Raw(comm)),
+            pending: Mutex::new(Vec::new()),
             rank,
             size,
             calls: AtomicU64::new(0),
+        }
+    }
+
+    /// Waits for every send in flight.
+    fn finish_sends(&self) {
+        let pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
+        for send in pending {
+            send.finish();
         }
     }
 
@@ -240,12 +300,26 @@ impl Communicator for MpiComm {
         Ok(TensorData::from_bytes_vec(bytes, shape, dtype))
     }
 
+    /// Returns without waiting for the receiver (an `MPI_Isend` of a copy of the bytes): two
+    /// pipeline stages that send to each other and then receive, as the 1F1B schedule's
+    /// steady state does, would deadlock on blocking sends of large messages.
     fn send(&self, data: TensorData, dst: usize) -> Result<(), CommError> {
         self.check_rank("send destination", dst)?;
-        self.lock()
+        let buffer: &'static mut [u8] = Box::leak(data.as_bytes().to_vec().into_boxed_slice());
+        let ptr: *mut [u8] = buffer;
+        // SAFETY: the buffer lives until `PendingSend::free`, after the request completes.
+        let readable: &'static [u8] = unsafe { &*ptr };
+        let request = self
+            .lock()
             .0
             .process_at_rank(dst as i32)
-            .send(data.as_bytes());
+            .immediate_send(StaticScope, readable);
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        pending.retain_mut(|p| !p.try_finish());
+        pending.push(PendingSend {
+            request: Some(request),
+            buffer: ptr,
+        });
         Ok(())
     }
 
@@ -277,6 +351,7 @@ impl Communicator for MpiComm {
     }
 
     fn barrier(&self) -> Result<(), CommError> {
+        self.finish_sends();
         self.lock().0.barrier();
         Ok(())
     }

@@ -29,7 +29,12 @@ pub fn generate(
     device: &Device,
     mut on_token: impl FnMut(u32),
 ) -> Result<Vec<u32>, String> {
-    let max_positions = model.position_embeddings.val().dims()[0];
+    let max_positions = model
+        .position_embeddings
+        .as_ref()
+        .expect("a whole model")
+        .val()
+        .dims()[0];
     if prompt.is_empty() {
         return Err("the prompt encodes to no tokens".into());
     }

@@ -3,6 +3,7 @@
 use burn::config::Config;
 use burn::tensor::Device;
 
+use super::stage::StageLayers;
 use super::Gpt;
 use crate::comm::Group;
 
@@ -132,8 +133,20 @@ impl GptConfig {
     /// Builds `group`'s rank of the model: its shards of the same master weights that
     /// [`Self::init`] builds whole.
     pub fn init_parallel(&self, seed: u64, group: &Group, device: &Device) -> Result<Gpt, String> {
+        self.init_stage(seed, group, &StageLayers::whole(self.num_layers), device)
+    }
+
+    /// Builds `group`'s rank of pipeline stage `stage` of the model: the parameters
+    /// [`Self::init_parallel`] builds for that stage's parts, with the same names and values.
+    pub fn init_stage(
+        &self,
+        seed: u64,
+        group: &Group,
+        stage: &StageLayers,
+        device: &Device,
+    ) -> Result<Gpt, String> {
         self.validate_parallel(group.size())?;
-        Ok(Gpt::new(self, seed, group, device))
+        Ok(Gpt::new(self, seed, group, stage, device))
     }
 
     /// Number of trainable parameters.

@@ -7,6 +7,7 @@ use super::dropout::Dropout;
 use super::init::Init;
 use super::kv_cache::KvCache;
 use super::layer_norm::LayerNorm;
+use super::stage::StageLayers;
 use super::transformer_block::TransformerBlock;
 use super::GptConfig;
 use crate::comm::Group;
@@ -18,30 +19,45 @@ use crate::parallel::sharding::init_shard;
 /// Megatron's GPT: token + position embeddings, pre-LN blocks, final LayerNorm, and logits
 /// from the (tied) token embedding. On a tensor-parallel rank it holds that rank's shards and
 /// produces that rank's vocabulary columns of the logits.
+///
+/// On a pipeline rank it holds that stage's part ([`StageLayers`]): the embeddings on the
+/// first stage, the final LayerNorm and a copy of the word embedding (the tied output layer)
+/// on the last, and its layers at their places in `layers` (the others `None`). Parameters
+/// keep their names (`layers.7.…`) and initial values whatever the split, so every split
+/// trains the same model and checkpoints do not depend on it.
 #[derive(Module, Debug)]
 pub struct Gpt {
     /// Token embedding `[padded vocab / N, hidden]`, also the output layer.
-    pub word_embeddings: VocabParallelEmbedding,
+    pub word_embeddings: Option<VocabParallelEmbedding>,
     /// Learned position embedding `[max positions, hidden]` (replicated).
-    pub position_embeddings: Param<Tensor<2>>,
+    pub position_embeddings: Option<Param<Tensor<2>>>,
     /// Dropout after the embeddings (`--hidden-dropout`).
     pub embedding_dropout: Dropout,
-    /// The transformer layers.
-    pub layers: Vec<TransformerBlock>,
+    /// The transformer layers, each at its number; `None` for those of other stages.
+    pub layers: Vec<Option<TransformerBlock>>,
     /// LayerNorm before the output layer.
-    pub final_layernorm: LayerNorm,
+    pub final_layernorm: Option<LayerNorm>,
     /// The tensor-parallel group.
     #[module(skip)]
     pub group: Group,
 }
 
 impl Gpt {
-    /// Builds this rank's part of the model; use [`GptConfig::init`] or
-    /// [`GptConfig::init_parallel`], which validate the config first.
-    pub(crate) fn new(config: &GptConfig, seed: u64, group: &Group, device: &Device) -> Self {
+    /// Builds this rank's part of the model (`stage` of it); use [`GptConfig::init`],
+    /// [`GptConfig::init_parallel`] or [`GptConfig::init_stage`], which validate the config
+    /// first.
+    pub(crate) fn new(
+        config: &GptConfig,
+        seed: u64,
+        group: &Group,
+        stage: &StageLayers,
+        device: &Device,
+    ) -> Self {
         let (h, std) = (config.hidden_size, config.init_method_std);
-        Self {
-            word_embeddings: VocabParallelEmbedding::new(
+        // The last stage's copy of the word embedding starts equal to the first stage's (the
+        // same seed and name give the same values), as Megatron's initial embedding sync.
+        let word_embeddings = (stage.embedding || stage.head).then(|| {
+            VocabParallelEmbedding::new(
                 config.padded_vocab_size,
                 h,
                 std,
@@ -49,30 +65,73 @@ impl Gpt {
                 "word_embeddings",
                 group,
                 device,
-            ),
-            position_embeddings: Param::from_tensor(init_shard(
-                Init::Normal(std),
-                [config.max_position_embeddings, h],
-                seed,
-                "position_embeddings",
-                None,
-                group,
-                device,
-            )),
+            )
+        });
+        Self {
+            word_embeddings,
+            position_embeddings: stage.embedding.then(|| {
+                Param::from_tensor(init_shard(
+                    Init::Normal(std),
+                    [config.max_position_embeddings, h],
+                    seed,
+                    "position_embeddings",
+                    None,
+                    group,
+                    device,
+                ))
+            }),
             embedding_dropout: Dropout::new(config.hidden_dropout, RngRegion::Replicated),
             layers: (0..config.num_layers)
-                .map(|i| TransformerBlock::new(config, i, seed, group, device))
+                .map(|i| {
+                    stage
+                        .holds_layer(i)
+                        .then(|| TransformerBlock::new(config, i, seed, group, device))
+                })
                 .collect(),
-            final_layernorm: LayerNorm::new(
-                h,
-                config.layernorm_epsilon,
-                seed,
-                "final_layernorm",
-                device,
-            )
-            .with_fusion(config.layer_norm_fusion),
+            final_layernorm: stage.head.then(|| {
+                LayerNorm::new(h, config.layernorm_epsilon, seed, "final_layernorm", device)
+                    .with_fusion(config.layer_norm_fusion)
+            }),
             group: group.clone(),
         }
+    }
+
+    /// The word embedding (first and last stage only).
+    pub fn word_embedding(&self) -> &VocabParallelEmbedding {
+        self.word_embeddings
+            .as_ref()
+            .expect("only the first and the last pipeline stage hold the word embedding")
+    }
+
+    /// Layer `layer` (numbered in the whole model), if this stage holds it.
+    pub fn layer(&self, layer: usize) -> Option<&TransformerBlock> {
+        self.layers.get(layer).and_then(Option::as_ref)
+    }
+
+    /// The layers this stage holds, in order.
+    pub fn held_layers(&self) -> impl Iterator<Item = &TransformerBlock> {
+        self.layers.iter().flatten()
+    }
+
+    /// Whether this stage holds the embeddings (the first pipeline stage).
+    pub fn has_embedding(&self) -> bool {
+        self.position_embeddings.is_some()
+    }
+
+    /// Whether this stage holds the output layer and computes the loss (the last stage).
+    pub fn has_head(&self) -> bool {
+        self.final_layernorm.is_some()
+    }
+
+    /// Runs `layers` (a model chunk of this stage) on `x`.
+    pub fn run_layers(&self, layers: std::ops::Range<usize>, mut x: Tensor<3>) -> Tensor<3> {
+        for i in layers {
+            let layer = self
+                .layer(i)
+                .unwrap_or_else(|| panic!("layer {i} is not on this pipeline stage"));
+            x = layer.forward(x);
+        }
+        x
     }
 
     /// The embedding block: token + position embeddings, then dropout; `[batch, seq, hidden]`
@@ -84,9 +143,11 @@ impl Gpt {
     /// [`Self::embed`] for tokens at positions `start..start + seq` (incremental decoding).
     fn embed_from(&self, tokens: Tensor<2, Int>, start: usize) -> Tensor<3> {
         let s = tokens.dims()[1];
-        let words = self.word_embeddings.forward(tokens);
+        let words = self.word_embedding().forward(tokens);
         let positions = self
             .position_embeddings
+            .as_ref()
+            .expect("only the first pipeline stage holds the position embedding")
             .val()
             .narrow(0, start, s)
             .unsqueeze::<3>();
@@ -96,18 +157,19 @@ impl Gpt {
     /// This rank's logits for the output of the last layer: final LayerNorm, then the tied
     /// output layer (Megatron's `parallel_lm_logits`, never gathered).
     pub fn logits(&self, last_layer_output: Tensor<3>) -> Tensor<3> {
-        let hidden = copy_to_region(self.final_layernorm.forward(last_layer_output), &self.group);
-        weight_matmul(hidden, self.word_embeddings.weight.val().transpose())
+        let final_layernorm = self
+            .final_layernorm
+            .as_ref()
+            .expect("only the last pipeline stage holds the final LayerNorm");
+        let hidden = copy_to_region(final_layernorm.forward(last_layer_output), &self.group);
+        weight_matmul(hidden, self.word_embedding().weight.val().transpose())
     }
 
     /// This rank's logits `[batch, seq, padded vocab / N]` (all of them on one rank) for token
     /// ids `[batch, seq]`: Megatron's `parallel_lm_logits`, never gathered.
     pub fn forward(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
-        let mut x = self.embed(tokens);
-        for layer in &self.layers {
-            x = layer.forward(x);
-        }
-        self.logits(x)
+        let x = self.embed(tokens);
+        self.logits(self.run_layers(0..self.layers.len(), x))
     }
 
     /// The LM loss of the last layer's output (the head of [`Self::lm_loss`]).
@@ -136,7 +198,7 @@ impl Gpt {
         if cache.layers.len() != self.layers.len() {
             *cache = KvCache::new(self.layers.len());
         }
-        for (layer, past) in self.layers.iter().zip(&mut cache.layers) {
+        for (layer, past) in self.held_layers().zip(&mut cache.layers) {
             x = layer.forward_cached(x, past);
         }
         cache.positions += s;
@@ -145,7 +207,7 @@ impl Gpt {
 
     /// The first vocabulary id of this rank's logits.
     pub fn vocab_start(&self) -> usize {
-        self.word_embeddings.vocab_start()
+        self.word_embedding().vocab_start()
     }
 
     /// Megatron's LM loss for a micro-batch: the masked mean of the vocab-parallel

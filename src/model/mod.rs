@@ -19,6 +19,7 @@ pub mod mlp;
 pub mod named_parameters;
 pub mod ops;
 pub mod recompute;
+pub mod stage;
 pub mod transformer_block;
 pub mod vocab;
 
@@ -27,4 +28,5 @@ pub use gpt::Gpt;
 pub use kv_cache::KvCache;
 pub use loss::{lm_loss, parallel_lm_loss};
 pub use recompute::Recompute;
+pub use stage::StageLayers;
 pub use vocab::padded_vocab_size;

@@ -83,11 +83,8 @@ struct Pending {
     rng: RngState,
 }
 
-fn run_layers(model: &Gpt, layers: &Range<usize>, mut x: Tensor<3>) -> Tensor<3> {
-    for layer in &model.layers[layers.clone()] {
-        x = layer.forward(x);
-    }
-    x
+fn run_layers(model: &Gpt, layers: &Range<usize>, x: Tensor<3>) -> Tensor<3> {
+    model.run_layers(layers.clone(), x)
 }
 
 /// `backward(Σ output ⊙ g)`: the vector–Jacobian product that continues the chain.
@@ -157,7 +154,7 @@ fn selective_lm_loss_backward(
     let embedded = model.embed(tokens);
     let mut x = embedded.clone().detach();
     let mut pending = Vec::with_capacity(model.layers.len());
-    for layer in &model.layers {
+    for layer in model.held_layers() {
         // Two leaves of the same value (detach gives each its own node): the two graphs that
         // use the layer's input must not share a node.
         let input = x.clone().detach().require_grad();
@@ -181,7 +178,13 @@ fn selective_lm_loss_backward(
         });
     }
     let (value, mut g) = head_backward(model, x, labels, loss_mask, divisor, &mut on_grads);
-    for (layer, p) in model.layers.iter().zip(pending).rev() {
+    for (layer, p) in model
+        .held_layers()
+        .collect::<Vec<_>>()
+        .into_iter()
+        .zip(pending)
+        .rev()
+    {
         let grads = backward_through(p.output, g);
         let g_context = p.context.grad(&grads).expect("the context is used");
         let g_residual = p.residual.grad(&grads).expect("the residual is used");

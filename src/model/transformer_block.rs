@@ -10,7 +10,7 @@ use super::layer_norm::LayerNorm;
 use super::mlp::Mlp;
 use super::GptConfig;
 use crate::comm::Group;
-use crate::parallel::random::RngRegion;
+use crate::parallel::random::{enter_layer, RngRegion};
 
 /// `x + drop(attn(ln(x)))`, then `x + drop(mlp(ln(x)))`.
 #[derive(Module, Debug)]
@@ -25,6 +25,9 @@ pub struct TransformerBlock {
     pub mlp: Mlp,
     /// `--hidden-dropout` on each branch before the residual add (replicated region).
     pub hidden_dropout: Dropout,
+    /// The layer's place in the whole model, which keys its dropout streams.
+    #[module(skip)]
+    pub layer_number: usize,
 }
 
 impl TransformerBlock {
@@ -64,6 +67,7 @@ impl TransformerBlock {
             .with_fusion(config.layer_norm_fusion),
             mlp: Mlp::new(config, seed, &format!("{name}.mlp"), group, device),
             hidden_dropout: Dropout::new(config.hidden_dropout, RngRegion::Replicated),
+            layer_number: index,
         }
     }
 
@@ -78,6 +82,8 @@ impl TransformerBlock {
     /// [`CausalSelfAttention::core`] and [`Self::after_attention_core`] it is
     /// [`Self::forward`], cut where selective recomputation cuts it.
     pub fn attention_inputs(&self, x: Tensor<3>) -> [Tensor<4>; 3] {
+        // The layer's dropouts (attention core, both branches) draw from its own streams.
+        enter_layer(self.layer_number);
         self.self_attention
             .query_key_value_heads(self.input_layernorm.forward(x))
     }

@@ -109,14 +109,14 @@ pub struct DistributedAdamW {
 
 impl DistributedAdamW {
     /// The optimizer for `module`'s parameters (`names` by id, for checkpoints), sharded over
-    /// `data`; `replicated` are the parameters every tensor-parallel rank holds whole, which
-    /// count in the norm only where `tensor_rank0`.
+    /// `data`; `not_counted` are the parameters left out of the global norm on this rank
+    /// because another rank counts them (see
+    /// [`GradientAccumulator::clip_global_norm_parallel`]).
     pub fn new<M: Module>(
         config: AdamWConfig,
         module: &M,
         names: &HashMap<ParamId, String>,
-        replicated: &HashSet<ParamId>,
-        tensor_rank0: bool,
+        not_counted: &HashSet<ParamId>,
         data: Group,
         device: &Device,
     ) -> Self {
@@ -136,7 +136,7 @@ impl DistributedAdamW {
             let start = e.offset.max(shard.start);
             let end = (e.offset + e.len()).min(shard.end);
             if start < end {
-                let counts = tensor_rank0 || !replicated.contains(&e.id);
+                let counts = !not_counted.contains(&e.id);
                 let local = start - shard.start..end - shard.start;
                 decay[local.clone()].fill(e.decay);
                 counted[local].fill(if counts { 1.0 } else { 0.0 });

@@ -173,17 +173,18 @@ impl GradientAccumulator {
         self.clip_to(norm, max_norm)
     }
 
-    /// [`Self::clip_global_norm`] over a tensor-parallel group: split parameters count on
-    /// every rank, `replicated` ones on rank 0 only (they are identical everywhere), and the
-    /// squares are all-reduced, so every rank clips by the norm of the whole model.
+    /// [`Self::clip_global_norm`] over the ranks of one model replica (tensor × pipeline):
+    /// each rank's squares are all-reduced over `group`, leaving out `not_counted`, the
+    /// parameters another rank counts already (a parameter replicated over tensor-parallel
+    /// ranks counts on tensor-parallel rank 0 only; the last stage's copy of the tied word
+    /// embedding not at all), so every rank clips by the norm of the whole model.
     pub fn clip_global_norm_parallel(
         &mut self,
         max_norm: f64,
-        replicated: &HashSet<ParamId>,
+        not_counted: &HashSet<ParamId>,
         group: &Group,
     ) -> Result<f64, CommError> {
-        let rank0 = group.rank() == 0;
-        let local = self.sum_of_squares(|id| rank0 || !replicated.contains(id));
+        let local = self.sum_of_squares(|id| !not_counted.contains(id));
         let total =
             group.timed(|| group.all_reduce(TensorData::new(vec![local], [1]), ReduceOp::Sum))?;
         let total = total.try_to_vec::<f64>().expect("f64")[0];
@@ -221,6 +222,28 @@ impl GradientAccumulator {
                 }
                 filled = 0;
             }
+        }
+        Ok(())
+    }
+
+    /// Sums the gradients of the parameters `ids` over `group` (Megatron's embedding group:
+    /// the first and the last pipeline stage each hold the tied word embedding and each
+    /// computed the gradient of one of its two uses; both then take the sum, so both copies
+    /// stay equal).
+    pub fn all_reduce_parameters(
+        &mut self,
+        ids: &[ParamId],
+        group: &Group,
+    ) -> Result<(), CommError> {
+        if group.size() == 1 {
+            return Ok(());
+        }
+        for id in ids {
+            let g = self.grads.get(id).cloned().ok_or_else(|| {
+                CommError::Invalid("a shared parameter has no gradient on this rank".into())
+            })?;
+            let summed = crate::comm::tensor::all_reduce(group, g, ReduceOp::Sum)?;
+            self.grads.insert(*id, summed);
         }
         Ok(())
     }

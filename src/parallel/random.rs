@@ -24,6 +24,8 @@ const MODEL_PARALLEL_OFFSET: u64 = 2718;
 
 #[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
 struct Tracker {
+    /// The micro-batch's streams, from which each layer's are derived.
+    base: [u64; 2],
     seeds: [u64; 2],
     draws: [u64; 2],
 }
@@ -51,8 +53,26 @@ pub fn seed_micro_batch(seed: u64, iteration: u64, micro_batch: u64, tp_rank: us
     let parallel = splitmix64(seed.wrapping_add(MODEL_PARALLEL_OFFSET + tp_rank as u64) ^ step);
     TRACKER.with(|t| {
         *t.borrow_mut() = Tracker {
+            base: [base, parallel],
             seeds: [base, parallel],
             draws: [0, 0],
+        }
+    });
+}
+
+/// Switches this thread's streams to those of transformer layer `layer` (numbered in the
+/// whole model) of the current micro-batch.
+///
+/// Each layer draws from streams of its own, not from where the layers before it left off,
+/// so a pipeline stage that starts at layer 12 draws the masks layer 12 draws in the
+/// one-stage run without running layers 0–11, and a recomputed layer re-derives its masks.
+pub fn enter_layer(layer: usize) {
+    let key = splitmix64(layer as u64 ^ 0x1A7E_55ED);
+    TRACKER.with(|t| {
+        let mut t = t.borrow_mut();
+        for stream in 0..2 {
+            t.seeds[stream] = splitmix64(t.base[stream] ^ key);
+            t.draws[stream] = 0;
         }
     });
 }
@@ -122,5 +142,27 @@ mod tests {
         // Another micro-batch of the same iteration draws other masks too.
         seed_micro_batch(1234, 7, 1, 0);
         assert_ne!(dropout_mask(100_000, 0.1, RngRegion::Replicated), a);
+    }
+
+    #[test]
+    fn a_layer_draws_the_same_masks_whatever_ran_before_it() {
+        seed_micro_batch(99, 3, 2, 0);
+        dropout_mask(1000, 0.1, RngRegion::Replicated);
+        enter_layer(0);
+        let layer0 = dropout_mask(1000, 0.1, RngRegion::Replicated);
+        dropout_mask(1000, 0.1, RngRegion::ModelParallel);
+        enter_layer(5);
+        let layer5 = dropout_mask(1000, 0.1, RngRegion::Replicated);
+        let layer5_mp = dropout_mask(1000, 0.1, RngRegion::ModelParallel);
+        assert_ne!(layer0, layer5);
+        // Another stage: the same micro-batch, straight to layer 5.
+        seed_micro_batch(99, 3, 2, 0);
+        enter_layer(5);
+        assert_eq!(dropout_mask(1000, 0.1, RngRegion::Replicated), layer5);
+        assert_eq!(dropout_mask(1000, 0.1, RngRegion::ModelParallel), layer5_mp);
+        // Another micro-batch's layer 5 differs.
+        seed_micro_batch(99, 3, 3, 0);
+        enter_layer(5);
+        assert_ne!(dropout_mask(1000, 0.1, RngRegion::Replicated), layer5);
     }
 }

@@ -1,10 +1,12 @@
 //! Megatron-layout checkpoints: `DIR/iter_0000500/mp_rank_00/model_optim_rng.safetensors` and
 //! `DIR/latest_checkpointed_iteration.txt`.
 //!
-//! One file per tensor-parallel rank (`mp_rank_0R`) holds that rank's shard of the model and
-//! of the optimizer moments, and the training state (iteration, consumed samples, optimizer
-//! steps, model shape, TP size). Loading joins the shards and re-splits them for the loading
-//! run's TP size, so a checkpoint saved at one size loads at any other; the files are mapped
+//! One file per tensor-parallel rank (`mp_rank_TT`; `mp_rank_TT_PPP` per pipeline stage, as
+//! Megatron names them) holds that rank's shard of the model and of the optimizer moments,
+//! and the training state (iteration, consumed samples, optimizer steps, model shape, TP and
+//! PP sizes). Parameters keep their whole-model names on every stage. Loading joins the shards
+//! and re-splits them for the loading run's TP size and takes each layer from the stage that
+//! saved it, so a checkpoint saved at one layout loads at any other; the files are mapped
 //! and read one tensor at a time (at the saved size each rank reads only its own parts). The iteration directory is written under a
 //! temporary name and renamed, and the `latest` file is replaced last, so a kill during a save
 //! leaves the previous checkpoint usable.
@@ -18,8 +20,8 @@ use burn::tensor::Device;
 
 use super::tensor_file::{write_tensor_refs, HostTensor, TensorFile, TensorRef};
 use crate::comm::Group;
-use crate::model::named_parameters::{load_named_parameters, named_parameters};
-use crate::model::{Gpt, GptConfig};
+use crate::model::named_parameters::{load_named_parameters, named_parameters, parameter_names};
+use crate::model::{Gpt, GptConfig, StageLayers};
 use crate::optim::{GradScalerState, NamedMoments};
 use crate::parallel::sharding::{partition_dim, shard_of};
 
@@ -41,10 +43,44 @@ pub struct TrainState {
     pub consumed_valid_samples: u64,
 }
 
+/// Where one model-parallel rank's file sits: its tensor-parallel rank, and its pipeline
+/// stage when there is more than one (Megatron's `mp_rank_TT` or `mp_rank_TT_PPP`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShardPlace {
+    /// Tensor-parallel rank.
+    pub tp: usize,
+    /// Tensor-parallel size.
+    pub tp_size: usize,
+    /// Pipeline stage.
+    pub pp: usize,
+    /// Pipeline size.
+    pub pp_size: usize,
+}
+
+impl ShardPlace {
+    /// Tensor-parallel rank `tp` of `tp_size`, of a model without pipeline stages.
+    pub fn tensor(tp: usize, tp_size: usize) -> Self {
+        Self {
+            tp,
+            tp_size,
+            pp: 0,
+            pp_size: 1,
+        }
+    }
+
+    fn dir_name(&self) -> String {
+        if self.pp_size == 1 {
+            format!("mp_rank_{:02}", self.tp)
+        } else {
+            format!("mp_rank_{:02}_{:03}", self.tp, self.pp)
+        }
+    }
+}
+
 /// The directory of one rank's checkpoint at `iteration`.
-pub fn checkpoint_dir(root: &Path, iteration: u64, rank: usize) -> PathBuf {
+pub fn checkpoint_dir(root: &Path, iteration: u64, place: ShardPlace) -> PathBuf {
     root.join(format!("iter_{iteration:07}"))
-        .join(format!("mp_rank_{rank:02}"))
+        .join(place.dir_name())
 }
 
 /// The iteration named by `root/latest_checkpointed_iteration.txt`, if there is one.
@@ -79,7 +115,8 @@ pub struct OptimizerState {
 }
 
 /// Saves this rank's shard of the model and optimizer, and the training state, under `root`
-/// (`iter_XXXXXXX/mp_rank_0R/`). Every rank of `group` calls it; rank 0 publishes the
+/// (`iter_XXXXXXX/mp_rank_TT[_PPP]/`, at `place`). Every
+/// rank of `group` (the ranks of one model replica) calls it; its rank 0 publishes the
 /// iteration directory (a rename) and then the tracker once all shards are written.
 pub fn save_checkpoint(
     root: &Path,
@@ -88,11 +125,12 @@ pub fn save_checkpoint(
     optimizer: &OptimizerState,
     state: &TrainState,
     group: &Group,
+    place: ShardPlace,
 ) -> Result<PathBuf> {
-    let (rank, size) = (group.rank(), group.size());
     let final_iter_dir = root.join(format!("iter_{:07}", state.iteration));
     let staging = root.join(format!(".iter_{:07}.tmp", state.iteration));
-    if rank == 0 {
+    let leader = group.rank() == 0;
+    if leader {
         std::fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?;
         if staging.exists() {
             std::fs::remove_dir_all(&staging)
@@ -147,17 +185,31 @@ pub fn save_checkpoint(
             state.skipped_iterations.to_string(),
         ),
         ("model_config".to_owned(), serde_json::to_string(config)?),
-        ("tensor_model_parallel_size".to_owned(), size.to_string()),
-        ("tensor_model_parallel_rank".to_owned(), rank.to_string()),
+        (
+            "tensor_model_parallel_size".to_owned(),
+            place.tp_size.to_string(),
+        ),
+        (
+            "tensor_model_parallel_rank".to_owned(),
+            place.tp.to_string(),
+        ),
+        (
+            "pipeline_model_parallel_size".to_owned(),
+            place.pp_size.to_string(),
+        ),
+        (
+            "pipeline_model_parallel_rank".to_owned(),
+            place.pp.to_string(),
+        ),
     ]);
     if let Some(scaler) = &optimizer.grad_scaler {
         metadata.insert("grad_scaler".to_owned(), serde_json::to_string(scaler)?);
     }
-    let rank_dir = staging.join(format!("mp_rank_{rank:02}"));
+    let rank_dir = staging.join(place.dir_name());
     std::fs::create_dir_all(&rank_dir)?;
     write_tensor_refs(&rank_dir.join(CHECKPOINT_FILE), &tensors, metadata)?;
     group.barrier()?;
-    if rank == 0 {
+    if leader {
         if final_iter_dir.exists() {
             std::fs::remove_dir_all(&final_iter_dir)
                 .with_context(|| format!("replacing {}", final_iter_dir.display()))?;
@@ -170,7 +222,7 @@ pub fn save_checkpoint(
         tracker.persist(tracker_path)?;
     }
     group.barrier()?;
-    Ok(checkpoint_dir(root, state.iteration, rank))
+    Ok(checkpoint_dir(root, state.iteration, place))
 }
 
 /// First and second moments of one parameter as found in a file (either may be missing).
@@ -189,6 +241,8 @@ pub struct LoadedCheckpoint {
     pub config: GptConfig,
     /// The tensor-parallel size it was saved with.
     pub tensor_model_parallel_size: usize,
+    /// The pipeline-parallel size it was saved with.
+    pub pipeline_model_parallel_size: usize,
 }
 
 /// The parameter a checkpoint key belongs to (`model.X`, `optimizer.exp_avg.X`,
@@ -206,7 +260,11 @@ fn parameter_of(key: &str) -> &str {
 /// 4 × 4 GB).
 struct SavedCheckpoint {
     iter_dir: PathBuf,
-    shards: Vec<TensorFile>,
+    /// The files, `[pipeline stage][tensor-parallel rank]`.
+    shards: Vec<Vec<TensorFile>>,
+    /// Each tensor's stage (the first that holds it: the tied word embedding is on the first
+    /// and the last, equal).
+    stage_of: HashMap<String, usize>,
     info: LoadedCheckpoint,
 }
 
@@ -217,16 +275,60 @@ fn open_checkpoint(root: &Path) -> Result<Option<SavedCheckpoint>> {
         return Ok(None);
     };
     let iter_dir = root.join(format!("iter_{iteration:07}"));
-    let mut shards = Vec::new();
-    for rank in 0.. {
-        let path = checkpoint_dir(root, iteration, rank).join(CHECKPOINT_FILE);
-        if rank > 0 && !path.exists() {
+    // Stages are `mp_rank_TT_PPP` when the run had pipeline stages, `mp_rank_TT` otherwise.
+    let pipelined = checkpoint_dir(
+        root,
+        iteration,
+        ShardPlace {
+            tp: 0,
+            tp_size: 1,
+            pp: 0,
+            pp_size: 2,
+        },
+    )
+    .exists();
+    // Only the naming depends on the size here; the metadata says the real one.
+    let pp_size = if pipelined { 2 } else { 1 };
+    let mut shards: Vec<Vec<TensorFile>> = Vec::new();
+    for pp in 0.. {
+        let file = |tp| {
+            checkpoint_dir(
+                root,
+                iteration,
+                ShardPlace {
+                    tp,
+                    tp_size: 1,
+                    pp,
+                    pp_size,
+                },
+            )
+            .join(CHECKPOINT_FILE)
+        };
+        if pp > 0 && !file(0).exists() {
             break;
         }
-        shards.push(TensorFile::open(&path)?);
+        let mut stage = Vec::new();
+        for tp in 0.. {
+            let path = file(tp);
+            if tp > 0 && !path.exists() {
+                break;
+            }
+            stage.push(TensorFile::open(&path)?);
+        }
+        shards.push(stage);
+        if !pipelined {
+            break;
+        }
     }
-    let metadata = shards[0].metadata()?;
-    let path0 = shards[0].path().to_path_buf();
+    let mut stage_of = HashMap::new();
+    for (pp, stage) in shards.iter().enumerate() {
+        for name in stage[0].names()? {
+            stage_of.entry(name).or_insert(pp);
+        }
+    }
+    let shards0 = &shards[0];
+    let metadata = shards0[0].metadata()?;
+    let path0 = shards0[0].path().to_path_buf();
     let get = |key: &str| -> Result<String> {
         metadata
             .get(key)
@@ -242,11 +344,16 @@ fn open_checkpoint(root: &Path) -> Result<Option<SavedCheckpoint>> {
         .get("tensor_model_parallel_size")
         .map_or(Ok(1), |v| v.parse::<usize>())
         .with_context(|| format!("{}: bad tensor_model_parallel_size", path0.display()))?;
-    if saved_size != shards.len() {
+    let saved_stages = metadata
+        .get("pipeline_model_parallel_size")
+        .map_or(Ok(1), |v| v.parse::<usize>())
+        .with_context(|| format!("{}: bad pipeline_model_parallel_size", path0.display()))?;
+    if saved_stages != shards.len() || shards.iter().any(|s| s.len() != saved_size) {
         bail!(
-            "{}: saved with {saved_size} tensor-parallel ranks but {} mp_rank_* shards are there",
+            "{}: saved with {saved_size} tensor-parallel ranks × {saved_stages} pipeline stages \
+             but the mp_rank_* files there are {:?} per stage",
             iter_dir.display(),
-            shards.len()
+            shards.iter().map(Vec::len).collect::<Vec<_>>()
         );
     }
     let config: GptConfig = serde_json::from_str(&get("model_config")?)
@@ -269,24 +376,33 @@ fn open_checkpoint(root: &Path) -> Result<Option<SavedCheckpoint>> {
             .with_context(|| format!("{}: bad grad_scaler", path0.display()))?,
         config,
         tensor_model_parallel_size: saved_size,
+        pipeline_model_parallel_size: saved_stages,
     };
     Ok(Some(SavedCheckpoint {
         iter_dir,
         shards,
+        stage_of,
         info,
     }))
 }
 
 impl SavedCheckpoint {
-    /// The tensor names (those of rank 0's shard).
-    fn names(&self) -> Result<Vec<String>> {
-        self.shards[0].names()
+    /// The tensor names (of every stage), sorted.
+    fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.stage_of.keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    /// The files of the stage that holds `key`.
+    fn stage(&self, key: &str) -> &[TensorFile] {
+        &self.shards[self.stage_of.get(key).copied().unwrap_or(0)]
     }
 
     /// Shard `rank`'s part of tensor `key`. Moments were once saved flat: they get their
     /// parameter's shape.
     fn part(&self, key: &str, rank: usize) -> Result<HostTensor> {
-        let file = &self.shards[rank];
+        let file = &self.stage(key)[rank];
         let mut t = file
             .read(key)?
             .with_context(|| format!("{}: no {key}", file.path().display()))?;
@@ -303,10 +419,11 @@ impl SavedCheckpoint {
     /// Tensor `key` whole: the shards' parts joined along the parameter's partition dimension.
     fn whole(&self, key: &str) -> Result<HostTensor> {
         let dim = partition_dim(parameter_of(key));
-        if dim.is_none() || self.shards.len() == 1 {
+        let tp = self.info.tensor_model_parallel_size;
+        if dim.is_none() || tp == 1 {
             return self.part(key, 0);
         }
-        let parts = (0..self.shards.len())
+        let parts = (0..tp)
             .map(|rank| self.part(key, rank))
             .collect::<Result<Vec<_>>>()?;
         HostTensor::concat(&parts, dim.unwrap())
@@ -329,7 +446,7 @@ pub fn read_full_checkpoint(root: &Path) -> Result<Option<FullCheckpoint>> {
         return Ok(None);
     };
     let mut tensors = HashMap::new();
-    for key in saved.names()? {
+    for key in saved.names() {
         let whole = saved.whole(&key)?;
         tensors.insert(key, whole);
     }
@@ -339,16 +456,18 @@ pub fn read_full_checkpoint(root: &Path) -> Result<Option<FullCheckpoint>> {
     }))
 }
 
-/// Reads the latest checkpoint under `root` and builds `group`'s rank of the model from it, on
-/// `device`, resharding when it was saved with another tensor-parallel size. The model has the
-/// shape of `config` (default: the saved one); a different padded vocabulary cuts or
-/// zero-pads the embedding rows. Also returns the optimizer state of this rank's shards.
-/// `None` when there is no checkpoint.
+/// Reads the latest checkpoint under `root` and builds `group`'s rank of pipeline stage
+/// `stage` of the model from it (`None`: the whole model), on `device`, resharding when it was
+/// saved with another tensor-parallel size and taking each layer from whichever stage saved
+/// it. The model has the shape of `config` (default: the saved one); a different padded
+/// vocabulary cuts or zero-pads the embedding rows. Also returns the optimizer state of this
+/// rank's shards. `None` when there is no checkpoint.
 pub fn load_checkpoint(
     root: &Path,
     config: Option<&GptConfig>,
     device: &Device,
     group: &Group,
+    stage: Option<&StageLayers>,
 ) -> Result<Option<(Gpt, LoadedCheckpoint, OptimizerState)>> {
     let Some(saved) = open_checkpoint(root)? else {
         return Ok(None);
@@ -358,15 +477,24 @@ pub fn load_checkpoint(
     }
     let config = config.unwrap_or(&saved.info.config).clone();
     // Saved at this layout: each rank reads its own shard's parts as they are.
-    let same_layout = saved.shards.len() == group.size()
+    let same_layout = saved.info.tensor_model_parallel_size == group.size()
         && saved.info.config.padded_vocab_size == config.padded_vocab_size;
+    let whole_model = StageLayers::whole(config.num_layers);
     let model = config
-        .init_parallel(0, group, device)
+        .init_stage(0, group, stage.unwrap_or(&whole_model), device)
         .map_err(anyhow::Error::msg)?;
+    let held: std::collections::HashSet<String> = parameter_names(&model)
+        .into_iter()
+        .map(|p| p.name)
+        .collect();
     let mut values = HashMap::new();
     let mut moments: HashMap<String, SavedMoments> = HashMap::new();
-    for key in saved.names()? {
+    for key in saved.names() {
         let param = parameter_of(&key).to_owned();
+        if !held.contains(&param) {
+            // Another pipeline stage's part.
+            continue;
+        }
         let t = if same_layout {
             saved.part(&key, group.rank())?
         } else {
@@ -453,7 +581,7 @@ fn check_same_model(root: &Path, saved: &GptConfig, wanted: &GptConfig) -> Resul
 /// The whole model of the latest checkpoint under `root` (shards joined), for inference on
 /// `device` (no optimizer); an error when there is none.
 pub fn load_model(root: &Path, device: &Device) -> Result<(Gpt, LoadedCheckpoint)> {
-    load_checkpoint(root, None, device, &Group::single())?
+    load_checkpoint(root, None, device, &Group::single(), None)?
         .map(|(model, info, _)| (model, info))
         .with_context(|| format!("no checkpoint in {} (no {TRACKER_FILE})", root.display()))
 }

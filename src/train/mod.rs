@@ -7,6 +7,7 @@ pub mod hf_export;
 pub mod hf_import;
 pub mod loader;
 pub mod megatron_log;
+pub mod pipeline_step;
 pub mod pretrain;
 pub mod tensor_file;
 pub mod window_eval;

@@ -8,11 +8,14 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use burn::module::{Module, ParamId};
-use burn::tensor::{Device, TensorData};
+use burn::tensor::{DType, Device, TensorData};
 
-use super::checkpoint::{load_checkpoint, save_checkpoint, OptimizerState, TrainState};
+use super::checkpoint::{load_checkpoint, save_checkpoint, OptimizerState, ShardPlace, TrainState};
 use super::loader::{BatchLoader, MicroBatch};
 use super::megatron_log::{iteration_line, validation_line, IterationStats};
+use super::pipeline_step::{
+    activation_expect, forward_only_schedule, run_stage, training_schedule, GptStage,
+};
 use super::{AdamW, AdamWConfig, GradientAccumulator, LrSchedule};
 use crate::comm::world::World;
 use crate::comm::{run_ranks, Communicator, Group, ReduceOp};
@@ -23,13 +26,14 @@ use crate::logging::memory_estimate::{self, MemoryPlan};
 use crate::logging::tensorboard::TensorBoardWriter;
 use crate::model::named_parameters::parameter_names;
 use crate::model::recompute::lm_loss_backward;
-use crate::model::{Gpt, GptConfig, Recompute};
+use crate::model::{Gpt, GptConfig, Recompute, StageLayers};
 use crate::optim::grad_scaler::DynamicGradScalerConfig;
 use crate::optim::DistributedAdamW;
 use crate::optim::{DynamicGradScaler, GradScaler, Precision};
 use crate::parallel::random::seed_micro_batch;
 use crate::parallel::sharding::partition_dim;
 use crate::parallel::state::ParallelState;
+use crate::pipeline::PipelineP2p;
 
 /// Everything `pretrain` needs, already validated by the command line.
 #[derive(Clone, Debug)]
@@ -89,6 +93,12 @@ pub struct PretrainConfig {
     /// `--tensor-model-parallel-size`: ranks the model is split over (threads of this
     /// process, or MPI ranks under a launcher).
     pub tensor_model_parallel_size: usize,
+    /// `--pipeline-model-parallel-size`: stages the layers are cut into (ranks, as for
+    /// tensor parallelism); tensor × pipeline × data-parallel ranks make the world.
+    pub pipeline_model_parallel_size: usize,
+    /// `--num-layers-per-virtual-pipeline-stage`: model chunks of this many layers, several
+    /// per pipeline rank, run with the interleaved schedule.
+    pub num_layers_per_virtual_pipeline_stage: Option<usize>,
     /// `--use-distributed-optimizer`: Adam's state sharded over the data-parallel ranks.
     pub use_distributed_optimizer: bool,
     /// Gradient elements per data-parallel all-reduce (Megatron's `--ddp-bucket-size`).
@@ -100,6 +110,25 @@ pub struct PretrainConfig {
 }
 
 impl PretrainConfig {
+    /// Model chunks per pipeline rank: 1, or more with virtual pipeline stages.
+    pub fn virtual_pipeline_stages(&self) -> usize {
+        let pp = self.pipeline_model_parallel_size.max(1);
+        self.num_layers_per_virtual_pipeline_stage
+            .filter(|&n| n > 0)
+            .map_or(1, |n| self.model.num_layers / (n * pp))
+    }
+
+    /// This pipeline rank's part of the model.
+    pub fn stage_layers(&self, pipeline_rank: usize) -> Result<StageLayers> {
+        StageLayers::of(
+            self.model.num_layers,
+            self.pipeline_model_parallel_size.max(1),
+            self.virtual_pipeline_stages(),
+            pipeline_rank,
+        )
+        .map_err(anyhow::Error::msg)
+    }
+
     /// The run's loss scaler, as Megatron's `get_megatron_optimizer` picks it: constant with
     /// `--loss-scale` (half precision only), dynamic with `--fp16`, none otherwise.
     pub fn grad_scaler(&self) -> Option<GradScaler> {
@@ -132,6 +161,9 @@ pub struct PretrainOutcome {
     pub loss_scales: Vec<(u64, f64)>,
     /// The iterations skipped for overflowing gradients.
     pub skipped_iterations: Vec<u64>,
+    /// With pipeline stages: per iteration, each stage's share of the step spent waiting for
+    /// its neighbours (the measured bubble), stage 0 first.
+    pub pipeline_idle_fractions: Vec<Vec<f64>>,
 }
 
 struct Datasets {
@@ -195,6 +227,69 @@ pub fn evaluate(
     Ok(total.try_to_vec::<f64>().expect("f64")[0] / micro_batches.max(1) as f64)
 }
 
+/// [`evaluate`] on this rank's pipeline stage: with stages, the micro-batches run through
+/// the forward-only schedule and the last stage's losses are summed over the pipeline.
+#[allow(clippy::too_many_arguments)]
+fn evaluate_stage(
+    model: &Gpt,
+    dataset: &dyn SampleDataset,
+    start: u64,
+    iters: u64,
+    cfg: &PretrainConfig,
+    parallel: &ParallelState,
+    (stage, p2p): (&StageLayers, Option<&PipelineP2p>),
+    device: &Device,
+) -> Result<f64> {
+    let data = &parallel.data;
+    let Some(p2p) = p2p else {
+        return evaluate(model, dataset, start, iters, cfg, data, device);
+    };
+    let model = model.valid();
+    let inner = device.clone().inner();
+    let dp = data.size();
+    let mbs = cfg.micro_batch_size as u64;
+    let micro_batches = (iters * cfg.global_batch_size as u64 / mbs) as usize;
+    let mine = micro_batches / dp;
+    let global_index = |k: usize| (k * dp + data.rank()) as u64;
+    let batches = (0..mine)
+        .map(|k| {
+            MicroBatch::from_dataset(
+                dataset,
+                start + global_index(k) * mbs,
+                cfg.micro_batch_size,
+                cfg.eod,
+                cfg.eod_mask_loss,
+            )
+        })
+        .collect();
+    let mut work = GptStage::new(
+        &model,
+        stage,
+        p2p,
+        batches,
+        &global_index,
+        cfg.seed,
+        0,
+        parallel.tensor.rank(),
+        1.0,
+        false,
+        true,
+        &inner,
+    );
+    let steps = forward_only_schedule(mine, stage.chunks.len(), parallel.layout.pp);
+    run_stage(&steps, &mut work)?;
+    let local: f64 = work
+        .losses
+        .drain(..)
+        .map(|l| l.into_scalar::<f32>() as f64)
+        .sum();
+    let stages = parallel
+        .pipeline
+        .all_reduce(TensorData::new(vec![local], [1]), ReduceOp::Sum)?;
+    let total = data.all_reduce(stages, ReduceOp::Sum)?;
+    Ok(total.try_to_vec::<f64>().expect("f64")[0] / micro_batches.max(1) as f64)
+}
+
 /// Checks what can be checked before any rank starts.
 fn validate(cfg: &PretrainConfig, device: &Device) -> Result<()> {
     if !device.is_autodiff() {
@@ -211,6 +306,25 @@ fn validate(cfg: &PretrainConfig, device: &Device) -> Result<()> {
     cfg.model
         .validate_parallel(tp)
         .map_err(anyhow::Error::msg)?;
+    let pp = cfg.pipeline_model_parallel_size;
+    if pp == 0 {
+        bail!("--pipeline-model-parallel-size must be at least 1");
+    }
+    if let Some(n) = cfg.num_layers_per_virtual_pipeline_stage {
+        if pp == 1 {
+            bail!(
+                "--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1"
+            );
+        }
+        if n == 0 || !cfg.model.num_layers.is_multiple_of(n * pp) {
+            bail!(
+                "--num-layers {} is not divisible by --num-layers-per-virtual-pipeline-stage {n} × \
+                 --pipeline-model-parallel-size {pp}",
+                cfg.model.num_layers
+            );
+        }
+    }
+    cfg.stage_layers(0)?;
     if cfg.seq_length == 0 || cfg.seq_length > cfg.model.max_position_embeddings {
         bail!(
             "--seq-length {} must be between 1 and --max-position-embeddings {}",
@@ -229,16 +343,21 @@ fn validate(cfg: &PretrainConfig, device: &Device) -> Result<()> {
 /// [`pretrain_on`] with the MPI world instead.
 pub fn pretrain(cfg: &PretrainConfig, device: &Device) -> Result<PretrainOutcome> {
     validate(cfg, device)?;
-    let tp = cfg.tensor_model_parallel_size;
-    if tp == 1 {
+    let (tp, pp) = (
+        cfg.tensor_model_parallel_size,
+        cfg.pipeline_model_parallel_size,
+    );
+    let ranks = tp * pp;
+    if ranks == 1 {
         return pretrain_on(cfg, device, World::single().comm());
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if tp > cores {
-        eprintln!("warning: --tensor-model-parallel-size {tp} is more than the {cores} cores here; the ranks share them");
+    if ranks > cores {
+        eprintln!("warning: {ranks} model-parallel ranks are more than the {cores} cores here; the ranks share them");
     }
-    println!(" > tensor model parallel size: {tp} (one thread per rank)");
-    let mut outcomes = run_ranks(tp, |world| pretrain_on(cfg, device, world))?;
+    println!(" > tensor model parallel size: {tp}, pipeline model parallel size: {pp} ({ranks} ranks, one thread each)");
+    let mut outcomes = run_ranks(ranks, |world| pretrain_on(cfg, device, world))?;
+    // World rank 0 is on the first stage; the losses are known everywhere.
     Ok(outcomes.swap_remove(0))
 }
 
@@ -254,7 +373,11 @@ pub fn pretrain_on(
     validate(cfg, device)?;
     // Steady-state steps reuse resident memory instead of page-faulting it back in.
     crate::allocator::retain_freed_memory();
-    let state = ParallelState::new(world, cfg.tensor_model_parallel_size, 1)?;
+    let state = ParallelState::new(
+        world,
+        cfg.tensor_model_parallel_size,
+        cfg.pipeline_model_parallel_size,
+    )?;
     let rank0 = state.is_world_rank0();
     if rank0 {
         println!("{}", state.layout.log_line());
@@ -268,6 +391,16 @@ pub fn pretrain_on(
             "--global-batch-size {} is not a multiple of --micro-batch-size {} × data-parallel size {dp}",
             cfg.global_batch_size,
             cfg.micro_batch_size
+        );
+    }
+    let per_rank = cfg.global_batch_size / (cfg.micro_batch_size * dp);
+    if cfg.virtual_pipeline_stages() > 1
+        && (per_rank < state.layout.pp || !per_rank.is_multiple_of(state.layout.pp))
+    {
+        bail!(
+            "the interleaved schedule needs a multiple of --pipeline-model-parallel-size {} \
+             micro-batches per step and data-parallel rank, got {per_rank}",
+            state.layout.pp
         );
     }
     // Rank 0 builds (and caches) the dataset indices; the others then read the cache.
@@ -301,18 +434,21 @@ fn train_rank(
     }
     let (tensor, data) = (&parallel.tensor, &parallel.data);
     let dp = data.size();
+    let pp = parallel.layout.pp;
+    let stage = cfg.stage_layers(parallel.coordinates.pp)?;
     let mut state = TrainState::default();
     let loaded = match &cfg.load {
-        Some(dir) => load_checkpoint(dir, Some(&cfg.model), device, tensor)?,
+        Some(dir) => load_checkpoint(dir, Some(&cfg.model), device, tensor, Some(&stage))?,
         None => None,
     };
     let (model, saved_optimizer) = match loaded {
         Some((model, checkpoint, optimizer)) => {
             say!(
-                " > loaded checkpoint from {} at iteration {} (saved with tensor model parallel size {})",
+                " > loaded checkpoint from {} at iteration {} (saved with tensor model parallel size {}, pipeline model parallel size {})",
                 cfg.load.as_ref().unwrap().display(),
                 checkpoint.state.iteration,
-                checkpoint.tensor_model_parallel_size
+                checkpoint.tensor_model_parallel_size,
+                checkpoint.pipeline_model_parallel_size
             );
             if checkpoint.config.padded_vocab_size != cfg.model.padded_vocab_size {
                 say!(
@@ -333,7 +469,7 @@ fn train_rank(
             }
             let model = cfg
                 .model
-                .init_parallel(cfg.seed, tensor, device)
+                .init_stage(cfg.seed, tensor, &stage, device)
                 .map_err(anyhow::Error::msg)?;
             (model, None)
         }
@@ -372,11 +508,57 @@ fn train_rank(
         .into_iter()
         .map(|p| (p.id, p.name))
         .collect();
-    let replicated: HashSet<ParamId> = names
+    // Parameters another rank counts in the global gradient norm: those replicated over
+    // tensor-parallel ranks count on tensor-parallel rank 0; the tied word embedding on the
+    // first stage only (Megatron leaves the last stage's copy out as shared).
+    let shared_embedding = pp > 1 && !stage.embedding;
+    let not_counted: HashSet<ParamId> = names
         .iter()
-        .filter(|(_, name)| partition_dim(name).is_none())
+        .filter(|(_, name)| {
+            (tensor.rank() != 0 && partition_dim(name).is_none())
+                || (shared_embedding && name == "word_embeddings.weight")
+        })
         .map(|(id, _)| *id)
         .collect();
+    // The word embedding's gradient is summed over the embedding group (first and last stage).
+    let tied: Vec<ParamId> = if pp > 1 {
+        names
+            .iter()
+            .filter(|(_, name)| name == "word_embeddings.weight")
+            .map(|(id, _)| *id)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let chunks = cfg.virtual_pipeline_stages();
+    let p2p = if pp > 1 {
+        say!(
+            " > pipeline: {pp} stages{}, {} schedule; this rank's layers: {:?}",
+            if chunks > 1 {
+                format!(" × {chunks} virtual stages")
+            } else {
+                String::new()
+            },
+            if chunks > 1 {
+                "interleaved 1F1B"
+            } else {
+                "1F1B"
+            },
+            stage.chunks
+        );
+        Some(PipelineP2p::new(
+            &parallel.pipeline,
+            chunks,
+            activation_expect(
+                cfg.micro_batch_size,
+                cfg.seq_length,
+                cfg.model.hidden_size,
+                DType::from(cfg.precision.dtype()),
+            ),
+        )?)
+    } else {
+        None
+    };
     let inner = device.clone().inner();
     let mut optimizer = if cfg.use_distributed_optimizer {
         let by_id: HashMap<ParamId, String> = names.iter().cloned().collect();
@@ -384,8 +566,7 @@ fn train_rank(
             cfg.adam.clone(),
             &main,
             &by_id,
-            &replicated,
-            tensor.rank() == 0,
+            &not_counted,
             data.clone(),
             &inner,
         );
@@ -482,27 +663,70 @@ fn train_rank(
         // over data-parallel ranks, the gradients are those of the global batch's mean loss)
         // and multiplied by the loss scale.
         let divisor = micro_batches as f64 / loss_scale;
-        let mut grads = GradientAccumulator::default();
-        // Loss values are read after the step, so no micro-batch waits on a device read.
-        let mut micro_losses = Vec::with_capacity(my_micro_batches);
-        for k in 0..my_micro_batches {
-            let global_index = (k * dp + data.rank()) as u64;
-            seed_micro_batch(cfg.seed, iteration, global_index, tensor.rank());
-            let (tokens, labels, mask) = loader.next_batch().to_tensors(device);
-            if cfg.recompute == Recompute::None {
-                let loss = model.lm_loss(tokens, labels, mask);
-                micro_losses.push(loss.clone().inner());
-                grads.add(&model, loss.div_scalar(divisor).backward());
-            } else {
-                let mut micro = GradientAccumulator::in_model_dtype();
-                let loss =
-                    lm_loss_backward(&model, tokens, labels, mask, divisor, cfg.recompute, |g| {
-                        micro.add(&model, g)
-                    });
-                micro_losses.push(loss.inner());
-                grads.merge(&model, micro);
+        let mut bubble: Option<Vec<f64>> = None;
+        let (mut grads, micro_losses) = match &p2p {
+            Some(p2p) => {
+                let batches: Vec<MicroBatch> =
+                    (0..my_micro_batches).map(|_| loader.next_batch()).collect();
+                let global_index = |k: usize| (k * dp + data.rank()) as u64;
+                let mut work = GptStage::new(
+                    &model,
+                    &stage,
+                    p2p,
+                    batches,
+                    &global_index,
+                    cfg.seed,
+                    iteration,
+                    tensor.rank(),
+                    divisor,
+                    cfg.recompute != Recompute::None,
+                    false,
+                    device,
+                );
+                let steps =
+                    training_schedule(parallel.coordinates.pp, pp, my_micro_batches, chunks)?;
+                let timing = run_stage(&steps, &mut work)?;
+                let idle = parallel
+                    .pipeline
+                    .all_gather(TensorData::new(vec![timing.idle_fraction()], [1]), 0)?;
+                let idle = idle.try_to_vec::<f64>().expect("f64");
+                outcome.pipeline_idle_fractions.push(idle.clone());
+                bubble = Some(idle);
+                let mut grads = std::mem::take(&mut work.grads);
+                grads.all_reduce_parameters(&tied, &parallel.embedding)?;
+                let losses: Vec<_> = work.losses.drain(..).map(|l| l.inner()).collect();
+                (grads, losses)
             }
-        }
+            None => {
+                let mut grads = GradientAccumulator::default();
+                // Loss values are read after the step, so no micro-batch waits on a device read.
+                let mut micro_losses = Vec::with_capacity(my_micro_batches);
+                for k in 0..my_micro_batches {
+                    let global_index = (k * dp + data.rank()) as u64;
+                    seed_micro_batch(cfg.seed, iteration, global_index, tensor.rank());
+                    let (tokens, labels, mask) = loader.next_batch().to_tensors(device);
+                    if cfg.recompute == Recompute::None {
+                        let loss = model.lm_loss(tokens, labels, mask);
+                        micro_losses.push(loss.clone().inner());
+                        grads.add(&model, loss.div_scalar(divisor).backward());
+                    } else {
+                        let mut micro = GradientAccumulator::in_model_dtype();
+                        let loss = lm_loss_backward(
+                            &model,
+                            tokens,
+                            labels,
+                            mask,
+                            divisor,
+                            cfg.recompute,
+                            |g| micro.add(&model, g),
+                        );
+                        micro_losses.push(loss.inner());
+                        grads.merge(&model, micro);
+                    }
+                }
+                (grads, micro_losses)
+            }
+        };
         // With a loss scaler: unscale, and skip the step on every rank if any rank's
         // gradients overflowed (checked before the data-parallel reduction, which would only
         // carry the overflow to every rank).
@@ -531,8 +755,11 @@ fn train_rank(
             (main, norm) = match &mut optimizer {
                 Optimizer::Replicated(adam) => {
                     grads.all_reduce_in_buckets(data, cfg.ddp_bucket_size.max(1))?;
-                    let norm =
-                        grads.clip_global_norm_parallel(cfg.clip_grad, &replicated, tensor)?;
+                    let norm = grads.clip_global_norm_parallel(
+                        cfg.clip_grad,
+                        &not_counted,
+                        &parallel.model,
+                    )?;
                     (adam.step(main, &grads, lr), norm)
                 }
                 Optimizer::Distributed(adam) => {
@@ -548,6 +775,15 @@ fn train_rank(
             .into_iter()
             .map(|l| l.into_scalar::<f32>() as f64)
             .sum();
+        // Only the last stage has losses: the pipeline sum brings them to every stage.
+        let local_loss = if pp > 1 {
+            let summed = parallel
+                .pipeline
+                .all_reduce(TensorData::new(vec![local_loss], [1]), ReduceOp::Sum)?;
+            summed.try_to_vec::<f64>().expect("f64")[0]
+        } else {
+            local_loss
+        };
         let loss_sum = data.all_reduce(TensorData::new(vec![local_loss], [1]), ReduceOp::Sum)?;
         let loss = loss_sum.try_to_vec::<f64>().expect("f64")[0] / micro_batches as f64;
         state.iteration = iteration;
@@ -575,7 +811,8 @@ fn train_rank(
                     "grad_norm": grad_norm,
                     "loss_scale": loss_scale,
                     "skipped": found_inf,
-                    "peak_rss_mib": peak_rss_bytes().map(|b| b as f64 / 1048576.0)
+                    "peak_rss_mib": peak_rss_bytes().map(|b| b as f64 / 1048576.0),
+                    "pipeline_idle_fraction": bubble
                 })
             )?;
         }
@@ -640,13 +877,14 @@ fn train_rank(
                 && iteration.is_multiple_of(cfg.eval_interval)
                 && cfg.eval_iters > 0
             {
-                let loss = evaluate(
+                let loss = evaluate_stage(
                     &model,
                     valid.as_ref(),
                     state.consumed_valid_samples,
                     cfg.eval_iters,
                     cfg,
-                    data,
+                    parallel,
+                    (&stage, p2p.as_ref()),
                     device,
                 )?;
                 state.consumed_valid_samples += cfg.eval_iters * cfg.global_batch_size as u64;
@@ -713,13 +951,14 @@ fn train_rank(
         }
     }
     if let Some(valid) = &datasets.valid {
-        let loss = evaluate(
+        let loss = evaluate_stage(
             &model,
             valid.as_ref(),
             state.consumed_valid_samples,
             cfg.eval_iters,
             cfg,
-            data,
+            parallel,
+            (&stage, p2p.as_ref()),
             device,
         )?;
         if rank0 {
@@ -738,7 +977,16 @@ fn train_rank(
         }
     }
     if let Some(test) = &datasets.test {
-        let loss = evaluate(&model, test.as_ref(), 0, cfg.eval_iters, cfg, data, device)?;
+        let loss = evaluate_stage(
+            &model,
+            test.as_ref(),
+            0,
+            cfg.eval_iters,
+            cfg,
+            parallel,
+            (&stage, p2p.as_ref()),
+            device,
+        )?;
         if rank0 {
             print_validation("validation loss at the end of training for test data", loss);
         }
@@ -774,6 +1022,13 @@ fn save(
             grad_scaler: scaler.as_ref().map(GradScaler::state),
         },
     };
+    let place = ShardPlace {
+        tp: parallel.coordinates.tp,
+        tp_size: parallel.layout.tp,
+        pp: parallel.coordinates.pp,
+        pp_size: parallel.layout.pp,
+    };
+    // The ranks of data-parallel replica 0 (every tensor-parallel rank of every stage) write.
     let path = if parallel.coordinates.dp == 0 {
         Some(save_checkpoint(
             dir,
@@ -781,15 +1036,14 @@ fn save(
             &cfg.model,
             &optimizer_state,
             state,
-            &parallel.tensor,
+            &parallel.model,
+            place,
         )?)
     } else {
         None
     };
     parallel.world.barrier()?;
-    Ok(path.unwrap_or_else(|| {
-        super::checkpoint::checkpoint_dir(dir, state.iteration, parallel.coordinates.tp)
-    }))
+    Ok(path.unwrap_or_else(|| super::checkpoint::checkpoint_dir(dir, state.iteration, place)))
 }
 
 fn print_validation(label: &str, loss: f64) {

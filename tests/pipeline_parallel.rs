@@ -1,0 +1,364 @@
+//! Pipeline parallelism against the single-process run (the one-stage model), on thread
+//! ranks in every `cargo test` and on MPI processes (the test binary under `mpirun`):
+//!
+//! - PP=2, PP=4, PP=2 × DP=2 (PyTorch's Pipe + DDP tutorial layout), TP=2 × PP=2, with 1F1B
+//!   and with the interleaved schedule (2 virtual stages per rank), with dropout, the
+//!   distributed optimizer and recomputation in some of them: 30 iterations within 1e-5;
+//! - checkpoints written at PP=2 resume at PP=1 and the reverse, losses continuing;
+//! - the measured idle time of each stage, and the layout line.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use burn::tensor::Device;
+use common::mpi::*;
+use common::*;
+use ferrotron::comm::{run_ranks, Communicator};
+use ferrotron::data::DataSources;
+use ferrotron::model::{GptConfig, Recompute};
+use ferrotron::train::pretrain::{pretrain_on, PretrainOutcome};
+use ferrotron::train::{pretrain, AdamWConfig, LrDecayStyle, LrSchedule, PretrainConfig};
+
+type Losses = Vec<(u64, f64)>;
+
+const ITERS: u64 = 30;
+
+/// One parallel layout of the model.
+#[derive(Clone, Copy, Debug)]
+struct Layout {
+    tp: usize,
+    pp: usize,
+    /// Layers per virtual pipeline stage (interleaved schedule).
+    virtual_layers: Option<usize>,
+    distributed_optimizer: bool,
+    recompute: bool,
+}
+
+impl Layout {
+    const fn pipeline(tp: usize, pp: usize, virtual_layers: Option<usize>) -> Self {
+        Self {
+            tp,
+            pp,
+            virtual_layers,
+            distributed_optimizer: false,
+            recompute: false,
+        }
+    }
+
+    fn name(&self, world: usize) -> String {
+        format!(
+            "TP={} × PP={} × DP={}{}{}{}",
+            self.tp,
+            self.pp,
+            world / (self.tp * self.pp),
+            match self.virtual_layers {
+                Some(n) => format!(", interleaved ({n} layer per virtual stage)"),
+                None => String::new(),
+            },
+            if self.distributed_optimizer {
+                ", distributed optimizer"
+            } else {
+                ""
+            },
+            if self.recompute { ", recompute" } else { "" }
+        )
+    }
+}
+
+/// Layouts of a 2-rank world.
+const TWO_RANKS: [Layout; 2] = [
+    Layout::pipeline(1, 2, None),
+    Layout::pipeline(1, 2, Some(1)),
+];
+
+/// Layouts of a 4-rank world.
+const FOUR_RANKS: [Layout; 6] = [
+    Layout::pipeline(1, 4, None),
+    Layout::pipeline(1, 2, None),
+    Layout::pipeline(2, 2, None),
+    Layout::pipeline(1, 2, Some(1)),
+    Layout::pipeline(2, 2, Some(1)),
+    Layout {
+        tp: 1,
+        pp: 2,
+        virtual_layers: None,
+        distributed_optimizer: true,
+        recompute: true,
+    },
+];
+
+fn config(cache: &Path, layout: Layout, train_iters: u64) -> PretrainConfig {
+    PretrainConfig {
+        // 4 layers: 1 per stage at PP=4, 1 per virtual stage at PP=2 × 2. Hidden dropout is
+        // on (every layer draws its own masks, wherever it runs); attention dropout is off
+        // because its masks depend on the tensor-parallel rank (as in Megatron).
+        model: GptConfig::new(4, 32, 4, 16, 50304)
+            .with_hidden_dropout(0.1)
+            .with_attention_dropout(0.0),
+        seq_length: 16,
+        micro_batch_size: 1,
+        global_batch_size: 8,
+        train_iters,
+        schedule: LrSchedule {
+            max_lr: 2e-3,
+            min_lr: 1e-4,
+            warmup_iters: 4.0,
+            decay_iters: ITERS as f64,
+            style: LrDecayStyle::Cosine,
+        },
+        adam: AdamWConfig::default(),
+        clip_grad: 1.0,
+        seed: 1234,
+        data: DataSources::single(golden("wikitext2_valid", "text")),
+        split: "95,5,0".into(),
+        data_cache_path: Some(cache.to_path_buf()),
+        eod_mask_loss: false,
+        eod: 50256,
+        log_interval: 10,
+        eval_interval: 15,
+        eval_iters: 1,
+        save: None,
+        save_interval: None,
+        load: None,
+        exit_interval: None,
+        tensor_model_parallel_size: layout.tp,
+        pipeline_model_parallel_size: layout.pp,
+        num_layers_per_virtual_pipeline_stage: layout.virtual_layers,
+        use_distributed_optimizer: layout.distributed_optimizer,
+        ddp_bucket_size: 20_000,
+        tensorboard_dir: None,
+        tensorboard_log_interval: 1,
+        recompute: if layout.recompute {
+            Recompute::Uniform(1)
+        } else {
+            Recompute::None
+        },
+        precision: Default::default(),
+        loss_scale: None,
+        dynamic_loss_scale: Default::default(),
+    }
+}
+
+fn device() -> Device {
+    Device::flex().autodiff()
+}
+
+/// What a layout's run gives: training losses, validation losses, per-iteration idle
+/// fractions of the stages.
+type Run = (Losses, Losses, Vec<Vec<f64>>);
+
+fn summary(out: PretrainOutcome) -> Run {
+    (out.losses, out.validation, out.pipeline_idle_fractions)
+}
+
+fn layout_runs(
+    cache: &Path,
+    layouts: &[Layout],
+    world: Arc<dyn Communicator>,
+) -> anyhow::Result<Vec<Run>> {
+    layouts
+        .iter()
+        .map(|&layout| {
+            Ok(summary(pretrain_on(
+                &config(cache, layout, ITERS),
+                &device(),
+                world.clone(),
+            )?))
+        })
+        .collect()
+}
+
+fn reference(cache: &Path) -> (Losses, Losses) {
+    let out = pretrain(
+        &config(cache, Layout::pipeline(1, 1, None), ITERS),
+        &device(),
+    )
+    .unwrap();
+    (out.losses, out.validation)
+}
+
+/// Asserts every layout's losses follow the one-stage run's, and that each iteration has an
+/// idle fraction per stage.
+fn check(
+    reference: &(Losses, Losses),
+    layouts: &[Layout],
+    runs: &[Run],
+    world: usize,
+    ranks: &str,
+) {
+    assert_eq!(reference.0.len(), ITERS as usize);
+    assert!(
+        reference.0[29].1 < reference.0[0].1 - 0.5,
+        "loss does not fall: {:?}",
+        reference.0
+    );
+    let mut failures = Vec::new();
+    for (layout, (losses, validation, idle)) in layouts.iter().zip(runs) {
+        let worst = worst_relative(losses, &reference.0);
+        let worst_valid = worst_relative(validation, &reference.1);
+        let mean_idle: Vec<f64> = (0..layout.pp)
+            .map(|s| idle.iter().map(|it| it[s]).sum::<f64>() / idle.len() as f64)
+            .collect();
+        println!(
+            "{ranks}, {}: worst relative difference to one stage over {ITERS} iterations: \
+             training {worst:.2e}, validation {worst_valid:.2e}; mean idle fraction per stage \
+             {mean_idle:.3?}",
+            layout.name(world)
+        );
+        assert_eq!(idle.len(), ITERS as usize);
+        assert!(idle
+            .iter()
+            .all(|it| it.len() == layout.pp && it.iter().all(|f| (0.0..=1.0).contains(f))));
+        if worst > 1e-5 || worst_valid > 1e-5 {
+            failures.push((layout.name(world), worst, worst_valid));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+}
+
+#[test]
+fn pipeline_stages_on_threads_reproduce_the_one_stage_losses() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path();
+    let reference = reference(cache);
+    let runs = run_ranks(2, |world| layout_runs(cache, &TWO_RANKS, world)).unwrap();
+    check(&reference, &TWO_RANKS, &runs[0], 2, "2 threads");
+    let runs = run_ranks(4, |world| layout_runs(cache, &FOUR_RANKS, world)).unwrap();
+    check(&reference, &FOUR_RANKS, &runs[0], 4, "4 threads");
+    // Every rank knows the losses (the last stage's, summed over the pipeline).
+    assert!(runs.iter().all(|r| r
+        .iter()
+        .zip(&runs[0])
+        .all(|(a, b)| a.0 == b.0 && a.1 == b.1)));
+}
+
+/// A checkpoint written at PP=2 resumes at PP=1, and one written at PP=1 resumes at PP=2
+/// (interleaved), the losses continuing as the uninterrupted run's.
+#[test]
+fn checkpoints_move_between_pipeline_layouts() {
+    let (save_at, iters) = (4, 8);
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let one = Layout::pipeline(1, 1, None);
+    let full = pretrain(&config(&cache, one, iters), &device())
+        .unwrap()
+        .losses;
+    let tail = full[save_at as usize..].to_vec();
+    let mut worst = Vec::new();
+    for (from, to, name) in [
+        (Layout::pipeline(1, 2, None), one, "PP=2 → PP=1"),
+        (
+            one,
+            Layout::pipeline(1, 2, Some(1)),
+            "PP=1 → PP=2 interleaved",
+        ),
+        (
+            Layout::pipeline(2, 2, None),
+            Layout::pipeline(1, 4, None),
+            "TP=2×PP=2 → PP=4",
+        ),
+    ] {
+        let save = dir.path().join(name.replace(' ', "_"));
+        let first = PretrainConfig {
+            save: Some(save.clone()),
+            exit_interval: Some(save_at),
+            ..config(&cache, from, iters)
+        };
+        pretrain(&first, &device()).unwrap();
+        if from.pp > 1 {
+            // Megatron's file names: mp_rank_TT_PPP.
+            let files = list_dir(&save.join("iter_0000004"));
+            let expected: Vec<String> = (0..from.pp)
+                .flat_map(|p| (0..from.tp).map(move |t| format!("mp_rank_{t:02}_{p:03}")))
+                .collect();
+            let mut expected = expected;
+            expected.sort();
+            assert_eq!(files, expected);
+        }
+        let resumed = PretrainConfig {
+            load: Some(save),
+            ..config(&cache, to, iters)
+        };
+        let losses = pretrain(&resumed, &device()).unwrap().losses;
+        let w = worst_relative(&losses, &tail);
+        println!("{name}: resumed losses vs the uninterrupted run: {w:.2e}");
+        worst.push((name, w));
+    }
+    assert!(worst.iter().all(|(_, w)| *w < 1e-5), "{worst:?}");
+}
+
+/// Megatron's refusals, in one line each.
+#[test]
+fn impossible_pipeline_layouts_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path();
+    let err = |layout: Layout, global: usize| {
+        let cfg = PretrainConfig {
+            global_batch_size: global,
+            ..config(cache, layout, 2)
+        };
+        format!("{:#}", pretrain(&cfg, &device()).unwrap_err())
+    };
+    let three = err(Layout::pipeline(1, 3, None), 8);
+    assert!(three.contains("--num-layers 4 is not divisible"), "{three}");
+    let virtual_layers = err(Layout::pipeline(1, 2, Some(3)), 8);
+    assert!(
+        virtual_layers.contains("--num-layers-per-virtual-pipeline-stage 3"),
+        "{virtual_layers}"
+    );
+    let few = err(Layout::pipeline(1, 2, Some(1)), 3);
+    assert!(
+        few.contains("interleaved schedule needs a multiple"),
+        "{few}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// MPI: the test binary runs itself under mpirun.
+
+#[test]
+fn mpi_pipeline_stages_reproduce_the_one_stage_losses() {
+    if let Some(world) = mpi_rank() {
+        let dir = dir_from_env();
+        let layouts: &[Layout] = if world.size() == 2 {
+            &TWO_RANKS
+        } else {
+            &FOUR_RANKS
+        };
+        let runs = layout_runs(&dir.join("cache"), layouts, world.comm()).unwrap();
+        if world.rank() == 0 {
+            let file = dir.join(format!("runs{}.json", world.size()));
+            std::fs::write(file, serde_json::to_string(&runs).unwrap()).unwrap();
+        }
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let reference = reference(&dir.path().join("cache"));
+    for (ranks, layouts) in [(2, &TWO_RANKS[..]), (4, &FOUR_RANKS[..])] {
+        let (ok, out) = mpirun(
+            "mpi_pipeline_stages_reproduce_the_one_stage_losses",
+            ranks,
+            &[("FERROTRON_TEST_DIR", dir.path())],
+            Duration::from_secs(900),
+        );
+        assert!(ok, "{out}");
+        if ranks == 4 {
+            assert!(
+                out.contains("using world size: 4, data-parallel size: 1, tensor-model-parallel size: 2, pipeline-model-parallel size: 2"),
+                "{out}"
+            );
+        }
+        let file = dir.path().join(format!("runs{ranks}.json"));
+        let runs: Vec<Run> = serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+        check(
+            &reference,
+            layouts,
+            &runs,
+            ranks,
+            &format!("{ranks} MPI ranks"),
+        );
+    }
+}
