@@ -1,0 +1,261 @@
+//! The pipeline bubble on this machine: each stage's measured idle share of a step (time
+//! waiting for its neighbours' activations and gradients, as `pretrain` reports it in
+//! `metrics.jsonl`) beside the theory, (p − 1)/(m + p − 1) for 1F1B with m micro-batches
+//! and (p − 1)/(v·m + p − 1) for the interleaved schedule with v model chunks per rank.
+//!
+//! ```text
+//! cargo bench --bench pipeline_bubble
+//! ```
+//!
+//! 1. Stages that sleep for their pass (forward 8 ms per stage, backward 16 ms, split over the
+//!    chunks): the schedule, the executor and the p2p transfers (64 KiB activations through
+//!    the thread communicator) exactly, at PP = 2 and 4 whatever the core count.
+//! 2. The same with real compute (a single-threaded arithmetic loop calibrated to the same
+//!    durations) at PP = 2: one rank per core here.
+//! 3. The GPT itself: tokens/s and each stage's idle share at PP = 1 and PP = 2 (threads),
+//!    where the last stage also runs the output layer and the loss over a 50 k vocabulary,
+//!    so the stages are unequal and the first stage waits for the last.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use burn::tensor::{DType, Device, TensorData};
+use ferrotron::comm::{run_ranks, Expect, Group};
+use ferrotron::data::DataSources;
+use ferrotron::model::GptConfig;
+use ferrotron::pipeline::{run_schedule, PipelineP2p, StageWork};
+use ferrotron::train::pipeline_step::training_schedule;
+use ferrotron::train::pretrain::pretrain;
+use ferrotron::train::{AdamWConfig, LrDecayStyle, LrSchedule, PretrainConfig};
+
+#[global_allocator]
+static ALLOCATOR: ferrotron::allocator::TrainingAllocator = ferrotron::allocator::TrainingAllocator;
+
+const FORWARD: Duration = Duration::from_millis(8);
+const ACTIVATION: [usize; 3] = [1, 64, 256];
+
+/// How a synthetic pass spends its time.
+#[derive(Clone, Copy)]
+enum Work {
+    Sleep,
+    /// Iterations of the arithmetic loop per second (calibrated).
+    Compute(f64),
+}
+
+fn busy(iterations: u64) -> f32 {
+    let mut x = 1.0f32;
+    for i in 0..iterations {
+        x = x.mul_add(0.999_999, (i & 7) as f32 * 1e-7);
+    }
+    x
+}
+
+impl Work {
+    fn spend(self, d: Duration) {
+        match self {
+            Work::Sleep => std::thread::sleep(d),
+            Work::Compute(rate) => {
+                std::hint::black_box(busy((rate * d.as_secs_f64()) as u64));
+            }
+        }
+    }
+
+    fn calibrated() -> Self {
+        let n = 50_000_000;
+        let t = Instant::now();
+        std::hint::black_box(busy(n));
+        Work::Compute(n as f64 / t.elapsed().as_secs_f64())
+    }
+}
+
+/// A stage whose forward of one chunk takes `FORWARD / chunks` and backward twice that.
+struct Synthetic {
+    work: Work,
+    rank: usize,
+    pp: usize,
+    chunks: usize,
+    pass: Duration,
+    in_flight: HashMap<(usize, usize), ()>,
+}
+
+impl Synthetic {
+    fn stage(&self, chunk: usize) -> usize {
+        chunk * self.pp + self.rank
+    }
+}
+
+fn activation() -> TensorData {
+    TensorData::new(vec![0.5f32; ACTIVATION.iter().product()], ACTIVATION)
+}
+
+impl StageWork for Synthetic {
+    fn forward(
+        &mut self,
+        m: usize,
+        c: usize,
+        _input: Option<TensorData>,
+    ) -> Result<Option<TensorData>> {
+        self.work.spend(self.pass);
+        self.in_flight.insert((m, c), ());
+        Ok((self.stage(c) + 1 < self.pp * self.chunks).then(activation))
+    }
+
+    fn backward(
+        &mut self,
+        m: usize,
+        c: usize,
+        _g: Option<TensorData>,
+    ) -> Result<Option<TensorData>> {
+        self.in_flight.remove(&(m, c));
+        self.work.spend(2 * self.pass);
+        Ok((self.stage(c) > 0).then(activation))
+    }
+}
+
+/// Mean and max over ranks of the idle share, over `steps` steps after one warm-up step.
+fn measure(work: Work, pp: usize, chunks: usize, m: usize) -> (f64, f64, f64) {
+    let steps = 3;
+    let idle = run_ranks(pp, move |world| {
+        let rank = world.rank();
+        let group = Group::new(world);
+        let p2p = PipelineP2p::new(
+            &group,
+            chunks,
+            Expect {
+                shape: ACTIVATION.to_vec(),
+                dtype: DType::F32,
+            },
+        )?;
+        let schedule = training_schedule(rank, pp, m, chunks)?;
+        let mut stage = Synthetic {
+            work,
+            rank,
+            pp,
+            chunks,
+            pass: FORWARD / chunks as u32,
+            in_flight: HashMap::new(),
+        };
+        let mut idle = Vec::new();
+        for step in 0..=steps {
+            group.barrier()?;
+            let timing = run_schedule(&schedule, &p2p, &mut stage)?;
+            if step > 0 {
+                idle.push(timing.idle_fraction());
+            }
+        }
+        Ok(idle.iter().sum::<f64>() / idle.len() as f64)
+    })
+    .expect("pipeline ranks");
+    let mean = idle.iter().sum::<f64>() / idle.len() as f64;
+    let max = idle.iter().cloned().fold(0.0, f64::max);
+    let theory = (pp - 1) as f64 / ((chunks * m) + pp - 1) as f64;
+    (mean, max, theory)
+}
+
+fn gpt_config(pp: usize) -> PretrainConfig {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    PretrainConfig {
+        model: GptConfig::new(8, 256, 8, 256, 50304),
+        seq_length: 256,
+        micro_batch_size: 2,
+        global_batch_size: 16,
+        train_iters: 6,
+        schedule: LrSchedule {
+            max_lr: 1e-4,
+            min_lr: 1e-5,
+            warmup_iters: 1.0,
+            decay_iters: 6.0,
+            style: LrDecayStyle::Cosine,
+        },
+        adam: AdamWConfig::default(),
+        clip_grad: 1.0,
+        seed: 1234,
+        data: DataSources::single(root.join("tests/fixtures/golden/wikitext2_valid_text_document")),
+        split: "100,0,0".into(),
+        data_cache_path: Some(std::env::temp_dir().join("ferrotron_pipeline_bubble_cache")),
+        eod_mask_loss: false,
+        eod: 50256,
+        log_interval: 100,
+        eval_interval: 0,
+        eval_iters: 0,
+        save: None,
+        save_interval: None,
+        load: None,
+        exit_interval: None,
+        tensor_model_parallel_size: 1,
+        pipeline_model_parallel_size: pp,
+        num_layers_per_virtual_pipeline_stage: None,
+        use_distributed_optimizer: false,
+        ddp_bucket_size: ferrotron::train::pretrain::DEFAULT_DDP_BUCKET_SIZE,
+        tensorboard_dir: None,
+        tensorboard_log_interval: 1,
+        recompute: Default::default(),
+        precision: Default::default(),
+        loss_scale: None,
+        dynamic_loss_scale: Default::default(),
+    }
+}
+
+fn main() {
+    println!("## 1. Sleeping stages (forward {FORWARD:?} per stage, backward twice that)\n");
+    println!(
+        "| PP | schedule | micro-batches m | measured idle (mean / max over stages) | theory |"
+    );
+    println!("|---|---|---|---|---|");
+    for pp in [2, 4] {
+        for m in [4, 8, 16] {
+            for chunks in [1, 2] {
+                let (mean, max, theory) = measure(Work::Sleep, pp, chunks, m);
+                let name = if chunks == 1 {
+                    "1F1B"
+                } else {
+                    "interleaved, v = 2"
+                };
+                println!("| {pp} | {name} | {m} | {mean:.3} / {max:.3} | {theory:.3} |");
+            }
+        }
+    }
+    let work = Work::calibrated();
+    println!("\n## 2. Computing stages (single-threaded loop, same durations), PP = 2\n");
+    println!("| schedule | micro-batches m | measured idle (mean / max) | theory |");
+    println!("|---|---|---|---|");
+    for m in [4, 8, 16] {
+        for chunks in [1, 2] {
+            let (mean, max, theory) = measure(work, 2, chunks, m);
+            let name = if chunks == 1 {
+                "1F1B"
+            } else {
+                "interleaved, v = 2"
+            };
+            println!("| {name} | {m} | {mean:.3} / {max:.3} | {theory:.3} |");
+        }
+    }
+    println!("\n## 3. GPT (8 layers, hidden 256, seq 256, micro-batch 2, global batch 16: m = 8), threads\n");
+    let device = Device::flex().autodiff();
+    let mut rows = Vec::new();
+    for pp in [1, 2] {
+        let start = Instant::now();
+        let out = pretrain(&gpt_config(pp), &device).expect("training");
+        let seconds = start.elapsed().as_secs_f64();
+        let tokens_per_second = 6.0 * 16.0 * 256.0 / seconds;
+        let idle: Vec<f64> = if pp > 1 {
+            (0..pp)
+                .map(|s| {
+                    let v = &out.pipeline_idle_fractions[1..];
+                    v.iter().map(|it| it[s]).sum::<f64>() / v.len() as f64
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        rows.push((pp, tokens_per_second, idle));
+    }
+    println!("| PP | tokens/s (whole run incl. set-up) | vs PP=1 | idle share per stage |");
+    println!("|---|---|---|---|");
+    let base = rows[0].1;
+    for (pp, tps, idle) in rows {
+        println!("| {pp} | {tps:.0} | {:.2}× | {idle:.3?} |", tps / base);
+    }
+}
