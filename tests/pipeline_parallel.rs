@@ -362,3 +362,52 @@ fn mpi_pipeline_stages_reproduce_the_one_stage_losses() {
         );
     }
 }
+
+/// fp16 (dynamic loss scale) and bf16 through pipeline stages: half-precision activations
+/// and gradients cross the stages, and the overflow check and loss scale are shared by all
+/// of them, so the skipped iterations and scales are the one-stage run's and the losses
+/// follow it.
+#[test]
+fn half_precision_pipelines_follow_the_one_stage_run() {
+    use ferrotron::optim::Precision;
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path();
+    let half = |layout: Layout, precision: Precision| PretrainConfig {
+        precision,
+        dynamic_loss_scale: ferrotron::optim::grad_scaler::DynamicGradScalerConfig {
+            // From 2^20, the first iterations overflow and are skipped.
+            initial_scale: 2f64.powi(20),
+            ..Default::default()
+        },
+        ..config(cache, layout, 20)
+    };
+    let mut failures = Vec::new();
+    for precision in [Precision::Fp16, Precision::Bf16] {
+        let one = pretrain(&half(Layout::pipeline(1, 1, None), precision), &device()).unwrap();
+        for layout in [
+            Layout::pipeline(1, 2, None),
+            Layout::pipeline(1, 2, Some(1)),
+        ] {
+            let out = pretrain(&half(layout, precision), &device()).unwrap();
+            assert_eq!(out.skipped_iterations, one.skipped_iterations);
+            assert_eq!(out.loss_scales, one.loss_scales);
+            let worst = worst_relative(&out.losses, &one.losses);
+            println!(
+                "{}, {}: skipped {:?}, worst relative difference to one stage {worst:.2e}",
+                precision.name(),
+                layout.name(2),
+                out.skipped_iterations
+            );
+            if worst > 1e-4 {
+                failures.push((precision.name(), layout.name(2), worst));
+            }
+        }
+        if precision == Precision::Fp16 {
+            assert!(
+                !one.skipped_iterations.is_empty(),
+                "2^20 should overflow in fp16"
+            );
+        }
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+}
