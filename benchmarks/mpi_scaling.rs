@@ -94,6 +94,8 @@ fn train_config(iters: u64, cache: &Path) -> PretrainConfig {
         tensor_model_parallel_size: 1,
         pipeline_model_parallel_size: 1,
         num_layers_per_virtual_pipeline_stage: None,
+        decoder_first_pipeline_num_layers: None,
+        decoder_last_pipeline_num_layers: None,
         use_distributed_optimizer: false,
         ddp_bucket_size: DEFAULT_DDP_BUCKET_SIZE,
         tensorboard_dir: None,

@@ -14,7 +14,8 @@
 //!    durations) at PP = 2: one rank per core here.
 //! 3. The GPT itself: tokens/s and each stage's idle share at PP = 1 and PP = 2 (threads),
 //!    where the last stage also runs the output layer and the loss over a 50 k vocabulary,
-//!    so the stages are unequal and the first stage waits for the last.
+//!    so the stages are unequal and the first stage waits for the last; and PP = 2 with 6 + 2
+//!    layers (`--decoder-last-pipeline-num-layers 2`), which evens them out.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -156,7 +157,7 @@ fn measure(work: Work, pp: usize, chunks: usize, m: usize) -> (f64, f64, f64) {
     (first, mean, theory)
 }
 
-fn gpt_config(pp: usize) -> PretrainConfig {
+fn gpt_config(pp: usize, last_stage_layers: Option<usize>) -> PretrainConfig {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     PretrainConfig {
         model: GptConfig::new(8, 256, 8, 256, 50304),
@@ -189,6 +190,8 @@ fn gpt_config(pp: usize) -> PretrainConfig {
         tensor_model_parallel_size: 1,
         pipeline_model_parallel_size: pp,
         num_layers_per_virtual_pipeline_stage: None,
+        decoder_first_pipeline_num_layers: None,
+        decoder_last_pipeline_num_layers: last_stage_layers,
         use_distributed_optimizer: false,
         ddp_bucket_size: ferrotron::train::pretrain::DEFAULT_DDP_BUCKET_SIZE,
         tensorboard_dir: None,
@@ -237,9 +240,9 @@ fn main() {
     println!("\n## 3. GPT (8 layers, hidden 256, seq 256, micro-batch 2, global batch 16: m = 8), threads\n");
     let device = Device::flex().autodiff();
     let mut rows = Vec::new();
-    for pp in [1, 2] {
+    for (pp, last) in [(1, None), (2, None), (2, Some(2))] {
         let start = Instant::now();
-        let out = pretrain(&gpt_config(pp), &device).expect("training");
+        let out = pretrain(&gpt_config(pp, last), &device).expect("training");
         let seconds = start.elapsed().as_secs_f64();
         let tokens_per_second = 6.0 * 16.0 * 256.0 / seconds;
         let idle: Vec<f64> = if pp > 1 {
@@ -252,12 +255,20 @@ fn main() {
         } else {
             Vec::new()
         };
-        rows.push((pp, tokens_per_second, idle));
+        rows.push((pp, last, tokens_per_second, idle));
     }
-    println!("| PP | tokens/s (whole run incl. set-up) | vs PP=1 | idle share per stage |");
-    println!("|---|---|---|---|");
-    let base = rows[0].1;
-    for (pp, tps, idle) in rows {
-        println!("| {pp} | {tps:.0} | {:.2}× | {idle:.3?} |", tps / base);
+    println!("| PP | layers per stage | tokens/s (whole run incl. set-up) | vs PP=1 | idle share per stage |");
+    println!("|---|---|---|---|---|");
+    let base = rows[0].2;
+    for (pp, last, tps, idle) in rows {
+        let split = match (pp, last) {
+            (1, _) => "8".to_owned(),
+            (_, Some(n)) => format!("{} + {n} (--decoder-last-pipeline-num-layers {n})", 8 - n),
+            _ => "4 + 4".to_owned(),
+        };
+        println!(
+            "| {pp} | {split} | {tps:.0} | {:.2}× | {idle:.3?} |",
+            tps / base
+        );
     }
 }

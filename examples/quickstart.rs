@@ -109,6 +109,8 @@ fn main() -> Result<()> {
         tensor_model_parallel_size: 1,
         pipeline_model_parallel_size: 1,
         num_layers_per_virtual_pipeline_stage: None,
+        decoder_first_pipeline_num_layers: None,
+        decoder_last_pipeline_num_layers: None,
         use_distributed_optimizer: false,
         ddp_bucket_size: ferrotron::train::pretrain::DEFAULT_DDP_BUCKET_SIZE,
         tensorboard_dir: None,

@@ -70,6 +70,8 @@ fn config(
         tensor_model_parallel_size: tp,
         pipeline_model_parallel_size: 1,
         num_layers_per_virtual_pipeline_stage: None,
+        decoder_first_pipeline_num_layers: None,
+        decoder_last_pipeline_num_layers: None,
         use_distributed_optimizer: distributed_optimizer,
         // Small buckets: several all-reduces per step.
         ddp_bucket_size: 20_000,

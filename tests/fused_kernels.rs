@@ -141,6 +141,8 @@ fn train_losses(dir: &std::path::Path, fused: bool, tp: usize) -> Vec<(u64, f64)
         tensor_model_parallel_size: tp,
         pipeline_model_parallel_size: 1,
         num_layers_per_virtual_pipeline_stage: None,
+        decoder_first_pipeline_num_layers: None,
+        decoder_last_pipeline_num_layers: None,
         use_distributed_optimizer: false,
         ddp_bucket_size: ferrotron::train::pretrain::DEFAULT_DDP_BUCKET_SIZE,
         tensorboard_dir: None,

@@ -52,6 +52,8 @@ fn config(cache: &Path, precision: Precision, train_iters: u64) -> PretrainConfi
         tensor_model_parallel_size: 1,
         pipeline_model_parallel_size: 1,
         num_layers_per_virtual_pipeline_stage: None,
+        decoder_first_pipeline_num_layers: None,
+        decoder_last_pipeline_num_layers: None,
         use_distributed_optimizer: false,
         ddp_bucket_size: 1 << 20,
         tensorboard_dir: None,

@@ -3,7 +3,8 @@
 //!
 //! - PP=2, PP=4, PP=2 × DP=2 (PyTorch's Pipe + DDP tutorial layout), TP=2 × PP=2, with 1F1B
 //!   and with the interleaved schedule (2 virtual stages per rank), with dropout, the
-//!   distributed optimizer and recomputation in some of them: 30 iterations within 1e-5;
+//!   distributed optimizer and recomputation in some of them, and with an uneven split
+//!   (`--decoder-last-pipeline-num-layers`): 30 iterations within 1e-5;
 //! - checkpoints written at PP=2 resume at PP=1 and the reverse, losses continuing;
 //! - the measured idle time of each stage, and the layout line.
 
@@ -35,6 +36,8 @@ struct Layout {
     virtual_layers: Option<usize>,
     distributed_optimizer: bool,
     recompute: bool,
+    /// Layers on the last stage (`--decoder-last-pipeline-num-layers`).
+    last_stage_layers: Option<usize>,
 }
 
 impl Layout {
@@ -45,12 +48,13 @@ impl Layout {
             virtual_layers,
             distributed_optimizer: false,
             recompute: false,
+            last_stage_layers: None,
         }
     }
 
     fn name(&self, world: usize) -> String {
         format!(
-            "TP={} × PP={} × DP={}{}{}{}",
+            "TP={} × PP={} × DP={}{}{}{}{}",
             self.tp,
             self.pp,
             world / (self.tp * self.pp),
@@ -63,15 +67,23 @@ impl Layout {
             } else {
                 ""
             },
-            if self.recompute { ", recompute" } else { "" }
+            if self.recompute { ", recompute" } else { "" },
+            match self.last_stage_layers {
+                Some(n) => format!(", {n} layer(s) on the last stage"),
+                None => String::new(),
+            }
         )
     }
 }
 
 /// Layouts of a 2-rank world.
-const TWO_RANKS: [Layout; 2] = [
+const TWO_RANKS: [Layout; 3] = [
     Layout::pipeline(1, 2, None),
     Layout::pipeline(1, 2, Some(1)),
+    Layout {
+        last_stage_layers: Some(1),
+        ..Layout::pipeline(1, 2, None)
+    },
 ];
 
 /// Layouts of a 4-rank world.
@@ -87,6 +99,7 @@ const FOUR_RANKS: [Layout; 6] = [
         virtual_layers: None,
         distributed_optimizer: true,
         recompute: true,
+        last_stage_layers: None,
     },
 ];
 
@@ -127,6 +140,8 @@ fn config(cache: &Path, layout: Layout, train_iters: u64) -> PretrainConfig {
         tensor_model_parallel_size: layout.tp,
         pipeline_model_parallel_size: layout.pp,
         num_layers_per_virtual_pipeline_stage: layout.virtual_layers,
+        decoder_first_pipeline_num_layers: None,
+        decoder_last_pipeline_num_layers: layout.last_stage_layers,
         use_distributed_optimizer: layout.distributed_optimizer,
         ddp_bucket_size: 20_000,
         tensorboard_dir: None,

@@ -45,6 +45,8 @@ fn tiny(cache: &Path) -> PretrainConfig {
         tensor_model_parallel_size: 1,
         pipeline_model_parallel_size: 1,
         num_layers_per_virtual_pipeline_stage: None,
+        decoder_first_pipeline_num_layers: None,
+        decoder_last_pipeline_num_layers: None,
         use_distributed_optimizer: false,
         ddp_bucket_size: ferrotron::train::pretrain::DEFAULT_DDP_BUCKET_SIZE,
         tensorboard_dir: None,
@@ -690,6 +692,8 @@ fn recomputation_gives_the_losses_of_keeping_activations() {
             tensor_model_parallel_size: tp,
             pipeline_model_parallel_size: 1,
             num_layers_per_virtual_pipeline_stage: None,
+            decoder_first_pipeline_num_layers: None,
+            decoder_last_pipeline_num_layers: None,
             recompute,
             ..tiny(dir.path())
         };

@@ -195,6 +195,12 @@ struct Args {
     /// layers and runs the interleaved 1F1B schedule (a smaller bubble).
     #[arg(long)]
     num_layers_per_virtual_pipeline_stage: Option<usize>,
+    /// Layers on the first pipeline stage (the other stages split the rest evenly).
+    #[arg(long)]
+    decoder_first_pipeline_num_layers: Option<usize>,
+    /// Layers on the last pipeline stage, which also runs the output layer and the loss.
+    #[arg(long)]
+    decoder_last_pipeline_num_layers: Option<usize>,
     /// fp16 mixed precision: the model computes in fp16 over fp32 main weights, with a
     /// dynamic loss scale (or --loss-scale).
     #[arg(long)]
@@ -409,6 +415,8 @@ fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
         tensor_model_parallel_size: args.tensor_model_parallel_size,
         pipeline_model_parallel_size: args.pipeline_model_parallel_size,
         num_layers_per_virtual_pipeline_stage: args.num_layers_per_virtual_pipeline_stage,
+        decoder_first_pipeline_num_layers: args.decoder_first_pipeline_num_layers,
+        decoder_last_pipeline_num_layers: args.decoder_last_pipeline_num_layers,
         use_distributed_optimizer: args.use_distributed_optimizer,
         ddp_bucket_size: args.ddp_bucket_size,
         tensorboard_dir: args.tensorboard_dir.clone(),

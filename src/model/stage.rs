@@ -56,6 +56,57 @@ impl StageLayers {
         })
     }
 
+    /// Pipeline rank `rank` of `pipeline` ranks (one model chunk each) with `first` layers
+    /// on the first stage and `last` on the last where given, the others split evenly over
+    /// the remaining stages: Megatron's `--decoder-first-pipeline-num-layers` /
+    /// `--decoder-last-pipeline-num-layers`, for when the embedding or the output layer makes
+    /// one end of the pipeline slower than the rest.
+    pub fn uneven(
+        num_layers: usize,
+        pipeline: usize,
+        first: Option<usize>,
+        last: Option<usize>,
+        rank: usize,
+    ) -> Result<Self, String> {
+        if first.is_none() && last.is_none() {
+            return Self::of(num_layers, pipeline, 1, rank);
+        }
+        if pipeline < 2 {
+            return Err(
+                "--decoder-first/last-pipeline-num-layers need --pipeline-model-parallel-size > 1"
+                    .into(),
+            );
+        }
+        let fixed = first.unwrap_or(0) + last.unwrap_or(0);
+        let others = pipeline - usize::from(first.is_some()) - usize::from(last.is_some());
+        let rest = num_layers.checked_sub(fixed).unwrap_or(usize::MAX);
+        let even = match others {
+            0 if rest == 0 => 0,
+            0 => usize::MAX,
+            n if rest != usize::MAX && rest.is_multiple_of(n) => rest / n,
+            _ => usize::MAX,
+        };
+        if even == usize::MAX {
+            return Err(format!(
+                "--num-layers {num_layers} cannot be cut into {pipeline} stages with {} on the \
+                 first and {} on the last and the rest split evenly",
+                first.map_or("an even share".to_owned(), |n| n.to_string()),
+                last.map_or("an even share".to_owned(), |n| n.to_string()),
+            ));
+        }
+        let count = |stage: usize| match (stage, first, last) {
+            (0, Some(n), _) => n,
+            (s, _, Some(n)) if s + 1 == pipeline => n,
+            _ => even,
+        };
+        let start: usize = (0..rank).map(count).sum();
+        Ok(Self {
+            embedding: rank == 0,
+            head: rank + 1 == pipeline,
+            chunks: std::iter::once(start..start + count(rank)).collect(),
+        })
+    }
+
     /// Whether layer `layer` is on this rank.
     pub fn holds_layer(&self, layer: usize) -> bool {
         self.chunks.iter().any(|c| c.contains(&layer))
@@ -78,5 +129,21 @@ mod tests {
         assert_eq!(StageLayers::of(6, 3, 1, 1).unwrap().chunks, vec![2..4]);
         assert_eq!(StageLayers::of(4, 1, 1, 0).unwrap(), StageLayers::whole(4));
         assert!(StageLayers::of(6, 4, 1, 0).is_err());
+    }
+
+    #[test]
+    fn uneven_first_and_last_stages() {
+        let ranges = |first, last, pp| {
+            (0..pp)
+                .map(|r| StageLayers::uneven(8, pp, first, last, r).unwrap().chunks[0].clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(ranges(Some(5), None, 2), vec![0..5, 5..8]);
+        assert_eq!(ranges(None, Some(2), 4), vec![0..2, 2..4, 4..6, 6..8]);
+        assert_eq!(ranges(Some(1), Some(1), 4), vec![0..1, 1..4, 4..7, 7..8]);
+        assert_eq!(ranges(None, None, 2), vec![0..4, 4..8]);
+        assert!(StageLayers::uneven(8, 3, Some(3), None, 0).is_err());
+        assert!(StageLayers::uneven(8, 2, Some(9), None, 0).is_err());
+        assert!(StageLayers::uneven(8, 2, Some(5), Some(2), 0).is_err());
     }
 }

@@ -118,6 +118,8 @@ mod tests {
         rank: usize,
         inputs: Vec<f64>,
         saved: std::collections::HashMap<(usize, usize), f64>,
+        /// The most forwards kept for their backward at once.
+        peak_saved: usize,
         weight_grads: Vec<f64>,
         losses: Vec<(usize, f64)>,
         chunks: usize,
@@ -145,6 +147,7 @@ mod tests {
         ) -> Result<Option<TensorData>> {
             let x = input.map_or(self.inputs[m], value);
             self.saved.insert((m, c), x);
+            self.peak_saved = self.peak_saved.max(self.saved.len());
             let y = self.weight(c) * x;
             if self.last(c) {
                 self.losses.push((m, y));
@@ -191,12 +194,17 @@ mod tests {
                 rank,
                 inputs: (0..microbatches).map(|m| 1.0 + m as f64).collect(),
                 saved: Default::default(),
+                peak_saved: 0,
                 weight_grads: vec![0.0; chunks],
                 losses: Vec::new(),
                 chunks,
             };
             run_schedule(&steps, &p2p, &mut work)?;
             assert!(work.saved.is_empty(), "every forward had its backward");
+            if chunks == 1 {
+                // 1F1B keeps at most PP − rank micro-batches' activations (all m for GPipe).
+                assert!(work.peak_saved <= (pp - rank).min(microbatches));
+            }
             Ok((work.weight_grads, work.losses))
         })
         .unwrap()

@@ -99,6 +99,12 @@ pub struct PretrainConfig {
     /// `--num-layers-per-virtual-pipeline-stage`: model chunks of this many layers, several
     /// per pipeline rank, run with the interleaved schedule.
     pub num_layers_per_virtual_pipeline_stage: Option<usize>,
+    /// `--decoder-first-pipeline-num-layers`: layers on the first stage (the others split
+    /// evenly), when the embedding makes it slower or faster than the rest.
+    pub decoder_first_pipeline_num_layers: Option<usize>,
+    /// `--decoder-last-pipeline-num-layers`: layers on the last stage, which also runs the
+    /// output layer and the loss.
+    pub decoder_last_pipeline_num_layers: Option<usize>,
     /// `--use-distributed-optimizer`: Adam's state sharded over the data-parallel ranks.
     pub use_distributed_optimizer: bool,
     /// Gradient elements per data-parallel all-reduce (Megatron's `--ddp-bucket-size`).
@@ -120,6 +126,23 @@ impl PretrainConfig {
 
     /// This pipeline rank's part of the model.
     pub fn stage_layers(&self, pipeline_rank: usize) -> Result<StageLayers> {
+        let (first, last) = (
+            self.decoder_first_pipeline_num_layers,
+            self.decoder_last_pipeline_num_layers,
+        );
+        if first.is_some() || last.is_some() {
+            if self.num_layers_per_virtual_pipeline_stage.is_some() {
+                bail!("--decoder-first/last-pipeline-num-layers cannot be combined with --num-layers-per-virtual-pipeline-stage here");
+            }
+            return StageLayers::uneven(
+                self.model.num_layers,
+                self.pipeline_model_parallel_size.max(1),
+                first,
+                last,
+                pipeline_rank,
+            )
+            .map_err(anyhow::Error::msg);
+        }
         StageLayers::of(
             self.model.num_layers,
             self.pipeline_model_parallel_size.max(1),
