@@ -292,6 +292,12 @@ fn checkpoints_move_between_pipeline_layouts() {
             let mut expected = expected;
             expected.sort();
             assert_eq!(files, expected);
+            // Each iteration's line in metrics.jsonl has every stage's idle share.
+            let metrics = std::fs::read_to_string(save.join("metrics.jsonl")).unwrap();
+            let first: serde_json::Value =
+                serde_json::from_str(metrics.lines().next().unwrap()).unwrap();
+            let idle = first["pipeline_idle_fraction"].as_array().unwrap();
+            assert_eq!(idle.len(), from.pp);
         }
         let resumed = PretrainConfig {
             load: Some(save),

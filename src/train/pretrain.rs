@@ -534,25 +534,20 @@ fn train_rank(
     // Parameters another rank counts in the global gradient norm: those replicated over
     // tensor-parallel ranks count on tensor-parallel rank 0; the tied word embedding on the
     // first stage only (Megatron leaves the last stage's copy out as shared).
-    let shared_embedding = pp > 1 && !stage.embedding;
-    let not_counted: HashSet<ParamId> = names
-        .iter()
-        .filter(|(_, name)| {
-            (tensor.rank() != 0 && partition_dim(name).is_none())
-                || (shared_embedding && name == "word_embeddings.weight")
-        })
-        .map(|(id, _)| *id)
-        .collect();
-    // The word embedding's gradient is summed over the embedding group (first and last stage).
+    // The word embedding's gradient is summed over the embedding group (first and last
+    // stage), which holds the two copies of it.
     let tied: Vec<ParamId> = if pp > 1 {
-        names
-            .iter()
-            .filter(|(_, name)| name == "word_embeddings.weight")
-            .map(|(id, _)| *id)
-            .collect()
+        main.word_embeddings.iter().map(|e| e.weight.id).collect()
     } else {
         Vec::new()
     };
+    let shared_copy = if stage.embedding { None } else { tied.first() };
+    let mut not_counted: HashSet<ParamId> = names
+        .iter()
+        .filter(|(_, name)| tensor.rank() != 0 && partition_dim(name).is_none())
+        .map(|(id, _)| *id)
+        .collect();
+    not_counted.extend(shared_copy);
     let chunks = cfg.virtual_pipeline_stages();
     let p2p = if pp > 1 {
         say!(
