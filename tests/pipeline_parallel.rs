@@ -38,6 +38,8 @@ struct Layout {
     recompute: bool,
     /// Layers on the last stage (`--decoder-last-pipeline-num-layers`).
     last_stage_layers: Option<usize>,
+    /// Layers of the model (4, or 8 for PP=4 with 2 virtual stages).
+    layers: usize,
 }
 
 impl Layout {
@@ -49,12 +51,13 @@ impl Layout {
             distributed_optimizer: false,
             recompute: false,
             last_stage_layers: None,
+            layers: 4,
         }
     }
 
     fn name(&self, world: usize) -> String {
         format!(
-            "TP={} × PP={} × DP={}{}{}{}{}",
+            "TP={} × PP={} × DP={}{}{}{}{}{}",
             self.tp,
             self.pp,
             world / (self.tp * self.pp),
@@ -68,6 +71,11 @@ impl Layout {
                 ""
             },
             if self.recompute { ", recompute" } else { "" },
+            if self.layers != 4 {
+                format!(", {} layers", self.layers)
+            } else {
+                String::new()
+            },
             match self.last_stage_layers {
                 Some(n) => format!(", {n} layer(s) on the last stage"),
                 None => String::new(),
@@ -87,7 +95,7 @@ const TWO_RANKS: [Layout; 3] = [
 ];
 
 /// Layouts of a 4-rank world.
-const FOUR_RANKS: [Layout; 6] = [
+const FOUR_RANKS: [Layout; 7] = [
     Layout::pipeline(1, 4, None),
     Layout::pipeline(1, 2, None),
     Layout::pipeline(2, 2, None),
@@ -100,15 +108,21 @@ const FOUR_RANKS: [Layout; 6] = [
         distributed_optimizer: true,
         recompute: true,
         last_stage_layers: None,
+        layers: 4,
+    },
+    Layout {
+        layers: 8,
+        ..Layout::pipeline(1, 4, Some(1))
     },
 ];
 
 fn config(cache: &Path, layout: Layout, train_iters: u64) -> PretrainConfig {
     PretrainConfig {
-        // 4 layers: 1 per stage at PP=4, 1 per virtual stage at PP=2 × 2. Hidden dropout is
+        // 4 layers: 1 per stage at PP=4, 1 per virtual stage at PP=2 × 2 (8 for PP=4 × 2
+        // virtual stages, against an 8-layer one-stage run). Hidden dropout is
         // on (every layer draws its own masks, wherever it runs); attention dropout is off
         // because its masks depend on the tensor-parallel rank (as in Megatron).
-        model: GptConfig::new(4, 32, 4, 16, 50304)
+        model: GptConfig::new(layout.layers, 32, 4, 16, 50304)
             .with_hidden_dropout(0.1)
             .with_attention_dropout(0.0),
         seq_length: 16,
@@ -186,32 +200,37 @@ fn layout_runs(
         .collect()
 }
 
-fn reference(cache: &Path) -> (Losses, Losses) {
-    let out = pretrain(
-        &config(cache, Layout::pipeline(1, 1, None), ITERS),
-        &device(),
-    )
-    .unwrap();
-    (out.losses, out.validation)
+/// The one-stage runs' losses, by number of layers.
+type References = std::collections::HashMap<usize, (Losses, Losses)>;
+
+fn references(cache: &Path) -> References {
+    [4, 8]
+        .into_iter()
+        .map(|layers| {
+            let one = Layout {
+                layers,
+                ..Layout::pipeline(1, 1, None)
+            };
+            let out = pretrain(&config(cache, one, ITERS), &device()).unwrap();
+            (layers, (out.losses, out.validation))
+        })
+        .collect()
 }
 
 /// Asserts every layout's losses follow the one-stage run's, and that each iteration has an
 /// idle fraction per stage.
-fn check(
-    reference: &(Losses, Losses),
-    layouts: &[Layout],
-    runs: &[Run],
-    world: usize,
-    ranks: &str,
-) {
-    assert_eq!(reference.0.len(), ITERS as usize);
-    assert!(
-        reference.0[29].1 < reference.0[0].1 - 0.5,
-        "loss does not fall: {:?}",
-        reference.0
-    );
+fn check(references: &References, layouts: &[Layout], runs: &[Run], world: usize, ranks: &str) {
+    for reference in references.values() {
+        assert_eq!(reference.0.len(), ITERS as usize);
+        assert!(
+            reference.0[29].1 < reference.0[0].1 - 0.5,
+            "loss does not fall: {:?}",
+            reference.0
+        );
+    }
     let mut failures = Vec::new();
     for (layout, (losses, validation, idle)) in layouts.iter().zip(runs) {
+        let reference = &references[&layout.layers];
         let worst = worst_relative(losses, &reference.0);
         let worst_valid = worst_relative(validation, &reference.1);
         let mean_idle: Vec<f64> = (0..layout.pp)
@@ -238,7 +257,7 @@ fn check(
 fn pipeline_stages_on_threads_reproduce_the_one_stage_losses() {
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path();
-    let reference = reference(cache);
+    let reference = references(cache);
     let runs = run_ranks(2, |world| layout_runs(cache, &TWO_RANKS, world)).unwrap();
     check(&reference, &TWO_RANKS, &runs[0], 2, "2 threads");
     let runs = run_ranks(4, |world| layout_runs(cache, &FOUR_RANKS, world)).unwrap();
@@ -357,7 +376,7 @@ fn mpi_pipeline_stages_reproduce_the_one_stage_losses() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let reference = reference(&dir.path().join("cache"));
+    let reference = references(&dir.path().join("cache"));
     for (ranks, layouts) in [(2, &TWO_RANKS[..]), (4, &FOUR_RANKS[..])] {
         let (ok, out) = mpirun(
             "mpi_pipeline_stages_reproduce_the_one_stage_losses",
