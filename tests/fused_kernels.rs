@@ -106,7 +106,14 @@ fn fused_layer_norm_matches_the_composed_ops_with_gradients() {
 
 /// The losses of 4 iterations of a small GPT on the GPU device (dropout off).
 fn train_losses(dir: &std::path::Path, fused: bool, tp: usize) -> Vec<(u64, f64)> {
-    let cfg = PretrainConfig {
+    pretrain(&small_gpt(dir, fused, tp), &device())
+        .unwrap()
+        .losses
+}
+
+/// 4 iterations of a small GPT, dropout off.
+fn small_gpt(dir: &std::path::Path, fused: bool, tp: usize) -> PretrainConfig {
+    PretrainConfig {
         model: GptConfig::new(2, 32, 4, 16, 50304)
             .with_hidden_dropout(0.0)
             .with_attention_dropout(0.0)
@@ -151,8 +158,7 @@ fn train_losses(dir: &std::path::Path, fused: bool, tp: usize) -> Vec<(u64, f64)
         precision: Default::default(),
         loss_scale: None,
         dynamic_loss_scale: Default::default(),
-    };
-    pretrain(&cfg, &device()).unwrap().losses
+    }
 }
 
 #[test]
@@ -176,6 +182,81 @@ fn tensor_parallel_training_on_the_gpu_backend_follows_tp_1() {
     for ((i, a), (_, b)) in split.iter().zip(&whole) {
         let rel = (a - b).abs() / b.abs();
         println!("iteration {i}: TP=2 {a:.7} TP=1 {b:.7} (relative {rel:.1e})");
+        assert!(rel < 1e-4, "iteration {i}: {a} vs {b}");
+    }
+}
+
+/// The device's dropout (mask derived in the kernel from the draw's key) against the host's
+/// (mask drawn on the CPU, uploaded): the same kept elements and values, forward and
+/// backward, in f32 and f16 (WGSL has no bf16; the kernel is generic over the storage type).
+#[test]
+fn dropout_on_the_device_draws_the_host_masks() {
+    use burn::tensor::FloatDType;
+    use ferrotron::model::dropout::Dropout;
+    use ferrotron::parallel::random::{enter_layer, seed_micro_batch, RngRegion};
+    let cpu = Device::flex().autodiff();
+    let gpu = device();
+    let run = |device: &Device, half: bool, region: RngRegion| {
+        let x = random([2, 3, 37, 19], 5, 2.0, device);
+        let r = random([2, 3, 37, 19], 6, 1.0, device);
+        let (x, r) = if half {
+            (x.cast(FloatDType::F16), r.cast(FloatDType::F16))
+        } else {
+            (x, r)
+        };
+        let x = x.require_grad();
+        seed_micro_batch(77, 3, 1, 0);
+        enter_layer(4);
+        let dropout = Dropout::new(0.25, region);
+        let first = dropout.forward(x.clone());
+        // A second draw of the same stream differs from the first.
+        let second = dropout.forward(x.clone());
+        let grads = (first.clone() * r).sum().backward();
+        let dx = x.grad(&grads).unwrap();
+        (values(first), values(second), values(dx))
+    };
+    for half in [false, true] {
+        for region in [RngRegion::Replicated, RngRegion::ModelParallel] {
+            let host = run(&cpu, half, region);
+            let dev = run(&gpu, half, region);
+            let what = format!("f16 {half}, {region:?}");
+            assert_eq!(dev.0, host.0, "{what}: forward");
+            assert_eq!(dev.1, host.1, "{what}: second draw");
+            assert_eq!(dev.2, host.2, "{what}: backward");
+            assert_ne!(dev.0, dev.1, "{what}: two draws");
+            let kept = dev.0.iter().filter(|v| **v != 0.0).count() as f64 / dev.0.len() as f64;
+            assert!((kept - 0.75).abs() < 0.03, "{what}: kept {kept}");
+        }
+    }
+}
+
+/// Training with dropout on the device: the losses of the CPU run with the same seed (the
+/// same masks), and activation recomputation re-derives the masks from their keys, giving
+/// the losses of keeping the activations.
+#[test]
+fn training_with_device_dropout_follows_the_cpu_and_survives_recompute() {
+    use ferrotron::model::Recompute;
+    let dir = tempfile::tempdir().unwrap();
+    let with_dropout = |recompute| PretrainConfig {
+        model: GptConfig::new(2, 32, 4, 16, 50304)
+            .with_hidden_dropout(0.1)
+            .with_attention_dropout(0.1),
+        recompute,
+        ..small_gpt(dir.path(), true, 1)
+    };
+    let gpu = pretrain(&with_dropout(Recompute::None), &device())
+        .unwrap()
+        .losses;
+    let gpu_recompute = pretrain(&with_dropout(Recompute::Uniform(1)), &device())
+        .unwrap()
+        .losses;
+    let cpu = pretrain(&with_dropout(Recompute::None), &Device::flex().autodiff())
+        .unwrap()
+        .losses;
+    assert_eq!(gpu_recompute, gpu, "recomputation changed the losses");
+    for ((i, a), (_, b)) in gpu.iter().zip(&cpu) {
+        let rel = (a - b).abs() / b.abs();
+        println!("iteration {i}: wgpu {a:.7} CPU {b:.7} (relative {rel:.1e})");
         assert!(rel < 1e-4, "iteration {i}: {a} vs {b}");
     }
 }

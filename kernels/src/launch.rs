@@ -6,7 +6,7 @@ use cubecl::server::Handle;
 
 use crate::rows::cube_count;
 pub use crate::rows::RowLaunch;
-use crate::{layer_norm, softmax};
+use crate::{dropout, layer_norm, softmax};
 
 fn arg(handle: &Handle, len: usize) -> BufferArg {
     // SAFETY: every launcher sizes its buffers from the same shape it passes to the kernel,
@@ -256,4 +256,47 @@ fn half_precision_instantiates(client: &Client, h: &Handle) {
     }
     all::<half::f16>(client, h);
     all::<half::bf16>(client, h);
+}
+
+/// A dropout draw: its key and the drop probability, as the kernel takes them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DropoutDraw {
+    /// Low 32 bits of the draw's key.
+    pub key_lo: u32,
+    /// High 32 bits of the draw's key.
+    pub key_hi: u32,
+    /// Elements whose bits are below this are dropped (`p · 2³²`).
+    pub threshold: u32,
+    /// What kept elements are multiplied by (`1 / (1 − p)`).
+    pub scale: f32,
+}
+
+/// `output = input ⊙ mask` of `len` elements for `draw` (dropout's forward, and its
+/// backward on the output's gradient with the same draw).
+pub fn dropout<F: Float + CubeElement>(
+    client: &Client,
+    input: &Handle,
+    output: &Handle,
+    len: usize,
+    draw: DropoutDraw,
+) {
+    if len == 0 {
+        return;
+    }
+    assert!(
+        len <= u32::MAX as usize,
+        "dropout of more than 2³² elements"
+    );
+    dropout::dropout::launch::<F>(
+        client,
+        cube_count(len.div_ceil(dropout::UNITS_PER_CUBE as usize)),
+        CubeDim::new_1d(dropout::UNITS_PER_CUBE),
+        arg(input, len),
+        arg(output, len),
+        draw.key_lo,
+        draw.key_hi,
+        draw.threshold,
+        draw.scale,
+        len as u32,
+    );
 }

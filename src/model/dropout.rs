@@ -1,11 +1,12 @@
 //! Dropout whose masks come from ferrotron's seeded streams ([`crate::parallel::random`]),
 //! not from the device's generator: reproducible across backends, resumes and
-//! tensor-parallel ranks.
+//! tensor-parallel ranks. On CubeCL devices (CUDA, wgpu) the mask is derived in the kernel
+//! from the draw's key and the element index, with the bits the host draws on the CPU.
 
 use burn::module::Module;
 use burn::tensor::{Tensor, TensorData};
 
-use crate::parallel::random::{dropout_mask, RngRegion};
+use crate::parallel::random::{dropout_mask_of, next_dropout_key, RngRegion};
 
 /// Zeroes each element with probability `prob` and scales the rest by `1 / (1 − prob)`, in
 /// training only (on an autodiff tensor).
@@ -29,10 +30,16 @@ impl Dropout {
         if self.prob == 0.0 || !x.is_autodiff() {
             return x;
         }
+        let key = next_dropout_key(self.region);
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        if crate::train::device::is_cube(&x.device()) {
+            // Generated on the device from the key, never stored; the backward re-derives it.
+            return super::fused_ops::dropout(x, key, self.prob);
+        }
         let shape = x.dims();
         let n = shape.iter().product();
         let mask = Tensor::<D>::from_data(
-            TensorData::new(dropout_mask(n, self.prob, self.region), shape),
+            TensorData::new(dropout_mask_of(key, n, self.prob), shape),
             &x.device(),
         )
         .cast(x.dtype());

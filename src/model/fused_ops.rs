@@ -18,7 +18,9 @@ use burn::tensor::{DType, Shape, Tensor};
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
-use ferrotron_kernels::launch::{self as kernels, RowLaunch, ScoresShape, SoftmaxMask};
+use ferrotron_kernels::launch::{
+    self as kernels, DropoutDraw, RowLaunch, ScoresShape, SoftmaxMask,
+};
 
 /// The kernels a backend runs for the fused ops.
 pub trait FusedKernels: Backend {
@@ -46,6 +48,8 @@ pub trait FusedKernels: Backend {
         mean: FloatTensor<Self>,
         rstd: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+    /// `x ⊙ mask` of the dropout draw `draw` (forward; backward on the gradient).
+    fn dropout_apply(x: FloatTensor<Self>, draw: DropoutDraw) -> FloatTensor<Self>;
 }
 
 /// The differentiable fused ops (a burn backend extension).
@@ -59,6 +63,15 @@ pub trait FusedOps: Backend {
         gamma: FloatTensor<Self>,
         beta: FloatTensor<Self>,
         epsilon: f32,
+    ) -> FloatTensor<Self>;
+    /// Dropout with the mask of the draw keyed `(key_lo, key_hi)`: elements whose bits are
+    /// below `threshold` dropped, the others multiplied by `scale`.
+    fn fused_dropout(
+        x: FloatTensor<Self>,
+        key_lo: u32,
+        key_hi: u32,
+        threshold: u32,
+        scale: f32,
     ) -> FloatTensor<Self>;
 }
 
@@ -206,9 +219,36 @@ impl FusedKernels for CubeBackend {
         );
         (dx, dgamma, dbeta)
     }
+
+    fn dropout_apply(x: CubeTensor, draw: DropoutDraw) -> CubeTensor {
+        let x = packed(x);
+        let shape = x.shape();
+        let len = shape.num_elements();
+        let y = empty_like(&x, shape, x.dtype);
+        by_dtype!(x.dtype, dropout, &x.client, &x.handle, &y.handle, len, draw);
+        y
+    }
 }
 
 impl FusedOps for CubeBackend {
+    fn fused_dropout(
+        x: CubeTensor,
+        key_lo: u32,
+        key_hi: u32,
+        threshold: u32,
+        scale: f32,
+    ) -> CubeTensor {
+        Self::dropout_apply(
+            x,
+            DropoutDraw {
+                key_lo,
+                key_hi,
+                threshold,
+                scale,
+            },
+        )
+    }
+
     fn fused_causal_softmax(x: CubeTensor, scale: f32) -> CubeTensor {
         Self::causal_softmax_forward(x, scale)
     }
@@ -269,7 +309,47 @@ impl<B: FusedKernels> Backward<B, 3> for LayerNormBackward {
     }
 }
 
+#[derive(Debug)]
+struct DropoutBackward;
+
+impl<B: FusedKernels> Backward<B, 1> for DropoutBackward {
+    /// The draw: the backward derives the same mask from it.
+    type State = DropoutDraw;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [parent] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        if let Some(parent) = parent {
+            grads.register::<B>(parent.id, B::dropout_apply(grad, ops.state));
+        }
+    }
+}
+
 impl<B: FusedKernels + FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
+    fn fused_dropout(
+        x: FloatTensor<Self>,
+        key_lo: u32,
+        key_hi: u32,
+        threshold: u32,
+        scale: f32,
+    ) -> FloatTensor<Self> {
+        let draw = DropoutDraw {
+            key_lo,
+            key_hi,
+            threshold,
+            scale,
+        };
+        let (x, node) = x.into_parts();
+        match DropoutBackward
+            .prepare::<C>([node])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(draw, B::dropout_apply(x, draw)),
+            OpsKind::UnTracked(prep) => prep.finish(B::dropout_apply(x, draw)),
+        }
+    }
+
     fn fused_causal_softmax(x: FloatTensor<Self>, scale: f32) -> FloatTensor<Self> {
         let (x, node) = x.into_parts();
         match SoftmaxBackward
@@ -329,5 +409,17 @@ pub fn layer_norm(x: Tensor<3>, gamma: Tensor<1>, beta: Tensor<1>, epsilon: f64)
         gamma.into_dispatch(),
         beta.into_dispatch(),
         epsilon as f32,
+    ))
+}
+
+/// Dropout of `x` with probability `p`, the mask derived on the device from the draw's `key`
+/// (the same mask as [`crate::parallel::random::dropout_mask_of`] on the host).
+pub fn dropout<const D: usize>(x: Tensor<D>, key: u64, p: f64) -> Tensor<D> {
+    Tensor::from_dispatch(<Dispatch as FusedOps>::fused_dropout(
+        x.into_dispatch(),
+        key as u32,
+        (key >> 32) as u32,
+        crate::parallel::random::dropout_threshold(p),
+        (1.0 / (1.0 - p)) as f32,
     ))
 }

@@ -3,9 +3,11 @@
 //! rank, dropout in parallel regions (attention probabilities of the rank's own heads) draws
 //! from a stream offset by the rank, as Megatron's `seed + 2718 + tp_rank`.
 //!
-//! Masks are drawn on the host from a counter-based generator seeded per iteration, so they
-//! are the same on every backend, after a resume, and whatever threads run the other ranks
-//! (each rank is a thread here; the state is thread-local, like Megatron's per-process state).
+//! Each dropout call takes the next key of its stream (seeded per iteration, micro-batch and
+//! layer); its mask is a counter-based function of the key and the element index, computed
+//! on the host for the CPU and in the kernel on GPUs, so masks are the same on every backend,
+//! after a resume, under recomputation, and whatever threads run the other ranks (each rank is
+//! a thread here; the state is thread-local, like Megatron's per-process state).
 
 use std::cell::RefCell;
 
@@ -93,28 +95,62 @@ pub fn set_rng_state(state: RngState) {
     TRACKER.with(|t| *t.borrow_mut() = state.0);
 }
 
-/// The next dropout multiplier mask of `n` elements from `region`'s stream: `1 / (1 − p)`
-/// where kept, 0 where dropped (each with probability `p`).
-pub fn dropout_mask(n: usize, p: f64, region: RngRegion) -> Vec<f32> {
+/// The key of the next dropout draw from `region`'s stream (advances the stream).
+///
+/// A draw's mask is a pure function of its key and the element index ([`dropout_bits`]), so a
+/// device kernel derives it in place from the key alone (`ferrotron-kernels`' dropout), with
+/// the bits the host computes here.
+pub fn next_dropout_key(region: RngRegion) -> u64 {
     let stream = region as usize;
-    let draw_seed = TRACKER.with(|t| {
+    TRACKER.with(|t| {
         let mut t = t.borrow_mut();
         t.draws[stream] += 1;
         splitmix64(t.seeds[stream] ^ splitmix64(t.draws[stream]))
-    });
-    let threshold = (p * (1u64 << 32) as f64) as u64;
+    })
+}
+
+/// Murmur3's 32-bit finaliser (the same as the dropout kernel's).
+fn fmix32(mut h: u32) -> u32 {
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x85eb_ca6b);
+    h ^= h >> 13;
+    h = h.wrapping_mul(0xc2b2_ae35);
+    h ^= h >> 16;
+    h
+}
+
+/// The random bits of element `index` of the draw keyed `key`: 32-bit operations only, the
+/// same function as the device kernel's.
+pub fn dropout_bits(key: u64, index: u32) -> u32 {
+    let (lo, hi) = (key as u32, (key >> 32) as u32);
+    fmix32(fmix32(index ^ lo).wrapping_add(hi) ^ 0x9e37_79b9)
+}
+
+/// Elements whose bits are below this are dropped: `p · 2³²`.
+pub fn dropout_threshold(p: f64) -> u32 {
+    (p * (1u64 << 32) as f64).min(u32::MAX as f64) as u32
+}
+
+/// The multiplier mask of `n` elements of the draw keyed `key`: `1 / (1 − p)` where kept,
+/// 0 where dropped (each with probability `p`).
+pub fn dropout_mask_of(key: u64, n: usize, p: f64) -> Vec<f32> {
+    assert!(n <= u32::MAX as usize, "dropout of more than 2³² elements");
+    let threshold = dropout_threshold(p);
     let keep = (1.0 / (1.0 - p)) as f32;
-    let mut out = Vec::with_capacity(n);
-    let mut i = 0u64;
-    while out.len() < n {
-        let bits = splitmix64(draw_seed.wrapping_add(i));
-        i += 1;
-        for half in [bits & 0xFFFF_FFFF, bits >> 32] {
-            out.push(if half < threshold { 0.0 } else { keep });
-        }
-    }
-    out.truncate(n);
-    out
+    (0..n as u32)
+        .map(|i| {
+            if dropout_bits(key, i) < threshold {
+                0.0
+            } else {
+                keep
+            }
+        })
+        .collect()
+}
+
+/// The next dropout multiplier mask of `n` elements from `region`'s stream.
+pub fn dropout_mask(n: usize, p: f64, region: RngRegion) -> Vec<f32> {
+    dropout_mask_of(next_dropout_key(region), n, p)
 }
 
 #[cfg(test)]

@@ -1,0 +1,52 @@
+//! Dropout with counter-based masks: element `i` of a draw keyed `(key_lo, key_hi)` is kept
+//! when [`dropout_bits`]`(key, i) ≥ threshold` (`threshold = p · 2³²`) and then scaled by
+//! `1 / (1 − p)`. The mask is a pure function of the key and the element index, so it is
+//! generated where the tensor lives, never stored (the backward re-derives it from the same
+//! key), and equals the host's (`ferrotron::parallel::random`, the same function in plain
+//! Rust) bit for bit. Only 32-bit integer operations: WGSL has no 64-bit integers.
+
+use cubecl::prelude::*;
+
+use crate::rows::cube_index;
+
+/// Murmur3's 32-bit finaliser: a bijection of `u32` that mixes every input bit into every
+/// output bit.
+#[cube]
+pub fn fmix32(h: u32) -> u32 {
+    let mut h = h;
+    h ^= h >> 16;
+    h *= 0x85eb_ca6b;
+    h ^= h >> 13;
+    h *= 0xc2b2_ae35;
+    h ^= h >> 16;
+    h
+}
+
+/// The random bits of element `index` of the draw keyed `(key_lo, key_hi)`.
+#[cube]
+pub fn dropout_bits(key_lo: u32, key_hi: u32, index: u32) -> u32 {
+    fmix32((fmix32(index ^ key_lo) + key_hi) ^ 0x9e37_79b9)
+}
+
+/// Units per cube of the element-wise kernels.
+pub const UNITS_PER_CUBE: u32 = 256;
+
+/// `output[i] = input[i] · scale` where element `i` is kept, 0 where dropped, for
+/// `i < len`: dropout's forward, and with the same key its backward (dropout is linear).
+#[cube(launch)]
+pub fn dropout<F: Float>(
+    input: &[F],
+    output: &mut [F],
+    key_lo: u32,
+    key_hi: u32,
+    threshold: u32,
+    scale: f32,
+    len: u32,
+) {
+    let i = cube_index() * UNITS_PER_CUBE as usize + UNIT_POS_X as usize;
+    if i < len as usize {
+        let keep = dropout_bits(key_lo, key_hi, i as u32) >= threshold;
+        let x = input[i];
+        output[i] = select(keep, x * F::cast_from(scale), F::new(0.0));
+    }
+}
