@@ -22,8 +22,8 @@ use ferrotron::comm::world::{launcher_variable, World};
 use ferrotron::comm::ReduceOp;
 use ferrotron::data::DataSources;
 use ferrotron::model::GptConfig;
-use ferrotron::train::pretrain::{pretrain_on, DEFAULT_DDP_BUCKET_SIZE};
-use ferrotron::train::{AdamWConfig, LrDecayStyle, LrSchedule, PretrainConfig};
+use ferrotron::train::pretrain::pretrain_on;
+use ferrotron::train::{LrDecayStyle, LrSchedule, PretrainConfig};
 
 #[global_allocator]
 static ALLOCATOR: ferrotron::allocator::TrainingAllocator = ferrotron::allocator::TrainingAllocator;
@@ -62,7 +62,6 @@ fn allreduce_rank(world: &World) {
 
 fn train_config(iters: u64, cache: &Path) -> PretrainConfig {
     PretrainConfig {
-        model: GptConfig::new(4, 256, 4, 256, 50304),
         seq_length: 256,
         micro_batch_size: 4,
         global_batch_size: 8,
@@ -74,36 +73,15 @@ fn train_config(iters: u64, cache: &Path) -> PretrainConfig {
             decay_iters: 100.0,
             style: LrDecayStyle::Cosine,
         },
-        adam: AdamWConfig::default(),
-        clip_grad: 1.0,
-        seed: 1234,
-        data: DataSources::single(
-            root().join("tests/fixtures/golden/wikitext2_valid_text_document"),
-        ),
         split: "100,0,0".into(),
         data_cache_path: Some(cache.to_path_buf()),
-        eod_mask_loss: false,
-        eod: 50256,
         log_interval: 1000,
         eval_interval: 0,
         eval_iters: 0,
-        save: None,
-        save_interval: None,
-        load: None,
-        exit_interval: None,
-        tensor_model_parallel_size: 1,
-        pipeline_model_parallel_size: 1,
-        num_layers_per_virtual_pipeline_stage: None,
-        decoder_first_pipeline_num_layers: None,
-        decoder_last_pipeline_num_layers: None,
-        use_distributed_optimizer: false,
-        ddp_bucket_size: DEFAULT_DDP_BUCKET_SIZE,
-        tensorboard_dir: None,
-        tensorboard_log_interval: 1,
-        recompute: Default::default(),
-        precision: Default::default(),
-        loss_scale: None,
-        dynamic_loss_scale: Default::default(),
+        ..PretrainConfig::new(
+            GptConfig::new(4, 256, 4, 256, 50304),
+            DataSources::single(root().join("tests/fixtures/golden/wikitext2_valid_text_document")),
+        )
     }
 }
 

@@ -29,7 +29,7 @@ use ferrotron::model::GptConfig;
 use ferrotron::pipeline::{run_schedule, PipelineP2p, StageWork};
 use ferrotron::train::pipeline_step::training_schedule;
 use ferrotron::train::pretrain::pretrain;
-use ferrotron::train::{AdamWConfig, LrDecayStyle, LrSchedule, PretrainConfig};
+use ferrotron::train::{LrDecayStyle, LrSchedule, PretrainConfig};
 
 #[global_allocator]
 static ALLOCATOR: ferrotron::allocator::TrainingAllocator = ferrotron::allocator::TrainingAllocator;
@@ -159,8 +159,8 @@ fn measure(work: Work, pp: usize, chunks: usize, m: usize) -> (f64, f64, f64) {
 
 fn gpt_config(pp: usize, last_stage_layers: Option<usize>) -> PretrainConfig {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let data = root.join("tests/fixtures/golden/wikitext2_valid_text_document");
     PretrainConfig {
-        model: GptConfig::new(8, 256, 8, 256, 50304),
         seq_length: 256,
         micro_batch_size: 2,
         global_batch_size: 16,
@@ -172,34 +172,16 @@ fn gpt_config(pp: usize, last_stage_layers: Option<usize>) -> PretrainConfig {
             decay_iters: 6.0,
             style: LrDecayStyle::Cosine,
         },
-        adam: AdamWConfig::default(),
-        clip_grad: 1.0,
-        seed: 1234,
-        data: DataSources::single(root.join("tests/fixtures/golden/wikitext2_valid_text_document")),
         split: "100,0,0".into(),
         data_cache_path: Some(std::env::temp_dir().join("ferrotron_pipeline_bubble_cache")),
-        eod_mask_loss: false,
-        eod: 50256,
-        log_interval: 100,
         eval_interval: 0,
         eval_iters: 0,
-        save: None,
-        save_interval: None,
-        load: None,
-        exit_interval: None,
-        tensor_model_parallel_size: 1,
         pipeline_model_parallel_size: pp,
-        num_layers_per_virtual_pipeline_stage: None,
-        decoder_first_pipeline_num_layers: None,
         decoder_last_pipeline_num_layers: last_stage_layers,
-        use_distributed_optimizer: false,
-        ddp_bucket_size: ferrotron::train::pretrain::DEFAULT_DDP_BUCKET_SIZE,
-        tensorboard_dir: None,
-        tensorboard_log_interval: 1,
-        recompute: Default::default(),
-        precision: Default::default(),
-        loss_scale: None,
-        dynamic_loss_scale: Default::default(),
+        ..PretrainConfig::new(
+            GptConfig::new(8, 256, 8, 256, 50304),
+            DataSources::single(data),
+        )
     }
 }
 

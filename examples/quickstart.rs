@@ -17,7 +17,7 @@ use ferrotron::preprocess::{
     self, describe_outputs, progress::summary_line, PreprocessConfig, ProgressMode,
 };
 use ferrotron::tokenizer::TextTokenizer;
-use ferrotron::train::{pretrain, AdamWConfig, LrDecayStyle, LrSchedule, PretrainConfig};
+use ferrotron::train::{pretrain, LrDecayStyle, LrSchedule, PretrainConfig};
 
 // Why this allocator: see `ferrotron::allocator`.
 #[global_allocator]
@@ -79,7 +79,6 @@ fn main() -> Result<()> {
     let padded = padded_vocab_size(vocab, 128, 1);
     println!("{}", padded_vocab_log_line(vocab, padded));
     let config = PretrainConfig {
-        model: GptConfig::new(2, 128, 4, 128, padded),
         seq_length: 128,
         micro_batch_size: 4,
         global_batch_size: 8,
@@ -91,34 +90,16 @@ fn main() -> Result<()> {
             decay_iters: 120.0,
             style: LrDecayStyle::Cosine,
         },
-        adam: AdamWConfig::default(),
-        clip_grad: 1.0,
-        seed: 1234,
-        data: DataSources::single(prefix.clone()),
         split: "95,5,0".into(),
-        data_cache_path: None,
-        eod_mask_loss: false,
         eod: tokenizer.eod().unwrap_or(50256),
         log_interval: 10,
         eval_interval: 40,
         eval_iters: 2,
         save: Some(out_dir.join("checkpoints")),
-        save_interval: None,
-        load: None,
-        exit_interval: None,
-        tensor_model_parallel_size: 1,
-        pipeline_model_parallel_size: 1,
-        num_layers_per_virtual_pipeline_stage: None,
-        decoder_first_pipeline_num_layers: None,
-        decoder_last_pipeline_num_layers: None,
-        use_distributed_optimizer: false,
-        ddp_bucket_size: ferrotron::train::pretrain::DEFAULT_DDP_BUCKET_SIZE,
-        tensorboard_dir: None,
-        tensorboard_log_interval: 1,
-        recompute: Default::default(),
-        precision: Default::default(),
-        loss_scale: None,
-        dynamic_loss_scale: Default::default(),
+        ..PretrainConfig::new(
+            GptConfig::new(2, 128, 4, 128, padded),
+            DataSources::single(prefix.clone()),
+        )
     };
     let outcome = pretrain(&config, &Device::flex().autodiff())?;
     let first = outcome.losses.first().map_or(f64::NAN, |l| l.1);

@@ -21,7 +21,7 @@ use ferrotron::comm::{run_ranks, Communicator};
 use ferrotron::data::DataSources;
 use ferrotron::model::GptConfig;
 use ferrotron::train::pretrain::pretrain_on;
-use ferrotron::train::{pretrain, AdamWConfig, LrDecayStyle, LrSchedule, PretrainConfig};
+use ferrotron::train::{pretrain, LrDecayStyle, LrSchedule, PretrainConfig};
 
 type Losses = Vec<(u64, f64)>;
 
@@ -34,15 +34,7 @@ fn config(
     train_iters: u64,
 ) -> PretrainConfig {
     PretrainConfig {
-        // 50304 divides by 2 and 4: the same padded vocabulary at every TP size. Hidden
-        // dropout draws the same masks at every layout; attention dropout is off because, as
-        // in Megatron, its masks come from a per-tensor-parallel-rank stream, so TP=2 draws
-        // other masks than TP=1 (a different model, not a rounding difference).
-        model: GptConfig::new(2, 32, 4, 16, 50304)
-            .with_hidden_dropout(0.1)
-            .with_attention_dropout(0.0),
         seq_length: 16,
-        micro_batch_size: 1,
         global_batch_size: 8,
         train_iters,
         schedule: LrSchedule {
@@ -52,35 +44,25 @@ fn config(
             decay_iters: ITERS as f64,
             style: LrDecayStyle::Cosine,
         },
-        adam: AdamWConfig::default(),
-        clip_grad: 1.0,
-        seed: 1234,
-        data: DataSources::single(golden("wikitext2_valid", "text")),
         split: "95,5,0".into(),
         data_cache_path: Some(cache.to_path_buf()),
-        eod_mask_loss: false,
-        eod: 50256,
         log_interval: 10,
         eval_interval: 15,
         eval_iters: 1,
-        save: None,
-        save_interval: None,
-        load: None,
-        exit_interval: None,
         tensor_model_parallel_size: tp,
-        pipeline_model_parallel_size: 1,
-        num_layers_per_virtual_pipeline_stage: None,
-        decoder_first_pipeline_num_layers: None,
-        decoder_last_pipeline_num_layers: None,
         use_distributed_optimizer: distributed_optimizer,
         // Small buckets: several all-reduces per step.
         ddp_bucket_size: 20_000,
-        tensorboard_dir: None,
-        tensorboard_log_interval: 1,
-        recompute: Default::default(),
-        precision: Default::default(),
-        loss_scale: None,
-        dynamic_loss_scale: Default::default(),
+        // 50304 divides by 2 and 4: the same padded vocabulary at every TP size. Hidden
+        // dropout draws the same masks at every layout; attention dropout is off because, as
+        // in Megatron, its masks come from a per-tensor-parallel-rank stream, so TP=2 draws
+        // other masks than TP=1 (a different model, not a rounding difference).
+        ..PretrainConfig::new(
+            GptConfig::new(2, 32, 4, 16, 50304)
+                .with_hidden_dropout(0.1)
+                .with_attention_dropout(0.0),
+            DataSources::single(golden("wikitext2_valid", "text")),
+        )
     }
 }
 

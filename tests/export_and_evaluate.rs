@@ -91,11 +91,10 @@ fn evaluate_scores_contiguous_windows_of_the_token_stream() {
 fn import_hf_round_trips_export_hf_and_pretrain_continues_from_it() {
     use ferrotron::train::checkpoint::load_model;
     use ferrotron::train::tensor_file::read_tensors;
-    use ferrotron::train::{pretrain, AdamWConfig, LrDecayStyle, LrSchedule, PretrainConfig};
+    use ferrotron::train::{pretrain, LrDecayStyle, LrSchedule, PretrainConfig};
 
     let dir = tempfile::tempdir().unwrap();
     let cfg = PretrainConfig {
-        model: GptConfig::new(2, 16, 2, 16, 50304).with_openai_gelu(true),
         seq_length: 16,
         micro_batch_size: 2,
         global_batch_size: 2,
@@ -107,34 +106,17 @@ fn import_hf_round_trips_export_hf_and_pretrain_continues_from_it() {
             decay_iters: 10.0,
             style: LrDecayStyle::Cosine,
         },
-        adam: AdamWConfig::default(),
-        clip_grad: 1.0,
         seed: 7,
-        data: DataSources::single(golden("wikitext2_valid", "text")),
         split: "100,0,0".into(),
         data_cache_path: Some(dir.path().join("cache")),
-        eod_mask_loss: false,
-        eod: 50256,
         log_interval: 1,
         eval_interval: 0,
         eval_iters: 0,
         save: Some(dir.path().join("orig")),
-        save_interval: None,
-        load: None,
-        exit_interval: None,
-        tensor_model_parallel_size: 1,
-        pipeline_model_parallel_size: 1,
-        num_layers_per_virtual_pipeline_stage: None,
-        decoder_first_pipeline_num_layers: None,
-        decoder_last_pipeline_num_layers: None,
-        use_distributed_optimizer: false,
-        ddp_bucket_size: ferrotron::train::pretrain::DEFAULT_DDP_BUCKET_SIZE,
-        tensorboard_dir: None,
-        tensorboard_log_interval: 1,
-        recompute: Default::default(),
-        precision: Default::default(),
-        loss_scale: None,
-        dynamic_loss_scale: Default::default(),
+        ..PretrainConfig::new(
+            GptConfig::new(2, 16, 2, 16, 50304).with_openai_gelu(true),
+            DataSources::single(golden("wikitext2_valid", "text")),
+        )
     };
     pretrain(&cfg, &Device::flex().autodiff()).unwrap();
     let tool = |exe: &str, args: &[&str]| {

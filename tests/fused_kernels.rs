@@ -114,11 +114,6 @@ fn train_losses(dir: &std::path::Path, fused: bool, tp: usize) -> Vec<(u64, f64)
 /// 4 iterations of a small GPT, dropout off.
 fn small_gpt(dir: &std::path::Path, fused: bool, tp: usize) -> PretrainConfig {
     PretrainConfig {
-        model: GptConfig::new(2, 32, 4, 16, 50304)
-            .with_hidden_dropout(0.0)
-            .with_attention_dropout(0.0)
-            .with_masked_softmax_fusion(fused)
-            .with_layer_norm_fusion(fused),
         seq_length: 16,
         micro_batch_size: 2,
         global_batch_size: 4,
@@ -130,34 +125,20 @@ fn small_gpt(dir: &std::path::Path, fused: bool, tp: usize) -> PretrainConfig {
             decay_iters: 4.0,
             style: LrDecayStyle::Cosine,
         },
-        adam: AdamWConfig::default(),
-        clip_grad: 1.0,
-        seed: 1234,
-        data: DataSources::single(golden("wikitext2_valid", "text")),
         split: "100,0,0".into(),
         data_cache_path: Some(dir.to_path_buf()),
-        eod_mask_loss: false,
-        eod: 50256,
         log_interval: 1,
         eval_interval: 0,
         eval_iters: 0,
-        save: None,
-        save_interval: None,
-        load: None,
-        exit_interval: None,
         tensor_model_parallel_size: tp,
-        pipeline_model_parallel_size: 1,
-        num_layers_per_virtual_pipeline_stage: None,
-        decoder_first_pipeline_num_layers: None,
-        decoder_last_pipeline_num_layers: None,
-        use_distributed_optimizer: false,
-        ddp_bucket_size: ferrotron::train::pretrain::DEFAULT_DDP_BUCKET_SIZE,
-        tensorboard_dir: None,
-        tensorboard_log_interval: 1,
-        recompute: Default::default(),
-        precision: Default::default(),
-        loss_scale: None,
-        dynamic_loss_scale: Default::default(),
+        ..PretrainConfig::new(
+            GptConfig::new(2, 32, 4, 16, 50304)
+                .with_hidden_dropout(0.0)
+                .with_attention_dropout(0.0)
+                .with_masked_softmax_fusion(fused)
+                .with_layer_norm_fusion(fused),
+            DataSources::single(golden("wikitext2_valid", "text")),
+        )
     }
 }
 

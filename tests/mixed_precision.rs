@@ -12,13 +12,10 @@ use ferrotron::model::GptConfig;
 use ferrotron::optim::grad_scaler::DynamicGradScalerConfig;
 use ferrotron::optim::Precision;
 use ferrotron::train::checkpoint::read_full_checkpoint;
-use ferrotron::train::{pretrain, AdamWConfig, LrDecayStyle, LrSchedule, PretrainConfig};
+use ferrotron::train::{pretrain, LrDecayStyle, LrSchedule, PretrainConfig};
 
 fn config(cache: &Path, precision: Precision, train_iters: u64) -> PretrainConfig {
     PretrainConfig {
-        model: GptConfig::new(2, 32, 4, 16, 50304)
-            .with_hidden_dropout(0.1)
-            .with_attention_dropout(0.1),
         seq_length: 16,
         micro_batch_size: 2,
         global_batch_size: 4,
@@ -30,34 +27,19 @@ fn config(cache: &Path, precision: Precision, train_iters: u64) -> PretrainConfi
             decay_iters: train_iters as f64,
             style: LrDecayStyle::Cosine,
         },
-        adam: AdamWConfig::default(),
-        clip_grad: 1.0,
-        seed: 1234,
         precision,
-        loss_scale: None,
         dynamic_loss_scale: DynamicGradScalerConfig::default(),
-        recompute: Default::default(),
-        data: DataSources::single(golden("wikitext2_valid", "text")),
         split: "95,5,0".into(),
         data_cache_path: Some(cache.to_path_buf()),
-        eod_mask_loss: false,
-        eod: 50256,
         log_interval: 50,
-        eval_interval: 1000,
         eval_iters: 1,
-        save: None,
-        save_interval: None,
-        load: None,
-        exit_interval: None,
-        tensor_model_parallel_size: 1,
-        pipeline_model_parallel_size: 1,
-        num_layers_per_virtual_pipeline_stage: None,
-        decoder_first_pipeline_num_layers: None,
-        decoder_last_pipeline_num_layers: None,
-        use_distributed_optimizer: false,
         ddp_bucket_size: 1 << 20,
-        tensorboard_dir: None,
-        tensorboard_log_interval: 1,
+        ..PretrainConfig::new(
+            GptConfig::new(2, 32, 4, 16, 50304)
+                .with_hidden_dropout(0.1)
+                .with_attention_dropout(0.1),
+            DataSources::single(golden("wikitext2_valid", "text")),
+        )
     }
 }
 

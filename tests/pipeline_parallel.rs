@@ -21,7 +21,7 @@ use ferrotron::comm::{run_ranks, Communicator};
 use ferrotron::data::DataSources;
 use ferrotron::model::{GptConfig, Recompute};
 use ferrotron::train::pretrain::{pretrain_on, PretrainOutcome};
-use ferrotron::train::{pretrain, AdamWConfig, LrDecayStyle, LrSchedule, PretrainConfig};
+use ferrotron::train::{pretrain, LrDecayStyle, LrSchedule, PretrainConfig};
 
 type Losses = Vec<(u64, f64)>;
 
@@ -118,15 +118,7 @@ const FOUR_RANKS: [Layout; 7] = [
 
 fn config(cache: &Path, layout: Layout, train_iters: u64) -> PretrainConfig {
     PretrainConfig {
-        // 4 layers: 1 per stage at PP=4, 1 per virtual stage at PP=2 × 2 (8 for PP=4 × 2
-        // virtual stages, against an 8-layer one-stage run). Hidden dropout is
-        // on (every layer draws its own masks, wherever it runs); attention dropout is off
-        // because its masks depend on the tensor-parallel rank (as in Megatron).
-        model: GptConfig::new(layout.layers, 32, 4, 16, 50304)
-            .with_hidden_dropout(0.1)
-            .with_attention_dropout(0.0),
         seq_length: 16,
-        micro_batch_size: 1,
         global_batch_size: 8,
         train_iters,
         schedule: LrSchedule {
@@ -136,38 +128,32 @@ fn config(cache: &Path, layout: Layout, train_iters: u64) -> PretrainConfig {
             decay_iters: ITERS as f64,
             style: LrDecayStyle::Cosine,
         },
-        adam: AdamWConfig::default(),
-        clip_grad: 1.0,
-        seed: 1234,
-        data: DataSources::single(golden("wikitext2_valid", "text")),
         split: "95,5,0".into(),
         data_cache_path: Some(cache.to_path_buf()),
-        eod_mask_loss: false,
-        eod: 50256,
         log_interval: 10,
         eval_interval: 15,
         eval_iters: 1,
-        save: None,
-        save_interval: None,
-        load: None,
-        exit_interval: None,
         tensor_model_parallel_size: layout.tp,
         pipeline_model_parallel_size: layout.pp,
         num_layers_per_virtual_pipeline_stage: layout.virtual_layers,
-        decoder_first_pipeline_num_layers: None,
         decoder_last_pipeline_num_layers: layout.last_stage_layers,
         use_distributed_optimizer: layout.distributed_optimizer,
         ddp_bucket_size: 20_000,
-        tensorboard_dir: None,
-        tensorboard_log_interval: 1,
         recompute: if layout.recompute {
             Recompute::Uniform(1)
         } else {
             Recompute::None
         },
-        precision: Default::default(),
-        loss_scale: None,
-        dynamic_loss_scale: Default::default(),
+        // 4 layers: 1 per stage at PP=4, 1 per virtual stage at PP=2 × 2 (8 for PP=4 × 2
+        // virtual stages, against an 8-layer one-stage run). Hidden dropout is
+        // on (every layer draws its own masks, wherever it runs); attention dropout is off
+        // because its masks depend on the tensor-parallel rank (as in Megatron).
+        ..PretrainConfig::new(
+            GptConfig::new(layout.layers, 32, 4, 16, 50304)
+                .with_hidden_dropout(0.1)
+                .with_attention_dropout(0.0),
+            DataSources::single(golden("wikitext2_valid", "text")),
+        )
     }
 }
 

@@ -9,13 +9,10 @@ use burn::tensor::Device;
 use common::*;
 use ferrotron::data::DataSources;
 use ferrotron::model::{GptConfig, Recompute};
-use ferrotron::train::{pretrain, AdamWConfig, LrDecayStyle, LrSchedule, PretrainConfig};
+use ferrotron::train::{pretrain, LrDecayStyle, LrSchedule, PretrainConfig};
 
 fn tiny(cache: &Path) -> PretrainConfig {
     PretrainConfig {
-        model: GptConfig::new(1, 16, 2, 16, 50304)
-            .with_hidden_dropout(0.1)
-            .with_attention_dropout(0.1),
         seq_length: 16,
         micro_batch_size: 2,
         global_batch_size: 4,
@@ -27,34 +24,18 @@ fn tiny(cache: &Path) -> PretrainConfig {
             decay_iters: 6.0,
             style: LrDecayStyle::Cosine,
         },
-        adam: AdamWConfig::default(),
-        clip_grad: 1.0,
         seed: 42,
-        data: DataSources::single(golden("wikitext2_valid", "text")),
         split: "90,10,0".into(),
         data_cache_path: Some(cache.to_path_buf()),
-        eod_mask_loss: false,
-        eod: 50256,
         log_interval: 1,
         eval_interval: 3,
         eval_iters: 1,
-        save: None,
-        save_interval: None,
-        load: None,
-        exit_interval: None,
-        tensor_model_parallel_size: 1,
-        pipeline_model_parallel_size: 1,
-        num_layers_per_virtual_pipeline_stage: None,
-        decoder_first_pipeline_num_layers: None,
-        decoder_last_pipeline_num_layers: None,
-        use_distributed_optimizer: false,
-        ddp_bucket_size: ferrotron::train::pretrain::DEFAULT_DDP_BUCKET_SIZE,
-        tensorboard_dir: None,
-        tensorboard_log_interval: 1,
-        recompute: Default::default(),
-        precision: Default::default(),
-        loss_scale: None,
-        dynamic_loss_scale: Default::default(),
+        ..PretrainConfig::new(
+            GptConfig::new(1, 16, 2, 16, 50304)
+                .with_hidden_dropout(0.1)
+                .with_attention_dropout(0.1),
+            DataSources::single(golden("wikitext2_valid", "text")),
+        )
     }
 }
 

@@ -21,7 +21,7 @@ use ferrotron::parallel::layers::{
 use ferrotron::parallel::sharding::partition_dim;
 use ferrotron::train::checkpoint::load_model;
 use ferrotron::train::tensor_file::read_tensors;
-use ferrotron::train::{pretrain, AdamWConfig, LrDecayStyle, LrSchedule, PretrainConfig};
+use ferrotron::train::{pretrain, LrDecayStyle, LrSchedule, PretrainConfig};
 
 const SIZES: [usize; 3] = [1, 2, 4];
 
@@ -320,10 +320,6 @@ fn every_parameter_is_its_shard_of_the_same_master_tensor() {
 
 fn tiny(cache: &Path, tp: usize, train_iters: u64) -> PretrainConfig {
     PretrainConfig {
-        // 50304 = 128 · 393 is divisible by 1, 2 and 4: the same padded vocabulary at every N.
-        model: GptConfig::new(2, 32, 4, 16, 50304)
-            .with_hidden_dropout(0.0)
-            .with_attention_dropout(0.0),
         seq_length: 16,
         micro_batch_size: 2,
         global_batch_size: 4,
@@ -335,34 +331,19 @@ fn tiny(cache: &Path, tp: usize, train_iters: u64) -> PretrainConfig {
             decay_iters: train_iters as f64,
             style: LrDecayStyle::Cosine,
         },
-        adam: AdamWConfig::default(),
-        clip_grad: 1.0,
-        seed: 1234,
-        data: DataSources::single(golden("wikitext2_valid", "text")),
         split: "100,0,0".into(),
         data_cache_path: Some(cache.to_path_buf()),
-        eod_mask_loss: false,
-        eod: 50256,
         log_interval: 10,
         eval_interval: 0,
         eval_iters: 0,
-        save: None,
-        save_interval: None,
-        load: None,
-        exit_interval: None,
         tensor_model_parallel_size: tp,
-        pipeline_model_parallel_size: 1,
-        num_layers_per_virtual_pipeline_stage: None,
-        decoder_first_pipeline_num_layers: None,
-        decoder_last_pipeline_num_layers: None,
-        use_distributed_optimizer: false,
-        ddp_bucket_size: ferrotron::train::pretrain::DEFAULT_DDP_BUCKET_SIZE,
-        tensorboard_dir: None,
-        tensorboard_log_interval: 1,
-        recompute: Default::default(),
-        precision: Default::default(),
-        loss_scale: None,
-        dynamic_loss_scale: Default::default(),
+        // 50304 = 128 · 393 is divisible by 1, 2 and 4: the same padded vocabulary at every N.
+        ..PretrainConfig::new(
+            GptConfig::new(2, 32, 4, 16, 50304)
+                .with_hidden_dropout(0.0)
+                .with_attention_dropout(0.0),
+            DataSources::single(golden("wikitext2_valid", "text")),
+        )
     }
 }
 

@@ -116,6 +116,56 @@ pub struct PretrainConfig {
 }
 
 impl PretrainConfig {
+    /// A run of `model` on `data` with Megatron's defaults for everything a caller usually
+    /// leaves alone (seed 1234, split 969,30,1, clip-grad 1.0, Adam's defaults, one rank, fp32,
+    /// no recomputation, no checkpoints), one micro-batch of one sample per iteration at the
+    /// model's full context, one iteration at a constant `--lr` 1e-4: set the rest with struct
+    /// update syntax.
+    pub fn new(model: GptConfig, data: DataSources) -> Self {
+        Self {
+            seq_length: model.max_position_embeddings,
+            model,
+            micro_batch_size: 1,
+            global_batch_size: 1,
+            train_iters: 1,
+            schedule: LrSchedule {
+                max_lr: 1e-4,
+                min_lr: 0.0,
+                warmup_iters: 0.0,
+                decay_iters: 1.0,
+                style: crate::optim::LrDecayStyle::Constant,
+            },
+            adam: AdamWConfig::default(),
+            clip_grad: 1.0,
+            seed: 1234,
+            precision: Precision::Fp32,
+            loss_scale: None,
+            dynamic_loss_scale: DynamicGradScalerConfig::default(),
+            recompute: Recompute::None,
+            data,
+            split: "969,30,1".into(),
+            data_cache_path: None,
+            eod_mask_loss: false,
+            eod: 50256,
+            log_interval: 100,
+            eval_interval: 1000,
+            eval_iters: 100,
+            save: None,
+            save_interval: None,
+            load: None,
+            exit_interval: None,
+            tensor_model_parallel_size: 1,
+            pipeline_model_parallel_size: 1,
+            num_layers_per_virtual_pipeline_stage: None,
+            decoder_first_pipeline_num_layers: None,
+            decoder_last_pipeline_num_layers: None,
+            use_distributed_optimizer: false,
+            ddp_bucket_size: DEFAULT_DDP_BUCKET_SIZE,
+            tensorboard_dir: None,
+            tensorboard_log_interval: 1,
+        }
+    }
+
     /// Model chunks per pipeline rank: 1, or more with virtual pipeline stages.
     pub fn virtual_pipeline_stages(&self) -> usize {
         let pp = self.pipeline_model_parallel_size.max(1);
