@@ -1,7 +1,8 @@
 //! Pipeline parallelism against the single-process run (the one-stage model), on thread
 //! ranks in every `cargo test` and on MPI processes (the test binary under `mpirun`):
 //!
-//! - PP=2, PP=4, PP=2 × DP=2 (PyTorch's Pipe + DDP tutorial layout), TP=2 × PP=2, with 1F1B
+//! - PP=2, PP=4, PP=2 × DP=2 (PyTorch's Pipe + DDP tutorial layout), TP=2 × PP=2 and (on
+//!   8 threads) TP=2 × PP=2 × DP=2, with 1F1B
 //!   and with the interleaved schedule (2 virtual stages per rank), with dropout, the
 //!   distributed optimizer and recomputation in some of them, and with an uneven split
 //!   (`--decoder-last-pipeline-num-layers`): 30 iterations within 1e-5;
@@ -114,6 +115,12 @@ const FOUR_RANKS: [Layout; 7] = [
         layers: 8,
         ..Layout::pipeline(1, 4, Some(1))
     },
+];
+
+/// Layouts of an 8-rank world: TP=2 × PP=2 × DP=2, with 1F1B and interleaved.
+const EIGHT_RANKS: [Layout; 2] = [
+    Layout::pipeline(2, 2, None),
+    Layout::pipeline(2, 2, Some(1)),
 ];
 
 fn config(cache: &Path, layout: Layout, train_iters: u64) -> PretrainConfig {
@@ -248,6 +255,9 @@ fn pipeline_stages_on_threads_reproduce_the_one_stage_losses() {
     check(&reference, &TWO_RANKS, &runs[0], 2, "2 threads");
     let runs = run_ranks(4, |world| layout_runs(cache, &FOUR_RANKS, world)).unwrap();
     check(&reference, &FOUR_RANKS, &runs[0], 4, "4 threads");
+    // 3-D: tensor × pipeline × data parallelism on 8 ranks.
+    let runs8 = run_ranks(8, |world| layout_runs(cache, &EIGHT_RANKS, world)).unwrap();
+    check(&reference, &EIGHT_RANKS, &runs8[0], 8, "8 threads");
     // Every rank knows the losses (the last stage's, summed over the pipeline).
     assert!(runs.iter().all(|r| r
         .iter()
