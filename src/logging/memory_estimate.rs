@@ -46,6 +46,60 @@ pub struct MemoryPlan<'a> {
     pub data_parallel: usize,
     /// `--use-distributed-optimizer`.
     pub distributed_optimizer: bool,
+    /// This rank's pipeline stage (the whole model without pipelining).
+    pub stage: StageMemory,
+}
+
+/// What a pipeline stage keeps activations of: its layers, how many (micro-batch, model
+/// chunk) forwards wait for their backward at once, and whether it holds the embedding and
+/// the head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StageMemory {
+    /// Layers of one model chunk.
+    pub layers_per_chunk: usize,
+    /// Chunk forwards in flight at most (1 without pipelining; under 1F1B the first stage
+    /// holds min(P, m) micro-batches).
+    pub in_flight: usize,
+    /// Holds the embeddings.
+    pub embedding: bool,
+    /// Holds the output layer and the loss.
+    pub head: bool,
+}
+
+impl StageMemory {
+    /// The whole model on one stage.
+    pub fn whole(num_layers: usize) -> Self {
+        Self {
+            layers_per_chunk: num_layers,
+            in_flight: 1,
+            embedding: true,
+            head: true,
+        }
+    }
+
+    /// Pipeline rank `rank` of `pipeline` ranks with `chunks` model chunks of
+    /// `layers_per_chunk` layers each and `microbatches` micro-batches per step: the
+    /// warm-up forwards of Megatron's schedules (1F1B: P − rank; interleaved:
+    /// 2(P − rank − 1) + (v − 1)P + 1) bound what is in flight.
+    pub fn pipelined(
+        layers_per_chunk: usize,
+        pipeline: usize,
+        chunks: usize,
+        rank: usize,
+        microbatches: usize,
+    ) -> Self {
+        let in_flight = if chunks == 1 {
+            pipeline - rank
+        } else {
+            2 * (pipeline - rank - 1) + (chunks - 1) * pipeline + 1
+        };
+        Self {
+            layers_per_chunk,
+            in_flight: in_flight.min(microbatches * chunks).max(1),
+            embedding: rank == 0,
+            head: rank + 1 == pipeline,
+        }
+    }
 }
 
 /// Bytes one rank needs with `precision` and `recompute`.
@@ -96,8 +150,17 @@ pub fn estimate(plan: &MemoryPlan, precision: Precision, recompute: Recompute) -
     } else {
         8.0 + e
     };
-    let ends = 2.0 * layer_input + b * s * (v / t) * logits;
-    let layers = m.num_layers as f64;
+    let stage = plan.stage;
+    let in_flight = stage.in_flight as f64;
+    let mut ends = 0.0;
+    if stage.embedding {
+        ends += in_flight * layer_input;
+    }
+    if stage.head {
+        // The head's backward follows its forward at once.
+        ends += layer_input + b * s * (v / t) * logits;
+    }
+    let layers = stage.layers_per_chunk as f64;
     let kept = match recompute {
         Recompute::None => layers * per_layer,
         Recompute::Selective => layers * rest + scores,
@@ -112,7 +175,7 @@ pub fn estimate(plan: &MemoryPlan, precision: Precision, recompute: Recompute) -
     };
     MemoryEstimate {
         weights_and_optimizer,
-        activations: kept + ends,
+        activations: in_flight * kept + ends,
     }
 }
 
@@ -201,6 +264,7 @@ mod tests {
             tensor_parallel: 1,
             data_parallel: 1,
             distributed_optimizer: false,
+            stage: StageMemory::whole(model.num_layers),
         }
     }
 
@@ -227,5 +291,29 @@ mod tests {
         assert!(lines[1].contains("--recompute-method uniform") && lines[1].contains("--bf16"));
         let fits = report(&plan, Precision::Fp32, Recompute::None, 1, Some(1e12));
         assert_eq!(fits.len(), 1);
+    }
+
+    #[test]
+    fn a_first_pipeline_stage_keeps_its_layers_for_the_micro_batches_in_flight() {
+        let model = GptConfig::new(24, 1024, 16, 1024, 50304);
+        let whole = estimate(&plan(&model), Precision::Fp32, Recompute::None);
+        // 1F1B, 4 stages of 6 layers, 8 micro-batches: the first stage holds 4 micro-batches
+        // of 6 layers (24 layer-passes, as the whole model's one) and no head.
+        let first = MemoryPlan {
+            stage: StageMemory::pipelined(6, 4, 1, 0, 8),
+            ..plan(&model)
+        };
+        let last = MemoryPlan {
+            stage: StageMemory::pipelined(6, 4, 1, 3, 8),
+            ..plan(&model)
+        };
+        let first = estimate(&first, Precision::Fp32, Recompute::None);
+        let last = estimate(&last, Precision::Fp32, Recompute::None);
+        assert!(first.activations < whole.activations);
+        assert!(first.activations > 0.8 * whole.activations);
+        assert!(last.activations < 0.5 * whole.activations);
+        // Interleaved warm-up: 2(P − 1) + (v − 1)P + 1 = 11 chunk forwards on rank 0.
+        assert_eq!(StageMemory::pipelined(3, 4, 2, 0, 8).in_flight, 11);
+        assert_eq!(StageMemory::pipelined(6, 4, 1, 0, 2).in_flight, 2);
     }
 }

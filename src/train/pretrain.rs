@@ -685,6 +685,18 @@ fn train_rank(
             tensor_parallel: tensor.size(),
             data_parallel: dp,
             distributed_optimizer: cfg.use_distributed_optimizer,
+            // This rank's (world rank 0's: the first stage's) activations.
+            stage: if pp > 1 {
+                memory_estimate::StageMemory::pipelined(
+                    stage.chunks[0].len(),
+                    pp,
+                    chunks,
+                    0,
+                    cfg.global_batch_size / (cfg.micro_batch_size * dp),
+                )
+            } else {
+                memory_estimate::StageMemory::whole(cfg.model.num_layers)
+            },
         };
         let ranks = parallel.world.ranks_in_process();
         let lines = memory_estimate::report(
