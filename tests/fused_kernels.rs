@@ -14,7 +14,7 @@ use ferrotron::data::DataSources;
 use ferrotron::model::ops::{layer_norm, scaled_causal_masked_softmax};
 use ferrotron::model::GptConfig;
 use ferrotron::train::device::parse_device;
-use ferrotron::train::{pretrain, AdamWConfig, LrDecayStyle, LrSchedule, PretrainConfig};
+use ferrotron::train::{pretrain, LrDecayStyle, LrSchedule, PretrainConfig};
 
 fn device() -> Device {
     parse_device("wgpu-cpu").unwrap().autodiff()
