@@ -18,10 +18,8 @@ use burn::tensor::Device;
 use common::mpi::*;
 use common::*;
 use ferrotron::comm::{run_ranks, Communicator};
-use ferrotron::data::DataSources;
-use ferrotron::model::GptConfig;
 use ferrotron::train::pretrain::pretrain_on;
-use ferrotron::train::{pretrain, LrDecayStyle, LrSchedule, PretrainConfig};
+use ferrotron::train::{pretrain, PretrainConfig};
 
 type Losses = Vec<(u64, f64)>;
 
@@ -34,35 +32,9 @@ fn config(
     train_iters: u64,
 ) -> PretrainConfig {
     PretrainConfig {
-        seq_length: 16,
-        global_batch_size: 8,
-        train_iters,
-        schedule: LrSchedule {
-            max_lr: 2e-3,
-            min_lr: 1e-4,
-            warmup_iters: 4.0,
-            decay_iters: ITERS as f64,
-            style: LrDecayStyle::Cosine,
-        },
-        split: "95,5,0".into(),
-        data_cache_path: Some(cache.to_path_buf()),
-        log_interval: 10,
-        eval_interval: 15,
-        eval_iters: 1,
         tensor_model_parallel_size: tp,
         use_distributed_optimizer: distributed_optimizer,
-        // Small buckets: several all-reduces per step.
-        ddp_bucket_size: 20_000,
-        // 50304 divides by 2 and 4: the same padded vocabulary at every TP size. Hidden
-        // dropout draws the same masks at every layout; attention dropout is off because, as
-        // in Megatron, its masks come from a per-tensor-parallel-rank stream, so TP=2 draws
-        // other masks than TP=1 (a different model, not a rounding difference).
-        ..PretrainConfig::new(
-            GptConfig::new(2, 32, 4, 16, 50304)
-                .with_hidden_dropout(0.1)
-                .with_attention_dropout(0.0),
-            DataSources::single(golden("wikitext2_valid", "text")),
-        )
+        ..layout_comparison_run(cache, 2, train_iters, ITERS)
     }
 }
 

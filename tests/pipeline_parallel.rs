@@ -19,10 +19,9 @@ use burn::tensor::Device;
 use common::mpi::*;
 use common::*;
 use ferrotron::comm::{run_ranks, Communicator};
-use ferrotron::data::DataSources;
-use ferrotron::model::{GptConfig, Recompute};
+use ferrotron::model::Recompute;
 use ferrotron::train::pretrain::{pretrain_on, PretrainOutcome};
-use ferrotron::train::{pretrain, LrDecayStyle, LrSchedule, PretrainConfig};
+use ferrotron::train::{pretrain, PretrainConfig};
 
 type Losses = Vec<(u64, f64)>;
 
@@ -130,43 +129,21 @@ const EIGHT_RANKS: [Layout; 2] = [
 ];
 
 fn config(cache: &Path, layout: Layout, train_iters: u64) -> PretrainConfig {
+    // 4 layers: 1 per stage at PP=4, 1 per virtual stage at PP=2 × 2 (8 for PP=4 × 2 virtual
+    // stages, against an 8-layer one-stage run). Hidden dropout draws each layer's own masks,
+    // wherever the layer runs.
     PretrainConfig {
-        seq_length: 16,
-        global_batch_size: 8,
-        train_iters,
-        schedule: LrSchedule {
-            max_lr: 2e-3,
-            min_lr: 1e-4,
-            warmup_iters: 4.0,
-            decay_iters: ITERS as f64,
-            style: LrDecayStyle::Cosine,
-        },
-        split: "95,5,0".into(),
-        data_cache_path: Some(cache.to_path_buf()),
-        log_interval: 10,
-        eval_interval: 15,
-        eval_iters: 1,
         tensor_model_parallel_size: layout.tp,
         pipeline_model_parallel_size: layout.pp,
         num_layers_per_virtual_pipeline_stage: layout.virtual_layers,
         decoder_last_pipeline_num_layers: layout.last_stage_layers,
         use_distributed_optimizer: layout.distributed_optimizer,
-        ddp_bucket_size: 20_000,
         recompute: if layout.recompute {
             Recompute::Uniform(1)
         } else {
             Recompute::None
         },
-        // 4 layers: 1 per stage at PP=4, 1 per virtual stage at PP=2 × 2 (8 for PP=4 × 2
-        // virtual stages, against an 8-layer one-stage run). Hidden dropout is
-        // on (every layer draws its own masks, wherever it runs); attention dropout is off
-        // because its masks depend on the tensor-parallel rank (as in Megatron).
-        ..PretrainConfig::new(
-            GptConfig::new(layout.layers, 32, 4, 16, 50304)
-                .with_hidden_dropout(0.1)
-                .with_attention_dropout(0.0),
-            DataSources::single(golden("wikitext2_valid", "text")),
-        )
+        ..layout_comparison_run(cache, layout.layers, train_iters, ITERS)
     }
 }
 

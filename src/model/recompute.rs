@@ -18,7 +18,7 @@ use burn::module::Module;
 use burn::tensor::{Gradients, Int, Tensor};
 
 use super::Gpt;
-use crate::parallel::random::{rng_state, set_rng_state, RngState};
+use crate::parallel::random::{replaying, rng_state, RngState};
 
 /// Which transformer layers are recomputed (Megatron's `--recompute-method` with
 /// `--recompute-num-layers`; the legacy `--activations-checkpoint-method` means the same).
@@ -83,12 +83,9 @@ struct Pending {
     rng: RngState,
 }
 
-fn run_layers(model: &Gpt, layers: &Range<usize>, x: Tensor<3>) -> Tensor<3> {
-    model.run_layers(layers.clone(), x)
-}
-
-/// `backward(Σ output ⊙ g)`: the vector–Jacobian product that continues the chain.
-fn backward_through<const D: usize>(output: Tensor<D>, g: Tensor<D>) -> Gradients {
+/// `backward(Σ output ⊙ g)`: the vector–Jacobian product that continues the chain (a
+/// recomputed chunk's, a pipeline stage's).
+pub fn backward_through<const D: usize>(output: Tensor<D>, g: Tensor<D>) -> Gradients {
     (output * g.autodiff()).sum().backward()
 }
 
@@ -111,16 +108,6 @@ fn head_backward(
         .expect("the head's input takes part in the loss");
     on_grads(grads);
     (value, g)
-}
-
-/// Runs `f` with the dropout streams as they were at `saved` (a recomputation), then puts
-/// them back as they are now.
-fn replaying<T>(saved: RngState, f: impl FnOnce() -> T) -> T {
-    let resume = rng_state();
-    set_rng_state(saved);
-    let out = f();
-    set_rng_state(resume);
-    out
 }
 
 /// One layer between its forward and its backward under selective recomputation: three
@@ -240,7 +227,7 @@ pub fn lm_loss_backward(
     for (layers, recomputed) in recompute.chunks(model.layers.len()) {
         let rng = rng_state();
         if recomputed {
-            let output = run_layers(&without_graph, &layers, x.clone());
+            let output = without_graph.run_layers(layers.clone(), x.clone());
             pending.push(Pending {
                 layers,
                 input: x,
@@ -250,7 +237,7 @@ pub fn lm_loss_backward(
             x = output;
         } else {
             let input = x.require_grad();
-            let output = run_layers(model, &layers, input.clone());
+            let output = model.run_layers(layers.clone(), input.clone());
             x = output.clone().detach();
             pending.push(Pending {
                 layers,
@@ -267,7 +254,7 @@ pub fn lm_loss_backward(
             None => {
                 let input = chunk.input.require_grad();
                 let output = replaying(chunk.rng, || {
-                    run_layers(model, &chunk.layers, input.clone())
+                    model.run_layers(chunk.layers.clone(), input.clone())
                 });
                 (input, output)
             }

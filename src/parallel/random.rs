@@ -95,6 +95,16 @@ pub fn set_rng_state(state: RngState) {
     TRACKER.with(|t| *t.borrow_mut() = state.0);
 }
 
+/// Runs `f` with the dropout streams as they were at `saved` (a recomputation), then puts
+/// them back as they are now.
+pub fn replaying<T>(saved: RngState, f: impl FnOnce() -> T) -> T {
+    let resume = rng_state();
+    set_rng_state(saved);
+    let out = f();
+    set_rng_state(resume);
+    out
+}
+
 /// The key of the next dropout draw from `region`'s stream (advances the stream).
 ///
 /// A draw's mask is a pure function of its key and the element index ([`dropout_bits`]), so a

@@ -55,12 +55,29 @@ impl MicroBatch {
 
     /// The batch as tensors on `device`: tokens, labels, loss mask.
     pub fn to_tensors(&self, device: &Device) -> (Tensor<2, Int>, Tensor<2, Int>, Tensor<2>) {
+        let (labels, mask) = self.targets_to_tensors(device);
+        (self.tokens_to_tensor(device), labels, mask)
+    }
+
+    /// The input ids alone (what a first pipeline stage needs).
+    pub fn tokens_to_tensor(&self, device: &Device) -> Tensor<2, Int> {
+        self.ids_to_tensor(&self.tokens, device)
+    }
+
+    /// The target ids and the loss mask (what a last pipeline stage needs).
+    pub fn targets_to_tensors(&self, device: &Device) -> (Tensor<2, Int>, Tensor<2>) {
         let shape = [self.batch_size, self.seq_length];
-        let ids = |v: &[u32]| v.iter().map(|&x| x as i64).collect::<Vec<i64>>();
         (
-            Tensor::from_data(TensorData::new(ids(&self.tokens), shape), device),
-            Tensor::from_data(TensorData::new(ids(&self.labels), shape), device),
+            self.ids_to_tensor(&self.labels, device),
             Tensor::from_data(TensorData::new(self.loss_mask.clone(), shape), device),
+        )
+    }
+
+    fn ids_to_tensor(&self, ids: &[u32], device: &Device) -> Tensor<2, Int> {
+        let ids: Vec<i64> = ids.iter().map(|&x| x as i64).collect();
+        Tensor::from_data(
+            TensorData::new(ids, [self.batch_size, self.seq_length]),
+            device,
         )
     }
 }

@@ -11,12 +11,13 @@ use std::collections::HashMap;
 
 use anyhow::{Context, Result};
 use burn::module::Module;
-use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+use burn::tensor::{DType, Device, Tensor, TensorData};
 
 use super::loader::MicroBatch;
+use crate::model::recompute::backward_through;
 use crate::model::{Gpt, StageLayers};
 use crate::optim::GradientAccumulator;
-use crate::parallel::random::{rng_state, seed_micro_batch, set_rng_state, RngState};
+use crate::parallel::random::{replaying, rng_state, seed_micro_batch, RngState};
 use crate::pipeline::{
     interleaved_one_forward_one_backward, one_forward_one_backward, run_schedule, PipelineP2p,
     ScheduleTiming, StageWork, Step,
@@ -136,10 +137,6 @@ impl<'a> GptStage<'a> {
         }
     }
 
-    fn tensors(&self, microbatch: usize) -> (Tensor<2, Int>, Tensor<2, Int>, Tensor<2>) {
-        self.batches[microbatch].to_tensors(self.device)
-    }
-
     /// The chunk's forward on `model` from `input` (the embedding on the first virtual
     /// stage), ending in the loss on the last.
     fn run_chunk(
@@ -149,13 +146,15 @@ impl<'a> GptStage<'a> {
         chunk: usize,
         input: Option<Tensor<3>>,
     ) -> ChunkOutput {
-        let (tokens, labels, mask) = self.tensors(microbatch);
+        // Only the ends read the batch: the first stage its tokens, the last its targets.
+        let batch = &self.batches[microbatch];
         let x = match input {
             Some(x) => x,
-            None => model.embed(tokens),
+            None => model.embed(batch.tokens_to_tensor(self.device)),
         };
         let y = model.run_layers(self.stage.chunks[chunk].clone(), x);
         if self.p2p.is_last(chunk) {
+            let (labels, mask) = batch.targets_to_tensors(self.device);
             ChunkOutput::Loss(model.head_loss(y, labels, mask))
         } else {
             ChunkOutput::Activation(y)
@@ -231,19 +230,15 @@ impl StageWork for GptStage<'_> {
             Kept::Graph { input, output } => (input, *output),
             Kept::Recompute { input, rng } => {
                 let input = input.map(Tensor::require_grad);
-                let resume = rng_state();
-                set_rng_state(rng);
-                let output = self.run_chunk(self.model, microbatch, chunk, input.clone());
-                set_rng_state(resume);
+                let output = replaying(rng, || {
+                    self.run_chunk(self.model, microbatch, chunk, input.clone())
+                });
                 (input, output)
             }
         };
         let grads = match (output, output_grad) {
             (ChunkOutput::Loss(loss), _) => loss.div_scalar(self.divisor).backward(),
-            (ChunkOutput::Activation(y), Some(g)) => {
-                let g = self.upload(g);
-                (y * g).sum().backward()
-            }
+            (ChunkOutput::Activation(y), Some(g)) => backward_through(y, self.upload(g)),
             (ChunkOutput::Activation(_), None) => {
                 anyhow::bail!("chunk {chunk} is not the last stage but got no output gradient")
             }

@@ -281,22 +281,48 @@ pub fn evaluate(
 ) -> Result<f64> {
     let model = model.valid();
     let inner = device.clone().inner();
-    let dp = data.size() as u64;
-    let mbs = cfg.micro_batch_size as u64;
-    let micro_batches = iters * cfg.global_batch_size as u64 / mbs;
+    let micro_batches = evaluation_micro_batches(iters, cfg);
     let mut total = 0.0;
-    for k in 0..micro_batches / dp {
-        let batch = MicroBatch::from_dataset(
-            dataset,
-            start + (k * dp + data.rank() as u64) * mbs,
-            cfg.micro_batch_size,
-            cfg.eod,
-            cfg.eod_mask_loss,
-        );
+    for k in 0..micro_batches / data.size() {
+        let batch = evaluation_batch(dataset, start, k, cfg, data);
         let (tokens, labels, mask) = batch.to_tensors(&inner);
         total += model.lm_loss(tokens, labels, mask).into_scalar::<f32>() as f64;
     }
-    let total = data.all_reduce(TensorData::new(vec![total], [1]), ReduceOp::Sum)?;
+    mean_over_data(total, micro_batches, data)
+}
+
+/// Micro-batches in `iters` global batches.
+fn evaluation_micro_batches(iters: u64, cfg: &PretrainConfig) -> usize {
+    (iters * cfg.global_batch_size as u64 / cfg.micro_batch_size as u64) as usize
+}
+
+/// The global index of this data-parallel rank's micro-batch `k`: rank r reads micro-batches
+/// r, r + DP, … of every global batch, as in training.
+fn global_micro_batch(k: usize, data: &Group) -> u64 {
+    (k * data.size() + data.rank()) as u64
+}
+
+/// This data-parallel rank's micro-batch `k` of an evaluation from sample `start`.
+fn evaluation_batch(
+    dataset: &dyn SampleDataset,
+    start: u64,
+    k: usize,
+    cfg: &PretrainConfig,
+    data: &Group,
+) -> MicroBatch {
+    MicroBatch::from_dataset(
+        dataset,
+        start + global_micro_batch(k, data) * cfg.micro_batch_size as u64,
+        cfg.micro_batch_size,
+        cfg.eod,
+        cfg.eod_mask_loss,
+    )
+}
+
+/// The mean loss of `micro_batches` micro-batches from this rank's sum `local`, summed over
+/// the data-parallel ranks.
+fn mean_over_data(local: f64, micro_batches: usize, data: &Group) -> Result<f64> {
+    let total = data.all_reduce(TensorData::new(vec![local], [1]), ReduceOp::Sum)?;
     Ok(total.try_to_vec::<f64>().expect("f64")[0] / micro_batches.max(1) as f64)
 }
 
@@ -319,21 +345,11 @@ fn evaluate_stage(
     };
     let model = model.valid();
     let inner = device.clone().inner();
-    let dp = data.size();
-    let mbs = cfg.micro_batch_size as u64;
-    let micro_batches = (iters * cfg.global_batch_size as u64 / mbs) as usize;
-    let mine = micro_batches / dp;
-    let global_index = |k: usize| (k * dp + data.rank()) as u64;
+    let micro_batches = evaluation_micro_batches(iters, cfg);
+    let mine = micro_batches / data.size();
+    let global_index = |k: usize| global_micro_batch(k, data);
     let batches = (0..mine)
-        .map(|k| {
-            MicroBatch::from_dataset(
-                dataset,
-                start + global_index(k) * mbs,
-                cfg.micro_batch_size,
-                cfg.eod,
-                cfg.eod_mask_loss,
-            )
-        })
+        .map(|k| evaluation_batch(dataset, start, k, cfg, data))
         .collect();
     let mut work = GptStage::new(
         &model,
@@ -356,11 +372,15 @@ fn evaluate_stage(
         .drain(..)
         .map(|l| l.into_scalar::<f32>() as f64)
         .sum();
+    // Only the last stage has losses: the pipeline sum brings them to every stage.
     let stages = parallel
         .pipeline
         .all_reduce(TensorData::new(vec![local], [1]), ReduceOp::Sum)?;
-    let total = data.all_reduce(stages, ReduceOp::Sum)?;
-    Ok(total.try_to_vec::<f64>().expect("f64")[0] / micro_batches.max(1) as f64)
+    mean_over_data(
+        stages.try_to_vec::<f64>().expect("f64")[0],
+        micro_batches,
+        data,
+    )
 }
 
 /// Checks what can be checked before any rank starts.
@@ -710,6 +730,19 @@ fn train_rank(
             println!("{line}");
         }
     }
+    // `--eval-iters` global batches of `dataset` from sample `start`, on this rank's stage.
+    let evaluate_here = |model: &Gpt, dataset: &dyn SampleDataset, start: u64| {
+        evaluate_stage(
+            model,
+            dataset,
+            start,
+            cfg.eval_iters,
+            cfg,
+            parallel,
+            (&stage, p2p.as_ref()),
+            device,
+        )
+    };
     let mbs = cfg.micro_batch_size as u64;
     let micro_batches = cfg.global_batch_size / cfg.micro_batch_size;
     let my_micro_batches = micro_batches / dp;
@@ -748,7 +781,7 @@ fn train_rank(
             Some(p2p) => {
                 let batches: Vec<MicroBatch> =
                     (0..my_micro_batches).map(|_| loader.next_batch()).collect();
-                let global_index = |k: usize| (k * dp + data.rank()) as u64;
+                let global_index = |k: usize| global_micro_batch(k, data);
                 let mut work = GptStage::new(
                     &model,
                     &stage,
@@ -782,7 +815,7 @@ fn train_rank(
                 // Loss values are read after the step, so no micro-batch waits on a device read.
                 let mut micro_losses = Vec::with_capacity(my_micro_batches);
                 for k in 0..my_micro_batches {
-                    let global_index = (k * dp + data.rank()) as u64;
+                    let global_index = global_micro_batch(k, data);
                     seed_micro_batch(cfg.seed, iteration, global_index, tensor.rank());
                     let (tokens, labels, mask) = loader.next_batch().to_tensors(device);
                     if cfg.recompute == Recompute::None {
@@ -957,16 +990,7 @@ fn train_rank(
                 && iteration.is_multiple_of(cfg.eval_interval)
                 && cfg.eval_iters > 0
             {
-                let loss = evaluate_stage(
-                    &model,
-                    valid.as_ref(),
-                    state.consumed_valid_samples,
-                    cfg.eval_iters,
-                    cfg,
-                    parallel,
-                    (&stage, p2p.as_ref()),
-                    device,
-                )?;
+                let loss = evaluate_here(&model, valid.as_ref(), state.consumed_valid_samples)?;
                 state.consumed_valid_samples += cfg.eval_iters * cfg.global_batch_size as u64;
                 if rank0 {
                     print_validation(&format!("validation loss at iteration {iteration}"), loss);
@@ -1031,16 +1055,7 @@ fn train_rank(
         }
     }
     if let Some(valid) = &datasets.valid {
-        let loss = evaluate_stage(
-            &model,
-            valid.as_ref(),
-            state.consumed_valid_samples,
-            cfg.eval_iters,
-            cfg,
-            parallel,
-            (&stage, p2p.as_ref()),
-            device,
-        )?;
+        let loss = evaluate_here(&model, valid.as_ref(), state.consumed_valid_samples)?;
         if rank0 {
             print_validation("validation loss at the end of training for val data", loss);
         }
@@ -1057,16 +1072,7 @@ fn train_rank(
         }
     }
     if let Some(test) = &datasets.test {
-        let loss = evaluate_stage(
-            &model,
-            test.as_ref(),
-            0,
-            cfg.eval_iters,
-            cfg,
-            parallel,
-            (&stage, p2p.as_ref()),
-            device,
-        )?;
+        let loss = evaluate_here(&model, test.as_ref(), 0)?;
         if rank0 {
             print_validation("validation loss at the end of training for test data", loss);
         }

@@ -73,3 +73,45 @@ pub fn worst_relative(a: &[(u64, f64)], b: &[(u64, f64)]) -> f64 {
         })
         .fold(0.0, f64::max)
 }
+
+/// The run the multi-rank tests compare parallel layouts on: a tiny GPT of `layers` layers
+/// (hidden 32, 4 heads, 16 positions, vocabulary 50304, which divides by 2 and 4 so every
+/// TP size pads alike), hidden dropout 0.1, attention dropout 0 (its masks come from a
+/// per-tensor-parallel-rank stream, as in Megatron, so TP=2 would draw other masks than
+/// TP=1), global batch 8 of 1-sample micro-batches, a cosine schedule over `decay_iters`,
+/// validation every 15 iterations, small DDP buckets (several all-reduces per step), on
+/// wikitext-2 with its index cache in `cache`. Layouts are set with struct update syntax.
+pub fn layout_comparison_run(
+    cache: &Path,
+    layers: usize,
+    train_iters: u64,
+    decay_iters: u64,
+) -> ferrotron::train::PretrainConfig {
+    use ferrotron::data::DataSources;
+    use ferrotron::model::GptConfig;
+    use ferrotron::train::{LrDecayStyle, LrSchedule, PretrainConfig};
+    PretrainConfig {
+        seq_length: 16,
+        global_batch_size: 8,
+        train_iters,
+        schedule: LrSchedule {
+            max_lr: 2e-3,
+            min_lr: 1e-4,
+            warmup_iters: 4.0,
+            decay_iters: decay_iters as f64,
+            style: LrDecayStyle::Cosine,
+        },
+        split: "95,5,0".into(),
+        data_cache_path: Some(cache.to_path_buf()),
+        log_interval: 10,
+        eval_interval: 15,
+        eval_iters: 1,
+        ddp_bucket_size: 20_000,
+        ..PretrainConfig::new(
+            GptConfig::new(layers, 32, 4, 16, 50304)
+                .with_hidden_dropout(0.1)
+                .with_attention_dropout(0.0),
+            DataSources::single(golden("wikitext2_valid", "text")),
+        )
+    }
+}
