@@ -4,7 +4,8 @@
 //!    in and out, the shape check included) vs Open MPI's own `MPI_Allreduce` called from C
 //!    (`benchmarks/mpi_allreduce.c`, built with `mpicc`), at 2 and 4 ranks;
 //! 2. data-parallel scaling: training tokens/s of the training benchmark's GPT at DP = 1 and
-//!    DP = 2 processes (`mpirun -np 1|2`), same global batch.
+//!    DP = 2 processes (`mpirun -np 1|2`), same global batch; at DP = 2 with and without
+//!    `--overlap-grad-reduce`, with the time per step spent waiting for the gradient sums.
 //!
 //! ```text
 //! cargo bench --bench mpi_scaling
@@ -60,8 +61,14 @@ fn allreduce_rank(world: &World) {
     }
 }
 
-fn train_config(iters: u64, cache: &Path) -> PretrainConfig {
+/// Gradient elements per all-reduce bucket in the training runs: small enough that the
+/// layers' gradients fill buckets of their own (the embedding's, the largest, is final last).
+const BUCKET: usize = 1 << 20;
+
+fn train_config(iters: u64, cache: &Path, overlap: bool) -> PretrainConfig {
     PretrainConfig {
+        ddp_bucket_size: BUCKET,
+        overlap_grad_reduce: overlap,
         seq_length: 256,
         micro_batch_size: 4,
         global_batch_size: 8,
@@ -85,19 +92,29 @@ fn train_config(iters: u64, cache: &Path) -> PretrainConfig {
     }
 }
 
-/// Rank side of part 2: prints "<seconds per step>" on rank 0, from the difference of a short
-/// and a longer run (start-up cancels out).
+/// Rank side of part 2: prints "step <seconds per step>" on rank 0, from the difference of a
+/// short and a longer run (start-up cancels out), and "exposed <seconds>": the mean time per
+/// step rank 0 waited for the gradient all-reduce after its backward pass (longer run, first
+/// step left out).
 fn train_rank(world: &World) {
     let cache = PathBuf::from(std::env::var("FERROTRON_BENCH_CACHE").unwrap());
+    let overlap = std::env::var("FERROTRON_BENCH_OVERLAP").is_ok_and(|v| v == "1");
     let device = Device::flex().autodiff();
     let time = |iters| {
         let start = Instant::now();
-        pretrain_on(&train_config(iters, &cache), &device, world.comm()).unwrap();
-        start.elapsed().as_secs_f64()
+        let out =
+            pretrain_on(&train_config(iters, &cache, overlap), &device, world.comm()).unwrap();
+        (
+            start.elapsed().as_secs_f64(),
+            out.grad_reduce_exposed_seconds,
+        )
     };
-    let (short, long) = (time(2), time(6));
+    let ((short, _), (long, exposed)) = (time(2), time(6));
     if world.rank() == 0 {
         println!("step {:.6}", (long - short) / 4.0);
+        let steady = &exposed[exposed.len().min(1)..];
+        let mean = steady.iter().sum::<f64>() / steady.len().max(1) as f64;
+        println!("exposed {mean:.6}");
     }
 }
 
@@ -185,23 +202,39 @@ fn main() {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
     let mut base = None;
-    for ranks in [1, 2] {
+    for (ranks, overlap) in [(1, false), (2, false), (2, true)] {
         let out = mpirun(
             ranks,
             &me,
             &[
                 ("FERROTRON_BENCH_MODE", "train"),
                 ("FERROTRON_BENCH_CACHE", &cache_path),
+                ("FERROTRON_BENCH_OVERLAP", if overlap { "1" } else { "0" }),
             ],
         );
-        let step: f64 = out
-            .lines()
-            .find_map(|l| l.strip_prefix("step ")?.parse().ok())
-            .expect("a step time");
+        let value = |key: &str| -> f64 {
+            out.lines()
+                .find_map(|l| l.strip_prefix(key)?.trim().parse().ok())
+                .unwrap_or_else(|| panic!("no {key:?} in:\n{out}"))
+        };
+        let step = value("step ");
         let tokens = 8.0 * 256.0 / step;
         let base = *base.get_or_insert(tokens);
+        let exposed = if ranks > 1 {
+            format!(
+                ", gradient all-reduce waited for {:5.1} ms/step",
+                value("exposed ") * 1e3
+            )
+        } else {
+            String::new()
+        };
         println!(
-            "DP={ranks}: {:7.1} ms/step, {tokens:6.0} tokens/s, {:.2}x DP=1",
+            "DP={ranks}{}: {:7.1} ms/step, {tokens:6.0} tokens/s, {:.2}x DP=1{exposed}",
+            if overlap {
+                " --overlap-grad-reduce"
+            } else {
+                ""
+            },
             step * 1e3,
             tokens / base
         );

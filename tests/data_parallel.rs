@@ -18,6 +18,7 @@ use burn::tensor::Device;
 use common::mpi::*;
 use common::*;
 use ferrotron::comm::{run_ranks, Communicator};
+use ferrotron::model::Recompute;
 use ferrotron::train::pretrain::pretrain_on;
 use ferrotron::train::{pretrain, PretrainConfig};
 
@@ -25,15 +26,51 @@ type Losses = Vec<(u64, f64)>;
 
 const ITERS: u64 = 30;
 
-fn config(
-    cache: &Path,
+/// One layout of a 4-rank world.
+#[derive(Clone, Copy)]
+struct Layout {
     tp: usize,
     distributed_optimizer: bool,
-    train_iters: u64,
-) -> PretrainConfig {
+    overlap_grad_reduce: bool,
+    recompute: Recompute,
+}
+
+const fn layout(tp: usize, distributed_optimizer: bool) -> Layout {
+    Layout {
+        tp,
+        distributed_optimizer,
+        overlap_grad_reduce: false,
+        recompute: Recompute::None,
+    }
+}
+
+const fn overlapped(tp: usize, recompute: Recompute) -> Layout {
+    Layout {
+        overlap_grad_reduce: true,
+        recompute,
+        ..layout(tp, false)
+    }
+}
+
+/// The layouts checked on a 4-rank world. The last three all-reduce the gradients during the
+/// backward pass, the last with full recomputation of single layers (the backward pass then
+/// runs in recomputed pieces).
+const LAYOUTS: [Layout; 7] = [
+    layout(2, false),
+    layout(2, true),
+    layout(1, false),
+    layout(1, true),
+    overlapped(2, Recompute::None),
+    overlapped(1, Recompute::None),
+    overlapped(1, Recompute::Uniform(1)),
+];
+
+fn config(cache: &Path, layout: Layout, train_iters: u64) -> PretrainConfig {
     PretrainConfig {
-        tensor_model_parallel_size: tp,
-        use_distributed_optimizer: distributed_optimizer,
+        tensor_model_parallel_size: layout.tp,
+        use_distributed_optimizer: layout.distributed_optimizer,
+        overlap_grad_reduce: layout.overlap_grad_reduce,
+        recompute: layout.recompute,
         ..layout_comparison_run(cache, 2, train_iters, ITERS)
     }
 }
@@ -42,26 +79,47 @@ fn device() -> Device {
     Device::flex().autodiff()
 }
 
-/// The layouts checked on a 4-rank world: (tensor-parallel size, distributed optimizer).
-const LAYOUTS: [(usize, bool); 4] = [(2, false), (2, true), (1, false), (1, true)];
-
-fn name(tp: usize, zero: bool) -> String {
+fn name(layout: Layout) -> String {
     format!(
-        "TP={tp} × DP={}{}",
-        4 / tp,
-        if zero { ", distributed optimizer" } else { "" }
+        "TP={} × DP={}{}{}{}",
+        layout.tp,
+        4 / layout.tp,
+        if layout.distributed_optimizer {
+            ", distributed optimizer"
+        } else {
+            ""
+        },
+        if layout.overlap_grad_reduce {
+            ", overlapped gradient all-reduce"
+        } else {
+            ""
+        },
+        if layout.recompute != Recompute::None {
+            ", recomputation"
+        } else {
+            ""
+        }
     )
 }
 
-/// Every layout's training and validation losses, on this rank of a 4-rank `world`.
+/// Every layout's training and validation losses, on this rank of a 4-rank `world`; checks
+/// that each data-parallel step reported the time it waited for the gradient sums.
 fn layout_runs(
     cache: &Path,
     world: Arc<dyn Communicator>,
 ) -> anyhow::Result<Vec<(Losses, Losses)>> {
     LAYOUTS
         .iter()
-        .map(|&(tp, zero)| {
-            let out = pretrain_on(&config(cache, tp, zero, ITERS), &device(), world.clone())?;
+        .map(|&layout| {
+            let out = pretrain_on(&config(cache, layout, ITERS), &device(), world.clone())?;
+            if !layout.distributed_optimizer {
+                anyhow::ensure!(
+                    out.grad_reduce_exposed_seconds.len() == ITERS as usize,
+                    "{}: {} gradient reductions timed",
+                    name(layout),
+                    out.grad_reduce_exposed_seconds.len()
+                );
+            }
             Ok((out.losses, out.validation))
         })
         .collect()
@@ -76,24 +134,24 @@ fn check_layouts(reference: &(Losses, Losses), runs: &[(Losses, Losses)], ranks:
         reference.0
     );
     let mut failures = Vec::new();
-    for (&(tp, zero), (losses, validation)) in LAYOUTS.iter().zip(runs) {
+    for (&layout, (losses, validation)) in LAYOUTS.iter().zip(runs) {
         let worst = worst_relative(losses, &reference.0);
         let worst_valid = worst_relative(validation, &reference.1);
         println!(
             "{ranks}, {}: worst relative difference to the single process over {ITERS} iterations: \
              training {worst:.2e}, validation {worst_valid:.2e}",
-            name(tp, zero)
+            name(layout)
         );
         // Only the order of float sums differs (gradients over ranks, matmuls cut by TP).
         if !(worst < 1e-5 && worst_valid < 1e-5) {
-            failures.push(format!("{}: {worst} / {worst_valid}", name(tp, zero)));
+            failures.push(format!("{}: {worst} / {worst_valid}", name(layout)));
         }
     }
     assert!(failures.is_empty(), "{failures:?}");
 }
 
 fn reference(cache: &Path) -> (Losses, Losses) {
-    let out = pretrain(&config(cache, 1, false, ITERS), &device()).unwrap();
+    let out = pretrain(&config(cache, layout(1, false), ITERS), &device()).unwrap();
     (out.losses, out.validation)
 }
 
@@ -105,6 +163,19 @@ fn thread_ranks_reproduce_the_single_process_losses() {
     check_layouts(&reference, &runs[0], "4 threads");
     // Every rank reports the same losses.
     assert!(runs.iter().all(|r| r == &runs[0]));
+    // Threads sum in rank order, whatever the buckets: all-reducing during the backward pass
+    // (in other buckets, in pieces, recomputed or not) gives exactly the losses of reducing
+    // after it.
+    let runs = &runs[0];
+    assert_eq!(
+        runs[4], runs[0],
+        "TP=2: overlapped vs after the backward pass"
+    );
+    assert_eq!(
+        runs[5], runs[2],
+        "TP=1: overlapped vs after the backward pass"
+    );
+    assert_eq!(runs[6], runs[2], "TP=1: overlapped with recomputation");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -195,13 +266,13 @@ fn checkpoints_move_between_mpi_layouts_and_a_single_process() {
         let first = PretrainConfig {
             save: Some(dir.join("from_mpi")),
             exit_interval: Some(save_at),
-            ..config(&cache, 2, true, iters)
+            ..config(&cache, layout(2, true), iters)
         };
         pretrain_on(&first, &device(), world.comm()).unwrap();
         // ... and TP=2 × DP=2 resumes the single process's checkpoint.
         let resumed = PretrainConfig {
             load: Some(dir.join("from_single")),
-            ..config(&cache, 2, false, iters)
+            ..config(&cache, layout(2, false), iters)
         };
         let out = pretrain_on(&resumed, &device(), world.comm()).unwrap();
         if world.rank() == 0 {
@@ -215,13 +286,13 @@ fn checkpoints_move_between_mpi_layouts_and_a_single_process() {
     }
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("cache");
-    let full = pretrain(&config(&cache, 1, false, iters), &device())
+    let full = pretrain(&config(&cache, layout(1, false), iters), &device())
         .unwrap()
         .losses;
     let single = PretrainConfig {
         save: Some(dir.path().join("from_single")),
         exit_interval: Some(save_at),
-        ..config(&cache, 1, false, iters)
+        ..config(&cache, layout(1, false), iters)
     };
     pretrain(&single, &device()).unwrap();
     let (ok, out) = mpirun(
@@ -239,7 +310,7 @@ fn checkpoints_move_between_mpi_layouts_and_a_single_process() {
     let from_mpi = pretrain(
         &PretrainConfig {
             load: Some(dir.path().join("from_mpi")),
-            ..config(&cache, 1, false, iters)
+            ..config(&cache, layout(1, false), iters)
         },
         &device(),
     )
@@ -264,7 +335,7 @@ fn a_killed_mpi_rank_ends_the_job_and_leaves_the_last_checkpoint() {
         let cfg = PretrainConfig {
             save: Some(dir.join("ckpt")),
             save_interval: Some(2),
-            ..config(&dir.join("cache"), 2, false, 100_000)
+            ..config(&dir.join("cache"), layout(2, false), 100_000)
         };
         // Rank 3 kills itself once the checkpoint of iteration 2 exists, noting when.
         if world.rank() == 3 {

@@ -182,6 +182,11 @@ struct Args {
     /// Backend: cpu, or (in builds with those features) cuda, cuda:N, wgpu, wgpu-cpu.
     #[arg(long, default_value = "cpu")]
     device: String,
+    /// What carries the collectives between ranks: `nccl` (CUDA builds with `--device cuda`:
+    /// NCCL between the GPUs, bootstrapped over MPI), or `gloo` / `mpi` (host memory: MPI
+    /// under a launcher, threads otherwise). Without the flag: host memory.
+    #[arg(long)]
+    distributed_backend: Option<String>,
 
     // --- Megatron features not (yet) in ferrotron: said so, never silently ignored ---
     /// Tensor-parallel size: the model is split over this many ranks (threads), Megatron-style.
@@ -261,8 +266,8 @@ struct Args {
     /// Gradient elements per data-parallel all-reduce bucket.
     #[arg(long, default_value_t = ferrotron::train::pretrain::DEFAULT_DDP_BUCKET_SIZE)]
     ddp_bucket_size: usize,
-    /// Overlap the gradient all-reduce with the backward pass (accepted; the reduction runs
-    /// after the backward pass, see README).
+    /// All-reduce the gradient buckets during the last micro-batch's backward pass, on a
+    /// communication thread (with the replicated optimizer and one pipeline stage).
     #[arg(long)]
     overlap_grad_reduce: bool,
     /// Turn off the fused scaled causal-masked softmax kernel (GPU builds; the CPU backend
@@ -278,10 +283,6 @@ struct Args {
 // Why this allocator: see `ferrotron::allocator`.
 #[global_allocator]
 static ALLOCATOR: ferrotron::allocator::TrainingAllocator = ferrotron::allocator::TrainingAllocator;
-
-fn warn(message: &str) {
-    eprintln!("WARNING: {message}");
-}
 
 fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
     // Features that would change results: refuse.
@@ -310,9 +311,6 @@ fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
         if ddp != "local" && ddp != "torch" {
             bail!("--DDP-impl {ddp}: expected local or torch");
         }
-    }
-    if args.overlap_grad_reduce && verbose {
-        warn("--overlap-grad-reduce: gradients are all-reduced in buckets after the backward pass, not during it (burn's autodiff has no per-parameter gradient hooks)");
     }
 
     let tokenizer = args.tokenizer.load()?;
@@ -419,6 +417,7 @@ fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
         decoder_last_pipeline_num_layers: args.decoder_last_pipeline_num_layers,
         use_distributed_optimizer: args.use_distributed_optimizer,
         ddp_bucket_size: args.ddp_bucket_size,
+        overlap_grad_reduce: args.overlap_grad_reduce,
         tensorboard_dir: args.tensorboard_dir.clone(),
         tensorboard_log_interval: args.tensorboard_log_interval,
         recompute,
@@ -477,12 +476,47 @@ fn run(args: Args, world: &World) -> Result<()> {
         .map_err(anyhow::Error::msg)?
         .autodiff();
     let config = build_config(&args, world.rank() == 0)?;
+    match args.distributed_backend.as_deref() {
+        None | Some("gloo") | Some("mpi") => {}
+        Some("nccl") => return pretrain_on(&config, &device, nccl_world(&args, world)?).map(drop),
+        Some(other) => bail!("--distributed-backend {other}: expected nccl, gloo or mpi"),
+    }
     if world.is_mpi() {
         pretrain_on(&config, &device, world.comm())?;
     } else {
         pretrain(&config, &device)?;
     }
     Ok(())
+}
+
+/// `--distributed-backend nccl`: the world as an NCCL group on this rank's GPU.
+#[cfg(feature = "cuda")]
+fn nccl_world(
+    args: &Args,
+    world: &World,
+) -> Result<std::sync::Arc<dyn ferrotron::comm::Communicator>> {
+    if !args.device.starts_with("cuda") {
+        bail!("--distributed-backend nccl needs --device cuda (NCCL moves GPU memory)");
+    }
+    let world_size = args.tensor_model_parallel_size * args.pipeline_model_parallel_size;
+    if !world.is_mpi() && world_size > 1 {
+        bail!("--distributed-backend nccl runs one rank per process: start the ranks with mpirun or srun (NCCL cannot join threads on one GPU)");
+    }
+    let ordinal = match args.device.split_once(':') {
+        Some((_, n)) if !world.is_mpi() => n
+            .parse()
+            .with_context(|| format!("--device {}: expected cuda:N", args.device))?,
+        _ => ferrotron::comm::world::local_rank(),
+    };
+    Ok(world.nccl(ordinal)?)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn nccl_world(
+    _args: &Args,
+    _world: &World,
+) -> Result<std::sync::Arc<dyn ferrotron::comm::Communicator>> {
+    bail!("--distributed-backend nccl needs a CUDA build (cargo build --release --features cuda) and --device cuda")
 }
 
 fn main() -> ExitCode {

@@ -6,6 +6,8 @@
 //!   tensors through them.
 //! - [`ThreadComm`]: N ranks as N threads of one process (the zero-setup default);
 //! - `MpiComm` (feature `mpi`): one rank per process, launched by `mpirun` / `srun`;
+//! - `NcclComm` (feature `cuda`): collectives in NCCL between GPUs, bootstrapped over a host
+//!   communicator (`--distributed-backend nccl`);
 //! - [`world`]: how a run finds its ranks (threads, or MPI from the launcher's environment);
 //! - [`conformance`]: the collective test suite, written once and run on every communicator.
 //!
@@ -19,6 +21,8 @@ pub mod conformance;
 mod group;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+#[cfg(feature = "cuda")]
+pub mod nccl;
 pub mod tensor;
 mod thread;
 pub mod world;

@@ -118,6 +118,16 @@ impl World {
         )
     }
 
+    /// The world as an NCCL group on GPU `ordinal` (`--distributed-backend nccl`): NCCL
+    /// bootstrapped over this world, which stays its host side (see [`super::nccl`]).
+    #[cfg(feature = "cuda")]
+    pub fn nccl(&self, ordinal: usize) -> Result<Arc<dyn Communicator>, super::CommError> {
+        Ok(Arc::new(super::nccl::NcclComm::bootstrap(
+            self.comm(),
+            ordinal,
+        )?))
+    }
+
     /// The world communicator.
     pub fn comm(&self) -> Arc<dyn Communicator> {
         self.comm.clone()

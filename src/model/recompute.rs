@@ -51,6 +51,22 @@ impl Recompute {
         }
     }
 
+    /// [`Self::chunks`] with every kept chunk cut into single layers: the backward pass in
+    /// pieces of one layer (or one recomputed chunk), after each of which that piece's
+    /// parameter gradients are final (what `--overlap-grad-reduce` needs).
+    pub fn layer_by_layer(self, layers: usize) -> Vec<(Range<usize>, bool)> {
+        self.chunks(layers)
+            .into_iter()
+            .flat_map(|(range, recomputed)| {
+                if recomputed {
+                    vec![(range, true)]
+                } else {
+                    range.map(|i| (i..i + 1, false)).collect()
+                }
+            })
+            .collect()
+    }
+
     /// The layers in chunks, each with whether it is recomputed.
     pub fn chunks(self, layers: usize) -> Vec<(Range<usize>, bool)> {
         match self {
@@ -204,8 +220,11 @@ fn selective_lm_loss_backward(
 
 /// One micro-batch's forward and backward with the layers recomputed as `recompute` says:
 /// the gradients of `model.lm_loss(tokens, labels, mask) / divisor`, handed to `on_grads` a
-/// chunk at a time (so each chunk's graph is freed before the next is built). Returns the
-/// loss (before the division, without a graph).
+/// chunk at a time (so each chunk's graph is freed before the next is built): the head's
+/// first, the embeddings' last. With `layer_by_layer`, kept layers are chunks of one layer
+/// each ([`Recompute::layer_by_layer`]). Returns the loss (before the division, without a
+/// graph).
+#[allow(clippy::too_many_arguments)]
 pub fn lm_loss_backward(
     model: &Gpt,
     tokens: Tensor<2, Int>,
@@ -213,6 +232,7 @@ pub fn lm_loss_backward(
     loss_mask: Tensor<2>,
     divisor: f64,
     recompute: Recompute,
+    layer_by_layer: bool,
     mut on_grads: impl FnMut(Gradients),
 ) -> Tensor<1> {
     if recompute == Recompute::Selective {
@@ -224,7 +244,12 @@ pub fn lm_loss_backward(
     // The same weights, not requiring gradients: forward passes through them build no graph
     // (so keep no activations) yet run the training computation, dropout included, op for op.
     let without_graph = model.clone().no_grad();
-    for (layers, recomputed) in recompute.chunks(model.layers.len()) {
+    let chunks = if layer_by_layer {
+        recompute.layer_by_layer(model.layers.len())
+    } else {
+        recompute.chunks(model.layers.len())
+    };
+    for (layers, recomputed) in chunks {
         let rng = rng_state();
         if recomputed {
             let output = without_graph.run_layers(layers.clone(), x.clone());
@@ -289,6 +314,18 @@ mod tests {
             vec![(0..1, true), (1..2, true), (2..5, false)]
         );
         assert_eq!(Recompute::Block(9).chunks(2).len(), 2);
+        assert_eq!(
+            Recompute::None.layer_by_layer(3),
+            vec![(0..1, false), (1..2, false), (2..3, false)]
+        );
+        assert_eq!(
+            Recompute::Block(1).layer_by_layer(3),
+            vec![(0..1, true), (1..2, false), (2..3, false)]
+        );
+        assert_eq!(
+            Recompute::Uniform(2).layer_by_layer(3),
+            Recompute::Uniform(2).chunks(3)
+        );
         assert!(Recompute::from_flags("uniform", 0).is_err());
         assert!(Recompute::from_flags("blocks", 1).is_err());
     }

@@ -30,29 +30,49 @@ struct Accumulate<'a> {
     into: &'a mut HashMap<ParamId, Tensor<1>>,
     order: &'a mut Vec<ParamId>,
     model_dtype: bool,
+    added: Vec<ParamId>,
 }
 
 impl ModuleVisitor for Accumulate<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
         if let Some(g) = self.incoming.remove::<D>(param.id) {
             let n = g.shape().num_elements();
-            // Half-precision models give half-precision gradients; they are summed in fp32.
-            let g = g.reshape([n]);
-            let g = if self.model_dtype {
-                g
-            } else {
-                g.cast(FloatDType::F32)
-            };
-            let sum = match self.into.remove(&param.id) {
-                Some(acc) => acc + g,
-                None => {
-                    self.order.push(param.id);
-                    g
-                }
-            };
-            self.into.insert(param.id, sum);
+            sum_into(
+                self.into,
+                self.order,
+                self.model_dtype,
+                param.id,
+                g.reshape([n]),
+            );
+            self.added.push(param.id);
         }
     }
+}
+
+/// `into[id] += g` (or `= g`, recording `id` in `order`), in fp32 unless `model_dtype`: half
+/// precision models give half-precision gradients, summed in fp32.
+fn sum_into(
+    into: &mut HashMap<ParamId, Tensor<1>>,
+    order: &mut Vec<ParamId>,
+    model_dtype: bool,
+    id: ParamId,
+    g: Tensor<1>,
+) {
+    let g = if model_dtype {
+        g
+    } else {
+        g.cast(FloatDType::F32)
+    };
+    let sum = match into.remove(&id) {
+        Some(acc) => acc + g,
+        None => {
+            if !order.contains(&id) {
+                order.push(id);
+            }
+            g
+        }
+    };
+    into.insert(id, sum);
 }
 
 impl GradientAccumulator {
@@ -69,13 +89,73 @@ impl GradientAccumulator {
 
     /// Adds the gradients of one backward pass (`loss.backward()`) of `module`.
     pub fn add<M: Module>(&mut self, module: &M, grads: Gradients) {
+        self.add_listing(module, grads);
+    }
+
+    /// [`Self::add`], returning the parameters that had a gradient in `grads` (declaration
+    /// order): what one piece of a backward pass run in pieces touched.
+    pub fn add_listing<M: Module>(&mut self, module: &M, grads: Gradients) -> Vec<ParamId> {
         let mut incoming = GradientsParams::from_grads(grads, module);
-        module.visit(&mut Accumulate {
+        let mut visitor = Accumulate {
             incoming: &mut incoming,
             into: &mut self.grads,
             order: &mut self.order,
             model_dtype: self.model_dtype,
-        });
+            added: Vec::new(),
+        };
+        module.visit(&mut visitor);
+        visitor.added
+    }
+
+    /// Removes and returns the gradient of `id` (its place in the order stays: put a
+    /// gradient back with [`Self::insert`] before reading norms).
+    pub fn take(&mut self, id: &ParamId) -> Option<Tensor<1>> {
+        self.grads.remove(id)
+    }
+
+    /// The gradient so far of `id` plus `g` (summed as [`Self::merge`] sums), taken out of
+    /// the accumulator: the final gradient of a parameter whose last contribution is `g`.
+    pub fn take_sum(&mut self, id: ParamId, g: Tensor<1>) -> Tensor<1> {
+        sum_into(&mut self.grads, &mut self.order, self.model_dtype, id, g);
+        self.grads.remove(&id).expect("just summed")
+    }
+
+    /// Sets the gradient of `id`.
+    pub fn insert(&mut self, id: ParamId, g: Tensor<1>) {
+        if !self.order.contains(&id) {
+            self.order.push(id);
+        }
+        self.grads.insert(id, g);
+    }
+
+    /// Puts the parameters back in `module`'s declaration order (after gradients were
+    /// inserted in another order), so reductions over them add in the usual order.
+    pub fn restore_declaration_order<M: Module>(&mut self, module: &M) {
+        struct Declared(Vec<ParamId>);
+        impl ModuleVisitor for Declared {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+                self.0.push(param.id);
+            }
+        }
+        let mut declared = Declared(Vec::new());
+        module.visit(&mut declared);
+        let position: HashMap<ParamId, usize> = declared
+            .0
+            .into_iter()
+            .enumerate()
+            .map(|(i, id)| (id, i))
+            .collect();
+        self.order
+            .sort_by_key(|id| position.get(id).copied().unwrap_or(usize::MAX));
+    }
+
+    /// The gradients left, in declaration order, taken out.
+    pub fn drain(&mut self) -> Vec<(ParamId, Tensor<1>)> {
+        let order = std::mem::take(&mut self.order);
+        order
+            .into_iter()
+            .filter_map(|id| self.grads.remove(&id).map(|g| (id, g)))
+            .collect()
     }
 
     /// Adds `other` (one micro-batch's gradients gathered from several backward passes, as
@@ -89,19 +169,14 @@ impl GradientAccumulator {
         impl ModuleVisitor for Merge<'_> {
             fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
                 if let Some(g) = self.from.remove(&param.id) {
-                    let g = if self.into.model_dtype {
-                        g
-                    } else {
-                        g.cast(FloatDType::F32)
-                    };
-                    let sum = match self.into.grads.remove(&param.id) {
-                        Some(acc) => acc + g,
-                        None => {
-                            self.into.order.push(param.id);
-                            g
-                        }
-                    };
-                    self.into.grads.insert(param.id, sum);
+                    let into = &mut *self.into;
+                    sum_into(
+                        &mut into.grads,
+                        &mut into.order,
+                        into.model_dtype,
+                        param.id,
+                        g,
+                    );
                 }
             }
         }

@@ -1,8 +1,9 @@
 //! The optimizer side of a training step, as Megatron-Core's `optimizer/` package: gradient
-//! buffers, Adam (replicated or sharded over data-parallel ranks), the learning-rate schedule,
+//! buffers, their data-parallel reduction overlapped with the backward pass, Adam (replicated or sharded over data-parallel ranks), the learning-rate schedule,
 //! loss scaling and mixed precision (fp32 main weights behind a half-precision model).
 
 pub mod adamw;
+pub mod background_reduce;
 pub mod distributed;
 pub mod grad_buffer;
 pub mod grad_scaler;
@@ -10,6 +11,7 @@ pub mod lr_schedule;
 pub mod mixed_precision;
 
 pub use adamw::{AdamW, AdamWConfig, NamedMoments};
+pub use background_reduce::BackgroundAllReduce;
 pub use distributed::DistributedAdamW;
 pub use grad_buffer::GradientAccumulator;
 pub use grad_scaler::{DynamicGradScaler, GradScaler, GradScalerState};

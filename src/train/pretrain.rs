@@ -28,6 +28,7 @@ use crate::model::named_parameters::parameter_names;
 use crate::model::recompute::lm_loss_backward;
 use crate::model::{Gpt, GptConfig, Recompute, StageLayers};
 use crate::optim::grad_scaler::DynamicGradScalerConfig;
+use crate::optim::BackgroundAllReduce;
 use crate::optim::DistributedAdamW;
 use crate::optim::{DynamicGradScaler, GradScaler, Precision};
 use crate::parallel::random::seed_micro_batch;
@@ -109,6 +110,9 @@ pub struct PretrainConfig {
     pub use_distributed_optimizer: bool,
     /// Gradient elements per data-parallel all-reduce (Megatron's `--ddp-bucket-size`).
     pub ddp_bucket_size: usize,
+    /// `--overlap-grad-reduce`: all-reduce the gradient buckets on a communication thread
+    /// during the last micro-batch's backward pass (see [`crate::optim::background_reduce`]).
+    pub overlap_grad_reduce: bool,
     /// `--tensorboard-dir`: where world rank 0 writes TensorBoard scalars.
     pub tensorboard_dir: Option<PathBuf>,
     /// `--tensorboard-log-interval`: iterations between training scalars.
@@ -161,6 +165,7 @@ impl PretrainConfig {
             decoder_last_pipeline_num_layers: None,
             use_distributed_optimizer: false,
             ddp_bucket_size: DEFAULT_DDP_BUCKET_SIZE,
+            overlap_grad_reduce: false,
             tensorboard_dir: None,
             tensorboard_log_interval: 1,
         }
@@ -237,6 +242,10 @@ pub struct PretrainOutcome {
     /// With pipeline stages: per iteration, each stage's share of the step spent waiting for
     /// its neighbours (the measured bubble), stage 0 first.
     pub pipeline_idle_fractions: Vec<Vec<f64>>,
+    /// Per iteration with more than one data-parallel rank: seconds this rank waited for the
+    /// data-parallel gradient reduction after its backward pass (all of it without
+    /// `--overlap-grad-reduce`; what the backward pass did not hide with it).
+    pub grad_reduce_exposed_seconds: Vec<f64>,
 }
 
 struct Datasets {
@@ -619,6 +628,22 @@ fn train_rank(
         .collect();
     not_counted.extend(shared_copy);
     let chunks = cfg.virtual_pipeline_stages();
+    // `--overlap-grad-reduce` overlaps the all-reduce of the replicated optimizer with the
+    // last backward pass of a one-stage model.
+    let overlap = cfg.overlap_grad_reduce && dp > 1 && pp == 1 && !cfg.use_distributed_optimizer;
+    if cfg.overlap_grad_reduce && dp > 1 && !overlap {
+        say!(
+            " > --overlap-grad-reduce: not overlapped with {}; the gradients are reduced after the backward pass",
+            if pp > 1 {
+                "pipeline parallelism"
+            } else {
+                "--use-distributed-optimizer"
+            }
+        );
+    }
+    // Parameters two pieces of the backward pass contribute to (the tied word embedding: the
+    // output layer's and the embedding's): final only after the last piece.
+    let used_twice: HashSet<ParamId> = main.word_embeddings.iter().map(|e| e.weight.id).collect();
     let p2p = if pp > 1 {
         say!(
             " > pipeline: {pp} stages{}, {} schedule; this rank's layers: {:?}",
@@ -777,6 +802,8 @@ fn train_rank(
         // and multiplied by the loss scale.
         let divisor = micro_batches as f64 / loss_scale;
         let mut bubble: Option<Vec<f64>> = None;
+        // Seconds waited for the data-parallel gradient sums (set once they are summed).
+        let mut exposed_reduce: Option<f64> = None;
         let (mut grads, micro_losses) = match &p2p {
             Some(p2p) => {
                 let batches: Vec<MicroBatch> =
@@ -818,6 +845,42 @@ fn train_rank(
                     let global_index = global_micro_batch(k, data);
                     seed_micro_batch(cfg.seed, iteration, global_index, tensor.rank());
                     let (tokens, labels, mask) = loader.next_batch().to_tensors(device);
+                    if overlap && k + 1 == my_micro_batches {
+                        // The last backward pass in pieces, each piece's final gradients
+                        // all-reduced in the background while the next piece runs.
+                        let mut reducer =
+                            BackgroundAllReduce::start(data, cfg.ddp_bucket_size.max(1));
+                        let mut micro = GradientAccumulator::in_model_dtype();
+                        let loss = lm_loss_backward(
+                            &model,
+                            tokens,
+                            labels,
+                            mask,
+                            divisor,
+                            cfg.recompute,
+                            true,
+                            |g| {
+                                for id in micro.add_listing(&model, g) {
+                                    // The tied embedding gets its last part at the end.
+                                    if !used_twice.contains(&id) {
+                                        let g = micro.take(&id).expect("just added");
+                                        reducer.push(id, grads.take_sum(id, g));
+                                    }
+                                }
+                            },
+                        );
+                        for (id, g) in micro.drain() {
+                            reducer.push(id, grads.take_sum(id, g));
+                        }
+                        micro_losses.push(loss.inner());
+                        let reduced = reducer.finish()?;
+                        for (id, g) in reduced.grads {
+                            grads.insert(id, g);
+                        }
+                        grads.restore_declaration_order(&model);
+                        exposed_reduce = Some(reduced.exposed.as_secs_f64());
+                        continue;
+                    }
                     if cfg.recompute == Recompute::None {
                         let loss = model.lm_loss(tokens, labels, mask);
                         micro_losses.push(loss.clone().inner());
@@ -831,6 +894,7 @@ fn train_rank(
                             mask,
                             divisor,
                             cfg.recompute,
+                            false,
                             |g| micro.add(&model, g),
                         );
                         micro_losses.push(loss.inner());
@@ -867,7 +931,11 @@ fn train_rank(
             let norm;
             (main, norm) = match &mut optimizer {
                 Optimizer::Replicated(adam) => {
-                    grads.all_reduce_in_buckets(data, cfg.ddp_bucket_size.max(1))?;
+                    if exposed_reduce.is_none() && dp > 1 {
+                        let start = Instant::now();
+                        grads.all_reduce_in_buckets(data, cfg.ddp_bucket_size.max(1))?;
+                        exposed_reduce = Some(start.elapsed().as_secs_f64());
+                    }
                     let norm = grads.clip_global_norm_parallel(
                         cfg.clip_grad,
                         &not_counted,
@@ -902,6 +970,7 @@ fn train_rank(
         state.iteration = iteration;
         state.consumed_train_samples += cfg.global_batch_size as u64;
         outcome.losses.push((iteration, loss));
+        outcome.grad_reduce_exposed_seconds.extend(exposed_reduce);
         outcome.loss_scales.push((iteration, loss_scale));
         interval_iters += 1;
         if found_inf {
@@ -925,7 +994,8 @@ fn train_rank(
                     "loss_scale": loss_scale,
                     "skipped": found_inf,
                     "peak_rss_mib": peak_rss_bytes().map(|b| b as f64 / 1048576.0),
-                    "pipeline_idle_fraction": bubble
+                    "pipeline_idle_fraction": bubble,
+                    "grad_reduce_exposed_seconds": exposed_reduce
                 })
             )?;
         }
