@@ -9,8 +9,21 @@ use std::time::{Duration, Instant};
 use ferrotron::comm::world::{launcher_variable, World};
 
 /// `mpirun -np ranks` allowed to run as root and to put more ranks than cores on this
-/// machine.
+/// machine; with `FERROTRON_TEST_LAUNCHER=srun`, Slurm's `srun -n ranks` instead (PMIx,
+/// tasks may share cores, a failed task ends the job), to run the same tests on a Slurm
+/// cluster (see README).
 pub fn mpirun_command(ranks: usize) -> Command {
+    if std::env::var("FERROTRON_TEST_LAUNCHER").is_ok_and(|l| l == "srun") {
+        let mut cmd = Command::new("srun");
+        cmd.args([
+            "-n",
+            &ranks.to_string(),
+            "--overcommit",
+            "--kill-on-bad-exit=1",
+        ])
+        .arg("--mpi=pmix");
+        return cmd;
+    }
     let mut cmd = Command::new("mpirun");
     cmd.args(["-np", &ranks.to_string()])
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
