@@ -528,3 +528,238 @@ fn layer_norm_backward_matches_finite_differences_of_the_forward_kernel() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Half-precision storage (what `--fp16` / `--bf16` models hand the kernels): each kernel with
+// f16 or bf16 inputs and outputs against the same kernel in f32 on the same (rounded) inputs.
+// The kernels compute in f32 whatever they store, so each output may differ from the f32
+// reference only by its own rounding to the storage type: at most one unit in its last place.
+
+/// A storage type the kernels take, with its conversions and precision.
+trait Storage: Float + CubeElement + Copy {
+    const NAME: &'static str;
+    /// One unit in the last place, relative (2^-mantissa bits).
+    const ULP: f64;
+    /// The smallest positive normal value (below it the spacing is absolute).
+    const MIN_NORMAL: f64;
+    fn from_f32(v: f32) -> Self;
+    fn to_f32(self) -> f32;
+}
+
+impl Storage for half::f16 {
+    const NAME: &'static str = "f16";
+    const ULP: f64 = 1.0 / 1024.0;
+    const MIN_NORMAL: f64 = 6.103515625e-5;
+    fn from_f32(v: f32) -> Self {
+        half::f16::from_f32(v)
+    }
+    fn to_f32(self) -> f32 {
+        half::f16::to_f32(self)
+    }
+}
+
+impl Storage for half::bf16 {
+    const NAME: &'static str = "bf16";
+    const ULP: f64 = 1.0 / 128.0;
+    const MIN_NORMAL: f64 = 1.1754944e-38;
+    fn from_f32(v: f32) -> Self {
+        half::bf16::from_f32(v)
+    }
+    fn to_f32(self) -> f32 {
+        half::bf16::to_f32(self)
+    }
+}
+
+/// `values` rounded to `H` (what a half-precision model holds).
+fn rounded<H: Storage>(values: &[f32]) -> Vec<f32> {
+    values
+        .iter()
+        .map(|&v| Storage::to_f32(<H as Storage>::from_f32(v)))
+        .collect()
+}
+
+fn upload_as<H: Storage>(client: &Client, values: &[f32]) -> Handle {
+    let h: Vec<H> = values
+        .iter()
+        .map(|&v| <H as Storage>::from_f32(v))
+        .collect();
+    client.create_from_slice(H::as_bytes(&h))
+}
+
+fn poisoned_as<H: Storage>(client: &Client, n: usize) -> Handle {
+    upload_as::<H>(client, &vec![f32::NAN; n.max(1)])
+}
+
+fn download_as<H: Storage>(client: &Client, handle: Handle, n: usize) -> Vec<f32> {
+    H::from_bytes(&client.read_one_unchecked(handle))[..n]
+        .iter()
+        .map(|&v| Storage::to_f32(v))
+        .collect()
+}
+
+/// Asserts `got` (stored in `H`) is the f32 reference `want` up to one unit in `H`'s last
+/// place (plus the f32 kernels' own tolerance `abs` where the computation is not the same).
+fn assert_within_an_ulp<H: Storage>(what: &str, got: &[f32], want: &[f32], abs: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let mut worst: f64 = 0.0;
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let err = (g as f64 - w as f64).abs();
+        let ulp = H::ULP * (w.abs() as f64).max(H::MIN_NORMAL);
+        assert!(
+            err <= ulp + abs,
+            "{what} ({}): element {i}: got {g}, f32 reference {w} (error {err:e}, one ulp {ulp:e})",
+            H::NAME
+        );
+        worst = worst.max(err / (ulp + abs));
+    }
+    println!("{what} ({}): worst error {worst:.2} of the bound", H::NAME);
+}
+
+/// Every kernel in storage `H` against the same kernel in f32, on inputs rounded to `H`;
+/// false when this device cannot store `H`.
+fn half_storage_matches_f32<H: Storage>(client: &Client) -> bool {
+    if !client.properties().supports_type(H::cube_type()) {
+        return false;
+    }
+    let mut rng = Rng(11);
+    let launch = RowLaunch::for_client(client);
+
+    // Causal softmax and its backward on [2, 3, 37, 37] scores.
+    let s = shape(2, 3, 37, 37);
+    let x = rounded::<H>(&rng.vec(s.len(), -6.0, 6.0));
+    let scale = 0.125f32;
+    let run = |storage_half: bool, x: &[f32]| -> Vec<f32> {
+        if storage_half {
+            let (input, output) = (upload_as::<H>(client, x), poisoned_as::<H>(client, s.len()));
+            softmax_forward::<H>(
+                client,
+                launch,
+                &input,
+                SoftmaxMask::Causal,
+                &output,
+                s,
+                scale,
+            );
+            download_as::<H>(client, output, s.len())
+        } else {
+            run_softmax(client, launch, x, s, scale, true, None)
+        }
+    };
+    let (y_half, y_f32) = (run(true, &x), run(false, &x));
+    assert_within_an_ulp::<H>("causal softmax", &y_half, &y_f32, 0.0);
+
+    let y = rounded::<H>(&y_f32);
+    let dy = rounded::<H>(&rng.vec(s.len(), -1.0, 1.0));
+    let dx_f32 = run_softmax_backward(client, launch, &y, &dy, s.rows(), s.sk, scale);
+    let (yh, dyh, dxh) = (
+        upload_as::<H>(client, &y),
+        upload_as::<H>(client, &dy),
+        poisoned_as::<H>(client, s.len()),
+    );
+    softmax_backward::<H>(client, launch, &yh, &dyh, &dxh, s.rows(), s.sk, scale);
+    let dx_half = download_as::<H>(client, dxh, s.len());
+    assert_within_an_ulp::<H>("softmax backward", &dx_half, &dx_f32, 0.0);
+
+    // LayerNorm forward and backward, 33 rows of 200.
+    let (rows, cols) = (33, 200);
+    let x = rounded::<H>(&rng.vec(rows * cols, -3.0, 5.0));
+    let gamma = rounded::<H>(&rng.vec(cols, 0.5, 1.5));
+    let beta = rounded::<H>(&rng.vec(cols, -0.5, 0.5));
+    let f32_run = run_layer_norm(client, launch, &x, &gamma, &beta, rows, cols, 1e-5);
+    let [xh, gh, bh] = [&x, &gamma, &beta].map(|v| upload_as::<H>(client, v));
+    let (yh, mean, rstd) = (
+        poisoned_as::<H>(client, rows * cols),
+        poisoned(client, rows),
+        poisoned(client, rows),
+    );
+    layer_norm_forward::<H>(
+        client, launch, &xh, &gh, &bh, &yh, &mean, &rstd, rows, cols, 1e-5,
+    );
+    let y_half = download_as::<H>(client, yh, rows * cols);
+    assert_within_an_ulp::<H>("layer norm", &y_half, &f32_run.y, 0.0);
+    // The statistics stay f32, from the same inputs: equal.
+    assert_eq!(
+        download(client, mean, rows),
+        f32_run.mean,
+        "layer norm mean"
+    );
+    assert_eq!(download(client, rstd, rows), f32_run.rstd, "layer norm 1/σ");
+
+    let dy = rounded::<H>(&rng.vec(rows * cols, -1.0, 1.0));
+    let (dx_f32, dg_f32, db_f32) = run_layer_norm_backward(
+        client,
+        launch,
+        &x,
+        &gamma,
+        &dy,
+        &f32_run.mean,
+        &f32_run.rstd,
+        rows,
+        cols,
+    );
+    let [xh, gh, dyh] = [&x, &gamma, &dy].map(|v| upload_as::<H>(client, v));
+    let [mh, rh] = [&f32_run.mean, &f32_run.rstd].map(|v| upload(client, v));
+    let (dxh, dgh, dbh) = (
+        poisoned_as::<H>(client, rows * cols),
+        poisoned_as::<H>(client, cols),
+        poisoned_as::<H>(client, cols),
+    );
+    layer_norm_backward::<H>(
+        client, launch, &xh, &gh, &dyh, &mh, &rh, &dxh, &dgh, &dbh, rows, cols,
+    );
+    assert_within_an_ulp::<H>(
+        "layer norm dx",
+        &download_as::<H>(client, dxh, rows * cols),
+        &dx_f32,
+        0.0,
+    );
+    assert_within_an_ulp::<H>(
+        "layer norm dγ",
+        &download_as::<H>(client, dgh, cols),
+        &dg_f32,
+        0.0,
+    );
+    assert_within_an_ulp::<H>(
+        "layer norm dβ",
+        &download_as::<H>(client, dbh, cols),
+        &db_f32,
+        0.0,
+    );
+
+    // Dropout: the same elements dropped, the kept ones scaled in f32 and rounded once.
+    let n = 10_007;
+    let x = rounded::<H>(&rng.vec(n, -2.0, 2.0));
+    let draw = DropoutDraw {
+        key_lo: 0x9e37_79b9,
+        key_hi: 7,
+        threshold: (0.1f64 * 4294967296.0) as u32,
+        scale: 1.0 / 0.9,
+    };
+    let (xf, of) = (upload(client, &x), poisoned(client, n));
+    dropout::<f32>(client, &xf, &of, n, draw);
+    let out_f32 = download(client, of, n);
+    let (xh, oh) = (upload_as::<H>(client, &x), poisoned_as::<H>(client, n));
+    dropout::<H>(client, &xh, &oh, n, draw);
+    let out_half = download_as::<H>(client, oh, n);
+    for (i, (h, f)) in out_half.iter().zip(&out_f32).enumerate() {
+        assert_eq!(*h == 0.0, *f == 0.0, "dropout element {i}: {h} vs {f}");
+    }
+    assert_within_an_ulp::<H>("dropout", &out_half, &out_f32, 0.0);
+    true
+}
+
+#[test]
+fn half_precision_storage_matches_the_f32_kernels_within_an_ulp() {
+    let client = client();
+    let ran: Vec<&str> = [
+        ("f16", half_storage_matches_f32::<half::f16>(&client)),
+        ("bf16", half_storage_matches_f32::<half::bf16>(&client)),
+    ]
+    .into_iter()
+    .filter_map(|(name, ran)| ran.then_some(name))
+    .collect();
+    println!("half-precision storage checked on this device: {ran:?}");
+    // lavapipe stores f16 (WGSL has no bf16); cubecl-cpu both. A device storing neither
+    // would leave this test empty: fail instead.
+    assert!(!ran.is_empty(), "this device stores neither f16 nor bf16");
+}

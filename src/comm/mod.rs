@@ -122,6 +122,11 @@ pub trait Communicator: Send + Sync + fmt::Debug {
     fn ranks_in_process(&self) -> usize {
         1
     }
+    /// This group as an NCCL group, which can work on CUDA memory in place.
+    #[cfg(feature = "cuda")]
+    fn as_nccl(&self) -> Option<&nccl::NcclComm> {
+        None
+    }
 }
 
 /// The shape of `data` as a plain vector.

@@ -180,8 +180,19 @@ impl NcclComm {
     /// Checks on the host group that every rank calls `what` with the same dtype and shape
     /// (NCCL itself would hang or mix up bytes).
     fn agree(&self, what: &str, data: &TensorData, extra: i64) -> Result<(), CommError> {
-        let mut sig = vec![dtype_code(data.dtype()), extra, data.shape().len() as i64];
-        sig.extend(data.shape().iter().map(|&d| d as i64));
+        self.agree_on(what, data.dtype(), data.shape(), extra)
+    }
+
+    /// [`Self::agree`] on a dtype and shape.
+    fn agree_on(
+        &self,
+        what: &str,
+        dtype: DType,
+        shape: &[usize],
+        extra: i64,
+    ) -> Result<(), CommError> {
+        let mut sig = vec![dtype_code(dtype), extra, shape.len() as i64];
+        sig.extend(shape.iter().map(|&d| d as i64));
         sig.resize(12, -1);
         let all = self
             .host
@@ -232,6 +243,71 @@ impl NcclComm {
 
     fn cu_stream(&self) -> sys::cudaStream_t {
         self.stream.cu_stream() as sys::cudaStream_t
+    }
+}
+
+/// What a CUDA tensor's device memory looks like to NCCL: burn's CUDA runtime's server, whose
+/// storage hands out raw device pointers. (cubecl 0.11 keeps its `Runtime` trait out of its
+/// prelude; the server type is reachable only through it.)
+type CudaServer =
+    <burn_cubecl::cubecl::cuda::CudaRuntime as burn_cubecl::cubecl::__private::Runtime>::Server;
+
+impl NcclComm {
+    /// The element-wise `op` of `x` over the group, in `x`'s own CUDA memory: no host copy.
+    /// `x` comes back unchanged as `Err` when it is not a CUDA tensor (the caller stages it
+    /// through the host instead).
+    ///
+    /// The result is a fresh copy of `x` made by a kernel (so it is written and nobody else
+    /// holds it), reduced in place by NCCL on this group's stream once the device has finished
+    /// the work queued before it; NCCL's stream is synchronised before the tensor goes back
+    /// to burn.
+    pub fn all_reduce_in_device_memory<const D: usize>(
+        &self,
+        x: burn::tensor::Tensor<D>,
+        op: ReduceOp,
+    ) -> Result<Result<burn::tensor::Tensor<D>, burn::tensor::Tensor<D>>, CommError> {
+        use burn::tensor::Tensor;
+        use burn_cubecl::tensor::CubeTensor;
+        use burn_cubecl::CubeBackend;
+
+        let copy = x.clone().mul_scalar(1.0);
+        let Ok(cube) = copy.try_into_primitive::<CubeBackend>() else {
+            return Ok(Err(x));
+        };
+        let cube: CubeTensor = burn_cubecl::kernel::into_contiguous(cube);
+        let dtype = cube.dtype;
+        let count = cube.meta.shape.num_elements();
+        let client = cube.client.clone();
+        let Ok(resource) = client.get_resource::<CudaServer>(cube.handle.clone()) else {
+            // Another CubeCL runtime (wgpu, ...): not memory NCCL can reach.
+            return Ok(Err(x));
+        };
+        self.agree_on("all_reduce", dtype, cube.meta.shape.as_slice(), 1)?;
+        <CubeBackend as burn::backend::Backend>::sync(&cube.device)
+            .map_err(|e| cuda_error("sync", e))?;
+        {
+            let comm = self.lock();
+            let ptr = resource.resource().ptr;
+            // SAFETY: `ptr` addresses the `count` elements of `dtype` of a buffer only this
+            // function holds, kept alive by `resource` until NCCL's stream is synchronised.
+            unsafe {
+                result::all_reduce(
+                    ptr as *const _,
+                    ptr as *mut _,
+                    count,
+                    nccl_dtype(dtype)?,
+                    nccl_op(op),
+                    comm.0,
+                    self.cu_stream(),
+                )
+            }
+            .map_err(|e| nccl_error("all_reduce", e))?;
+            self.stream
+                .synchronize()
+                .map_err(|e| cuda_error("all_reduce", e))?;
+        }
+        drop(resource);
+        Ok(Ok(Tensor::from_primitive::<CubeBackend>(cube)))
     }
 }
 
@@ -398,6 +474,10 @@ impl Communicator for NcclComm {
 
     fn ranks_in_process(&self) -> usize {
         self.host.ranks_in_process()
+    }
+
+    fn as_nccl(&self) -> Option<&NcclComm> {
+        Some(self)
     }
 }
 

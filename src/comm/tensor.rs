@@ -1,6 +1,6 @@
 //! Burn device tensors through a communicator: read to host bytes (dtype kept), communicate,
 //! upload to the same device. This is what the host-staging communicators (threads, MPI) do
-//! on every backend; a device communicator (NCCL) would work on the device memory in place.
+//! on every backend; an NCCL group all-reduces CUDA tensors in their device memory instead.
 
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, BackendTypes, TensorMetadata};
@@ -49,7 +49,18 @@ pub fn all_reduce<const D: usize>(
     if group.size() == 1 {
         return Ok(x);
     }
-    group.timed(|| staged(x, |d| group.all_reduce(d, op)))
+    group.timed(|| {
+        // NCCL reduces a CUDA tensor where it lies.
+        #[cfg(feature = "cuda")]
+        let x = match group.communicator().and_then(|c| c.as_nccl()) {
+            Some(nccl) => match nccl.all_reduce_in_device_memory(x, op)? {
+                Ok(reduced) => return Ok(reduced),
+                Err(x) => x,
+            },
+            None => x,
+        };
+        staged(x, |d| group.all_reduce(d, op))
+    })
 }
 
 /// Every rank's `x` joined along `dim`.

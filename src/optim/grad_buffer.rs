@@ -13,6 +13,15 @@ use burn::tensor::{FloatDType, Gradients, Tensor, TensorData};
 use crate::comm::CommError;
 use crate::comm::{Group, ReduceOp};
 
+/// The global gradient norm of a step: already a host value, or a one-element device tensor
+/// still to be read (see [`GradientAccumulator::clip_global_norm_deferred`]).
+pub enum GradNorm {
+    /// Read already (it went through a host collective).
+    Read(f64),
+    /// On the device, not read yet.
+    OnDevice(Box<Tensor<1>>),
+}
+
 /// Gradients summed over the micro-batches of one step, flattened, by parameter.
 ///
 /// Parameters are kept in the module's declaration order, so reductions over them (the
@@ -188,6 +197,16 @@ impl GradientAccumulator {
 
     /// `Σ g²` over the parameters `counted` selects (one host read).
     pub fn sum_of_squares(&self, counted: impl Fn(&ParamId) -> bool) -> f64 {
+        self.sum_of_squares_on_device(counted)
+            .map_or(0.0, |t| t.into_scalar::<f32>() as f64)
+    }
+
+    /// `Σ g²` as a one-element tensor on the gradients' device (no host read); `None` when
+    /// no gradient is counted.
+    pub fn sum_of_squares_on_device(
+        &self,
+        counted: impl Fn(&ParamId) -> bool,
+    ) -> Option<Tensor<1>> {
         let mut total: Option<Tensor<1>> = None;
         for id in &self.order {
             if !counted(id) {
@@ -200,7 +219,7 @@ impl GradientAccumulator {
                 None => s,
             });
         }
-        total.map_or(0.0, |t| t.into_scalar::<f32>() as f64)
+        total
     }
 
     /// Whether every gradient is finite (one host read): `g · 0` is 0 for a finite `g` and NaN
@@ -264,6 +283,44 @@ impl GradientAccumulator {
             group.timed(|| group.all_reduce(TensorData::new(vec![local], [1]), ReduceOp::Sum))?;
         let total = total.try_to_vec::<f64>().expect("f64")[0];
         Ok(self.clip_to(total.sqrt(), max_norm))
+    }
+
+    /// [`Self::clip_global_norm_parallel`] without reading the device when `group` has one
+    /// rank (a single GPU): the norm, the clipping coefficient `min(1, max_norm / (norm +
+    /// 1e-6))` and the scaling stay on the device, and the norm comes back as a tensor, to be
+    /// read with the losses once per step. With more ranks the squares are summed over the
+    /// group through the host, as [`Self::clip_global_norm_parallel`] does.
+    pub fn clip_global_norm_deferred(
+        &mut self,
+        max_norm: f64,
+        not_counted: &HashSet<ParamId>,
+        group: &Group,
+    ) -> Result<GradNorm, CommError> {
+        if group.size() > 1 {
+            return Ok(GradNorm::Read(self.clip_global_norm_parallel(
+                max_norm,
+                not_counted,
+                group,
+            )?));
+        }
+        let Some(squares) = self.sum_of_squares_on_device(|id| !not_counted.contains(id)) else {
+            return Ok(GradNorm::Read(0.0));
+        };
+        let norm = squares.sqrt();
+        if max_norm > 0.0 {
+            // Below the limit the coefficient is exactly 1, and multiplying by it changes
+            // nothing.
+            let coefficient = norm
+                .clone()
+                .add_scalar(1e-6)
+                .recip()
+                .mul_scalar(max_norm)
+                .clamp_max(1.0);
+            for g in self.grads.values_mut() {
+                *g = g.clone() * coefficient.clone();
+            }
+        }
+        Ok(GradNorm::OnDevice(Box::new(norm)))
     }
 
     /// Sums the gradients over the data-parallel `group` (Megatron's DDP: every rank's

@@ -13,7 +13,7 @@ pub mod mixed_precision;
 pub use adamw::{AdamW, AdamWConfig, NamedMoments};
 pub use background_reduce::BackgroundAllReduce;
 pub use distributed::DistributedAdamW;
-pub use grad_buffer::GradientAccumulator;
+pub use grad_buffer::{GradNorm, GradientAccumulator};
 pub use grad_scaler::{DynamicGradScaler, GradScaler, GradScalerState};
 pub use lr_schedule::{LrDecayStyle, LrSchedule};
 pub use mixed_precision::{cast_parameters, Precision};

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use burn::module::{Module, ParamId};
-use burn::tensor::{DType, Device, TensorData};
+use burn::tensor::{DType, Device, FloatDType, Tensor, TensorData};
 
 use super::checkpoint::{load_checkpoint, save_checkpoint, OptimizerState, ShardPlace, TrainState};
 use super::loader::{BatchLoader, MicroBatch};
@@ -28,8 +28,8 @@ use crate::model::named_parameters::parameter_names;
 use crate::model::recompute::lm_loss_backward;
 use crate::model::{Gpt, GptConfig, Recompute, StageLayers};
 use crate::optim::grad_scaler::DynamicGradScalerConfig;
-use crate::optim::BackgroundAllReduce;
 use crate::optim::DistributedAdamW;
+use crate::optim::{BackgroundAllReduce, GradNorm};
 use crate::optim::{DynamicGradScaler, GradScaler, Precision};
 use crate::parallel::random::seed_micro_batch;
 use crate::parallel::sharding::partition_dim;
@@ -936,7 +936,7 @@ fn train_rank(
                         grads.all_reduce_in_buckets(data, cfg.ddp_bucket_size.max(1))?;
                         exposed_reduce = Some(start.elapsed().as_secs_f64());
                     }
-                    let norm = grads.clip_global_norm_parallel(
+                    let norm = grads.clip_global_norm_deferred(
                         cfg.clip_grad,
                         &not_counted,
                         &parallel.model,
@@ -944,7 +944,9 @@ fn train_rank(
                     (adam.step(main, &grads, lr), norm)
                 }
                 Optimizer::Distributed(adam) => {
-                    adam.step(main, &grads, lr, cfg.clip_grad, &parallel.world)?
+                    let (main, norm) =
+                        adam.step(main, &grads, lr, cfg.clip_grad, &parallel.world)?;
+                    (main, GradNorm::Read(norm))
                 }
             };
             model = cfg.precision.working_copy(&main);
@@ -952,10 +954,9 @@ fn train_rank(
         };
         drop(grads);
         let loss_scale = scaler.as_ref().map_or(1.0, GradScaler::scale);
-        let local_loss: f64 = micro_losses
-            .into_iter()
-            .map(|l| l.into_scalar::<f32>() as f64)
-            .sum();
+        // One read of the device per step: the micro-batches' losses and, unless it went
+        // through a host collective already, the gradient norm.
+        let (local_loss, grad_norm) = read_step_values(micro_losses, grad_norm);
         // Only the last stage has losses: the pipeline sum brings them to every stage.
         let local_loss = if pp > 1 {
             let summed = parallel
@@ -1200,6 +1201,42 @@ fn save(
     };
     parallel.world.barrier()?;
     Ok(path.unwrap_or_else(|| super::checkpoint::checkpoint_dir(dir, state.iteration, place)))
+}
+
+/// The sum of `micro_losses` (each a one-element tensor) and the gradient norm, read from
+/// the device together.
+fn read_step_values(
+    micro_losses: Vec<Tensor<1>>,
+    grad_norm: Option<GradNorm>,
+) -> (f64, Option<f64>) {
+    let m = micro_losses.len();
+    let mut pending: Vec<Tensor<1>> = micro_losses
+        .into_iter()
+        .map(|l| l.cast(FloatDType::F32))
+        .collect();
+    let read_norm = match grad_norm {
+        Some(GradNorm::OnDevice(norm)) => {
+            pending.push((*norm).cast(FloatDType::F32));
+            None
+        }
+        Some(GradNorm::Read(norm)) => Some(Some(norm)),
+        None => Some(None),
+    };
+    let values: Vec<f64> = if pending.is_empty() {
+        Vec::new()
+    } else {
+        Tensor::cat(pending, 0)
+            .into_data()
+            .convert::<f32>()
+            .try_to_vec::<f32>()
+            .expect("f32")
+            .into_iter()
+            .map(f64::from)
+            .collect()
+    };
+    let loss = values[..m].iter().sum();
+    let norm = read_norm.unwrap_or_else(|| values.get(m).copied());
+    (loss, norm)
 }
 
 fn print_validation(label: &str, loss: f64) {
