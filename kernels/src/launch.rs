@@ -6,7 +6,7 @@ use cubecl::server::Handle;
 
 use crate::rows::cube_count;
 pub use crate::rows::RowLaunch;
-use crate::{dropout, layer_norm, softmax};
+use crate::{attention, dropout, layer_norm, softmax};
 
 fn arg(handle: &Handle, len: usize) -> BufferArg {
     // SAFETY: every launcher sizes its buffers from the same shape it passes to the kernel,
@@ -253,6 +253,21 @@ fn half_precision_instantiates(client: &Client, h: &Handle) {
         softmax_backward::<F>(client, rows, h, h, h, 1, 1, 1.0);
         layer_norm_forward::<F>(client, rows, h, h, h, h, h, h, 1, 1, 1e-5);
         layer_norm_backward::<F>(client, rows, h, h, h, h, h, h, h, h, 1, 1);
+        let heads = AttentionShape {
+            heads: 1,
+            seq: 1,
+            head_dim: 1,
+        };
+        let (q, o) = (
+            AttentionInputs {
+                query: h,
+                key: h,
+                value: h,
+            },
+            h,
+        );
+        flash_attention_forward::<F>(client, rows, q, o, h, heads, 1.0, None);
+        flash_attention_backward::<F>(client, rows, q, o, h, h, [h, h, h], h, heads, 1.0, None);
     }
     all::<half::f16>(client, h);
     all::<half::bf16>(client, h);
@@ -298,5 +313,184 @@ pub fn dropout<F: Float + CubeElement>(
         draw.threshold,
         draw.scale,
         len as u32,
+    );
+}
+
+/// The shape of fused attention's `[batch · heads, seq, head_dim]` tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionShape {
+    /// Batch × heads.
+    pub heads: usize,
+    /// Sequence length (queries and keys).
+    pub seq: usize,
+    /// Width of a head.
+    pub head_dim: usize,
+}
+
+impl AttentionShape {
+    /// Query (or key) rows in all.
+    pub fn rows(&self) -> usize {
+        self.heads * self.seq
+    }
+
+    /// Elements of one of q, k, v, o.
+    pub fn len(&self) -> usize {
+        self.rows() * self.head_dim
+    }
+
+    /// Whether there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn check(&self, dropout: Option<DropoutDraw>) {
+        assert!(
+            self.len() <= u32::MAX as usize,
+            "fused attention of more than 2³² elements: {self:?}"
+        );
+        if dropout.is_some() {
+            assert!(
+                self.rows() as u128 * self.seq as u128 <= u32::MAX as u128,
+                "dropout inside attention indexes the probabilities with 32 bits: {self:?}"
+            );
+        }
+    }
+}
+
+/// The query, key and value buffers of fused attention (`[batch · heads, seq, head_dim]`).
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionInputs<'a> {
+    /// Queries.
+    pub query: &'a Handle,
+    /// Keys.
+    pub key: &'a Handle,
+    /// Values.
+    pub value: &'a Handle,
+}
+
+/// Dropout's kernel arguments for an optional draw: key, threshold, scale, and whether to
+/// drop at all.
+fn draw_args(dropout: Option<DropoutDraw>) -> (u32, u32, u32, f32, bool) {
+    match dropout {
+        Some(d) => (d.key_lo, d.key_hi, d.threshold, d.scale, true),
+        None => (0, 0, 0, 1.0, false),
+    }
+}
+
+/// Fused causal attention forward: `output = dropout(softmax(scale · q kᵀ)) v` per head, and
+/// the per-row log-sum-exp of the scaled scores (`logsumexp`, f32, one per query row) that
+/// the backward needs. Nothing of size `seq × seq` is stored.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attention_forward<F: Float + CubeElement>(
+    client: &Client,
+    launch: RowLaunch,
+    inputs: AttentionInputs<'_>,
+    output: &Handle,
+    logsumexp: &Handle,
+    shape: AttentionShape,
+    scale: f32,
+    dropout: Option<DropoutDraw>,
+) {
+    if shape.is_empty() {
+        return;
+    }
+    shape.check(dropout);
+    let (n, rows) = (shape.len(), shape.rows());
+    let (key_lo, key_hi, threshold, keep_scale, drop) = draw_args(dropout);
+    attention::flash_attention_forward::launch::<F, f32>(
+        client,
+        launch.cube_count(rows),
+        launch.cube_dim(),
+        arg(inputs.query, n),
+        arg(inputs.key, n),
+        arg(inputs.value, n),
+        arg(output, n),
+        arg(logsumexp, rows),
+        scale,
+        rows as u32,
+        shape.seq as u32,
+        key_lo,
+        key_hi,
+        threshold,
+        keep_scale,
+        shape.head_dim as u32,
+        drop,
+        launch.lanes,
+        launch.rows_per_cube,
+    );
+}
+
+/// Fused causal attention backward: `[grad_query, grad_key, grad_value]` from the forward's
+/// inputs, `output` and `logsumexp`, and `grad_output`; `delta` (f32, one per query row) is
+/// scratch. The same `dropout` draw as the forward re-derives its mask.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attention_backward<F: Float + CubeElement>(
+    client: &Client,
+    launch: RowLaunch,
+    inputs: AttentionInputs<'_>,
+    output: &Handle,
+    grad_output: &Handle,
+    logsumexp: &Handle,
+    grads: [&Handle; 3],
+    delta: &Handle,
+    shape: AttentionShape,
+    scale: f32,
+    dropout: Option<DropoutDraw>,
+) {
+    if shape.is_empty() {
+        return;
+    }
+    shape.check(dropout);
+    let (n, rows) = (shape.len(), shape.rows());
+    let (key_lo, key_hi, threshold, keep_scale, drop) = draw_args(dropout);
+    let [grad_query, grad_key, grad_value] = grads;
+    attention::flash_attention_backward_query::launch::<F, f32>(
+        client,
+        launch.cube_count(rows),
+        launch.cube_dim(),
+        arg(inputs.query, n),
+        arg(inputs.key, n),
+        arg(inputs.value, n),
+        arg(output, n),
+        arg(grad_output, n),
+        arg(logsumexp, rows),
+        arg(delta, rows),
+        arg(grad_query, n),
+        scale,
+        rows as u32,
+        shape.seq as u32,
+        key_lo,
+        key_hi,
+        threshold,
+        keep_scale,
+        shape.head_dim as u32,
+        drop,
+        launch.lanes,
+        launch.rows_per_cube,
+    );
+    // Reads the deltas the launch above wrote (the same stream, in order).
+    attention::flash_attention_backward_key_value::launch::<F, f32>(
+        client,
+        launch.cube_count(rows),
+        launch.cube_dim(),
+        arg(inputs.query, n),
+        arg(inputs.key, n),
+        arg(inputs.value, n),
+        arg(grad_output, n),
+        arg(logsumexp, rows),
+        arg(delta, rows),
+        arg(grad_key, n),
+        arg(grad_value, n),
+        scale,
+        rows as u32,
+        shape.seq as u32,
+        key_lo,
+        key_hi,
+        threshold,
+        keep_scale,
+        shape.head_dim as u32,
+        drop,
+        launch.lanes,
+        launch.rows_per_cube,
     );
 }

@@ -4,7 +4,9 @@
 //!   (`ScaledUpperTriangMaskedSoftmax`), scaled softmax with a padding mask
 //!   (`ScaledMaskedSoftmax`), and their shared backward;
 //! - [`layer_norm`]: LayerNorm forward (saving mean and 1/σ) and backward (dx, dγ, dβ);
-//! - [`dropout`]: dropout with masks derived on the device from a key and the element index.
+//! - [`dropout`]: dropout with masks derived on the device from a key and the element index;
+//! - [`attention`]: causal attention fused FlashAttention-style (online softmax, dropout
+//!   inside, no `seq × seq` tensor), forward and backward.
 //!
 //! Every kernel reads and writes its tensors once, gives each row a warp-sized group of units
 //! ([`rows`]), loops over rows of any length in strides of that group, and accumulates in a separate float type `A`
@@ -13,6 +15,7 @@
 //! (Vulkan, Metal, lavapipe on CPU) and the other CubeCL runtimes. Buffers are contiguous
 //! row-major slices.
 
+pub mod attention;
 pub mod dropout;
 pub mod launch;
 pub mod layer_norm;

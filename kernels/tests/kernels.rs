@@ -745,7 +745,82 @@ fn half_storage_matches_f32<H: Storage>(client: &Client) -> bool {
         assert_eq!(*h == 0.0, *f == 0.0, "dropout element {i}: {h} vs {f}");
     }
     assert_within_an_ulp::<H>("dropout", &out_half, &out_f32, 0.0);
+
+    // Fused attention with dropout: the forward, then the backward fed the same (rounded)
+    // output, so the f32 and half runs compute the same f32 values and differ only by the
+    // final rounding.
+    let a = AttentionShape {
+        heads: 3,
+        seq: 29,
+        head_dim: 16,
+    };
+    let inputs = [0; 4].map(|_| rounded::<H>(&rng.vec(a.len(), -1.5, 1.5)));
+    let forward_f32 = run_attention::<f32>(client, launch, &inputs, None, a, draw);
+    let forward_half = run_attention::<H>(client, launch, &inputs, None, a, draw);
+    assert_within_an_ulp::<H>("attention output", &forward_half[0], &forward_f32[0], 0.0);
+    let o = forward_half[0].clone();
+    let backward_f32 = run_attention::<f32>(client, launch, &inputs, Some(&o), a, draw);
+    let backward_half = run_attention::<H>(client, launch, &inputs, Some(&o), a, draw);
+    for (i, name) in [
+        (1, "attention dq"),
+        (2, "attention dk"),
+        (3, "attention dv"),
+    ] {
+        assert_within_an_ulp::<H>(name, &backward_half[i], &backward_f32[i], 0.0);
+    }
     true
+}
+
+impl Storage for f32 {
+    const NAME: &'static str = "f32";
+    const ULP: f64 = 1.0 / 8_388_608.0;
+    const MIN_NORMAL: f64 = 1.1754944e-38;
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+/// Fused attention stored in `S`: `[o, dq, dk, dv]` for `[q, k, v, do]`, the backward given
+/// `output` in place of the forward's when it is `Some`.
+fn run_attention<S: Storage>(
+    client: &Client,
+    launch: RowLaunch,
+    [q, k, v, dout]: &[Vec<f32>; 4],
+    output: Option<&[f32]>,
+    shape: AttentionShape,
+    draw: DropoutDraw,
+) -> [Vec<f32>; 4] {
+    let n = shape.len();
+    let [qh, kh, vh, dh] = [q, k, v, dout].map(|x| upload_as::<S>(client, x));
+    let inputs = AttentionInputs {
+        query: &qh,
+        key: &kh,
+        value: &vh,
+    };
+    let (oh, lh) = (poisoned_as::<S>(client, n), poisoned(client, shape.rows()));
+    let scale = 0.25;
+    flash_attention_forward::<S>(client, launch, inputs, &oh, &lh, shape, scale, Some(draw));
+    let oh = output.map_or(oh, |o| upload_as::<S>(client, o));
+    let grads = [0; 3].map(|_| poisoned_as::<S>(client, n));
+    let delta = poisoned(client, shape.rows());
+    flash_attention_backward::<S>(
+        client,
+        launch,
+        inputs,
+        &oh,
+        &dh,
+        &lh,
+        [&grads[0], &grads[1], &grads[2]],
+        &delta,
+        shape,
+        scale,
+        Some(draw),
+    );
+    let [dq, dk, dv] = grads.map(|g| download_as::<S>(client, g, n));
+    [download_as::<S>(client, oh, n), dq, dk, dv]
 }
 
 #[test]
@@ -762,4 +837,149 @@ fn half_precision_storage_matches_the_f32_kernels_within_an_ulp() {
     // lavapipe stores f16 (WGSL has no bf16); cubecl-cpu both. A device storing neither
     // would leave this test empty: fail instead.
     assert!(!ran.is_empty(), "this device stores neither f16 nor bf16");
+}
+
+/// Dropout's bits in plain Rust (`ferrotron_kernels::dropout::dropout_bits` on the host).
+fn host_dropout_bits(key_lo: u32, key_hi: u32, index: u32) -> u32 {
+    fn fmix32(mut h: u32) -> u32 {
+        h ^= h >> 16;
+        h = h.wrapping_mul(0x85eb_ca6b);
+        h ^= h >> 13;
+        h = h.wrapping_mul(0xc2b2_ae35);
+        h ^ (h >> 16)
+    }
+    fmix32(fmix32(index ^ key_lo).wrapping_add(key_hi) ^ 0x9e37_79b9)
+}
+
+/// Output and gradients of causal attention in float64, the scores and probabilities
+/// materialised (the unfused math): `[o, dq, dk, dv]`.
+fn attention_reference(
+    [q, k, v, dout]: [&[f32]; 4],
+    shape: AttentionShape,
+    scale: f64,
+    dropout: Option<DropoutDraw>,
+) -> [Vec<f64>; 4] {
+    let (s, d) = (shape.seq, shape.head_dim);
+    let at = |t: &[f32], row: usize, c: usize| t[row * d + c] as f64;
+    let mut out = [0; 4].map(|_| vec![0.0; shape.len()]);
+    for h in 0..shape.heads {
+        let row = |i: usize| h * s + i;
+        for i in 0..s {
+            let scores: Vec<f64> = (0..=i)
+                .map(|j| {
+                    scale
+                        * (0..d)
+                            .map(|c| at(q, row(i), c) * at(k, row(j), c))
+                            .sum::<f64>()
+                })
+                .collect();
+            let max = scores.iter().cloned().fold(f64::MIN, f64::max);
+            let sum: f64 = scores.iter().map(|x| (x - max).exp()).sum();
+            let p: Vec<f64> = scores.iter().map(|x| (x - max).exp() / sum).collect();
+            let z: Vec<f64> = (0..=i)
+                .map(|j| match dropout {
+                    Some(dr) => {
+                        let bits = host_dropout_bits(dr.key_lo, dr.key_hi, (row(i) * s + j) as u32);
+                        if bits >= dr.threshold {
+                            dr.scale as f64
+                        } else {
+                            0.0
+                        }
+                    }
+                    None => 1.0,
+                })
+                .collect();
+            let dp: Vec<f64> = (0..=i)
+                .map(|j| {
+                    z[j] * (0..d)
+                        .map(|c| at(dout, row(i), c) * at(v, row(j), c))
+                        .sum::<f64>()
+                })
+                .collect();
+            let delta: f64 = (0..=i).map(|j| p[j] * dp[j]).sum();
+            for j in 0..=i {
+                let ds = p[j] * (dp[j] - delta);
+                for c in 0..d {
+                    out[0][row(i) * d + c] += p[j] * z[j] * at(v, row(j), c);
+                    out[1][row(i) * d + c] += scale * ds * at(k, row(j), c);
+                    out[2][row(j) * d + c] += scale * ds * at(q, row(i), c);
+                    out[3][row(j) * d + c] += p[j] * z[j] * at(dout, row(i), c);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Fused attention forward and backward against float64 with the scores materialised, with
+/// and without dropout inside, for every launch shape: heads of one position, sequences
+/// that are not a multiple of the lanes, head widths 1 to 64.
+#[test]
+fn flash_attention_forward_and_backward_match_float64() {
+    let client = client();
+    let mut rng = Rng(11);
+    let draw = DropoutDraw {
+        key_lo: 0x1234_5678,
+        key_hi: 99,
+        threshold: (0.2f64 * 4294967296.0) as u32,
+        scale: 1.0 / 0.8,
+    };
+    for (heads, seq, head_dim) in [(1, 1, 1), (3, 17, 8), (2, 64, 16), (1, 41, 64)] {
+        let shape = AttentionShape {
+            heads,
+            seq,
+            head_dim,
+        };
+        let n = shape.len();
+        let [q, k, v, dout] = [0; 4].map(|_| rng.vec(n, -1.5, 1.5));
+        let scale = 1.0 / (head_dim as f64).sqrt();
+        for dropout in [None, Some(draw)] {
+            let want = attention_reference([&q, &k, &v, &dout], shape, scale, dropout);
+            for launch in launches(&client) {
+                let what = format!("{shape:?}, {launch:?}, dropout {}", dropout.is_some());
+                let [qh, kh, vh, dh] = [&q, &k, &v, &dout].map(|x| upload(&client, x));
+                let inputs = AttentionInputs {
+                    query: &qh,
+                    key: &kh,
+                    value: &vh,
+                };
+                let (oh, lh) = (poisoned(&client, n), poisoned(&client, shape.rows()));
+                flash_attention_forward::<f32>(
+                    &client,
+                    launch,
+                    inputs,
+                    &oh,
+                    &lh,
+                    shape,
+                    scale as f32,
+                    dropout,
+                );
+                let grads = [0; 3].map(|_| poisoned(&client, n));
+                let delta = poisoned(&client, shape.rows());
+                flash_attention_backward::<f32>(
+                    &client,
+                    launch,
+                    inputs,
+                    &oh,
+                    &dh,
+                    &lh,
+                    [&grads[0], &grads[1], &grads[2]],
+                    &delta,
+                    shape,
+                    scale as f32,
+                    dropout,
+                );
+                let got_o = download(&client, oh, n);
+                assert_close(&format!("{what}: output"), &got_o, &want[0], 1e-5, 1e-4);
+                for (name, grad, want) in [
+                    ("dq", 0, &want[1]),
+                    ("dk", 1, &want[2]),
+                    ("dv", 2, &want[3]),
+                ] {
+                    let got = download(&client, grads[grad].clone(), n);
+                    assert_close(&format!("{what}: {name}"), &got, want, 1e-4, 1e-3);
+                }
+            }
+        }
+    }
 }
