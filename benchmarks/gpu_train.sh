@@ -62,6 +62,9 @@ echo "model: $LAYERS layers, hidden $HIDDEN, $HEADS heads, seq $SEQ, micro-batch
 ferrotron fp32 --hidden-dropout "$DROPOUT" --attention-dropout "$DROPOUT"
 ferrotron bf16 --bf16 --hidden-dropout "$DROPOUT" --attention-dropout "$DROPOUT"
 ferrotron bf16-no-dropout --bf16 --hidden-dropout 0 --attention-dropout 0
+# The fused (FlashAttention-style) attention kernel: no [s, s] scores stored.
+ferrotron bf16-flash --bf16 --use-flash-attn --hidden-dropout "$DROPOUT" --attention-dropout "$DROPOUT"
+ferrotron bf16-flash-no-dropout --bf16 --use-flash-attn --hidden-dropout 0 --attention-dropout 0
 
 if command -v "$PY" >/dev/null && "$PY" -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
   for mode in fp32 bf16-sdpa bf16-compile; do
@@ -69,10 +72,14 @@ if command -v "$PY" >/dev/null && "$PY" -c 'import torch; assert torch.cuda.is_a
     printf "PyTorch   %-28s %s\n" "$mode" "$line"
     echo "$line" | grep -o 'tokens/s: [0-9.]*' | awk '{print $2}' > "$out/torch_$mode"
   done
-  awk -v a="$(cat "$out/tps_bf16")" -v b="$(cat "$out/torch_bf16-sdpa")" -v c="$(cat "$out/torch_bf16-compile")" 'BEGIN {
-    printf "ferrotron bf16 vs PyTorch eager bf16+SDPA: %.2fx; vs torch.compile: %.2fx\n", a / b, a / c }'
+  for run in bf16 bf16-flash; do
+    awk -v n="$run" -v a="$(cat "$out/tps_$run")" -v b="$(cat "$out/torch_bf16-sdpa")" -v c="$(cat "$out/torch_bf16-compile")" 'BEGIN {
+      printf "ferrotron %s vs PyTorch eager bf16+SDPA: %.2fx; vs torch.compile: %.2fx\n", n, a / b, a / c }'
+  done
 else
   echo "no CUDA PyTorch at $PY: PyTorch reference skipped"
 fi
-awk -v a="$(cat "$out/tps_bf16")" -v b="$(cat "$out/tps_bf16-no-dropout")" 'BEGIN {
-  printf "ferrotron bf16: dropout on / off time per iteration: %.2f\n", b / a }'
+for run in bf16 bf16-flash; do
+  awk -v n="$run" -v a="$(cat "$out/tps_$run")" -v b="$(cat "$out/tps_$run-no-dropout")" 'BEGIN {
+    printf "ferrotron %s: dropout on / off time per iteration: %.2f\n", n, b / a }'
+done

@@ -278,6 +278,11 @@ struct Args {
     /// composed reference ops).
     #[arg(long)]
     no_persist_layer_norm: bool,
+    /// Fused causal attention (FlashAttention-style, dropout inside, the `[s, s]` scores never
+    /// stored) on CubeCL devices (`--device cuda`, `wgpu`); the CPU backend keeps the composed
+    /// attention (the same math).
+    #[arg(long)]
+    use_flash_attn: bool,
 }
 
 // Why this allocator: see `ferrotron::allocator`.
@@ -351,7 +356,15 @@ fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
     .with_init_method_std(args.init_method_std)
     .with_openai_gelu(args.openai_gelu)
     .with_masked_softmax_fusion(!args.no_masked_softmax_fusion)
-    .with_layer_norm_fusion(!args.no_persist_layer_norm);
+    .with_layer_norm_fusion(!args.no_persist_layer_norm)
+    .with_flash_attention(args.use_flash_attn);
+    if verbose
+        && args.use_flash_attn
+        && !args.device.starts_with("cuda")
+        && !args.device.starts_with("wgpu")
+    {
+        println!("note: --use-flash-attn: the fused attention kernel runs on --device cuda or wgpu; on {} the composed attention runs (the same math)", args.device);
+    }
     model
         .validate_parallel(args.tensor_model_parallel_size)
         .map_err(anyhow::Error::msg)?;

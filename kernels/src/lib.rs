@@ -8,9 +8,11 @@
 //! - [`attention`]: causal attention fused FlashAttention-style (online softmax, dropout
 //!   inside, no `seq × seq` tensor), forward and backward.
 //!
-//! Every kernel reads and writes its tensors once, gives each row a warp-sized group of units
-//! ([`rows`]), loops over rows of any length in strides of that group, and accumulates in a separate float type `A`
-//! (launch with `A = f32`) whatever the storage type `F` (f32, f16, bf16). They are written
+//! Every kernel gives each row a warp-sized group of units ([`rows`]), loops over rows of any
+//! length in strides of that group, and accumulates in a separate float type `A` (launch with
+//! `A = f32`) whatever the storage type `F` (f32, f16, bf16). The softmax, LayerNorm and
+//! dropout kernels read and write each tensor once; attention re-reads the keys and values
+//! of a head for each query row (no shared-memory tiling yet). They are written
 //! against CubeCL's runtime-generic frontend, so the same source compiles for CUDA, wgpu
 //! (Vulkan, Metal, lavapipe on CPU) and the other CubeCL runtimes. Buffers are contiguous
 //! row-major slices.

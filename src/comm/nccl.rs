@@ -9,8 +9,11 @@
 //! group and bootstraps a new NCCL group over each part (no `ncclCommSplit`, so no minimum
 //! NCCL version).
 //!
-//! The [`Communicator`] calls take host [`TensorData`]: the bytes go to the GPU, NCCL reduces
-//! them there in their own dtype (bf16 stays bf16), and the result comes back. Point-to-point
+//! Burn tensors in CUDA memory are communicated where they lie (`*_in_device_memory`, which
+//! [`super::tensor`] uses for every CUDA tensor): NCCL reads and writes burn's buffers by
+//! their device addresses, in their own dtype (bf16 stays bf16). The [`Communicator`] calls
+//! take host [`TensorData`]: the bytes go to the GPU, NCCL works on them there, and the
+//! result comes back. Point-to-point
 //! messages (pipeline activations) go through the host group. NCCL refuses two ranks on one
 //! GPU: each process uses the GPU of its local rank.
 
@@ -20,6 +23,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use burn::tensor::{DType, TensorData};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use cudarc::nccl::{result, sys};
+
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::CubeBackend;
 
 use super::buffer::{join, split};
 use super::{shape_of, CommError, Communicator, Expect, ReduceOp};
@@ -252,62 +258,238 @@ impl NcclComm {
 type CudaServer =
     <burn_cubecl::cubecl::cuda::CudaRuntime as burn_cubecl::cubecl::__private::Runtime>::Server;
 
+/// A collective on CUDA memory: the CUDA tensor it works on, or the tensor handed back
+/// unchanged when it is not in CUDA memory (the caller then stages it through the host).
+pub type InDeviceMemory<const D: usize> =
+    Result<Result<burn::tensor::Tensor<D>, burn::tensor::Tensor<D>>, CommError>;
+
+/// `x` as a contiguous CUDA tensor of burn's CUDA runtime, or `x` back when it lives
+/// elsewhere (the CPU, another CubeCL runtime). With `private`, a copy made by a kernel, so
+/// that only the caller holds it and may overwrite it in place.
+fn cuda_tensor<const D: usize>(
+    x: burn::tensor::Tensor<D>,
+    private: bool,
+) -> Result<CubeTensor, burn::tensor::Tensor<D>> {
+    let source = if private {
+        x.clone().mul_scalar(1.0)
+    } else {
+        x.clone()
+    };
+    let Ok(cube) = source.try_into_primitive::<CubeBackend>() else {
+        return Err(x);
+    };
+    let cube: CubeTensor = burn_cubecl::kernel::into_contiguous(cube);
+    if cube
+        .client
+        .get_resource::<CudaServer>(cube.handle.clone())
+        .is_err()
+    {
+        return Err(x);
+    }
+    Ok(cube)
+}
+
+/// A new contiguous CUDA tensor of `shape` like `like` (its device and dtype), unwritten.
+fn empty_cuda_tensor(like: &CubeTensor, shape: Vec<usize>) -> CubeTensor {
+    let shape = burn::tensor::Shape::from(shape);
+    let handle = like.client.empty(shape.num_elements() * like.dtype.size());
+    CubeTensor::new_contiguous(
+        like.client.clone(),
+        like.device.clone(),
+        shape,
+        handle,
+        like.dtype,
+    )
+}
+
 impl NcclComm {
-    /// The element-wise `op` of `x` over the group, in `x`'s own CUDA memory: no host copy.
-    /// `x` comes back unchanged as `Err` when it is not a CUDA tensor (the caller stages it
-    /// through the host instead).
-    ///
-    /// The result is a fresh copy of `x` made by a kernel (so it is written and nobody else
-    /// holds it), reduced in place by NCCL on this group's stream once the device has finished
-    /// the work queued before it; NCCL's stream is synchronised before the tensor goes back
-    /// to burn.
+    /// Runs `call` with the device addresses of `tensors` once the device has finished the
+    /// work queued before (burn's stream is not NCCL's), then waits for NCCL's stream, so the
+    /// tensors are complete when they go back to burn. The addresses stay valid throughout:
+    /// the resources are held until NCCL is done.
+    fn on_device(
+        &self,
+        what: &str,
+        tensors: &[&CubeTensor],
+        call: impl FnOnce(&[u64], sys::ncclComm_t, sys::cudaStream_t) -> Result<(), result::NcclError>,
+    ) -> Result<(), CommError> {
+        let resources = tensors
+            .iter()
+            .map(|t| {
+                t.client
+                    .get_resource::<CudaServer>(t.handle.clone())
+                    .map_err(|e| cuda_error(what, e))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        <CubeBackend as burn::backend::Backend>::sync(&tensors[0].device)
+            .map_err(|e| cuda_error("sync", e))?;
+        let pointers: Vec<u64> = resources.iter().map(|r| r.resource().ptr).collect();
+        {
+            let comm = self.lock();
+            call(&pointers, comm.0, self.cu_stream()).map_err(|e| nccl_error(what, e))?;
+            self.stream.synchronize().map_err(|e| cuda_error(what, e))?;
+        }
+        drop(resources);
+        Ok(())
+    }
+
+    /// The element-wise `op` of `x` over the group, reduced by NCCL in place in a private
+    /// copy of `x` in CUDA memory: no host copy. `Ok(Err(x))` when `x` is not a CUDA tensor.
     pub fn all_reduce_in_device_memory<const D: usize>(
         &self,
         x: burn::tensor::Tensor<D>,
         op: ReduceOp,
-    ) -> Result<Result<burn::tensor::Tensor<D>, burn::tensor::Tensor<D>>, CommError> {
-        use burn::tensor::Tensor;
-        use burn_cubecl::tensor::CubeTensor;
-        use burn_cubecl::CubeBackend;
-
-        let copy = x.clone().mul_scalar(1.0);
-        let Ok(cube) = copy.try_into_primitive::<CubeBackend>() else {
-            return Ok(Err(x));
+    ) -> InDeviceMemory<D> {
+        let cube = match cuda_tensor(x, true) {
+            Ok(cube) => cube,
+            Err(x) => return Ok(Err(x)),
         };
-        let cube: CubeTensor = burn_cubecl::kernel::into_contiguous(cube);
-        let dtype = cube.dtype;
-        let count = cube.meta.shape.num_elements();
-        let client = cube.client.clone();
-        let Ok(resource) = client.get_resource::<CudaServer>(cube.handle.clone()) else {
-            // Another CubeCL runtime (wgpu, ...): not memory NCCL can reach.
-            return Ok(Err(x));
-        };
-        self.agree_on("all_reduce", dtype, cube.meta.shape.as_slice(), 1)?;
-        <CubeBackend as burn::backend::Backend>::sync(&cube.device)
-            .map_err(|e| cuda_error("sync", e))?;
-        {
-            let comm = self.lock();
-            let ptr = resource.resource().ptr;
-            // SAFETY: `ptr` addresses the `count` elements of `dtype` of a buffer only this
-            // function holds, kept alive by `resource` until NCCL's stream is synchronised.
+        self.agree_on("all_reduce", cube.dtype, cube.meta.shape.as_slice(), 1)?;
+        let (count, dtype) = (cube.meta.shape.num_elements(), nccl_dtype(cube.dtype)?);
+        self.on_device("all_reduce", &[&cube], |ptr, comm, stream| {
+            // SAFETY: `ptr[0]` addresses the `count` elements of `dtype` of a buffer only
+            // this call holds.
             unsafe {
                 result::all_reduce(
-                    ptr as *const _,
-                    ptr as *mut _,
+                    ptr[0] as *const _,
+                    ptr[0] as *mut _,
                     count,
-                    nccl_dtype(dtype)?,
+                    dtype,
                     nccl_op(op),
-                    comm.0,
-                    self.cu_stream(),
+                    comm,
+                    stream,
                 )
             }
-            .map_err(|e| nccl_error("all_reduce", e))?;
-            self.stream
-                .synchronize()
-                .map_err(|e| cuda_error("all_reduce", e))?;
+        })?;
+        Ok(Ok(burn::tensor::Tensor::from_primitive::<CubeBackend>(
+            cube,
+        )))
+    }
+
+    /// Rank `root`'s `x` on every rank, broadcast by NCCL in a private copy of `x` in CUDA
+    /// memory. `Ok(Err(x))` when `x` is not a CUDA tensor.
+    pub fn broadcast_in_device_memory<const D: usize>(
+        &self,
+        x: burn::tensor::Tensor<D>,
+        root: usize,
+    ) -> InDeviceMemory<D> {
+        if root >= self.size() {
+            return Err(CommError::Invalid(format!(
+                "broadcast root rank {root} out of range for {} ranks",
+                self.size()
+            )));
         }
-        drop(resource);
-        Ok(Ok(Tensor::from_primitive::<CubeBackend>(cube)))
+        let cube = match cuda_tensor(x, true) {
+            Ok(cube) => cube,
+            Err(x) => return Ok(Err(x)),
+        };
+        self.agree_on(
+            "broadcast",
+            cube.dtype,
+            cube.meta.shape.as_slice(),
+            1000 + root as i64,
+        )?;
+        let (count, dtype) = (cube.meta.shape.num_elements(), nccl_dtype(cube.dtype)?);
+        self.on_device("broadcast", &[&cube], |ptr, comm, stream| {
+            // SAFETY: in-place broadcast of the `count` elements of a buffer only this call
+            // holds.
+            unsafe {
+                result::broadcast(
+                    ptr[0] as *const _,
+                    ptr[0] as *mut _,
+                    count,
+                    dtype,
+                    root as i32,
+                    comm,
+                    stream,
+                )
+            }
+        })?;
+        Ok(Ok(burn::tensor::Tensor::from_primitive::<CubeBackend>(
+            cube,
+        )))
+    }
+
+    /// Every rank's `x` joined along `dim`, gathered by NCCL in CUDA memory. NCCL lays the
+    /// ranks' buffers end to end, which is a join along dimension 0; for another `dim` the
+    /// tensor goes through with `dim` swapped to the front and back (kernels on the GPU).
+    /// `Ok(Err(x))` when `x` is not a CUDA tensor.
+    pub fn all_gather_in_device_memory<const D: usize>(
+        &self,
+        x: burn::tensor::Tensor<D>,
+        dim: usize,
+    ) -> InDeviceMemory<D> {
+        let front = x.clone().swap_dims(0, dim);
+        let send = match cuda_tensor(front, false) {
+            Ok(cube) => cube,
+            Err(_) => return Ok(Err(x)),
+        };
+        let shape = send.meta.shape.as_slice().to_vec();
+        self.agree_on("all_gather", send.dtype, &shape, 2 + dim as i64)?;
+        let mut gathered_shape = shape.clone();
+        gathered_shape[0] *= self.size();
+        let recv = empty_cuda_tensor(&send, gathered_shape);
+        let (count, dtype) = (send.meta.shape.num_elements(), nccl_dtype(send.dtype)?);
+        self.on_device("all_gather", &[&send, &recv], |ptr, comm, stream| {
+            // SAFETY: `ptr[1]` holds the group's size times the `count` elements at `ptr[0]`.
+            unsafe {
+                result::all_gather(
+                    ptr[0] as *const _,
+                    ptr[1] as *mut _,
+                    count,
+                    dtype,
+                    comm,
+                    stream,
+                )
+            }
+        })?;
+        let gathered = burn::tensor::Tensor::<D>::from_primitive::<CubeBackend>(recv);
+        Ok(Ok(gathered.swap_dims(0, dim)))
+    }
+
+    /// This rank's part along `dim` of the element-wise `op` of `x` over the group, reduced
+    /// and scattered by NCCL in CUDA memory (`dim` swapped to the front, as
+    /// [`Self::all_gather_in_device_memory`]). `Ok(Err(x))` when `x` is not a CUDA tensor.
+    pub fn reduce_scatter_in_device_memory<const D: usize>(
+        &self,
+        x: burn::tensor::Tensor<D>,
+        dim: usize,
+        op: ReduceOp,
+    ) -> InDeviceMemory<D> {
+        let n = self.size();
+        let size = x.dims()[dim];
+        if !size.is_multiple_of(n) {
+            return Err(CommError::Invalid(format!(
+                "reduce_scatter: dimension {dim} of size {size} does not split over {n} ranks"
+            )));
+        }
+        let front = x.clone().swap_dims(0, dim);
+        let send = match cuda_tensor(front, false) {
+            Ok(cube) => cube,
+            Err(_) => return Ok(Err(x)),
+        };
+        let shape = send.meta.shape.as_slice().to_vec();
+        self.agree_on("reduce_scatter", send.dtype, &shape, 100 + dim as i64)?;
+        let mut part_shape = shape.clone();
+        part_shape[0] /= n;
+        let recv = empty_cuda_tensor(&send, part_shape);
+        let (count, dtype) = (recv.meta.shape.num_elements(), nccl_dtype(send.dtype)?);
+        self.on_device("reduce_scatter", &[&send, &recv], |ptr, comm, stream| {
+            // SAFETY: `ptr[0]` holds the group's size times the `count` elements at `ptr[1]`.
+            unsafe {
+                result::reduce_scatter(
+                    ptr[0] as *const _,
+                    ptr[1] as *mut _,
+                    count,
+                    dtype,
+                    nccl_op(op),
+                    comm,
+                    stream,
+                )
+            }
+        })?;
+        let part = burn::tensor::Tensor::<D>::from_primitive::<CubeBackend>(recv);
+        Ok(Ok(part.swap_dims(0, dim)))
     }
 }
 

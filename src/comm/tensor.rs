@@ -1,6 +1,6 @@
 //! Burn device tensors through a communicator: read to host bytes (dtype kept), communicate,
 //! upload to the same device. This is what the host-staging communicators (threads, MPI) do
-//! on every backend; an NCCL group all-reduces CUDA tensors in their device memory instead.
+//! on every backend; an NCCL group communicates CUDA tensors in their device memory instead.
 
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, BackendTypes, TensorMetadata};
@@ -40,6 +40,20 @@ fn staged<const D: usize>(
     Ok(Tensor::from_data(out, (&device, dtype)))
 }
 
+/// `collective` run by `group`'s NCCL communicator on `x` in CUDA memory; `Ok(Err(x))` when
+/// the group is not an NCCL group or `x` is not a CUDA tensor.
+#[cfg(feature = "cuda")]
+fn in_device_memory<const D: usize>(
+    group: &Group,
+    x: Tensor<D>,
+    collective: impl FnOnce(&super::nccl::NcclComm, Tensor<D>) -> super::nccl::InDeviceMemory<D>,
+) -> super::nccl::InDeviceMemory<D> {
+    match group.communicator().and_then(|c| c.as_nccl()) {
+        Some(nccl) => collective(nccl, x),
+        None => Ok(Err(x)),
+    }
+}
+
 /// The element-wise `op` of `x` over `group`, on `x`'s device and in its dtype.
 pub fn all_reduce<const D: usize>(
     group: &Group,
@@ -50,14 +64,11 @@ pub fn all_reduce<const D: usize>(
         return Ok(x);
     }
     group.timed(|| {
-        // NCCL reduces a CUDA tensor where it lies.
         #[cfg(feature = "cuda")]
-        let x = match group.communicator().and_then(|c| c.as_nccl()) {
-            Some(nccl) => match nccl.all_reduce_in_device_memory(x, op)? {
-                Ok(reduced) => return Ok(reduced),
-                Err(x) => x,
-            },
-            None => x,
+        let x = match in_device_memory(group, x, |nccl, x| nccl.all_reduce_in_device_memory(x, op))?
+        {
+            Ok(reduced) => return Ok(reduced),
+            Err(x) => x,
         };
         staged(x, |d| group.all_reduce(d, op))
     })
@@ -72,7 +83,15 @@ pub fn all_gather<const D: usize>(
     if group.size() == 1 {
         return Ok(x);
     }
-    group.timed(|| staged(x, |d| group.all_gather(d, dim)))
+    group.timed(|| {
+        #[cfg(feature = "cuda")]
+        let x =
+            match in_device_memory(group, x, |nccl, x| nccl.all_gather_in_device_memory(x, dim))? {
+                Ok(gathered) => return Ok(gathered),
+                Err(x) => x,
+            };
+        staged(x, |d| group.all_gather(d, dim))
+    })
 }
 
 /// This rank's part (along `dim`) of the element-wise `op` over `group`.
@@ -85,7 +104,16 @@ pub fn reduce_scatter<const D: usize>(
     if group.size() == 1 {
         return Ok(x);
     }
-    group.timed(|| staged(x, |d| group.reduce_scatter(d, dim, op)))
+    group.timed(|| {
+        #[cfg(feature = "cuda")]
+        let x = match in_device_memory(group, x, |nccl, x| {
+            nccl.reduce_scatter_in_device_memory(x, dim, op)
+        })? {
+            Ok(part) => return Ok(part),
+            Err(x) => x,
+        };
+        staged(x, |d| group.reduce_scatter(d, dim, op))
+    })
 }
 
 /// Rank `root`'s `x` on every rank.
@@ -97,7 +125,15 @@ pub fn broadcast<const D: usize>(
     if group.size() == 1 {
         return Ok(x);
     }
-    group.timed(|| staged(x, |d| group.broadcast(d, root)))
+    group.timed(|| {
+        #[cfg(feature = "cuda")]
+        let x =
+            match in_device_memory(group, x, |nccl, x| nccl.broadcast_in_device_memory(x, root))? {
+                Ok(root_x) => return Ok(root_x),
+                Err(x) => x,
+            };
+        staged(x, |d| group.broadcast(d, root))
+    })
 }
 
 #[cfg(test)]

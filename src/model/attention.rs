@@ -28,6 +28,9 @@ pub struct CausalSelfAttention {
     /// Use the fused softmax kernel where the backend has it (off:
     /// `--no-masked-softmax-fusion`).
     pub masked_softmax_fusion: bool,
+    /// Use the fused (FlashAttention-style) attention kernel where the backend has it
+    /// (`--use-flash-attn`).
+    pub flash_attention: bool,
 }
 
 impl CausalSelfAttention {
@@ -61,6 +64,7 @@ impl CausalSelfAttention {
             attention_dropout: Dropout::new(config.attention_dropout, RngRegion::ModelParallel),
             local_heads: config.num_attention_heads / group.size(),
             masked_softmax_fusion: config.masked_softmax_fusion,
+            flash_attention: config.flash_attention,
         }
     }
 
@@ -90,14 +94,20 @@ impl CausalSelfAttention {
     /// per-head context `[batch, local heads, seq, head_dim]`. It has no parameters and keeps
     /// the largest activations (`[batch, heads, seq, seq]`), which is why selective
     /// recomputation recomputes exactly this.
+    ///
+    /// With `--use-flash-attn` on a CubeCL device it is one fused kernel that keeps only the
+    /// output and a log-sum-exp per row (dropping the same probabilities as the composed
+    /// path for the same seed).
     pub fn core(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
         let head_dim = q.dims()[3];
+        let scale = 1.0 / (head_dim as f64).sqrt();
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        if self.flash_attention && crate::train::device::is_cube(&q.device()) {
+            let draw = self.attention_dropout.draw(q.is_autodiff());
+            return super::fused_ops::causal_attention(q, k, v, scale, draw);
+        }
         let scores = q.matmul(k.transpose());
-        let probs = scaled_causal_masked_softmax(
-            scores,
-            1.0 / (head_dim as f64).sqrt(),
-            self.masked_softmax_fusion,
-        );
+        let probs = scaled_causal_masked_softmax(scores, scale, self.masked_softmax_fusion);
         self.attention_dropout.forward(probs).matmul(v)
     }
 

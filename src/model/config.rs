@@ -45,6 +45,11 @@ pub struct GptConfig {
     /// off; the math is the same).
     #[config(default = true)]
     pub layer_norm_fusion: bool,
+    /// Fused causal attention where the backend has it (`--use-flash-attn`): the
+    /// FlashAttention-style kernel with dropout inside, which never stores the `[s, s]`
+    /// scores. Off by default, as in Megatron; the math is the composed attention's.
+    #[config(default = false)]
+    pub flash_attention: bool,
 }
 
 impl GptConfig {
@@ -64,6 +69,7 @@ impl GptConfig {
         GptConfig {
             masked_softmax_fusion: other.masked_softmax_fusion,
             layer_norm_fusion: other.layer_norm_fusion,
+            flash_attention: other.flash_attention,
             ..self.clone()
         }
     }

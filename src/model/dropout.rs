@@ -25,6 +25,14 @@ impl Dropout {
         Self { prob, region }
     }
 
+    /// The key and probability of the draw that applying this dropout to a tensor now would
+    /// make (none when it would not drop: not training, or probability 0), for ops that
+    /// drop inside a fused kernel. Takes the draw from the stream as [`Self::forward`] does,
+    /// so fused and unfused paths keep the streams in step.
+    pub fn draw(&self, training: bool) -> Option<(u64, f64)> {
+        (self.prob > 0.0 && training).then(|| (next_dropout_key(self.region), self.prob))
+    }
+
     /// Applies dropout to `x` when training.
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         if self.prob == 0.0 || !x.is_autodiff() {

@@ -19,7 +19,8 @@ use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
 use ferrotron_kernels::launch::{
-    self as kernels, DropoutDraw, RowLaunch, ScoresShape, SoftmaxMask,
+    self as kernels, AttentionInputs, AttentionShape, DropoutDraw, RowLaunch, ScoresShape,
+    SoftmaxMask,
 };
 
 /// The kernels a backend runs for the fused ops.
@@ -50,6 +51,28 @@ pub trait FusedKernels: Backend {
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
     /// `x ⊙ mask` of the dropout draw `draw` (forward; backward on the gradient).
     fn dropout_apply(x: FloatTensor<Self>, draw: DropoutDraw) -> FloatTensor<Self>;
+    /// Causal attention of `[b, heads, s, head_dim]` queries, keys and values, dropout
+    /// inside: the output, and the per-row log-sum-exp of the scores (f32, `[b · heads · s]`).
+    fn flash_attention_forward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        scale: f32,
+        dropout: Option<DropoutDraw>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+    /// The attention's backward: dq, dk, dv from the forward's inputs, output and
+    /// log-sum-exp, the output's gradient and the same dropout draw.
+    #[allow(clippy::too_many_arguments)]
+    fn flash_attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        output: FloatTensor<Self>,
+        logsumexp: FloatTensor<Self>,
+        grad_output: FloatTensor<Self>,
+        scale: f32,
+        dropout: Option<DropoutDraw>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 }
 
 /// The differentiable fused ops (a burn backend extension).
@@ -73,6 +96,37 @@ pub trait FusedOps: Backend {
         threshold: u32,
         scale: f32,
     ) -> FloatTensor<Self>;
+    /// Causal attention `dropout(softmax(scale · q kᵀ)) v` without the `[s, s]` scores
+    /// (FlashAttention); with `dropout`, the draw keyed `(key_lo, key_hi)` drops the
+    /// probabilities whose bits are below `threshold` and scales the others by `keep_scale`.
+    #[allow(clippy::too_many_arguments)]
+    fn fused_causal_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        scale: f32,
+        key_lo: u32,
+        key_hi: u32,
+        threshold: u32,
+        keep_scale: f32,
+        dropout: bool,
+    ) -> FloatTensor<Self>;
+}
+
+/// The dropout draw of [`FusedOps::fused_causal_attention`]'s arguments.
+fn attention_draw(
+    key_lo: u32,
+    key_hi: u32,
+    threshold: u32,
+    scale: f32,
+    dropout: bool,
+) -> Option<DropoutDraw> {
+    dropout.then_some(DropoutDraw {
+        key_lo,
+        key_hi,
+        threshold,
+        scale,
+    })
 }
 
 /// A contiguous row-major tensor (what the kernels index; the handle carries its offset, and
@@ -228,6 +282,87 @@ impl FusedKernels for CubeBackend {
         by_dtype!(x.dtype, dropout, &x.client, &x.handle, &y.handle, len, draw);
         y
     }
+
+    fn flash_attention_forward(
+        q: CubeTensor,
+        k: CubeTensor,
+        v: CubeTensor,
+        scale: f32,
+        dropout: Option<DropoutDraw>,
+    ) -> (CubeTensor, CubeTensor) {
+        let (q, k, v) = (packed(q), packed(k), packed(v));
+        let shape = q.shape();
+        let attention = attention_shape(&shape);
+        let output = empty_like(&q, shape, q.dtype);
+        let logsumexp = empty_like(&q, Shape::new([attention.rows()]), DType::F32);
+        let inputs = AttentionInputs {
+            query: &q.handle,
+            key: &k.handle,
+            value: &v.handle,
+        };
+        by_dtype!(
+            q.dtype,
+            flash_attention_forward,
+            &q.client,
+            RowLaunch::for_client(&q.client),
+            inputs,
+            &output.handle,
+            &logsumexp.handle,
+            attention,
+            scale,
+            dropout
+        );
+        (output, logsumexp)
+    }
+
+    fn flash_attention_backward(
+        q: CubeTensor,
+        k: CubeTensor,
+        v: CubeTensor,
+        output: CubeTensor,
+        logsumexp: CubeTensor,
+        grad_output: CubeTensor,
+        scale: f32,
+        dropout: Option<DropoutDraw>,
+    ) -> (CubeTensor, CubeTensor, CubeTensor) {
+        let (q, k, v) = (packed(q), packed(k), packed(v));
+        let (output, grad_output) = (packed(output), packed(grad_output));
+        let shape = q.shape();
+        let attention = attention_shape(&shape);
+        let [dq, dk, dv] = [0; 3].map(|_| empty_like(&q, shape.clone(), q.dtype));
+        let delta = empty_like(&q, Shape::new([attention.rows()]), DType::F32);
+        let inputs = AttentionInputs {
+            query: &q.handle,
+            key: &k.handle,
+            value: &v.handle,
+        };
+        by_dtype!(
+            q.dtype,
+            flash_attention_backward,
+            &q.client,
+            RowLaunch::for_client(&q.client),
+            inputs,
+            &output.handle,
+            &grad_output.handle,
+            &logsumexp.handle,
+            [&dq.handle, &dk.handle, &dv.handle],
+            &delta.handle,
+            attention,
+            scale,
+            dropout
+        );
+        (dq, dk, dv)
+    }
+}
+
+/// The kernels' view of `[b, heads, s, head_dim]`.
+fn attention_shape(shape: &Shape) -> AttentionShape {
+    let [b, heads, seq, head_dim] = shape.dims::<4>();
+    AttentionShape {
+        heads: b * heads,
+        seq,
+        head_dim,
+    }
 }
 
 impl FusedOps for CubeBackend {
@@ -251,6 +386,21 @@ impl FusedOps for CubeBackend {
 
     fn fused_causal_softmax(x: CubeTensor, scale: f32) -> CubeTensor {
         Self::causal_softmax_forward(x, scale)
+    }
+
+    fn fused_causal_attention(
+        q: CubeTensor,
+        k: CubeTensor,
+        v: CubeTensor,
+        scale: f32,
+        key_lo: u32,
+        key_hi: u32,
+        threshold: u32,
+        keep_scale: f32,
+        dropout: bool,
+    ) -> CubeTensor {
+        let draw = attention_draw(key_lo, key_hi, threshold, keep_scale, dropout);
+        Self::flash_attention_forward(q, k, v, scale, draw).0
     }
 
     fn fused_layer_norm(
@@ -325,7 +475,60 @@ impl<B: FusedKernels> Backward<B, 1> for DropoutBackward {
     }
 }
 
+#[derive(Debug)]
+struct AttentionBackward;
+
+impl<B: FusedKernels> Backward<B, 3> for AttentionBackward {
+    /// q, k, v, the output and its log-sum-exp per row, the scale and the dropout draw:
+    /// `O(s · head_dim)` per head, no `[s, s]` tensor.
+    type State = ([FloatTensor<B>; 5], f32, Option<DropoutDraw>);
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [pq, pk, pv] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        let ([q, k, v, output, logsumexp], scale, draw) = ops.state;
+        let (dq, dk, dv) =
+            B::flash_attention_backward(q, k, v, output, logsumexp, grad, scale, draw);
+        for (parent, g) in [(pq, dq), (pk, dk), (pv, dv)] {
+            if let Some(p) = parent {
+                grads.register::<B>(p.id, g);
+            }
+        }
+    }
+}
+
 impl<B: FusedKernels + FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
+    fn fused_causal_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        scale: f32,
+        key_lo: u32,
+        key_hi: u32,
+        threshold: u32,
+        keep_scale: f32,
+        dropout: bool,
+    ) -> FloatTensor<Self> {
+        let draw = attention_draw(key_lo, key_hi, threshold, keep_scale, dropout);
+        let (q, nq) = q.into_parts();
+        let (k, nk) = k.into_parts();
+        let (v, nv) = v.into_parts();
+        match AttentionBackward
+            .prepare::<C>([nq, nk, nv])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let (output, logsumexp) =
+                    B::flash_attention_forward(q.clone(), k.clone(), v.clone(), scale, draw);
+                prep.finish(([q, k, v, output.clone(), logsumexp], scale, draw), output)
+            }
+            OpsKind::UnTracked(prep) => {
+                prep.finish(B::flash_attention_forward(q, k, v, scale, draw).0)
+            }
+        }
+    }
+
     fn fused_dropout(
         x: FloatTensor<Self>,
         key_lo: u32,
@@ -421,5 +624,37 @@ pub fn dropout<const D: usize>(x: Tensor<D>, key: u64, p: f64) -> Tensor<D> {
         (key >> 32) as u32,
         crate::parallel::random::dropout_threshold(p),
         (1.0 / (1.0 - p)) as f32,
+    ))
+}
+
+/// Causal attention of `[b, heads, s, head_dim]` queries, keys and values fused
+/// (FlashAttention-style): `dropout(softmax(scale · q kᵀ)) v` with the `[s, s]` scores never
+/// stored. `dropout` is the draw's key and probability; it drops the same probabilities as
+/// [`dropout`] of that key on the materialised `[b, heads, s, s]` probabilities.
+pub fn causal_attention(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    scale: f64,
+    dropout: Option<(u64, f64)>,
+) -> Tensor<4> {
+    let (key, threshold, keep_scale) = match dropout {
+        Some((key, p)) => (
+            key,
+            crate::parallel::random::dropout_threshold(p),
+            (1.0 / (1.0 - p)) as f32,
+        ),
+        None => (0, 0, 1.0),
+    };
+    Tensor::from_dispatch(<Dispatch as FusedOps>::fused_causal_attention(
+        q.into_dispatch(),
+        k.into_dispatch(),
+        v.into_dispatch(),
+        scale as f32,
+        key as u32,
+        (key >> 32) as u32,
+        threshold,
+        keep_scale,
+        dropout.is_some(),
     ))
 }
