@@ -45,7 +45,7 @@ fn nccl_sums_large_buffers_in_device_memory() {
 /// dimension of a 3-D tensor.
 #[test]
 fn nccl_collectives_on_cuda_tensors_equal_the_host_staged_ones() {
-    use burn::tensor::{DType, Device, Tensor, TensorData};
+    use burn::tensor::{DType, Tensor, TensorData};
     let world = World::from_environment().unwrap();
     let nccl = world.nccl(local_rank()).unwrap();
     let group = nccl.as_nccl().expect("an NCCL group");
@@ -59,10 +59,10 @@ fn nccl_collectives_on_cuda_tensors_equal_the_host_staged_ones() {
         let host = |t: Tensor<3>| {
             (
                 t.dims().to_vec(),
-                t.into_data().convert::<f32>().to_vec::<f32>().unwrap(),
+                t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap(),
             )
         };
-        let staged = |d: TensorData| d.convert::<f32>().to_vec::<f32>().unwrap();
+        let staged = |d: TensorData| d.convert::<f32>().try_to_vec::<f32>().unwrap();
         let data = TensorData::new(values, dims).convert_dtype(dtype);
 
         let got = group

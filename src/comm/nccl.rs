@@ -263,30 +263,21 @@ type CudaServer =
 pub type InDeviceMemory<const D: usize> =
     Result<Result<burn::tensor::Tensor<D>, burn::tensor::Tensor<D>>, CommError>;
 
-/// `x` as a contiguous CUDA tensor of burn's CUDA runtime, or `x` back when it lives
-/// elsewhere (the CPU, another CubeCL runtime). With `private`, a copy made by a kernel, so
-/// that only the caller holds it and may overwrite it in place.
-fn cuda_tensor<const D: usize>(
-    x: burn::tensor::Tensor<D>,
-    private: bool,
-) -> Result<CubeTensor, burn::tensor::Tensor<D>> {
+/// `x` as a contiguous CUDA tensor of burn's CUDA runtime, or `None` when it lives elsewhere
+/// (the CPU, another CubeCL runtime). With `private`, a copy made by a kernel, so that only
+/// the caller holds it and may overwrite it in place.
+fn cuda_tensor<const D: usize>(x: &burn::tensor::Tensor<D>, private: bool) -> Option<CubeTensor> {
     let source = if private {
         x.clone().mul_scalar(1.0)
     } else {
         x.clone()
     };
-    let Ok(cube) = source.try_into_primitive::<CubeBackend>() else {
-        return Err(x);
-    };
+    let cube = source.try_into_primitive::<CubeBackend>().ok()?;
     let cube: CubeTensor = burn_cubecl::kernel::into_contiguous(cube);
-    if cube
-        .client
+    cube.client
         .get_resource::<CudaServer>(cube.handle.clone())
-        .is_err()
-    {
-        return Err(x);
-    }
-    Ok(cube)
+        .ok()?;
+    Some(cube)
 }
 
 /// A new contiguous CUDA tensor of `shape` like `like` (its device and dtype), unwritten.
@@ -311,7 +302,11 @@ impl NcclComm {
         &self,
         what: &str,
         tensors: &[&CubeTensor],
-        call: impl FnOnce(&[u64], sys::ncclComm_t, sys::cudaStream_t) -> Result<(), result::NcclError>,
+        call: impl FnOnce(
+            &[u64],
+            sys::ncclComm_t,
+            sys::cudaStream_t,
+        ) -> Result<result::NcclStatus, result::NcclError>,
     ) -> Result<(), CommError> {
         let resources = tensors
             .iter()
@@ -340,9 +335,8 @@ impl NcclComm {
         x: burn::tensor::Tensor<D>,
         op: ReduceOp,
     ) -> InDeviceMemory<D> {
-        let cube = match cuda_tensor(x, true) {
-            Ok(cube) => cube,
-            Err(x) => return Ok(Err(x)),
+        let Some(cube) = cuda_tensor(&x, true) else {
+            return Ok(Err(x));
         };
         self.agree_on("all_reduce", cube.dtype, cube.meta.shape.as_slice(), 1)?;
         let (count, dtype) = (cube.meta.shape.num_elements(), nccl_dtype(cube.dtype)?);
@@ -379,9 +373,8 @@ impl NcclComm {
                 self.size()
             )));
         }
-        let cube = match cuda_tensor(x, true) {
-            Ok(cube) => cube,
-            Err(x) => return Ok(Err(x)),
+        let Some(cube) = cuda_tensor(&x, true) else {
+            return Ok(Err(x));
         };
         self.agree_on(
             "broadcast",
@@ -420,9 +413,8 @@ impl NcclComm {
         dim: usize,
     ) -> InDeviceMemory<D> {
         let front = x.clone().swap_dims(0, dim);
-        let send = match cuda_tensor(front, false) {
-            Ok(cube) => cube,
-            Err(_) => return Ok(Err(x)),
+        let Some(send) = cuda_tensor(&front, false) else {
+            return Ok(Err(x));
         };
         let shape = send.meta.shape.as_slice().to_vec();
         self.agree_on("all_gather", send.dtype, &shape, 2 + dim as i64)?;
@@ -464,9 +456,8 @@ impl NcclComm {
             )));
         }
         let front = x.clone().swap_dims(0, dim);
-        let send = match cuda_tensor(front, false) {
-            Ok(cube) => cube,
-            Err(_) => return Ok(Err(x)),
+        let Some(send) = cuda_tensor(&front, false) else {
+            return Ok(Err(x));
         };
         let shape = send.meta.shape.as_slice().to_vec();
         self.agree_on("reduce_scatter", send.dtype, &shape, 100 + dim as i64)?;
