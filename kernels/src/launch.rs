@@ -6,7 +6,7 @@ use cubecl::server::Handle;
 
 use crate::rows::cube_count;
 pub use crate::rows::RowLaunch;
-use crate::{attention, dropout, layer_norm, softmax};
+use crate::{adam, attention, dropout, layer_norm, softmax};
 
 fn arg(handle: &Handle, len: usize) -> BufferArg {
     // SAFETY: every launcher sizes its buffers from the same shape it passes to the kernel,
@@ -492,5 +492,73 @@ pub fn flash_attention_backward<F: Float + CubeElement>(
         drop,
         launch.lanes,
         launch.rows_per_cube,
+    );
+}
+
+/// The scalars of one Adam step, rounded once to f32 from the optimizer's f64 values.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamScalars {
+    /// β₁.
+    pub beta1: f32,
+    /// 1 − β₁.
+    pub one_minus_beta1: f32,
+    /// β₂.
+    pub beta2: f32,
+    /// 1 − β₂.
+    pub one_minus_beta2: f32,
+    /// Bias correction of the first moment, 1 − β₁ᵗ.
+    pub correction1: f32,
+    /// Bias correction of the second moment, 1 − β₂ᵗ.
+    pub correction2: f32,
+    /// ε.
+    pub eps: f32,
+    /// What the parameter is multiplied by before the update: 1 − lr · weight decay.
+    pub keep: f32,
+    /// Learning rate.
+    pub lr: f32,
+}
+
+/// One Adam step of a parameter of `len` elements: `output` (`3 · len`) gets the new
+/// parameter, first moment and second moment end to end; `moments` is `None` on the first
+/// step.
+pub fn adam_step<F: Float + CubeElement>(
+    client: &Client,
+    param: &Handle,
+    grad: &Handle,
+    moments: Option<(&Handle, &Handle)>,
+    output: &Handle,
+    len: usize,
+    scalars: AdamScalars,
+) {
+    if len == 0 {
+        return;
+    }
+    assert!(
+        3 * len <= u32::MAX as usize,
+        "an Adam step of more than 2³² / 3 elements"
+    );
+    // Without moments the kernel never reads them: bind the gradient in their place.
+    let (m, v) = moments.unwrap_or((grad, grad));
+    let s = scalars;
+    adam::adam_step::launch::<F>(
+        client,
+        cube_count(len.div_ceil(adam::UNITS_PER_CUBE as usize)),
+        CubeDim::new_1d(adam::UNITS_PER_CUBE),
+        arg(param, len),
+        arg(grad, len),
+        arg(m, len),
+        arg(v, len),
+        arg(output, 3 * len),
+        s.beta1,
+        s.one_minus_beta1,
+        s.beta2,
+        s.one_minus_beta2,
+        s.correction1,
+        s.correction2,
+        s.eps,
+        s.keep,
+        s.lr,
+        len as u32,
+        moments.is_none(),
     );
 }

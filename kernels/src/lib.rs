@@ -6,7 +6,8 @@
 //! - [`layer_norm`]: LayerNorm forward (saving mean and 1/σ) and backward (dx, dγ, dβ);
 //! - [`dropout`]: dropout with masks derived on the device from a key and the element index;
 //! - [`attention`]: causal attention fused FlashAttention-style (online softmax, dropout
-//!   inside, no `seq × seq` tensor), forward and backward.
+//!   inside, no `seq × seq` tensor), forward and backward;
+//! - [`adam`]: one Adam step of a parameter (both moments and the update) in one kernel.
 //!
 //! Every kernel gives each row a warp-sized group of units ([`rows`]), loops over rows of any
 //! length in strides of that group, and accumulates in a separate float type `A` (launch with
@@ -17,6 +18,7 @@
 //! (Vulkan, Metal, lavapipe on CPU) and the other CubeCL runtimes. Buffers are contiguous
 //! row-major slices.
 
+pub mod adam;
 pub mod attention;
 pub mod dropout;
 pub mod launch;

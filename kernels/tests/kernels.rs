@@ -983,3 +983,69 @@ fn flash_attention_forward_and_backward_match_float64() {
         }
     }
 }
+
+/// One Adam step per kernel against float64, first step (no moments) and a later one, with
+/// and without weight decay, over a length that leaves a partly filled last cube.
+#[test]
+fn adam_step_matches_float64() {
+    let client = client();
+    let mut rng = Rng(5);
+    let n = 10_007;
+    let (p, g) = (rng.vec(n, -1.0, 1.0), rng.vec(n, -0.1, 0.1));
+    let (m, v) = (rng.vec(n, -0.05, 0.05), rng.vec(n, 0.0, 0.01));
+    let (beta1, beta2, eps, lr) = (0.9f64, 0.999f64, 1e-8f64, 3e-4f64);
+    for (t, decay, first) in [(1, 0.0, true), (7, 0.01, false)] {
+        let scalars = AdamScalars {
+            beta1: beta1 as f32,
+            one_minus_beta1: (1.0 - beta1) as f32,
+            beta2: beta2 as f32,
+            one_minus_beta2: (1.0 - beta2) as f32,
+            correction1: (1.0 - beta1.powi(t)) as f32,
+            correction2: (1.0 - beta2.powi(t)) as f32,
+            eps: eps as f32,
+            keep: (1.0 - lr * decay) as f32,
+            lr: lr as f32,
+        };
+        let [ph, gh, mh, vh] = [&p, &g, &m, &v].map(|x| upload(&client, x));
+        let out = poisoned(&client, 3 * n);
+        let moments = (!first).then_some((&mh, &vh));
+        adam_step::<f32>(&client, &ph, &gh, moments, &out, n, scalars);
+        let got = download(&client, out, 3 * n);
+        let mut want = vec![0.0; 3 * n];
+        for i in 0..n {
+            let (gi, mi, vi) = (g[i] as f64, m[i] as f64, v[i] as f64);
+            let (mut m_new, mut v_new) = ((1.0 - beta1) * gi, (1.0 - beta2) * gi * gi);
+            if !first {
+                m_new += beta1 * mi;
+                v_new += beta2 * vi;
+            }
+            let update =
+                (m_new / (1.0 - beta1.powi(t))) / ((v_new / (1.0 - beta2.powi(t))).sqrt() + eps);
+            want[i] = p[i] as f64 * (1.0 - lr * decay) - lr * update;
+            want[n + i] = m_new;
+            want[2 * n + i] = v_new;
+        }
+        let what = format!("adam step {t}");
+        assert_close(
+            &format!("{what}: parameter"),
+            &got[..n],
+            &want[..n],
+            1e-7,
+            1e-6,
+        );
+        assert_close(
+            &format!("{what}: m"),
+            &got[n..2 * n],
+            &want[n..2 * n],
+            1e-9,
+            1e-6,
+        );
+        assert_close(
+            &format!("{what}: v"),
+            &got[2 * n..],
+            &want[2 * n..],
+            1e-12,
+            1e-5,
+        );
+    }
+}

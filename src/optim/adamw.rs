@@ -69,21 +69,47 @@ impl ModuleMapper for Update<'_> {
         let p = value.inner().reshape([n]);
         let c = &self.optimizer.config;
         let t = self.optimizer.steps as i32;
-        let (m, v) = match self.optimizer.moments.remove(&id) {
-            Some(s) => (
-                s.m.mul_scalar(c.beta1) + g.clone().mul_scalar(1.0 - c.beta1),
-                s.v.mul_scalar(c.beta2) + g.square().mul_scalar(1.0 - c.beta2),
-            ),
-            None => (
-                g.clone().mul_scalar(1.0 - c.beta1),
-                g.square().mul_scalar(1.0 - c.beta2),
-            ),
-        };
-        let m_hat = m.clone().div_scalar(1.0 - c.beta1.powi(t));
-        let v_hat = v.clone().div_scalar(1.0 - c.beta2.powi(t));
         let decay = if D >= 2 { c.weight_decay } else { 0.0 };
-        let update = m_hat / v_hat.sqrt().add_scalar(c.eps);
-        let p = p.mul_scalar(1.0 - self.lr * decay) - update.mul_scalar(self.lr);
+        let previous = self.optimizer.moments.remove(&id);
+        // One kernel for the whole step on CubeCL devices (fused_adam's docs say why).
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        let fused = {
+            let scalars = ferrotron_kernels::launch::AdamScalars {
+                beta1: c.beta1 as f32,
+                one_minus_beta1: (1.0 - c.beta1) as f32,
+                beta2: c.beta2 as f32,
+                one_minus_beta2: (1.0 - c.beta2) as f32,
+                correction1: (1.0 - c.beta1.powi(t)) as f32,
+                correction2: (1.0 - c.beta2.powi(t)) as f32,
+                eps: c.eps as f32,
+                keep: (1.0 - self.lr * decay) as f32,
+                lr: self.lr as f32,
+            };
+            let moments = previous.as_ref().map(|s| (&s.m, &s.v));
+            super::fused_adam::adam_step(&p, &g, moments, scalars)
+        };
+        #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+        let fused: Option<[Tensor<1>; 3]> = None;
+        let (p, m, v) = match fused {
+            Some([p, m, v]) => (p, m, v),
+            None => {
+                let (m, v) = match previous {
+                    Some(s) => (
+                        s.m.mul_scalar(c.beta1) + g.clone().mul_scalar(1.0 - c.beta1),
+                        s.v.mul_scalar(c.beta2) + g.square().mul_scalar(1.0 - c.beta2),
+                    ),
+                    None => (
+                        g.clone().mul_scalar(1.0 - c.beta1),
+                        g.square().mul_scalar(1.0 - c.beta2),
+                    ),
+                };
+                let m_hat = m.clone().div_scalar(1.0 - c.beta1.powi(t));
+                let v_hat = v.clone().div_scalar(1.0 - c.beta2.powi(t));
+                let update = m_hat / v_hat.sqrt().add_scalar(c.eps);
+                let p = p.mul_scalar(1.0 - self.lr * decay) - update.mul_scalar(self.lr);
+                (p, m, v)
+            }
+        };
         self.optimizer.moments.insert(id, Moments { m, v });
         let p = p.reshape(shape);
         let p = if autodiff {

@@ -5,6 +5,8 @@
 pub mod adamw;
 pub mod background_reduce;
 pub mod distributed;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod fused_adam;
 pub mod grad_buffer;
 pub mod grad_scaler;
 pub mod lr_schedule;
