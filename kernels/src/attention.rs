@@ -42,6 +42,21 @@ fn kept<A: Float>(
     factor
 }
 
+/// Query row `row` of `rows`: whether it exists, the keys it sees (none for a unit past the
+/// last row, which still joins the reductions), and the first row of its head.
+#[cube]
+fn query_row(row: usize, rows: u32, seq: u32) -> (bool, usize, usize) {
+    let s = seq as usize;
+    let active = row < rows as usize;
+    let mut count = 0usize;
+    let mut head_row = 0usize;
+    if active {
+        count = row % s + 1;
+        head_row = row - row % s;
+    }
+    (active, count, head_row)
+}
+
 /// `Σ_c a[c] · b[base + c]` over one head row.
 #[cube]
 fn dot_row<F: Float, A: Float>(a: &Array<A>, b: &[F], base: usize, #[comptime] head_dim: u32) -> A {
@@ -77,15 +92,7 @@ pub fn flash_attention_forward<F: Float, A: Float>(
     let row = row_index();
     let lane = UNIT_POS_X as usize;
     let (s, d) = (seq as usize, head_dim as usize);
-    let active = row < rows as usize;
-    // Keys this query sees (none for a unit past the last row, which still joins the
-    // reductions); the first key row of its head.
-    let mut count = 0usize;
-    let mut head_row = 0usize;
-    if active {
-        count = row % s + 1;
-        head_row = row - row % s;
-    }
+    let (active, count, head_row) = query_row(row, rows, seq);
 
     let mut q = Array::<A>::new(head_dim as usize);
     let mut acc = Array::<A>::new(head_dim as usize);
@@ -162,13 +169,9 @@ pub fn flash_attention_backward_query<F: Float, A: Float>(
     let row = row_index();
     let lane = UNIT_POS_X as usize;
     let (s, d) = (seq as usize, head_dim as usize);
-    let active = row < rows as usize;
-    let mut count = 0usize;
-    let mut head_row = 0usize;
+    let (active, count, head_row) = query_row(row, rows, seq);
     let mut lse = A::new(0.0);
     if active {
-        count = row % s + 1;
-        head_row = row - row % s;
         lse = logsumexp[row];
     }
 

@@ -20,6 +20,8 @@
 
 pub mod adam;
 pub mod attention;
+#[cfg(feature = "cpu")]
+pub mod cpu_runtime;
 pub mod dropout;
 pub mod launch;
 pub mod layer_norm;
