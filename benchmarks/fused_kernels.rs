@@ -20,7 +20,7 @@ use burn::tensor::{Device, Distribution, Tensor};
 use ferrotron::model::attention::CausalSelfAttention;
 use ferrotron::model::ops::{layer_norm, scaled_causal_masked_softmax};
 use ferrotron::model::GptConfig;
-use ferrotron::train::device::parse_device;
+use ferrotron::util::device::parse_device;
 
 fn time(mut f: impl FnMut(), reps: usize) -> f64 {
     f();

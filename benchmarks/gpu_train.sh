@@ -5,7 +5,7 @@
 #   benchmarks/gpu_train.sh [PRETRAIN_BINARY] [PYTHON]
 #
 # PRETRAIN_BINARY: ferrotron's `pretrain` built with `--features cuda` (default
-#   target/release/pretrain; build it here or on another machine, see README "GPUs").
+#   target/release/pretrain; build it here or on another machine, see docs/gpu.md).
 # PYTHON: a Python with torch (CUDA) for the reference (default python3; skipped if absent).
 # Environment: LAYERS HIDDEN HEADS SEQ MBS ITERS DROPOUT (default GPT-2 345M: 24 1024 16
 #   1024 4 30 0.1), DATA (a Megatron .bin/.idx prefix; default the bundled wikitext-2).

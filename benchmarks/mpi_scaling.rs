@@ -1,4 +1,4 @@
-//! Multi-process numbers on this machine, each beside its baseline from the same run:
+//! Multi-process numbers on the machine it runs on, each beside its baseline from the same run:
 //!
 //! 1. all-reduce bus bandwidth of ferrotron's MPI communicator (f32 sum, host `TensorData`
 //!    in and out, the shape check included) vs Open MPI's own `MPI_Allreduce` called from C
@@ -23,11 +23,11 @@ use ferrotron::comm::world::{launcher_variable, World};
 use ferrotron::comm::ReduceOp;
 use ferrotron::data::DataSources;
 use ferrotron::model::GptConfig;
-use ferrotron::train::pretrain::pretrain_on;
-use ferrotron::train::{LrDecayStyle, LrSchedule, PretrainConfig};
+use ferrotron::training::pretrain::pretrain_on;
+use ferrotron::training::{LrDecayStyle, LrSchedule, PretrainConfig};
 
 #[global_allocator]
-static ALLOCATOR: ferrotron::allocator::TrainingAllocator = ferrotron::allocator::TrainingAllocator;
+static ALLOCATOR: ferrotron::util::allocator::TrainingAllocator = ferrotron::util::allocator::TrainingAllocator;
 
 const SIZES: [usize; 3] = [1 << 20, 16 << 20, 64 << 20];
 

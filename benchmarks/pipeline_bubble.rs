@@ -1,4 +1,4 @@
-//! The pipeline bubble on this machine: each stage's measured idle share of a step (time
+//! The pipeline bubble on the machine it runs on: each stage's measured idle share of a step (time
 //! waiting for its neighbours' activations and gradients, as `pretrain` reports it in
 //! `metrics.jsonl`) beside the theory, (p − 1)/(m + p − 1) for 1F1B with m micro-batches
 //! and (p − 1)/(v·m + p − 1) for the interleaved schedule with v model chunks per rank.
@@ -27,12 +27,12 @@ use ferrotron::comm::{run_ranks, Expect, Group};
 use ferrotron::data::DataSources;
 use ferrotron::model::GptConfig;
 use ferrotron::pipeline::{run_schedule, PipelineP2p, StageWork};
-use ferrotron::train::pipeline_step::training_schedule;
-use ferrotron::train::pretrain::pretrain;
-use ferrotron::train::{LrDecayStyle, LrSchedule, PretrainConfig};
+use ferrotron::training::forward_backward::training_schedule;
+use ferrotron::training::pretrain::pretrain;
+use ferrotron::training::{LrDecayStyle, LrSchedule, PretrainConfig};
 
 #[global_allocator]
-static ALLOCATOR: ferrotron::allocator::TrainingAllocator = ferrotron::allocator::TrainingAllocator;
+static ALLOCATOR: ferrotron::util::allocator::TrainingAllocator = ferrotron::util::allocator::TrainingAllocator;
 
 const FORWARD: Duration = Duration::from_millis(8);
 const ACTIVATION: [usize; 3] = [1, 64, 256];

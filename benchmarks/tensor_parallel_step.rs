@@ -1,4 +1,4 @@
-//! Training step time at tensor-parallel sizes 1, 2 and 4 on this machine, and the share of
+//! Training step time at tensor-parallel sizes 1, 2 and 4 on the machine it runs on, and the share of
 //! each step spent communicating (collectives with their host transfers and the wait for the
 //! other ranks), measured in the same run.
 //!
@@ -19,11 +19,11 @@ use ferrotron::comm::{run_ranks, Group};
 use ferrotron::model::named_parameters::parameter_names;
 use ferrotron::model::GptConfig;
 use ferrotron::parallel::random::seed_micro_batch;
-use ferrotron::parallel::sharding::partition_dim;
-use ferrotron::train::{AdamW, AdamWConfig, GradientAccumulator};
+use ferrotron::parallel::sharding::{parameter_holdings, Holding};
+use ferrotron::training::{AdamW, AdamWConfig, GradientAccumulator};
 
 #[global_allocator]
-static ALLOCATOR: ferrotron::allocator::TrainingAllocator = ferrotron::allocator::TrainingAllocator;
+static ALLOCATOR: ferrotron::util::allocator::TrainingAllocator = ferrotron::util::allocator::TrainingAllocator;
 
 const BATCH: usize = 8;
 const SEQ: usize = 256;
@@ -46,9 +46,9 @@ fn rank_steps(config: &GptConfig, group: &Group, steps: usize) -> (f64, f64) {
     let tokens = data.clone().narrow(1, 0, SEQ);
     let labels = data.narrow(1, 1, SEQ);
     let mask = Tensor::<2>::ones([BATCH, SEQ], &device);
-    let replicated = parameter_names(&model)
+    let replicated = parameter_holdings(&model)
         .into_iter()
-        .filter(|p| partition_dim(&p.name).is_none())
+        .filter(|p| p.holding == Holding::Duplicated)
         .map(|p| p.id)
         .collect();
     let mut step = |model: ferrotron::model::Gpt, i: usize| {
@@ -75,7 +75,7 @@ fn rank_steps(config: &GptConfig, group: &Group, steps: usize) -> (f64, f64) {
 }
 
 fn main() {
-    ferrotron::allocator::retain_freed_memory();
+    ferrotron::util::allocator::retain_freed_memory();
     let steps = std::env::var("FERROTRON_BENCH_STEPS")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -15,10 +15,10 @@ use std::time::Instant;
 
 use burn::tensor::{Device, Distribution, Int, Tensor};
 use ferrotron::model::{lm_loss, GptConfig};
-use ferrotron::train::{AdamW, AdamWConfig, GradientAccumulator};
+use ferrotron::training::{AdamW, AdamWConfig, GradientAccumulator};
 
 #[global_allocator]
-static ALLOCATOR: ferrotron::allocator::TrainingAllocator = ferrotron::allocator::TrainingAllocator;
+static ALLOCATOR: ferrotron::util::allocator::TrainingAllocator = ferrotron::util::allocator::TrainingAllocator;
 
 const LAYERS: usize = 4;
 const HIDDEN: usize = 256;
@@ -71,7 +71,7 @@ fn burn_gemm_gflops() -> f64 {
 }
 
 fn main() {
-    ferrotron::allocator::retain_freed_memory();
+    ferrotron::util::allocator::retain_freed_memory();
     let vocab = std::env::var("FERROTRON_BENCH_VOCAB")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -92,7 +92,7 @@ fn main() {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benchmarks/torch_gpt.py");
     let args = [LAYERS, HIDDEN, HEADS, SEQ, BATCH, STEPS].map(|v| v.to_string());
     // PyTorch as installed, and PyTorch with glibc's malloc told to keep freed memory (the
-    // same favour `ferrotron::allocator` does mimalloc): no mmap'd blocks, no trimming.
+    // same favour `ferrotron::util::allocator` does mimalloc): no mmap'd blocks, no trimming.
     let variants: [(&str, &[(&str, &str)]); 2] = [
         ("PyTorch eager", &[]),
         (

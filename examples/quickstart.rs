@@ -17,11 +17,11 @@ use ferrotron::preprocess::{
     self, describe_outputs, progress::summary_line, PreprocessConfig, ProgressMode,
 };
 use ferrotron::tokenizer::TextTokenizer;
-use ferrotron::train::{pretrain, LrDecayStyle, LrSchedule, PretrainConfig};
+use ferrotron::training::{pretrain, LrDecayStyle, LrSchedule, PretrainConfig};
 
-// Why this allocator: see `ferrotron::allocator`.
+// Why this allocator: see `ferrotron::util::allocator`.
 #[global_allocator]
-static ALLOCATOR: ferrotron::allocator::TrainingAllocator = ferrotron::allocator::TrainingAllocator;
+static ALLOCATOR: ferrotron::util::allocator::TrainingAllocator = ferrotron::util::allocator::TrainingAllocator;
 
 fn main() -> Result<()> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));

@@ -11,12 +11,10 @@
 //! - [`parallel`]: Megatron's parallel state and tensor model parallelism (region mappings, parallel layers,
 //!   vocab-parallel cross-entropy).
 
-pub mod allocator;
-pub mod atomic_file;
-pub mod cli;
+pub mod checkpoint;
 pub mod comm;
 pub mod data;
-pub mod host_tensor;
+pub mod export;
 pub mod inference;
 pub mod logging;
 pub mod model;
@@ -25,4 +23,5 @@ pub mod parallel;
 pub mod pipeline;
 pub mod preprocess;
 pub mod tokenizer;
-pub mod train;
+pub mod training;
+pub mod util;

@@ -1,7 +1,7 @@
 //! Multi-rank training against the single-process run, on both kinds of ranks:
 //!
 //! - thread worlds (`run_ranks`), in every `cargo test`;
-//! - MPI processes: the test binary starts itself under `mpirun -np 4` (Open MPI, see README)
+//! - MPI processes: the test binary starts itself under `mpirun -np 4` (Open MPI, see docs/parallelism.md)
 //!   and each process, finding itself launched by MPI, runs as one rank.
 //!
 //! Layouts: TP=2 × DP=2 and DP=4, with the replicated and the distributed (ZeRO-1) optimizer,
@@ -19,8 +19,8 @@ use common::mpi::*;
 use common::*;
 use ferrotron::comm::{run_ranks, Communicator};
 use ferrotron::model::Recompute;
-use ferrotron::train::pretrain::pretrain_on;
-use ferrotron::train::{pretrain, PretrainConfig};
+use ferrotron::training::pretrain::pretrain_on;
+use ferrotron::training::{pretrain, PretrainConfig};
 
 type Losses = Vec<(u64, f64)>;
 
@@ -376,7 +376,7 @@ fn a_killed_mpi_rank_ends_the_job_and_leaves_the_last_checkpoint() {
         "{after_kill:?}\n{out}"
     );
     let ckpt = dir.path().join("ckpt");
-    let (_, info) = ferrotron::train::checkpoint::load_model(&ckpt, &Device::flex()).unwrap();
+    let (_, info) = ferrotron::checkpoint::load_model(&ckpt, &Device::flex()).unwrap();
     assert!(info.state.iteration >= 2 && info.state.iteration % 2 == 0);
 }
 
@@ -427,7 +427,7 @@ fn the_pretrain_binary_runs_under_mpirun() {
             .args(extra)
             .current_dir(dir.path())
             .output()
-            .expect("mpirun (install Open MPI, see README)")
+            .expect("mpirun (install Open MPI, see docs/parallelism.md)")
     };
     let out = run("1", &[]);
     let stdout = String::from_utf8_lossy(&out.stdout);

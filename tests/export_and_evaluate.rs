@@ -8,8 +8,8 @@ use common::*;
 use ferrotron::data::{DataSources, IndexedDataset};
 use ferrotron::model::named_parameters::named_parameters;
 use ferrotron::model::GptConfig;
-use ferrotron::train::hf_export::{hf_gpt2_config, hf_gpt2_tensors};
-use ferrotron::train::window_eval::{contiguous_windows, mean_window_loss};
+use ferrotron::export::hf_export::{hf_gpt2_config, hf_gpt2_tensors};
+use ferrotron::inference::window_eval::{contiguous_windows, mean_window_loss};
 
 #[test]
 fn hf_tensors_have_gpt2_names_and_carry_the_same_weights() {
@@ -89,9 +89,9 @@ fn evaluate_scores_contiguous_windows_of_the_token_stream() {
 /// continues from it.
 #[test]
 fn import_hf_round_trips_export_hf_and_pretrain_continues_from_it() {
-    use ferrotron::train::checkpoint::load_model;
-    use ferrotron::train::tensor_file::read_tensors;
-    use ferrotron::train::{pretrain, LrDecayStyle, LrSchedule, PretrainConfig};
+    use ferrotron::checkpoint::load_model;
+    use ferrotron::checkpoint::tensor_file::read_tensors;
+    use ferrotron::training::{pretrain, LrDecayStyle, LrSchedule, PretrainConfig};
 
     let dir = tempfile::tempdir().unwrap();
     let cfg = PretrainConfig {

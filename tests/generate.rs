@@ -12,8 +12,8 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use common::*;
 use ferrotron::inference::{generate, GenerateOptions, Sampler, SamplingConfig};
 use ferrotron::model::{Gpt, KvCache};
-use ferrotron::train::checkpoint::load_model;
-use ferrotron::train::window_eval::mean_window_loss;
+use ferrotron::checkpoint::load_model;
+use ferrotron::inference::window_eval::mean_window_loss;
 
 const EOS: u32 = 249;
 const HF_VOCAB: usize = 250;

@@ -11,8 +11,8 @@ use ferrotron::data::DataSources;
 use ferrotron::model::GptConfig;
 use ferrotron::optim::grad_scaler::DynamicGradScalerConfig;
 use ferrotron::optim::Precision;
-use ferrotron::train::checkpoint::read_full_checkpoint;
-use ferrotron::train::{pretrain, LrDecayStyle, LrSchedule, PretrainConfig};
+use ferrotron::checkpoint::read_full_checkpoint;
+use ferrotron::training::{pretrain, LrDecayStyle, LrSchedule, PretrainConfig};
 
 fn config(cache: &Path, precision: Precision, train_iters: u64) -> PretrainConfig {
     PretrainConfig {
@@ -198,7 +198,7 @@ fn fp16_overflows_are_skipped_and_the_scale_follows_megatrons_rule() {
     );
     assert!(out.status.success(), "{}", stderr(&out));
     let (hf, _) =
-        ferrotron::train::tensor_file::read_tensors(&save.path().join("hf/model.safetensors"))
+        ferrotron::checkpoint::tensor_file::read_tensors(&save.path().join("hf/model.safetensors"))
             .unwrap();
     let main = &checkpoint.tensors["model.word_embeddings.weight"];
     assert_eq!(
@@ -231,7 +231,7 @@ fn fp16_resume_continues_bit_exactly_across_skipped_iterations() {
 #[test]
 fn the_working_copy_computes_in_half_precision_and_its_gradients_are_summed_in_fp32() {
     use burn::tensor::{DType, Int, Tensor, TensorData};
-    use ferrotron::train::GradientAccumulator;
+    use ferrotron::training::GradientAccumulator;
     let model = GptConfig::new(1, 16, 2, 8, 128).init(7, &device()).unwrap();
     for (precision, dtype) in [
         (Precision::Bf16, DType::BF16),
@@ -270,7 +270,7 @@ fn the_working_copy_computes_in_half_precision_and_its_gradients_are_summed_in_f
 #[test]
 fn half_precision_layouts_reproduce_the_single_process_losses() {
     use ferrotron::comm::run_ranks;
-    use ferrotron::train::pretrain::pretrain_on;
+    use ferrotron::training::pretrain::pretrain_on;
     let cache = tempfile::tempdir().unwrap();
     let iters = 20;
     let mut fp16 = config(cache.path(), Precision::Fp16, iters);

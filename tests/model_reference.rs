@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use ferrotron::model::init::{master_values, Init};
+use ferrotron::util::init::{master_values, Init};
 use ferrotron::model::named_parameters::{load_named_parameters, named_parameters};
 use ferrotron::model::{lm_loss, GptConfig};
 

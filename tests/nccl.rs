@@ -1,4 +1,4 @@
-//! The NCCL group (CUDA builds; needs a GPU and the NCCL library, see README "GPU"): the
+//! The NCCL group (CUDA builds; needs a GPU and the NCCL library, see docs/gpu.md): the
 //! collective conformance suite that the thread and MPI groups pass, run on an NCCL group.
 //!
 //! ```text
@@ -50,7 +50,7 @@ fn nccl_collectives_on_cuda_tensors_equal_the_host_staged_ones() {
     let nccl = world.nccl(local_rank()).unwrap();
     let group = nccl.as_nccl().expect("an NCCL group");
     let (rank, size) = (nccl.rank(), nccl.size());
-    let device = ferrotron::train::device::parse_device(&format!("cuda:{}", local_rank())).unwrap();
+    let device = ferrotron::util::device::parse_device(&format!("cuda:{}", local_rank())).unwrap();
     for dtype in [DType::F32, DType::BF16] {
         let dims = [2 * size, 3 * size, 4 * size];
         let n: usize = dims.iter().product();

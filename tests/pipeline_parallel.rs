@@ -4,7 +4,8 @@
 //! - PP=2, PP=4, PP=2 × DP=2 (PyTorch's Pipe + DDP tutorial layout), TP=2 × PP=2 and (on
 //!   8 threads) TP=2 × PP=2 × DP=2, with 1F1B
 //!   and with the interleaved schedule (2 virtual stages per rank), with dropout, the
-//!   distributed optimizer and recomputation in some of them, and with an uneven split
+//!   distributed optimizer, every recomputation (full uniform and block, selective) and
+//!   `--overlap-grad-reduce` in some of them, and with an uneven split
 //!   (`--decoder-last-pipeline-num-layers`): 30 iterations within 1e-5;
 //! - checkpoints written at PP=2 resume at PP=1 and the reverse, losses continuing;
 //! - the measured idle time of each stage, and the layout line.
@@ -20,8 +21,8 @@ use common::mpi::*;
 use common::*;
 use ferrotron::comm::{run_ranks, Communicator};
 use ferrotron::model::Recompute;
-use ferrotron::train::pretrain::{pretrain_on, PretrainOutcome};
-use ferrotron::train::{pretrain, PretrainConfig};
+use ferrotron::training::pretrain::{pretrain_on, PretrainOutcome};
+use ferrotron::training::{pretrain, PretrainConfig};
 
 type Losses = Vec<(u64, f64)>;
 
@@ -35,7 +36,9 @@ struct Layout {
     /// Layers per virtual pipeline stage (interleaved schedule).
     virtual_layers: Option<usize>,
     distributed_optimizer: bool,
-    recompute: bool,
+    recompute: Recompute,
+    /// `--overlap-grad-reduce`.
+    overlap_grad_reduce: bool,
     /// Layers on the last stage (`--decoder-last-pipeline-num-layers`).
     last_stage_layers: Option<usize>,
     /// Layers of the model (4, or 8 for PP=4 with 2 virtual stages).
@@ -49,15 +52,27 @@ impl Layout {
             pp,
             virtual_layers,
             distributed_optimizer: false,
-            recompute: false,
+            recompute: Recompute::None,
+            overlap_grad_reduce: false,
             last_stage_layers: None,
             layers: 4,
         }
     }
 
+    const fn recomputing(self, recompute: Recompute) -> Self {
+        Self { recompute, ..self }
+    }
+
+    const fn overlapping(self) -> Self {
+        Self {
+            overlap_grad_reduce: true,
+            ..self
+        }
+    }
+
     fn name(&self, world: usize) -> String {
         format!(
-            "TP={} × PP={} × DP={}{}{}{}{}{}",
+            "TP={} × PP={} × DP={}{}{}{}{}{}{}",
             self.tp,
             self.pp,
             world / (self.tp * self.pp),
@@ -70,7 +85,15 @@ impl Layout {
             } else {
                 ""
             },
-            if self.recompute { ", recompute" } else { "" },
+            match self.recompute {
+                Recompute::None => String::new(),
+                r => format!(", recompute {r:?}"),
+            },
+            if self.overlap_grad_reduce {
+                ", overlap-grad-reduce"
+            } else {
+                ""
+            },
             if self.layers != 4 {
                 format!(", {} layers", self.layers)
             } else {
@@ -85,13 +108,15 @@ impl Layout {
 }
 
 /// Layouts of a 2-rank world.
-const TWO_RANKS: [Layout; 3] = [
+const TWO_RANKS: [Layout; 5] = [
     Layout::pipeline(1, 2, None),
     Layout::pipeline(1, 2, Some(1)),
     Layout {
         last_stage_layers: Some(1),
         ..Layout::pipeline(1, 2, None)
     },
+    Layout::pipeline(1, 2, None).recomputing(Recompute::Selective),
+    Layout::pipeline(1, 2, Some(1)).recomputing(Recompute::Block(1)),
 ];
 
 /// How many of the layouts the MPI test runs too (the layouts: PP=2 with and without
@@ -101,25 +126,26 @@ const MPI_TWO: usize = 2;
 const MPI_FOUR: usize = 5;
 
 /// Layouts of a 4-rank world.
-const FOUR_RANKS: [Layout; 7] = [
+const FOUR_RANKS: [Layout; 9] = [
     Layout::pipeline(1, 4, None),
     Layout::pipeline(1, 2, None),
     Layout::pipeline(2, 2, None),
     Layout::pipeline(1, 2, Some(1)),
     Layout::pipeline(2, 2, Some(1)),
     Layout {
-        tp: 1,
-        pp: 2,
-        virtual_layers: None,
         distributed_optimizer: true,
-        recompute: true,
-        last_stage_layers: None,
-        layers: 4,
+        ..Layout::pipeline(1, 2, None).recomputing(Recompute::Uniform(1))
     },
     Layout {
         layers: 8,
         ..Layout::pipeline(1, 4, Some(1))
     },
+    // PP=2 × DP=2: the data-parallel reduction overlapped with each chunk's last backward,
+    // with selective recomputation, and interleaved.
+    Layout::pipeline(1, 2, None)
+        .recomputing(Recompute::Selective)
+        .overlapping(),
+    Layout::pipeline(1, 2, Some(1)).overlapping(),
 ];
 
 /// Layouts of an 8-rank world: TP=2 × PP=2 × DP=2, with 1F1B and interleaved.
@@ -138,11 +164,8 @@ fn config(cache: &Path, layout: Layout, train_iters: u64) -> PretrainConfig {
         num_layers_per_virtual_pipeline_stage: layout.virtual_layers,
         decoder_last_pipeline_num_layers: layout.last_stage_layers,
         use_distributed_optimizer: layout.distributed_optimizer,
-        recompute: if layout.recompute {
-            Recompute::Uniform(1)
-        } else {
-            Recompute::None
-        },
+        recompute: layout.recompute,
+        overlap_grad_reduce: layout.overlap_grad_reduce,
         ..layout_comparison_run(cache, layout.layers, train_iters, ITERS)
     }
 }

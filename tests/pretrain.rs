@@ -9,7 +9,7 @@ use burn::tensor::Device;
 use common::*;
 use ferrotron::data::DataSources;
 use ferrotron::model::{GptConfig, Recompute};
-use ferrotron::train::{pretrain, LrDecayStyle, LrSchedule, PretrainConfig};
+use ferrotron::training::{pretrain, LrDecayStyle, LrSchedule, PretrainConfig};
 
 fn tiny(cache: &Path) -> PretrainConfig {
     PretrainConfig {

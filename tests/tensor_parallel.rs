@@ -11,17 +11,17 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use common::*;
 use ferrotron::comm::{run_ranks, Group};
 use ferrotron::data::DataSources;
-use ferrotron::host_tensor::HostTensor;
+use ferrotron::util::host_tensor::HostTensor;
 use ferrotron::model::named_parameters::named_parameters;
 use ferrotron::model::GptConfig;
 use ferrotron::parallel::cross_entropy::vocab_parallel_cross_entropy;
 use ferrotron::parallel::layers::{
     ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
 };
-use ferrotron::parallel::sharding::partition_dim;
-use ferrotron::train::checkpoint::load_model;
-use ferrotron::train::tensor_file::read_tensors;
-use ferrotron::train::{pretrain, LrDecayStyle, LrSchedule, PretrainConfig};
+use ferrotron::parallel::sharding::parameter_holdings;
+use ferrotron::checkpoint::load_model;
+use ferrotron::checkpoint::tensor_file::read_tensors;
+use ferrotron::training::{pretrain, LrDecayStyle, LrSchedule, PretrainConfig};
 
 const SIZES: [usize; 3] = [1, 2, 4];
 
@@ -300,6 +300,15 @@ fn every_parameter_is_its_shard_of_the_same_master_tensor() {
             let model = config
                 .init_parallel(3, &Group::new(pg), &Device::flex())
                 .map_err(anyhow::Error::msg)?;
+            // The holdings the layers declare are Megatron's.
+            for p in parameter_holdings(&model) {
+                assert_eq!(
+                    p.holding.partition_dim(),
+                    megatron_partition_dim(&p.name),
+                    "{}",
+                    p.name
+                );
+            }
             Ok(named_parameters(&model))
         })
         .unwrap();
@@ -307,7 +316,7 @@ fn every_parameter_is_its_shard_of_the_same_master_tensor() {
             assert_eq!(params.len(), whole.len());
             for p in params {
                 let full = &whole[&p.name];
-                let want = match partition_dim(&p.name) {
+                let want = match megatron_partition_dim(&p.name) {
                     Some(dim) => full.chunk(dim, n, rank).unwrap(),
                     None => full.clone(),
                 };
@@ -485,7 +494,7 @@ fn with_dropout_replicated_parameters_stay_identical_on_every_rank() {
         let Some(name) = key.strip_prefix("model.") else {
             continue;
         };
-        if partition_dim(name).is_none() {
+        if megatron_partition_dim(name).is_none() {
             // Hidden dropout draws the same masks on both ranks, so the whole replicated
             // computation, and its updates, are bitwise the same.
             assert_eq!(t.values, b[key].values, "{name} differs between ranks");

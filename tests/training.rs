@@ -3,7 +3,7 @@
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use ferrotron::model::named_parameters::named_parameters;
 use ferrotron::model::{lm_loss, GptConfig};
-use ferrotron::train::{AdamW, AdamWConfig, GradientAccumulator};
+use ferrotron::training::{AdamW, AdamWConfig, GradientAccumulator};
 
 /// A parameter in the naive optimizer: values, first and second moments, rank.
 type NaiveParam = (Vec<f64>, Vec<f64>, Vec<f64>, usize);

@@ -8,8 +8,8 @@ use clap::Parser;
 
 use ferrotron::data::{normalize_prefix, IndexedDataset};
 use ferrotron::tokenizer::TokenizerArgs;
-use ferrotron::train::checkpoint::load_model;
-use ferrotron::train::window_eval::{contiguous_windows, mean_window_loss};
+use ferrotron::checkpoint::load_model;
+use ferrotron::inference::window_eval::{contiguous_windows, mean_window_loss};
 
 /// Score a checkpoint: mean LM loss (and PPL) over windows i = tokens[i·L .. i·L+L+1] from
 /// the start of the dataset, unshuffled, over the tokenizer's real (unpadded) vocabulary.
@@ -63,5 +63,5 @@ fn run(args: Args) -> Result<()> {
 }
 
 fn main() -> ExitCode {
-    ferrotron::cli::finish("evaluate", run(Args::parse()))
+    ferrotron::util::cli::finish("evaluate", run(Args::parse()))
 }

@@ -7,9 +7,9 @@ use anyhow::{Context, Result};
 use clap::Parser;
 
 use ferrotron::tokenizer::TokenizerArgs;
-use ferrotron::train::checkpoint::load_model;
-use ferrotron::train::hf_export::{hf_gpt2_config, hf_gpt2_tensors, hf_metadata};
-use ferrotron::train::tensor_file::write_tensors;
+use ferrotron::checkpoint::load_model;
+use ferrotron::export::hf_export::{hf_gpt2_config, hf_gpt2_tensors, hf_metadata};
+use ferrotron::checkpoint::tensor_file::write_tensors;
 
 /// Export a checkpoint to a directory that `transformers.GPT2LMHeadModel.from_pretrained`
 /// loads: `config.json` and `model.safetensors`, with the unpadded vocabulary.
@@ -57,5 +57,5 @@ fn run(args: Args) -> Result<()> {
 }
 
 fn main() -> ExitCode {
-    ferrotron::cli::finish("export-hf", run(Args::parse()))
+    ferrotron::util::cli::finish("export-hf", run(Args::parse()))
 }

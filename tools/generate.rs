@@ -12,8 +12,8 @@ use clap::Parser;
 
 use ferrotron::inference::{generate, GenerateOptions, Sampler, SamplingConfig};
 use ferrotron::tokenizer::{TextTokenizer, TokenizerArgs};
-use ferrotron::train::checkpoint::load_model;
-use ferrotron::train::device::parse_device;
+use ferrotron::checkpoint::load_model;
+use ferrotron::util::device::parse_device;
 
 /// Continue prompts with a checkpoint (any tensor-parallel layout it was saved with): greedy or
 /// sampled (temperature, top-k, top-p), stopping at the end-of-document token, with a KV cache
@@ -190,5 +190,5 @@ fn run(args: Args) -> Result<()> {
 }
 
 fn main() -> ExitCode {
-    ferrotron::cli::finish("generate", run(Args::parse()))
+    ferrotron::util::cli::finish("generate", run(Args::parse()))
 }

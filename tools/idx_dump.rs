@@ -135,5 +135,5 @@ fn run(args: Args) -> Result<()> {
 }
 
 fn main() -> ExitCode {
-    ferrotron::cli::finish("idx-dump", run(Args::parse()))
+    ferrotron::util::cli::finish("idx-dump", run(Args::parse()))
 }

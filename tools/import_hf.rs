@@ -8,10 +8,10 @@ use clap::Parser;
 
 use ferrotron::comm::Group;
 use ferrotron::model::named_parameters::load_named_parameters;
-use ferrotron::train::checkpoint::{
+use ferrotron::checkpoint::{
     save_checkpoint, OptimizerState, ShardPlace, TrainState, TRACKER_FILE,
 };
-use ferrotron::train::hf_import::{ferrotron_parameters, gpt_config_from_hf};
+use ferrotron::export::hf_import::{ferrotron_parameters, gpt_config_from_hf};
 
 /// Convert a directory holding a `GPT2LMHeadModel` (`config.json` + `model.safetensors`, as
 /// `save_pretrained` writes it) into a checkpoint that `pretrain --load` continues from
@@ -76,5 +76,5 @@ fn run(args: Args) -> Result<()> {
 }
 
 fn main() -> ExitCode {
-    ferrotron::cli::finish("import-hf", run(Args::parse()))
+    ferrotron::util::cli::finish("import-hf", run(Args::parse()))
 }

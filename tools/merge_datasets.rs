@@ -59,5 +59,5 @@ fn run(args: Args) -> Result<()> {
 }
 
 fn main() -> ExitCode {
-    ferrotron::cli::finish("merge-datasets", run(Args::parse()))
+    ferrotron::util::cli::finish("merge-datasets", run(Args::parse()))
 }

@@ -54,5 +54,5 @@ fn run(args: Args) -> Result<()> {
 }
 
 fn main() -> ExitCode {
-    ferrotron::cli::finish("plot", run(Args::parse()))
+    ferrotron::util::cli::finish("plot", run(Args::parse()))
 }

@@ -19,8 +19,8 @@ use ferrotron::model::{GptConfig, Recompute};
 use ferrotron::optim::grad_scaler::DynamicGradScalerConfig;
 use ferrotron::optim::Precision;
 use ferrotron::tokenizer::TokenizerArgs;
-use ferrotron::train::pretrain::pretrain_on;
-use ferrotron::train::{pretrain, AdamWConfig, LrDecayStyle, LrSchedule, PretrainConfig};
+use ferrotron::training::pretrain::pretrain_on;
+use ferrotron::training::{pretrain, AdamWConfig, LrDecayStyle, LrSchedule, PretrainConfig};
 
 /// Pretrain a GPT with Megatron-LM's command line: one process (tensor-parallel ranks as
 /// threads) or, under `mpirun`/`srun`, one MPI rank per process.
@@ -264,7 +264,7 @@ struct Args {
     #[arg(long)]
     use_distributed_optimizer: bool,
     /// Gradient elements per data-parallel all-reduce bucket.
-    #[arg(long, default_value_t = ferrotron::train::pretrain::DEFAULT_DDP_BUCKET_SIZE)]
+    #[arg(long, default_value_t = ferrotron::training::DEFAULT_DDP_BUCKET_SIZE)]
     ddp_bucket_size: usize,
     /// All-reduce the gradient buckets during the last micro-batch's backward pass, on a
     /// communication thread (with the replicated optimizer and one pipeline stage).
@@ -285,9 +285,9 @@ struct Args {
     use_flash_attn: bool,
 }
 
-// Why this allocator: see `ferrotron::allocator`.
+// Why this allocator: see `ferrotron::util::allocator`.
 #[global_allocator]
-static ALLOCATOR: ferrotron::allocator::TrainingAllocator = ferrotron::allocator::TrainingAllocator;
+static ALLOCATOR: ferrotron::util::allocator::TrainingAllocator = ferrotron::util::allocator::TrainingAllocator;
 
 fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
     // Features that would change results: refuse.
@@ -299,6 +299,61 @@ fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
     }
     let data = data_sources(args)?;
     let precision = Precision::from_flags(args.fp16, args.bf16).map_err(anyhow::Error::msg)?;
+    let dynamic_loss_scale = loss_scaling(args)?;
+    // Features whose absence does not change the math: say so.
+    let recompute = recompute(args)?;
+    if let Some(ddp) = &args.ddp_impl {
+        if ddp != "local" && ddp != "torch" {
+            bail!("--DDP-impl {ddp}: expected local or torch");
+        }
+    }
+    let (model, eod) = model_config(args, verbose)?;
+    Ok(PretrainConfig {
+        model,
+        seq_length: args.seq_length,
+        micro_batch_size: args.micro_batch_size,
+        global_batch_size: args.global_batch_size.unwrap_or(args.micro_batch_size),
+        train_iters: args.train_iters,
+        schedule: lr_schedule(args)?,
+        adam: AdamWConfig {
+            beta1: args.adam_beta1,
+            beta2: args.adam_beta2,
+            eps: args.adam_eps,
+            weight_decay: args.weight_decay,
+        },
+        clip_grad: args.clip_grad,
+        seed: args.seed,
+        precision,
+        loss_scale: args.loss_scale,
+        dynamic_loss_scale,
+        data,
+        split: args.split.clone(),
+        data_cache_path: args.data_cache_path.clone(),
+        eod_mask_loss: args.eod_mask_loss,
+        eod,
+        log_interval: args.log_interval,
+        eval_interval: args.eval_interval,
+        eval_iters: args.eval_iters,
+        save: args.save.clone(),
+        save_interval: args.save_interval,
+        load: args.load.clone(),
+        exit_interval: args.exit_interval,
+        tensor_model_parallel_size: args.tensor_model_parallel_size,
+        pipeline_model_parallel_size: args.pipeline_model_parallel_size,
+        num_layers_per_virtual_pipeline_stage: args.num_layers_per_virtual_pipeline_stage,
+        decoder_first_pipeline_num_layers: args.decoder_first_pipeline_num_layers,
+        decoder_last_pipeline_num_layers: args.decoder_last_pipeline_num_layers,
+        use_distributed_optimizer: args.use_distributed_optimizer,
+        ddp_bucket_size: args.ddp_bucket_size,
+        overlap_grad_reduce: args.overlap_grad_reduce,
+        tensorboard_dir: args.tensorboard_dir.clone(),
+        tensorboard_log_interval: args.tensorboard_log_interval,
+        recompute,
+    })
+}
+
+/// `--loss-scale` checked, and the dynamic scaler's flags.
+fn loss_scaling(args: &Args) -> Result<DynamicGradScalerConfig> {
     if let Some(scale) = args.loss_scale {
         if !(scale > 0.0 && scale.is_finite()) {
             bail!("--loss-scale {scale} must be a positive number");
@@ -310,14 +365,18 @@ fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
     {
         bail!("need 0 < --min-loss-scale <= --initial-loss-scale, and --loss-scale-window and --hysteresis of at least 1");
     }
-    // Features whose absence does not change the math: say so.
-    let recompute = recompute(args)?;
-    if let Some(ddp) = &args.ddp_impl {
-        if ddp != "local" && ddp != "torch" {
-            bail!("--DDP-impl {ddp}: expected local or torch");
-        }
-    }
+    Ok(DynamicGradScalerConfig {
+        initial_scale: args.initial_loss_scale,
+        min_scale: args.min_loss_scale,
+        growth_interval: args.loss_scale_window,
+        hysteresis: args.hysteresis,
+        ..DynamicGradScalerConfig::default()
+    })
+}
 
+/// The model's shape from the flags and the tokenizer (its vocabulary padded as Megatron
+/// pads it), and the tokenizer's end-of-document id.
+fn model_config(args: &Args, verbose: bool) -> Result<(GptConfig, u32)> {
     let tokenizer = args.tokenizer.load()?;
     let vocab = tokenizer.vocab_size();
     let eod = tokenizer
@@ -331,7 +390,6 @@ fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
     if verbose {
         println!("{}", padded_vocab_log_line(vocab, padded));
     }
-
     let max_positions = args.max_position_embeddings.unwrap_or(args.seq_length);
     if args.seq_length > max_positions {
         bail!(
@@ -368,7 +426,12 @@ fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
     model
         .validate_parallel(args.tensor_model_parallel_size)
         .map_err(anyhow::Error::msg)?;
+    Ok((model, eod))
+}
 
+/// The learning-rate schedule from `--lr`, `--min-lr`, `--lr-decay-style`, the warm-up and
+/// decay flags.
+fn lr_schedule(args: &Args) -> Result<LrSchedule> {
     let decay_iters = args.lr_decay_iters.unwrap_or(args.train_iters) as f64;
     let warmup_iters = match (args.lr_warmup_iters, args.lr_warmup_fraction) {
         (Some(_), Some(_)) => bail!("give --lr-warmup-iters or --lr-warmup-fraction, not both"),
@@ -381,59 +444,12 @@ fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
     if !(args.lr > 0.0 && args.min_lr >= 0.0 && args.min_lr <= args.lr) {
         bail!("need 0 <= --min-lr <= --lr and --lr > 0");
     }
-    Ok(PretrainConfig {
-        model,
-        seq_length: args.seq_length,
-        micro_batch_size: args.micro_batch_size,
-        global_batch_size: args.global_batch_size.unwrap_or(args.micro_batch_size),
-        train_iters: args.train_iters,
-        schedule: LrSchedule {
-            max_lr: args.lr,
-            min_lr: args.min_lr,
-            warmup_iters,
-            decay_iters,
-            style,
-        },
-        adam: AdamWConfig {
-            beta1: args.adam_beta1,
-            beta2: args.adam_beta2,
-            eps: args.adam_eps,
-            weight_decay: args.weight_decay,
-        },
-        clip_grad: args.clip_grad,
-        seed: args.seed,
-        precision,
-        loss_scale: args.loss_scale,
-        dynamic_loss_scale: DynamicGradScalerConfig {
-            initial_scale: args.initial_loss_scale,
-            min_scale: args.min_loss_scale,
-            growth_interval: args.loss_scale_window,
-            hysteresis: args.hysteresis,
-            ..DynamicGradScalerConfig::default()
-        },
-        data,
-        split: args.split.clone(),
-        data_cache_path: args.data_cache_path.clone(),
-        eod_mask_loss: args.eod_mask_loss,
-        eod,
-        log_interval: args.log_interval,
-        eval_interval: args.eval_interval,
-        eval_iters: args.eval_iters,
-        save: args.save.clone(),
-        save_interval: args.save_interval,
-        load: args.load.clone(),
-        exit_interval: args.exit_interval,
-        tensor_model_parallel_size: args.tensor_model_parallel_size,
-        pipeline_model_parallel_size: args.pipeline_model_parallel_size,
-        num_layers_per_virtual_pipeline_stage: args.num_layers_per_virtual_pipeline_stage,
-        decoder_first_pipeline_num_layers: args.decoder_first_pipeline_num_layers,
-        decoder_last_pipeline_num_layers: args.decoder_last_pipeline_num_layers,
-        use_distributed_optimizer: args.use_distributed_optimizer,
-        ddp_bucket_size: args.ddp_bucket_size,
-        overlap_grad_reduce: args.overlap_grad_reduce,
-        tensorboard_dir: args.tensorboard_dir.clone(),
-        tensorboard_log_interval: args.tensorboard_log_interval,
-        recompute,
+    Ok(LrSchedule {
+        max_lr: args.lr,
+        min_lr: args.min_lr,
+        warmup_iters,
+        decay_iters,
+        style,
     })
 }
 
@@ -485,7 +501,7 @@ fn run(args: Args, world: &World) -> Result<()> {
     } else {
         args.device.clone()
     };
-    let device = ferrotron::train::device::parse_device(&spec)
+    let device = ferrotron::util::device::parse_device(&spec)
         .map_err(anyhow::Error::msg)?
         .autodiff();
     let config = build_config(&args, world.rank() == 0)?;
@@ -537,7 +553,7 @@ fn main() -> ExitCode {
     ferrotron::comm::world::share_cores_among_local_ranks();
     let world = match World::from_environment() {
         Ok(world) => world,
-        Err(e) => return ferrotron::cli::finish("pretrain", Err(e)),
+        Err(e) => return ferrotron::util::cli::finish("pretrain", Err(e)),
     };
     let result = run(args, &world);
     if let (Err(e), true) = (&result, world.size() > 1) {
@@ -545,7 +561,7 @@ fn main() -> ExitCode {
         eprintln!("pretrain: rank {}: error: {e:#}", world.rank());
         world.abort(1);
     }
-    ferrotron::cli::finish("pretrain", result)
+    ferrotron::util::cli::finish("pretrain", result)
 }
 
 /// Megatron's `get_blend_and_blend_per_split`: `--data-path` / `--data-args-path` (one blend

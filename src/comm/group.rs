@@ -83,6 +83,20 @@ impl Group {
         }
     }
 
+    /// All-reduce of one number (a loss sum, an overflow flag, a norm's squares).
+    pub fn all_reduce_scalar(&self, value: f64, op: ReduceOp) -> Result<f64, CommError> {
+        let reduced = self.all_reduce(TensorData::new(vec![value], [1]), op)?;
+        first_f64(&reduced)
+    }
+
+    /// All-gather of one number per rank, in rank order.
+    pub fn all_gather_scalars(&self, value: f64) -> Result<Vec<f64>, CommError> {
+        let gathered = self.all_gather(TensorData::new(vec![value], [1]), 0)?;
+        gathered
+            .try_to_vec::<f64>()
+            .map_err(|e| CommError::Invalid(format!("gathered scalars: {e:?}")))
+    }
+
     /// All-gather along `dim` (identity on one rank); untimed, callers time what they count.
     pub fn all_gather(&self, data: TensorData, dim: usize) -> Result<TensorData, CommError> {
         match self.communicator() {
@@ -128,4 +142,12 @@ impl Group {
     fn comm_panic(&self, error: CommError) -> ! {
         std::panic::panic_any(format!("rank {} of a parallel group: {error}", self.rank()))
     }
+}
+
+/// The one f64 of a reduced scalar.
+fn first_f64(data: &TensorData) -> Result<f64, CommError> {
+    data.as_slice::<f64>()
+        .ok()
+        .and_then(|v| v.first().copied())
+        .ok_or_else(|| CommError::Invalid("a reduced scalar is not one f64".into()))
 }

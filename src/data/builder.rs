@@ -15,7 +15,7 @@ use tempfile::NamedTempFile;
 
 use super::index::encode_header;
 use super::{data_file_path, index_file_path, DType, DatasetError, IndexedDataset, Tokens};
-use crate::atomic_file::{parent_dir, temp_file_beside};
+use crate::util::atomic_file::{parent_dir, temp_file_beside};
 
 const WRITE_BUFFER: usize = 1 << 20;
 

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::npy::{read_npy, write_npy};
-use super::numpy_random::NumpyRandomState;
+use crate::util::numpy_random::NumpyRandomState;
 use super::{DatasetError, IndexedDataset, SampleDataset};
 
 /// Megatron separates the last epoch when fewer than this share of its samples are used.

@@ -1,6 +1,6 @@
 //! Megatron's mmap indexed dataset: the `.bin`/`.idx` pair every training run reads.
 //!
-//! The format is documented in `docs/IDX_FORMAT.md` of the project's shared notes; in short,
+//! The format is documented in `docs/data-format.md`; in short,
 //! `.bin` holds the token ids of every sequence back to back and `.idx` a header, the
 //! sequence lengths, their byte offsets and the document boundaries.
 
@@ -12,10 +12,10 @@ pub mod dtype;
 pub mod error;
 pub mod gpt_dataset;
 pub mod index;
+pub mod loader;
 pub mod indexed_dataset;
 pub mod merge;
 pub mod npy;
-pub mod numpy_random;
 pub mod sample_dataset;
 pub mod split;
 pub mod stats;

@@ -73,7 +73,7 @@ pub fn write_npy<T: NpyElement>(
         v.write_le(&mut bytes);
     }
     let mut tmp =
-        crate::atomic_file::temp_file_beside(path).map_err(|e| DatasetError::io(path, e))?;
+        crate::util::atomic_file::temp_file_beside(path).map_err(|e| DatasetError::io(path, e))?;
     tmp.write_all(&bytes)
         .map_err(|e| DatasetError::io(path, e))?;
     tmp.persist(path)

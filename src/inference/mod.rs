@@ -2,6 +2,7 @@
 
 pub mod generate;
 pub mod sampling;
+pub mod window_eval;
 
 pub use generate::{generate, GenerateOptions};
 pub use sampling::{Sampler, SamplingConfig};

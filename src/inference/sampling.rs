@@ -1,7 +1,7 @@
 //! Picking the next token from logits: greedy, or sampled after temperature, top-k and top-p
 //! (nucleus) filtering, applied in that order as HuggingFace's `generate` applies them.
 
-use crate::data::numpy_random::NumpyRandomState;
+use crate::util::numpy_random::NumpyRandomState;
 
 /// How the next token is chosen.
 #[derive(Clone, Debug, PartialEq)]

@@ -2,6 +2,8 @@
 //! `--tensorboard-dir`), loss plots, and memory (measured and estimated before training).
 
 pub mod loss_plot;
+pub mod megatron_log;
 pub mod memory;
 pub mod memory_estimate;
+pub mod metrics;
 pub mod tensorboard;

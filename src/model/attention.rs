@@ -102,7 +102,7 @@ impl CausalSelfAttention {
         let head_dim = q.dims()[3];
         let scale = 1.0 / (head_dim as f64).sqrt();
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
-        if self.flash_attention && crate::train::device::is_cube(&q.device()) {
+        if self.flash_attention && crate::util::device::is_cube(&q.device()) {
             let draw = self.attention_dropout.draw(q.is_autodiff());
             return super::fused_ops::causal_attention(q, k, v, scale, draw);
         }

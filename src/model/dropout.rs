@@ -40,7 +40,7 @@ impl Dropout {
         }
         let key = next_dropout_key(self.region);
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
-        if crate::train::device::is_cube(&x.device()) {
+        if crate::util::device::is_cube(&x.device()) {
             // Generated on the device from the key, never stored; the backward re-derives it.
             return super::fused_ops::dropout(x, key, self.prob);
         }

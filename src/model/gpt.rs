@@ -4,7 +4,7 @@ use burn::module::{Module, Param};
 use burn::tensor::{Device, Int, Tensor};
 
 use super::dropout::Dropout;
-use super::init::Init;
+use crate::util::init::Init;
 use super::kv_cache::KvCache;
 use super::layer_norm::LayerNorm;
 use super::stage::StageLayers;

@@ -3,7 +3,7 @@
 use burn::module::{Module, Param};
 use burn::tensor::{Device, Tensor};
 
-use super::init::{init_tensor, Init};
+use crate::util::init::{init_tensor, Init};
 use super::ops;
 
 /// `(x − mean) / sqrt(var + ε) · γ + β` over the last dimension.

@@ -11,7 +11,6 @@ pub mod dropout;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod fused_ops;
 pub mod gpt;
-pub mod init;
 pub mod kv_cache;
 pub mod layer_norm;
 pub mod loss;

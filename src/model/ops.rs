@@ -4,18 +4,9 @@
 //! fused kernels ([`super::fused_ops`]); otherwise the reference implementations composed of
 //! plain burn tensor ops, which run on every backend (the CPU default).
 
+use crate::util::device::at_least_f32;
 use burn::tensor::activation::softmax;
-use burn::tensor::{Bool, DType, FloatDType, Tensor};
-
-/// `x` in fp32 if it is in half precision (bf16, fp16), else unchanged (fp32, or the f64 of
-/// gradient checks): what the precision-sensitive reductions (LayerNorm statistics, softmax,
-/// cross-entropy) compute in.
-pub fn at_least_f32<const D: usize>(x: Tensor<D>) -> Tensor<D> {
-    match x.dtype() {
-        DType::F16 | DType::BF16 => x.cast(FloatDType::F32),
-        _ => x,
-    }
-}
+use burn::tensor::{Bool, Tensor};
 
 /// Megatron's fill value for masked attention scores.
 pub const MASKED_SCORE: f32 = -10000.0;
@@ -24,7 +15,7 @@ pub const MASKED_SCORE: f32 = -10000.0;
 /// (Megatron's `ScaledUpperTriangMaskedSoftmax`); `x` is `[batch, heads, sq, sk]`.
 pub fn scaled_causal_masked_softmax(x: Tensor<4>, scale: f64, fused: bool) -> Tensor<4> {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
-    if fused && crate::train::device::is_cube(&x.device()) {
+    if fused && crate::util::device::is_cube(&x.device()) {
         return super::fused_ops::causal_softmax(x, scale);
     }
     let _ = fused;
@@ -60,7 +51,7 @@ pub fn layer_norm(
     fused: bool,
 ) -> Tensor<3> {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
-    if fused && crate::train::device::is_cube(&x.device()) {
+    if fused && crate::util::device::is_cube(&x.device()) {
         return super::fused_ops::layer_norm(x, gamma, beta, epsilon);
     }
     let _ = fused;

@@ -1,15 +1,22 @@
-//! Activation recomputation. Megatron's `--recompute-granularity full`: keep only the inputs
-//! of chunks of layers during the forward pass, and run each chunk's forward again, with its
-//! graph, just before its backward. `--recompute-granularity selective`: keep every layer's
-//! activations but those of the attention core (scores, softmax, dropout, `· v`), the
-//! largest per byte of compute, which is run again from the kept queries, keys and values.
+//! Activation recomputation, and a model chunk's forward and backward as two calls (what a
+//! pipeline schedule runs; the one-stage run is its one-stage case).
 //!
-//! The step runs as a chain of vector–Jacobian products. Each chunk's forward starts from a
-//! leaf copy of its input; its backward is `backward(Σ output ⊙ g)` with `g` the gradient of
-//! the chunk after it, which yields the chunk's parameter gradients and `g` for the chunk
-//! before. The dropout streams are saved at each chunk's start and replayed for its
+//! Megatron's `--recompute-granularity full`: keep only the inputs of pieces of layers during
+//! the forward pass, and run each piece's forward again, with its graph, just before its
+//! backward (`--recompute-method uniform`: pieces of N layers; `block`: the first N layers of
+//! the chunk one by one, the rest kept). `--recompute-granularity selective`: keep every
+//! layer's activations but those of the attention core (scores, softmax, dropout, `· v`), the
+//! largest per byte of compute, which is run again from the kept queries, keys and values.
+//! Megatron applies both per model chunk (each chunk is its own `TransformerBlock`), and so
+//! does [`ChunkForward`].
+//!
+//! Without recomputation a chunk keeps one graph from its input to its output or loss. With
+//! it the backward runs as a chain of vector–Jacobian products: each piece's forward starts
+//! from a leaf copy of its input; its backward is `backward(Σ output ⊙ g)` with `g` the
+//! gradient of the piece after it, which yields the piece's parameter gradients and `g` for
+//! the piece before. The dropout streams are saved at each piece's start and replayed for its
 //! recomputation (Megatron's `CheckpointFunction`), so the masks, and so the losses and
-//! gradients, are the ones of the run without recomputation. Collectives inside a chunk
+//! gradients, are the ones of the run without recomputation. Collectives inside a piece
 //! (tensor parallelism) run again in the recomputation, in the same order on every rank.
 
 use std::ops::Range;
@@ -88,48 +95,97 @@ impl Recompute {
     }
 }
 
+/// Where a model chunk's forward starts: the first chunk embeds tokens, the others continue
+/// from the previous chunk's output.
+pub enum ChunkInput {
+    /// Token ids `[batch, seq]` (the chunk holds the embeddings).
+    Tokens(Tensor<2, Int>),
+    /// The previous chunk's output `[batch, seq, hidden]`, without a graph.
+    Activation(Tensor<3>),
+}
+
+/// The labels and loss mask of the last chunk, which ends in the loss.
+pub struct Targets {
+    /// `[batch, seq]` next-token ids.
+    pub labels: Tensor<2, Int>,
+    /// `[batch, seq]` 1 where the token counts in the loss.
+    pub loss_mask: Tensor<2>,
+}
+
+/// Which layers a chunk runs and how it keeps what its backward needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChunkPlan {
+    /// The chunk's layers (global indices).
+    pub layers: Range<usize>,
+    /// The recomputation of those layers.
+    pub recompute: Recompute,
+    /// Cut the backward into pieces of one layer (or one recomputed piece), after each of
+    /// which that piece's parameter gradients are final: what `--overlap-grad-reduce` needs
+    /// of a chunk's last backward.
+    pub layer_by_layer: bool,
+}
+
+/// What a chunk's forward produced, without a graph: the activation handed to the next
+/// chunk, or the loss.
+#[derive(Clone)]
+pub enum ChunkValue {
+    /// `[batch, seq, hidden]`.
+    Activation(Tensor<3>),
+    /// The micro-batch's LM loss (one element).
+    Loss(Tensor<1>),
+}
+
 /// A chunk between its forward and its backward.
-struct Pending {
-    layers: Range<usize>,
-    /// The chunk's input: a leaf of the kept graph, or the saved activation to recompute from.
-    input: Tensor<3>,
-    /// The kept chunk's output (with its graph); `None` when the chunk is recomputed.
-    output: Option<Tensor<3>>,
-    /// The dropout streams at the chunk's start.
-    rng: RngState,
+pub struct ChunkForward {
+    kept: Kept,
+    value: ChunkValue,
+}
+
+enum Kept {
+    /// One graph from the chunk's input leaf (`None` after an embedding) to its end.
+    Whole {
+        input: Option<Tensor<3>>,
+        end: ChunkValue,
+    },
+    /// The backward as a chain of pieces.
+    Pieces {
+        /// The embedding's output, with its graph (the first chunk).
+        embedded: Option<Tensor<3>>,
+        pieces: Vec<Piece>,
+        /// The head's input leaf and the loss with its graph (the last chunk); without it
+        /// the chunk's output gradient comes from the next chunk.
+        head: Option<(Tensor<3>, Tensor<1>)>,
+    },
+}
+
+/// Part of a chunk's layers between its forward and its backward.
+enum Piece {
+    /// Kept with its graph from a leaf input.
+    Kept {
+        input: Tensor<3>,
+        output: Tensor<3>,
+    },
+    /// Only the input (no graph) and the dropout streams: run again before the backward.
+    Recomputed {
+        layers: Range<usize>,
+        input: Tensor<3>,
+        rng: RngState,
+    },
+    /// One layer with its attention core recomputed.
+    Selective(Box<SelectiveLayer>),
 }
 
 /// `backward(Σ output ⊙ g)`: the vector–Jacobian product that continues the chain (a
-/// recomputed chunk's, a pipeline stage's).
+/// recomputed piece's, a pipeline stage's).
 pub fn backward_through<const D: usize>(output: Tensor<D>, g: Tensor<D>) -> Gradients {
     (output * g.autodiff()).sum().backward()
-}
-
-/// The head's forward and backward from the last layer's output `x`: the loss (without a
-/// graph) and the gradient of `x`; the head's parameter gradients go to `on_grads`.
-fn head_backward(
-    model: &Gpt,
-    x: Tensor<3>,
-    labels: Tensor<2, Int>,
-    loss_mask: Tensor<2>,
-    divisor: f64,
-    on_grads: &mut impl FnMut(Gradients),
-) -> (Tensor<1>, Tensor<3>) {
-    let last = x.require_grad();
-    let loss = model.head_loss(last.clone(), labels, loss_mask);
-    let value = loss.clone().detach();
-    let grads = loss.div_scalar(divisor).backward();
-    let g = last
-        .grad(&grads)
-        .expect("the head's input takes part in the loss");
-    on_grads(grads);
-    (value, g)
 }
 
 /// One layer between its forward and its backward under selective recomputation: three
 /// graphs, the part before the attention core (kept), the core (recomputed), the part after
 /// (kept). Each starts from leaves of its own, so each backward frees only its own graph.
 struct SelectiveLayer {
+    layer: usize,
     /// Leaf: the layer's input, as the part before the core sees it.
     input: Tensor<3>,
     /// q, k, v with the graph of the part before the core.
@@ -145,32 +201,24 @@ struct SelectiveLayer {
     output: Tensor<3>,
 }
 
-/// [`lm_loss_backward`] under selective recomputation.
-fn selective_lm_loss_backward(
-    model: &Gpt,
-    tokens: Tensor<2, Int>,
-    labels: Tensor<2, Int>,
-    loss_mask: Tensor<2>,
-    divisor: f64,
-    mut on_grads: impl FnMut(Gradients),
-) -> Tensor<1> {
-    let embedded = model.embed(tokens);
-    let mut x = embedded.clone().detach();
-    let mut pending = Vec::with_capacity(model.layers.len());
-    for layer in model.held_layers() {
+impl SelectiveLayer {
+    /// The layer's forward from `x` (no graph); returns the kept layer and its output.
+    fn forward(model: &Gpt, layer: usize, x: Tensor<3>) -> (Self, Tensor<3>) {
+        let block = model.layer(layer).expect("the chunk holds its layers");
         // Two leaves of the same value (detach gives each its own node): the two graphs that
         // use the layer's input must not share a node.
         let input = x.clone().detach().require_grad();
-        let attention_inputs = layer.attention_inputs(input.clone());
+        let attention_inputs = block.attention_inputs(input.clone());
         let saved = attention_inputs.clone().map(|t| t.detach());
         let rng = rng_state();
         // Without a graph: the core's inputs do not require gradients.
         let [q, k, v] = saved.clone();
-        let context = layer.self_attention.core(q, k, v).require_grad();
+        let context = block.self_attention.core(q, k, v).require_grad();
         let residual = x.detach().require_grad();
-        let output = layer.after_attention_core(residual.clone(), context.clone());
-        x = output.clone().detach();
-        pending.push(SelectiveLayer {
+        let output = block.after_attention_core(residual.clone(), context.clone());
+        let next = output.clone().detach();
+        let kept = Self {
+            layer,
             input,
             attention_inputs,
             saved,
@@ -178,28 +226,25 @@ fn selective_lm_loss_backward(
             residual,
             context,
             output,
-        });
+        };
+        (kept, next)
     }
-    let (value, mut g) = head_backward(model, x, labels, loss_mask, divisor, &mut on_grads);
-    for (layer, p) in model
-        .held_layers()
-        .collect::<Vec<_>>()
-        .into_iter()
-        .zip(pending)
-        .rev()
-    {
-        let grads = backward_through(p.output, g);
-        let g_context = p.context.grad(&grads).expect("the context is used");
-        let g_residual = p.residual.grad(&grads).expect("the residual is used");
+
+    /// The layer's backward from its output gradient `g`; returns its input gradient.
+    fn backward(self, model: &Gpt, g: Tensor<3>, on_grads: &mut dyn FnMut(Gradients)) -> Tensor<3> {
+        let block = model.layer(self.layer).expect("the chunk holds its layers");
+        let grads = backward_through(self.output, g);
+        let g_context = self.context.grad(&grads).expect("the context is used");
+        let g_residual = self.residual.grad(&grads).expect("the residual is used");
         on_grads(grads);
-        let [q, k, v] = p.saved.map(|t| t.require_grad());
-        let context = replaying(p.rng, || {
-            layer.self_attention.core(q.clone(), k.clone(), v.clone())
+        let [q, k, v] = self.saved.map(|t| t.require_grad());
+        let context = replaying(self.rng, || {
+            block.self_attention.core(q.clone(), k.clone(), v.clone())
         });
         let grads = backward_through(context, g_context);
         let g_qkv = [&q, &k, &v].map(|t| t.grad(&grads).expect("q, k and v are used"));
         let [(q, gq), (k, gk), (v, gv)] = {
-            let [a, b, c] = p.attention_inputs;
+            let [a, b, c] = self.attention_inputs;
             let [ga, gb, gc] = g_qkv;
             [(a, ga), (b, gb), (c, gc)]
         };
@@ -209,89 +254,229 @@ fn selective_lm_loss_backward(
         let grads = ((q * gq.autodiff()).sum()
             + (k * gk.autodiff()).sum()
             + (v * gv.autodiff()).sum()
-            + (p.input.clone() * g_residual.autodiff()).sum())
+            + (self.input.clone() * g_residual.autodiff()).sum())
         .backward();
-        g = p.input.grad(&grads).expect("the input is used");
+        let g = self.input.grad(&grads).expect("the input is used");
         on_grads(grads);
+        g
     }
-    on_grads(backward_through(embedded, g));
-    value
 }
 
-/// One micro-batch's forward and backward with the layers recomputed as `recompute` says:
-/// the gradients of `model.lm_loss(tokens, labels, mask) / divisor`, handed to `on_grads` a
-/// chunk at a time (so each chunk's graph is freed before the next is built): the head's
-/// first, the embeddings' last. With `layer_by_layer`, kept layers are chunks of one layer
-/// each ([`Recompute::layer_by_layer`]). Returns the loss (before the division, without a
-/// graph).
-#[allow(clippy::too_many_arguments)]
-pub fn lm_loss_backward(
-    model: &Gpt,
-    tokens: Tensor<2, Int>,
-    labels: Tensor<2, Int>,
-    loss_mask: Tensor<2>,
-    divisor: f64,
-    recompute: Recompute,
-    layer_by_layer: bool,
-    mut on_grads: impl FnMut(Gradients),
-) -> Tensor<1> {
-    if recompute == Recompute::Selective {
-        return selective_lm_loss_backward(model, tokens, labels, loss_mask, divisor, on_grads);
+impl Piece {
+    /// The piece's backward from its output gradient `g`; returns its input gradient.
+    fn backward(self, model: &Gpt, g: Tensor<3>, on_grads: &mut dyn FnMut(Gradients)) -> Tensor<3> {
+        let (input, output) = match self {
+            Self::Selective(layer) => return layer.backward(model, g, on_grads),
+            Self::Kept { input, output } => (input, output),
+            Self::Recomputed { layers, input, rng } => {
+                let input = input.require_grad();
+                let output = replaying(rng, || model.run_layers(layers, input.clone()));
+                (input, output)
+            }
+        };
+        let grads = backward_through(output, g);
+        let g = input
+            .grad(&grads)
+            .expect("a piece's input takes part in its output");
+        on_grads(grads);
+        g
     }
-    let embedded = model.embed(tokens);
-    let mut x = embedded.clone().detach();
-    let mut pending = Vec::new();
+}
+
+/// The pieces of `plan`'s layers from `x` (no graph); returns them and the output.
+fn forward_pieces(model: &Gpt, plan: &ChunkPlan, mut x: Tensor<3>) -> (Vec<Piece>, Tensor<3>) {
+    let mut pieces = Vec::new();
+    if plan.recompute == Recompute::Selective {
+        for layer in plan.layers.clone() {
+            let (kept, next) = SelectiveLayer::forward(model, layer, x);
+            pieces.push(Piece::Selective(Box::new(kept)));
+            x = next;
+        }
+        return (pieces, x);
+    }
     // The same weights, not requiring gradients: forward passes through them build no graph
     // (so keep no activations) yet run the training computation, dropout included, op for op.
     let without_graph = model.clone().no_grad();
-    let chunks = if layer_by_layer {
-        recompute.layer_by_layer(model.layers.len())
+    let len = plan.layers.len();
+    let cut = if plan.layer_by_layer {
+        plan.recompute.layer_by_layer(len)
     } else {
-        recompute.chunks(model.layers.len())
+        plan.recompute.chunks(len)
     };
-    for (layers, recomputed) in chunks {
+    let start = plan.layers.start;
+    for (range, recomputed) in cut {
+        let layers = start + range.start..start + range.end;
         let rng = rng_state();
         if recomputed {
             let output = without_graph.run_layers(layers.clone(), x.clone());
-            pending.push(Pending {
+            pieces.push(Piece::Recomputed {
                 layers,
                 input: x,
-                output: None,
                 rng,
             });
             x = output;
         } else {
             let input = x.require_grad();
-            let output = model.run_layers(layers.clone(), input.clone());
+            let output = model.run_layers(layers, input.clone());
             x = output.clone().detach();
-            pending.push(Pending {
-                layers,
-                input,
-                output: Some(output),
-                rng,
-            });
+            pieces.push(Piece::Kept { input, output });
         }
     }
-    let (value, mut g) = head_backward(model, x, labels, loss_mask, divisor, &mut on_grads);
-    for chunk in pending.into_iter().rev() {
-        let (input, output) = match chunk.output {
-            Some(output) => (chunk.input, output),
-            None => {
-                let input = chunk.input.require_grad();
-                let output = replaying(chunk.rng, || {
-                    model.run_layers(chunk.layers.clone(), input.clone())
-                });
-                (input, output)
+    (pieces, x)
+}
+
+impl ChunkForward {
+    /// The chunk's forward on `model` (which builds graphs): from `input` through
+    /// `plan.layers`, ending in the loss when `targets` are given.
+    pub fn run(model: &Gpt, input: ChunkInput, plan: &ChunkPlan, targets: Option<Targets>) -> Self {
+        if plan.recompute == Recompute::None && !plan.layer_by_layer {
+            return Self::whole(model, input, plan, targets);
+        }
+        let (embedded, x) = match input {
+            ChunkInput::Tokens(tokens) => {
+                let embedded = model.embed(tokens);
+                let x = embedded.clone().detach();
+                (Some(embedded), x)
+            }
+            ChunkInput::Activation(x) => (None, x),
+        };
+        let (pieces, x) = forward_pieces(model, plan, x);
+        let (head, value) = match targets {
+            Some(t) => {
+                let last = x.require_grad();
+                let loss = model.head_loss(last.clone(), t.labels, t.loss_mask);
+                let value = ChunkValue::Loss(loss.clone().detach());
+                (Some((last, loss)), value)
+            }
+            None => (None, ChunkValue::Activation(x)),
+        };
+        Self {
+            kept: Kept::Pieces {
+                embedded,
+                pieces,
+                head,
+            },
+            value,
+        }
+    }
+
+    /// One graph through the whole chunk.
+    fn whole(model: &Gpt, input: ChunkInput, plan: &ChunkPlan, targets: Option<Targets>) -> Self {
+        let (leaf, x) = match input {
+            ChunkInput::Tokens(tokens) => (None, model.embed(tokens)),
+            ChunkInput::Activation(x) => {
+                let leaf = x.require_grad();
+                (Some(leaf.clone()), leaf)
             }
         };
-        let grads = backward_through(output, g);
-        g = input
-            .grad(&grads)
-            .expect("a chunk's input takes part in its output");
-        on_grads(grads);
+        let y = model.run_layers(plan.layers.clone(), x);
+        let end = match targets {
+            Some(t) => ChunkValue::Loss(model.head_loss(y, t.labels, t.loss_mask)),
+            None => ChunkValue::Activation(y),
+        };
+        let value = match &end {
+            ChunkValue::Loss(loss) => ChunkValue::Loss(loss.clone().detach()),
+            ChunkValue::Activation(y) => ChunkValue::Activation(y.clone().detach()),
+        };
+        Self {
+            kept: Kept::Whole { input: leaf, end },
+            value,
+        }
     }
-    on_grads(backward_through(embedded, g));
-    value
+
+    /// The chunk's output or loss, without a graph.
+    pub fn value(&self) -> &ChunkValue {
+        &self.value
+    }
+
+    /// The chunk's backward: from the loss divided by `divisor` (the last chunk) or from the
+    /// gradient of its output `output_grad`. The parameter gradients go to `on_grads`, a
+    /// piece at a time (the head's first, the embeddings' last), so each piece's graph is
+    /// freed before the next is built. Returns the gradient of the chunk's input (`None`
+    /// when it started from tokens).
+    pub fn backward(
+        self,
+        model: &Gpt,
+        output_grad: Option<Tensor<3>>,
+        divisor: f64,
+        on_grads: &mut dyn FnMut(Gradients),
+    ) -> Result<Option<Tensor<3>>, MissingOutputGradient> {
+        match self.kept {
+            Kept::Whole { input, end } => {
+                let grads = match (end, output_grad) {
+                    (ChunkValue::Loss(loss), _) => loss.div_scalar(divisor).backward(),
+                    (ChunkValue::Activation(y), Some(g)) => backward_through(y, g),
+                    (ChunkValue::Activation(_), None) => return Err(MissingOutputGradient),
+                };
+                let input_grad = input.map(|x| {
+                    x.grad(&grads)
+                        .expect("a chunk's input takes part in its output")
+                });
+                on_grads(grads);
+                Ok(input_grad)
+            }
+            Kept::Pieces {
+                embedded,
+                pieces,
+                head,
+            } => {
+                let mut g = match (head, output_grad) {
+                    (Some((last, loss)), _) => {
+                        let grads = loss.div_scalar(divisor).backward();
+                        let g = last
+                            .grad(&grads)
+                            .expect("the head's input takes part in the loss");
+                        on_grads(grads);
+                        g
+                    }
+                    (None, Some(g)) => g,
+                    (None, None) => return Err(MissingOutputGradient),
+                };
+                for piece in pieces.into_iter().rev() {
+                    g = piece.backward(model, g, on_grads);
+                }
+                match embedded {
+                    Some(embedded) => {
+                        on_grads(backward_through(embedded, g));
+                        Ok(None)
+                    }
+                    None => Ok(Some(g)),
+                }
+            }
+        }
+    }
+}
+
+/// A chunk that does not end in the loss was asked for its backward without the gradient
+/// of its output (a schedule error).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MissingOutputGradient;
+
+impl std::fmt::Display for MissingOutputGradient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a chunk that is not the last got no output gradient for its backward")
+    }
+}
+
+impl std::error::Error for MissingOutputGradient {}
+
+/// The forward of `plan.layers` from `input` without a graph (evaluation: `model` is the
+/// model's `valid()` copy, so no dropout), ending in the loss when `targets` are given.
+pub fn forward_only(
+    model: &Gpt,
+    input: ChunkInput,
+    layers: Range<usize>,
+    targets: Option<Targets>,
+) -> ChunkValue {
+    let x = match input {
+        ChunkInput::Tokens(tokens) => model.embed(tokens),
+        ChunkInput::Activation(x) => x,
+    };
+    let y = model.run_layers(layers, x);
+    match targets {
+        Some(t) => ChunkValue::Loss(model.head_loss(y, t.labels, t.loss_mask)),
+        None => ChunkValue::Activation(y),
+    }
 }
 
 #[cfg(test)]

@@ -1,9 +1,9 @@
 //! `--overlap-grad-reduce`: the data-parallel gradient all-reduce runs on a communication
 //! thread while the backward pass goes on (Megatron's overlapped DDP buckets).
 //!
-//! burn's autodiff has no per-parameter gradient hooks, so the step runs the last
-//! micro-batch's backward a piece at a time instead (the head, then each layer from the last
-//! to the first, then the embeddings: [`crate::model::recompute::lm_loss_backward`]). After
+//! burn's autodiff has no per-parameter gradient hooks, so the step runs each model chunk's
+//! last backward a piece at a time instead (the head, then each layer from the last to the
+//! first, then the embeddings: [`crate::model::recompute::ChunkForward`]). After
 //! each piece, the gradients of the parameters that no later piece touches are final; they
 //! are [`BackgroundAllReduce::push`]ed, in the order they become final, into buckets of at
 //! least `--ddp-bucket-size` elements, and each full bucket is handed to the thread, which

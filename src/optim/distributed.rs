@@ -206,8 +206,7 @@ impl DistributedAdamW {
         let local = (g.clone().square() * self.counted.clone())
             .sum()
             .into_scalar::<f32>() as f64;
-        let total = norm_group.all_reduce(TensorData::new(vec![local], [1]), ReduceOp::Sum)?;
-        let norm = total.try_to_vec::<f64>().expect("f64")[0].sqrt();
+        let norm = norm_group.all_reduce_scalar(local, ReduceOp::Sum)?.sqrt();
         if max_norm > 0.0 {
             let coefficient = max_norm / (norm + 1e-6);
             if coefficient < 1.0 {

@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
-use burn::tensor::{FloatDType, Gradients, Tensor, TensorData};
+use burn::tensor::{FloatDType, Gradients, Tensor};
 
 use crate::comm::CommError;
 use crate::comm::{Group, ReduceOp};
@@ -279,9 +279,7 @@ impl GradientAccumulator {
         group: &Group,
     ) -> Result<f64, CommError> {
         let local = self.sum_of_squares(|id| !not_counted.contains(id));
-        let total =
-            group.timed(|| group.all_reduce(TensorData::new(vec![local], [1]), ReduceOp::Sum))?;
-        let total = total.try_to_vec::<f64>().expect("f64")[0];
+        let total = group.timed(|| group.all_reduce_scalar(local, ReduceOp::Sum))?;
         Ok(self.clip_to(total.sqrt(), max_norm))
     }
 

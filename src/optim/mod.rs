@@ -1,6 +1,8 @@
 //! The optimizer side of a training step, as Megatron-Core's `optimizer/` package: gradient
-//! buffers, their data-parallel reduction overlapped with the backward pass, Adam (replicated or sharded over data-parallel ranks), the learning-rate schedule,
-//! loss scaling and mixed precision (fp32 main weights behind a half-precision model).
+//! buffers and their data-parallel reduction (overlapped with the backward pass or not), one
+//! optimizer interface served by Adam replicated or sharded over data-parallel ranks, the
+//! mixed-precision optimizer around it (fp32 main weights behind a half-precision model, loss
+//! scaling), and the learning-rate schedule.
 
 pub mod adamw;
 pub mod background_reduce;
@@ -11,6 +13,8 @@ pub mod grad_buffer;
 pub mod grad_scaler;
 pub mod lr_schedule;
 pub mod mixed_precision;
+pub mod mixed_precision_optimizer;
+pub mod optimizer;
 
 pub use adamw::{AdamW, AdamWConfig, NamedMoments};
 pub use background_reduce::BackgroundAllReduce;
@@ -19,3 +23,5 @@ pub use grad_buffer::{GradNorm, GradientAccumulator};
 pub use grad_scaler::{DynamicGradScaler, GradScaler, GradScalerState};
 pub use lr_schedule::{LrDecayStyle, LrSchedule};
 pub use mixed_precision::{cast_parameters, Precision};
+pub use mixed_precision_optimizer::{MixedPrecisionOptimizer, StepResult};
+pub use optimizer::{Optimizer, OptimizerSetup, ReplicatedAdamW, ShardedAdamW};

@@ -164,8 +164,8 @@ pub fn vocab_parallel_cross_entropy(
 ) -> Tensor<2> {
     // In fp32 whatever the model computes in (Megatron's `vocab_parallel_cross_entropy(
     // logits.float(), ...)`): half-precision logsumexp over 50k columns loses the loss.
-    let logits = crate::model::ops::at_least_f32(logits);
-    if group.size() == 1 && !crate::train::device::is_flex(&logits.device()) {
+    let logits = crate::util::device::at_least_f32(logits);
+    if group.size() == 1 && !crate::util::device::is_flex(&logits.device()) {
         return composed_cross_entropy(logits, labels);
     }
     let [b, s, v] = logits.dims();

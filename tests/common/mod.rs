@@ -86,10 +86,10 @@ pub fn layout_comparison_run(
     layers: usize,
     train_iters: u64,
     decay_iters: u64,
-) -> ferrotron::train::PretrainConfig {
+) -> ferrotron::training::PretrainConfig {
     use ferrotron::data::DataSources;
     use ferrotron::model::GptConfig;
-    use ferrotron::train::{LrDecayStyle, LrSchedule, PretrainConfig};
+    use ferrotron::training::{LrDecayStyle, LrSchedule, PretrainConfig};
     PretrainConfig {
         seq_length: 16,
         global_batch_size: 8,
@@ -113,5 +113,25 @@ pub fn layout_comparison_run(
                 .with_attention_dropout(0.0),
             DataSources::single(golden("wikitext2_valid", "text")),
         )
+    }
+}
+
+/// Megatron's partition dimension of each GPT parameter by its name, transcribed from its
+/// `tensor_parallel/layers.py` (column-parallel layers split their output: the weight's
+/// dimension 1 as ferrotron stores it `[in, out]`, and the bias; row-parallel layers their
+/// input rows; the vocab-parallel embedding its rows; everything else is whole): the
+/// independent reference for the holdings the layers declare.
+#[allow(dead_code)]
+pub fn megatron_partition_dim(name: &str) -> Option<usize> {
+    const COLUMN: [&str; 2] = [".self_attention.query_key_value.", ".mlp.dense_h_to_4h."];
+    const ROW: [&str; 2] = [".self_attention.dense.weight", ".mlp.dense_4h_to_h.weight"];
+    if name == "word_embeddings.weight" {
+        Some(0)
+    } else if COLUMN.iter().any(|c| name.contains(c)) {
+        Some(if name.ends_with(".weight") { 1 } else { 0 })
+    } else if ROW.iter().any(|r| name.ends_with(r)) {
+        Some(0)
+    } else {
+        None
     }
 }

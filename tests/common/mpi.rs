@@ -1,4 +1,4 @@
-//! Tests that run their own test binary under `mpirun` (Open MPI, see README): the parent
+//! Tests that run their own test binary under `mpirun` (Open MPI, see docs/parallelism.md): the parent
 //! process starts `mpirun -np N <this test binary> --exact <test>`, and each child, finding
 //! itself launched by MPI, runs as one rank of the test.
 
@@ -11,7 +11,7 @@ use ferrotron::comm::world::{launcher_variable, World};
 /// `mpirun -np ranks` allowed to run as root and to put more ranks than cores on this
 /// machine; with `FERROTRON_TEST_LAUNCHER=srun`, Slurm's `srun -n ranks` instead (PMIx,
 /// tasks may share cores, a failed task ends the job), to run the same tests on a Slurm
-/// cluster (see README).
+/// cluster (see docs/parallelism.md).
 pub fn mpirun_command(ranks: usize) -> Command {
     if std::env::var("FERROTRON_TEST_LAUNCHER").is_ok_and(|l| l == "srun") {
         let mut cmd = Command::new("srun");
@@ -46,7 +46,7 @@ pub fn mpirun(test: &str, ranks: usize, env: &[(&str, &Path)], limit: Duration) 
     }
     let mut child = cmd.spawn().unwrap_or_else(|e| {
         panic!(
-            "cannot start mpirun ({e}): install Open MPI (apt-get install openmpi-bin), see README"
+            "cannot start mpirun ({e}): install Open MPI (apt-get install openmpi-bin), see docs/parallelism.md"
         )
     });
     let start = Instant::now();

@@ -5,9 +5,9 @@ use burn::tensor::{Device, Tensor};
 
 use super::weight_matmul;
 use crate::comm::Group;
-use crate::model::init::Init;
+use crate::util::init::Init;
 use crate::parallel::mappings::{copy_to_region, gather_from_region};
-use crate::parallel::sharding::init_shard;
+use crate::parallel::sharding::{init_shard, DeclaresHoldings, Holding};
 
 /// Megatron's `ColumnParallelLinear`: each rank holds `out / N` output columns.
 ///
@@ -25,6 +25,12 @@ pub struct ColumnParallelLinear {
     /// The tensor-parallel group.
     #[module(skip)]
     pub group: Group,
+}
+
+/// The output columns are split: the weight's dimension 1, and the bias.
+impl DeclaresHoldings for ColumnParallelLinear {
+    const HOLDINGS: &'static [(&'static str, Holding)] =
+        &[("weight", Holding::Split(1)), ("bias", Holding::Split(0))];
 }
 
 impl ColumnParallelLinear {
@@ -47,7 +53,7 @@ impl ColumnParallelLinear {
                 [d_in, d_out],
                 seed,
                 &format!("{name}.weight"),
-                Some(1),
+                Self::holding("weight").partition_dim(),
                 group,
                 device,
             )),
@@ -56,7 +62,7 @@ impl ColumnParallelLinear {
                 [d_out],
                 seed,
                 &format!("{name}.bias"),
-                Some(0),
+                Self::holding("bias").partition_dim(),
                 group,
                 device,
             )),

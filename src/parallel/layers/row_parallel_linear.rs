@@ -5,9 +5,9 @@ use burn::tensor::{Device, Tensor};
 
 use super::weight_matmul;
 use crate::comm::Group;
-use crate::model::init::Init;
+use crate::util::init::Init;
 use crate::parallel::mappings::{reduce_from_region, scatter_to_region};
-use crate::parallel::sharding::init_shard;
+use crate::parallel::sharding::{init_shard, DeclaresHoldings, Holding};
 
 /// Megatron's `RowParallelLinear`: each rank holds `in / N` input rows of the weight and
 /// multiplies its part of the input; the partial products are all-reduced and the bias,
@@ -25,6 +25,12 @@ pub struct RowParallelLinear {
     /// The tensor-parallel group.
     #[module(skip)]
     pub group: Group,
+}
+
+/// The input rows are split; the bias is added after the all-reduce, whole on every rank.
+impl DeclaresHoldings for RowParallelLinear {
+    const HOLDINGS: &'static [(&'static str, Holding)] =
+        &[("weight", Holding::Split(0)), ("bias", Holding::Duplicated)];
 }
 
 impl RowParallelLinear {
@@ -47,7 +53,7 @@ impl RowParallelLinear {
                 [d_in, d_out],
                 seed,
                 &format!("{name}.weight"),
-                Some(0),
+                Self::holding("weight").partition_dim(),
                 group,
                 device,
             )),
@@ -56,7 +62,7 @@ impl RowParallelLinear {
                 [d_out],
                 seed,
                 &format!("{name}.bias"),
-                None,
+                Self::holding("bias").partition_dim(),
                 group,
                 device,
             )),

@@ -4,9 +4,9 @@ use burn::module::{Module, Param};
 use burn::tensor::{Device, Int, Tensor};
 
 use crate::comm::Group;
-use crate::model::init::Init;
+use crate::util::init::Init;
 use crate::parallel::mappings::reduce_from_region;
-use crate::parallel::sharding::{init_shard, vocab_shard_index};
+use crate::parallel::sharding::{init_shard, vocab_shard_index, DeclaresHoldings, Holding};
 
 /// Megatron's `VocabParallelEmbedding`: rank r holds rows `[r·V/N, (r+1)·V/N)`. Each rank
 /// looks up the tokens in its range, zeroes the others, and an all-reduce assembles the
@@ -18,6 +18,11 @@ pub struct VocabParallelEmbedding {
     /// The tensor-parallel group.
     #[module(skip)]
     pub group: Group,
+}
+
+/// The vocabulary rows are split.
+impl DeclaresHoldings for VocabParallelEmbedding {
+    const HOLDINGS: &'static [(&'static str, Holding)] = &[("weight", Holding::Split(0))];
 }
 
 impl VocabParallelEmbedding {
@@ -37,7 +42,7 @@ impl VocabParallelEmbedding {
                 [vocab, hidden],
                 seed,
                 &format!("{name}.weight"),
-                Some(0),
+                Self::holding("weight").partition_dim(),
                 group,
                 device,
             )),

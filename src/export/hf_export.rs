@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use anyhow::{Context, Result};
 
-use super::tensor_file::HostTensor;
+use crate::util::host_tensor::HostTensor;
 use crate::model::named_parameters::named_parameters;
 use crate::model::{Gpt, GptConfig};
 

@@ -7,7 +7,7 @@
 
 use burn::tensor::{Device, Tensor, TensorData};
 
-use crate::data::numpy_random::NumpyRandomState;
+use crate::util::numpy_random::NumpyRandomState;
 
 /// How a parameter starts.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -16,7 +16,7 @@ use safetensors::tensor::Dtype;
 use safetensors::SafeTensors;
 
 use super::hf_export::{permute_qkv, QkvOrder, LAYER_MODULES};
-use super::tensor_file::HostTensor;
+use crate::util::host_tensor::HostTensor;
 use crate::model::vocab::padded_vocab_size;
 use crate::model::GptConfig;
 

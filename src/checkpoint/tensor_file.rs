@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use safetensors::tensor::{Dtype, SafeTensors};
 
-pub use crate::host_tensor::HostTensor;
+pub use crate::util::host_tensor::HostTensor;
 
 /// Writes `tensors` and string `metadata` to `path` through a temporary file and a rename.
 pub fn write_tensors(
@@ -69,7 +69,7 @@ pub fn write_tensor_refs(
             t.shape
         );
     }
-    let tmp = crate::atomic_file::temp_file_beside(path)
+    let tmp = crate::util::atomic_file::temp_file_beside(path)
         .with_context(|| format!("creating {}", path.display()))?;
     safetensors::serialize_to_file(
         tensors.iter().map(|t| (t.name.as_str(), t)),

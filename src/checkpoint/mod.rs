@@ -11,6 +11,8 @@
 //! temporary name and renamed, and the `latest` file is replaced last, so a kill during a save
 //! leaves the previous checkpoint usable.
 
+pub mod tensor_file;
+
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -18,12 +20,12 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use burn::tensor::Device;
 
-use super::tensor_file::{write_tensor_refs, HostTensor, TensorFile, TensorRef};
+use self::tensor_file::{write_tensor_refs, HostTensor, TensorFile, TensorRef};
 use crate::comm::Group;
-use crate::model::named_parameters::{load_named_parameters, named_parameters, parameter_names};
+use crate::model::named_parameters::{load_named_parameters, named_parameters};
 use crate::model::{Gpt, GptConfig, StageLayers};
 use crate::optim::{GradScalerState, NamedMoments};
-use crate::parallel::sharding::{partition_dim, shard_of};
+use crate::parallel::sharding::{parameter_holdings, shard_of};
 
 /// Megatron's tracker file.
 pub const TRACKER_FILE: &str = "latest_checkpointed_iteration.txt";
@@ -205,6 +207,13 @@ pub fn save_checkpoint(
     if let Some(scaler) = &optimizer.grad_scaler {
         metadata.insert("grad_scaler".to_owned(), serde_json::to_string(scaler)?);
     }
+    // How the ranks split each parameter, as the model's layers declare it: what joins the
+    // shards again without building a model.
+    let dims: PartitionDims = parameter_holdings(model)
+        .into_iter()
+        .map(|p| (p.name, p.holding.partition_dim()))
+        .collect();
+    metadata.insert("partition_dims".to_owned(), serde_json::to_string(&dims)?);
     let rank_dir = staging.join(place.dir_name());
     std::fs::create_dir_all(&rank_dir)?;
     write_tensor_refs(&rank_dir.join(CHECKPOINT_FILE), &tensors, metadata)?;
@@ -217,13 +226,16 @@ pub fn save_checkpoint(
         std::fs::rename(&staging, &final_iter_dir)
             .with_context(|| format!("renaming to {}", final_iter_dir.display()))?;
         let tracker_path = root.join(TRACKER_FILE);
-        let mut tracker = crate::atomic_file::temp_file_beside(&tracker_path)?;
+        let mut tracker = crate::util::atomic_file::temp_file_beside(&tracker_path)?;
         writeln!(tracker, "{}", state.iteration)?;
         tracker.persist(tracker_path)?;
     }
     group.barrier()?;
     Ok(checkpoint_dir(root, state.iteration, place))
 }
+
+/// Each parameter's partition dimension by name (`None`: whole on every rank).
+type PartitionDims = HashMap<String, Option<usize>>;
 
 /// First and second moments of one parameter as found in a file (either may be missing).
 type SavedMoments = (Option<Vec<f32>>, Option<Vec<f32>>);
@@ -387,6 +399,30 @@ fn open_checkpoint(root: &Path) -> Result<Option<SavedCheckpoint>> {
 }
 
 impl SavedCheckpoint {
+    /// How the saving run's layers split each parameter: from the metadata, or, for a
+    /// checkpoint written before it was recorded there, read off a whole model of the saved
+    /// shape built on the CPU (a model's holdings do not depend on the tensor-parallel size).
+    fn partition_dims(&self) -> Result<PartitionDims> {
+        let file = &self.shards[0][0];
+        if let Some(json) = file.metadata()?.get("partition_dims") {
+            return serde_json::from_str(json)
+                .with_context(|| format!("{}: bad partition_dims", file.path().display()));
+        }
+        let config = &self.info.config;
+        let model = config
+            .init_stage(
+                0,
+                &Group::single(),
+                &StageLayers::whole(config.num_layers),
+                &Device::flex(),
+            )
+            .map_err(anyhow::Error::msg)?;
+        Ok(parameter_holdings(&model)
+            .into_iter()
+            .map(|p| (p.name, p.holding.partition_dim()))
+            .collect())
+    }
+
     /// The tensor names (of every stage), sorted.
     fn names(&self) -> Vec<String> {
         let mut names: Vec<String> = self.stage_of.keys().cloned().collect();
@@ -416,9 +452,10 @@ impl SavedCheckpoint {
         Ok(t)
     }
 
-    /// Tensor `key` whole: the shards' parts joined along the parameter's partition dimension.
-    fn whole(&self, key: &str) -> Result<HostTensor> {
-        let dim = partition_dim(parameter_of(key));
+    /// Tensor `key` whole: the shards' parts joined along the parameter's partition
+    /// dimension (from `dims`).
+    fn whole(&self, key: &str, dims: &PartitionDims) -> Result<HostTensor> {
+        let dim = dims.get(parameter_of(key)).copied().flatten();
         let tp = self.info.tensor_model_parallel_size;
         if dim.is_none() || tp == 1 {
             return self.part(key, 0);
@@ -445,9 +482,10 @@ pub fn read_full_checkpoint(root: &Path) -> Result<Option<FullCheckpoint>> {
     let Some(saved) = open_checkpoint(root)? else {
         return Ok(None);
     };
+    let dims = saved.partition_dims()?;
     let mut tensors = HashMap::new();
     for key in saved.names() {
-        let whole = saved.whole(&key)?;
+        let whole = saved.whole(&key, &dims)?;
         tensors.insert(key, whole);
     }
     Ok(Some(FullCheckpoint {
@@ -483,26 +521,26 @@ pub fn load_checkpoint(
     let model = config
         .init_stage(0, group, stage.unwrap_or(&whole_model), device)
         .map_err(anyhow::Error::msg)?;
-    let held: std::collections::HashSet<String> = parameter_names(&model)
+    let dims: PartitionDims = parameter_holdings(&model)
         .into_iter()
-        .map(|p| p.name)
+        .map(|p| (p.name, p.holding.partition_dim()))
         .collect();
     let mut values = HashMap::new();
     let mut moments: HashMap<String, SavedMoments> = HashMap::new();
     for key in saved.names() {
         let param = parameter_of(&key).to_owned();
-        if !held.contains(&param) {
+        if !dims.contains_key(&param) {
             // Another pipeline stage's part.
             continue;
         }
         let t = if same_layout {
             saved.part(&key, group.rank())?
         } else {
-            let mut t = saved.whole(&key)?;
+            let mut t = saved.whole(&key, &dims)?;
             if param == "word_embeddings.weight" && t.shape[0] != config.padded_vocab_size {
                 t = t.resized(0, config.padded_vocab_size);
             }
-            shard_of(&t, partition_dim(&param), group.rank(), group.size())
+            shard_of(&t, dims[&param], group.rank(), group.size())
                 .map_err(|e| anyhow::anyhow!("{}: {key}: {e}", root.display()))?
         };
         if key.starts_with("model.") {

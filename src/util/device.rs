@@ -3,7 +3,7 @@
 //! burn 0.22 chooses the backend at run time from the device, so one build can offer several;
 //! the GPU ones exist only when ferrotron is built with the `cuda` or `wgpu` feature.
 
-use burn::tensor::Device;
+use burn::tensor::{DType, Device, FloatDType, Tensor};
 
 /// The devices this build can run on, for messages.
 pub fn available_devices() -> &'static str {
@@ -54,6 +54,16 @@ pub fn is_flex(device: &Device) -> bool {
         device.clone().inner().as_dispatch(),
         burn::backend::DispatchDevice::Flex(_)
     )
+}
+
+/// `x` in fp32 if it is in half precision (bf16, fp16), else unchanged (fp32, or the f64 of
+/// gradient checks): what the precision-sensitive reductions (LayerNorm statistics, softmax,
+/// cross-entropy) compute in.
+pub fn at_least_f32<const D: usize>(x: Tensor<D>) -> Tensor<D> {
+    match x.dtype() {
+        DType::F16 | DType::BF16 => x.cast(FloatDType::F32),
+        _ => x,
+    }
 }
 
 #[cfg(test)]

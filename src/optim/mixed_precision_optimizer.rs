@@ -1,0 +1,140 @@
+//! The optimizer the training step talks to (Megatron-Core's `MixedPrecisionOptimizer` /
+//! `FP32Optimizer`): it owns the fp32 main weights, the model the micro-batches run (the same
+//! module in fp32, a half-precision copy otherwise), and the loss scaler. Its step unscales
+//! the gradients, checks every rank for overflow, skips the update when one is found, and
+//! otherwise runs the inner optimizer on the main weights and copies them back into the model.
+
+use burn::module::Module;
+use burn::tensor::{Tensor, TensorData};
+
+use super::{GradNorm, GradScaler, GradScalerState, GradientAccumulator, NamedMoments, Precision};
+use super::optimizer::Optimizer;
+use crate::comm::{CommError, Group, ReduceOp};
+
+/// What one [`MixedPrecisionOptimizer::step`] did.
+pub enum StepResult {
+    /// Some rank's gradients overflowed: no update, the loss scale backed off.
+    Skipped,
+    /// The weights were updated; the gradient norm before clipping.
+    Updated(GradNorm),
+}
+
+/// The main weights, the working model and the loss scaler around an inner optimizer.
+pub struct MixedPrecisionOptimizer<M: Module> {
+    inner: Box<dyn Optimizer<M>>,
+    precision: Precision,
+    scaler: Option<GradScaler>,
+    /// `None` only inside [`Self::step`].
+    main: Option<M>,
+    working: Option<M>,
+    /// The ranks whose overflow skips the step (the whole world: every rank skips together).
+    overflow_group: Group,
+}
+
+impl<M: Module> MixedPrecisionOptimizer<M> {
+    /// Wraps `inner` around the main weights `main`, computing in `precision` with `scaler`.
+    pub fn new(
+        inner: Box<dyn Optimizer<M>>,
+        main: M,
+        precision: Precision,
+        scaler: Option<GradScaler>,
+        overflow_group: Group,
+    ) -> Self {
+        let working = precision.working_copy(&main);
+        Self {
+            inner,
+            precision,
+            scaler,
+            main: Some(main),
+            working: Some(working),
+            overflow_group,
+        }
+    }
+
+    /// The model the micro-batches run.
+    pub fn model(&self) -> &M {
+        self.working.as_ref().expect("outside a step")
+    }
+
+    /// The fp32 main weights (what checkpoints keep).
+    pub fn main_weights(&self) -> &M {
+        self.main.as_ref().expect("outside a step")
+    }
+
+    /// The loss scale the next micro-batches' losses are multiplied by (1 without a scaler).
+    pub fn loss_scale(&self) -> f64 {
+        self.scaler.as_ref().map_or(1.0, GradScaler::scale)
+    }
+
+    /// The scaler's state, for checkpoints.
+    pub fn scaler_state(&self) -> Option<GradScalerState> {
+        self.scaler.as_ref().map(GradScaler::state)
+    }
+
+    /// Whether the inner optimizer sums the gradients over data-parallel ranks itself.
+    pub fn reduces_data_parallel_grads(&self) -> bool {
+        self.inner.reduces_data_parallel_grads()
+    }
+
+    /// Steps the inner optimizer took.
+    pub fn steps(&self) -> u64 {
+        self.inner.steps()
+    }
+
+    /// Adam's moments by name (a collective with the distributed optimizer).
+    pub fn moments(&self) -> Result<Vec<NamedMoments>, CommError> {
+        self.inner.moments()
+    }
+
+    /// One step from `grads`, the gradients of the scaled loss: unscale, skip on overflow
+    /// anywhere, otherwise update the main weights (clipping inside the inner optimizer) and
+    /// refresh the working model.
+    pub fn step(&mut self, grads: &mut GradientAccumulator, lr: f64) -> Result<StepResult, CommError> {
+        if let Some(scaler) = self.scaler.as_mut() {
+            grads.scale(1.0 / scaler.scale());
+            let local = if grads.all_finite() { 0.0 } else { 1.0 };
+            let found_inf = self.overflow_group.all_reduce_scalar(local, ReduceOp::Max)? > 0.0;
+            scaler.update(found_inf);
+            if found_inf {
+                return Ok(StepResult::Skipped);
+            }
+        }
+        // The working copy goes first: in fp32 it shares the main weights' storage, and the
+        // step replaces them parameter by parameter.
+        self.working = None;
+        let main = self.main.take().expect("outside a step");
+        let (main, norm) = self.inner.step(main, grads, lr)?;
+        self.working = Some(self.precision.working_copy(&main));
+        self.main = Some(main);
+        Ok(StepResult::Updated(norm))
+    }
+}
+
+/// The sum of `values` (one-element tensors) and, if it is still on the device, the gradient
+/// norm, read from the device together: one read per step.
+pub fn read_step_values(values: Vec<Tensor<1>>, norm: Option<GradNorm>) -> (f64, Option<f64>) {
+    use burn::tensor::FloatDType;
+    let m = values.len();
+    let mut pending: Vec<Tensor<1>> = values.into_iter().map(|l| l.cast(FloatDType::F32)).collect();
+    let read_norm = match norm {
+        Some(GradNorm::OnDevice(norm)) => {
+            pending.push((*norm).cast(FloatDType::F32));
+            None
+        }
+        Some(GradNorm::Read(norm)) => Some(Some(norm)),
+        None => Some(None),
+    };
+    let read: Vec<f64> = if pending.is_empty() {
+        Vec::new()
+    } else {
+        let data: TensorData = Tensor::cat(pending, 0).into_data().convert::<f32>();
+        data.as_slice::<f32>()
+            .expect("converted to f32")
+            .iter()
+            .map(|&x| f64::from(x))
+            .collect()
+    };
+    let sum = read[..m].iter().sum();
+    let norm = read_norm.unwrap_or_else(|| read.get(m).copied());
+    (sum, norm)
+}

@@ -1,0 +1,176 @@
+//! One optimizer interface (Megatron-Core's `MegatronOptimizer`): what the training step
+//! calls, whether Adam's state is replicated on every data-parallel rank or sharded over them.
+//!
+//! Both clip by the global norm inside their step, each in the place where the gradients are
+//! whole for it: the replicated optimizer after the data-parallel all-reduce, over the ranks
+//! of one model replica; the distributed optimizer on its reduce-scattered shard, over the
+//! whole world.
+
+use std::collections::{HashMap, HashSet};
+
+use burn::module::{Module, ParamId};
+use burn::tensor::Device;
+
+use super::{AdamW, AdamWConfig, DistributedAdamW, GradNorm, GradientAccumulator, NamedMoments};
+use crate::comm::{CommError, Group};
+
+/// An optimizer of a module of type `M`.
+pub trait Optimizer<M: Module> {
+    /// Whether [`Self::step`] sums the gradients over the data-parallel ranks itself (the
+    /// distributed optimizer's reduce-scatter); otherwise they must be summed before it.
+    fn reduces_data_parallel_grads(&self) -> bool;
+
+    /// One update of `module` from `grads` (unscaled) with learning rate `lr`, clipped by the
+    /// global norm; returns the module and the norm before clipping.
+    fn step(
+        &mut self,
+        module: M,
+        grads: &mut GradientAccumulator,
+        lr: f64,
+    ) -> Result<(M, GradNorm), CommError>;
+
+    /// Steps taken.
+    fn steps(&self) -> u64;
+
+    /// Adam's moments of every parameter by name, for checkpoints (a collective over the
+    /// data-parallel group when they are sharded: every rank calls it).
+    fn moments(&self) -> Result<Vec<NamedMoments>, CommError>;
+}
+
+/// What both optimizers need besides Adam's hyper-parameters.
+#[derive(Clone)]
+pub struct OptimizerSetup {
+    /// Adam's hyper-parameters.
+    pub adam: AdamWConfig,
+    /// `--clip-grad` (0 disables).
+    pub clip_grad: f64,
+    /// Parameter names by id (checkpoints store moments by name).
+    pub names: Vec<(ParamId, String)>,
+    /// Parameters left out of the global norm on this rank because another rank counts them.
+    pub not_counted: HashSet<ParamId>,
+}
+
+/// Adam replicated on every data-parallel rank: the gradients arrive summed; the global norm
+/// is summed over the ranks of one model replica (`model_group`: tensor × pipeline).
+pub struct ReplicatedAdamW {
+    adam: AdamW,
+    setup: OptimizerSetup,
+    model_group: Group,
+}
+
+impl ReplicatedAdamW {
+    /// A fresh optimizer, or one resuming `saved` (`(steps, moments)`) on `device`.
+    pub fn new(
+        setup: OptimizerSetup,
+        model_group: Group,
+        saved: Option<(u64, Vec<NamedMoments>)>,
+        device: &Device,
+    ) -> Self {
+        let mut adam = AdamW::new(setup.adam.clone());
+        if let Some((steps, moments)) = saved {
+            adam.import(steps, moments, &setup.names, device);
+        }
+        Self {
+            adam,
+            setup,
+            model_group,
+        }
+    }
+}
+
+impl<M: Module> Optimizer<M> for ReplicatedAdamW {
+    fn reduces_data_parallel_grads(&self) -> bool {
+        false
+    }
+
+    fn step(
+        &mut self,
+        module: M,
+        grads: &mut GradientAccumulator,
+        lr: f64,
+    ) -> Result<(M, GradNorm), CommError> {
+        let norm = grads.clip_global_norm_deferred(
+            self.setup.clip_grad,
+            &self.setup.not_counted,
+            &self.model_group,
+        )?;
+        Ok((self.adam.step(module, grads, lr), norm))
+    }
+
+    fn steps(&self) -> u64 {
+        self.adam.steps()
+    }
+
+    fn moments(&self) -> Result<Vec<NamedMoments>, CommError> {
+        Ok(self.adam.export(&self.setup.names))
+    }
+}
+
+/// Adam sharded over the data-parallel ranks (ZeRO-1, `--use-distributed-optimizer`), the
+/// global norm summed over `world`.
+pub struct ShardedAdamW {
+    adam: DistributedAdamW,
+    clip_grad: f64,
+    world: Group,
+}
+
+impl ShardedAdamW {
+    /// The optimizer for `module`'s parameters, sharded over `data`, resuming `saved` if given.
+    pub fn new<M: Module>(
+        setup: &OptimizerSetup,
+        module: &M,
+        data: Group,
+        world: Group,
+        saved: Option<(u64, Vec<NamedMoments>)>,
+        device: &Device,
+    ) -> Self {
+        let by_id: HashMap<ParamId, String> = setup.names.iter().cloned().collect();
+        let mut adam = DistributedAdamW::new(
+            setup.adam.clone(),
+            module,
+            &by_id,
+            &setup.not_counted,
+            data,
+            device,
+        );
+        if let Some((steps, moments)) = saved {
+            adam.import(steps, &moments);
+        }
+        Self {
+            adam,
+            clip_grad: setup.clip_grad,
+            world,
+        }
+    }
+
+    /// Elements of Adam state this rank holds, and what one rank would hold unsharded.
+    pub fn state_elements(&self) -> (usize, usize) {
+        self.adam.state_elements()
+    }
+}
+
+impl<M: Module> Optimizer<M> for ShardedAdamW {
+    fn reduces_data_parallel_grads(&self) -> bool {
+        true
+    }
+
+    fn step(
+        &mut self,
+        module: M,
+        grads: &mut GradientAccumulator,
+        lr: f64,
+    ) -> Result<(M, GradNorm), CommError> {
+        let (module, norm) = self
+            .adam
+            .step(module, grads, lr, self.clip_grad, &self.world)?;
+        Ok((module, GradNorm::Read(norm)))
+    }
+
+    fn steps(&self) -> u64 {
+        self.adam.steps()
+    }
+
+    fn moments(&self) -> Result<Vec<NamedMoments>, CommError> {
+        self.adam.export()
+    }
+}

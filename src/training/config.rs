@@ -1,0 +1,342 @@
+//! The run's configuration (what `pretrain`'s flags say), its one validation, and the batch
+//! plan that owns the micro-batch arithmetic.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+use burn::tensor::Device;
+
+use crate::data::DataSources;
+use crate::model::{GptConfig, Recompute, StageLayers};
+use crate::optim::grad_scaler::DynamicGradScalerConfig;
+use crate::optim::{AdamWConfig, DynamicGradScaler, GradScaler, LrSchedule, Precision};
+
+/// Everything `pretrain` needs, already validated by the command line.
+#[derive(Clone, Debug)]
+pub struct PretrainConfig {
+    /// Model shape.
+    pub model: GptConfig,
+    /// `--seq-length`.
+    pub seq_length: usize,
+    /// `--micro-batch-size`.
+    pub micro_batch_size: usize,
+    /// `--global-batch-size` (a multiple of the micro-batch size: gradient accumulation).
+    pub global_batch_size: usize,
+    /// `--train-iters`.
+    pub train_iters: u64,
+    /// Learning-rate schedule.
+    pub schedule: LrSchedule,
+    /// Adam hyper-parameters.
+    pub adam: AdamWConfig,
+    /// `--clip-grad` (0 disables).
+    pub clip_grad: f64,
+    /// `--seed`.
+    pub seed: u64,
+    /// `--fp16` / `--bf16`: the model computes in half precision over fp32 main weights.
+    pub precision: Precision,
+    /// `--loss-scale`: a constant loss scale (with `--fp16`/`--bf16`); without it `--fp16`
+    /// scales dynamically.
+    pub loss_scale: Option<f64>,
+    /// `--initial-loss-scale`, `--min-loss-scale`, `--loss-scale-window`, `--hysteresis`.
+    pub dynamic_loss_scale: DynamicGradScalerConfig,
+    /// Activation recomputation (`--recompute-granularity full` with
+    /// `--recompute-method` / `--recompute-num-layers`).
+    pub recompute: Recompute,
+    /// `--data-path` (one dataset or a weighted blend), or a blend per split.
+    pub data: DataSources,
+    /// `--split`.
+    pub split: String,
+    /// `--data-cache-path`.
+    pub data_cache_path: Option<PathBuf>,
+    /// `--eod-mask-loss`.
+    pub eod_mask_loss: bool,
+    /// The EOD id.
+    pub eod: u32,
+    /// `--log-interval`.
+    pub log_interval: u64,
+    /// `--eval-interval`.
+    pub eval_interval: u64,
+    /// `--eval-iters`.
+    pub eval_iters: u64,
+    /// `--save`.
+    pub save: Option<PathBuf>,
+    /// `--save-interval`.
+    pub save_interval: Option<u64>,
+    /// `--load`.
+    pub load: Option<PathBuf>,
+    /// `--exit-interval`.
+    pub exit_interval: Option<u64>,
+    /// `--tensor-model-parallel-size`: ranks the model is split over (threads of this
+    /// process, or MPI ranks under a launcher).
+    pub tensor_model_parallel_size: usize,
+    /// `--pipeline-model-parallel-size`: stages the layers are cut into (ranks, as for
+    /// tensor parallelism); tensor × pipeline × data-parallel ranks make the world.
+    pub pipeline_model_parallel_size: usize,
+    /// `--num-layers-per-virtual-pipeline-stage`: model chunks of this many layers, several
+    /// per pipeline rank, run with the interleaved schedule.
+    pub num_layers_per_virtual_pipeline_stage: Option<usize>,
+    /// `--decoder-first-pipeline-num-layers`: layers on the first stage (the others split
+    /// evenly), when the embedding makes it slower or faster than the rest.
+    pub decoder_first_pipeline_num_layers: Option<usize>,
+    /// `--decoder-last-pipeline-num-layers`: layers on the last stage, which also runs the
+    /// output layer and the loss.
+    pub decoder_last_pipeline_num_layers: Option<usize>,
+    /// `--use-distributed-optimizer`: Adam's state sharded over the data-parallel ranks.
+    pub use_distributed_optimizer: bool,
+    /// Gradient elements per data-parallel all-reduce (Megatron's `--ddp-bucket-size`).
+    pub ddp_bucket_size: usize,
+    /// `--overlap-grad-reduce`: all-reduce the gradient buckets on a communication thread
+    /// during the last micro-batch's backward pass (see [`crate::optim::background_reduce`]).
+    pub overlap_grad_reduce: bool,
+    /// `--tensorboard-dir`: where world rank 0 writes TensorBoard scalars.
+    pub tensorboard_dir: Option<PathBuf>,
+    /// `--tensorboard-log-interval`: iterations between training scalars.
+    pub tensorboard_log_interval: u64,
+}
+
+impl PretrainConfig {
+    /// A run of `model` on `data` with Megatron's defaults for everything a caller usually
+    /// leaves alone (seed 1234, split 969,30,1, clip-grad 1.0, Adam's defaults, one rank, fp32,
+    /// no recomputation, no checkpoints), one micro-batch of one sample per iteration at the
+    /// model's full context, one iteration at a constant `--lr` 1e-4: set the rest with struct
+    /// update syntax.
+    pub fn new(model: GptConfig, data: DataSources) -> Self {
+        Self {
+            seq_length: model.max_position_embeddings,
+            model,
+            micro_batch_size: 1,
+            global_batch_size: 1,
+            train_iters: 1,
+            schedule: LrSchedule {
+                max_lr: 1e-4,
+                min_lr: 0.0,
+                warmup_iters: 0.0,
+                decay_iters: 1.0,
+                style: crate::optim::LrDecayStyle::Constant,
+            },
+            adam: AdamWConfig::default(),
+            clip_grad: 1.0,
+            seed: 1234,
+            precision: Precision::Fp32,
+            loss_scale: None,
+            dynamic_loss_scale: DynamicGradScalerConfig::default(),
+            recompute: Recompute::None,
+            data,
+            split: "969,30,1".into(),
+            data_cache_path: None,
+            eod_mask_loss: false,
+            eod: 50256,
+            log_interval: 100,
+            eval_interval: 1000,
+            eval_iters: 100,
+            save: None,
+            save_interval: None,
+            load: None,
+            exit_interval: None,
+            tensor_model_parallel_size: 1,
+            pipeline_model_parallel_size: 1,
+            num_layers_per_virtual_pipeline_stage: None,
+            decoder_first_pipeline_num_layers: None,
+            decoder_last_pipeline_num_layers: None,
+            use_distributed_optimizer: false,
+            ddp_bucket_size: DEFAULT_DDP_BUCKET_SIZE,
+            overlap_grad_reduce: false,
+            tensorboard_dir: None,
+            tensorboard_log_interval: 1,
+        }
+    }
+
+    /// Model chunks per pipeline rank: 1, or more with virtual pipeline stages.
+    pub fn virtual_pipeline_stages(&self) -> usize {
+        let pp = self.pipeline_model_parallel_size.max(1);
+        self.num_layers_per_virtual_pipeline_stage
+            .filter(|&n| n > 0)
+            .map_or(1, |n| self.model.num_layers / (n * pp))
+    }
+
+    /// This pipeline rank's part of the model.
+    pub fn stage_layers(&self, pipeline_rank: usize) -> Result<StageLayers> {
+        let (first, last) = (
+            self.decoder_first_pipeline_num_layers,
+            self.decoder_last_pipeline_num_layers,
+        );
+        if first.is_some() || last.is_some() {
+            if self.num_layers_per_virtual_pipeline_stage.is_some() {
+                bail!("--decoder-first/last-pipeline-num-layers cannot be combined with --num-layers-per-virtual-pipeline-stage here");
+            }
+            return StageLayers::uneven(
+                self.model.num_layers,
+                self.pipeline_model_parallel_size.max(1),
+                first,
+                last,
+                pipeline_rank,
+            )
+            .map_err(anyhow::Error::msg);
+        }
+        StageLayers::of(
+            self.model.num_layers,
+            self.pipeline_model_parallel_size.max(1),
+            self.virtual_pipeline_stages(),
+            pipeline_rank,
+        )
+        .map_err(anyhow::Error::msg)
+    }
+
+    /// The run's loss scaler, as Megatron's `get_megatron_optimizer` picks it: constant with
+    /// `--loss-scale` (half precision only), dynamic with `--fp16`, none otherwise.
+    pub fn grad_scaler(&self) -> Option<GradScaler> {
+        match (self.precision, self.loss_scale) {
+            (Precision::Fp32, _) => None,
+            (_, Some(scale)) => Some(GradScaler::Constant(scale)),
+            (Precision::Fp16, None) => Some(GradScaler::Dynamic(DynamicGradScaler::new(
+                self.dynamic_loss_scale.clone(),
+            ))),
+            (Precision::Bf16, None) => None,
+        }
+    }
+}
+
+/// Megatron's default bucket: 40 M elements (it grows with the data-parallel size there too).
+pub const DEFAULT_DDP_BUCKET_SIZE: usize = 40_000_000;
+
+impl PretrainConfig {
+    /// Checks what can be checked before any rank starts (the data-parallel size is known
+    /// only then: [`BatchPlan::new`] checks the rest).
+    pub fn validate(&self, device: &Device) -> Result<()> {
+        if !device.is_autodiff() {
+            bail!("pretrain needs an autodiff device");
+        }
+        if self.micro_batch_size == 0
+            || !self.global_batch_size.is_multiple_of(self.micro_batch_size)
+        {
+            bail!(
+                "--global-batch-size {} is not a multiple of --micro-batch-size {}",
+                self.global_batch_size,
+                self.micro_batch_size
+            );
+        }
+        self.model
+            .validate_parallel(self.tensor_model_parallel_size)
+            .map_err(anyhow::Error::msg)?;
+        self.validate_pipeline()?;
+        if self.seq_length == 0 || self.seq_length > self.model.max_position_embeddings {
+            bail!(
+                "--seq-length {} must be between 1 and --max-position-embeddings {}",
+                self.seq_length,
+                self.model.max_position_embeddings
+            );
+        }
+        Ok(())
+    }
+
+    fn validate_pipeline(&self) -> Result<()> {
+        let pp = self.pipeline_model_parallel_size;
+        if pp == 0 {
+            bail!("--pipeline-model-parallel-size must be at least 1");
+        }
+        if let Some(n) = self.num_layers_per_virtual_pipeline_stage {
+            if pp == 1 {
+                bail!(
+                    "--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1"
+                );
+            }
+            if n == 0 || !self.model.num_layers.is_multiple_of(n * pp) {
+                bail!(
+                    "--num-layers {} is not divisible by --num-layers-per-virtual-pipeline-stage {n} × \
+                     --pipeline-model-parallel-size {pp}",
+                    self.model.num_layers
+                );
+            }
+        }
+        self.stage_layers(0)?;
+        Ok(())
+    }
+}
+
+/// The micro-batch arithmetic of a run at its data-parallel size (Megatron's
+/// `num_microbatches_calculator`): every micro-batch count and index comes from here.
+///
+/// Data-parallel rank r runs micro-batches r, r + DP, r + 2·DP, … of each global batch, so
+/// a layout reads the samples, and draws the dropout masks, of the single-process run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchPlan {
+    /// `--micro-batch-size`.
+    pub micro_batch_size: usize,
+    /// `--global-batch-size`.
+    pub global_batch_size: usize,
+    /// Data-parallel ranks.
+    pub data_parallel: usize,
+    /// This rank's place among them.
+    pub data_parallel_rank: usize,
+}
+
+impl BatchPlan {
+    /// The plan of `cfg` on `data_parallel` ranks, checked: the global batch must split into
+    /// whole micro-batches per data-parallel rank, and the interleaved schedule needs a
+    /// multiple of the pipeline size of them.
+    pub fn new(
+        cfg: &PretrainConfig,
+        data_parallel: usize,
+        data_parallel_rank: usize,
+    ) -> Result<Self> {
+        let plan = Self {
+            micro_batch_size: cfg.micro_batch_size,
+            global_batch_size: cfg.global_batch_size,
+            data_parallel,
+            data_parallel_rank,
+        };
+        if plan.micro_batch_size == 0
+            || !plan
+                .global_batch_size
+                .is_multiple_of(plan.micro_batch_size * data_parallel)
+        {
+            bail!(
+                "--global-batch-size {} is not a multiple of --micro-batch-size {} × data-parallel size {data_parallel}",
+                cfg.global_batch_size,
+                cfg.micro_batch_size
+            );
+        }
+        let pp = cfg.pipeline_model_parallel_size;
+        let per_rank = plan.micro_batches_per_rank();
+        if cfg.virtual_pipeline_stages() > 1 && (per_rank < pp || !per_rank.is_multiple_of(pp)) {
+            bail!(
+                "the interleaved schedule needs a multiple of --pipeline-model-parallel-size {pp} \
+                 micro-batches per step and data-parallel rank, got {per_rank}"
+            );
+        }
+        Ok(plan)
+    }
+
+    /// Micro-batches in one global batch (all data-parallel ranks together).
+    pub fn micro_batches(&self) -> usize {
+        self.global_batch_size / self.micro_batch_size
+    }
+
+    /// Micro-batches this rank runs per step.
+    pub fn micro_batches_per_rank(&self) -> usize {
+        self.micro_batches() / self.data_parallel
+    }
+
+    /// The index in the global batch of this rank's micro-batch `k` (keys its dropout masks).
+    pub fn global_micro_batch(&self, k: usize) -> u64 {
+        (k * self.data_parallel + self.data_parallel_rank) as u64
+    }
+
+    /// The first sample of this rank's micro-batch `k` of a pass over a dataset from `start`.
+    pub fn sample_of(&self, start: u64, k: usize) -> u64 {
+        start + self.global_micro_batch(k) * self.micro_batch_size as u64
+    }
+
+    /// The divisor of each micro-batch's loss before its backward: the global number of
+    /// micro-batches (summed over data-parallel ranks, the gradients are those of the global
+    /// batch's mean loss), divided by the loss scale (the gradients are of the scaled loss).
+    pub fn loss_divisor(&self, loss_scale: f64) -> f64 {
+        self.micro_batches() as f64 / loss_scale
+    }
+
+    /// Micro-batches in `iters` global batches, and this rank's share of them (evaluation).
+    pub fn evaluation_micro_batches(&self, iters: u64) -> (usize, usize) {
+        let all = (iters * self.global_batch_size as u64 / self.micro_batch_size as u64) as usize;
+        (all, all / self.data_parallel)
+    }
+}

@@ -1,0 +1,17 @@
+//! The training loop, in Megatron-Core's shape: [`pretrain`] sets up each rank
+//! ([`setup`]) and loops over [`train_step`], which runs the schedule's forward and backward
+//! passes ([`forward_backward`], one path for every pipeline layout), finalises the gradients
+//! ([`finalize_grads`]) and steps the optimizer; [`evaluate`] gives the validation and test
+//! losses. [`config`] holds the run's configuration and its batch arithmetic.
+
+pub mod config;
+pub mod evaluate;
+pub mod finalize_grads;
+pub mod forward_backward;
+pub mod pretrain;
+pub mod setup;
+pub mod train_step;
+
+pub use crate::optim::{AdamW, AdamWConfig, GradientAccumulator, LrDecayStyle, LrSchedule};
+pub use config::{BatchPlan, PretrainConfig, DEFAULT_DDP_BUCKET_SIZE};
+pub use pretrain::{pretrain, pretrain_on, PretrainOutcome};

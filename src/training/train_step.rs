@@ -1,0 +1,114 @@
+//! One training step (Megatron-Core's `train_step`): the schedule's forward and backward
+//! passes, the gradients finalised, the optimizer's step, and what the step reports.
+
+use anyhow::Result;
+use burn::tensor::Device;
+
+use super::config::PretrainConfig;
+use super::finalize_grads::{finalize_model_grads, DataParallelReduce};
+use super::forward_backward::{forward_backward, training_schedule, OverlapGradReduce, StepInputs};
+use super::setup::RankSetup;
+use crate::comm::ReduceOp;
+use crate::data::loader::MicroBatch;
+use crate::optim::mixed_precision_optimizer::read_step_values;
+use crate::optim::StepResult;
+use crate::parallel::state::ParallelState;
+
+/// What one step did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepReport {
+    /// The global batch's mean LM loss.
+    pub lm_loss: f64,
+    /// The gradient norm before clipping (`None` when the step was skipped).
+    pub grad_norm: Option<f64>,
+    /// Skipped for overflowing gradients (no update).
+    pub skipped: bool,
+    /// The loss scale after the step (1 without a scaler).
+    pub loss_scale: f64,
+    /// With pipeline stages: each stage's share of the step spent waiting for its
+    /// neighbours, stage 0 first.
+    pub pipeline_idle: Option<Vec<f64>>,
+    /// With more than one data-parallel rank: seconds this rank waited for the gradient
+    /// reduction after its backward pass (all of it, or what `--overlap-grad-reduce` did not
+    /// hide).
+    pub grad_reduce_exposed_seconds: Option<f64>,
+}
+
+/// Whether this run overlaps the data-parallel reduction with the backward pass: it needs
+/// more than one data-parallel rank and an optimizer that takes summed gradients.
+pub fn overlaps_grad_reduce(cfg: &PretrainConfig, setup: &RankSetup, parallel: &ParallelState) -> bool {
+    cfg.overlap_grad_reduce
+        && parallel.layout.dp > 1
+        && !setup.optimizer.reduces_data_parallel_grads()
+}
+
+/// Trains on `batches` (this rank's micro-batches of the global batch) at iteration
+/// `iteration` with learning rate `lr`.
+pub fn train_step(
+    cfg: &PretrainConfig,
+    setup: &mut RankSetup,
+    parallel: &ParallelState,
+    batches: Vec<MicroBatch>,
+    (iteration, lr): (u64, f64),
+    device: &Device,
+) -> Result<StepReport> {
+    let plan = setup.plan;
+    let pp = parallel.layout.pp;
+    let global_index = |k: usize| plan.global_micro_batch(k);
+    let steps = training_schedule(
+        parallel.coordinates.pp,
+        pp,
+        plan.micro_batches_per_rank(),
+        setup.stage.chunks.len(),
+    )?;
+    let overlap = overlaps_grad_reduce(cfg, setup, parallel).then_some(OverlapGradReduce {
+        group: &parallel.data,
+        bucket_elements: cfg.ddp_bucket_size,
+    });
+    let inputs = StepInputs {
+        model: setup.optimizer.model(),
+        stage: &setup.stage,
+        p2p: &setup.p2p,
+        global_index: &global_index,
+        seed: cfg.seed,
+        iteration,
+        tp_rank: parallel.tensor.rank(),
+        device,
+    };
+    let divisor = plan.loss_divisor(setup.optimizer.loss_scale());
+    let mut out = forward_backward(&inputs, batches, &steps, cfg.recompute, divisor, overlap)?;
+    let pipeline_idle = if pp > 1 {
+        Some(parallel.pipeline.all_gather_scalars(out.timing.idle_fraction())?)
+    } else {
+        None
+    };
+    let data_parallel = if out.background_reduce_exposed.is_some()
+        || setup.optimizer.reduces_data_parallel_grads()
+    {
+        DataParallelReduce::Done
+    } else {
+        DataParallelReduce::Buckets(cfg.ddp_bucket_size)
+    };
+    let reduced_here = finalize_model_grads(&mut out.grads, &setup.roles, parallel, data_parallel)?;
+    let exposed = out.background_reduce_exposed.or(reduced_here);
+    let result = setup.optimizer.step(&mut out.grads, lr)?;
+    drop(out.grads);
+    let (skipped, norm) = match result {
+        StepResult::Skipped => (true, None),
+        StepResult::Updated(norm) => (false, Some(norm)),
+    };
+    // One read of the device per step: the micro-batches' losses and, unless it went
+    // through a host collective already, the gradient norm.
+    let (local_loss, grad_norm) = read_step_values(out.losses, norm);
+    // Only the last stage has losses: the pipeline sum brings them to every stage.
+    let stages = parallel.pipeline.all_reduce_scalar(local_loss, ReduceOp::Sum)?;
+    let loss_sum = parallel.data.all_reduce_scalar(stages, ReduceOp::Sum)?;
+    Ok(StepReport {
+        lm_loss: loss_sum / plan.micro_batches() as f64,
+        grad_norm,
+        skipped,
+        loss_scale: setup.optimizer.loss_scale(),
+        pipeline_idle,
+        grad_reduce_exposed_seconds: exposed.map(|d| d.as_secs_f64()),
+    })
+}

@@ -1,0 +1,11 @@
+//! The ground floor: what every other module may use and which imports none of them —
+//! backend and device choice, host tensors, atomic files, the allocator, command-line
+//! helpers, numpy's random generator and the parameter initialisation built on it.
+
+pub mod allocator;
+pub mod atomic_file;
+pub mod cli;
+pub mod device;
+pub mod host_tensor;
+pub mod init;
+pub mod numpy_random;
