@@ -27,7 +27,8 @@ use ferrotron::training::pretrain::pretrain_on;
 use ferrotron::training::{LrDecayStyle, LrSchedule, PretrainConfig};
 
 #[global_allocator]
-static ALLOCATOR: ferrotron::util::allocator::TrainingAllocator = ferrotron::util::allocator::TrainingAllocator;
+static ALLOCATOR: ferrotron::util::allocator::TrainingAllocator =
+    ferrotron::util::allocator::TrainingAllocator;
 
 const SIZES: [usize; 3] = [1 << 20, 16 << 20, 64 << 20];
 

@@ -32,7 +32,8 @@ use ferrotron::training::pretrain::pretrain;
 use ferrotron::training::{LrDecayStyle, LrSchedule, PretrainConfig};
 
 #[global_allocator]
-static ALLOCATOR: ferrotron::util::allocator::TrainingAllocator = ferrotron::util::allocator::TrainingAllocator;
+static ALLOCATOR: ferrotron::util::allocator::TrainingAllocator =
+    ferrotron::util::allocator::TrainingAllocator;
 
 const FORWARD: Duration = Duration::from_millis(8);
 const ACTIVATION: [usize; 3] = [1, 64, 256];

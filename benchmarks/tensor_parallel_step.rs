@@ -23,7 +23,8 @@ use ferrotron::parallel::sharding::{parameter_holdings, Holding};
 use ferrotron::training::{AdamW, AdamWConfig, GradientAccumulator};
 
 #[global_allocator]
-static ALLOCATOR: ferrotron::util::allocator::TrainingAllocator = ferrotron::util::allocator::TrainingAllocator;
+static ALLOCATOR: ferrotron::util::allocator::TrainingAllocator =
+    ferrotron::util::allocator::TrainingAllocator;
 
 const BATCH: usize = 8;
 const SEQ: usize = 256;

@@ -18,7 +18,8 @@ use ferrotron::model::{lm_loss, GptConfig};
 use ferrotron::training::{AdamW, AdamWConfig, GradientAccumulator};
 
 #[global_allocator]
-static ALLOCATOR: ferrotron::util::allocator::TrainingAllocator = ferrotron::util::allocator::TrainingAllocator;
+static ALLOCATOR: ferrotron::util::allocator::TrainingAllocator =
+    ferrotron::util::allocator::TrainingAllocator;
 
 const LAYERS: usize = 4;
 const HIDDEN: usize = 256;

@@ -21,7 +21,8 @@ use ferrotron::training::{pretrain, LrDecayStyle, LrSchedule, PretrainConfig};
 
 // Why this allocator: see `ferrotron::util::allocator`.
 #[global_allocator]
-static ALLOCATOR: ferrotron::util::allocator::TrainingAllocator = ferrotron::util::allocator::TrainingAllocator;
+static ALLOCATOR: ferrotron::util::allocator::TrainingAllocator =
+    ferrotron::util::allocator::TrainingAllocator;
 
 fn main() -> Result<()> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));

@@ -13,8 +13,8 @@ use common::*;
 use ferrotron::data::DataSources;
 use ferrotron::model::ops::{layer_norm, scaled_causal_masked_softmax};
 use ferrotron::model::GptConfig;
-use ferrotron::util::device::parse_device;
 use ferrotron::training::{pretrain, LrDecayStyle, LrSchedule, PretrainConfig};
+use ferrotron::util::device::parse_device;
 
 fn device() -> Device {
     parse_device("wgpu-cpu").unwrap().autodiff()

@@ -10,10 +10,10 @@ use std::path::Path;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use common::*;
-use ferrotron::inference::{generate, GenerateOptions, Sampler, SamplingConfig};
-use ferrotron::model::{Gpt, KvCache};
 use ferrotron::checkpoint::load_model;
 use ferrotron::inference::window_eval::mean_window_loss;
+use ferrotron::inference::{generate, GenerateOptions, Sampler, SamplingConfig};
+use ferrotron::model::{Gpt, KvCache};
 
 const EOS: u32 = 249;
 const HF_VOCAB: usize = 250;

@@ -7,11 +7,11 @@ use std::path::Path;
 
 use burn::tensor::Device;
 use common::*;
+use ferrotron::checkpoint::read_full_checkpoint;
 use ferrotron::data::DataSources;
 use ferrotron::model::GptConfig;
 use ferrotron::optim::grad_scaler::DynamicGradScalerConfig;
 use ferrotron::optim::Precision;
-use ferrotron::checkpoint::read_full_checkpoint;
 use ferrotron::training::{pretrain, LrDecayStyle, LrSchedule, PretrainConfig};
 
 fn config(cache: &Path, precision: Precision, train_iters: u64) -> PretrainConfig {

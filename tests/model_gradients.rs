@@ -4,10 +4,10 @@
 use std::collections::HashMap;
 
 use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData};
-use ferrotron::util::init::{master_values, Init};
 use ferrotron::model::named_parameters::{load_named_parameters, named_parameters};
 use ferrotron::model::{lm_loss, Gpt, GptConfig};
 use ferrotron::training::GradientAccumulator;
+use ferrotron::util::init::{master_values, Init};
 
 type Params = HashMap<String, (Vec<usize>, Vec<f32>)>;
 

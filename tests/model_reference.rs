@@ -4,9 +4,9 @@
 use std::collections::HashMap;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use ferrotron::util::init::{master_values, Init};
 use ferrotron::model::named_parameters::{load_named_parameters, named_parameters};
 use ferrotron::model::{lm_loss, GptConfig};
+use ferrotron::util::init::{master_values, Init};
 
 type Params = HashMap<String, (Vec<usize>, Vec<f32>)>;
 

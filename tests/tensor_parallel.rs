@@ -9,9 +9,10 @@ use std::path::Path;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use common::*;
+use ferrotron::checkpoint::load_model;
+use ferrotron::checkpoint::tensor_file::read_tensors;
 use ferrotron::comm::{run_ranks, Group};
 use ferrotron::data::DataSources;
-use ferrotron::util::host_tensor::HostTensor;
 use ferrotron::model::named_parameters::named_parameters;
 use ferrotron::model::GptConfig;
 use ferrotron::parallel::cross_entropy::vocab_parallel_cross_entropy;
@@ -19,9 +20,8 @@ use ferrotron::parallel::layers::{
     ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
 };
 use ferrotron::parallel::sharding::parameter_holdings;
-use ferrotron::checkpoint::load_model;
-use ferrotron::checkpoint::tensor_file::read_tensors;
 use ferrotron::training::{pretrain, LrDecayStyle, LrSchedule, PretrainConfig};
+use ferrotron::util::host_tensor::HostTensor;
 
 const SIZES: [usize; 3] = [1, 2, 4];
 

@@ -6,10 +6,10 @@ use std::process::ExitCode;
 use anyhow::{bail, Result};
 use clap::Parser;
 
-use ferrotron::data::{normalize_prefix, IndexedDataset};
-use ferrotron::tokenizer::TokenizerArgs;
 use ferrotron::checkpoint::load_model;
+use ferrotron::data::{normalize_prefix, IndexedDataset};
 use ferrotron::inference::window_eval::{contiguous_windows, mean_window_loss};
+use ferrotron::tokenizer::TokenizerArgs;
 
 /// Score a checkpoint: mean LM loss (and PPL) over windows i = tokens[i·L .. i·L+L+1] from
 /// the start of the dataset, unshuffled, over the tokenizer's real (unpadded) vocabulary.

@@ -6,10 +6,10 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::Parser;
 
-use ferrotron::tokenizer::TokenizerArgs;
 use ferrotron::checkpoint::load_model;
-use ferrotron::export::hf_export::{hf_gpt2_config, hf_gpt2_tensors, hf_metadata};
 use ferrotron::checkpoint::tensor_file::write_tensors;
+use ferrotron::export::hf_export::{hf_gpt2_config, hf_gpt2_tensors, hf_metadata};
+use ferrotron::tokenizer::TokenizerArgs;
 
 /// Export a checkpoint to a directory that `transformers.GPT2LMHeadModel.from_pretrained`
 /// loads: `config.json` and `model.safetensors`, with the unpadded vocabulary.

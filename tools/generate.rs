@@ -10,9 +10,9 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 
+use ferrotron::checkpoint::load_model;
 use ferrotron::inference::{generate, GenerateOptions, Sampler, SamplingConfig};
 use ferrotron::tokenizer::{TextTokenizer, TokenizerArgs};
-use ferrotron::checkpoint::load_model;
 use ferrotron::util::device::parse_device;
 
 /// Continue prompts with a checkpoint (any tensor-parallel layout it was saved with): greedy or

@@ -6,12 +6,12 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 
-use ferrotron::comm::Group;
-use ferrotron::model::named_parameters::load_named_parameters;
 use ferrotron::checkpoint::{
     save_checkpoint, OptimizerState, ShardPlace, TrainState, TRACKER_FILE,
 };
+use ferrotron::comm::Group;
 use ferrotron::export::hf_import::{ferrotron_parameters, gpt_config_from_hf};
+use ferrotron::model::named_parameters::load_named_parameters;
 
 /// Convert a directory holding a `GPT2LMHeadModel` (`config.json` + `model.safetensors`, as
 /// `save_pretrained` writes it) into a checkpoint that `pretrain --load` continues from

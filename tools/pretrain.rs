@@ -287,7 +287,8 @@ struct Args {
 
 // Why this allocator: see `ferrotron::util::allocator`.
 #[global_allocator]
-static ALLOCATOR: ferrotron::util::allocator::TrainingAllocator = ferrotron::util::allocator::TrainingAllocator;
+static ALLOCATOR: ferrotron::util::allocator::TrainingAllocator =
+    ferrotron::util::allocator::TrainingAllocator;
 
 fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
     // Features that would change results: refuse.

@@ -17,8 +17,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::npy::{read_npy, write_npy};
-use crate::util::numpy_random::NumpyRandomState;
 use super::{DatasetError, IndexedDataset, SampleDataset};
+use crate::util::numpy_random::NumpyRandomState;
 
 /// Megatron separates the last epoch when fewer than this share of its samples are used.
 const SEPARATE_LAST_EPOCH_THRESHOLD: f64 = 0.80;

@@ -12,9 +12,9 @@ use std::collections::HashMap;
 
 use anyhow::{Context, Result};
 
-use crate::util::host_tensor::HostTensor;
 use crate::model::named_parameters::named_parameters;
 use crate::model::{Gpt, GptConfig};
+use crate::util::host_tensor::HostTensor;
 
 /// Which way [`permute_qkv`] moves the fused QKV columns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -16,9 +16,9 @@ use safetensors::tensor::Dtype;
 use safetensors::SafeTensors;
 
 use super::hf_export::{permute_qkv, QkvOrder, LAYER_MODULES};
-use crate::util::host_tensor::HostTensor;
 use crate::model::vocab::padded_vocab_size;
 use crate::model::GptConfig;
+use crate::util::host_tensor::HostTensor;
 
 /// The model shape of a HF GPT-2 `config.json`, with the vocabulary padded to a multiple of
 /// `divisible_by` (Megatron's `--make-vocab-size-divisible-by`). Returns the config and the

@@ -237,7 +237,12 @@ impl MetricsSink {
     }
 
     /// Records a validation loss during training (log, TensorBoard, `metrics.jsonl`).
-    pub fn record_validation(&mut self, iteration: u64, consumed_samples: u64, loss: f64) -> Result<()> {
+    pub fn record_validation(
+        &mut self,
+        iteration: u64,
+        consumed_samples: u64,
+        loss: f64,
+    ) -> Result<()> {
         print_validation(&format!("validation loss at iteration {iteration}"), loss);
         if let Some(tb) = self.tensorboard.as_mut() {
             tb.add_scalar("lm loss validation", loss, iteration)?;

@@ -4,7 +4,6 @@ use burn::module::{Module, Param};
 use burn::tensor::{Device, Int, Tensor};
 
 use super::dropout::Dropout;
-use crate::util::init::Init;
 use super::kv_cache::KvCache;
 use super::layer_norm::LayerNorm;
 use super::stage::StageLayers;
@@ -15,6 +14,7 @@ use crate::parallel::layers::{weight_matmul, VocabParallelEmbedding};
 use crate::parallel::mappings::copy_to_region;
 use crate::parallel::random::RngRegion;
 use crate::parallel::sharding::init_shard;
+use crate::util::init::Init;
 
 /// Megatron's GPT: token + position embeddings, pre-LN blocks, final LayerNorm, and logits
 /// from the (tied) token embedding. On a tensor-parallel rank it holds that rank's shards and

@@ -3,8 +3,8 @@
 use burn::module::{Module, Param};
 use burn::tensor::{Device, Tensor};
 
-use crate::util::init::{init_tensor, Init};
 use super::ops;
+use crate::util::init::{init_tensor, Init};
 
 /// `(x − mean) / sqrt(var + ε) · γ + β` over the last dimension.
 #[derive(Module, Debug)]

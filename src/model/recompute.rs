@@ -161,10 +161,7 @@ enum Kept {
 /// Part of a chunk's layers between its forward and its backward.
 enum Piece {
     /// Kept with its graph from a leaf input.
-    Kept {
-        input: Tensor<3>,
-        output: Tensor<3>,
-    },
+    Kept { input: Tensor<3>, output: Tensor<3> },
     /// Only the input (no graph) and the dropout streams: run again before the backward.
     Recomputed {
         layers: Range<usize>,

@@ -7,8 +7,8 @@
 use burn::module::Module;
 use burn::tensor::{Tensor, TensorData};
 
-use super::{GradNorm, GradScaler, GradScalerState, GradientAccumulator, NamedMoments, Precision};
 use super::optimizer::Optimizer;
+use super::{GradNorm, GradScaler, GradScalerState, GradientAccumulator, NamedMoments, Precision};
 use crate::comm::{CommError, Group, ReduceOp};
 
 /// What one [`MixedPrecisionOptimizer::step`] did.
@@ -89,11 +89,18 @@ impl<M: Module> MixedPrecisionOptimizer<M> {
     /// One step from `grads`, the gradients of the scaled loss: unscale, skip on overflow
     /// anywhere, otherwise update the main weights (clipping inside the inner optimizer) and
     /// refresh the working model.
-    pub fn step(&mut self, grads: &mut GradientAccumulator, lr: f64) -> Result<StepResult, CommError> {
+    pub fn step(
+        &mut self,
+        grads: &mut GradientAccumulator,
+        lr: f64,
+    ) -> Result<StepResult, CommError> {
         if let Some(scaler) = self.scaler.as_mut() {
             grads.scale(1.0 / scaler.scale());
             let local = if grads.all_finite() { 0.0 } else { 1.0 };
-            let found_inf = self.overflow_group.all_reduce_scalar(local, ReduceOp::Max)? > 0.0;
+            let found_inf = self
+                .overflow_group
+                .all_reduce_scalar(local, ReduceOp::Max)?
+                > 0.0;
             scaler.update(found_inf);
             if found_inf {
                 return Ok(StepResult::Skipped);
@@ -115,7 +122,10 @@ impl<M: Module> MixedPrecisionOptimizer<M> {
 pub fn read_step_values(values: Vec<Tensor<1>>, norm: Option<GradNorm>) -> (f64, Option<f64>) {
     use burn::tensor::FloatDType;
     let m = values.len();
-    let mut pending: Vec<Tensor<1>> = values.into_iter().map(|l| l.cast(FloatDType::F32)).collect();
+    let mut pending: Vec<Tensor<1>> = values
+        .into_iter()
+        .map(|l| l.cast(FloatDType::F32))
+        .collect();
     let read_norm = match norm {
         Some(GradNorm::OnDevice(norm)) => {
             pending.push((*norm).cast(FloatDType::F32));

@@ -73,7 +73,13 @@ pub fn evaluate(
         .map(|l| l.into_scalar::<f32>() as f64)
         .sum();
     // Only the last stage has losses: the pipeline sum brings them to every stage.
-    let stages = place.parallel.pipeline.all_reduce_scalar(local, ReduceOp::Sum)?;
-    let total = place.parallel.data.all_reduce_scalar(stages, ReduceOp::Sum)?;
+    let stages = place
+        .parallel
+        .pipeline
+        .all_reduce_scalar(local, ReduceOp::Sum)?;
+    let total = place
+        .parallel
+        .data
+        .all_reduce_scalar(stages, ReduceOp::Sum)?;
     Ok(total / all.max(1) as f64)
 }

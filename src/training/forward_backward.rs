@@ -225,14 +225,17 @@ impl<'a> GptStage<'a> {
     fn chunk_input(&self, microbatch: usize, input: Option<TensorData>) -> ChunkInput {
         match input {
             Some(data) => ChunkInput::Activation(self.upload(data)),
-            None => ChunkInput::Tokens(self.batches[microbatch].tokens_to_tensor(self.inputs.device)),
+            None => {
+                ChunkInput::Tokens(self.batches[microbatch].tokens_to_tensor(self.inputs.device))
+            }
         }
     }
 
     /// The labels and mask on the last virtual stage.
     fn targets(&self, microbatch: usize, chunk: usize) -> Option<Targets> {
         self.inputs.p2p.is_last(chunk).then(|| {
-            let (labels, loss_mask) = self.batches[microbatch].targets_to_tensors(self.inputs.device);
+            let (labels, loss_mask) =
+                self.batches[microbatch].targets_to_tensors(self.inputs.device);
             Targets { labels, loss_mask }
         })
     }
@@ -265,7 +268,12 @@ impl<'a> GptStage<'a> {
     fn used_twice(&self, chunk: usize) -> HashSet<ParamId> {
         let p2p = self.inputs.p2p;
         if p2p.is_first(chunk) && p2p.is_last(chunk) {
-            self.inputs.model.word_embeddings.iter().map(|e| e.weight.id).collect()
+            self.inputs
+                .model
+                .word_embeddings
+                .iter()
+                .map(|e| e.weight.id)
+                .collect()
         } else {
             HashSet::new()
         }
@@ -302,18 +310,18 @@ impl<'a> GptStage<'a> {
                         }
                     }
                 };
-                let input_grad = kept
-                    .forward
-                    .backward(model, output_grad, divisor, &mut push_final)?;
+                let input_grad =
+                    kept.forward
+                        .backward(model, output_grad, divisor, &mut push_final)?;
                 for (id, g) in micro.drain() {
                     reducer.push(id, grads.take_sum(id, g));
                 }
                 input_grad
             }
             _ => {
-                let input_grad =
-                    kept.forward
-                        .backward(model, output_grad, divisor, &mut |g| micro.add(model, g))?;
+                let input_grad = kept
+                    .forward
+                    .backward(model, output_grad, divisor, &mut |g| micro.add(model, g))?;
                 self.grads.merge(model, micro);
                 input_grad
             }

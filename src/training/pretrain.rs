@@ -103,7 +103,10 @@ pub fn pretrain_on(
         }
     };
     let setup = set_up_rank(cfg, plan, &parallel, device, &say)?;
-    if cfg.overlap_grad_reduce && parallel.layout.dp > 1 && !overlaps_grad_reduce(cfg, &setup, &parallel) {
+    if cfg.overlap_grad_reduce
+        && parallel.layout.dp > 1
+        && !overlaps_grad_reduce(cfg, &setup, &parallel)
+    {
         say(" > --overlap-grad-reduce: not overlapped with --use-distributed-optimizer; the gradients are reduced after the backward pass".into());
     }
     if rank0 {
@@ -140,7 +143,9 @@ impl Trainer<'_> {
             let state = &self.setup.state;
             let iteration = state.iteration + 1;
             // The schedule advances only on iterations that updated the weights.
-            let lr = cfg.schedule.lr_at(state.iteration - state.skipped_iterations);
+            let lr = cfg
+                .schedule
+                .lr_at(state.iteration - state.skipped_iterations);
             let batches = (0..self.setup.plan.micro_batches_per_rank())
                 .map(|_| loader.next_batch())
                 .collect();
@@ -268,7 +273,10 @@ impl Trainer<'_> {
         let Some(valid) = &self.datasets.valid else {
             return Ok(());
         };
-        if cfg.eval_interval == 0 || !iteration.is_multiple_of(cfg.eval_interval) || cfg.eval_iters == 0 {
+        if cfg.eval_interval == 0
+            || !iteration.is_multiple_of(cfg.eval_interval)
+            || cfg.eval_iters == 0
+        {
             return Ok(());
         }
         let loss = self.evaluate(valid.as_ref(), self.setup.state.consumed_valid_samples)?;
@@ -297,7 +305,11 @@ impl Trainer<'_> {
 
     /// After the last iteration: the checkpoint (unless the interval just saved it), the
     /// validation loss, the loss plot, and the test loss.
-    fn finish(self, metrics: Option<MetricsSink>, mut outcome: PretrainOutcome) -> Result<PretrainOutcome> {
+    fn finish(
+        self,
+        metrics: Option<MetricsSink>,
+        mut outcome: PretrainOutcome,
+    ) -> Result<PretrainOutcome> {
         let cfg = self.cfg;
         let state = &self.setup.state;
         outcome.iteration = state.iteration;

@@ -91,12 +91,7 @@ pub fn set_up_rank(
         cfg.model.num_attention_heads,
         cfg.model.padded_vocab_size
     ));
-    let roles = ParamRoles::of(
-        &main,
-        &stage,
-        parallel.tensor.rank(),
-        parallel.layout.pp,
-    );
+    let roles = ParamRoles::of(&main, &stage, parallel.tensor.rank(), parallel.layout.pp);
     let scaler = grad_scaler(cfg, saved.as_ref(), say);
     let inner = build_optimizer(cfg, &main, &roles, parallel, saved, device, say);
     let optimizer =
@@ -160,10 +155,9 @@ fn grad_scaler(
     say: &dyn Fn(String),
 ) -> Option<GradScaler> {
     let mut scaler = cfg.grad_scaler();
-    if let (Some(scaler), Some(state)) = (
-        scaler.as_mut(),
-        saved.and_then(|o| o.grad_scaler.clone()),
-    ) {
+    if let (Some(scaler), Some(state)) =
+        (scaler.as_mut(), saved.and_then(|o| o.grad_scaler.clone()))
+    {
         scaler.load_state(state);
     }
     if cfg.precision != Precision::Fp32 {
@@ -240,7 +234,11 @@ fn build_p2p(
             } else {
                 String::new()
             },
-            if chunks > 1 { "interleaved 1F1B" } else { "1F1B" },
+            if chunks > 1 {
+                "interleaved 1F1B"
+            } else {
+                "1F1B"
+            },
             stage.chunks
         ));
     }

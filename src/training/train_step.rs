@@ -36,7 +36,11 @@ pub struct StepReport {
 
 /// Whether this run overlaps the data-parallel reduction with the backward pass: it needs
 /// more than one data-parallel rank and an optimizer that takes summed gradients.
-pub fn overlaps_grad_reduce(cfg: &PretrainConfig, setup: &RankSetup, parallel: &ParallelState) -> bool {
+pub fn overlaps_grad_reduce(
+    cfg: &PretrainConfig,
+    setup: &RankSetup,
+    parallel: &ParallelState,
+) -> bool {
     cfg.overlap_grad_reduce
         && parallel.layout.dp > 1
         && !setup.optimizer.reduces_data_parallel_grads()
@@ -78,7 +82,11 @@ pub fn train_step(
     let divisor = plan.loss_divisor(setup.optimizer.loss_scale());
     let mut out = forward_backward(&inputs, batches, &steps, cfg.recompute, divisor, overlap)?;
     let pipeline_idle = if pp > 1 {
-        Some(parallel.pipeline.all_gather_scalars(out.timing.idle_fraction())?)
+        Some(
+            parallel
+                .pipeline
+                .all_gather_scalars(out.timing.idle_fraction())?,
+        )
     } else {
         None
     };
@@ -101,7 +109,9 @@ pub fn train_step(
     // through a host collective already, the gradient norm.
     let (local_loss, grad_norm) = read_step_values(out.losses, norm);
     // Only the last stage has losses: the pipeline sum brings them to every stage.
-    let stages = parallel.pipeline.all_reduce_scalar(local_loss, ReduceOp::Sum)?;
+    let stages = parallel
+        .pipeline
+        .all_reduce_scalar(local_loss, ReduceOp::Sum)?;
     let loss_sum = parallel.data.all_reduce_scalar(stages, ReduceOp::Sum)?;
     Ok(StepReport {
         lm_loss: loss_sum / plan.micro_batches() as f64,

@@ -5,9 +5,9 @@ use burn::tensor::{Device, Tensor};
 
 use super::weight_matmul;
 use crate::comm::Group;
-use crate::util::init::Init;
 use crate::parallel::mappings::{copy_to_region, gather_from_region};
 use crate::parallel::sharding::{init_shard, DeclaresHoldings, Holding};
+use crate::util::init::Init;
 
 /// Megatron's `ColumnParallelLinear`: each rank holds `out / N` output columns.
 ///

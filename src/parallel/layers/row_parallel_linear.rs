@@ -5,9 +5,9 @@ use burn::tensor::{Device, Tensor};
 
 use super::weight_matmul;
 use crate::comm::Group;
-use crate::util::init::Init;
 use crate::parallel::mappings::{reduce_from_region, scatter_to_region};
 use crate::parallel::sharding::{init_shard, DeclaresHoldings, Holding};
+use crate::util::init::Init;
 
 /// Megatron's `RowParallelLinear`: each rank holds `in / N` input rows of the weight and
 /// multiplies its part of the input; the partial products are all-reduced and the bias,

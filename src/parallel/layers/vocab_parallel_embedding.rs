@@ -4,9 +4,9 @@ use burn::module::{Module, Param};
 use burn::tensor::{Device, Int, Tensor};
 
 use crate::comm::Group;
-use crate::util::init::Init;
 use crate::parallel::mappings::reduce_from_region;
 use crate::parallel::sharding::{init_shard, vocab_shard_index, DeclaresHoldings, Holding};
+use crate::util::init::Init;
 
 /// Megatron's `VocabParallelEmbedding`: rank r holds rows `[r·V/N, (r+1)·V/N)`. Each rank
 /// looks up the tokens in its range, zeroes the others, and an all-reduce assembles the
