@@ -16,7 +16,6 @@ use std::time::Instant;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use ferrotron::comm::{run_ranks, Group};
-use ferrotron::model::named_parameters::parameter_names;
 use ferrotron::model::GptConfig;
 use ferrotron::parallel::random::seed_micro_batch;
 use ferrotron::parallel::sharding::{parameter_holdings, Holding};

@@ -150,17 +150,23 @@ fn check_layouts(reference: &(Losses, Losses), runs: &[(Losses, Losses)], ranks:
     assert!(failures.is_empty(), "{failures:?}");
 }
 
-fn reference(cache: &Path) -> (Losses, Losses) {
-    let out = pretrain(&config(cache, layout(1, false), ITERS), &device()).unwrap();
-    (out.losses, out.validation)
+/// The single-process run's training and validation losses, computed once for every test
+/// of this binary (they run on threads of one process), its index cache under cargo's
+/// temporary directory.
+fn reference() -> &'static (Losses, Losses) {
+    static REFERENCE: std::sync::OnceLock<(Losses, Losses)> = std::sync::OnceLock::new();
+    REFERENCE.get_or_init(|| {
+        let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("data_parallel_reference");
+        let out = pretrain(&config(&cache, layout(1, false), ITERS), &device()).unwrap();
+        (out.losses, out.validation)
+    })
 }
 
 #[test]
 fn thread_ranks_reproduce_the_single_process_losses() {
     let dir = tempfile::tempdir().unwrap();
-    let reference = reference(dir.path());
     let runs = run_ranks(4, |world| layout_runs(dir.path(), world)).unwrap();
-    check_layouts(&reference, &runs[0], "4 threads");
+    check_layouts(reference(), &runs[0], "4 threads");
     // Every rank reports the same losses.
     assert!(runs.iter().all(|r| r == &runs[0]));
     // Threads sum in rank order, whatever the buckets: all-reducing during the backward pass
@@ -210,7 +216,6 @@ fn mpi_ranks_reproduce_the_single_process_losses() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let reference = reference(&dir.path().join("cache"));
     let (ok, out) = mpirun(
         "mpi_ranks_reproduce_the_single_process_losses",
         4,
@@ -250,7 +255,7 @@ fn mpi_ranks_reproduce_the_single_process_losses() {
     let runs: Vec<(Losses, Losses)> =
         serde_json::from_str(&std::fs::read_to_string(dir.path().join("runs.json")).unwrap())
             .unwrap();
-    check_layouts(&reference, &runs, "4 MPI ranks");
+    check_layouts(reference(), &runs, "4 MPI ranks");
 }
 
 /// A checkpoint saved by one layout, resumed by another: losses continue as the

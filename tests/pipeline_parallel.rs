@@ -1,5 +1,6 @@
 //! Pipeline parallelism against the single-process run (the one-stage model), on thread
-//! ranks in every `cargo test` and on MPI processes (the test binary under `mpirun`):
+//! ranks in every `cargo test`, and two of the layouts on MPI processes (the test binary
+//! under `mpirun`):
 //!
 //! - PP=2, PP=4, PP=2 × DP=2 (PyTorch's Pipe + DDP tutorial layout), TP=2 × PP=2 and (on
 //!   8 threads) TP=2 × PP=2 × DP=2, with 1F1B
@@ -119,11 +120,15 @@ const TWO_RANKS: [Layout; 5] = [
     Layout::pipeline(1, 2, Some(1)).recomputing(Recompute::Block(1)),
 ];
 
-/// How many of the layouts the MPI test runs too (the layouts: PP=2 with and without
-/// interleaving on 2 processes; PP=4, PP=2 × DP=2, TP=2 × PP=2 and both interleaved on 4); the
-/// others run on threads only, to keep CI short.
-const MPI_TWO: usize = 2;
-const MPI_FOUR: usize = 5;
+/// The layouts the MPI test runs too, on 4 processes: every layout runs on threads already,
+/// so MPI needs only the traffic threads do not carry over process boundaries: pipeline
+/// point-to-point with data-parallel reduction (PP=2 × DP=2), and with tensor-parallel
+/// collectives under the interleaved schedule (TP=2 × PP=2, 2 virtual stages).
+const MPI_LAYOUTS: [usize; 2] = [1, 4];
+
+fn mpi_layouts() -> Vec<Layout> {
+    MPI_LAYOUTS.iter().map(|&i| FOUR_RANKS[i]).collect()
+}
 
 /// Layouts of a 4-rank world.
 const FOUR_RANKS: [Layout; 9] = [
@@ -202,6 +207,15 @@ fn layout_runs(
 /// The one-stage runs' losses, by number of layers.
 type References = std::collections::HashMap<usize, (Losses, Losses)>;
 
+/// [`references`] computed once for every test of this binary that needs them (the tests run
+/// on threads of one process), with their index cache under cargo's temporary directory.
+fn shared_references() -> &'static References {
+    static REFERENCES: std::sync::OnceLock<References> = std::sync::OnceLock::new();
+    REFERENCES.get_or_init(|| {
+        references(&Path::new(env!("CARGO_TARGET_TMPDIR")).join("pipeline_references"))
+    })
+}
+
 fn references(cache: &Path) -> References {
     [4, 8]
         .into_iter()
@@ -256,14 +270,14 @@ fn check(references: &References, layouts: &[Layout], runs: &[Run], world: usize
 fn pipeline_stages_on_threads_reproduce_the_one_stage_losses() {
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path();
-    let reference = references(cache);
+    let reference = shared_references();
     let runs = run_ranks(2, |world| layout_runs(cache, &TWO_RANKS, world)).unwrap();
-    check(&reference, &TWO_RANKS, &runs[0], 2, "2 threads");
+    check(reference, &TWO_RANKS, &runs[0], 2, "2 threads");
     let runs = run_ranks(4, |world| layout_runs(cache, &FOUR_RANKS, world)).unwrap();
-    check(&reference, &FOUR_RANKS, &runs[0], 4, "4 threads");
+    check(reference, &FOUR_RANKS, &runs[0], 4, "4 threads");
     // 3-D: tensor × pipeline × data parallelism on 8 ranks.
     let runs8 = run_ranks(8, |world| layout_runs(cache, &EIGHT_RANKS, world)).unwrap();
-    check(&reference, &EIGHT_RANKS, &runs8[0], 8, "8 threads");
+    check(reference, &EIGHT_RANKS, &runs8[0], 8, "8 threads");
     // Every rank knows the losses (the last stage's, summed over the pipeline).
     assert!(runs.iter().all(|r| r
         .iter()
@@ -365,12 +379,7 @@ fn impossible_pipeline_layouts_are_refused() {
 fn mpi_pipeline_stages_reproduce_the_one_stage_losses() {
     if let Some(world) = mpi_rank() {
         let dir = dir_from_env();
-        let layouts: &[Layout] = if world.size() == 2 {
-            &TWO_RANKS[..MPI_TWO]
-        } else {
-            &FOUR_RANKS[..MPI_FOUR]
-        };
-        let runs = layout_runs(&dir.join("cache"), layouts, world.comm()).unwrap();
+        let runs = layout_runs(&dir.join("cache"), &mpi_layouts(), world.comm()).unwrap();
         if world.rank() == 0 {
             let file = dir.join(format!("runs{}.json", world.size()));
             std::fs::write(file, serde_json::to_string(&runs).unwrap()).unwrap();
@@ -378,31 +387,20 @@ fn mpi_pipeline_stages_reproduce_the_one_stage_losses() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let reference = references(&dir.path().join("cache"));
-    for (ranks, layouts) in [(2, &TWO_RANKS[..MPI_TWO]), (4, &FOUR_RANKS[..MPI_FOUR])] {
-        let (ok, out) = mpirun(
-            "mpi_pipeline_stages_reproduce_the_one_stage_losses",
-            ranks,
-            &[("FERROTRON_TEST_DIR", dir.path())],
-            Duration::from_secs(900),
-        );
-        assert!(ok, "{out}");
-        if ranks == 4 {
-            assert!(
-                out.contains("using world size: 4, data-parallel size: 1, tensor-model-parallel size: 2, pipeline-model-parallel size: 2"),
-                "{out}"
-            );
-        }
-        let file = dir.path().join(format!("runs{ranks}.json"));
-        let runs: Vec<Run> = serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
-        check(
-            &reference,
-            layouts,
-            &runs,
-            ranks,
-            &format!("{ranks} MPI ranks"),
-        );
-    }
+    let (ok, out) = mpirun(
+        "mpi_pipeline_stages_reproduce_the_one_stage_losses",
+        4,
+        &[("FERROTRON_TEST_DIR", dir.path())],
+        Duration::from_secs(900),
+    );
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("using world size: 4, data-parallel size: 1, tensor-model-parallel size: 2, pipeline-model-parallel size: 2"),
+        "{out}"
+    );
+    let file = dir.path().join("runs4.json");
+    let runs: Vec<Run> = serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+    check(shared_references(), &mpi_layouts(), &runs, 4, "4 MPI ranks");
 }
 
 /// fp16 (dynamic loss scale) and bf16 through pipeline stages: half-precision activations

@@ -148,20 +148,26 @@ enum Kept {
         end: ChunkValue,
     },
     /// The backward as a chain of pieces.
-    Pieces {
-        /// The embedding's output, with its graph (the first chunk).
-        embedded: Option<Tensor<3>>,
-        pieces: Vec<Piece>,
-        /// The head's input leaf and the loss with its graph (the last chunk); without it
-        /// the chunk's output gradient comes from the next chunk.
-        head: Option<(Tensor<3>, Tensor<1>)>,
-    },
+    Pieces(Box<KeptPieces>),
+}
+
+/// A chunk kept as a chain of pieces.
+struct KeptPieces {
+    /// The embedding's output, with its graph (the first chunk).
+    embedded: Option<Tensor<3>>,
+    pieces: Vec<Piece>,
+    /// The head's input leaf and the loss with its graph (the last chunk); without it the
+    /// chunk's output gradient comes from the next chunk.
+    head: Option<(Tensor<3>, Tensor<1>)>,
 }
 
 /// Part of a chunk's layers between its forward and its backward.
 enum Piece {
     /// Kept with its graph from a leaf input.
-    Kept { input: Tensor<3>, output: Tensor<3> },
+    Kept {
+        input: Tensor<3>,
+        output: Box<Tensor<3>>,
+    },
     /// Only the input (no graph) and the dropout streams: run again before the backward.
     Recomputed {
         layers: Range<usize>,
@@ -264,7 +270,7 @@ impl Piece {
     fn backward(self, model: &Gpt, g: Tensor<3>, on_grads: &mut dyn FnMut(Gradients)) -> Tensor<3> {
         let (input, output) = match self {
             Self::Selective(layer) => return layer.backward(model, g, on_grads),
-            Self::Kept { input, output } => (input, output),
+            Self::Kept { input, output } => (input, *output),
             Self::Recomputed { layers, input, rng } => {
                 let input = input.require_grad();
                 let output = replaying(rng, || model.run_layers(layers, input.clone()));
@@ -316,7 +322,10 @@ fn forward_pieces(model: &Gpt, plan: &ChunkPlan, mut x: Tensor<3>) -> (Vec<Piece
             let input = x.require_grad();
             let output = model.run_layers(layers, input.clone());
             x = output.clone().detach();
-            pieces.push(Piece::Kept { input, output });
+            pieces.push(Piece::Kept {
+                input,
+                output: Box::new(output),
+            });
         }
     }
     (pieces, x)
@@ -348,11 +357,11 @@ impl ChunkForward {
             None => (None, ChunkValue::Activation(x)),
         };
         Self {
-            kept: Kept::Pieces {
+            kept: Kept::Pieces(Box::new(KeptPieces {
                 embedded,
                 pieces,
                 head,
-            },
+            })),
             value,
         }
     }
@@ -412,11 +421,12 @@ impl ChunkForward {
                 on_grads(grads);
                 Ok(input_grad)
             }
-            Kept::Pieces {
-                embedded,
-                pieces,
-                head,
-            } => {
+            Kept::Pieces(kept) => {
+                let KeptPieces {
+                    embedded,
+                    pieces,
+                    head,
+                } = *kept;
                 let mut g = match (head, output_grad) {
                     (Some((last, loss)), _) => {
                         let grads = loss.div_scalar(divisor).backward();
