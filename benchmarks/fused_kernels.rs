@@ -2,8 +2,8 @@
 //! wgpu device and in the same run (forward + backward through autodiff).
 //!
 //! ```text
-//! cargo bench --features wgpu --bench fused_kernels          # lavapipe on a machine without a GPU
-//! FERROTRON_BENCH_DEVICE=wgpu cargo bench --features wgpu --bench fused_kernels   # a real GPU
+//! cargo bench --bench fused_kernels          # lavapipe on a machine without a GPU
+//! FERROTRON_BENCH_DEVICE=wgpu cargo bench --bench fused_kernels   # a real GPU
 //! ```
 //!
 //! Shapes: softmax over 16 heads × 1024 × 1024 scores (batch 1), LayerNorm over 8192 × 1024,

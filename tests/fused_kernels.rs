@@ -2,7 +2,7 @@
 //! each fused op against the composed reference ops (values and autodiff gradients), and a few
 //! training steps with and without fusion giving the same losses.
 //!
-//! `cargo test --features wgpu --test fused_kernels` (needs a Vulkan device, e.g.
+//! `cargo test --test fused_kernels` (needs a Vulkan device, e.g.
 //! `apt-get install mesa-vulkan-drivers libvulkan1`).
 #![cfg(feature = "wgpu")]
 
