@@ -143,12 +143,15 @@ pub struct ChunkForward {
 
 enum Kept {
     /// One graph from the chunk's input leaf (`None` after an embedding) to its end.
-    Whole {
-        input: Option<Tensor<3>>,
-        end: ChunkValue,
-    },
+    Whole(Box<KeptWhole>),
     /// The backward as a chain of pieces.
     Pieces(Box<KeptPieces>),
+}
+
+/// A chunk kept as one graph.
+struct KeptWhole {
+    input: Option<Tensor<3>>,
+    end: ChunkValue,
 }
 
 /// A chunk kept as a chain of pieces.
@@ -385,7 +388,7 @@ impl ChunkForward {
             ChunkValue::Activation(y) => ChunkValue::Activation(y.clone().detach()),
         };
         Self {
-            kept: Kept::Whole { input: leaf, end },
+            kept: Kept::Whole(Box::new(KeptWhole { input: leaf, end })),
             value,
         }
     }
@@ -408,7 +411,8 @@ impl ChunkForward {
         on_grads: &mut dyn FnMut(Gradients),
     ) -> Result<Option<Tensor<3>>, MissingOutputGradient> {
         match self.kept {
-            Kept::Whole { input, end } => {
+            Kept::Whole(kept) => {
+                let KeptWhole { input, end } = *kept;
                 let grads = match (end, output_grad) {
                     (ChunkValue::Loss(loss), _) => loss.div_scalar(divisor).backward(),
                     (ChunkValue::Activation(y), Some(g)) => backward_through(y, g),
