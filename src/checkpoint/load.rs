@@ -68,6 +68,25 @@ fn open_checkpoint(root: &Path) -> Result<Option<SavedCheckpoint>> {
         return Ok(None);
     };
     let iter_dir = root.join(format!("iter_{iteration:07}"));
+    let shards = open_shard_files(root, iteration)?;
+    let mut stage_of = HashMap::new();
+    for (pp, stage) in shards.iter().enumerate() {
+        for name in stage[0].names()? {
+            stage_of.entry(name).or_insert(pp);
+        }
+    }
+    let info = read_info(&shards, &iter_dir)?;
+    Ok(Some(SavedCheckpoint {
+        iter_dir,
+        shards,
+        stage_of,
+        info,
+    }))
+}
+
+/// The shard files of checkpoint `iteration` under `root`, `[pipeline stage][tensor-parallel
+/// rank]`, found by their names.
+fn open_shard_files(root: &Path, iteration: u64) -> Result<Vec<Vec<TensorFile>>> {
     // Stages are `mp_rank_TT_PPP` when the run had pipeline stages, `mp_rank_TT` otherwise.
     let pipelined = checkpoint_dir(
         root,
@@ -113,12 +132,11 @@ fn open_checkpoint(root: &Path) -> Result<Option<SavedCheckpoint>> {
             break;
         }
     }
-    let mut stage_of = HashMap::new();
-    for (pp, stage) in shards.iter().enumerate() {
-        for name in stage[0].names()? {
-            stage_of.entry(name).or_insert(pp);
-        }
-    }
+    Ok(shards)
+}
+
+/// What the shard files' metadata says (the first file's), checked against the files found.
+fn read_info(shards: &[Vec<TensorFile>], iter_dir: &Path) -> Result<LoadedCheckpoint> {
     let shards0 = &shards[0];
     let metadata = shards0[0].metadata()?;
     let path0 = shards0[0].path().to_path_buf();
@@ -151,7 +169,7 @@ fn open_checkpoint(root: &Path) -> Result<Option<SavedCheckpoint>> {
     }
     let config: GptConfig = serde_json::from_str(&get("model_config")?)
         .with_context(|| format!("{}: bad model_config", path0.display()))?;
-    let info = LoadedCheckpoint {
+    Ok(LoadedCheckpoint {
         state: TrainState {
             iteration: parse("iteration")?,
             skipped_iterations: match metadata.get("skipped_iterations") {
@@ -170,13 +188,7 @@ fn open_checkpoint(root: &Path) -> Result<Option<SavedCheckpoint>> {
         config,
         tensor_model_parallel_size: saved_size,
         pipeline_model_parallel_size: saved_stages,
-    };
-    Ok(Some(SavedCheckpoint {
-        iter_dir,
-        shards,
-        stage_of,
-        info,
-    }))
+    })
 }
 
 impl SavedCheckpoint {
