@@ -135,32 +135,14 @@ pub fn run(
             "--json-keys needs at least one key".into(),
         ));
     }
-    let eod = match (config.append_eod, tokenizer.eod()) {
-        (false, _) => None,
-        (true, Some(eod)) => Some(eod),
-        (true, None) => return Err(PreprocessError::Config(
-            "--append-eod: the tokenizer has no end-of-document token; name it with --eod-token"
-                .into(),
-        )),
-    };
+    let eod = eod_to_append(config, tokenizer)?;
     let dtype = DType::for_vocab_size(tokenizer.vocab_size());
     let mut builders = config
         .json_keys
         .iter()
         .map(|key| IndexedDatasetBuilder::new(config.dataset_prefix(key), dtype))
         .collect::<Result<Vec<_>, _>>()?;
-    let total_bytes = config
-        .inputs
-        .iter()
-        .map(|p| {
-            std::fs::metadata(p)
-                .map(|m| m.len())
-                .map_err(|cause| PreprocessError::Input {
-                    path: p.clone(),
-                    cause,
-                })
-        })
-        .sum::<Result<u64, _>>()?;
+    let total_bytes = total_input_bytes(config)?;
 
     let workers = config.workers.max(1);
     let in_flight = 2 * workers + 2;
@@ -233,6 +215,37 @@ pub fn run(
         skipped_lines,
         first_skipped,
     })
+}
+
+/// The id appended after each document with `--append-eod` (none without it).
+fn eod_to_append(
+    config: &PreprocessConfig,
+    tokenizer: &TextTokenizer,
+) -> Result<Option<u32>, PreprocessError> {
+    match (config.append_eod, tokenizer.eod()) {
+        (false, _) => Ok(None),
+        (true, Some(eod)) => Ok(Some(eod)),
+        (true, None) => Err(PreprocessError::Config(
+            "--append-eod: the tokenizer has no end-of-document token; name it with --eod-token"
+                .into(),
+        )),
+    }
+}
+
+/// The inputs' total size, for the progress bar.
+fn total_input_bytes(config: &PreprocessConfig) -> Result<u64, PreprocessError> {
+    config
+        .inputs
+        .iter()
+        .map(|p| {
+            std::fs::metadata(p)
+                .map(|m| m.len())
+                .map_err(|cause| PreprocessError::Input {
+                    path: p.clone(),
+                    cause,
+                })
+        })
+        .sum()
 }
 
 fn cancelled(config: &PreprocessConfig) -> bool {

@@ -298,7 +298,12 @@ impl<'a> GptStage<'a> {
         }
         // A backward in pieces sums them in the model's dtype first, as one pass would.
         let mut micro = GradientAccumulator::in_model_dtype();
-        let held = self.used_twice(chunk);
+        // Only a chunk's last backward under overlap pushes gradients as they become final.
+        let held = if kept.last && self.overlap.is_some() {
+            self.used_twice(chunk)
+        } else {
+            HashSet::new()
+        };
         let input_grad = match (kept.last, self.overlap.as_mut()) {
             (true, Some(overlap)) => {
                 let (grads, reducer) = (&mut self.grads, &mut overlap.reducer);
