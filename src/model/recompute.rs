@@ -393,6 +393,12 @@ impl ChunkForward {
         }
     }
 
+    /// Whether the backward runs as a chain of pieces (each piece's gradients handed on as
+    /// it finishes) rather than one graph.
+    pub fn in_pieces(&self) -> bool {
+        matches!(self.kept, Kept::Pieces(_))
+    }
+
     /// The chunk's output or loss, without a graph.
     pub fn value(&self) -> &ChunkValue {
         &self.value

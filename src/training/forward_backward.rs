@@ -189,10 +189,10 @@ impl Overlap {
     }
 }
 
-/// A chunk's forward kept for its backward, with whether it runs in pieces.
+/// A chunk's forward kept for its backward, and whether that backward is the chunk's last of
+/// the step under `--overlap-grad-reduce`.
 struct Kept {
     forward: ChunkForward,
-    in_pieces: bool,
     last: bool,
 }
 
@@ -289,7 +289,7 @@ impl<'a> GptStage<'a> {
         divisor: f64,
     ) -> Result<Option<Tensor<3>>> {
         let model = self.inputs.model;
-        if !kept.in_pieces {
+        if !kept.forward.in_pieces() {
             // One graph: its gradients are one whole pass's, summed straight into fp32.
             let grads = &mut self.grads;
             return Ok(kept
@@ -364,15 +364,8 @@ impl StageWork for GptStage<'_> {
         };
         let forward = ChunkForward::run(inputs.model, chunk_input, &plan, targets);
         let sent = self.hand_on(forward.value());
-        let in_pieces = recompute != Recompute::None || last;
-        self.kept.insert(
-            (microbatch, chunk),
-            Kept {
-                forward,
-                in_pieces,
-                last,
-            },
-        );
+        self.kept
+            .insert((microbatch, chunk), Kept { forward, last });
         Ok(sent)
     }
 
