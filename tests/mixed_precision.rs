@@ -53,7 +53,7 @@ fn tail_mean(losses: &[(u64, f64)], n: usize) -> f64 {
     tail.iter().map(|(_, l)| l).sum::<f64>() / n as f64
 }
 
-const CURVE_ITERS: u64 = 200;
+const CURVE_ITERS: u64 = 120;
 
 /// The fp32 run the half-precision curves are held against, computed once for both tests
 /// (they run on threads of one process), its index cache under cargo's temporary directory.
