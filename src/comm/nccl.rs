@@ -164,7 +164,7 @@ impl NcclComm {
         }
         // SAFETY: `comm_init_rank` succeeded.
         let comm = RawComm(unsafe { comm.assume_init() });
-        let failed = ok.try_to_vec::<f64>().expect("f64")[0] > 0.0;
+        let failed = host_values::<f64>(ok)?[0] > 0.0;
         let me = Self {
             host,
             ordinal,
@@ -203,7 +203,7 @@ impl NcclComm {
         let all = self
             .host
             .all_gather(TensorData::new(sig.clone(), [1, 12]), 0)?;
-        let all = all.try_to_vec::<i64>().expect("i64");
+        let all = host_values::<i64>(all)?;
         if all.chunks(12).all(|c| c == sig.as_slice()) {
             return Ok(());
         }
@@ -662,4 +662,11 @@ impl Drop for NcclComm {
             let _ = result::comm_destroy(comm.0);
         }
     }
+}
+
+/// A host group's answer as values of `E` (the type this module sent it): a mismatch is a
+/// communication error, not a panic.
+fn host_values<E: burn::tensor::Element>(data: TensorData) -> Result<Vec<E>, CommError> {
+    data.try_to_vec::<E>()
+        .map_err(|e| CommError::Invalid(format!("NCCL: the host group answered {e:?}")))
 }
