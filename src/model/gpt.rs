@@ -1,6 +1,6 @@
 //! The whole GPT, readable top to bottom.
 
-use burn::module::{Module, Param};
+use burn::module::{Module, Param, ParamId};
 use burn::tensor::{Device, Int, Tensor};
 
 use super::dropout::Dropout;
@@ -43,6 +43,17 @@ pub struct Gpt {
 }
 
 impl Gpt {
+    /// The parameters this rank holds that another pipeline stage holds too, and that train as
+    /// one (Megatron's `shared_embedding`): the word embedding, which the last stage reads
+    /// again as the tied output layer. Their gradients are summed over the embedding group.
+    /// Empty when one stage has both ends (no pipeline), where one copy serves both.
+    pub fn shared_with_other_stages(&self, stage: &StageLayers) -> Vec<ParamId> {
+        if stage.embedding && stage.head {
+            return Vec::new();
+        }
+        self.word_embeddings.iter().map(|e| e.weight.id).collect()
+    }
+
     /// Builds this rank's part of the model (`stage` of it); use [`GptConfig::init`],
     /// [`GptConfig::init_parallel`] or [`GptConfig::init_stage`], which validate the config
     /// first.

@@ -32,14 +32,10 @@ pub struct ParamRoles {
 
 impl ParamRoles {
     /// The roles of `model`'s parameters on this rank (stage `stage`, tensor-parallel rank
-    /// `tp_rank`, `pipeline` stages in all).
-    pub fn of(model: &Gpt, stage: &StageLayers, tp_rank: usize, pipeline: usize) -> Self {
+    /// `tp_rank`).
+    pub fn of(model: &Gpt, stage: &StageLayers, tp_rank: usize) -> Self {
         let holdings = parameter_holdings(model);
-        let shared_across_stages: Vec<ParamId> = if pipeline > 1 {
-            model.word_embeddings.iter().map(|e| e.weight.id).collect()
-        } else {
-            Vec::new()
-        };
+        let shared_across_stages = model.shared_with_other_stages(stage);
         let mut not_counted: HashSet<ParamId> = holdings
             .iter()
             .filter(|p| tp_rank != 0 && p.holding == Holding::Duplicated)

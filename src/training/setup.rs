@@ -91,7 +91,7 @@ pub fn set_up_rank(
         cfg.model.num_attention_heads,
         cfg.model.padded_vocab_size
     ));
-    let roles = ParamRoles::of(&main, &stage, parallel.tensor.rank(), parallel.layout.pp);
+    let roles = ParamRoles::of(&main, &stage, parallel.tensor.rank());
     let scaler = grad_scaler(cfg, saved.as_ref(), say);
     let inner = build_optimizer(cfg, &main, &roles, parallel, saved, device, say);
     let optimizer =
