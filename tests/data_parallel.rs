@@ -69,11 +69,7 @@ const LAYOUTS: [Layout; 7] = [
 /// only the traffic threads do not carry over a process boundary: tensor-parallel collectives
 /// with the distributed optimizer's reduce-scatter and all-gather (at DP=2 and DP=4), and the
 /// data-parallel all-reduce from a background thread while tensor-parallel collectives run.
-const MPI_LAYOUTS: [usize; 3] = [1, 3, 4];
-
-fn mpi_layouts() -> Vec<Layout> {
-    MPI_LAYOUTS.iter().map(|&i| LAYOUTS[i]).collect()
-}
+const MPI_LAYOUTS: [Layout; 3] = [LAYOUTS[1], LAYOUTS[3], LAYOUTS[4]];
 
 fn config(cache: &Path, layout: Layout, train_iters: u64) -> PretrainConfig {
     PretrainConfig {
@@ -226,7 +222,7 @@ fn mpi_collectives_pass_the_conformance_suite() {
 fn mpi_ranks_reproduce_the_single_process_losses() {
     if let Some(world) = mpi_rank() {
         let dir = dir_from_env();
-        let runs = layout_runs(&dir.join("cache"), &mpi_layouts(), world.comm()).unwrap();
+        let runs = layout_runs(&dir.join("cache"), &MPI_LAYOUTS, world.comm()).unwrap();
         if world.rank() == 0 {
             std::fs::write(dir.join("runs.json"), serde_json::to_string(&runs).unwrap()).unwrap();
         }
@@ -272,7 +268,7 @@ fn mpi_ranks_reproduce_the_single_process_losses() {
     let runs: Vec<(Losses, Losses)> =
         serde_json::from_str(&std::fs::read_to_string(dir.path().join("runs.json")).unwrap())
             .unwrap();
-    check_layouts(reference(), &mpi_layouts(), &runs, "4 MPI ranks");
+    check_layouts(reference(), &MPI_LAYOUTS, &runs, "4 MPI ranks");
 }
 
 /// A checkpoint saved by one layout, resumed by another: losses continue as the

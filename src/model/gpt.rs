@@ -51,7 +51,13 @@ impl Gpt {
         if stage.embedding && stage.head {
             return Vec::new();
         }
-        self.word_embeddings.iter().map(|e| e.weight.id).collect()
+        self.tied_embedding().into_iter().collect()
+    }
+
+    /// The word embedding's weight, when this part of the model holds it: the input
+    /// embedding, read again as the tied output layer.
+    pub fn tied_embedding(&self) -> Option<ParamId> {
+        self.word_embeddings.as_ref().map(|e| e.weight.id)
     }
 
     /// Builds this rank's part of the model (`stage` of it); use [`GptConfig::init`],

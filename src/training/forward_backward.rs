@@ -265,15 +265,10 @@ impl<'a> GptStage<'a> {
 
     /// Parameters that get a gradient from two pieces of one chunk's backward (the tied word
     /// embedding of a chunk that both embeds and computes the loss): final only at its end.
-    fn used_twice(&self, chunk: usize) -> HashSet<ParamId> {
-        let p2p = self.inputs.p2p;
+    fn used_twice(inputs: &StepInputs<'_>, chunk: usize) -> HashSet<ParamId> {
+        let p2p = inputs.p2p;
         if p2p.is_first(chunk) && p2p.is_last(chunk) {
-            self.inputs
-                .model
-                .word_embeddings
-                .iter()
-                .map(|e| e.weight.id)
-                .collect()
+            inputs.model.tied_embedding().into_iter().collect()
         } else {
             HashSet::new()
         }
@@ -298,14 +293,10 @@ impl<'a> GptStage<'a> {
         }
         // A backward in pieces sums them in the model's dtype first, as one pass would.
         let mut micro = GradientAccumulator::in_model_dtype();
-        // Only a chunk's last backward under overlap pushes gradients as they become final.
-        let held = if kept.last && self.overlap.is_some() {
-            self.used_twice(chunk)
-        } else {
-            HashSet::new()
-        };
         let input_grad = match (kept.last, self.overlap.as_mut()) {
+            // The chunk's last backward under overlap pushes gradients as they become final.
             (true, Some(overlap)) => {
+                let held = Self::used_twice(self.inputs, chunk);
                 let (grads, reducer) = (&mut self.grads, &mut overlap.reducer);
                 let mut push_final = |g: Gradients| {
                     for id in micro.add_listing(model, g) {
