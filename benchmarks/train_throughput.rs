@@ -6,15 +6,18 @@
 //! ```
 //!
 //! Config (the issue's): 4 layers, hidden 256, 4 heads, seq 256, batch 8, padded vocabulary
-//! 50304, dropout 0.1, AdamW, fp32, CPU. Reports tokens/s of both (ratio ≥ 1 is the goal),
-//! and achieved GFLOP/s next to a plain 1024³ matmul on each side.
-//! `FERROTRON_BENCH_VOCAB=512` shrinks ferrotron's vocabulary to time the transformer alone.
+//! 50304, dropout 0.1, AdamW, fp32, CPU. Two models: GPT-2's architecture, and a Llama-style
+//! one of the same size (rotary embeddings, RMSNorm, SwiGLU of width 640, 2 key/value groups,
+//! no biases, untied output layer) against the same architecture in PyTorch. Reports tokens/s
+//! of both sides (ratio ≥ 1 is the goal), and achieved GFLOP/s next to a plain 1024³ matmul
+//! on each side. `FERROTRON_BENCH_VOCAB=512` shrinks ferrotron's vocabulary to time the
+//! transformer alone.
 
 use std::process::Command;
 use std::time::Instant;
 
 use burn::tensor::{Device, Distribution, Int, Tensor};
-use ferrotron::model::{lm_loss, GptConfig};
+use ferrotron::model::{lm_loss, GptConfig, Normalization, PositionEmbedding};
 use ferrotron::training::{AdamW, AdamWConfig, GradientAccumulator};
 
 #[global_allocator]
@@ -27,6 +30,22 @@ const HEADS: usize = 4;
 const SEQ: usize = 256;
 const BATCH: usize = 8;
 const STEPS: usize = 10;
+/// The Llama-style row's key/value groups and SwiGLU width (Megatron's default for hidden
+/// 256: ⌊8·256/3 / 64⌋ · 64).
+const GROUPS: usize = 2;
+const SWIGLU_FFN: usize = 640;
+
+/// The Llama-style model of the second row.
+fn llama_style(vocab: usize) -> GptConfig {
+    GptConfig::new(LAYERS, HIDDEN, HEADS, SEQ, vocab)
+        .with_position_embedding_type(PositionEmbedding::Rope)
+        .with_normalization(Normalization::RmsNorm)
+        .with_swiglu(true)
+        .with_ffn_hidden_size(Some(SWIGLU_FFN))
+        .with_num_query_groups(Some(GROUPS))
+        .with_add_bias_linear(false)
+        .with_untie_embeddings_and_output_weights(true)
+}
 
 fn ferrotron_tokens_per_second(config: &GptConfig) -> f64 {
     let device = Device::flex().autodiff();
@@ -77,11 +96,29 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(50304);
-    let config = GptConfig::new(LAYERS, HIDDEN, HEADS, SEQ, vocab);
-    let flops = config.flops_per_token(SEQ);
-    let ours = ferrotron_tokens_per_second(&config);
     let gemm = burn_gemm_gflops();
     println!("config: {LAYERS} layers, hidden {HIDDEN}, {HEADS} heads, seq {SEQ}, batch {BATCH}, vocab 50304, fp32, CPU");
+    let gpt2 = GptConfig::new(LAYERS, HIDDEN, HEADS, SEQ, vocab);
+    compare("GPT-2 architecture", &gpt2, &[], gemm);
+    let llama = [
+        "llama".to_owned(),
+        GROUPS.to_string(),
+        SWIGLU_FFN.to_string(),
+    ];
+    compare(
+        "Llama-style (rotary, RMSNorm, SwiGLU, 2 query groups, untied)",
+        &llama_style(vocab),
+        &llama,
+        gemm,
+    );
+}
+
+/// One model's table: ferrotron's tokens/s and PyTorch's (`torch_gpt.py` with `extra`
+/// arguments), and their ratio.
+fn compare(title: &str, config: &GptConfig, extra: &[String], gemm: f64) {
+    let flops = config.flops_per_token(SEQ);
+    let ours = ferrotron_tokens_per_second(config);
+    println!("\n{title}:\n");
     println!("| | tokens/s | model GFLOP/s | 1024³ gemm GFLOP/s | share of gemm |");
     println!("|---|---|---|---|---|");
     println!(
@@ -91,7 +128,10 @@ fn main() {
     );
     let python = std::env::var("FERROTRON_TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benchmarks/torch_gpt.py");
-    let args = [LAYERS, HIDDEN, HEADS, SEQ, BATCH, STEPS].map(|v| v.to_string());
+    let mut args: Vec<String> = [LAYERS, HIDDEN, HEADS, SEQ, BATCH, STEPS]
+        .map(|v| v.to_string())
+        .to_vec();
+    args.extend_from_slice(extra);
     // PyTorch as installed, and PyTorch with glibc's malloc told to keep freed memory (the
     // same favour `ferrotron::util::allocator` does mimalloc): no mmap'd blocks, no trimming.
     let variants: [(&str, &[(&str, &str)]); 2] = [
@@ -136,6 +176,6 @@ fn main() {
         println!("\n(PyTorch baseline skipped: set FERROTRON_TORCH_PYTHON to a python with torch installed)");
     }
     for (name, ratio) in ratios {
-        println!("\nferrotron / {name} tokens/s ratio: {ratio:.2}x");
+        println!("\n{title}: ferrotron / {name} tokens/s ratio: {ratio:.2}x");
     }
 }

@@ -83,7 +83,7 @@ fn column_run(x: &HostTensor, r: &HostTensor, gather: bool, group: &Group) -> La
         host(y),
         host(xt.grad(&grads).unwrap()),
         host(layer.weight.val().grad(&grads).unwrap()),
-        host(layer.bias.val().grad(&grads).unwrap()),
+        host(layer.bias.as_ref().unwrap().val().grad(&grads).unwrap()),
     )
 }
 
@@ -141,7 +141,7 @@ fn row_run(x: &HostTensor, r: &HostTensor, parallel_input: bool, group: &Group) 
         host(y),
         host(xt.grad(&grads).unwrap()),
         host(layer.weight.val().grad(&grads).unwrap()),
-        host(layer.bias.val().grad(&grads).unwrap()),
+        host(layer.bias.as_ref().unwrap().val().grad(&grads).unwrap()),
     )
 }
 

@@ -1,18 +1,19 @@
-//! `export-hf`: write a checkpoint as a HuggingFace GPT-2 model.
+//! `export-hf`: write a checkpoint as a HuggingFace GPT-2 or Llama-family model.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Parser;
 
 use ferrotron::checkpoint::load_model;
-use ferrotron::checkpoint::tensor_file::write_tensors;
-use ferrotron::export::hf_export::{hf_gpt2_config, hf_gpt2_tensors, hf_metadata};
+use ferrotron::export::hf_model::{export_hf, write_hf_dir};
 use ferrotron::tokenizer::TokenizerArgs;
 
-/// Export a checkpoint to a directory that `transformers.GPT2LMHeadModel.from_pretrained`
-/// loads: `config.json` and `model.safetensors`, with the unpadded vocabulary.
+/// Export a checkpoint to a directory that `transformers.AutoModelForCausalLM.from_pretrained`
+/// loads: `config.json` and `model.safetensors`, with the unpadded vocabulary. A GPT-2-shaped
+/// model becomes `GPT2LMHeadModel`; RMSNorm + rotary + SwiGLU models `LlamaForCausalLM`
+/// (`Qwen2ForCausalLM` with only a qkv bias, `Qwen3ForCausalLM` with query/key norms).
 #[derive(Parser, Debug)]
 #[command(name = "export-hf", version)]
 struct Args {
@@ -36,18 +37,9 @@ fn run(args: Args) -> Result<()> {
         "the tokenizer's vocabulary ({vocab}) is larger than the model's ({})",
         checkpoint.config.padded_vocab_size
     );
-    let tensors = hf_gpt2_tensors(&model, &checkpoint.config, vocab)?;
-    std::fs::create_dir_all(&args.output)
-        .with_context(|| format!("creating {}", args.output.display()))?;
-    write_tensors(
-        &args.output.join("model.safetensors"),
-        &tensors,
-        hf_metadata(),
-    )?;
-    let config = hf_gpt2_config(&checkpoint.config, vocab, tokenizer.eod().unwrap_or(50256));
-    let config_path = args.output.join("config.json");
-    std::fs::write(&config_path, serde_json::to_string_pretty(&config)?)
-        .with_context(|| format!("writing {}", config_path.display()))?;
+    let eod = tokenizer.eod().unwrap_or(50256);
+    let (config, tensors) = export_hf(&model, &checkpoint.config, vocab, eod)?;
+    write_hf_dir(&args.output, &config, &tensors)?;
     eprintln!(
         "exported iteration {} to {} (config.json, model.safetensors; vocabulary {vocab})",
         checkpoint.state.iteration,

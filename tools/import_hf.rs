@@ -1,4 +1,5 @@
-//! `import-hf`: a HuggingFace GPT-2 model as a ferrotron checkpoint.
+//! `import-hf`: a HuggingFace GPT-2, Llama, Mistral, Qwen2 or Qwen3 model as a ferrotron
+//! checkpoint.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -10,11 +11,12 @@ use ferrotron::checkpoint::{
     save_checkpoint, OptimizerState, ShardPlace, TrainState, TRACKER_FILE,
 };
 use ferrotron::comm::Group;
-use ferrotron::export::hf_import::{ferrotron_parameters, gpt_config_from_hf};
+use ferrotron::export::hf_model::import_hf;
 use ferrotron::model::named_parameters::load_named_parameters;
 
-/// Convert a directory holding a `GPT2LMHeadModel` (`config.json` + `model.safetensors`, as
-/// `save_pretrained` writes it) into a checkpoint that `pretrain --load` continues from
+/// Convert a directory holding a `GPT2LMHeadModel`, `LlamaForCausalLM`, `MistralForCausalLM`,
+/// `Qwen2ForCausalLM` or `Qwen3ForCausalLM` (`config.json` + `model.safetensors` or its shards,
+/// as `save_pretrained` writes it) into a checkpoint that `pretrain --load` continues from
 /// (iteration 0, no optimizer state) and `evaluate` / `export-hf` read.
 #[derive(Parser, Debug)]
 #[command(name = "import-hf", version)]
@@ -38,18 +40,15 @@ fn run(args: Args) -> Result<()> {
             args.save.display()
         );
     }
-    let (config, vocab) = gpt_config_from_hf(
-        &args.input.join("config.json"),
-        args.make_vocab_size_divisible_by,
-    )?;
-    let values = ferrotron_parameters(&args.input, &config, vocab)?;
+    let imported = import_hf(&args.input, args.make_vocab_size_divisible_by)?;
+    let (config, vocab) = (imported.config, imported.vocab);
     let device = burn::tensor::Device::flex();
     let model = config.init(0, &device).map_err(anyhow::Error::msg)?;
-    let (model, missing) = load_named_parameters(model, &values);
+    let (model, missing) = load_named_parameters(model, &imported.values);
     if let Some(first) = missing.first() {
         bail!(
             "{}: no tensor for {first} ({} parameters missing)",
-            args.input.join("model.safetensors").display(),
+            args.input.display(),
             missing.len()
         );
     }
@@ -65,8 +64,9 @@ fn run(args: Args) -> Result<()> {
     )
     .with_context(|| format!("writing the checkpoint to {}", args.save.display()))?;
     eprintln!(
-        "imported a {}-layer GPT-2 (hidden {}, {} heads, vocabulary {vocab} padded to {}) to {}",
+        "imported a {}-layer {} (hidden {}, {} heads, vocabulary {vocab} padded to {}) to {}",
         config.num_layers,
+        imported.model_type,
         config.hidden_size,
         config.num_attention_heads,
         config.padded_vocab_size,

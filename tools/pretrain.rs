@@ -20,7 +20,9 @@ use ferrotron::optim::grad_scaler::DynamicGradScalerConfig;
 use ferrotron::optim::Precision;
 use ferrotron::tokenizer::TokenizerArgs;
 use ferrotron::training::pretrain::pretrain_on;
-use ferrotron::training::{pretrain, AdamWConfig, LrDecayStyle, LrSchedule, PretrainConfig};
+use ferrotron::training::{
+    pretrain, AdamWConfig, ArchitectureArgs, LrDecayStyle, LrSchedule, PretrainConfig,
+};
 
 /// Pretrain a GPT with Megatron-LM's command line: one process (tensor-parallel ranks as
 /// threads) or, under `mpirun`/`srun`, one MPI rank per process.
@@ -55,8 +57,8 @@ struct Args {
     /// Dropout on attention probabilities.
     #[arg(long, default_value_t = 0.1)]
     attention_dropout: f64,
-    /// LayerNorm epsilon.
-    #[arg(long, default_value_t = 1e-5)]
+    /// Epsilon of the norms (--norm-epsilon is the same flag).
+    #[arg(long, alias = "norm-epsilon", default_value_t = 1e-5)]
     layernorm_epsilon: f64,
     /// Std of the normal initialization.
     #[arg(long, default_value_t = 0.02)]
@@ -64,6 +66,11 @@ struct Args {
     /// tanh approximation of GELU instead of the exact erf form.
     #[arg(long)]
     openai_gelu: bool,
+    #[command(flatten)]
+    architecture: ArchitectureArgs,
+    /// Megatron's sequence parallelism (not implemented yet: refused).
+    #[arg(long)]
+    sequence_parallel: bool,
 
     // --- batch and schedule ---
     /// Samples per forward/backward pass.
@@ -417,6 +424,10 @@ fn model_config(args: &Args, verbose: bool) -> Result<(GptConfig, u32)> {
     .with_masked_softmax_fusion(!args.no_masked_softmax_fusion)
     .with_layer_norm_fusion(!args.no_persist_layer_norm)
     .with_flash_attention(args.use_flash_attn);
+    let model = args.architecture.apply(model).map_err(anyhow::Error::msg)?;
+    if args.sequence_parallel {
+        bail!("--sequence-parallel is not implemented yet: run without it (tensor parallelism alone gives the same losses)");
+    }
     if verbose
         && args.use_flash_attn
         && !args.device.starts_with("cuda")

@@ -167,7 +167,7 @@ fn read_info(shards: &[Vec<TensorFile>], iter_dir: &Path) -> Result<LoadedCheckp
             shards.iter().map(Vec::len).collect::<Vec<_>>()
         );
     }
-    let config: GptConfig = serde_json::from_str(&get("model_config")?)
+    let config = GptConfig::from_json(&get("model_config")?)
         .with_context(|| format!("{}: bad model_config", path0.display()))?;
     Ok(LoadedCheckpoint {
         state: TrainState {
@@ -330,8 +330,16 @@ pub fn load_checkpoint(
             saved.part(&key, group.rank())?
         } else {
             let mut t = saved.whole(&key, &dims)?;
-            if param == "word_embeddings.weight" && t.shape[0] != config.padded_vocab_size {
-                t = t.resized(0, config.padded_vocab_size);
+            // The vocabulary dimension follows this run's padding (rows cut or zero-padded).
+            let vocab_dim = match param.as_str() {
+                "word_embeddings.weight" => Some(0),
+                "output_layer.weight" => Some(1),
+                _ => None,
+            };
+            if let Some(dim) = vocab_dim {
+                if t.shape[dim] != config.padded_vocab_size {
+                    t = t.resized(dim, config.padded_vocab_size);
+                }
             }
             shard_of(&t, dims[&param], group.rank(), group.size())
                 .map_err(|e| anyhow::anyhow!("{}: {key}: {e}", root.display()))?
@@ -365,8 +373,8 @@ pub fn load_checkpoint(
 }
 
 /// Refuses, in one line, to load a checkpoint of one model into another. What must match is
-/// the shape (layers, hidden size, heads, positions, FFN width) and the math of the layers
-/// (GELU form, LayerNorm epsilon); the padded vocabulary may differ (rows are cut or
+/// the shape (layers, hidden size, heads, positions, FFN width) and the architecture (norm,
+/// positions, activation, biases, query groups, head width, epsilon); the padded vocabulary may differ (rows are cut or
 /// zero-padded), and dropout, init std and the fusion switches are settings of the run.
 fn check_same_model(root: &Path, saved: &GptConfig, wanted: &GptConfig) -> Result<()> {
     let shape = |c: &GptConfig| {
@@ -389,18 +397,16 @@ fn check_same_model(root: &Path, saved: &GptConfig, wanted: &GptConfig) -> Resul
     }
     let math = |c: &GptConfig| {
         format!(
-            "{} GELU, LayerNorm epsilon {}",
-            if c.openai_gelu {
-                "tanh (--openai-gelu)"
-            } else {
-                "exact"
-            },
+            "{}, {} query groups of width {}, norm epsilon {}",
+            c.architecture(),
+            c.query_groups(),
+            c.head_dim(),
             c.layernorm_epsilon
         )
     };
     if math(saved) != math(wanted) {
         bail!(
-            "--load {}: the checkpoint's model uses {}, this run {}",
+            "--load {}: the checkpoint's model is {}; this run asks for {}",
             root.display(),
             math(saved),
             math(wanted)

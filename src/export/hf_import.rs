@@ -11,14 +11,11 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use anyhow::{bail, ensure, Context, Result};
-use burn::tensor::{DType, TensorData};
-use safetensors::tensor::Dtype;
-use safetensors::SafeTensors;
 
 use super::hf_export::{permute_qkv, QkvOrder, LAYER_MODULES};
+use super::hf_files::read_weights;
 use crate::model::vocab::padded_vocab_size;
 use crate::model::GptConfig;
-use crate::util::host_tensor::HostTensor;
 
 /// The model shape of a HF GPT-2 `config.json`, with the vocabulary padded to a multiple of
 /// `divisible_by` (Megatron's `--make-vocab-size-divisible-by`). Returns the config and the
@@ -77,32 +74,6 @@ pub fn gpt_config_from_hf(path: &Path, divisible_by: usize) -> Result<(GptConfig
     Ok((config, vocab))
 }
 
-/// Every tensor of a safetensors file as f32 (F32, F16 and BF16 files are read).
-fn read_any_float(path: &Path) -> Result<HashMap<String, HostTensor>> {
-    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    let file = SafeTensors::deserialize(&bytes)
-        .with_context(|| format!("{}: not a safetensors file", path.display()))?;
-    let mut out = HashMap::new();
-    for (name, view) in file.tensors() {
-        let dtype = match view.dtype() {
-            Dtype::F32 => DType::F32,
-            Dtype::F16 => DType::F16,
-            Dtype::BF16 => DType::BF16,
-            other => bail!(
-                "{}: tensor {name} is {other:?}, expected F32, F16 or BF16",
-                path.display()
-            ),
-        };
-        let shape = view.shape().to_vec();
-        let values = TensorData::from_bytes_vec(view.data().to_vec(), shape.clone(), dtype)
-            .convert::<f32>()
-            .try_into_vec::<f32>()
-            .map_err(|e| anyhow::anyhow!("{}: {name}: {e:?}", path.display()))?;
-        out.insert(name, HostTensor { shape, values });
-    }
-    Ok(out)
-}
-
 /// ferrotron's parameter name for a HF tensor name, `None` for buffers that are not
 /// parameters.
 fn ferrotron_name(hf: &str) -> Result<Option<String>> {
@@ -144,8 +115,8 @@ pub fn ferrotron_parameters(
     config: &GptConfig,
     vocab: usize,
 ) -> Result<ParameterValues> {
-    let path = dir.join("model.safetensors");
-    let mut tensors = read_any_float(&path)?;
+    let path = dir;
+    let mut tensors = read_weights(dir)?;
     let lm_head = tensors
         .remove("lm_head.weight")
         .or_else(|| tensors.remove("transformer.lm_head.weight"));

@@ -29,12 +29,7 @@ pub fn generate(
     device: &Device,
     mut on_token: impl FnMut(u32),
 ) -> Result<Vec<u32>, String> {
-    let max_positions = model
-        .position_embeddings
-        .as_ref()
-        .expect("a whole model")
-        .val()
-        .dims()[0];
+    let max_positions = model.max_positions;
     if prompt.is_empty() {
         return Err("the prompt encodes to no tokens".into());
     }

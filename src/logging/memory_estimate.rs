@@ -135,9 +135,13 @@ pub fn estimate(plan: &MemoryPlan, precision: Precision, recompute: Recompute) -
     );
     let layer_input = b * s * h * e;
     // Per layer, what autodiff keeps, in the model's dtype: the split [b, s, ffn/t] tensors
-    // (fc1 output, GELU output), the split [b, s, h/t] ones (q, k, v, context), and the
+    // (fc1 output, GELU output), the split q, k, v ones, and the
     // replicated [b, s, h] ones (LayerNorm inputs, dropout masks), in units of `e` bytes.
-    let rest = b * s * e * (2.0 * f / t + 3.0 * h / t + 1.5 * h);
+    // Grouped-query attention shrinks k and v to one head per group; SwiGLU keeps its gate's
+    // output, the SiLU of it and the product as well.
+    let attention = m.qkv_size() as f64 / t;
+    let mlp = if m.swiglu { 4.0 * f / t } else { 2.0 * f / t };
+    let rest = b * s * e * (mlp + attention + 1.5 * h);
     // [b, heads/t, s, s]: the softmax's fp32 exponentials, and the probabilities, dropout
     // mask and dropped probabilities in the model's dtype.
     let scores = b * (heads / t) * s * s * (4.0 + 3.0 * e);

@@ -1,30 +1,46 @@
-//! Causal self-attention with a fused QKV projection (Megatron's `ParallelAttention`).
+//! Causal self-attention with a fused QKV projection (Megatron's `ParallelAttention` /
+//! `SelfAttention`): multi-head, or grouped-query with fewer key/value heads; optionally with
+//! query/key norms and rotary position embeddings.
 
 use burn::module::Module;
 use burn::tensor::{Device, Tensor};
 
 use super::dropout::Dropout;
 use super::kv_cache::LayerKv;
+use super::norm::Norm;
 use super::ops::{offset_causal_masked_softmax, scaled_causal_masked_softmax};
+use super::rotary::RotaryEmbedding;
 use super::GptConfig;
 use crate::comm::Group;
 use crate::parallel::layers::{ColumnParallelLinear, RowParallelLinear};
 use crate::parallel::random::RngRegion;
 
-/// Multi-head causal self-attention, its heads split across the tensor-parallel ranks.
+/// Causal self-attention, its query groups split across the tensor-parallel ranks.
 ///
-/// The fused QKV output is laid out per head as Megatron's is (`[heads, 3, head_dim]`), so the
-/// column split gives each rank whole heads, q, k and v together.
+/// The fused QKV output is laid out per query group as Megatron's is (`[groups, heads per
+/// group + 2, head_dim]`: the group's queries, its key, its value; with one group per head
+/// that is `[heads, 3, head_dim]`), so the column split gives each rank whole groups.
 #[derive(Module, Debug)]
 pub struct CausalSelfAttention {
-    /// hidden → 3 × hidden, column-parallel (this rank's heads).
+    /// hidden → (heads + 2 · groups) × head_dim, column-parallel (this rank's groups).
     pub query_key_value: ColumnParallelLinear,
-    /// hidden → hidden, row-parallel (std / √(2 · layers) at init).
+    /// heads × head_dim → hidden, row-parallel (std / √(2 · layers) at init).
     pub dense: RowParallelLinear,
+    /// Per-head norm of the queries (`--qk-layernorm`).
+    pub q_layernorm: Option<Norm>,
+    /// Per-head norm of the keys (`--qk-layernorm`).
+    pub k_layernorm: Option<Norm>,
     /// Dropout on the attention probabilities (a model-parallel region: per-rank masks).
     pub attention_dropout: Dropout,
-    /// Heads on this rank.
+    /// Query heads on this rank.
     pub local_heads: usize,
+    /// Key/value heads (query groups) on this rank.
+    pub local_groups: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+    /// Rotary embedding of queries and keys (`--position-embedding-type rope`).
+    #[module(skip)]
+    pub rotary: Option<RotaryEmbedding>,
     /// Use the fused softmax kernel where the backend has it (off:
     /// `--no-masked-softmax-fusion`).
     pub masked_softmax_fusion: bool,
@@ -36,23 +52,38 @@ pub struct CausalSelfAttention {
 impl CausalSelfAttention {
     /// The attention named `name` (e.g. `layers.0.self_attention`).
     pub fn new(config: &GptConfig, seed: u64, name: &str, group: &Group, device: &Device) -> Self {
-        let h = config.hidden_size;
+        let (h, d) = (config.hidden_size, config.head_dim());
         let std = config.init_method_std;
         let output_std = std / (2.0 * config.num_layers as f64).sqrt();
-        let qkv_name = format!("{name}.query_key_value");
+        let qk_norm = |which: &str| {
+            config.qk_layernorm.then(|| {
+                Norm::new(
+                    config.normalization,
+                    d,
+                    config.layernorm_epsilon,
+                    config.apply_layernorm_1p,
+                    &format!("{name}.{which}"),
+                    device,
+                )
+                .with_fusion(config.layer_norm_fusion)
+                .with_input_split_over(group)
+            })
+        };
+        let rope = config.position_embedding_type == super::architecture::PositionEmbedding::Rope;
         Self {
             query_key_value: ColumnParallelLinear::new(
                 h,
-                3 * h,
+                config.qkv_size(),
                 std,
                 seed,
-                &qkv_name,
+                &format!("{name}.query_key_value"),
                 false,
                 group,
                 device,
-            ),
+            )
+            .with_bias(config.qkv_bias()),
             dense: RowParallelLinear::new(
-                h,
+                config.num_attention_heads * d,
                 h,
                 output_std,
                 seed,
@@ -60,27 +91,65 @@ impl CausalSelfAttention {
                 true,
                 group,
                 device,
-            ),
+            )
+            .with_bias(config.add_bias_linear),
+            q_layernorm: qk_norm("q_layernorm"),
+            k_layernorm: qk_norm("k_layernorm"),
             attention_dropout: Dropout::new(config.attention_dropout, RngRegion::ModelParallel),
             local_heads: config.num_attention_heads / group.size(),
+            local_groups: config.query_groups() / group.size(),
+            head_dim: d,
+            rotary: rope.then(|| RotaryEmbedding::new(config)),
             masked_softmax_fusion: config.masked_softmax_fusion,
             flash_attention: config.flash_attention,
         }
     }
 
-    /// Queries, keys and values `[batch, local heads, seq, head_dim]` of `x`, from the fused
-    /// per-head `[q k v]` projection.
-    pub fn query_key_value_heads(&self, x: Tensor<3>) -> [Tensor<4>; 3] {
+    /// Queries `[batch, local heads, seq, head_dim]`, keys and values `[batch, local groups,
+    /// seq, head_dim]` of `x` at positions `start..start + seq`: the fused per-group
+    /// projection split, the query/key norms and the rotary embedding applied.
+    pub fn query_key_value_heads(&self, x: Tensor<3>, start: usize) -> [Tensor<4>; 3] {
         let [b, s, _] = x.dims();
-        let qkv = self.query_key_value.forward(x); // [b, s, local heads · 3 · head_dim]
-        let heads = self.local_heads;
-        let head_dim = qkv.dims()[2] / (3 * heads);
-        let qkv = qkv.reshape([b, s, heads, 3 * head_dim]);
-        [0, 1, 2].map(|i| {
+        let (groups, d) = (self.local_groups, self.head_dim);
+        let per_group = self.local_heads / groups;
+        // [b, s, local groups · (heads per group + 2) · head_dim]
+        let qkv = self
+            .query_key_value
+            .forward(x)
+            .reshape([b, s, groups, (per_group + 2) * d]);
+        let part = |from: usize, heads: usize| {
             qkv.clone()
-                .narrow(3, i * head_dim, head_dim)
+                .narrow(3, from * d, heads * d)
+                .reshape([b, s, groups * heads, d])
                 .swap_dims(1, 2)
-        })
+        };
+        let (mut q, mut k, v) = (
+            part(0, per_group),
+            part(per_group, 1),
+            part(per_group + 1, 1),
+        );
+        if let (Some(q_norm), Some(k_norm)) = (&self.q_layernorm, &self.k_layernorm) {
+            q = q_norm.forward_heads(q);
+            k = k_norm.forward_heads(k);
+        }
+        if let Some(rotary) = &self.rotary {
+            q = rotary.apply(q, start);
+            k = rotary.apply(k, start);
+        }
+        [q, k, v]
+    }
+
+    /// Keys or values of the local groups `[batch, groups, seq, head_dim]` repeated for the
+    /// query heads of each group `[batch, heads, seq, head_dim]` (HF's `repeat_kv`).
+    fn per_head(&self, t: Tensor<4>) -> Tensor<4> {
+        let per_group = self.local_heads / self.local_groups;
+        if per_group == 1 {
+            return t;
+        }
+        let [b, g, s, d] = t.dims();
+        t.unsqueeze_dim::<5>(2)
+            .expand([b, g, per_group, s, d])
+            .reshape([b, g * per_group, s, d])
     }
 
     /// The output projection of the per-head context `[batch, local heads, seq, head_dim]`.
@@ -99,8 +168,8 @@ impl CausalSelfAttention {
     /// output and a log-sum-exp per row (dropping the same probabilities as the composed
     /// path for the same seed).
     pub fn core(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
-        let head_dim = q.dims()[3];
-        let scale = 1.0 / (head_dim as f64).sqrt();
+        let scale = 1.0 / (self.head_dim as f64).sqrt();
+        let (k, v) = (self.per_head(k), self.per_head(v));
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         if self.flash_attention && crate::util::device::is_cube(&q.device()) {
             let draw = self.attention_dropout.draw(q.is_autodiff());
@@ -113,16 +182,16 @@ impl CausalSelfAttention {
 
     /// `[batch, seq, hidden]` → `[batch, seq, hidden]`.
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let [q, k, v] = self.query_key_value_heads(x);
+        let [q, k, v] = self.query_key_value_heads(x, 0);
         self.project_out(self.core(q, k, v))
     }
 
     /// [`Self::forward`] for `x` = the positions after those in `past` (inference only, no
-    /// dropout): their keys and values are appended to `past`, and each query attends to every
-    /// cached position and to the new ones up to itself.
+    /// dropout): their keys and values (one per group) are appended to `past`, and each query
+    /// attends to every cached position and to the new ones up to itself.
     pub fn forward_cached(&self, x: Tensor<3>, past: &mut Option<LayerKv>) -> Tensor<3> {
-        let [q, k, v] = self.query_key_value_heads(x);
-        let [_, _, s, head_dim] = q.dims();
+        let cached = past.as_ref().map_or(0, |p| p.keys.dims()[2]);
+        let [q, k, v] = self.query_key_value_heads(x, cached);
         let (k, v) = match past.take() {
             Some(p) => (
                 Tensor::cat(vec![p.keys, k], 2),
@@ -134,14 +203,13 @@ impl CausalSelfAttention {
             keys: k.clone(),
             values: v.clone(),
         });
-        let cached = k.dims()[2] - s;
-        let scale = 1.0 / (head_dim as f64).sqrt();
-        let scores = q.matmul(k.transpose());
+        let scale = 1.0 / (self.head_dim as f64).sqrt();
+        let scores = q.matmul(self.per_head(k).transpose());
         let probs = if cached == 0 {
             scaled_causal_masked_softmax(scores, scale, self.masked_softmax_fusion)
         } else {
             offset_causal_masked_softmax(scores, scale, cached)
         };
-        self.project_out(probs.matmul(v))
+        self.project_out(probs.matmul(self.per_head(v)))
     }
 }

@@ -3,6 +3,7 @@
 use burn::config::Config;
 use burn::tensor::Device;
 
+use super::architecture::{Normalization, PositionEmbedding, RopeScaling};
 use super::stage::StageLayers;
 use super::Gpt;
 use crate::comm::Group;
@@ -50,17 +51,148 @@ pub struct GptConfig {
     /// scores. Off by default, as in Megatron; the math is the composed attention's.
     #[config(default = false)]
     pub flash_attention: bool,
+    /// `--position-embedding-type`.
+    #[config(default = "PositionEmbedding::LearnedAbsolute")]
+    pub position_embedding_type: PositionEmbedding,
+    /// `--rotary-base`: the rotary wavelengths' base θ.
+    #[config(default = 10000.0)]
+    pub rotary_base: f64,
+    /// `--rotary-percent`: the share of each head's channels that is rotated.
+    #[config(default = 1.0)]
+    pub rotary_percent: f64,
+    /// `--rotary-interleaved`: rotate channel pairs (2i, 2i+1) instead of the two halves of
+    /// the rotated channels (HF's and Megatron's default).
+    #[config(default = false)]
+    pub rotary_interleaved: bool,
+    /// `--use-rope-scaling` (Llama 3.1's long-context frequencies).
+    pub rope_scaling: Option<RopeScaling>,
+    /// `--normalization`.
+    #[config(default = "Normalization::LayerNorm")]
+    pub normalization: Normalization,
+    /// `--apply-layernorm-1p`: norm weights stored zero-centred, applied as `1 + γ`.
+    #[config(default = false)]
+    pub apply_layernorm_1p: bool,
+    /// `--swiglu`: the MLP is `silu(x·W_gate) ⊙ (x·W_up)`, then down.
+    #[config(default = false)]
+    pub swiglu: bool,
+    /// Biases on the linear layers (`--disable-bias-linear` turns them off).
+    #[config(default = true)]
+    pub add_bias_linear: bool,
+    /// `--add-qkv-bias`: a bias on the query/key/value projection even without the others
+    /// (Qwen2).
+    #[config(default = false)]
+    pub add_qkv_bias: bool,
+    /// `--num-query-groups` (with `--group-query-attention`): heads share key/value heads in
+    /// this many groups. `None`: one group per head.
+    pub num_query_groups: Option<usize>,
+    /// `--kv-channels`: the width of one head (default hidden / heads).
+    pub kv_channels: Option<usize>,
+    /// `--qk-layernorm`: queries and keys normalized per head before the rotary embedding
+    /// (Qwen3, OLMo).
+    #[config(default = false)]
+    pub qk_layernorm: bool,
+    /// `--untie-embeddings-and-output-weights`: the output layer has its own weight.
+    #[config(default = false)]
+    pub untie_embeddings_and_output_weights: bool,
 }
 
 impl GptConfig {
+    /// The config saved as `json` (a checkpoint's `model_config`). Settings added after the
+    /// checkpoint was written take their defaults, which are what the model computed then.
+    pub fn from_json(json: &str) -> Result<GptConfig, serde_json::Error> {
+        let mut saved: serde_json::Value = serde_json::from_str(json)?;
+        let defaults = serde_json::to_value(GptConfig::new(0, 0, 0, 0, 0))?;
+        if let (Some(saved), serde_json::Value::Object(defaults)) =
+            (saved.as_object_mut(), defaults)
+        {
+            for (key, value) in defaults {
+                saved.entry(key).or_insert(value);
+            }
+        }
+        serde_json::from_value(saved)
+    }
+
     /// The MLP width.
     pub fn ffn_size(&self) -> usize {
         self.ffn_hidden_size.unwrap_or(4 * self.hidden_size)
     }
 
-    /// Width of one attention head.
+    /// Width of one attention head (`--kv-channels`, default hidden / heads).
     pub fn head_dim(&self) -> usize {
-        self.hidden_size / self.num_attention_heads.max(1)
+        self.kv_channels
+            .unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
+    }
+
+    /// Key/value heads: one per query group (one per head without grouped-query attention).
+    pub fn query_groups(&self) -> usize {
+        self.num_query_groups.unwrap_or(self.num_attention_heads)
+    }
+
+    /// Width of the fused query/key/value projection's output: every head's query, and a
+    /// key and a value per group.
+    pub fn qkv_size(&self) -> usize {
+        (self.num_attention_heads + 2 * self.query_groups()) * self.head_dim()
+    }
+
+    /// Whether the query/key/value projection has a bias.
+    pub fn qkv_bias(&self) -> bool {
+        self.add_bias_linear || self.add_qkv_bias
+    }
+
+    /// Whether the output layer shares the word embedding's weight.
+    pub fn tied_output(&self) -> bool {
+        !self.untie_embeddings_and_output_weights
+    }
+
+    /// Whether a learned position table is added to the word embeddings.
+    pub fn learned_positions(&self) -> bool {
+        self.position_embedding_type == PositionEmbedding::LearnedAbsolute
+    }
+
+    /// The settings that decide which parameters exist and what the layers compute, in
+    /// words, for refusing to load one model's checkpoint into another.
+    pub fn architecture(&self) -> String {
+        let mut parts = vec![format!("{:?}", self.normalization)];
+        parts.push(match self.position_embedding_type {
+            PositionEmbedding::LearnedAbsolute => "learned positions".to_owned(),
+            PositionEmbedding::None => "no positions".to_owned(),
+            PositionEmbedding::Rope => format!(
+                "rotary (base {}, {} of each head{}{})",
+                self.rotary_base,
+                self.rotary_percent,
+                if self.rotary_interleaved {
+                    ", interleaved"
+                } else {
+                    ""
+                },
+                match &self.rope_scaling {
+                    Some(r) => format!(", scaled by {}", r.factor),
+                    None => String::new(),
+                }
+            ),
+        });
+        parts.push(if self.swiglu {
+            "SwiGLU".to_owned()
+        } else if self.openai_gelu {
+            "tanh GELU (--openai-gelu)".to_owned()
+        } else {
+            "exact GELU".to_owned()
+        });
+        for (on, what) in [
+            (self.apply_layernorm_1p, "zero-centred norm weights"),
+            (!self.add_bias_linear, "no linear biases"),
+            (self.add_qkv_bias, "a qkv bias"),
+            (self.qk_layernorm, "query/key norms"),
+            (
+                self.untie_embeddings_and_output_weights,
+                "an untied output layer",
+            ),
+        ] {
+            if on {
+                parts.push(what.to_owned());
+            }
+        }
+        parts.join(", ")
     }
 
     /// The same model with the fusion switches as in `other` (they do not change the math, so
@@ -89,12 +221,14 @@ impl GptConfig {
                 return Err(format!("{flag} must be positive"));
             }
         }
-        if !self.hidden_size.is_multiple_of(self.num_attention_heads) {
+        if self.kv_channels.is_none() && !self.hidden_size.is_multiple_of(self.num_attention_heads)
+        {
             return Err(format!(
-                "--hidden-size {} is not divisible by --num-attention-heads {}",
+                "--hidden-size {} is not divisible by --num-attention-heads {} (or give --kv-channels)",
                 self.hidden_size, self.num_attention_heads
             ));
         }
+        self.validate_attention()?;
         for (flag, p) in [
             ("--hidden-dropout", self.hidden_dropout),
             ("--attention-dropout", self.attention_dropout),
@@ -110,6 +244,49 @@ impl GptConfig {
         Ok(())
     }
 
+    /// Rejects head and rotary settings that cannot work, with a one-line reason.
+    fn validate_attention(&self) -> Result<(), String> {
+        let groups = self.query_groups();
+        if self.head_dim() == 0 || groups == 0 {
+            return Err("--kv-channels and --num-query-groups must be positive".into());
+        }
+        if !self.num_attention_heads.is_multiple_of(groups) {
+            return Err(format!(
+                "--num-attention-heads {} is not divisible by --num-query-groups {groups}",
+                self.num_attention_heads
+            ));
+        }
+        if self.position_embedding_type == PositionEmbedding::Rope {
+            if !(self.rotary_percent > 0.0 && self.rotary_percent <= 1.0) {
+                return Err(format!(
+                    "--rotary-percent {} must be in (0, 1]",
+                    self.rotary_percent
+                ));
+            }
+            if !self.rotary_dim().is_multiple_of(2)
+                || self.rotary_base.is_nan()
+                || self.rotary_base <= 0.0
+            {
+                return Err(format!(
+                    "rotary embeddings need an even number of rotated channels (head width {} × --rotary-percent {} = {}) and a positive --rotary-base",
+                    self.head_dim(),
+                    self.rotary_percent,
+                    self.rotary_dim()
+                ));
+            }
+            if let Some(scaling) = &self.rope_scaling {
+                scaling.validate()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The channels of each head the rotary embedding rotates (Megatron's
+    /// `kv_channels × rotary_percent`).
+    pub fn rotary_dim(&self) -> usize {
+        (self.head_dim() as f64 * self.rotary_percent) as usize
+    }
+
     /// Rejects a tensor-parallel size the shapes cannot be split by, with a one-line reason.
     pub fn validate_parallel(&self, tensor_parallel_size: usize) -> Result<(), String> {
         self.validate()?;
@@ -119,6 +296,7 @@ impl GptConfig {
         }
         for (flag, value) in [
             ("--num-attention-heads", self.num_attention_heads),
+            ("--num-query-groups", self.query_groups()),
             ("--ffn-hidden-size", self.ffn_size()),
             ("the padded vocabulary size", self.padded_vocab_size),
         ] {
@@ -163,12 +341,35 @@ impl GptConfig {
             self.padded_vocab_size,
             self.num_layers,
         );
-        let block = 2 * 2 * h + (h * 3 * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h);
-        v * h + self.max_position_embeddings * h + l * block + 2 * h
+        let norm_of = |width: usize| match self.normalization {
+            Normalization::LayerNorm => 2 * width,
+            Normalization::RmsNorm => width,
+        };
+        let norm = norm_of(h);
+        let bias = |n: usize| if self.add_bias_linear { n } else { 0 };
+        let (qkv, attention_out) = (self.qkv_size(), self.num_attention_heads * self.head_dim());
+        let attention =
+            h * qkv + if self.qkv_bias() { qkv } else { 0 } + attention_out * h + bias(h);
+        let qk_norms = if self.qk_layernorm {
+            2 * norm_of(self.head_dim())
+        } else {
+            0
+        };
+        let fc1 = if self.swiglu { 2 * f } else { f };
+        let mlp = h * fc1 + bias(fc1) + f * h + bias(h);
+        let block = 2 * norm + attention + qk_norms + mlp;
+        let positions = if self.learned_positions() {
+            self.max_position_embeddings * h
+        } else {
+            0
+        };
+        let output = if self.tied_output() { 0 } else { v * h };
+        v * h + positions + l * block + norm + output
     }
 
-    /// Forward + backward FLOPs per token at sequence length `seq` (Megatron's accounting:
-    /// 6 × matmul parameters + attention, 3 × forward).
+    /// Forward + backward FLOPs per token at sequence length `seq`: Megatron's
+    /// `num_floating_point_operations` (3 × the forward's 2 per multiply-add; attention scores
+    /// over the whole square; grouped keys/values and the SwiGLU's third matrix counted).
     pub fn flops_per_token(&self, seq: usize) -> f64 {
         let (h, f, v, l) = (
             self.hidden_size as f64,
@@ -176,7 +377,12 @@ impl GptConfig {
             self.padded_vocab_size as f64,
             self.num_layers as f64,
         );
-        let per_layer = 2.0 * (3.0 * h * h + h * h + 2.0 * h * f) + 2.0 * 2.0 * seq as f64 * h;
-        3.0 * (l * per_layer + 2.0 * h * v)
+        let heads = self.num_attention_heads as f64;
+        let query_projection = self.head_dim() as f64 * heads / h;
+        let groups = self.query_groups() as f64 / heads;
+        let gated = if self.swiglu { 1.5 } else { 1.0 };
+        let per_h2 =
+            (1.0 + groups + seq as f64 / h) * query_projection + f / h * gated + v / (2.0 * l * h);
+        12.0 * l * h * h * per_h2
     }
 }

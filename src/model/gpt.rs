@@ -5,38 +5,49 @@ use burn::tensor::{Device, Int, Tensor};
 
 use super::dropout::Dropout;
 use super::kv_cache::KvCache;
-use super::layer_norm::LayerNorm;
+use super::norm::Norm;
 use super::stage::StageLayers;
 use super::transformer_block::TransformerBlock;
 use super::GptConfig;
 use crate::comm::Group;
-use crate::parallel::layers::{weight_matmul, VocabParallelEmbedding};
+use crate::parallel::layers::{weight_matmul, ColumnParallelLinear, VocabParallelEmbedding};
 use crate::parallel::mappings::copy_to_region;
 use crate::parallel::random::RngRegion;
 use crate::parallel::sharding::init_shard;
 use crate::util::init::Init;
 
-/// Megatron's GPT: token + position embeddings, pre-LN blocks, final LayerNorm, and logits
-/// from the (tied) token embedding. On a tensor-parallel rank it holds that rank's shards and
+/// Megatron's GPT: token (+ learned position) embeddings, pre-norm blocks, a final norm, and
+/// logits from the tied token embedding or an output layer of their own. On a tensor-parallel rank it holds that rank's shards and
 /// produces that rank's vocabulary columns of the logits.
 ///
 /// On a pipeline rank it holds that stage's part ([`StageLayers`]): the embeddings on the
-/// first stage, the final LayerNorm and a copy of the word embedding (the tied output layer)
+/// first stage, the final norm and the output layer (a copy of the word embedding when tied)
 /// on the last, and its layers at their places in `layers` (the others `None`). Parameters
 /// keep their names (`layers.7.…`) and initial values whatever the split, so every split
 /// trains the same model and checkpoints do not depend on it.
 #[derive(Module, Debug)]
 pub struct Gpt {
-    /// Token embedding `[padded vocab / N, hidden]`, also the output layer.
+    /// Token embedding `[padded vocab / N, hidden]`, also the output layer when tied.
     pub word_embeddings: Option<VocabParallelEmbedding>,
-    /// Learned position embedding `[max positions, hidden]` (replicated).
+    /// Learned position embedding `[max positions, hidden]` (replicated;
+    /// `--position-embedding-type learned_absolute`).
     pub position_embeddings: Option<Param<Tensor<2>>>,
     /// Dropout after the embeddings (`--hidden-dropout`).
     pub embedding_dropout: Dropout,
     /// The transformer layers, each at its number; `None` for those of other stages.
     pub layers: Vec<Option<TransformerBlock>>,
-    /// LayerNorm before the output layer.
-    pub final_layernorm: Option<LayerNorm>,
+    /// Norm before the output layer.
+    pub final_layernorm: Option<Norm>,
+    /// The output layer `[hidden, padded vocab / N]` when it is not the word embedding
+    /// (`--untie-embeddings-and-output-weights`).
+    pub output_layer: Option<ColumnParallelLinear>,
+    /// Whether this part holds the embeddings (the first pipeline stage).
+    pub holds_embedding: bool,
+    /// Whether the output layer is the word embedding (not
+    /// `--untie-embeddings-and-output-weights`).
+    pub tied_output: bool,
+    /// The positions the model was built for (`--max-position-embeddings`).
+    pub max_positions: usize,
     /// The tensor-parallel group.
     #[module(skip)]
     pub group: Group,
@@ -54,9 +65,12 @@ impl Gpt {
         self.tied_embedding().into_iter().collect()
     }
 
-    /// The word embedding's weight, when this part of the model holds it: the input
-    /// embedding, read again as the tied output layer.
+    /// The word embedding's weight when it is also the output layer and this part of the
+    /// model holds it.
     pub fn tied_embedding(&self) -> Option<ParamId> {
+        if !self.tied_output {
+            return None;
+        }
         self.word_embeddings.as_ref().map(|e| e.weight.id)
     }
 
@@ -73,7 +87,8 @@ impl Gpt {
         let (h, std) = (config.hidden_size, config.init_method_std);
         // The last stage's copy of the word embedding starts equal to the first stage's (the
         // same seed and name give the same values), as Megatron's initial embedding sync.
-        let word_embeddings = (stage.embedding || stage.head).then(|| {
+        let tied_head = stage.head && config.tied_output();
+        let word_embeddings = (stage.embedding || tied_head).then(|| {
             VocabParallelEmbedding::new(
                 config.padded_vocab_size,
                 h,
@@ -86,7 +101,7 @@ impl Gpt {
         });
         Self {
             word_embeddings,
-            position_embeddings: stage.embedding.then(|| {
+            position_embeddings: (stage.embedding && config.learned_positions()).then(|| {
                 Param::from_tensor(init_shard(
                     Init::Normal(std),
                     [config.max_position_embeddings, h],
@@ -106,9 +121,24 @@ impl Gpt {
                 })
                 .collect(),
             final_layernorm: stage.head.then(|| {
-                LayerNorm::new(h, config.layernorm_epsilon, seed, "final_layernorm", device)
-                    .with_fusion(config.layer_norm_fusion)
+                Norm::new(
+                    config.normalization,
+                    h,
+                    config.layernorm_epsilon,
+                    config.apply_layernorm_1p,
+                    "final_layernorm",
+                    device,
+                )
+                .with_fusion(config.layer_norm_fusion)
             }),
+            output_layer: (stage.head && !config.tied_output()).then(|| {
+                let vocab = config.padded_vocab_size;
+                ColumnParallelLinear::new(h, vocab, std, seed, "output_layer", false, group, device)
+                    .with_bias(false)
+            }),
+            holds_embedding: stage.embedding,
+            tied_output: config.tied_output(),
+            max_positions: config.max_position_embeddings,
             group: group.clone(),
         }
     }
@@ -132,7 +162,7 @@ impl Gpt {
 
     /// Whether this stage holds the embeddings (the first pipeline stage).
     pub fn has_embedding(&self) -> bool {
-        self.position_embeddings.is_some()
+        self.holds_embedding
     }
 
     /// Whether this stage holds the output layer and computes the loss (the last stage).
@@ -151,8 +181,8 @@ impl Gpt {
         x
     }
 
-    /// The embedding block: token + position embeddings, then dropout; `[batch, seq, hidden]`
-    /// for token ids `[batch, seq]`.
+    /// The embedding block: token (+ learned position) embeddings, then dropout;
+    /// `[batch, seq, hidden]` for token ids `[batch, seq]`.
     pub fn embed(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
         self.embed_from(tokens, 0)
     }
@@ -161,24 +191,25 @@ impl Gpt {
     fn embed_from(&self, tokens: Tensor<2, Int>, start: usize) -> Tensor<3> {
         let s = tokens.dims()[1];
         let words = self.word_embedding().forward(tokens);
-        let positions = self
-            .position_embeddings
-            .as_ref()
-            .expect("only the first pipeline stage holds the position embedding")
-            .val()
-            .narrow(0, start, s)
-            .unsqueeze::<3>();
-        self.embedding_dropout.forward(words + positions)
+        let embeddings = match &self.position_embeddings {
+            Some(table) => words + table.val().narrow(0, start, s).unsqueeze::<3>(),
+            None => words,
+        };
+        self.embedding_dropout.forward(embeddings)
     }
 
-    /// This rank's logits for the output of the last layer: final LayerNorm, then the tied
-    /// output layer (Megatron's `parallel_lm_logits`, never gathered).
+    /// This rank's logits for the output of the last layer: final norm, then the output
+    /// layer, tied or not (Megatron's `parallel_lm_logits`, never gathered).
     pub fn logits(&self, last_layer_output: Tensor<3>) -> Tensor<3> {
         let final_layernorm = self
             .final_layernorm
             .as_ref()
-            .expect("only the last pipeline stage holds the final LayerNorm");
-        let hidden = copy_to_region(final_layernorm.forward(last_layer_output), &self.group);
+            .expect("only the last pipeline stage holds the final norm");
+        let hidden = final_layernorm.forward(last_layer_output);
+        if let Some(output_layer) = &self.output_layer {
+            return output_layer.forward(hidden);
+        }
+        let hidden = copy_to_region(hidden, &self.group);
         weight_matmul(hidden, self.word_embedding().weight.val().transpose())
     }
 
@@ -224,7 +255,10 @@ impl Gpt {
 
     /// The first vocabulary id of this rank's logits.
     pub fn vocab_start(&self) -> usize {
-        self.word_embedding().vocab_start()
+        match &self.output_layer {
+            Some(output_layer) => self.group.rank() * output_layer.weight.dims()[1],
+            None => self.word_embedding().vocab_start(),
+        }
     }
 
     /// Megatron's LM loss for a micro-batch: the masked mean of the vocab-parallel

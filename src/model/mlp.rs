@@ -1,19 +1,27 @@
-//! The transformer's MLP: hidden → ffn → GELU → hidden.
+//! The transformer's MLP: hidden → ffn → activation → hidden, with GELU (GPT-2) or SwiGLU
+//! (Llama).
 
 use burn::module::Module;
-use burn::tensor::activation::{gelu, gelu_approximate};
+use burn::tensor::activation::{gelu, gelu_approximate, silu};
 use burn::tensor::{Device, Tensor};
 
 use super::GptConfig;
 use crate::comm::Group;
 use crate::parallel::layers::{ColumnParallelLinear, RowParallelLinear};
 
-/// Megatron's `ParallelMLP`: h → ffn column-parallel, GELU on each rank's columns,
+/// Megatron's `ParallelMLP`: h → ffn column-parallel, the activation on each rank's columns,
 /// ffn → h row-parallel.
+///
+/// Under `--swiglu` the first layer has a second, gating half: `silu(x·W_gate) ⊙ (x·W)`.
+/// Megatron stores both halves in one `[gate; up]` matrix whose tensor-parallel shards each
+/// hold a piece of both; here they are two column-parallel layers, so that every parameter is
+/// split by plain chunks (and checkpoints reshard without knowing the MLP).
 #[derive(Module, Debug)]
 pub struct Mlp {
-    /// hidden → ffn (this rank's columns).
+    /// hidden → ffn (this rank's columns): the activation's input, or SwiGLU's linear half.
     pub dense_h_to_4h: ColumnParallelLinear,
+    /// hidden → ffn, SwiGLU's gate (`--swiglu`).
+    pub dense_h_to_4h_gate: Option<ColumnParallelLinear>,
     /// ffn → hidden (this rank's rows; std / √(2 · layers) at init).
     pub dense_4h_to_h: RowParallelLinear,
     /// tanh GELU (`--openai-gelu`) instead of the exact erf form.
@@ -26,17 +34,23 @@ impl Mlp {
         let (h, f) = (config.hidden_size, config.ffn_size());
         let std = config.init_method_std;
         let output_std = std / (2.0 * config.num_layers as f64).sqrt();
-        Self {
-            dense_h_to_4h: ColumnParallelLinear::new(
+        let bias = config.add_bias_linear;
+        let column = |suffix: &str| {
+            ColumnParallelLinear::new(
                 h,
                 f,
                 std,
                 seed,
-                &format!("{name}.dense_h_to_4h"),
+                &format!("{name}.{suffix}"),
                 false,
                 group,
                 device,
-            ),
+            )
+            .with_bias(bias)
+        };
+        Self {
+            dense_h_to_4h: column("dense_h_to_4h"),
+            dense_h_to_4h_gate: config.swiglu.then(|| column("dense_h_to_4h_gate")),
             dense_4h_to_h: RowParallelLinear::new(
                 f,
                 h,
@@ -46,18 +60,18 @@ impl Mlp {
                 true,
                 group,
                 device,
-            ),
+            )
+            .with_bias(bias),
             openai_gelu: config.openai_gelu,
         }
     }
 
     /// `[batch, seq, hidden]` → `[batch, seq, hidden]`.
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let h = self.dense_h_to_4h.forward(x);
-        let h = if self.openai_gelu {
-            gelu_approximate(h)
-        } else {
-            gelu(h)
+        let h = match &self.dense_h_to_4h_gate {
+            Some(gate) => silu(gate.forward(x.clone())) * self.dense_h_to_4h.forward(x),
+            None if self.openai_gelu => gelu_approximate(self.dense_h_to_4h.forward(x)),
+            None => gelu(self.dense_h_to_4h.forward(x)),
         };
         self.dense_4h_to_h.forward(h)
     }

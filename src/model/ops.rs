@@ -65,3 +65,19 @@ pub fn layer_norm(
     (normed * gamma.cast(compute).unsqueeze::<3>() + beta.cast(compute).unsqueeze::<3>())
         .cast(dtype)
 }
+
+/// RMSNorm over the last dimension, `x / √(mean(x²) + ε) · γ`, computed in fp32 whatever
+/// `x`'s dtype and returned in `x`'s dtype (as Megatron's and HF's).
+pub fn rms_norm(x: Tensor<3>, gamma: Tensor<1>, epsilon: f64) -> Tensor<3> {
+    let dtype = x.dtype();
+    let x = at_least_f32(x);
+    let compute = x.dtype();
+    let inverse_rms = x
+        .clone()
+        .square()
+        .mean_dim(2)
+        .add_scalar(epsilon)
+        .sqrt()
+        .recip();
+    (x * inverse_rms * gamma.cast(compute).unsqueeze::<3>()).cast(dtype)
+}

@@ -1,4 +1,4 @@
-//! One pre-LayerNorm transformer layer.
+//! One pre-norm transformer layer.
 
 use burn::module::Module;
 use burn::tensor::{Device, Tensor};
@@ -6,21 +6,21 @@ use burn::tensor::{Device, Tensor};
 use super::attention::CausalSelfAttention;
 use super::dropout::Dropout;
 use super::kv_cache::LayerKv;
-use super::layer_norm::LayerNorm;
 use super::mlp::Mlp;
+use super::norm::Norm;
 use super::GptConfig;
 use crate::comm::Group;
 use crate::parallel::random::{enter_layer, RngRegion};
 
-/// `x + drop(attn(ln(x)))`, then `x + drop(mlp(ln(x)))`.
+/// `x + drop(attn(norm(x)))`, then `x + drop(mlp(norm(x)))`.
 #[derive(Module, Debug)]
 pub struct TransformerBlock {
-    /// LayerNorm before attention.
-    pub input_layernorm: LayerNorm,
+    /// Norm before attention.
+    pub input_layernorm: Norm,
     /// Causal self-attention.
     pub self_attention: CausalSelfAttention,
-    /// LayerNorm before the MLP.
-    pub post_attention_layernorm: LayerNorm,
+    /// Norm before the MLP.
+    pub post_attention_layernorm: Norm,
     /// The MLP.
     pub mlp: Mlp,
     /// `--hidden-dropout` on each branch before the residual add (replicated region).
@@ -40,16 +40,19 @@ impl TransformerBlock {
         device: &Device,
     ) -> Self {
         let name = format!("layers.{index}");
-        let (h, eps) = (config.hidden_size, config.layernorm_epsilon);
-        Self {
-            input_layernorm: LayerNorm::new(
-                h,
-                eps,
-                seed,
-                &format!("{name}.input_layernorm"),
+        let norm = |which: &str| {
+            Norm::new(
+                config.normalization,
+                config.hidden_size,
+                config.layernorm_epsilon,
+                config.apply_layernorm_1p,
+                &format!("{name}.{which}"),
                 device,
             )
-            .with_fusion(config.layer_norm_fusion),
+            .with_fusion(config.layer_norm_fusion)
+        };
+        Self {
+            input_layernorm: norm("input_layernorm"),
             self_attention: CausalSelfAttention::new(
                 config,
                 seed,
@@ -57,14 +60,7 @@ impl TransformerBlock {
                 group,
                 device,
             ),
-            post_attention_layernorm: LayerNorm::new(
-                h,
-                eps,
-                seed,
-                &format!("{name}.post_attention_layernorm"),
-                device,
-            )
-            .with_fusion(config.layer_norm_fusion),
+            post_attention_layernorm: norm("post_attention_layernorm"),
             mlp: Mlp::new(config, seed, &format!("{name}.mlp"), group, device),
             hidden_dropout: Dropout::new(config.hidden_dropout, RngRegion::Replicated),
             layer_number: index,
@@ -85,7 +81,7 @@ impl TransformerBlock {
         // The layer's dropouts (attention core, both branches) draw from its own streams.
         enter_layer(self.layer_number);
         self.self_attention
-            .query_key_value_heads(self.input_layernorm.forward(x))
+            .query_key_value_heads(self.input_layernorm.forward(x), 0)
     }
 
     /// The layer after the attention core, from the layer's input `x` (for the residual) and

@@ -2,8 +2,10 @@
 //! ([`setup`]) and loops over [`train_step`], which runs the schedule's forward and backward
 //! passes ([`forward_backward`], one path for every pipeline layout), finalises the gradients
 //! ([`finalize_grads`]) and steps the optimizer; [`evaluate`] gives the validation and test
-//! losses. [`config`] holds the run's configuration and its batch arithmetic.
+//! losses. [`config`] holds the run's configuration and its batch arithmetic;
+//! [`architecture_args`] the model-architecture flags the tools share.
 
+pub mod architecture_args;
 pub mod config;
 pub mod evaluate;
 pub mod finalize_grads;
@@ -13,5 +15,6 @@ pub mod setup;
 pub mod train_step;
 
 pub use crate::optim::{AdamW, AdamWConfig, GradientAccumulator, LrDecayStyle, LrSchedule};
+pub use architecture_args::ArchitectureArgs;
 pub use config::{BatchPlan, PretrainConfig, DEFAULT_DDP_BUCKET_SIZE};
 pub use pretrain::{pretrain, pretrain_on, PretrainOutcome};

@@ -85,6 +85,24 @@ impl HostTensor {
         Ok(self.narrow(dim, index * len, len))
     }
 
+    /// A matrix's transpose (PyTorch's `Linear` stores `[out, in]`, ferrotron `[in, out]`).
+    pub fn transposed(&self) -> Result<HostTensor, String> {
+        let [rows, cols] = self.shape[..] else {
+            return Err(format!(
+                "cannot transpose a tensor of shape {:?}",
+                self.shape
+            ));
+        };
+        let mut values = Vec::with_capacity(self.values.len());
+        for c in 0..cols {
+            values.extend((0..rows).map(|r| self.values[r * cols + c]));
+        }
+        Ok(HostTensor {
+            shape: vec![cols, rows],
+            values,
+        })
+    }
+
     /// The tensor with `dim` cut or zero-padded to `len`.
     pub fn resized(&self, dim: usize, len: usize) -> HostTensor {
         if len <= self.shape[dim] {

@@ -18,7 +18,7 @@ pub struct ColumnParallelLinear {
     /// `[in, out / N]`.
     pub weight: Param<Tensor<2>>,
     /// `[out / N]`.
-    pub bias: Param<Tensor<1>>,
+    pub bias: Option<Param<Tensor<1>>>,
     /// All-gather the output columns (otherwise each rank keeps its own).
     #[module(skip)]
     pub gather_output: bool,
@@ -57,7 +57,7 @@ impl ColumnParallelLinear {
                 group,
                 device,
             )),
-            bias: Param::from_tensor(init_shard(
+            bias: Some(Param::from_tensor(init_shard(
                 Init::Zeros,
                 [d_out],
                 seed,
@@ -65,16 +65,27 @@ impl ColumnParallelLinear {
                 Self::holding("bias").partition_dim(),
                 group,
                 device,
-            )),
+            ))),
             gather_output,
             group: group.clone(),
         }
     }
 
+    /// The same layer without its bias (`--disable-bias-linear`) when `bias` is false.
+    pub fn with_bias(mut self, bias: bool) -> Self {
+        if !bias {
+            self.bias = None;
+        }
+        self
+    }
+
     /// Applies the layer over the last dimension of `x` (whole on every rank).
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         let x = copy_to_region(x, &self.group);
-        let y = weight_matmul(x, self.weight.val()) + self.bias.val().unsqueeze();
+        let mut y = weight_matmul(x, self.weight.val());
+        if let Some(bias) = &self.bias {
+            y = y + bias.val().unsqueeze();
+        }
         if self.gather_output {
             gather_from_region(y, &self.group)
         } else {

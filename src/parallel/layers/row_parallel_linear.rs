@@ -17,7 +17,7 @@ pub struct RowParallelLinear {
     /// `[in / N, out]`.
     pub weight: Param<Tensor<2>>,
     /// `[out]`, the same on every rank.
-    pub bias: Param<Tensor<1>>,
+    pub bias: Option<Param<Tensor<1>>>,
     /// The input already arrives split (from a column-parallel layer); otherwise it is
     /// scattered first.
     #[module(skip)]
@@ -57,7 +57,7 @@ impl RowParallelLinear {
                 group,
                 device,
             )),
-            bias: Param::from_tensor(init_shard(
+            bias: Some(Param::from_tensor(init_shard(
                 Init::Zeros,
                 [d_out],
                 seed,
@@ -65,10 +65,18 @@ impl RowParallelLinear {
                 Self::holding("bias").partition_dim(),
                 group,
                 device,
-            )),
+            ))),
             input_is_parallel,
             group: group.clone(),
         }
+    }
+
+    /// The same layer without its bias (`--disable-bias-linear`) when `bias` is false.
+    pub fn with_bias(mut self, bias: bool) -> Self {
+        if !bias {
+            self.bias = None;
+        }
+        self
     }
 
     /// Applies the layer over the last dimension of `x`; the output is whole on every rank.
@@ -79,6 +87,10 @@ impl RowParallelLinear {
             scatter_to_region(x, &self.group)
         };
         let partial = weight_matmul(x, self.weight.val());
-        reduce_from_region(partial, &self.group) + self.bias.val().unsqueeze()
+        let y = reduce_from_region(partial, &self.group);
+        match &self.bias {
+            Some(bias) => y + bias.val().unsqueeze(),
+            None => y,
+        }
     }
 }

@@ -1,0 +1,161 @@
+//! Rotary position embeddings (RoFormer; Megatron's `RotaryEmbedding` and
+//! `apply_rotary_pos_emb`): each pair of a head's first `rotary_dim` channels is rotated by
+//! its position times the pair's frequency, so that the score of a query and a key depends on
+//! their distance only.
+
+use burn::tensor::{Tensor, TensorData};
+
+use super::GptConfig;
+
+/// The frequencies of one model's rotary embedding; no parameters.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RotaryEmbedding {
+    /// One inverse frequency per rotated pair, `base^(−2i / rotary_dim)` (Llama 3.1's
+    /// scaling applied).
+    inv_freq: Vec<f64>,
+    /// Pairs are (2i, 2i+1) instead of (i, i + rotary_dim / 2).
+    interleaved: bool,
+}
+
+impl RotaryEmbedding {
+    /// The rotary embedding `config` asks for.
+    pub fn new(config: &GptConfig) -> Self {
+        let dim = config.rotary_dim();
+        let inv_freq = (0..dim / 2)
+            .map(|i| {
+                let f = config.rotary_base.powf(-((2 * i) as f64) / dim as f64);
+                config.rope_scaling.as_ref().map_or(f, |s| s.apply(f))
+            })
+            .collect();
+        Self {
+            inv_freq,
+            interleaved: config.rotary_interleaved,
+        }
+    }
+
+    /// Channels rotated per head.
+    fn dim(&self) -> usize {
+        2 * self.inv_freq.len()
+    }
+
+    /// `cos` and `sin` of every rotated channel's angle at positions `start..start + len`,
+    /// `[len, rotary_dim]` each, in channel order.
+    fn tables(&self, start: usize, len: usize) -> (Vec<f32>, Vec<f32>) {
+        let dim = self.dim();
+        let (mut cos, mut sin) = (Vec::with_capacity(len * dim), Vec::with_capacity(len * dim));
+        for position in start..start + len {
+            for channel in 0..dim {
+                let pair = if self.interleaved {
+                    channel / 2
+                } else {
+                    channel % (dim / 2)
+                };
+                let angle = position as f64 * self.inv_freq[pair];
+                cos.push(angle.cos() as f32);
+                sin.push(angle.sin() as f32);
+            }
+        }
+        (cos, sin)
+    }
+
+    /// `x` `[batch, heads, seq, head_dim]` at positions `start..start + seq`, rotated:
+    /// `x·cos + rotate(x)·sin` on the first `rotary_dim` channels, the rest passed through.
+    pub fn apply(&self, x: Tensor<4>, start: usize) -> Tensor<4> {
+        let [_, _, s, d] = x.dims();
+        let r = self.dim();
+        let device = x.device();
+        let (cos, sin) = self.tables(start, s);
+        let table = |values: Vec<f32>| {
+            Tensor::<2>::from_data(TensorData::new(values, [s, r]), &device)
+                .cast(x.dtype())
+                .unsqueeze::<4>()
+        };
+        let rotated = x.clone().narrow(3, 0, r);
+        let turned = self.rotate(rotated.clone());
+        let out = rotated * table(cos) + turned * table(sin);
+        if r == d {
+            out
+        } else {
+            Tensor::cat(vec![out, x.narrow(3, r, d - r)], 3)
+        }
+    }
+
+    /// Each pair `(a, b)` of the last dimension turned a quarter: `(−b, a)`.
+    fn rotate(&self, x: Tensor<4>) -> Tensor<4> {
+        let [b, h, s, r] = x.dims();
+        if self.interleaved {
+            let pairs = x.reshape([b, h, s, r / 2, 2]);
+            let (even, odd) = (pairs.clone().narrow(4, 0, 1), pairs.narrow(4, 1, 1));
+            Tensor::cat(vec![odd.neg(), even], 4).reshape([b, h, s, r])
+        } else {
+            let (first, second) = (x.clone().narrow(3, 0, r / 2), x.narrow(3, r / 2, r / 2));
+            Tensor::cat(vec![second.neg(), first], 3)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::architecture::{PositionEmbedding, RopeScaling};
+    use burn::tensor::Device;
+
+    fn config(interleaved: bool, percent: f64) -> GptConfig {
+        GptConfig::new(1, 16, 2, 32, 64)
+            .with_position_embedding_type(PositionEmbedding::Rope)
+            .with_rotary_interleaved(interleaved)
+            .with_rotary_percent(percent)
+    }
+
+    /// The rotation in float64 by hand: pair (i, i + r/2) (or (2i, 2i+1)) of channel vector
+    /// `v` at position `p` turned by angle p·θ_i.
+    fn rotate_by_hand(v: &[f64], p: usize, theta: &[f64], interleaved: bool) -> Vec<f64> {
+        let r = 2 * theta.len();
+        let mut out = v.to_vec();
+        for (i, t) in theta.iter().enumerate() {
+            let (a, b) = if interleaved {
+                (2 * i, 2 * i + 1)
+            } else {
+                (i, i + r / 2)
+            };
+            let (c, s) = ((p as f64 * t).cos(), (p as f64 * t).sin());
+            out[a] = v[a] * c - v[b] * s;
+            out[b] = v[b] * c + v[a] * s;
+        }
+        out
+    }
+
+    #[test]
+    fn rotates_each_pair_by_its_angle() {
+        let device = Device::flex();
+        for (interleaved, percent) in [(false, 1.0), (true, 1.0), (false, 0.5)] {
+            let rope = RotaryEmbedding::new(&config(interleaved, percent));
+            let r = rope.dim();
+            assert_eq!(r, (8.0 * percent) as usize);
+            let values: Vec<f32> = (0..3 * 8).map(|i| ((i * 7) % 11) as f32 - 5.0).collect();
+            let x = Tensor::<4>::from_data(TensorData::new(values.clone(), [1, 1, 3, 8]), &device);
+            let got: Vec<f32> = rope.apply(x, 5).into_data().try_to_vec().unwrap();
+            for s in 0..3 {
+                let v: Vec<f64> = values[s * 8..s * 8 + 8].iter().map(|&x| x as f64).collect();
+                let want = rotate_by_hand(&v, 5 + s, &rope.inv_freq, interleaved);
+                for c in 0..8 {
+                    assert!((got[s * 8 + c] as f64 - want[c]).abs() < 1e-5, "{s} {c}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn llama3_scaling_keeps_high_and_slows_low_frequencies() {
+        let scaling = RopeScaling {
+            original_max_position_embeddings: 16.0,
+            ..RopeScaling::llama3(8.0)
+        };
+        // Wavelength 2π/θ: under 4 kept, over 16 divided by 8, between blended.
+        assert_eq!(scaling.apply(2.0), 2.0);
+        assert!((scaling.apply(0.1) - 0.1 / 8.0).abs() < 1e-15);
+        let mid = 2.0 * std::f64::consts::PI / 8.0; // wavelength 8: smooth = (2 − 1) / 3
+        let want = (1.0 - 1.0 / 3.0) * mid / 8.0 + mid / 3.0;
+        assert!((scaling.apply(mid) - want).abs() < 1e-15);
+    }
+}

@@ -1,0 +1,505 @@
+//! The Llama family: Megatron-Core's model options (rotary embeddings, RMSNorm, SwiGLU,
+//! grouped-query attention, query/key norms, untied output, qkv-only biases).
+//!
+//! - Against HuggingFace: tiny `LlamaForCausalLM` (sharded, GQA, θ = 500000, untied), Llama 3.1
+//!   (rope scaling), `MistralForCausalLM`, `Qwen2ForCausalLM` (qkv bias, tied) and
+//!   `Qwen3ForCausalLM` (q/k norms, head width ≠ hidden / heads) made by
+//!   `tests/fixtures/hf_tiny_llama.py`: after `import-hf`, ferrotron's loss equals HF's and
+//!   greedy generation equals `generate(do_sample=False)` token for token; `export-hf` gives
+//!   back the same tensors and config.
+//! - Against the single process: on a Llama-style model, tensor, pipeline and data
+//!   parallelism, the distributed optimizer and recomputation give its losses, on threads and
+//!   under `mpirun`; a checkpoint saved at one layout continues at another.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use burn::tensor::Device;
+use common::mpi::*;
+use common::*;
+use ferrotron::checkpoint::load_model;
+use ferrotron::comm::{run_ranks, Communicator};
+use ferrotron::export::hf_model::{export_hf, import_hf, write_hf_dir};
+use ferrotron::inference::window_eval::mean_window_loss;
+use ferrotron::inference::{generate, GenerateOptions, Sampler, SamplingConfig};
+use ferrotron::model::named_parameters::named_parameters;
+use ferrotron::model::{GptConfig, Normalization, PositionEmbedding, Recompute};
+use ferrotron::training::pretrain::pretrain_on;
+use ferrotron::training::{pretrain, LrSchedule, PretrainConfig};
+
+const EOS: u32 = 249;
+const HF_VOCAB: usize = 250;
+const FIXTURES: [&str; 5] = [
+    "hf_tiny_llama",
+    "hf_tiny_llama31",
+    "hf_tiny_mistral",
+    "hf_tiny_qwen2",
+    "hf_tiny_qwen3",
+];
+
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// Imports fixture `name` with the `import-hf` tool and checks it against HF's greedy tokens
+/// (with and without the KV cache) and mean loss.
+fn check_against_huggingface(name: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let input = fixture(name);
+    let out = run_tool(
+        env!("CARGO_BIN_EXE_import-hf"),
+        &["--input", input.to_str().unwrap(), "--save", "ckpt"],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{name}: {}", stderr(&out));
+    let (model, checkpoint) = load_model(&dir.path().join("ckpt"), &Device::flex()).unwrap();
+    assert_eq!(checkpoint.config.padded_vocab_size, 256);
+    let reference: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture(&format!("{name}.json"))).unwrap())
+            .unwrap();
+    let windows: Vec<Vec<u32>> = reference["windows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(ids)
+        .collect();
+    let ours = mean_window_loss(&model, &windows, HF_VOCAB, 2, &Device::flex());
+    let theirs = reference["mean_loss"].as_f64().unwrap();
+    println!("{name}: mean loss ferrotron {ours:.6}, HuggingFace {theirs:.6}");
+    assert!((ours - theirs).abs() < 1e-4, "{name}: {ours} vs {theirs}");
+    for case in reference["greedy"].as_array().unwrap() {
+        let prompt = ids(&case["prompt"]);
+        for kv_cache in [true, false] {
+            let options = GenerateOptions {
+                max_new_tokens: 20,
+                stop_token: Some(EOS),
+                vocab_size: HF_VOCAB,
+                kv_cache,
+            };
+            let tokens = generate(
+                &model,
+                &prompt,
+                &options,
+                &mut Sampler::new(SamplingConfig::greedy()),
+                &Device::flex(),
+                |_| {},
+            )
+            .unwrap();
+            assert_eq!(
+                tokens,
+                ids(&case["tokens"]),
+                "{name}: prompt {prompt:?}, kv cache {kv_cache}"
+            );
+        }
+    }
+}
+
+#[test]
+fn imported_llama_models_score_and_generate_as_huggingface() {
+    for name in &FIXTURES[..3] {
+        check_against_huggingface(name);
+    }
+}
+
+#[test]
+fn imported_qwen_models_score_and_generate_as_huggingface() {
+    for name in &FIXTURES[3..] {
+        check_against_huggingface(name);
+    }
+}
+
+/// `export-hf`'s directory imports back to the same model: every parameter and the config.
+/// (That transformers loads it and computes the fixture's loss and tokens is checked by
+/// `tests/hf_check_exports.py` on the directories this test leaves, see docs/interop.md.)
+#[test]
+fn exported_llama_family_models_import_back_unchanged() {
+    // Kept for `tests/hf_check_exports.py`, which loads them into transformers.
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("llama_exports");
+    for name in FIXTURES {
+        let first = import_hf(&fixture(name), 128).unwrap();
+        let model = first.config.init(0, &Device::flex()).unwrap();
+        let (model, missing) =
+            ferrotron::model::named_parameters::load_named_parameters(model, &first.values);
+        assert!(missing.is_empty(), "{name}: {missing:?}");
+        let (config, tensors) = export_hf(&model, &first.config, HF_VOCAB, EOS).unwrap();
+        // Mistral's layout is Llama's: without a sliding window it is written as Llama.
+        let class = first.model_type.replace("mistral", "llama");
+        assert_eq!(config["model_type"], class, "{name}");
+        let out = root.join(name);
+        write_hf_dir(&out, &config, &tensors).unwrap();
+        let again = import_hf(&out, 128).unwrap();
+        assert_eq!(again.config, first.config, "{name}");
+        assert_eq!(again.values, first.values, "{name}");
+        // And what the model holds is what HF's file held.
+        let held: Vec<String> = named_parameters(&model)
+            .into_iter()
+            .map(|p| p.name)
+            .collect();
+        assert_eq!(held.len(), first.values.len(), "{name}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Parallel layouts against the single process.
+
+type Losses = Vec<(u64, f64)>;
+
+const ITERS: u64 = 16;
+
+/// A Llama-style model with every option that changes what ranks hold or exchange: rotary
+/// embeddings (θ = 500000), RMSNorm, SwiGLU, 4 heads in 2 query groups of width 16 (≠ 32 / 4),
+/// query/key norms (whole on every rank, their gradients summed over tensor-parallel ranks),
+/// a qkv bias without the other biases, and an untied output layer.
+fn llama_model() -> GptConfig {
+    GptConfig::new(2, 32, 4, 16, 50304)
+        .with_hidden_dropout(0.1)
+        .with_attention_dropout(0.0)
+        .with_ffn_hidden_size(Some(48))
+        .with_position_embedding_type(PositionEmbedding::Rope)
+        .with_rotary_base(500000.0)
+        .with_normalization(Normalization::RmsNorm)
+        .with_swiglu(true)
+        .with_num_query_groups(Some(2))
+        .with_kv_channels(Some(16))
+        .with_qk_layernorm(true)
+        .with_add_bias_linear(false)
+        .with_add_qkv_bias(true)
+        .with_untie_embeddings_and_output_weights(true)
+}
+
+/// One layout of a 4-rank world.
+#[derive(Clone, Copy, Debug)]
+struct Layout {
+    tp: usize,
+    pp: usize,
+    distributed_optimizer: bool,
+    recompute: Recompute,
+    overlap_grad_reduce: bool,
+}
+
+const fn layout(tp: usize, pp: usize) -> Layout {
+    Layout {
+        tp,
+        pp,
+        distributed_optimizer: false,
+        recompute: Recompute::None,
+        overlap_grad_reduce: false,
+    }
+}
+
+const LAYOUTS: [Layout; 5] = [
+    layout(2, 1),
+    Layout {
+        distributed_optimizer: true,
+        ..layout(2, 1)
+    },
+    Layout {
+        recompute: Recompute::Selective,
+        overlap_grad_reduce: true,
+        ..layout(1, 2)
+    },
+    layout(2, 2),
+    Layout {
+        recompute: Recompute::Uniform(1),
+        ..layout(1, 1)
+    },
+];
+
+/// Under `mpirun`: tensor-parallel collectives with the distributed optimizer across
+/// processes, and pipeline point-to-point with tensor parallelism.
+const MPI_LAYOUTS: [Layout; 2] = [LAYOUTS[1], LAYOUTS[3]];
+
+fn config(cache: &Path, layout: Layout, train_iters: u64) -> PretrainConfig {
+    let base = layout_comparison_run(cache, 2, train_iters, ITERS);
+    PretrainConfig {
+        // The untied output layer starts small: a higher rate makes the loss fall as fast as
+        // the GPT-2 runs' within the iterations.
+        schedule: LrSchedule {
+            max_lr: 8e-3,
+            ..base.schedule
+        },
+        model: llama_model(),
+        tensor_model_parallel_size: layout.tp,
+        pipeline_model_parallel_size: layout.pp,
+        use_distributed_optimizer: layout.distributed_optimizer,
+        recompute: layout.recompute,
+        overlap_grad_reduce: layout.overlap_grad_reduce,
+        ..base
+    }
+}
+
+fn device() -> Device {
+    Device::flex().autodiff()
+}
+
+/// The single-process run's training and validation losses, computed once per binary.
+fn reference() -> &'static (Losses, Losses) {
+    static REFERENCE: std::sync::OnceLock<(Losses, Losses)> = std::sync::OnceLock::new();
+    REFERENCE.get_or_init(|| {
+        let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("llama_reference");
+        let out = pretrain(&config(&cache, layout(1, 1), ITERS), &device()).unwrap();
+        (out.losses, out.validation)
+    })
+}
+
+fn layout_runs(
+    cache: &Path,
+    layouts: &[Layout],
+    world: Arc<dyn Communicator>,
+) -> anyhow::Result<Vec<(Losses, Losses)>> {
+    layouts
+        .iter()
+        .map(|&l| {
+            let out = pretrain_on(&config(cache, l, ITERS), &device(), world.clone())?;
+            Ok((out.losses, out.validation))
+        })
+        .collect()
+}
+
+fn check_layouts(layouts: &[Layout], runs: &[(Losses, Losses)], ranks: &str) {
+    let reference = reference();
+    assert_eq!(reference.0.len(), ITERS as usize);
+    assert!(
+        reference.0[ITERS as usize - 1].1 < reference.0[0].1 - 0.5,
+        "loss does not fall: {:?}",
+        reference.0
+    );
+    let mut failures = Vec::new();
+    for (layout, (losses, validation)) in layouts.iter().zip(runs) {
+        let worst = worst_relative(losses, &reference.0);
+        let worst_valid = worst_relative(validation, &reference.1);
+        println!("{ranks}, {layout:?}: worst relative difference to one process over {ITERS} iterations: training {worst:.2e}, validation {worst_valid:.2e}");
+        if !(worst < 1e-5 && worst_valid < 1e-5) {
+            failures.push(format!("{layout:?}: {worst} / {worst_valid}"));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+}
+
+#[test]
+fn llama_layouts_on_threads_reproduce_the_single_process_losses() {
+    let dir = tempfile::tempdir().unwrap();
+    let runs = run_ranks(4, |world| layout_runs(dir.path(), &LAYOUTS, world)).unwrap();
+    check_layouts(&LAYOUTS, &runs[0], "4 threads");
+}
+
+#[test]
+fn llama_layouts_under_mpirun_reproduce_the_single_process_losses() {
+    if let Some(world) = mpi_rank() {
+        let dir = dir_from_env();
+        let runs = layout_runs(&dir.join("cache"), &MPI_LAYOUTS, world.comm()).unwrap();
+        if world.rank() == 0 {
+            std::fs::write(dir.join("runs.json"), serde_json::to_string(&runs).unwrap()).unwrap();
+        }
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, out) = mpirun(
+        "llama_layouts_under_mpirun_reproduce_the_single_process_losses",
+        4,
+        &[("FERROTRON_TEST_DIR", dir.path())],
+        Duration::from_secs(600),
+    );
+    assert!(ok, "{out}");
+    let runs: Vec<(Losses, Losses)> =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("runs.json")).unwrap())
+            .unwrap();
+    check_layouts(&MPI_LAYOUTS, &runs, "4 MPI ranks");
+}
+
+/// TP=2 × DP=2 with the distributed optimizer saves at iteration 6; TP=2 × PP=2 continues
+/// from it, and so does one process: both follow the uninterrupted run.
+#[test]
+fn llama_checkpoints_continue_at_another_layout() {
+    let save_at = 6;
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let saved = dir.path().join("saved");
+    let saving = PretrainConfig {
+        save: Some(saved.clone()),
+        exit_interval: Some(save_at),
+        ..config(&cache, LAYOUTS[1], ITERS)
+    };
+    run_ranks(4, |world| {
+        pretrain_on(&saving, &device(), world).map(|_| ())
+    })
+    .unwrap();
+    let resuming = |l: Layout| PretrainConfig {
+        load: Some(saved.clone()),
+        ..config(&cache, l, ITERS)
+    };
+    let tp_pp = run_ranks(4, |world| {
+        pretrain_on(&resuming(layout(2, 2)), &device(), world).map(|o| o.losses)
+    })
+    .unwrap();
+    let single = pretrain(&resuming(layout(1, 1)), &device()).unwrap().losses;
+    let tail = reference().0[save_at as usize..].to_vec();
+    let a = worst_relative(&tp_pp[0], &tail);
+    let b = worst_relative(&single, &tail);
+    println!("saved at TP=2 × DP=2: resumed at TP=2 × PP=2 {a:.2e}, in one process {b:.2e}");
+    assert!(a < 1e-5 && b < 1e-5, "{a} {b}");
+}
+
+/// The model flags of Megatron's Llama-3 8B examples, as written (sizes scaled down; the
+/// legacy `--use-rotary-position-embeddings --no-position-embedding` pair of its Llama-3.1
+/// script, and the `--position-embedding-type rope` of its FP8 one): `pretrain` trains the model
+/// they describe, and refuses what it does not implement in one line.
+#[test]
+fn megatrons_llama3_model_flags_train_that_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = golden("wikitext2_valid", "text");
+    let common = [
+        "--num-layers",
+        "2",
+        "--hidden-size",
+        "64",
+        "--ffn-hidden-size",
+        "96",
+        "--num-attention-heads",
+        "4",
+        "--group-query-attention",
+        "--num-query-groups",
+        "2",
+        "--kv-channels",
+        "32",
+        "--seq-length",
+        "32",
+        "--max-position-embeddings",
+        "64",
+        "--swiglu",
+        "--normalization",
+        "RMSNorm",
+        "--norm-epsilon",
+        "1e-5",
+        "--untie-embeddings-and-output-weights",
+        "--disable-bias-linear",
+        "--rotary-base",
+        "500000",
+        "--use-rope-scaling",
+        "--rotary-percent",
+        "1.0",
+        "--micro-batch-size",
+        "2",
+        "--global-batch-size",
+        "4",
+        "--lr",
+        "3e-3",
+        "--train-iters",
+        "3",
+        "--eval-iters",
+        "0",
+        "--data-path",
+        data.to_str().unwrap(),
+        "--data-cache-path",
+        "cache",
+    ];
+    let run = |extra: &[&str]| {
+        let mut args = common.to_vec();
+        args.extend_from_slice(extra);
+        run_tool(env!("CARGO_BIN_EXE_pretrain"), &args, dir.path())
+    };
+    let legacy = run(&[
+        "--use-rotary-position-embeddings",
+        "--no-position-embedding",
+        "--save",
+        "a",
+    ]);
+    assert!(legacy.status.success(), "{}", stderr(&legacy));
+    let current = run(&[
+        "--position-embedding-type",
+        "rope",
+        "--apply-layernorm-1p",
+        "--save",
+        "b",
+    ]);
+    assert!(current.status.success(), "{}", stderr(&current));
+    let (model, checkpoint) = load_model(&dir.path().join("a"), &Device::flex()).unwrap();
+    let c = &checkpoint.config;
+    assert_eq!(c.position_embedding_type, PositionEmbedding::Rope);
+    assert_eq!(c.normalization, Normalization::RmsNorm);
+    assert!(c.swiglu && !c.add_bias_linear && c.untie_embeddings_and_output_weights);
+    assert_eq!((c.query_groups(), c.head_dim(), c.ffn_size()), (2, 32, 96));
+    assert_eq!(c.rope_scaling.map(|s| s.factor), Some(8.0));
+    assert!(model.position_embeddings.is_none() && model.output_layer.is_some());
+    // 4 heads and 2 groups of width 32: q 128 + k 64 + v 64 columns, no bias.
+    let qkv = &model.layer(0).unwrap().self_attention.query_key_value;
+    assert_eq!(qkv.weight.dims(), [64, 256]);
+    assert!(qkv.bias.is_none());
+    let (_, one_p) = load_model(&dir.path().join("b"), &Device::flex()).unwrap();
+    assert!(one_p.config.apply_layernorm_1p);
+    // Loading one into a run of the other architecture is refused in one line.
+    let refused = run(&[
+        "--position-embedding-type",
+        "rope",
+        "--apply-layernorm-1p",
+        "--load",
+        "a",
+    ]);
+    assert!(!refused.status.success());
+    assert!(
+        stderr(&refused).contains("the checkpoint's model is"),
+        "{}",
+        stderr(&refused)
+    );
+    let sequence_parallel = run(&["--position-embedding-type", "rope", "--sequence-parallel"]);
+    assert!(!sequence_parallel.status.success());
+    assert!(stderr(&sequence_parallel).contains("--sequence-parallel"));
+}
+
+/// The parameter count the logs and the memory estimate use equals what the built model
+/// holds, and the FLOP count is Megatron's `num_floating_point_operations` (transcribed here
+/// from `megatron/training/training.py`, per token, for one of each kind of model).
+#[test]
+fn parameter_and_flop_counts_follow_the_architecture() {
+    let models = [
+        GptConfig::new(2, 32, 4, 16, 512),
+        GptConfig {
+            padded_vocab_size: 512,
+            ..llama_model()
+        },
+        GptConfig {
+            padded_vocab_size: 512,
+            ..llama_model()
+        }
+        .with_normalization(Normalization::LayerNorm)
+        .with_add_bias_linear(true)
+        .with_position_embedding_type(PositionEmbedding::LearnedAbsolute)
+        .with_untie_embeddings_and_output_weights(false),
+    ];
+    for config in models {
+        let model = config.init(0, &Device::flex()).unwrap();
+        let held: usize = named_parameters(&model)
+            .iter()
+            .map(|p| p.values.len())
+            .sum();
+        assert_eq!(config.num_parameters(), held, "{}", config.architecture());
+        // Megatron's formula: 12 · s · L · h² · ((1 + G/n + s/h) · (d·n/h) + f/h · (3/2 if
+        // SwiGLU) + V / (2·L·h)), over the s tokens of a sample.
+        let (s, l, h) = (64.0, config.num_layers as f64, config.hidden_size as f64);
+        let (n, g) = (
+            config.num_attention_heads as f64,
+            config.query_groups() as f64,
+        );
+        let d = config.head_dim() as f64;
+        let f = config.ffn_size() as f64 * if config.swiglu { 1.5 } else { 1.0 };
+        let v = config.padded_vocab_size as f64;
+        let megatron = 12.0
+            * s
+            * l
+            * h
+            * h
+            * ((1.0 + g / n + s / h) * (d * n / h) + f / h + v / (2.0 * l * h));
+        let ours = config.flops_per_token(64) * s;
+        assert!(
+            (ours - megatron).abs() < 1e-9 * megatron,
+            "{ours} vs {megatron}"
+        );
+    }
+}
