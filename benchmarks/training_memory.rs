@@ -1,6 +1,7 @@
 //! Peak memory and speed of training in fp32 keeping every activation (the baseline) against
 //! mixed precision (bf16, fp16) and activation recomputation, the same model and data, each
-//! run a separate `pretrain` process.
+//! run a separate `pretrain` process; then two tensor-parallel ranks (threads of one process)
+//! without and with `--sequence-parallel`.
 //!
 //! ```text
 //! cargo bench --bench training_memory
@@ -117,6 +118,8 @@ fn main() {
     // fp16 starts its dynamic loss scale at 2^12 here, not Megatron's 2^32, so that the four
     // iterations update the weights instead of backing the scale off.
     let fp16 = ["--fp16", "--initial-loss-scale", "4096"];
+    // Two tensor-parallel ranks in one process: the peak is both ranks' together.
+    let tp2 = ["--tensor-model-parallel-size", "2"];
     let runs: Vec<(&str, Vec<&str>, Option<&str>)> = vec![
         ("fp32 (baseline)", vec![], None),
         (
@@ -162,6 +165,12 @@ fn main() {
             [&fp16[..], &recompute].concat(),
             Some("fp16"),
         ),
+        ("fp32, TP=2 (2 threads)", tp2.to_vec(), None),
+        (
+            "fp32, TP=2, sequence parallel",
+            [&tp2[..], &["--sequence-parallel"]].concat(),
+            Some("fp32, TP=2 (2 threads)"),
+        ),
     ];
     println!("training memory and speed, 8 layers, hidden 256, seq 512, micro-batch 4, CPU:");
     let mut done: Vec<(&str, Run)> = vec![];
@@ -172,12 +181,12 @@ fn main() {
             Some(name) => {
                 let (_, kept) = done.iter().find(|(n, _)| *n == name).expect("run before");
                 if run.losses == kept.losses {
-                    "losses equal without recompute"
+                    format!("losses equal those of \"{name}\"")
                 } else {
-                    "losses DIFFER from the run without recompute"
+                    format!("losses DIFFER from those of \"{name}\"")
                 }
             }
-            None => "",
+            None => String::new(),
         };
         println!(
             "  {name:32}: peak RSS {:6.0} MiB ({:.2}x; estimate {:6.0} MiB), {:6.0} tokens/s ({:.2}x) {losses}",

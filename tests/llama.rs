@@ -182,6 +182,7 @@ struct Layout {
     distributed_optimizer: bool,
     recompute: Recompute,
     overlap_grad_reduce: bool,
+    sequence_parallel: bool,
 }
 
 const fn layout(tp: usize, pp: usize) -> Layout {
@@ -191,10 +192,18 @@ const fn layout(tp: usize, pp: usize) -> Layout {
         distributed_optimizer: false,
         recompute: Recompute::None,
         overlap_grad_reduce: false,
+        sequence_parallel: false,
     }
 }
 
-const LAYOUTS: [Layout; 5] = [
+const fn sequence_parallel(tp: usize, pp: usize) -> Layout {
+    Layout {
+        sequence_parallel: true,
+        ..layout(tp, pp)
+    }
+}
+
+const LAYOUTS: [Layout; 8] = [
     layout(2, 1),
     Layout {
         distributed_optimizer: true,
@@ -210,11 +219,24 @@ const LAYOUTS: [Layout; 5] = [
         recompute: Recompute::Uniform(1),
         ..layout(1, 1)
     },
+    // Sequence parallelism: with the distributed optimizer and overlapped reduction, with
+    // selective recomputation, and between pipeline stages.
+    Layout {
+        distributed_optimizer: true,
+        overlap_grad_reduce: true,
+        ..sequence_parallel(2, 1)
+    },
+    Layout {
+        recompute: Recompute::Selective,
+        ..sequence_parallel(2, 1)
+    },
+    sequence_parallel(2, 2),
 ];
 
 /// Under `mpirun`: tensor-parallel collectives with the distributed optimizer across
-/// processes, and pipeline point-to-point with tensor parallelism.
-const MPI_LAYOUTS: [Layout; 2] = [LAYOUTS[1], LAYOUTS[3]];
+/// processes, pipeline point-to-point with tensor parallelism, and sequence parallelism's
+/// all-gathers and reduce-scatters across processes.
+const MPI_LAYOUTS: [Layout; 3] = [LAYOUTS[1], LAYOUTS[3], LAYOUTS[7]];
 
 fn config(cache: &Path, layout: Layout, train_iters: u64) -> PretrainConfig {
     let base = layout_comparison_run(cache, 2, train_iters, ITERS);
@@ -225,7 +247,7 @@ fn config(cache: &Path, layout: Layout, train_iters: u64) -> PretrainConfig {
             max_lr: 8e-3,
             ..base.schedule
         },
-        model: llama_model(),
+        model: llama_model().with_sequence_parallel(layout.sequence_parallel),
         tensor_model_parallel_size: layout.tp,
         pipeline_model_parallel_size: layout.pp,
         use_distributed_optimizer: layout.distributed_optimizer,
@@ -369,8 +391,6 @@ fn megatrons_llama3_model_flags_train_that_model() {
         "2",
         "--kv-channels",
         "32",
-        "--seq-length",
-        "32",
         "--max-position-embeddings",
         "64",
         "--swiglu",
@@ -400,8 +420,12 @@ fn megatrons_llama3_model_flags_train_that_model() {
         "--data-cache-path",
         "cache",
     ];
+    // Each run names its --seq-length (a repeated flag is refused).
     let run = |extra: &[&str]| {
         let mut args = common.to_vec();
+        if !extra.contains(&"--seq-length") {
+            args.extend_from_slice(&["--seq-length", "32"]);
+        }
         args.extend_from_slice(extra);
         run_tool(env!("CARGO_BIN_EXE_pretrain"), &args, dir.path())
     };
@@ -448,9 +472,37 @@ fn megatrons_llama3_model_flags_train_that_model() {
         "{}",
         stderr(&refused)
     );
-    let sequence_parallel = run(&["--position-embedding-type", "rope", "--sequence-parallel"]);
-    assert!(!sequence_parallel.status.success());
-    assert!(stderr(&sequence_parallel).contains("--sequence-parallel"));
+    // --sequence-parallel on two tensor-parallel ranks trains, and is refused where the
+    // sequence does not split.
+    let sequence_parallel = run(&[
+        "--position-embedding-type",
+        "rope",
+        "--sequence-parallel",
+        "--tensor-model-parallel-size",
+        "2",
+        "--save",
+        "c",
+    ]);
+    assert!(
+        sequence_parallel.status.success(),
+        "{}",
+        stderr(&sequence_parallel)
+    );
+    let odd = run(&[
+        "--position-embedding-type",
+        "rope",
+        "--sequence-parallel",
+        "--tensor-model-parallel-size",
+        "2",
+        "--seq-length",
+        "31",
+    ]);
+    assert!(!odd.status.success());
+    assert!(
+        stderr(&odd).contains("--seq-length 31 is not divisible"),
+        "{}",
+        stderr(&odd)
+    );
 }
 
 /// The parameter count the logs and the memory estimate use equals what the built model
@@ -501,5 +553,27 @@ fn parameter_and_flop_counts_follow_the_architecture() {
             (ours - megatron).abs() < 1e-9 * megatron,
             "{ours} vs {megatron}"
         );
+    }
+}
+
+/// Under `--sequence-parallel` each of 2 tensor-parallel ranks holds half the sequence between
+/// the embeddings and the output layer, whose logits cover the whole sequence again.
+#[test]
+fn sequence_parallel_ranks_hold_their_chunk_of_the_sequence() {
+    use burn::tensor::{Int, Tensor};
+    let shapes = run_ranks(2, |world| {
+        let group = ferrotron::comm::Group::new(world);
+        let config = llama_model().with_sequence_parallel(true);
+        let model = config
+            .init_parallel(0, &group, &Device::flex())
+            .map_err(anyhow::Error::msg)?;
+        let tokens = Tensor::<2, Int>::zeros([2, 16], &Device::flex());
+        let x = model.embed(tokens.clone());
+        let after = model.layer(0).unwrap().forward(x.clone());
+        Ok((x.dims(), after.dims(), model.forward(tokens).dims()))
+    })
+    .unwrap();
+    for shape in shapes {
+        assert_eq!(shape, ([2, 8, 32], [2, 8, 32], [2, 16, 50304 / 2]));
     }
 }

@@ -68,7 +68,8 @@ struct Args {
     openai_gelu: bool,
     #[command(flatten)]
     architecture: ArchitectureArgs,
-    /// Megatron's sequence parallelism (not implemented yet: refused).
+    /// Norms, dropout and residuals on each tensor-parallel rank's chunk of the sequence
+    /// (no effect at tensor-parallel size 1).
     #[arg(long)]
     sequence_parallel: bool,
 
@@ -425,9 +426,7 @@ fn model_config(args: &Args, verbose: bool) -> Result<(GptConfig, u32)> {
     .with_layer_norm_fusion(!args.no_persist_layer_norm)
     .with_flash_attention(args.use_flash_attn);
     let model = args.architecture.apply(model).map_err(anyhow::Error::msg)?;
-    if args.sequence_parallel {
-        bail!("--sequence-parallel is not implemented yet: run without it (tensor parallelism alone gives the same losses)");
-    }
+    let model = model.with_sequence_parallel(args.sequence_parallel);
     if verbose
         && args.use_flash_attn
         && !args.device.starts_with("cuda")

@@ -139,6 +139,17 @@ impl Group {
             .unwrap_or_else(|e| self.comm_panic(e))
     }
 
+    /// Reduce-scatter along `dim`, panicking on failure (see [`Self::all_reduce_or_panic`]).
+    pub fn reduce_scatter_or_panic(
+        &self,
+        data: TensorData,
+        dim: usize,
+        op: ReduceOp,
+    ) -> TensorData {
+        self.reduce_scatter(data, dim, op)
+            .unwrap_or_else(|e| self.comm_panic(e))
+    }
+
     fn comm_panic(&self, error: CommError) -> ! {
         std::panic::panic_any(format!("rank {} of a parallel group: {error}", self.rank()))
     }

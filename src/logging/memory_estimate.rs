@@ -141,7 +141,15 @@ pub fn estimate(plan: &MemoryPlan, precision: Precision, recompute: Recompute) -
     // output, the SiLU of it and the product as well.
     let attention = m.qkv_size() as f64 / t;
     let mlp = if m.swiglu { 4.0 * f / t } else { 2.0 * f / t };
-    let rest = b * s * e * (mlp + attention + 1.5 * h);
+    // The replicated [b, s, h] tensors: two norm inputs, two dropout masks, two norm outputs
+    // (kept by the column-parallel matmuls). Sequence parallelism splits the first four over
+    // the tensor-parallel ranks; the matmuls keep their gathered input whole.
+    let replicated = if m.sequence_parallel {
+        1.5 * h * (1.0 / 3.0 + 2.0 / 3.0 / t)
+    } else {
+        1.5 * h
+    };
+    let rest = b * s * e * (mlp + attention + replicated);
     // [b, heads/t, s, s]: the softmax's fp32 exponentials, and the probabilities, dropout
     // mask and dropped probabilities in the model's dtype.
     let scores = b * (heads / t) * s * s * (4.0 + 3.0 * e);

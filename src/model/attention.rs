@@ -81,7 +81,8 @@ impl CausalSelfAttention {
                 group,
                 device,
             )
-            .with_bias(config.qkv_bias()),
+            .with_bias(config.qkv_bias())
+            .with_sequence_parallel(config.sequence_parallel),
             dense: RowParallelLinear::new(
                 config.num_attention_heads * d,
                 h,
@@ -92,7 +93,8 @@ impl CausalSelfAttention {
                 group,
                 device,
             )
-            .with_bias(config.add_bias_linear),
+            .with_bias(config.add_bias_linear)
+            .with_sequence_parallel(config.sequence_parallel),
             q_layernorm: qk_norm("q_layernorm"),
             k_layernorm: qk_norm("k_layernorm"),
             attention_dropout: Dropout::new(config.attention_dropout, RngRegion::ModelParallel),
@@ -109,14 +111,13 @@ impl CausalSelfAttention {
     /// seq, head_dim]` of `x` at positions `start..start + seq`: the fused per-group
     /// projection split, the query/key norms and the rotary embedding applied.
     pub fn query_key_value_heads(&self, x: Tensor<3>, start: usize) -> [Tensor<4>; 3] {
-        let [b, s, _] = x.dims();
         let (groups, d) = (self.local_groups, self.head_dim);
         let per_group = self.local_heads / groups;
-        // [b, s, local groups · (heads per group + 2) · head_dim]
-        let qkv = self
-            .query_key_value
-            .forward(x)
-            .reshape([b, s, groups, (per_group + 2) * d]);
+        // [b, s, local groups · (heads per group + 2) · head_dim], the whole sequence (the
+        // projection gathers it under sequence parallelism).
+        let qkv = self.query_key_value.forward(x);
+        let [b, s, _] = qkv.dims();
+        let qkv = qkv.reshape([b, s, groups, (per_group + 2) * d]);
         let part = |from: usize, heads: usize| {
             qkv.clone()
                 .narrow(3, from * d, heads * d)

@@ -94,6 +94,11 @@ pub struct GptConfig {
     /// `--untie-embeddings-and-output-weights`: the output layer has its own weight.
     #[config(default = false)]
     pub untie_embeddings_and_output_weights: bool,
+    /// `--sequence-parallel`: between the tensor-parallel layers (norms, dropout, residuals)
+    /// each tensor-parallel rank holds only its chunk of the sequence. The math is the same;
+    /// activation memory per rank is lower.
+    #[config(default = false)]
+    pub sequence_parallel: bool,
 }
 
 impl GptConfig {
@@ -195,13 +200,14 @@ impl GptConfig {
         parts.join(", ")
     }
 
-    /// The same model with the fusion switches as in `other` (they do not change the math, so
-    /// checkpoints compare shapes without them).
+    /// The same model with the fusion switches and sequence parallelism as in `other` (they
+    /// do not change the math, so checkpoints compare shapes without them).
     pub fn with_fusion_of(&self, other: &GptConfig) -> GptConfig {
         GptConfig {
             masked_softmax_fusion: other.masked_softmax_fusion,
             layer_norm_fusion: other.layer_norm_fusion,
             flash_attention: other.flash_attention,
+            sequence_parallel: other.sequence_parallel,
             ..self.clone()
         }
     }

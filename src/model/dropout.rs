@@ -4,8 +4,9 @@
 //! from the draw's key and the element index, with the bits the host draws on the CPU.
 
 use burn::module::Module;
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{Device, Tensor, TensorData};
 
+use crate::comm::Group;
 use crate::parallel::random::{dropout_mask_of, next_dropout_key, RngRegion};
 
 /// Zeroes each element with probability `prob` and scales the rest by `1 / (1 − prob)`, in
@@ -17,12 +18,27 @@ pub struct Dropout {
     /// The stream it draws from (replicated or model-parallel region).
     #[module(skip)]
     pub region: RngRegion,
+    /// Under sequence parallelism: the group whose ranks each hold one chunk of the sequence
+    /// (dimension 1). The mask is drawn for the whole sequence and each rank keeps its chunk's,
+    /// so the run drops what the one-process run drops.
+    #[module(skip)]
+    pub sequence_chunk_of: Option<Group>,
 }
 
 impl Dropout {
     /// A dropout of probability `prob` drawing from `region`'s stream.
     pub fn new(prob: f64, region: RngRegion) -> Self {
-        Self { prob, region }
+        Self {
+            prob,
+            region,
+            sequence_chunk_of: None,
+        }
+    }
+
+    /// The same dropout for this rank's sequence chunk of `group` (`--sequence-parallel`).
+    pub fn with_sequence_chunk_of(mut self, group: &Group) -> Self {
+        self.sequence_chunk_of = (group.size() > 1).then(|| group.clone());
+        self
     }
 
     /// The key and probability of the draw that applying this dropout to a tensor now would
@@ -39,6 +55,10 @@ impl Dropout {
             return x;
         }
         let key = next_dropout_key(self.region);
+        if let Some(group) = &self.sequence_chunk_of {
+            let mask = self.chunk_mask(key, x.dims(), group, &x.device());
+            return x.clone() * mask.cast(x.dtype());
+        }
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         if crate::util::device::is_cube(&x.device()) {
             // Generated on the device from the key, never stored; the backward re-derives it.
@@ -52,5 +72,28 @@ impl Dropout {
         )
         .cast(x.dtype());
         x * mask
+    }
+
+    /// This rank's chunk (along dimension 1) of the mask of draw `key` over the whole
+    /// sequence, for a chunk of shape `chunk`.
+    fn chunk_mask<const D: usize>(
+        &self,
+        key: u64,
+        chunk: [usize; D],
+        group: &Group,
+        device: &Device,
+    ) -> Tensor<D> {
+        let (parts, rank) = (group.size(), group.rank());
+        let mut whole = chunk;
+        whole[1] *= parts;
+        let values = dropout_mask_of(key, whole.iter().product(), self.prob);
+        // Rows of the whole mask before dimension 1, each [seq · rest] long.
+        let rest: usize = chunk[2..].iter().product();
+        let (row, own) = (whole[1] * rest, chunk[1] * rest);
+        let mut mine = Vec::with_capacity(chunk.iter().product());
+        for outer in values.chunks(row) {
+            mine.extend_from_slice(&outer[rank * own..(rank + 1) * own]);
+        }
+        Tensor::<D>::from_data(TensorData::new(mine, chunk), device)
     }
 }

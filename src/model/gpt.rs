@@ -11,7 +11,9 @@ use super::transformer_block::TransformerBlock;
 use super::GptConfig;
 use crate::comm::Group;
 use crate::parallel::layers::{weight_matmul, ColumnParallelLinear, VocabParallelEmbedding};
-use crate::parallel::mappings::copy_to_region;
+use crate::parallel::mappings::{
+    copy_to_region, gather_from_sequence_region, scatter_to_sequence_region,
+};
 use crate::parallel::random::RngRegion;
 use crate::parallel::sharding::init_shard;
 use crate::util::init::Init;
@@ -48,6 +50,9 @@ pub struct Gpt {
     pub tied_output: bool,
     /// The positions the model was built for (`--max-position-embeddings`).
     pub max_positions: usize,
+    /// Between the embeddings and the output layer, activations are this tensor-parallel
+    /// rank's chunk of the sequence (`--sequence-parallel`).
+    pub sequence_parallel: bool,
     /// The tensor-parallel group.
     #[module(skip)]
     pub group: Group,
@@ -88,6 +93,12 @@ impl Gpt {
         // The last stage's copy of the word embedding starts equal to the first stage's (the
         // same seed and name give the same values), as Megatron's initial embedding sync.
         let tied_head = stage.head && config.tied_output();
+        // Under sequence parallelism the final norm sees this rank's sequence chunk.
+        let sequence_group = if config.sequence_parallel {
+            group.clone()
+        } else {
+            Group::single()
+        };
         let word_embeddings = (stage.embedding || tied_head).then(|| {
             VocabParallelEmbedding::new(
                 config.padded_vocab_size,
@@ -130,12 +141,15 @@ impl Gpt {
                     device,
                 )
                 .with_fusion(config.layer_norm_fusion)
+                .with_input_split_over(&sequence_group)
             }),
             output_layer: (stage.head && !config.tied_output()).then(|| {
                 let vocab = config.padded_vocab_size;
                 ColumnParallelLinear::new(h, vocab, std, seed, "output_layer", false, group, device)
                     .with_bias(false)
+                    .with_sequence_parallel(config.sequence_parallel)
             }),
+            sequence_parallel: config.sequence_parallel,
             holds_embedding: stage.embedding,
             tied_output: config.tied_output(),
             max_positions: config.max_position_embeddings,
@@ -182,7 +196,8 @@ impl Gpt {
     }
 
     /// The embedding block: token (+ learned position) embeddings, then dropout;
-    /// `[batch, seq, hidden]` for token ids `[batch, seq]`.
+    /// `[batch, seq, hidden]` for token ids `[batch, seq]` (this rank's chunk of the sequence
+    /// under `--sequence-parallel`).
     pub fn embed(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
         self.embed_from(tokens, 0)
     }
@@ -195,7 +210,12 @@ impl Gpt {
             Some(table) => words + table.val().narrow(0, start, s).unsqueeze::<3>(),
             None => words,
         };
-        self.embedding_dropout.forward(embeddings)
+        let embeddings = self.embedding_dropout.forward(embeddings);
+        if self.sequence_parallel {
+            scatter_to_sequence_region(embeddings, &self.group)
+        } else {
+            embeddings
+        }
     }
 
     /// This rank's logits for the output of the last layer: final norm, then the output
@@ -209,7 +229,11 @@ impl Gpt {
         if let Some(output_layer) = &self.output_layer {
             return output_layer.forward(hidden);
         }
-        let hidden = copy_to_region(hidden, &self.group);
+        let hidden = if self.sequence_parallel {
+            gather_from_sequence_region(hidden, &self.group)
+        } else {
+            copy_to_region(hidden, &self.group)
+        };
         weight_matmul(hidden, self.word_embedding().weight.val().transpose())
     }
 

@@ -47,6 +47,7 @@ impl Mlp {
                 device,
             )
             .with_bias(bias)
+            .with_sequence_parallel(config.sequence_parallel)
         };
         Self {
             dense_h_to_4h: column("dense_h_to_4h"),
@@ -61,7 +62,8 @@ impl Mlp {
                 group,
                 device,
             )
-            .with_bias(bias),
+            .with_bias(bias)
+            .with_sequence_parallel(config.sequence_parallel),
             openai_gelu: config.openai_gelu,
         }
     }
@@ -69,7 +71,10 @@ impl Mlp {
     /// `[batch, seq, hidden]` → `[batch, seq, hidden]`.
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
         let h = match &self.dense_h_to_4h_gate {
-            Some(gate) => silu(gate.forward(x.clone())) * self.dense_h_to_4h.forward(x),
+            Some(gate) => {
+                let x = self.dense_h_to_4h.enter_region(x);
+                silu(gate.forward_in_region(x.clone())) * self.dense_h_to_4h.forward_in_region(x)
+            }
             None if self.openai_gelu => gelu_approximate(self.dense_h_to_4h.forward(x)),
             None => gelu(self.dense_h_to_4h.forward(x)),
         };

@@ -40,6 +40,12 @@ impl TransformerBlock {
         device: &Device,
     ) -> Self {
         let name = format!("layers.{index}");
+        // Under sequence parallelism the norms and dropouts see this rank's sequence chunk.
+        let sequence_group = if config.sequence_parallel {
+            group.clone()
+        } else {
+            Group::single()
+        };
         let norm = |which: &str| {
             Norm::new(
                 config.normalization,
@@ -50,6 +56,7 @@ impl TransformerBlock {
                 device,
             )
             .with_fusion(config.layer_norm_fusion)
+            .with_input_split_over(&sequence_group)
         };
         Self {
             input_layernorm: norm("input_layernorm"),
@@ -62,7 +69,8 @@ impl TransformerBlock {
             ),
             post_attention_layernorm: norm("post_attention_layernorm"),
             mlp: Mlp::new(config, seed, &format!("{name}.mlp"), group, device),
-            hidden_dropout: Dropout::new(config.hidden_dropout, RngRegion::Replicated),
+            hidden_dropout: Dropout::new(config.hidden_dropout, RngRegion::Replicated)
+                .with_sequence_chunk_of(&sequence_group),
             layer_number: index,
         }
     }

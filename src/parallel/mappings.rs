@@ -8,6 +8,15 @@
 //! | scatter to region    | keep own last-dim chunk | all-gather last dim     |
 //! | gather from region   | all-gather last dim     | keep own last-dim chunk |
 //!
+//! and the three of sequence parallelism, on the sequence dimension (1 of `[batch, seq,
+//! hidden]`):
+//!
+//! | operator                       | forward                 | backward               |
+//! |--------------------------------|-------------------------|------------------------|
+//! | scatter to sequence region     | keep own sequence chunk | all-gather sequence    |
+//! | gather from sequence region    | all-gather sequence     | reduce-scatter sequence|
+//! | reduce-scatter to seq. region  | reduce-scatter sequence | all-gather sequence    |
+//!
 //! They are a burn backend extension (`#[backend_extension]`) with a hand-written `Backward`
 //! for `Autodiff<B>`, so gradients communicate exactly where Megatron's do. On a single-rank
 //! group every operator is the identity and never reaches the backend.
@@ -36,7 +45,19 @@ pub enum RegionKind {
     Scatter,
     /// All-gather forward, split backward (`gather_from_tensor_model_parallel_region`).
     Gather,
+    /// Own sequence chunk forward, all-gather backward
+    /// (`scatter_to_sequence_parallel_region`).
+    SequenceScatter,
+    /// All-gather of the sequence forward, reduce-scatter backward
+    /// (`gather_from_sequence_parallel_region` before a column-parallel layer).
+    SequenceGather,
+    /// Reduce-scatter of the sequence forward, all-gather backward
+    /// (`reduce_scatter_to_sequence_parallel_region` after a row-parallel layer).
+    SequenceReduceScatter,
 }
+
+/// The sequence dimension of `[batch, seq, hidden]` activations.
+const SEQUENCE_DIM: usize = 1;
 
 impl RegionKind {
     /// The operator whose forward is this one's backward.
@@ -46,6 +67,9 @@ impl RegionKind {
             Self::Reduce => Self::Copy,
             Self::Scatter => Self::Gather,
             Self::Gather => Self::Scatter,
+            // A backward only runs its transpose's forward: the all-gather of a gather.
+            Self::SequenceScatter | Self::SequenceReduceScatter => Self::SequenceGather,
+            Self::SequenceGather => Self::SequenceReduceScatter,
         }
     }
 }
@@ -81,6 +105,13 @@ fn region_forward<B: Backend>(x: FloatTensor<B>, region: &Region) -> FloatTensor
                 .map(|mut parts| parts.swap_remove(group.rank()))
                 .unwrap_or_else(|e| panic!("scatter to tensor-parallel region: {e}")),
             RegionKind::Gather => group.all_gather_or_panic(data, last),
+            RegionKind::SequenceScatter => split(&data, SEQUENCE_DIM, group.size())
+                .map(|mut parts| parts.swap_remove(group.rank()))
+                .unwrap_or_else(|e| panic!("scatter to sequence-parallel region: {e}")),
+            RegionKind::SequenceGather => group.all_gather_or_panic(data, SEQUENCE_DIM),
+            RegionKind::SequenceReduceScatter => {
+                group.reduce_scatter_or_panic(data, SEQUENCE_DIM, ReduceOp::Sum)
+            }
         })
     })
 }
@@ -167,4 +198,22 @@ pub fn scatter_to_region<const D: usize>(x: Tensor<D>, group: &Group) -> Tensor<
 /// All-gather along the last dimension forward, own chunk backward.
 pub fn gather_from_region<const D: usize>(x: Tensor<D>, group: &Group) -> Tensor<D> {
     apply(x, RegionKind::Gather, group)
+}
+
+/// This rank's chunk of the sequence forward, all-gather backward: activations entering the
+/// sequence-parallel region (after the embeddings).
+pub fn scatter_to_sequence_region(x: Tensor<3>, group: &Group) -> Tensor<3> {
+    apply(x, RegionKind::SequenceScatter, group)
+}
+
+/// All-gather of the sequence forward, reduce-scatter backward: the input of a
+/// column-parallel layer under sequence parallelism.
+pub fn gather_from_sequence_region<const D: usize>(x: Tensor<D>, group: &Group) -> Tensor<D> {
+    apply(x, RegionKind::SequenceGather, group)
+}
+
+/// Reduce-scatter of the sequence forward, all-gather backward: the output of a row-parallel
+/// layer under sequence parallelism.
+pub fn reduce_scatter_to_sequence_region<const D: usize>(x: Tensor<D>, group: &Group) -> Tensor<D> {
+    apply(x, RegionKind::SequenceReduceScatter, group)
 }

@@ -77,9 +77,11 @@ impl ArchitectureArgs {
         };
         let kind = match (named, self.use_rotary_position_embeddings) {
             (Some(PositionEmbedding::Rope) | None, true) => PositionEmbedding::Rope,
-            (Some(other), true) => return Err(format!(
+            (Some(other), true) => {
+                return Err(format!(
                 "--use-rotary-position-embeddings contradicts --position-embedding-type {other:?}"
-            )),
+            ))
+            }
             (Some(kind), false) => kind,
             (None, false) => PositionEmbedding::LearnedAbsolute,
         };

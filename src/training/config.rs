@@ -226,6 +226,13 @@ impl PretrainConfig {
                 self.model.max_position_embeddings
             );
         }
+        let tp = self.tensor_model_parallel_size;
+        if self.model.sequence_parallel && !self.seq_length.is_multiple_of(tp) {
+            bail!(
+                "--sequence-parallel: --seq-length {} is not divisible by --tensor-model-parallel-size {tp}",
+                self.seq_length
+            );
+        }
         Ok(())
     }
 

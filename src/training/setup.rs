@@ -242,9 +242,15 @@ fn build_p2p(
             stage.chunks
         ));
     }
+    // Under sequence parallelism stages exchange each tensor-parallel rank's sequence chunk.
+    let sequence_chunks = if cfg.model.sequence_parallel {
+        cfg.tensor_model_parallel_size
+    } else {
+        1
+    };
     let expect = activation_expect(
         cfg.micro_batch_size,
-        cfg.seq_length,
+        cfg.seq_length / sequence_chunks,
         cfg.model.hidden_size,
         DType::from(cfg.precision.dtype()),
     );

@@ -5,7 +5,7 @@ use burn::tensor::{Device, Tensor};
 
 use super::weight_matmul;
 use crate::comm::Group;
-use crate::parallel::mappings::{copy_to_region, gather_from_region};
+use crate::parallel::mappings::{copy_to_region, gather_from_region, gather_from_sequence_region};
 use crate::parallel::sharding::{init_shard, DeclaresHoldings, Holding};
 use crate::util::init::Init;
 
@@ -22,6 +22,10 @@ pub struct ColumnParallelLinear {
     /// All-gather the output columns (otherwise each rank keeps its own).
     #[module(skip)]
     pub gather_output: bool,
+    /// The input arrives as this rank's chunk of the sequence and is all-gathered first
+    /// (its gradient reduce-scattered back): Megatron's `--sequence-parallel`.
+    #[module(skip)]
+    pub sequence_parallel: bool,
     /// The tensor-parallel group.
     #[module(skip)]
     pub group: Group,
@@ -67,6 +71,7 @@ impl ColumnParallelLinear {
                 device,
             ))),
             gather_output,
+            sequence_parallel: false,
             group: group.clone(),
         }
     }
@@ -79,9 +84,32 @@ impl ColumnParallelLinear {
         self
     }
 
-    /// Applies the layer over the last dimension of `x` (whole on every rank).
+    /// The same layer taking sequence chunks as input when `on` (`--sequence-parallel`).
+    pub fn with_sequence_parallel(mut self, on: bool) -> Self {
+        self.sequence_parallel = on;
+        self
+    }
+
+    /// Applies the layer over the last dimension of `x` (whole on every rank, or this rank's
+    /// sequence chunk of `[batch, seq, hidden]` under sequence parallelism).
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
-        let x = copy_to_region(x, &self.group);
+        self.forward_in_region(self.enter_region(x))
+    }
+
+    /// `x` as the layer's matmul takes it: copied into the parallel region (its gradient
+    /// all-reduced on the way back), or all-gathered over the sequence under sequence
+    /// parallelism (its gradient reduce-scattered). Layers that read the same input (SwiGLU's
+    /// two halves) enter it once and share it.
+    pub fn enter_region<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        if self.sequence_parallel {
+            gather_from_sequence_region(x, &self.group)
+        } else {
+            copy_to_region(x, &self.group)
+        }
+    }
+
+    /// The layer on an input already in the region ([`Self::enter_region`]).
+    pub fn forward_in_region<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         let mut y = weight_matmul(x, self.weight.val());
         if let Some(bias) = &self.bias {
             y = y + bias.val().unsqueeze();

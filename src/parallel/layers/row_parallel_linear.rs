@@ -5,7 +5,9 @@ use burn::tensor::{Device, Tensor};
 
 use super::weight_matmul;
 use crate::comm::Group;
-use crate::parallel::mappings::{reduce_from_region, scatter_to_region};
+use crate::parallel::mappings::{
+    copy_to_region, reduce_from_region, reduce_scatter_to_sequence_region, scatter_to_region,
+};
 use crate::parallel::sharding::{init_shard, DeclaresHoldings, Holding};
 use crate::util::init::Init;
 
@@ -22,6 +24,11 @@ pub struct RowParallelLinear {
     /// scattered first.
     #[module(skip)]
     pub input_is_parallel: bool,
+    /// The output is reduce-scattered over the sequence instead of all-reduced: each rank
+    /// keeps its sequence chunk (Megatron's `--sequence-parallel`). The bias, whole on every
+    /// rank, then sees only the chunk, so its gradient is summed over the group.
+    #[module(skip)]
+    pub sequence_parallel: bool,
     /// The tensor-parallel group.
     #[module(skip)]
     pub group: Group,
@@ -67,6 +74,7 @@ impl RowParallelLinear {
                 device,
             ))),
             input_is_parallel,
+            sequence_parallel: false,
             group: group.clone(),
         }
     }
@@ -79,7 +87,14 @@ impl RowParallelLinear {
         self
     }
 
-    /// Applies the layer over the last dimension of `x`; the output is whole on every rank.
+    /// The same layer leaving sequence chunks as output when `on` (`--sequence-parallel`).
+    pub fn with_sequence_parallel(mut self, on: bool) -> Self {
+        self.sequence_parallel = on;
+        self
+    }
+
+    /// Applies the layer over the last dimension of `x`; the output is whole on every rank (or
+    /// this rank's sequence chunk of `[batch, seq, hidden]` under sequence parallelism).
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         let x = if self.input_is_parallel {
             x
@@ -87,9 +102,16 @@ impl RowParallelLinear {
             scatter_to_region(x, &self.group)
         };
         let partial = weight_matmul(x, self.weight.val());
-        let y = reduce_from_region(partial, &self.group);
+        if !self.sequence_parallel {
+            let y = reduce_from_region(partial, &self.group);
+            return match &self.bias {
+                Some(bias) => y + bias.val().unsqueeze(),
+                None => y,
+            };
+        }
+        let y = reduce_scatter_to_sequence_region(partial, &self.group);
         match &self.bias {
-            Some(bias) => y + bias.val().unsqueeze(),
+            Some(bias) => y + copy_to_region(bias.val(), &self.group).unsqueeze(),
             None => y,
         }
     }
