@@ -11,7 +11,7 @@ mod common;
 use burn::tensor::{Device, Tensor, TensorData};
 use common::*;
 use ferrotron::data::DataSources;
-use ferrotron::model::ops::{layer_norm, scaled_causal_masked_softmax};
+use ferrotron::model::ops::{layer_norm, rms_norm, scaled_causal_masked_softmax, swiglu};
 use ferrotron::model::GptConfig;
 use ferrotron::training::{pretrain, LrDecayStyle, LrSchedule, PretrainConfig};
 use ferrotron::util::device::parse_device;
@@ -101,6 +101,144 @@ fn fused_layer_norm_matches_the_composed_ops_with_gradients() {
         assert_close(&format!("{what} dx"), &fused.1, &reference.1, 1e-4);
         assert_close(&format!("{what} dgamma"), &fused.2, &reference.2, 1e-4);
         assert_close(&format!("{what} dbeta"), &fused.3, &reference.3, 1e-5);
+    }
+}
+
+/// `t` in f16 when `half`.
+fn stored(t: Tensor<3>, half: bool) -> Tensor<3> {
+    if half {
+        t.cast(burn::tensor::FloatDType::F16)
+    } else {
+        t
+    }
+}
+
+fn f32_values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    values(t.cast(burn::tensor::FloatDType::F32))
+}
+
+/// The fused RMSNorm against the composed one: output and the gradients of x and γ, in f32
+/// and f16 storage.
+#[test]
+fn fused_rms_norm_matches_the_composed_ops_with_gradients() {
+    let d = device();
+    for half in [false, true] {
+        let mut differs = false;
+        for (b, s, h) in [(1, 1, 1), (2, 3, 17), (4, 64, 256), (1, 5, 1000)] {
+            let x = stored(random([b, s, h], 3, 4.0, &d).add_scalar(1.0), half);
+            let gamma = random([h], 4, 1.0, &d).add_scalar(1.0);
+            let gamma = if half {
+                gamma.cast(burn::tensor::FloatDType::F16)
+            } else {
+                gamma
+            };
+            let r = stored(random([b, s, h], 6, 1.0, &d), half);
+            let run = |fused: bool| {
+                let (x, gamma) = (x.clone().require_grad(), gamma.clone().require_grad());
+                let y = rms_norm(x.clone(), gamma.clone(), 1e-5, fused);
+                let grads = (y.clone() * r.clone()).sum().backward();
+                [
+                    f32_values(y),
+                    f32_values(x.grad(&grads).unwrap()),
+                    f32_values(gamma.grad(&grads).unwrap()),
+                ]
+            };
+            let (fused, reference) = (run(true), run(false));
+            differs |= fused != reference;
+            // f16: both compute in f32 and round the output once, but the gradients take
+            // different f16 roundings on the way (the composed graph's casts).
+            let tol = if half { 1e-2 } else { 1e-5 };
+            let what = format!("rms norm {b}×{s}×{h}, f16 {half}");
+            assert_close(&format!("{what} y"), &fused[0], &reference[0], tol);
+            assert_close(&format!("{what} dx"), &fused[1], &reference[1], tol * 10.0);
+            assert_close(
+                &format!("{what} dgamma"),
+                &fused[2],
+                &reference[2],
+                tol * 10.0,
+            );
+        }
+        // The sums run in another order: some bits differ when the fused kernel really ran.
+        assert!(differs || half, "the fused RMSNorm did not run");
+    }
+}
+
+/// The fused SwiGLU activation against `silu(gate) ⊙ up` composed: output and both
+/// gradients, in f32 and f16 storage.
+#[test]
+fn fused_swiglu_matches_the_composed_ops_with_gradients() {
+    let d = device();
+    for half in [false, true] {
+        for (b, s, f) in [(1, 1, 1), (2, 3, 17), (2, 16, 4 * 64 + 3)] {
+            let gate = stored(random([b, s, f], 7, 8.0, &d), half);
+            let up = stored(random([b, s, f], 8, 2.0, &d), half);
+            let r = stored(random([b, s, f], 9, 1.0, &d), half);
+            let run = |fused: bool| {
+                let (gate, up) = (gate.clone().require_grad(), up.clone().require_grad());
+                let y = swiglu(gate.clone(), up.clone(), fused);
+                let grads = (y.clone() * r.clone()).sum().backward();
+                [
+                    f32_values(y),
+                    f32_values(gate.grad(&grads).unwrap()),
+                    f32_values(up.grad(&grads).unwrap()),
+                ]
+            };
+            let (fused, reference) = (run(true), run(false));
+            if half && b * s * f > 100 {
+                // The composed ops round silu(gate) to f16 before the product; the kernel
+                // rounds once.
+                assert_ne!(fused[0], reference[0], "the fused SwiGLU did not run");
+            }
+            let tol = if half { 1e-2 } else { 1e-5 };
+            let what = format!("swiglu {b}×{s}×{f}, f16 {half}");
+            assert_close(&format!("{what} y"), &fused[0], &reference[0], tol);
+            assert_close(&format!("{what} d_gate"), &fused[1], &reference[1], tol);
+            assert_close(&format!("{what} d_up"), &fused[2], &reference[2], tol);
+        }
+    }
+}
+
+/// The fused rotary embedding against the composed one: both pair layouts, part of each
+/// head rotated, a position offset (incremental decoding), queries laid out as attention
+/// has them (not contiguous), output and gradient, in f32 and f16 storage.
+#[test]
+fn fused_rotary_embedding_matches_the_composed_ops_with_gradients() {
+    use burn::tensor::FloatDType;
+    use ferrotron::model::rotary::RotaryEmbedding;
+    use ferrotron::model::PositionEmbedding;
+    let d = device();
+    for (interleaved, percent, start) in [(false, 1.0, 0), (true, 1.0, 5), (false, 0.5, 3)] {
+        let config = GptConfig::new(1, 64, 4, 64, 64)
+            .with_position_embedding_type(PositionEmbedding::Rope)
+            .with_rotary_interleaved(interleaved)
+            .with_rotary_percent(percent);
+        let rope = RotaryEmbedding::new(&config);
+        for half in [false, true] {
+            let (b, heads, s, head_dim) = (2, 4, 19, 16);
+            let to = |t: Tensor<4>| if half { t.cast(FloatDType::F16) } else { t };
+            // [b, s, heads, head_dim] seen as [b, heads, s, head_dim], as attention's q.
+            let x = to(random([b, s, heads, head_dim], 10, 2.0, &d)).swap_dims(1, 2);
+            let r = to(random([b, heads, s, head_dim], 11, 1.0, &d));
+            let run = |fused: bool| {
+                let x = x.clone().require_grad();
+                let y = rope.clone().with_fusion(fused).apply(x.clone(), start);
+                let grads = (y.clone() * r.clone()).sum().backward();
+                [f32_values(y), f32_values(x.grad(&grads).unwrap())]
+            };
+            let (fused, reference) = (run(true), run(false));
+            if half {
+                // The composed ops round the tables and each product to f16; the kernel
+                // keeps f32 tables and rounds once.
+                assert_ne!(
+                    fused[0], reference[0],
+                    "the fused rotary embedding did not run"
+                );
+            }
+            let tol = if half { 2e-3 } else { 1e-6 };
+            let what = format!("rotary, interleaved {interleaved}, {percent} of each head, from {start}, f16 {half}");
+            assert_close(&format!("{what}: y"), &fused[0], &reference[0], tol);
+            assert_close(&format!("{what}: dx"), &fused[1], &reference[1], tol);
+        }
     }
 }
 
@@ -228,6 +366,38 @@ fn training_with_and_without_fusion_gives_the_same_losses() {
     let dir = tempfile::tempdir().unwrap();
     let fused = fused_losses_at_tp_1();
     let unfused = train_losses(dir.path(), false, 1);
+    for ((i, a), (_, b)) in fused.iter().zip(&unfused) {
+        let rel = (a - b).abs() / b.abs();
+        println!("iteration {i}: fused {a:.7} unfused {b:.7} (relative {rel:.1e})");
+        assert!(rel < 1e-4, "iteration {i}: {a} vs {b}");
+    }
+}
+
+/// A small Llama-style model (rotary embeddings on half of each head, RMSNorm with
+/// query/key norms, SwiGLU, no linear biases) trains to the same losses with the fused
+/// kernels as with the composed ops.
+#[test]
+fn llama_style_training_with_and_without_fusion_gives_the_same_losses() {
+    use ferrotron::model::{Normalization, PositionEmbedding};
+    let dir = tempfile::tempdir().unwrap();
+    let run = |fused: bool| {
+        let base = small_gpt(dir.path(), fused, 1);
+        let config = PretrainConfig {
+            model: base
+                .model
+                .clone()
+                .with_position_embedding_type(PositionEmbedding::Rope)
+                .with_rotary_percent(0.5)
+                .with_normalization(Normalization::RmsNorm)
+                .with_qk_layernorm(true)
+                .with_swiglu(true)
+                .with_add_bias_linear(false),
+            ..base
+        };
+        pretrain(&config, &device()).unwrap().losses
+    };
+    let (fused, unfused) = (run(true), run(false));
+    assert_eq!(fused.len(), 4);
     for ((i, a), (_, b)) in fused.iter().zip(&unfused) {
         let rel = (a - b).abs() / b.abs();
         println!("iteration {i}: fused {a:.7} unfused {b:.7} (relative {rel:.1e})");

@@ -6,7 +6,7 @@ use cubecl::server::Handle;
 
 use crate::rows::cube_count;
 pub use crate::rows::RowLaunch;
-use crate::{adam, attention, dropout, layer_norm, softmax};
+use crate::{adam, attention, dropout, layer_norm, rms_norm, rotary, softmax, swiglu};
 
 fn arg(handle: &Handle, len: usize) -> BufferArg {
     // SAFETY: every launcher sizes its buffers from the same shape it passes to the kernel,
@@ -237,6 +237,218 @@ pub fn layer_norm_backward<F: Float + CubeElement>(
     );
 }
 
+/// RMSNorm forward over rows of `cols`; `rstd` (f32, `rows`: each row's 1/rms) is saved for
+/// the backward.
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm_forward<F: Float + CubeElement>(
+    client: &Client,
+    launch: RowLaunch,
+    input: &Handle,
+    gamma: &Handle,
+    output: &Handle,
+    rstd: &Handle,
+    rows: usize,
+    cols: usize,
+    epsilon: f32,
+) {
+    if rows * cols == 0 {
+        return;
+    }
+    rms_norm::rms_norm_forward::launch::<F, f32>(
+        client,
+        launch.cube_count(rows),
+        launch.cube_dim(),
+        arg(input, rows * cols),
+        arg(gamma, cols),
+        arg(output, rows * cols),
+        arg(rstd, rows),
+        epsilon,
+        rows as u32,
+        cols as u32,
+        launch.lanes,
+        launch.rows_per_cube,
+    );
+}
+
+/// RMSNorm backward: `grad_input` per row, and `grad_gamma` (`cols`) reduced over rows in two
+/// stages (blocks of [`PARAM_GRAD_BLOCK`] rows, then the blocks), as LayerNorm's dγ.
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm_backward<F: Float + CubeElement>(
+    client: &Client,
+    launch: RowLaunch,
+    input: &Handle,
+    gamma: &Handle,
+    grad_output: &Handle,
+    rstd: &Handle,
+    grad_input: &Handle,
+    grad_gamma: &Handle,
+    rows: usize,
+    cols: usize,
+) {
+    if rows * cols == 0 {
+        return;
+    }
+    rms_norm::rms_norm_backward_input::launch::<F, f32>(
+        client,
+        launch.cube_count(rows),
+        launch.cube_dim(),
+        arg(input, rows * cols),
+        arg(gamma, cols),
+        arg(grad_output, rows * cols),
+        arg(rstd, rows),
+        arg(grad_input, rows * cols),
+        rows as u32,
+        cols as u32,
+        launch.lanes,
+        launch.rows_per_cube,
+    );
+    let blocks = rows.div_ceil(PARAM_GRAD_BLOCK);
+    let partial_gamma = client.empty(blocks * cols * 4);
+    rms_norm::rms_norm_backward_gamma_partial::launch::<F, f32>(
+        client,
+        cube_count(blocks),
+        CubeDim::new_1d(PARAM_GRAD_UNITS),
+        arg(input, rows * cols),
+        arg(grad_output, rows * cols),
+        arg(rstd, rows),
+        arg(&partial_gamma, blocks * cols),
+        rows as u32,
+        cols as u32,
+        PARAM_GRAD_BLOCK as u32,
+        PARAM_GRAD_UNITS,
+    );
+    let per_cube = 64usize;
+    rms_norm::rms_norm_backward_gamma_final::launch::<F, f32>(
+        client,
+        CubeCount::Static(cols.div_ceil(per_cube) as u32, 1, 1),
+        CubeDim::new_1d(per_cube as u32),
+        arg(&partial_gamma, blocks * cols),
+        arg(grad_gamma, cols),
+        blocks as u32,
+        cols as u32,
+    );
+}
+
+/// Element-wise launches index with 32 bits.
+fn check_elements(len: usize, what: &str) {
+    assert!(len <= u32::MAX as usize, "{what} of more than 2³² elements");
+}
+
+/// SwiGLU forward: `output = silu(gate) ⊙ up`, `len` elements each.
+pub fn swiglu_forward<F: Float + CubeElement>(
+    client: &Client,
+    gate: &Handle,
+    up: &Handle,
+    output: &Handle,
+    len: usize,
+) {
+    if len == 0 {
+        return;
+    }
+    check_elements(len, "SwiGLU");
+    swiglu::swiglu_forward::launch::<F, f32>(
+        client,
+        cube_count(len.div_ceil(swiglu::UNITS_PER_CUBE as usize)),
+        CubeDim::new_1d(swiglu::UNITS_PER_CUBE),
+        arg(gate, len),
+        arg(up, len),
+        arg(output, len),
+        len as u32,
+    );
+}
+
+/// SwiGLU backward: `grad_gate` and `grad_up` from the forward's inputs and `grad_output`.
+pub fn swiglu_backward<F: Float + CubeElement>(
+    client: &Client,
+    gate: &Handle,
+    up: &Handle,
+    grad_output: &Handle,
+    grads: [&Handle; 2],
+    len: usize,
+) {
+    if len == 0 {
+        return;
+    }
+    check_elements(len, "SwiGLU");
+    let [grad_gate, grad_up] = grads;
+    swiglu::swiglu_backward::launch::<F, f32>(
+        client,
+        cube_count(len.div_ceil(swiglu::UNITS_PER_CUBE as usize)),
+        CubeDim::new_1d(swiglu::UNITS_PER_CUBE),
+        arg(gate, len),
+        arg(up, len),
+        arg(grad_output, len),
+        arg(grad_gate, len),
+        arg(grad_up, len),
+        len as u32,
+    );
+}
+
+/// The angles of a rotary embedding and how its pairs are laid out.
+#[derive(Clone, Copy, Debug)]
+pub struct RotaryTables<'a> {
+    /// `cos` of each angle (f32, `[positions, rotary_dim / 2]`: a row per position, a column
+    /// per rotated pair).
+    pub cos: &'a Handle,
+    /// `sin` of each angle, laid out as `cos`.
+    pub sin: &'a Handle,
+    /// Positions (rows) the tables hold.
+    pub positions: usize,
+    /// Channels of each head that are rotated (even, at most the head's width; the rest are
+    /// copied).
+    pub rotary_dim: usize,
+    /// Pairs `(2i, 2i + 1)` instead of `(i, i + rotary_dim / 2)`.
+    pub interleaved: bool,
+}
+
+/// Rotary embedding of `input` (`[batch · heads, seq, head_dim]`, as [`AttentionShape`]):
+/// sequence position `s` turned by the angles of table row `offset + s`, or with `inverse`
+/// turned back (the backward, on the output's gradient).
+pub fn rotary_embedding<F: Float + CubeElement>(
+    client: &Client,
+    input: &Handle,
+    output: &Handle,
+    shape: AttentionShape,
+    tables: RotaryTables<'_>,
+    offset: usize,
+    inverse: bool,
+) {
+    if shape.is_empty() {
+        return;
+    }
+    let r = tables.rotary_dim;
+    assert!(
+        r > 0 && r.is_multiple_of(2) && r <= shape.head_dim,
+        "rotary embedding of {r} channels of heads {} wide",
+        shape.head_dim
+    );
+    assert!(
+        offset + shape.seq <= tables.positions,
+        "rotary tables of {} positions for positions {offset}..{}",
+        tables.positions,
+        offset + shape.seq
+    );
+    let len = shape.len();
+    check_elements(len, "a rotary embedding");
+    let angles = tables.positions * r / 2;
+    rotary::rotary_embedding::launch::<F, f32>(
+        client,
+        cube_count(len.div_ceil(rotary::UNITS_PER_CUBE as usize)),
+        CubeDim::new_1d(rotary::UNITS_PER_CUBE),
+        arg(input, len),
+        arg(tables.cos, angles),
+        arg(tables.sin, angles),
+        arg(output, len),
+        len as u32,
+        shape.seq as u32,
+        shape.head_dim as u32,
+        r as u32,
+        offset as u32,
+        tables.interleaved,
+        inverse,
+    );
+}
+
 /// Half-precision storage must keep compiling: every launcher instantiated for f16 and bf16
 /// (whether a device runs them depends on its shader features).
 #[allow(dead_code)]
@@ -253,6 +465,10 @@ fn half_precision_instantiates(client: &Client, h: &Handle) {
         softmax_backward::<F>(client, rows, h, h, h, 1, 1, 1.0);
         layer_norm_forward::<F>(client, rows, h, h, h, h, h, h, 1, 1, 1e-5);
         layer_norm_backward::<F>(client, rows, h, h, h, h, h, h, h, h, 1, 1);
+        rms_norm_forward::<F>(client, rows, h, h, h, h, 1, 1, 1e-5);
+        rms_norm_backward::<F>(client, rows, h, h, h, h, h, h, 1, 1);
+        swiglu_forward::<F>(client, h, h, h, 1);
+        swiglu_backward::<F>(client, h, h, h, [h, h], 1);
         let heads = AttentionShape {
             heads: 1,
             seq: 1,
@@ -268,6 +484,18 @@ fn half_precision_instantiates(client: &Client, h: &Handle) {
         );
         flash_attention_forward::<F>(client, rows, q, o, h, heads, 1.0, None);
         flash_attention_backward::<F>(client, rows, q, o, h, h, [h, h, h], h, heads, 1.0, None);
+        let tables = RotaryTables {
+            cos: h,
+            sin: h,
+            positions: 1,
+            rotary_dim: 2,
+            interleaved: false,
+        };
+        let rotary_shape = AttentionShape {
+            head_dim: 2,
+            ..heads
+        };
+        rotary_embedding::<F>(client, h, h, rotary_shape, tables, 0, false);
     }
     all::<half::f16>(client, h);
     all::<half::bf16>(client, h);

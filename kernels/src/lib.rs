@@ -4,19 +4,24 @@
 //!   (`ScaledUpperTriangMaskedSoftmax`), scaled softmax with a padding mask
 //!   (`ScaledMaskedSoftmax`), and their shared backward;
 //! - [`layer_norm`]: LayerNorm forward (saving mean and 1/σ) and backward (dx, dγ, dβ);
+//! - [`rms_norm`]: RMSNorm forward (saving 1/rms) and backward (dx, dγ);
+//! - [`swiglu`]: SwiGLU's `silu(gate) ⊙ up`, forward and backward (both gradients at once);
+//! - [`rotary`]: rotary position embedding of queries or keys (interleaved or half-split
+//!   pairs, part of each head rotated), whose backward is the rotation by the negative angle;
 //! - [`dropout`]: dropout with masks derived on the device from a key and the element index;
 //! - [`attention`]: causal attention fused FlashAttention-style (online softmax, dropout
 //!   inside, no `seq × seq` tensor), forward and backward;
 //! - [`adam`]: one Adam step of a parameter (both moments and the update) in one kernel.
 //!
-//! Every kernel gives each row a warp-sized group of units ([`rows`]), loops over rows of any
-//! length in strides of that group, and accumulates in a separate float type `A` (launch with
-//! `A = f32`) whatever the storage type `F` (f32, f16, bf16). The softmax, LayerNorm and
-//! dropout kernels read and write each tensor once; attention re-reads the keys and values
-//! of a head for each query row (no shared-memory tiling yet). They are written
-//! against CubeCL's runtime-generic frontend, so the same source compiles for CUDA, wgpu
-//! (Vulkan, Metal, lavapipe on CPU) and the other CubeCL runtimes. Buffers are contiguous
-//! row-major slices.
+//! The row kernels (softmax, LayerNorm, RMSNorm, attention) give each row a warp-sized group
+//! of units ([`rows`]) and loop over rows of any length in strides of that group; the
+//! element-wise kernels (dropout, SwiGLU, rotary, Adam) give each element one unit. The row,
+//! SwiGLU and rotary kernels compute in a separate float type `A` (launch with `A = f32`)
+//! whatever the storage type `F` (f32, f16, bf16). The softmax, LayerNorm, RMSNorm, SwiGLU, rotary and dropout
+//! kernels read and write each tensor once; attention re-reads the keys and values of a head
+//! for each query row (no shared-memory tiling yet). They are written against CubeCL's
+//! runtime-generic frontend, so the same source compiles for CUDA, wgpu (Vulkan, Metal,
+//! lavapipe on CPU) and the other CubeCL runtimes. Buffers are contiguous row-major slices.
 
 pub mod adam;
 pub mod attention;
@@ -26,8 +31,11 @@ pub mod dropout;
 pub mod launch;
 pub mod layer_norm;
 pub mod reduce;
+pub mod rms_norm;
+pub mod rotary;
 pub mod rows;
 pub mod softmax;
+pub mod swiglu;
 
 /// The half-precision storage types, for launching the kernels in f16 / bf16.
 pub use half;

@@ -1,6 +1,7 @@
 //! Every kernel on wgpu (a GPU, or lavapipe on the CPU) against float64 references on fresh
 //! random inputs: odd sizes, rows of 1, 17, 1000 and 5000, thousands of rows, and more rows
-//! than one cube-count dimension holds. Outputs are poisoned with NaN first, so an element a
+//! than one cube-count dimension holds (element-wise kernels: lengths that leave a partly
+//! filled last cube). Outputs are poisoned with NaN first, so an element a
 //! kernel forgets to write fails the comparison. Backward kernels are also checked against
 //! central finite differences of the forward kernels.
 
@@ -529,6 +530,435 @@ fn layer_norm_backward_matches_finite_differences_of_the_forward_kernel() {
     }
 }
 
+struct RmsNormRun {
+    y: Vec<f32>,
+    rstd: Vec<f32>,
+}
+
+fn run_rms_norm(
+    client: &Client,
+    launch: RowLaunch,
+    x: &[f32],
+    gamma: &[f32],
+    rows: usize,
+    cols: usize,
+    eps: f32,
+) -> RmsNormRun {
+    let (xh, gh) = (upload(client, x), upload(client, gamma));
+    let (y, rstd) = (poisoned(client, x.len()), poisoned(client, rows));
+    rms_norm_forward::<f32>(client, launch, &xh, &gh, &y, &rstd, rows, cols, eps);
+    RmsNormRun {
+        y: download(client, y, x.len()),
+        rstd: download(client, rstd, rows),
+    }
+}
+
+/// dx, dγ from the RMSNorm backward kernels, outputs poisoned first.
+#[allow(clippy::too_many_arguments)]
+fn run_rms_norm_backward(
+    client: &Client,
+    launch: RowLaunch,
+    x: &[f32],
+    gamma: &[f32],
+    dy: &[f32],
+    rstd: &[f32],
+    rows: usize,
+    cols: usize,
+) -> (Vec<f32>, Vec<f32>) {
+    let [xh, gh, dyh, rh] = [x, gamma, dy, rstd].map(|v| upload(client, v));
+    let (dx, dg) = (poisoned(client, x.len()), poisoned(client, cols));
+    rms_norm_backward::<f32>(client, launch, &xh, &gh, &dyh, &rh, &dx, &dg, rows, cols);
+    (download(client, dx, x.len()), download(client, dg, cols))
+}
+
+/// RMSNorm's output, 1/rms, dx and dγ in float64.
+struct RmsNormReference {
+    y: Vec<f64>,
+    rstd: Vec<f64>,
+    dx: Vec<f64>,
+    dgamma: Vec<f64>,
+}
+
+fn rms_norm_reference(
+    x: &[f32],
+    gamma: &[f32],
+    dy: &[f32],
+    cols: usize,
+    eps: f64,
+) -> RmsNormReference {
+    let rows = x.len() / cols;
+    let mut out = RmsNormReference {
+        y: vec![0.0; x.len()],
+        rstd: vec![0.0; rows],
+        dx: vec![0.0; x.len()],
+        dgamma: vec![0.0; cols],
+    };
+    for r in 0..rows {
+        let row: Vec<f64> = x[r * cols..(r + 1) * cols]
+            .iter()
+            .map(|&v| v as f64)
+            .collect();
+        let rstd = 1.0 / (row.iter().map(|v| v * v).sum::<f64>() / cols as f64 + eps).sqrt();
+        out.rstd[r] = rstd;
+        let xhat: Vec<f64> = row.iter().map(|v| v * rstd).collect();
+        let g: Vec<f64> = (0..cols)
+            .map(|j| dy[r * cols + j] as f64 * gamma[j] as f64)
+            .collect();
+        let mean_gx = g.iter().zip(&xhat).map(|(a, b)| a * b).sum::<f64>() / cols as f64;
+        for j in 0..cols {
+            out.y[r * cols + j] = xhat[j] * gamma[j] as f64;
+            out.dx[r * cols + j] = rstd * (g[j] - xhat[j] * mean_gx);
+            out.dgamma[j] += dy[r * cols + j] as f64 * xhat[j];
+        }
+    }
+    out
+}
+
+#[test]
+fn rms_norm_forward_and_backward_match_float64() {
+    let client = client();
+    let mut rng = Rng(6);
+    for launch in launches(&client) {
+        for (rows, cols) in [
+            (1, 1),
+            (3, 17),
+            (5, 1000),
+            (7, 5000),
+            (2048, 64),
+            (70_000, 3),
+            (130, 257),
+        ] {
+            let eps = 1e-5f32;
+            // Off-centre, so that the root mean square is not the standard deviation.
+            let x = rng.vec(rows * cols, -3.0, 5.0);
+            let gamma = rng.vec(cols, 0.5, 1.5);
+            let dy = rng.vec(rows * cols, -1.0, 1.0);
+            let run = run_rms_norm(&client, launch, &x, &gamma, rows, cols, eps);
+            let want = rms_norm_reference(&x, &gamma, &dy, cols, eps as f64);
+            let what = format!("rms norm {rows}×{cols} {launch:?}");
+            // A sum of squares has no cancellation: a few ulps, relative, whatever the row.
+            assert_close(&format!("{what} y"), &run.y, &want.y, 1e-6, 1e-5);
+            assert_close(&format!("{what} rstd"), &run.rstd, &want.rstd, 0.0, 1e-5);
+
+            let (dx, dg) =
+                run_rms_norm_backward(&client, launch, &x, &gamma, &dy, &run.rstd, rows, cols);
+            // dx = r · (g − x̂ · mean(g x̂)) is O(r) (≈ 0.4 here); dγ sums `rows` terms of
+            // either sign, its rounding growing as their square root.
+            assert_close(&format!("{what} dx"), &dx, &want.dx, 1e-5, 1e-4);
+            let scale = (rows as f64).sqrt();
+            assert_close(
+                &format!("{what} dgamma"),
+                &dg,
+                &want.dgamma,
+                2e-5 * scale,
+                1e-4,
+            );
+        }
+    }
+}
+
+#[test]
+fn rms_norm_backward_matches_finite_differences_of_the_forward_kernel() {
+    let client = client();
+    let launch = RowLaunch::for_client(&client);
+    let mut rng = Rng(7);
+    let (rows, cols) = (3, 7);
+    let x = rng.vec(rows * cols, -2.0, 2.0);
+    let gamma = rng.vec(cols, 0.5, 1.5);
+    let dy = rng.vec(rows * cols, -1.0, 1.0);
+    let loss = |x: &[f32], gamma: &[f32]| -> f64 {
+        let y = run_rms_norm(&client, launch, x, gamma, rows, cols, 1e-5).y;
+        y.iter().zip(&dy).map(|(&a, &b)| a as f64 * b as f64).sum()
+    };
+    let run = run_rms_norm(&client, launch, &x, &gamma, rows, cols, 1e-5);
+    let (dx, dg) = run_rms_norm_backward(&client, launch, &x, &gamma, &dy, &run.rstd, rows, cols);
+    let h = 1e-2f32;
+    let fd = |f: &dyn Fn(f32) -> f64| (f(h) - f(-h)) / (2.0 * h as f64);
+    for i in 0..x.len() {
+        let d = fd(&|e| {
+            let mut v = x.clone();
+            v[i] += e;
+            loss(&v, &gamma)
+        });
+        assert!((dx[i] as f64 - d).abs() < 3e-3, "dx[{i}]: {} vs {d}", dx[i]);
+    }
+    for j in 0..cols {
+        let d = fd(&|e| {
+            let mut v = gamma.clone();
+            v[j] += e;
+            loss(&x, &v)
+        });
+        assert!(
+            (dg[j] as f64 - d).abs() < 3e-3,
+            "dgamma[{j}]: {} vs {d}",
+            dg[j]
+        );
+    }
+}
+
+fn run_swiglu(client: &Client, gate: &[f32], up: &[f32]) -> Vec<f32> {
+    let (gh, uh, out) = (
+        upload(client, gate),
+        upload(client, up),
+        poisoned(client, gate.len()),
+    );
+    swiglu_forward::<f32>(client, &gh, &uh, &out, gate.len());
+    download(client, out, gate.len())
+}
+
+/// d_gate, d_up from the SwiGLU backward kernel, outputs poisoned first.
+fn run_swiglu_backward(
+    client: &Client,
+    gate: &[f32],
+    up: &[f32],
+    dy: &[f32],
+) -> (Vec<f32>, Vec<f32>) {
+    let n = gate.len();
+    let [gh, uh, dyh] = [gate, up, dy].map(|v| upload(client, v));
+    let (dg, du) = (poisoned(client, n), poisoned(client, n));
+    swiglu_backward::<f32>(client, &gh, &uh, &dyh, [&dg, &du], n);
+    (download(client, dg, n), download(client, du, n))
+}
+
+/// `[silu(g) · u, d_gate, d_up]` in float64.
+fn swiglu_reference(gate: &[f32], up: &[f32], dy: &[f32]) -> [Vec<f64>; 3] {
+    let mut out = [0; 3].map(|_| Vec::with_capacity(gate.len()));
+    for ((&g, &u), &d) in gate.iter().zip(up).zip(dy) {
+        let (g, u, d) = (g as f64, u as f64, d as f64);
+        let s = 1.0 / (1.0 + (-g).exp());
+        out[0].push(g * s * u);
+        out[1].push(d * u * s * (1.0 + g * (1.0 - s)));
+        out[2].push(d * g * s);
+    }
+    out
+}
+
+/// SwiGLU forward and backward against float64 over lengths that leave a partly filled last
+/// cube, gates far enough out that the sigmoid saturates (and `e^(−g)` overflows f32).
+#[test]
+fn swiglu_forward_and_backward_match_float64() {
+    let client = client();
+    let mut rng = Rng(8);
+    for n in [1, 17, 256, 257, 10_007, 300_001] {
+        let mut gate = rng.vec(n, -12.0, 12.0);
+        for (g, extreme) in gate.iter_mut().zip([-100.0, 100.0, -30.0, 30.0, -1e4, 0.0]) {
+            *g = extreme;
+        }
+        let up = rng.vec(n, -2.0, 2.0);
+        let dy = rng.vec(n, -1.0, 1.0);
+        let want = swiglu_reference(&gate, &up, &dy);
+        // f32 arithmetic and the device's exp (a few ulps, more for large |g| on some
+        // devices): a relative bound, and an absolute one near the zeros.
+        let y = run_swiglu(&client, &gate, &up);
+        assert_close(&format!("swiglu {n}"), &y, &want[0], 1e-6, 1e-5);
+        let (dg, du) = run_swiglu_backward(&client, &gate, &up, &dy);
+        assert_close(&format!("swiglu d_gate {n}"), &dg, &want[1], 1e-6, 1e-5);
+        assert_close(&format!("swiglu d_up {n}"), &du, &want[2], 1e-6, 1e-5);
+    }
+}
+
+#[test]
+fn swiglu_backward_matches_finite_differences_of_the_forward_kernel() {
+    let client = client();
+    let mut rng = Rng(9);
+    let n = 37;
+    let gate = rng.vec(n, -5.0, 5.0);
+    let up = rng.vec(n, -2.0, 2.0);
+    let dy = rng.vec(n, -1.0, 1.0);
+    let loss = |gate: &[f32], up: &[f32]| -> f64 {
+        let y = run_swiglu(&client, gate, up);
+        y.iter().zip(&dy).map(|(&a, &b)| a as f64 * b as f64).sum()
+    };
+    let (dg, du) = run_swiglu_backward(&client, &gate, &up, &dy);
+    let h = 1e-2f32;
+    let fd = |f: &dyn Fn(f32) -> f64| (f(h) - f(-h)) / (2.0 * h as f64);
+    for i in 0..n {
+        let d = fd(&|e| {
+            let mut v = gate.clone();
+            v[i] += e;
+            loss(&v, &up)
+        });
+        assert!(
+            (dg[i] as f64 - d).abs() < 3e-3,
+            "d_gate[{i}]: {} vs {d}",
+            dg[i]
+        );
+        let d = fd(&|e| {
+            let mut v = up.clone();
+            v[i] += e;
+            loss(&gate, &v)
+        });
+        assert!(
+            (du[i] as f64 - d).abs() < 3e-3,
+            "d_up[{i}]: {} vs {d}",
+            du[i]
+        );
+    }
+}
+
+/// Rotary tables `[positions, rotary_dim / 2]` for base 10000, from float64 angles.
+fn rotary_tables(positions: usize, rotary_dim: usize) -> (Vec<f32>, Vec<f32>) {
+    let pairs = rotary_dim / 2;
+    let (mut cos, mut sin) = (vec![], vec![]);
+    for p in 0..positions {
+        for i in 0..pairs {
+            let angle = p as f64 * 10000f64.powf(-((2 * i) as f64) / rotary_dim as f64);
+            cos.push(angle.cos() as f32);
+            sin.push(angle.sin() as f32);
+        }
+    }
+    (cos, sin)
+}
+
+/// One rotary embedding problem: `[heads, seq, head_dim]`, `rotary_dim` channels rotated,
+/// the tables read from row `offset`.
+#[derive(Clone, Copy, Debug)]
+struct Rope {
+    shape: AttentionShape,
+    rotary_dim: usize,
+    offset: usize,
+    positions: usize,
+    interleaved: bool,
+}
+
+fn rope(heads: usize, seq: usize, head_dim: usize, rotary_dim: usize, offset: usize) -> Rope {
+    Rope {
+        shape: AttentionShape {
+            heads,
+            seq,
+            head_dim,
+        },
+        rotary_dim,
+        offset,
+        // Tables longer than needed: rows past `offset + seq` must not be read either.
+        positions: offset + seq + 3,
+        interleaved: false,
+    }
+}
+
+/// The rotary kernel in storage `S` (`inverse`: the backward).
+fn run_rotary<S: Storage>(
+    client: &Client,
+    x: &[f32],
+    (cos, sin): &(Vec<f32>, Vec<f32>),
+    p: Rope,
+    inverse: bool,
+) -> Vec<f32> {
+    let n = p.shape.len();
+    let (xh, out) = (upload_as::<S>(client, x), poisoned_as::<S>(client, n));
+    let (ch, sh) = (upload(client, cos), upload(client, sin));
+    let tables = RotaryTables {
+        cos: &ch,
+        sin: &sh,
+        positions: p.positions,
+        rotary_dim: p.rotary_dim,
+        interleaved: p.interleaved,
+    };
+    rotary_embedding::<S>(client, &xh, &out, p.shape, tables, p.offset, inverse);
+    download_as::<S>(client, out, n)
+}
+
+/// The rotation (or its transpose with `inverse`) in float64 from the same f32 tables.
+fn rotary_reference(
+    x: &[f32],
+    (cos, sin): &(Vec<f32>, Vec<f32>),
+    p: Rope,
+    inverse: bool,
+) -> Vec<f64> {
+    let (d, r, s) = (p.shape.head_dim, p.rotary_dim, p.shape.seq);
+    let mut out: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+    let sign = if inverse { -1.0 } else { 1.0 };
+    for row in 0..p.shape.rows() {
+        let position = row % s + p.offset;
+        for i in 0..r / 2 {
+            let (a, b) = if p.interleaved {
+                (2 * i, 2 * i + 1)
+            } else {
+                (i, i + r / 2)
+            };
+            let (c, sn) = (
+                cos[position * r / 2 + i] as f64,
+                sign * sin[position * r / 2 + i] as f64,
+            );
+            let (xa, xb) = (x[row * d + a] as f64, x[row * d + b] as f64);
+            out[row * d + a] = xa * c - xb * sn;
+            out[row * d + b] = xb * c + xa * sn;
+        }
+    }
+    out
+}
+
+/// The rotary kernel and its backward (the rotation's transpose) against float64: both pair
+/// layouts, part of a head rotated, position offsets, heads of one position, and lengths
+/// that leave a partly filled last cube.
+#[test]
+fn rotary_embedding_and_its_backward_match_float64() {
+    let client = client();
+    let mut rng = Rng(10);
+    for base in [
+        rope(1, 1, 2, 2, 0),
+        rope(3, 17, 8, 8, 0),
+        rope(2, 5, 12, 4, 7),
+        rope(4, 33, 64, 64, 1000),
+        rope(2, 7, 10, 6, 2),
+        rope(257, 9, 16, 8, 0),
+    ] {
+        for interleaved in [false, true] {
+            let p = Rope {
+                interleaved,
+                ..base
+            };
+            let tables = rotary_tables(p.positions, p.rotary_dim);
+            let x = rng.vec(p.shape.len(), -2.0, 2.0);
+            let what = format!("{p:?}");
+            // Each output is a · cos ± b · sin in f32: a few ulps of |x| ≤ 2.
+            let y = run_rotary::<f32>(&client, &x, &tables, p, false);
+            let want = rotary_reference(&x, &tables, p, false);
+            assert_close(&format!("{what}: forward"), &y, &want, 1e-6, 1e-6);
+            let dx = run_rotary::<f32>(&client, &x, &tables, p, true);
+            let want = rotary_reference(&x, &tables, p, true);
+            assert_close(&format!("{what}: backward"), &dx, &want, 1e-6, 1e-6);
+            // The backward undoes the forward.
+            let back = run_rotary::<f32>(&client, &y, &tables, p, true);
+            let x64: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+            assert_close(&format!("{what}: round trip"), &back, &x64, 2e-6, 1e-6);
+        }
+    }
+}
+
+#[test]
+fn rotary_backward_matches_finite_differences_of_the_forward_kernel() {
+    let client = client();
+    let mut rng = Rng(12);
+    for interleaved in [false, true] {
+        let p = Rope {
+            interleaved,
+            ..rope(2, 3, 6, 4, 5)
+        };
+        let tables = rotary_tables(p.positions, p.rotary_dim);
+        let n = p.shape.len();
+        let x = rng.vec(n, -2.0, 2.0);
+        let dy = rng.vec(n, -1.0, 1.0);
+        let loss = |x: &[f32]| -> f64 {
+            let y = run_rotary::<f32>(&client, x, &tables, p, false);
+            y.iter().zip(&dy).map(|(&a, &b)| a as f64 * b as f64).sum()
+        };
+        let dx = run_rotary::<f32>(&client, &dy, &tables, p, true);
+        let h = 1e-2f32;
+        for i in 0..n {
+            let (mut plus, mut minus) = (x.clone(), x.clone());
+            plus[i] += h;
+            minus[i] -= h;
+            let fd = (loss(&plus) - loss(&minus)) / (2.0 * h as f64);
+            assert!(
+                (dx[i] as f64 - fd).abs() < 2e-3,
+                "{p:?}: element {i}: kernel {} vs finite difference {fd}",
+                dx[i]
+            );
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Half-precision storage (what `--fp16` / `--bf16` models hand the kernels): each kernel with
 // f16 or bf16 inputs and outputs against the same kernel in f32 on the same (rounded) inputs.
@@ -768,6 +1198,86 @@ fn half_storage_matches_f32<H: Storage>(client: &Client) -> bool {
     ] {
         assert_within_an_ulp::<H>(name, &backward_half[i], &backward_f32[i], 0.0);
     }
+    // RMSNorm forward and backward, 33 rows of 200.
+    let (rows, cols) = (33, 200);
+    let x = rounded::<H>(&rng.vec(rows * cols, -3.0, 5.0));
+    let gamma = rounded::<H>(&rng.vec(cols, 0.5, 1.5));
+    let f32_run = run_rms_norm(client, launch, &x, &gamma, rows, cols, 1e-5);
+    let [xh, gh] = [&x, &gamma].map(|v| upload_as::<H>(client, v));
+    let (yh, rstd) = (
+        poisoned_as::<H>(client, rows * cols),
+        poisoned(client, rows),
+    );
+    rms_norm_forward::<H>(client, launch, &xh, &gh, &yh, &rstd, rows, cols, 1e-5);
+    let y_half = download_as::<H>(client, yh, rows * cols);
+    assert_within_an_ulp::<H>("rms norm", &y_half, &f32_run.y, 0.0);
+    assert_eq!(download(client, rstd, rows), f32_run.rstd, "rms norm 1/rms");
+
+    let dy = rounded::<H>(&rng.vec(rows * cols, -1.0, 1.0));
+    let (dx_f32, dg_f32) =
+        run_rms_norm_backward(client, launch, &x, &gamma, &dy, &f32_run.rstd, rows, cols);
+    let dyh = upload_as::<H>(client, &dy);
+    let rh = upload(client, &f32_run.rstd);
+    let (dxh, dgh) = (
+        poisoned_as::<H>(client, rows * cols),
+        poisoned_as::<H>(client, cols),
+    );
+    rms_norm_backward::<H>(client, launch, &xh, &gh, &dyh, &rh, &dxh, &dgh, rows, cols);
+    assert_within_an_ulp::<H>(
+        "rms norm dx",
+        &download_as::<H>(client, dxh, rows * cols),
+        &dx_f32,
+        0.0,
+    );
+    assert_within_an_ulp::<H>(
+        "rms norm dγ",
+        &download_as::<H>(client, dgh, cols),
+        &dg_f32,
+        0.0,
+    );
+
+    // SwiGLU forward and backward.
+    let n = 10_007;
+    let [gate, up, dy] =
+        [(-6.0, 6.0), (-2.0, 2.0), (-1.0, 1.0)].map(|(lo, hi)| rounded::<H>(&rng.vec(n, lo, hi)));
+    let y_f32 = run_swiglu(client, &gate, &up);
+    let (dg_f32, du_f32) = run_swiglu_backward(client, &gate, &up, &dy);
+    let [gh, uh, dyh] = [&gate, &up, &dy].map(|v| upload_as::<H>(client, v));
+    let [yh, dgh, duh] = [0; 3].map(|_| poisoned_as::<H>(client, n));
+    swiglu_forward::<H>(client, &gh, &uh, &yh, n);
+    swiglu_backward::<H>(client, &gh, &uh, &dyh, [&dgh, &duh], n);
+    assert_within_an_ulp::<H>("swiglu", &download_as::<H>(client, yh, n), &y_f32, 0.0);
+    assert_within_an_ulp::<H>(
+        "swiglu d_gate",
+        &download_as::<H>(client, dgh, n),
+        &dg_f32,
+        0.0,
+    );
+    assert_within_an_ulp::<H>(
+        "swiglu d_up",
+        &download_as::<H>(client, duh, n),
+        &du_f32,
+        0.0,
+    );
+
+    // Rotary embedding, both layouts, part of each head rotated, and its backward.
+    for interleaved in [false, true] {
+        let p = Rope {
+            interleaved,
+            ..rope(6, 29, 24, 16, 11)
+        };
+        let tables = rotary_tables(p.positions, p.rotary_dim);
+        let x = rounded::<H>(&rng.vec(p.shape.len(), -3.0, 3.0));
+        for inverse in [false, true] {
+            assert_within_an_ulp::<H>(
+                &format!("rotary (interleaved {interleaved}, inverse {inverse})"),
+                &run_rotary::<H>(client, &x, &tables, p, inverse),
+                &run_rotary::<f32>(client, &x, &tables, p, inverse),
+                0.0,
+            );
+        }
+    }
+
     true
 }
 

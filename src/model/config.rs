@@ -392,3 +392,43 @@ impl GptConfig {
         12.0 * l * h * h * per_h2
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A checkpoint written before the architecture options existed holds none of their
+    /// keys: it reads as the GPT-2 it was.
+    #[test]
+    fn configs_saved_without_the_newer_settings_read_as_gpt2() {
+        let gpt2 = GptConfig::new(2, 16, 4, 32, 64).with_openai_gelu(true);
+        let mut json: serde_json::Value = serde_json::to_value(&gpt2).unwrap();
+        let old_keys = [
+            "ffn_hidden_size",
+            "flash_attention",
+            "masked_softmax_fusion",
+            "layer_norm_fusion",
+            "openai_gelu",
+            "hidden_dropout",
+            "attention_dropout",
+            "layernorm_epsilon",
+            "init_method_std",
+            "num_layers",
+            "hidden_size",
+            "num_attention_heads",
+            "max_position_embeddings",
+            "padded_vocab_size",
+        ];
+        json.as_object_mut()
+            .unwrap()
+            .retain(|k, _| old_keys.contains(&k.as_str()));
+        assert_eq!(json.as_object().unwrap().len(), old_keys.len());
+        let read = GptConfig::from_json(&json.to_string()).unwrap();
+        assert_eq!(read, gpt2);
+        assert_eq!(
+            read.position_embedding_type,
+            PositionEmbedding::LearnedAbsolute
+        );
+        assert!(read.tied_output() && read.add_bias_linear && !read.swiglu);
+    }
+}

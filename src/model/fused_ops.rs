@@ -14,13 +14,13 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::autodiff::Autodiff;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{backend_extension, Backend, Dispatch, TensorMetadata};
-use burn::tensor::{DType, Shape, Tensor};
+use burn::tensor::{DType, FloatDType, Shape, Tensor};
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
 use ferrotron_kernels::launch::{
-    self as kernels, AttentionInputs, AttentionShape, DropoutDraw, RowLaunch, ScoresShape,
-    SoftmaxMask,
+    self as kernels, AttentionInputs, AttentionShape, DropoutDraw, RotaryTables, RowLaunch,
+    ScoresShape, SoftmaxMask,
 };
 
 /// The kernels a backend runs for the fused ops.
@@ -49,6 +49,38 @@ pub trait FusedKernels: Backend {
         mean: FloatTensor<Self>,
         rstd: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+    /// RMSNorm over the last dimension: output, and the per-row 1/rms (f32).
+    fn rms_norm_forward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        epsilon: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+    /// RMSNorm backward: dx, dγ.
+    fn rms_norm_backward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+        rstd: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+    /// `silu(gate) ⊙ up`, element-wise.
+    fn swiglu_forward(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self>;
+    /// SwiGLU backward: d_gate, d_up.
+    fn swiglu_backward(
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+    /// `[b, heads, s, head_dim]` rotated by the angles of rows `offset..offset + s` of the
+    /// f32 tables `cos`, `sin` (`[positions, rotary_dim / 2]`), the channels past
+    /// `rotary_dim` copied; with `inverse`, rotated back (the backward).
+    fn rotary_apply(
+        x: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        offset: usize,
+        interleaved: bool,
+        inverse: bool,
+    ) -> FloatTensor<Self>;
     /// `x ⊙ mask` of the dropout draw `draw` (forward; backward on the gradient).
     fn dropout_apply(x: FloatTensor<Self>, draw: DropoutDraw) -> FloatTensor<Self>;
     /// Causal attention of `[b, heads, s, head_dim]` queries, keys and values, dropout
@@ -86,6 +118,23 @@ pub trait FusedOps: Backend {
         gamma: FloatTensor<Self>,
         beta: FloatTensor<Self>,
         epsilon: f32,
+    ) -> FloatTensor<Self>;
+    /// RMSNorm over the last dimension.
+    fn fused_rms_norm(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        epsilon: f32,
+    ) -> FloatTensor<Self>;
+    /// SwiGLU's `silu(gate) ⊙ up`.
+    fn fused_swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self>;
+    /// Rotary embedding of `[b, heads, s, head_dim]` at table rows `offset..offset + s` of
+    /// the f32 tables `cos`, `sin` (`[positions, rotary_dim / 2]`; not differentiated).
+    fn fused_rotary(
+        x: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        offset: u32,
+        interleaved: bool,
     ) -> FloatTensor<Self>;
     /// Dropout with the mask of the draw keyed `(key_lo, key_hi)`: elements whose bits are
     /// below `threshold` dropped, the others multiplied by `scale`.
@@ -159,6 +208,11 @@ macro_rules! by_dtype {
             other => panic!("fused kernels support f32, f16 and bf16, not {other:?}"),
         }
     };
+}
+
+/// Panics unless `other` is stored as `x` is (the kernels read both as one type).
+fn same_dtype(what: &str, x: &CubeTensor, other: &CubeTensor) {
+    assert_eq!(other.dtype, x.dtype, "{what} is not stored as the input is");
 }
 
 fn rows_cols(shape: &Shape) -> (usize, usize) {
@@ -272,6 +326,142 @@ impl FusedKernels for CubeBackend {
             cols
         );
         (dx, dgamma, dbeta)
+    }
+
+    fn rms_norm_forward(
+        x: CubeTensor,
+        gamma: CubeTensor,
+        epsilon: f32,
+    ) -> (CubeTensor, CubeTensor) {
+        let (x, gamma) = (packed(x), packed(gamma));
+        same_dtype("RMSNorm's γ", &x, &gamma);
+        let shape = x.shape();
+        let (rows, cols) = rows_cols(&shape);
+        let y = empty_like(&x, shape, x.dtype);
+        let rstd = empty_like(&x, Shape::new([rows]), DType::F32);
+        by_dtype!(
+            x.dtype,
+            rms_norm_forward,
+            &x.client,
+            RowLaunch::for_client(&x.client),
+            &x.handle,
+            &gamma.handle,
+            &y.handle,
+            &rstd.handle,
+            rows,
+            cols,
+            epsilon
+        );
+        (y, rstd)
+    }
+
+    fn rms_norm_backward(
+        x: CubeTensor,
+        gamma: CubeTensor,
+        dy: CubeTensor,
+        rstd: CubeTensor,
+    ) -> (CubeTensor, CubeTensor) {
+        let (x, gamma, dy) = (packed(x), packed(gamma), packed(dy));
+        same_dtype("RMSNorm's output gradient", &x, &dy);
+        let shape = x.shape();
+        let (rows, cols) = rows_cols(&shape);
+        let dx = empty_like(&x, shape, x.dtype);
+        let dgamma = empty_like(&x, Shape::new([cols]), x.dtype);
+        by_dtype!(
+            x.dtype,
+            rms_norm_backward,
+            &x.client,
+            RowLaunch::for_client(&x.client),
+            &x.handle,
+            &gamma.handle,
+            &dy.handle,
+            &rstd.handle,
+            &dx.handle,
+            &dgamma.handle,
+            rows,
+            cols
+        );
+        (dx, dgamma)
+    }
+
+    fn swiglu_forward(gate: CubeTensor, up: CubeTensor) -> CubeTensor {
+        let (gate, up) = (packed(gate), packed(up));
+        same_dtype("SwiGLU's up", &gate, &up);
+        let shape = gate.shape();
+        assert_eq!(shape, up.shape(), "SwiGLU's gate and up");
+        let len = shape.num_elements();
+        let y = empty_like(&gate, shape, gate.dtype);
+        by_dtype!(
+            gate.dtype,
+            swiglu_forward,
+            &gate.client,
+            &gate.handle,
+            &up.handle,
+            &y.handle,
+            len
+        );
+        y
+    }
+
+    fn swiglu_backward(
+        gate: CubeTensor,
+        up: CubeTensor,
+        dy: CubeTensor,
+    ) -> (CubeTensor, CubeTensor) {
+        let (gate, up, dy) = (packed(gate), packed(up), packed(dy));
+        same_dtype("SwiGLU's output gradient", &gate, &dy);
+        let shape = gate.shape();
+        let len = shape.num_elements();
+        let [dgate, dup] = [0; 2].map(|_| empty_like(&gate, shape.clone(), gate.dtype));
+        by_dtype!(
+            gate.dtype,
+            swiglu_backward,
+            &gate.client,
+            &gate.handle,
+            &up.handle,
+            &dy.handle,
+            [&dgate.handle, &dup.handle],
+            len
+        );
+        (dgate, dup)
+    }
+
+    fn rotary_apply(
+        x: CubeTensor,
+        cos: CubeTensor,
+        sin: CubeTensor,
+        offset: usize,
+        interleaved: bool,
+        inverse: bool,
+    ) -> CubeTensor {
+        let (x, cos, sin) = (packed(x), packed(cos), packed(sin));
+        assert!(
+            cos.dtype == DType::F32 && sin.dtype == DType::F32,
+            "rotary tables are f32"
+        );
+        let [positions, pairs] = cos.shape().dims::<2>();
+        assert_eq!(cos.shape(), sin.shape(), "rotary tables");
+        let shape = x.shape();
+        let y = empty_like(&x, shape.clone(), x.dtype);
+        let tables = RotaryTables {
+            cos: &cos.handle,
+            sin: &sin.handle,
+            positions,
+            rotary_dim: 2 * pairs,
+            interleaved,
+        };
+        by_dtype!(
+            x.dtype,
+            rotary_embedding,
+            &x.client,
+            &x.handle,
+            &y.handle,
+            attention_shape(&shape),
+            tables,
+            offset,
+            inverse
+        );
+        y
     }
 
     fn dropout_apply(x: CubeTensor, draw: DropoutDraw) -> CubeTensor {
@@ -411,6 +601,24 @@ impl FusedOps for CubeBackend {
     ) -> CubeTensor {
         Self::layer_norm_forward(x, gamma, beta, epsilon).0
     }
+
+    fn fused_rms_norm(x: CubeTensor, gamma: CubeTensor, epsilon: f32) -> CubeTensor {
+        Self::rms_norm_forward(x, gamma, epsilon).0
+    }
+
+    fn fused_swiglu(gate: CubeTensor, up: CubeTensor) -> CubeTensor {
+        Self::swiglu_forward(gate, up)
+    }
+
+    fn fused_rotary(
+        x: CubeTensor,
+        cos: CubeTensor,
+        sin: CubeTensor,
+        offset: u32,
+        interleaved: bool,
+    ) -> CubeTensor {
+        Self::rotary_apply(x, cos, sin, offset as usize, interleaved, false)
+    }
 }
 
 #[derive(Debug)]
@@ -455,6 +663,66 @@ impl<B: FusedKernels> Backward<B, 3> for LayerNormBackward {
         }
         if let Some(p) = pbeta {
             grads.register::<B>(p.id, dbeta);
+        }
+    }
+}
+
+#[derive(Debug)]
+struct RmsNormBackward;
+
+impl<B: FusedKernels> Backward<B, 2> for RmsNormBackward {
+    /// x, γ, 1/rms.
+    type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [px, pgamma] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        let (x, gamma, rstd) = ops.state;
+        let (dx, dgamma) = B::rms_norm_backward(x, gamma, grad, rstd);
+        if let Some(p) = px {
+            grads.register::<B>(p.id, dx);
+        }
+        if let Some(p) = pgamma {
+            grads.register::<B>(p.id, dgamma);
+        }
+    }
+}
+
+#[derive(Debug)]
+struct SwigluBackward;
+
+impl<B: FusedKernels> Backward<B, 2> for SwigluBackward {
+    /// gate, up.
+    type State = (FloatTensor<B>, FloatTensor<B>);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [pgate, pup] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        let (gate, up) = ops.state;
+        let (dgate, dup) = B::swiglu_backward(gate, up, grad);
+        if let Some(p) = pgate {
+            grads.register::<B>(p.id, dgate);
+        }
+        if let Some(p) = pup {
+            grads.register::<B>(p.id, dup);
+        }
+    }
+}
+
+#[derive(Debug)]
+struct RotaryBackward;
+
+impl<B: FusedKernels> Backward<B, 1> for RotaryBackward {
+    /// The tables, the offset and the layout: the backward turns the gradient back.
+    type State = (FloatTensor<B>, FloatTensor<B>, usize, bool);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [parent] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        if let Some(parent) = parent {
+            let (cos, sin, offset, interleaved) = ops.state;
+            let dx = B::rotary_apply(grad, cos, sin, offset, interleaved, true);
+            grads.register::<B>(parent.id, dx);
         }
     }
 }
@@ -592,6 +860,68 @@ impl<B: FusedKernels + FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B,
             }
         }
     }
+
+    fn fused_rms_norm(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        epsilon: f32,
+    ) -> FloatTensor<Self> {
+        let (x, nx) = x.into_parts();
+        let (gamma, ngamma) = gamma.into_parts();
+        match RmsNormBackward
+            .prepare::<C>([nx, ngamma])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let (y, rstd) = B::rms_norm_forward(x.clone(), gamma.clone(), epsilon);
+                prep.finish((x, gamma, rstd), y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::rms_norm_forward(x, gamma, epsilon).0),
+        }
+    }
+
+    fn fused_swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
+        let (gate, ngate) = gate.into_parts();
+        let (up, nup) = up.into_parts();
+        match SwigluBackward
+            .prepare::<C>([ngate, nup])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let y = B::swiglu_forward(gate.clone(), up.clone());
+                prep.finish((gate, up), y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::swiglu_forward(gate, up)),
+        }
+    }
+
+    fn fused_rotary(
+        x: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        offset: u32,
+        interleaved: bool,
+    ) -> FloatTensor<Self> {
+        let (x, node) = x.into_parts();
+        // The tables are constants of the op: no gradient flows to them.
+        let (cos, sin) = (cos.into_primitive(), sin.into_primitive());
+        let offset = offset as usize;
+        match RotaryBackward
+            .prepare::<C>([node])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let y = B::rotary_apply(x, cos.clone(), sin.clone(), offset, interleaved, false);
+                prep.finish((cos, sin, offset, interleaved), y)
+            }
+            OpsKind::UnTracked(prep) => {
+                prep.finish(B::rotary_apply(x, cos, sin, offset, interleaved, false))
+            }
+        }
+    }
 }
 
 /// The fused causal softmax of `[b, heads, s, s]` scores (square, as Megatron's kernel: query
@@ -612,6 +942,53 @@ pub fn layer_norm(x: Tensor<3>, gamma: Tensor<1>, beta: Tensor<1>, epsilon: f64)
         gamma.into_dispatch(),
         beta.into_dispatch(),
         epsilon as f32,
+    ))
+}
+
+/// The fused RMSNorm of `x` over its last dimension (γ stored as `x` is).
+pub fn rms_norm(x: Tensor<3>, gamma: Tensor<1>, epsilon: f64) -> Tensor<3> {
+    let gamma = gamma.cast(x.dtype());
+    Tensor::from_dispatch(<Dispatch as FusedOps>::fused_rms_norm(
+        x.into_dispatch(),
+        gamma.into_dispatch(),
+        epsilon as f32,
+    ))
+}
+
+/// The fused SwiGLU activation `silu(gate) ⊙ up` (both of one shape and dtype).
+pub fn swiglu<const D: usize>(gate: Tensor<D>, up: Tensor<D>) -> Tensor<D> {
+    assert_eq!(gate.dims(), up.dims(), "SwiGLU's gate and up");
+    let up = up.cast(gate.dtype());
+    Tensor::from_dispatch(<Dispatch as FusedOps>::fused_swiglu(
+        gate.into_dispatch(),
+        up.into_dispatch(),
+    ))
+}
+
+/// The fused rotary embedding of `x` `[b, heads, s, head_dim]`: sequence position `i` turned
+/// by the angles of row `offset + i` of `cos` and `sin` (`[positions, rotary_dim / 2]`, one
+/// column per rotated pair, computed in f32 whatever `x`'s dtype), pairs `(2i, 2i + 1)` if
+/// `interleaved`, else `(i, i + rotary_dim / 2)`; channels past `rotary_dim` pass through.
+pub fn rotary(
+    x: Tensor<4>,
+    cos: Tensor<2>,
+    sin: Tensor<2>,
+    offset: usize,
+    interleaved: bool,
+) -> Tensor<4> {
+    let [_, _, s, d] = x.dims();
+    let [positions, pairs] = cos.dims();
+    assert!(
+        2 * pairs <= d && offset + s <= positions,
+        "rotary tables [{positions}, {pairs}] for {s} positions from {offset} of heads {d} wide"
+    );
+    let (cos, sin) = (cos.cast(FloatDType::F32), sin.cast(FloatDType::F32));
+    Tensor::from_dispatch(<Dispatch as FusedOps>::fused_rotary(
+        x.into_dispatch(),
+        cos.into_dispatch(),
+        sin.into_dispatch(),
+        offset as u32,
+        interleaved,
     ))
 }
 

@@ -2,9 +2,10 @@
 //! (Llama).
 
 use burn::module::Module;
-use burn::tensor::activation::{gelu, gelu_approximate, silu};
+use burn::tensor::activation::{gelu, gelu_approximate};
 use burn::tensor::{Device, Tensor};
 
+use super::ops::swiglu;
 use super::GptConfig;
 use crate::comm::Group;
 use crate::parallel::layers::{ColumnParallelLinear, RowParallelLinear};
@@ -26,6 +27,9 @@ pub struct Mlp {
     pub dense_4h_to_h: RowParallelLinear,
     /// tanh GELU (`--openai-gelu`) instead of the exact erf form.
     pub openai_gelu: bool,
+    /// SwiGLU's `silu(gate) ⊙ up` as one fused kernel where the backend has it; follows the
+    /// norms' fusion switch (off: `--no-persist-layer-norm`), the math is the same.
+    pub fused: bool,
 }
 
 impl Mlp {
@@ -65,6 +69,7 @@ impl Mlp {
             .with_bias(bias)
             .with_sequence_parallel(config.sequence_parallel),
             openai_gelu: config.openai_gelu,
+            fused: config.layer_norm_fusion,
         }
     }
 
@@ -73,7 +78,11 @@ impl Mlp {
         let h = match &self.dense_h_to_4h_gate {
             Some(gate) => {
                 let x = self.dense_h_to_4h.enter_region(x);
-                silu(gate.forward_in_region(x.clone())) * self.dense_h_to_4h.forward_in_region(x)
+                swiglu(
+                    gate.forward_in_region(x.clone()),
+                    self.dense_h_to_4h.forward_in_region(x),
+                    self.fused,
+                )
             }
             None if self.openai_gelu => gelu_approximate(self.dense_h_to_4h.forward(x)),
             None => gelu(self.dense_h_to_4h.forward(x)),

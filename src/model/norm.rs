@@ -25,7 +25,8 @@ pub struct Norm {
     pub rms: bool,
     /// γ stored zero-centred (`--apply-layernorm-1p`).
     pub one_plus: bool,
-    /// Use the fused kernel where the backend has it (off: `--no-persist-layer-norm`).
+    /// Use the fused kernel (LayerNorm's or RMSNorm's) where the backend has it (off:
+    /// `--no-persist-layer-norm`).
     pub fused: bool,
     /// The group over which this norm sees only part of its input (the query/key norms see
     /// this rank's heads): its weights are whole on every rank, but each rank's gradient is
@@ -107,7 +108,7 @@ impl Norm {
                 self.epsilon,
                 self.fused,
             ),
-            _ => ops::rms_norm(x, self.gamma(), self.epsilon),
+            _ => ops::rms_norm(x, self.gamma(), self.epsilon, self.fused),
         }
     }
 

@@ -5,7 +5,7 @@
 //! plain burn tensor ops, which run on every backend (the CPU default).
 
 use crate::util::device::at_least_f32;
-use burn::tensor::activation::softmax;
+use burn::tensor::activation::{silu, softmax};
 use burn::tensor::{Bool, Tensor};
 
 /// Megatron's fill value for masked attention scores.
@@ -68,7 +68,12 @@ pub fn layer_norm(
 
 /// RMSNorm over the last dimension, `x / √(mean(x²) + ε) · γ`, computed in fp32 whatever
 /// `x`'s dtype and returned in `x`'s dtype (as Megatron's and HF's).
-pub fn rms_norm(x: Tensor<3>, gamma: Tensor<1>, epsilon: f64) -> Tensor<3> {
+pub fn rms_norm(x: Tensor<3>, gamma: Tensor<1>, epsilon: f64, fused: bool) -> Tensor<3> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if fused && crate::util::device::is_cube(&x.device()) {
+        return super::fused_ops::rms_norm(x, gamma, epsilon);
+    }
+    let _ = fused;
     let dtype = x.dtype();
     let x = at_least_f32(x);
     let compute = x.dtype();
@@ -80,4 +85,15 @@ pub fn rms_norm(x: Tensor<3>, gamma: Tensor<1>, epsilon: f64) -> Tensor<3> {
         .sqrt()
         .recip();
     (x * inverse_rms * gamma.cast(compute).unsqueeze::<3>()).cast(dtype)
+}
+
+/// SwiGLU's activation `silu(gate) ⊙ up` (Llama's MLP), in `gate`'s dtype: one fused kernel
+/// (f32 inside) with `fused` on a CubeCL device, else composed of burn ops.
+pub fn swiglu<const D: usize>(gate: Tensor<D>, up: Tensor<D>, fused: bool) -> Tensor<D> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if fused && crate::util::device::is_cube(&gate.device()) {
+        return super::fused_ops::swiglu(gate, up);
+    }
+    let _ = fused;
+    silu(gate) * up
 }

@@ -2,6 +2,10 @@
 //! `apply_rotary_pos_emb`): each pair of a head's first `rotary_dim` channels is rotated by
 //! its position times the pair's frequency, so that the score of a query and a key depends on
 //! their distance only.
+//!
+//! On a CubeCL device the rotation is one fused kernel ([`super::fused_ops::rotary`]), forward
+//! and backward (the rotation by the negative angle); elsewhere, or with fusion off, it is
+//! composed of burn ops. Both take their angles from the same float64 tables.
 
 use burn::tensor::{Tensor, TensorData};
 
@@ -15,6 +19,9 @@ pub struct RotaryEmbedding {
     inv_freq: Vec<f64>,
     /// Pairs are (2i, 2i+1) instead of (i, i + rotary_dim / 2).
     interleaved: bool,
+    /// Use the fused kernel where the backend has it; follows the norms' fusion switch
+    /// (`--no-persist-layer-norm` turns it off), the math is the same.
+    fused: bool,
 }
 
 impl RotaryEmbedding {
@@ -30,7 +37,14 @@ impl RotaryEmbedding {
         Self {
             inv_freq,
             interleaved: config.rotary_interleaved,
+            fused: config.layer_norm_fusion,
         }
+    }
+
+    /// The same embedding, with the fused kernel allowed or not.
+    pub fn with_fusion(mut self, fused: bool) -> Self {
+        self.fused = fused;
+        self
     }
 
     /// Channels rotated per head.
@@ -58,12 +72,40 @@ impl RotaryEmbedding {
         (cos, sin)
     }
 
+    /// `cos` and `sin` of every rotated pair's angle at positions `start..start + len`,
+    /// `[len, rotary_dim / 2]` each (the fused kernel's tables).
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    fn pair_tables(&self, start: usize, len: usize) -> (Vec<f32>, Vec<f32>) {
+        let pairs = self.inv_freq.len();
+        let (mut cos, mut sin) = (
+            Vec::with_capacity(len * pairs),
+            Vec::with_capacity(len * pairs),
+        );
+        for position in start..start + len {
+            for theta in &self.inv_freq {
+                let angle = position as f64 * theta;
+                cos.push(angle.cos() as f32);
+                sin.push(angle.sin() as f32);
+            }
+        }
+        (cos, sin)
+    }
+
     /// `x` `[batch, heads, seq, head_dim]` at positions `start..start + seq`, rotated:
     /// `x·cos + rotate(x)·sin` on the first `rotary_dim` channels, the rest passed through.
     pub fn apply(&self, x: Tensor<4>, start: usize) -> Tensor<4> {
         let [_, _, s, d] = x.dims();
         let r = self.dim();
         let device = x.device();
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        if self.fused && r > 0 && s > 0 && crate::util::device::is_cube(&device) {
+            let (cos, sin) = self.pair_tables(start, s);
+            let table = |values: Vec<f32>| {
+                Tensor::<2>::from_data(TensorData::new(values, [s, r / 2]), &device)
+            };
+            return super::fused_ops::rotary(x, table(cos), table(sin), 0, self.interleaved);
+        }
+        let _ = self.fused;
         let (cos, sin) = self.tables(start, s);
         let table = |values: Vec<f32>| {
             Tensor::<2>::from_data(TensorData::new(values, [s, r]), &device)
