@@ -22,14 +22,6 @@ fn reference() -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(fixture("hf_generate.json")).unwrap()).unwrap()
 }
 
-fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
 /// The HF fixture model, through `import-hf` (vocabulary 250 padded to 256).
 fn imported(dir: &Path) -> Gpt {
     let input = fixture("hf_tiny_gpt2");
@@ -50,8 +42,8 @@ fn greedy_generation_equals_huggingface_generate() {
     let model = imported(dir.path());
     let reference = reference();
     for case in reference["greedy"].as_array().unwrap() {
-        let prompt = ids(&case["prompt"]);
-        let expected = ids(&case["tokens"]);
+        let prompt = token_ids(&case["prompt"]);
+        let expected = token_ids(&case["tokens"]);
         for kv_cache in [true, false] {
             let options = GenerateOptions {
                 max_new_tokens: 20,
@@ -84,7 +76,7 @@ fn huggingface_and_ferrotron_losses_agree_on_the_imported_model() {
         .as_array()
         .unwrap()
         .iter()
-        .map(ids)
+        .map(token_ids)
         .collect();
     let ours = mean_window_loss(&model, &windows, HF_VOCAB, 2, &Device::flex());
     let theirs = reference["mean_loss"].as_f64().unwrap();
@@ -202,8 +194,8 @@ fn the_generate_tool_streams_what_it_reports_as_json() {
         assert_eq!(line["prompt"], prompt);
         let mut expected = Vec::new();
         tokenizer.encoder().encode(prompt, &mut expected).unwrap();
-        assert_eq!(ids(&line["prompt_tokens"]), expected);
-        let tokens = ids(&line["tokens"]);
+        assert_eq!(token_ids(&line["prompt_tokens"]), expected);
+        let tokens = token_ids(&line["tokens"]);
         assert!(!tokens.is_empty() && tokens.len() <= 12);
         assert_eq!(line["text"], tokenizer.decode(&tokens).unwrap());
     }

@@ -40,14 +40,6 @@ const FIXTURES: [&str; 5] = [
     "hf_tiny_qwen3",
 ];
 
-fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
 /// Imports fixture `name` with the `import-hf` tool and checks it against HF's greedy tokens
 /// (with and without the KV cache) and mean loss.
 fn check_against_huggingface(name: &str) {
@@ -68,14 +60,14 @@ fn check_against_huggingface(name: &str) {
         .as_array()
         .unwrap()
         .iter()
-        .map(ids)
+        .map(token_ids)
         .collect();
     let ours = mean_window_loss(&model, &windows, HF_VOCAB, 2, &Device::flex());
     let theirs = reference["mean_loss"].as_f64().unwrap();
     println!("{name}: mean loss ferrotron {ours:.6}, HuggingFace {theirs:.6}");
     assert!((ours - theirs).abs() < 1e-4, "{name}: {ours} vs {theirs}");
     for case in reference["greedy"].as_array().unwrap() {
-        let prompt = ids(&case["prompt"]);
+        let prompt = token_ids(&case["prompt"]);
         for kv_cache in [true, false] {
             let options = GenerateOptions {
                 max_new_tokens: 20,
@@ -94,7 +86,7 @@ fn check_against_huggingface(name: &str) {
             .unwrap();
             assert_eq!(
                 tokens,
-                ids(&case["tokens"]),
+                token_ids(&case["tokens"]),
                 "{name}: prompt {prompt:?}, kv cache {kv_cache}"
             );
         }

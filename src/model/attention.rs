@@ -134,8 +134,7 @@ impl CausalSelfAttention {
             k = k_norm.forward_heads(k);
         }
         if let Some(rotary) = &self.rotary {
-            q = rotary.apply(q, start);
-            k = rotary.apply(k, start);
+            [q, k] = rotary.apply_to([q, k], start);
         }
         [q, k, v]
     }

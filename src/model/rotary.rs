@@ -7,7 +7,7 @@
 //! and backward (the rotation by the negative angle); elsewhere, or with fusion off, it is
 //! composed of burn ops. Both take their angles from the same float64 tables.
 
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{DType, Device, Tensor, TensorData};
 
 use super::GptConfig;
 
@@ -52,30 +52,9 @@ impl RotaryEmbedding {
         2 * self.inv_freq.len()
     }
 
-    /// `cos` and `sin` of every rotated channel's angle at positions `start..start + len`,
-    /// `[len, rotary_dim]` each, in channel order.
-    fn tables(&self, start: usize, len: usize) -> (Vec<f32>, Vec<f32>) {
-        let dim = self.dim();
-        let (mut cos, mut sin) = (Vec::with_capacity(len * dim), Vec::with_capacity(len * dim));
-        for position in start..start + len {
-            for channel in 0..dim {
-                let pair = if self.interleaved {
-                    channel / 2
-                } else {
-                    channel % (dim / 2)
-                };
-                let angle = position as f64 * self.inv_freq[pair];
-                cos.push(angle.cos() as f32);
-                sin.push(angle.sin() as f32);
-            }
-        }
-        (cos, sin)
-    }
-
     /// `cos` and `sin` of every rotated pair's angle at positions `start..start + len`,
-    /// `[len, rotary_dim / 2]` each (the fused kernel's tables).
-    #[cfg(any(feature = "wgpu", feature = "cuda"))]
-    fn pair_tables(&self, start: usize, len: usize) -> (Vec<f32>, Vec<f32>) {
+    /// `[len, rotary_dim / 2]` each, on `device` (angles in float64, values in f32).
+    fn pair_tables(&self, start: usize, len: usize, device: &Device) -> [Tensor<2>; 2] {
         let pairs = self.inv_freq.len();
         let (mut cos, mut sin) = (
             Vec::with_capacity(len * pairs),
@@ -88,33 +67,60 @@ impl RotaryEmbedding {
                 sin.push(angle.sin() as f32);
             }
         }
-        (cos, sin)
+        [cos, sin].map(|v| Tensor::<2>::from_data(TensorData::new(v, [len, pairs]), device))
+    }
+
+    /// A pair table `[len, rotary_dim / 2]` spread over the channels of each pair,
+    /// `[1, 1, len, rotary_dim]` in `dtype`: pair i at channels 2i and 2i+1 (interleaved), or
+    /// at i and i + rotary_dim / 2.
+    fn channel_table(&self, pairs: Tensor<2>, dtype: DType) -> Tensor<4> {
+        let [len, half] = pairs.dims();
+        let channels = if self.interleaved {
+            pairs
+                .unsqueeze_dim::<3>(2)
+                .repeat_dim(2, 2)
+                .reshape([len, 2 * half])
+        } else {
+            Tensor::cat(vec![pairs.clone(), pairs], 1)
+        };
+        channels.cast(dtype).unsqueeze::<4>()
     }
 
     /// `x` `[batch, heads, seq, head_dim]` at positions `start..start + seq`, rotated:
     /// `x·cos + rotate(x)·sin` on the first `rotary_dim` channels, the rest passed through.
     pub fn apply(&self, x: Tensor<4>, start: usize) -> Tensor<4> {
-        let [_, _, s, d] = x.dims();
-        let r = self.dim();
-        let device = x.device();
+        let [x] = self.apply_to([x], start);
+        x
+    }
+
+    /// [`Self::apply`] to tensors at the same positions (a layer's queries and keys), with
+    /// one set of angle tables.
+    pub fn apply_to<const N: usize>(&self, xs: [Tensor<4>; N], start: usize) -> [Tensor<4>; N] {
+        let Some(first) = xs.first() else {
+            return xs;
+        };
+        let (s, dtype, device) = (first.dims()[2], first.dtype(), first.device());
+        let [cos, sin] = self.pair_tables(start, s, &device);
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
-        if self.fused && r > 0 && s > 0 && crate::util::device::is_cube(&device) {
-            let (cos, sin) = self.pair_tables(start, s);
-            let table = |values: Vec<f32>| {
-                Tensor::<2>::from_data(TensorData::new(values, [s, r / 2]), &device)
-            };
-            return super::fused_ops::rotary(x, table(cos), table(sin), 0, self.interleaved);
+        if self.fused && self.dim() > 0 && s > 0 && crate::util::device::is_cube(&device) {
+            return xs.map(|x| {
+                super::fused_ops::rotary(x, cos.clone(), sin.clone(), 0, self.interleaved)
+            });
         }
         let _ = self.fused;
-        let (cos, sin) = self.tables(start, s);
-        let table = |values: Vec<f32>| {
-            Tensor::<2>::from_data(TensorData::new(values, [s, r]), &device)
-                .cast(x.dtype())
-                .unsqueeze::<4>()
-        };
+        let (cos, sin) = (
+            self.channel_table(cos, dtype),
+            self.channel_table(sin, dtype),
+        );
+        xs.map(|x| self.rotate_composed(x, &cos, &sin))
+    }
+
+    /// The composed rotation of `x` with channel tables `cos` and `sin`.
+    fn rotate_composed(&self, x: Tensor<4>, cos: &Tensor<4>, sin: &Tensor<4>) -> Tensor<4> {
+        let (r, d) = (self.dim(), x.dims()[3]);
         let rotated = x.clone().narrow(3, 0, r);
         let turned = self.rotate(rotated.clone());
-        let out = rotated * table(cos) + turned * table(sin);
+        let out = rotated * cos.clone() + turned * sin.clone();
         if r == d {
             out
         } else {

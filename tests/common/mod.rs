@@ -135,3 +135,13 @@ pub fn megatron_partition_dim(name: &str) -> Option<usize> {
         None
     }
 }
+
+/// Token ids from a JSON array (the HuggingFace fixtures' prompts, continuations, windows).
+#[allow(dead_code)]
+pub fn token_ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
