@@ -77,9 +77,10 @@ fn train_config(iters: u64, cache: &Path, overlap: bool) -> PretrainConfig {
         schedule: LrSchedule {
             max_lr: 1e-4,
             min_lr: 1e-5,
-            warmup_iters: 0.0,
-            decay_iters: 100.0,
+            warmup_steps: 0.0,
+            decay_steps: 800.0,
             style: LrDecayStyle::Cosine,
+            ..Default::default()
         },
         split: "100,0,0".into(),
         data_cache_path: Some(cache.to_path_buf()),

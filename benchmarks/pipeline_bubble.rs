@@ -169,9 +169,10 @@ fn gpt_config(pp: usize, last_stage_layers: Option<usize>) -> PretrainConfig {
         schedule: LrSchedule {
             max_lr: 1e-4,
             min_lr: 1e-5,
-            warmup_iters: 1.0,
-            decay_iters: 6.0,
+            warmup_steps: 16.0,
+            decay_steps: 96.0,
             style: LrDecayStyle::Cosine,
+            ..Default::default()
         },
         split: "100,0,0".into(),
         data_cache_path: Some(std::env::temp_dir().join("ferrotron_pipeline_bubble_cache")),

@@ -87,9 +87,11 @@ fn main() -> Result<()> {
         schedule: LrSchedule {
             max_lr: 1e-3,
             min_lr: 1e-4,
-            warmup_iters: 10.0,
-            decay_iters: 120.0,
+            // Megatron counts the schedule in samples: iterations × global batch.
+            warmup_steps: 80.0,
+            decay_steps: 960.0,
             style: LrDecayStyle::Cosine,
+            ..Default::default()
         },
         split: "95,5,0".into(),
         eod: tokenizer.eod().unwrap_or(50256),

@@ -102,9 +102,10 @@ fn import_hf_round_trips_export_hf_and_pretrain_continues_from_it() {
         schedule: LrSchedule {
             max_lr: 1e-3,
             min_lr: 1e-4,
-            warmup_iters: 0.0,
-            decay_iters: 10.0,
+            warmup_steps: 0.0,
+            decay_steps: 20.0,
             style: LrDecayStyle::Cosine,
+            ..Default::default()
         },
         seed: 7,
         split: "100,0,0".into(),

@@ -330,9 +330,10 @@ fn small_gpt(dir: &std::path::Path, fused: bool, tp: usize) -> PretrainConfig {
         schedule: LrSchedule {
             max_lr: 2e-3,
             min_lr: 1e-4,
-            warmup_iters: 1.0,
-            decay_iters: 4.0,
+            warmup_steps: 4.0,
+            decay_steps: 16.0,
             style: LrDecayStyle::Cosine,
+            ..Default::default()
         },
         split: "100,0,0".into(),
         data_cache_path: Some(dir.to_path_buf()),
@@ -345,7 +346,9 @@ fn small_gpt(dir: &std::path::Path, fused: bool, tp: usize) -> PretrainConfig {
                 .with_hidden_dropout(0.0)
                 .with_attention_dropout(0.0)
                 .with_masked_softmax_fusion(fused)
-                .with_layer_norm_fusion(fused),
+                .with_layer_norm_fusion(fused)
+                .with_rope_fusion(fused)
+                .with_bias_swiglu_fusion(fused),
             DataSources::single(golden("wikitext2_valid", "text")),
         )
     }

@@ -23,9 +23,10 @@ fn config(cache: &Path, precision: Precision, train_iters: u64) -> PretrainConfi
         schedule: LrSchedule {
             max_lr: 2e-3,
             min_lr: 1e-4,
-            warmup_iters: 10.0,
-            decay_iters: train_iters as f64,
+            warmup_steps: 40.0,
+            decay_steps: train_iters as f64 * 4.0,
             style: LrDecayStyle::Cosine,
+            ..Default::default()
         },
         precision,
         dynamic_loss_scale: DynamicGradScalerConfig::default(),

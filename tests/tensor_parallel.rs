@@ -336,9 +336,10 @@ fn tiny(cache: &Path, tp: usize, train_iters: u64) -> PretrainConfig {
         schedule: LrSchedule {
             max_lr: 2e-3,
             min_lr: 1e-4,
-            warmup_iters: 4.0,
-            decay_iters: train_iters as f64,
+            warmup_steps: 16.0,
+            decay_steps: train_iters as f64 * 4.0,
             style: LrDecayStyle::Cosine,
+            ..Default::default()
         },
         split: "100,0,0".into(),
         data_cache_path: Some(cache.to_path_buf()),

@@ -14,7 +14,7 @@ use ferrotron::tokenizer::TokenizerArgs;
 /// Score a checkpoint: mean LM loss (and PPL) over windows i = tokens[i·L .. i·L+L+1] from
 /// the start of the dataset, unshuffled, over the tokenizer's real (unpadded) vocabulary.
 #[derive(Parser, Debug)]
-#[command(name = "evaluate", version)]
+#[command(name = "evaluate", version, args_override_self = true)]
 struct Args {
     /// Checkpoint directory (as given to `pretrain --save`).
     #[arg(long)]

@@ -15,7 +15,7 @@ use ferrotron::tokenizer::TokenizerArgs;
 /// model becomes `GPT2LMHeadModel`; RMSNorm + rotary + SwiGLU models `LlamaForCausalLM`
 /// (`Qwen2ForCausalLM` with only a qkv bias, `Qwen3ForCausalLM` with query/key norms).
 #[derive(Parser, Debug)]
-#[command(name = "export-hf", version)]
+#[command(name = "export-hf", version, args_override_self = true)]
 struct Args {
     /// Checkpoint directory (as given to `pretrain --save`).
     #[arg(long)]

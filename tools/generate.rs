@@ -20,7 +20,7 @@ use ferrotron::util::device::parse_device;
 /// so each new token costs one position. Text streams to stdout as it comes; `--json` writes
 /// one line per prompt instead.
 #[derive(Parser, Debug)]
-#[command(name = "generate", version)]
+#[command(name = "generate", version, args_override_self = true)]
 struct Args {
     /// Checkpoint directory (as given to `pretrain --save`).
     #[arg(long)]

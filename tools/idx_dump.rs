@@ -13,7 +13,7 @@ use ferrotron::tokenizer::TokenizerArgs;
 /// Show the header, counts and length statistics of a `.bin`/`.idx` pair, check it, and
 /// decode documents.
 #[derive(Parser, Debug)]
-#[command(name = "idx-dump", version)]
+#[command(name = "idx-dump", version, args_override_self = true)]
 struct Args {
     /// Dataset prefix (PREFIX.bin + PREFIX.idx); a path ending in .bin or .idx also works.
     prefix: PathBuf,

@@ -19,7 +19,7 @@ use ferrotron::model::named_parameters::load_named_parameters;
 /// as `save_pretrained` writes it) into a checkpoint that `pretrain --load` continues from
 /// (iteration 0, no optimizer state) and `evaluate` / `export-hf` read.
 #[derive(Parser, Debug)]
-#[command(name = "import-hf", version)]
+#[command(name = "import-hf", version, args_override_self = true)]
 struct Args {
     /// The HuggingFace model directory.
     #[arg(long)]

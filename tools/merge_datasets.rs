@@ -14,7 +14,7 @@ use ferrotron::data::normalize_prefix;
 /// `--input DIR` merges every `X.bin`/`X.idx` pair in DIR in name order, as Megatron's
 /// merge_datasets.py does; dataset prefixes may also be listed one by one, in the order wanted.
 #[derive(Parser, Debug)]
-#[command(name = "merge-datasets", version)]
+#[command(name = "merge-datasets", version, args_override_self = true)]
 struct Args {
     /// A directory of datasets, or dataset prefixes (with or without .bin/.idx).
     #[arg(long, required = true, num_args = 1..)]

@@ -11,7 +11,7 @@ use ferrotron::logging::loss_plot::{draw_loss_plot_against, read_metrics, XAxis}
 /// Draw the training and validation loss of runs (their `--save` directories or
 /// `metrics.jsonl` files) on one figure.
 #[derive(Parser, Debug)]
-#[command(name = "plot", version)]
+#[command(name = "plot", version, args_override_self = true)]
 struct Args {
     /// Runs: `--save` directories or `metrics.jsonl` files; each is a legend entry.
     #[arg(required = true)]

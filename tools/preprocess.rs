@@ -21,7 +21,7 @@ use ferrotron::tokenizer::TokenizerArgs;
 ///
 /// Flags follow Megatron-LM's `tools/preprocess_data.py`; the output is byte-identical to it.
 #[derive(Parser, Debug)]
-#[command(name = "preprocess", version)]
+#[command(name = "preprocess", version, args_override_self = true)]
 struct Args {
     /// Input JSONL file(s), one JSON object per line; a directory means all its files, sorted.
     #[arg(long, required = true, num_args = 1..)]

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 
 use ferrotron::comm::world::World;
 use ferrotron::data::{Blend, DataSources};
@@ -19,15 +19,16 @@ use ferrotron::model::{GptConfig, Recompute};
 use ferrotron::optim::grad_scaler::DynamicGradScalerConfig;
 use ferrotron::optim::Precision;
 use ferrotron::tokenizer::TokenizerArgs;
+use ferrotron::training::megatron_command_line::screen_megatron_flags;
 use ferrotron::training::pretrain::pretrain_on;
 use ferrotron::training::{
-    pretrain, AdamWConfig, ArchitectureArgs, LrDecayStyle, LrSchedule, PretrainConfig,
+    pretrain, AdamWConfig, ArchitectureArgs, LogOptions, PretrainConfig, ScheduleArgs,
 };
 
 /// Pretrain a GPT with Megatron-LM's command line: one process (tensor-parallel ranks as
 /// threads) or, under `mpirun`/`srun`, one MPI rank per process.
 #[derive(Parser, Debug)]
-#[command(name = "pretrain", version)]
+#[command(name = "pretrain", version, args_override_self = true)]
 struct Args {
     // --- model ---
     /// Transformer layers.
@@ -74,36 +75,8 @@ struct Args {
     sequence_parallel: bool,
 
     // --- batch and schedule ---
-    /// Samples per forward/backward pass.
-    #[arg(long)]
-    micro_batch_size: usize,
-    /// Samples per optimizer step [default: --micro-batch-size].
-    #[arg(long)]
-    global_batch_size: Option<usize>,
-    /// Optimizer steps.
-    #[arg(long)]
-    train_iters: u64,
-    /// Peak learning rate.
-    #[arg(long)]
-    lr: f64,
-    /// Minimum learning rate.
-    #[arg(long, default_value_t = 0.0)]
-    min_lr: f64,
-    /// constant, linear or cosine.
-    #[arg(long, default_value = "linear")]
-    lr_decay_style: String,
-    /// Iterations of decay [default: --train-iters].
-    #[arg(long)]
-    lr_decay_iters: Option<u64>,
-    /// Warmup iterations.
-    #[arg(long)]
-    lr_warmup_iters: Option<u64>,
-    /// Warmup as a fraction of the decay iterations.
-    #[arg(long)]
-    lr_warmup_fraction: Option<f64>,
-    /// Decoupled weight decay (weight matrices only).
-    #[arg(long, default_value_t = 0.01)]
-    weight_decay: f64,
+    #[command(flatten)]
+    schedule: ScheduleArgs,
     /// Adam β₁.
     #[arg(long, default_value_t = 0.9)]
     adam_beta1: f64,
@@ -178,6 +151,16 @@ struct Args {
     /// Save and exit after N iterations.
     #[arg(long)]
     exit_interval: Option<u64>,
+    /// Save and exit once the run has taken this many minutes.
+    #[arg(long)]
+    exit_duration_in_mins: Option<f64>,
+    /// On SIGTERM, SIGINT or SIGHUP: finish the iteration, save, exit 0 (every rank).
+    #[arg(long)]
+    exit_signal_handler: bool,
+    /// The signal --exit-signal-handler waits for (SIGTERM, SIGINT and SIGHUP are all
+    /// handled).
+    #[arg(long, default_value = "SIGTERM")]
+    exit_signal: String,
 
     /// Write TensorBoard scalars (loss, learning rate, grad norm, batch size, iteration time,
     /// tokens/s, validation loss and perplexity) to this directory.
@@ -186,6 +169,15 @@ struct Args {
     /// Iterations between training scalars in TensorBoard.
     #[arg(long, default_value_t = 1)]
     tensorboard_log_interval: u64,
+    /// Megatron's `throughput per GPU (TFLOP/s/GPU)` field in the log line.
+    #[arg(long)]
+    log_throughput: bool,
+    /// The parameters' L2 norm in the log line (and TensorBoard).
+    #[arg(long)]
+    log_params_norm: bool,
+    /// The number of zero gradient elements in the log line (and TensorBoard).
+    #[arg(long)]
+    log_num_zeros_in_grad: bool,
 
     /// Backend: cpu, or (in builds with those features) cuda, cuda:N, wgpu, wgpu-cpu.
     #[arg(long, default_value = "cpu")]
@@ -286,6 +278,12 @@ struct Args {
     /// composed reference ops).
     #[arg(long)]
     no_persist_layer_norm: bool,
+    /// Turn off the fused rotary-embedding kernel (GPU builds).
+    #[arg(long)]
+    no_rope_fusion: bool,
+    /// Turn off the fused SwiGLU kernel (GPU builds).
+    #[arg(long)]
+    no_bias_swiglu_fusion: bool,
     /// Fused causal attention (FlashAttention-style, dropout inside, the `[s, s]` scores never
     /// stored) on CubeCL devices (`--device cuda`, `wgpu`); the CPU backend keeps the composed
     /// attention (the same math).
@@ -317,18 +315,29 @@ fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
         }
     }
     let (model, eod) = model_config(args, verbose)?;
+    let schedule = args
+        .schedule
+        .resolve(args.seq_length)
+        .map_err(anyhow::Error::msg)?;
+    if verbose && args.schedule.train_samples.is_some() {
+        println!("setting training iterations to {}", schedule.train_iters);
+    }
     Ok(PretrainConfig {
         model,
         seq_length: args.seq_length,
-        micro_batch_size: args.micro_batch_size,
-        global_batch_size: args.global_batch_size.unwrap_or(args.micro_batch_size),
-        train_iters: args.train_iters,
-        schedule: lr_schedule(args)?,
+        micro_batch_size: args.schedule.micro_batch_size,
+        global_batch_size: schedule.global_batch_size,
+        train_iters: schedule.train_iters,
+        train_samples: schedule.train_samples,
+        batch_size_schedule: schedule.batch_size_schedule,
+        decrease_batch_size_if_needed: args.schedule.decrease_batch_size_if_needed,
+        schedule: schedule.lr,
+        weight_decay_schedule: Some(schedule.weight_decay),
         adam: AdamWConfig {
             beta1: args.adam_beta1,
             beta2: args.adam_beta2,
             eps: args.adam_eps,
-            weight_decay: args.weight_decay,
+            weight_decay: args.schedule.weight_decay,
         },
         clip_grad: args.clip_grad,
         seed: args.seed,
@@ -347,6 +356,8 @@ fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
         save_interval: args.save_interval,
         load: args.load.clone(),
         exit_interval: args.exit_interval,
+        exit_duration_in_mins: args.exit_duration_in_mins,
+        exit_signal_handler: args.exit_signal_handler,
         tensor_model_parallel_size: args.tensor_model_parallel_size,
         pipeline_model_parallel_size: args.pipeline_model_parallel_size,
         num_layers_per_virtual_pipeline_stage: args.num_layers_per_virtual_pipeline_stage,
@@ -357,6 +368,11 @@ fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
         overlap_grad_reduce: args.overlap_grad_reduce,
         tensorboard_dir: args.tensorboard_dir.clone(),
         tensorboard_log_interval: args.tensorboard_log_interval,
+        log_options: LogOptions {
+            throughput: args.log_throughput,
+            params_norm: args.log_params_norm,
+            num_zeros_in_grad: args.log_num_zeros_in_grad,
+        },
         recompute,
     })
 }
@@ -406,8 +422,8 @@ fn model_config(args: &Args, verbose: bool) -> Result<(GptConfig, u32)> {
             args.seq_length
         );
     }
-    if args.micro_batch_size == 0 || args.seq_length == 0 || args.train_iters == 0 {
-        bail!("--micro-batch-size, --seq-length and --train-iters must be positive");
+    if args.seq_length == 0 {
+        bail!("--seq-length must be positive");
     }
     let model = GptConfig::new(
         args.num_layers,
@@ -424,6 +440,8 @@ fn model_config(args: &Args, verbose: bool) -> Result<(GptConfig, u32)> {
     .with_openai_gelu(args.openai_gelu)
     .with_masked_softmax_fusion(!args.no_masked_softmax_fusion)
     .with_layer_norm_fusion(!args.no_persist_layer_norm)
+    .with_rope_fusion(!args.no_rope_fusion)
+    .with_bias_swiglu_fusion(!args.no_bias_swiglu_fusion)
     .with_flash_attention(args.use_flash_attn);
     let model = args.architecture.apply(model).map_err(anyhow::Error::msg)?;
     let model = model.with_sequence_parallel(args.sequence_parallel);
@@ -438,30 +456,6 @@ fn model_config(args: &Args, verbose: bool) -> Result<(GptConfig, u32)> {
         .validate_parallel(args.tensor_model_parallel_size)
         .map_err(anyhow::Error::msg)?;
     Ok((model, eod))
-}
-
-/// The learning-rate schedule from `--lr`, `--min-lr`, `--lr-decay-style`, the warm-up and
-/// decay flags.
-fn lr_schedule(args: &Args) -> Result<LrSchedule> {
-    let decay_iters = args.lr_decay_iters.unwrap_or(args.train_iters) as f64;
-    let warmup_iters = match (args.lr_warmup_iters, args.lr_warmup_fraction) {
-        (Some(_), Some(_)) => bail!("give --lr-warmup-iters or --lr-warmup-fraction, not both"),
-        (Some(i), None) => i as f64,
-        (None, Some(f)) if (0.0..=1.0).contains(&f) => f * decay_iters,
-        (None, Some(f)) => bail!("--lr-warmup-fraction {f} must be in [0, 1]"),
-        (None, None) => 0.0,
-    };
-    let style: LrDecayStyle = args.lr_decay_style.parse().map_err(anyhow::Error::msg)?;
-    if !(args.lr > 0.0 && args.min_lr >= 0.0 && args.min_lr <= args.lr) {
-        bail!("need 0 <= --min-lr <= --lr and --lr > 0");
-    }
-    Ok(LrSchedule {
-        max_lr: args.lr,
-        min_lr: args.min_lr,
-        warmup_iters,
-        decay_iters,
-        style,
-    })
 }
 
 /// Megatron's recompute flags, the legacy ones mapped as its `arguments.py` maps them.
@@ -516,6 +510,13 @@ fn run(args: Args, world: &World) -> Result<()> {
         .map_err(anyhow::Error::msg)?
         .autodiff();
     let config = build_config(&args, world.rank() == 0)?;
+    if args.exit_signal_handler {
+        match args.exit_signal.as_str() {
+            "SIGTERM" | "SIGINT" | "SIGHUP" => {}
+            other => bail!("--exit-signal {other}: SIGTERM, SIGINT and SIGHUP are handled (all three, whichever is named)"),
+        }
+        ferrotron::util::exit_signal::install().map_err(anyhow::Error::msg)?;
+    }
     match args.distributed_backend.as_deref() {
         None | Some("gloo") | Some("mpi") => {}
         Some("nccl") => return pretrain_on(&config, &device, nccl_world(&args, world)?).map(drop),
@@ -560,12 +561,24 @@ fn nccl_world(
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    // Megatron's scripts pass flags for its own machinery and repeat flags: see
+    // docs/megatron-flags.md.
+    let screened = match screen_megatron_flags(&Args::command(), std::env::args_os()) {
+        Ok(screened) => screened,
+        Err(e) => {
+            eprintln!("pretrain: error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let args = Args::parse_from(&screened.argv);
     ferrotron::comm::world::share_cores_among_local_ranks();
     let world = match World::from_environment() {
         Ok(world) => world,
         Err(e) => return ferrotron::util::cli::finish("pretrain", Err(e)),
     };
+    if let (Some(warning), 0) = (screened.warning(), world.rank()) {
+        eprintln!("{warning}");
+    }
     let result = run(args, &world);
     if let (Err(e), true) = (&result, world.size() > 1) {
         // The other ranks may be waiting in a collective for this one: end them all.

@@ -169,14 +169,23 @@ fn read_info(shards: &[Vec<TensorFile>], iter_dir: &Path) -> Result<LoadedCheckp
     }
     let config = GptConfig::from_json(&get("model_config")?)
         .with_context(|| format!("{}: bad model_config", path0.display()))?;
+    let optional = |key: &str| match metadata.get(key) {
+        Some(_) => parse(key).map(Some),
+        None => Ok(None),
+    };
+    let iteration = parse("iteration")?;
+    let skipped_iterations = optional("skipped_iterations")?.unwrap_or(0);
+    let consumed_train_samples = parse("consumed_train_samples")?;
+    // Checkpoints from before the scheduler's steps were saved trained at one batch size.
+    let scheduler_steps = optional("scheduler_steps")?.unwrap_or(
+        consumed_train_samples / iteration.max(1) * (iteration - skipped_iterations.min(iteration)),
+    );
     Ok(LoadedCheckpoint {
         state: TrainState {
-            iteration: parse("iteration")?,
-            skipped_iterations: match metadata.get("skipped_iterations") {
-                Some(_) => parse("skipped_iterations")?,
-                None => 0,
-            },
-            consumed_train_samples: parse("consumed_train_samples")?,
+            iteration,
+            skipped_iterations,
+            scheduler_steps,
+            consumed_train_samples,
             consumed_valid_samples: parse("consumed_valid_samples")?,
         },
         optimizer_steps: parse("optimizer_steps")?,

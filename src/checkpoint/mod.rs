@@ -36,9 +36,11 @@ pub(crate) const CHECKPOINT_FILE: &str = "model_optim_rng.safetensors";
 pub struct TrainState {
     /// Iterations completed.
     pub iteration: u64,
-    /// Iterations skipped for overflowing gradients (no update, no learning-rate step): the
-    /// schedule has advanced `iteration - skipped_iterations` steps.
+    /// Iterations skipped for overflowing gradients (no update, no learning-rate step).
     pub skipped_iterations: u64,
+    /// The learning-rate scheduler's steps: the samples of the iterations that updated the
+    /// weights (Megatron's `OptimizerParamScheduler.num_steps`).
+    pub scheduler_steps: u64,
     /// Training samples consumed.
     pub consumed_train_samples: u64,
     /// Validation samples consumed (evaluations continue through the validation set).

@@ -117,6 +117,10 @@ fn metadata(
             "skipped_iterations".to_owned(),
             state.skipped_iterations.to_string(),
         ),
+        (
+            "scheduler_steps".to_owned(),
+            state.scheduler_steps.to_string(),
+        ),
         ("model_config".to_owned(), serde_json::to_string(config)?),
         (
             "tensor_model_parallel_size".to_owned(),

@@ -149,6 +149,21 @@ fn build_splits_of(
         let (Some(range), Some(samples)) = (ranges[i].clone(), wanted[i]) else {
             continue;
         };
+        if range.is_empty() {
+            // As the Megatron-LM of the seed tutorial: no dataset, so no evaluation on it
+            // (Megatron-Core would wait forever for its samples).
+            if config.verbose {
+                println!(
+                    " > --split {}: the {} split of {} gets none of its {} documents: there is no {} dataset and its evaluation is skipped",
+                    config.split,
+                    split.name(),
+                    prefix.display(),
+                    data.document_count(),
+                    split.name()
+                );
+            }
+            continue;
+        }
         let empty = range
             .clone()
             .map(|d| data.sequence_length(d) as u64)
@@ -157,9 +172,9 @@ fn build_splits_of(
         if empty {
             // Megatron-Core would loop forever looking for samples here.
             return Err(DatasetError::OutOfRange(format!(
-                "--split {}: the {} split of {} gets none of its {} documents (or only empty \
-                 ones), yet {} samples are asked of it (give it a larger share of --split, or \
-                 use --eval-iters 0 for no validation and test)",
+                "--split {}: the {} split of {} gets only empty documents of its {}, yet {} \
+                 samples are asked of it (give it a larger share of --split, or use \
+                 --eval-iters 0 for no validation and test)",
                 config.split,
                 split.name(),
                 prefix.display(),

@@ -46,25 +46,47 @@ pub struct IterationStats {
     pub tokens_per_second: f64,
     /// Achieved model TFLOP/s.
     pub tflops: f64,
+    /// With `--log-throughput`: Megatron's TFLOP/s per GPU (the model's FLOPs over the
+    /// interval's time and the world's ranks).
+    pub throughput_per_rank: Option<f64>,
+    /// With `--log-num-zeros-in-grad`: zero gradient elements of the last iteration.
+    pub num_zeros_in_grad: Option<u64>,
+    /// With `--log-params-norm`: the L2 norm of all parameters.
+    pub params_norm: Option<f64>,
+    /// When the line is printed (Megatron's leading `[%Y-%m-%d %H:%M:%S.%f]`).
+    pub timestamp: String,
 }
 
-/// ` iteration       10/    1000 | consumed samples:           80 | elapsed time per iteration (ms): 1210.0 | ...`
+/// Now, as Megatron stamps its log lines: `2026-11-25 23:10:00.123456` (local time).
+pub fn timestamp_now() -> String {
+    chrono::Local::now()
+        .format("%Y-%m-%d %H:%M:%S%.6f")
+        .to_string()
+}
+
+/// ` [2026-11-25 23:10:00.123456] iteration       10/    1000 | consumed samples:           80 | elapsed time per iteration (ms): 1210.0 | ...`
+/// (Megatron-LM's `training_log`, field for field, with ferrotron's tokens/s and TFLOP/s
+/// at the end).
 pub fn iteration_line(s: &IterationStats) -> String {
-    let lm_loss = s
-        .lm_loss
-        .map_or(String::new(), |l| format!(" lm loss: {} |", sci(l, 6)));
-    let grad_norm = s
-        .grad_norm
-        .map_or(String::new(), |g| format!(" grad norm: {g:.3} |"));
+    let optional = |value: Option<String>| value.unwrap_or_default();
+    let throughput = optional(
+        s.throughput_per_rank
+            .map(|t| format!(" throughput per GPU (TFLOP/s/GPU): {t:.1} |")),
+    );
+    let lm_loss = optional(s.lm_loss.map(|l| format!(" lm loss: {} |", sci(l, 6))));
+    let grad_norm = optional(s.grad_norm.map(|g| format!(" grad norm: {g:.3} |")));
+    let zeros = optional(s.num_zeros_in_grad.map(|z| format!(" num zeros: {z} |")));
+    let params_norm = optional(s.params_norm.map(|p| format!(" params norm: {p:.3} |")));
     format!(
-        " iteration {:8}/{:8} | consumed samples: {:12} | elapsed time per iteration (ms): {:.1} | learning rate: {} | \
-         global batch size: {:5} |{lm_loss} loss scale: {:.1} |{grad_norm} number of skipped iterations: {:3} | \
-         number of nan iterations: {:3} | tokens/s: {:.0} | TFLOP/s: {:.4} |",
+        " [{}] iteration {:8}/{:8} | consumed samples: {:12} | elapsed time per iteration (ms): {:.1} |{throughput} \
+         learning rate: {} | global batch size: {:5} |{lm_loss} loss scale: {:.1} |{grad_norm}{zeros}{params_norm} \
+         number of skipped iterations: {:3} | number of nan iterations: {:3} | tokens/s: {:.0} | TFLOP/s: {:.4} |",
+        s.timestamp,
         s.iteration,
         s.train_iters,
         s.consumed_samples,
         s.ms_per_iteration,
-        sci(s.learning_rate, 3),
+        sci(s.learning_rate, 6),
         s.global_batch_size,
         s.loss_scale,
         s.skipped_iterations,
@@ -112,11 +134,18 @@ mod tests {
             nan_iterations: 0,
             tokens_per_second: 6770.0,
             tflops: 0.0123,
+            throughput_per_rank: Some(0.0123),
+            num_zeros_in_grad: Some(7),
+            params_norm: Some(12.3456),
+            timestamp: "2026-11-25 23:10:00.123456".into(),
         });
+        // Megatron-LM d98e8a6's `training_log`, with its optional fields on.
         assert!(line.starts_with(
-            " iteration       10/    1000 | consumed samples:           80 | elapsed time per iteration (ms): 1210.0 | \
-             learning rate: 1.500E-04 | global batch size:     8 | lm loss: 1.032014E+01 | loss scale: 4294967296.0 | \
-             grad norm: 1.458 | number of skipped iterations:   0 | number of nan iterations:   0 |"
+            " [2026-11-25 23:10:00.123456] iteration       10/    1000 | consumed samples:           80 | \
+             elapsed time per iteration (ms): 1210.0 | throughput per GPU (TFLOP/s/GPU): 0.0 | \
+             learning rate: 1.500000E-04 | global batch size:     8 | lm loss: 1.032014E+01 | loss scale: 4294967296.0 | \
+             grad norm: 1.458 | num zeros: 7 | params norm: 12.346 | number of skipped iterations:   0 | number of nan iterations:   0 |"
         ), "{line}");
+        assert_eq!(timestamp_now().len(), "2026-11-25 23:10:00.123456".len());
     }
 }

@@ -10,7 +10,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 
 use super::loss_plot::{draw_loss_plot, read_metrics};
-use super::megatron_log::{iteration_line, validation_line, IterationStats};
+use super::megatron_log::{iteration_line, timestamp_now, validation_line, IterationStats};
 use super::memory::{memory_report_line, peak_rss_bytes};
 use super::tensorboard::TensorBoardWriter;
 
@@ -27,12 +27,14 @@ pub struct MetricsOptions {
     pub tensorboard_log_interval: u64,
     /// `--train-iters`.
     pub train_iters: u64,
-    /// `--global-batch-size`.
-    pub global_batch_size: usize,
     /// `--seq-length`.
     pub seq_length: usize,
     /// Model FLOPs per token (the TFLOP/s figure).
     pub flops_per_token: f64,
+    /// `--log-throughput`: Megatron's TFLOP/s per rank in the log line.
+    pub log_throughput: bool,
+    /// Ranks of the run (the throughput per rank divides by them).
+    pub world_size: usize,
 }
 
 /// One finished iteration, as the sink records it.
@@ -42,6 +44,8 @@ pub struct IterationRecord {
     pub iteration: u64,
     /// Training samples consumed after it.
     pub consumed_samples: u64,
+    /// Its global batch (smaller during a batch-size ramp-up).
+    pub global_batch_size: usize,
     /// The learning rate it used.
     pub lr: f64,
     /// The learning rate the log line shows (the schedule's, after the step).
@@ -58,12 +62,17 @@ pub struct IterationRecord {
     pub pipeline_idle: Option<Vec<f64>>,
     /// Seconds waited for the data-parallel gradient reduction.
     pub grad_reduce_exposed_seconds: Option<f64>,
+    /// `--log-params-norm`: the L2 norm of all parameters after the step.
+    pub params_norm: Option<f64>,
+    /// `--log-num-zeros-in-grad`: zero gradient elements of the step.
+    pub num_zeros_in_grad: Option<u64>,
 }
 
 /// The counters of Megatron's log interval.
 struct Interval {
     start: Instant,
     iterations: u64,
+    samples: u64,
     loss_sum: f64,
     advanced: u64,
     skipped: u64,
@@ -75,6 +84,7 @@ impl Interval {
         Self {
             start: Instant::now(),
             iterations: 0,
+            samples: 0,
             loss_sum: 0.0,
             advanced: 0,
             skipped: 0,
@@ -132,6 +142,7 @@ impl MetricsSink {
     pub fn record_iteration(&mut self, r: &IterationRecord) -> Result<()> {
         let i = &mut self.interval;
         i.iterations += 1;
+        i.samples += r.global_batch_size as u64;
         if r.skipped {
             i.skipped += 1;
             i.nan += u64::from(!r.lm_loss.is_finite());
@@ -157,6 +168,7 @@ impl MetricsSink {
             "consumed_samples": r.consumed_samples,
             "tokens": r.consumed_samples * self.options.seq_length as u64,
             "lm_loss": r.lm_loss,
+            "global_batch_size": r.global_batch_size,
             "lr": r.lr,
             "grad_norm": r.grad_norm,
             "loss_scale": r.loss_scale,
@@ -183,11 +195,13 @@ impl MetricsSink {
         // without a grad scaler, as Megatron logs it.
         let mut scalars = vec![
             ("learning-rate", r.lr),
-            ("batch-size", self.options.global_batch_size as f64),
+            ("batch-size", r.global_batch_size as f64),
             ("lm loss", r.lm_loss),
             ("loss-scale", r.loss_scale),
         ];
         scalars.extend(r.grad_norm.map(|norm| ("grad-norm", norm)));
+        scalars.extend(r.num_zeros_in_grad.map(|zeros| ("num-zeros", zeros as f64)));
+        scalars.extend(r.params_norm.map(|norm| ("params-norm", norm)));
         for (tag, value) in scalars {
             tb.add_scalar(tag, value, r.iteration)?;
             tb.add_scalar(&format!("{tag} vs samples"), value, r.consumed_samples)?;
@@ -201,7 +215,7 @@ impl MetricsSink {
         let o = &self.options;
         let i = &self.interval;
         let elapsed = i.start.elapsed().as_secs_f64();
-        let tokens = (i.iterations * o.global_batch_size as u64 * o.seq_length as u64) as f64;
+        let tokens = (i.samples * o.seq_length as u64) as f64;
         if let Some(tb) = self.tensorboard.as_mut() {
             tb.add_scalar("iteration-time", elapsed / i.iterations as f64, r.iteration)?;
             tb.add_scalar("tokens-per-sec", tokens / elapsed, r.iteration)?;
@@ -215,7 +229,7 @@ impl MetricsSink {
                 consumed_samples: r.consumed_samples,
                 ms_per_iteration: 1000.0 * elapsed / i.iterations as f64,
                 learning_rate: r.next_lr,
-                global_batch_size: o.global_batch_size,
+                global_batch_size: r.global_batch_size,
                 lm_loss: (i.advanced > 0).then(|| i.loss_sum / i.advanced as f64),
                 loss_scale: r.loss_scale,
                 grad_norm: r.grad_norm,
@@ -223,6 +237,12 @@ impl MetricsSink {
                 nan_iterations: i.nan,
                 tokens_per_second: tokens / elapsed,
                 tflops: tokens * o.flops_per_token / elapsed / 1e12,
+                throughput_per_rank: o.log_throughput.then(|| {
+                    tokens * o.flops_per_token / elapsed / 1e12 / o.world_size.max(1) as f64
+                }),
+                num_zeros_in_grad: r.num_zeros_in_grad,
+                params_norm: r.params_norm,
+                timestamp: timestamp_now(),
             })
         );
         if !self.memory_reported {

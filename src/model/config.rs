@@ -46,6 +46,14 @@ pub struct GptConfig {
     /// off; the math is the same).
     #[config(default = true)]
     pub layer_norm_fusion: bool,
+    /// The fused rotary-embedding kernel where the backend has it (`--no-rope-fusion` turns it
+    /// off; the math is the same).
+    #[config(default = true)]
+    pub rope_fusion: bool,
+    /// The fused SwiGLU kernel where the backend has it (`--no-bias-swiglu-fusion` turns it
+    /// off; the math is the same).
+    #[config(default = true)]
+    pub bias_swiglu_fusion: bool,
     /// Fused causal attention where the backend has it (`--use-flash-attn`): the
     /// FlashAttention-style kernel with dropout inside, which never stores the `[s, s]`
     /// scores. Off by default, as in Megatron; the math is the composed attention's.
@@ -206,6 +214,8 @@ impl GptConfig {
         GptConfig {
             masked_softmax_fusion: other.masked_softmax_fusion,
             layer_norm_fusion: other.layer_norm_fusion,
+            rope_fusion: other.rope_fusion,
+            bias_swiglu_fusion: other.bias_swiglu_fusion,
             flash_attention: other.flash_attention,
             sequence_parallel: other.sequence_parallel,
             ..self.clone()

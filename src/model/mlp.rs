@@ -69,7 +69,7 @@ impl Mlp {
             .with_bias(bias)
             .with_sequence_parallel(config.sequence_parallel),
             openai_gelu: config.openai_gelu,
-            fused: config.layer_norm_fusion,
+            fused: config.bias_swiglu_fusion,
         }
     }
 

@@ -37,7 +37,7 @@ impl RotaryEmbedding {
         Self {
             inv_freq,
             interleaved: config.rotary_interleaved,
-            fused: config.layer_norm_fusion,
+            fused: config.rope_fusion,
         }
     }
 

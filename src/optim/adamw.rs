@@ -152,6 +152,16 @@ impl AdamW {
         self.steps
     }
 
+    /// The decoupled weight decay of the next steps.
+    pub fn weight_decay(&self) -> f64 {
+        self.config.weight_decay
+    }
+
+    /// Sets the weight decay of the next steps (the weight-decay schedule's value).
+    pub fn set_weight_decay(&mut self, weight_decay: f64) {
+        self.config.weight_decay = weight_decay;
+    }
+
     /// One update of every parameter that has a gradient, with learning rate `lr`.
     pub fn step<M: Module>(&mut self, module: M, grads: &GradientAccumulator, lr: f64) -> M {
         self.steps += 1;

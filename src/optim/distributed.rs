@@ -161,6 +161,16 @@ impl DistributedAdamW {
         self.steps
     }
 
+    /// The decoupled weight decay of the next steps.
+    pub fn weight_decay(&self) -> f64 {
+        self.config.weight_decay
+    }
+
+    /// Sets the weight decay of the next steps (the weight-decay schedule's value).
+    pub fn set_weight_decay(&mut self, weight_decay: f64) {
+        self.config.weight_decay = weight_decay;
+    }
+
     /// Elements of Adam state (both moments) this rank holds, and what one rank would hold
     /// without sharding.
     pub fn state_elements(&self) -> (usize, usize) {

@@ -222,6 +222,20 @@ impl GradientAccumulator {
         total
     }
 
+    /// How many gradient elements of the `counted` parameters are exactly zero, on the
+    /// device (`--log-num-zeros-in-grad`).
+    pub fn count_zeros_on_device(&self, counted: impl Fn(&ParamId) -> bool) -> Option<Tensor<1>> {
+        let mut total: Option<Tensor<1>> = None;
+        for id in self.order.iter().filter(|id| counted(id)) {
+            let zeros = self.grads[id].clone().equal_elem(0.0).float().sum();
+            total = Some(match total {
+                Some(t) => t + zeros,
+                None => zeros,
+            });
+        }
+        total
+    }
+
     /// Whether every gradient is finite (one host read): `g · 0` is 0 for a finite `g` and NaN
     /// for ±inf or NaN, so the sum of all of them is 0 exactly when nothing overflowed.
     pub fn all_finite(&self) -> bool {

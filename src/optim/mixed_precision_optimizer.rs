@@ -76,6 +76,16 @@ impl<M: Module> MixedPrecisionOptimizer<M> {
         self.inner.reduces_data_parallel_grads()
     }
 
+    /// The inner optimizer's weight decay.
+    pub fn weight_decay(&self) -> f64 {
+        self.inner.weight_decay()
+    }
+
+    /// Sets the inner optimizer's weight decay for the next steps.
+    pub fn set_weight_decay(&mut self, weight_decay: f64) {
+        self.inner.set_weight_decay(weight_decay);
+    }
+
     /// Steps the inner optimizer took.
     pub fn steps(&self) -> u64 {
         self.inner.steps()

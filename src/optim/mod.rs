@@ -11,17 +11,19 @@ pub mod distributed;
 pub mod fused_adam;
 pub mod grad_buffer;
 pub mod grad_scaler;
-pub mod lr_schedule;
 pub mod mixed_precision;
 pub mod mixed_precision_optimizer;
 pub mod optimizer;
+pub mod param_scheduler;
 
 pub use adamw::{AdamW, AdamWConfig, NamedMoments};
 pub use background_reduce::BackgroundAllReduce;
 pub use distributed::DistributedAdamW;
 pub use grad_buffer::{GradNorm, GradientAccumulator};
 pub use grad_scaler::{DynamicGradScaler, GradScaler, GradScalerState};
-pub use lr_schedule::{LrDecayStyle, LrSchedule};
 pub use mixed_precision::{cast_parameters, Precision};
 pub use mixed_precision_optimizer::{MixedPrecisionOptimizer, StepResult};
 pub use optimizer::{Optimizer, OptimizerSetup, ReplicatedAdamW, ShardedAdamW};
+pub use param_scheduler::{
+    LrDecayStyle, LrSchedule, WeightDecayIncrStyle, WeightDecaySchedule, WsdDecayStyle,
+};

@@ -32,6 +32,13 @@ pub trait Optimizer<M: Module> {
     /// Steps taken.
     fn steps(&self) -> u64;
 
+    /// The decoupled weight decay of the next steps.
+    fn weight_decay(&self) -> f64;
+
+    /// Sets the weight decay of the next steps (Megatron's scheduler writes it into the
+    /// parameter groups).
+    fn set_weight_decay(&mut self, weight_decay: f64);
+
     /// Adam's moments of every parameter by name, for checkpoints (a collective over the
     /// data-parallel group when they are sharded: every rank calls it).
     fn moments(&self) -> Result<Vec<NamedMoments>, CommError>;
@@ -101,6 +108,14 @@ impl<M: Module> Optimizer<M> for ReplicatedAdamW {
         self.adam.steps()
     }
 
+    fn weight_decay(&self) -> f64 {
+        self.adam.weight_decay()
+    }
+
+    fn set_weight_decay(&mut self, weight_decay: f64) {
+        self.adam.set_weight_decay(weight_decay);
+    }
+
     fn moments(&self) -> Result<Vec<NamedMoments>, CommError> {
         Ok(self.adam.export(&self.setup.names))
     }
@@ -168,6 +183,14 @@ impl<M: Module> Optimizer<M> for ShardedAdamW {
 
     fn steps(&self) -> u64 {
         self.adam.steps()
+    }
+
+    fn weight_decay(&self) -> f64 {
+        self.adam.weight_decay()
+    }
+
+    fn set_weight_decay(&mut self, weight_decay: f64) {
+        self.adam.set_weight_decay(weight_decay);
     }
 
     fn moments(&self) -> Result<Vec<NamedMoments>, CommError> {

@@ -6,10 +6,13 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use burn::tensor::Device;
 
+use super::batch_size_schedule::BatchSizeSchedule;
 use crate::data::DataSources;
 use crate::model::{GptConfig, Recompute, StageLayers};
 use crate::optim::grad_scaler::DynamicGradScalerConfig;
-use crate::optim::{AdamWConfig, DynamicGradScaler, GradScaler, LrSchedule, Precision};
+use crate::optim::{
+    AdamWConfig, DynamicGradScaler, GradScaler, LrSchedule, Precision, WeightDecaySchedule,
+};
 
 /// Everything `pretrain` needs, already validated by the command line.
 #[derive(Clone, Debug)]
@@ -22,10 +25,19 @@ pub struct PretrainConfig {
     pub micro_batch_size: usize,
     /// `--global-batch-size` (a multiple of the micro-batch size: gradient accumulation).
     pub global_batch_size: usize,
-    /// `--train-iters`.
+    /// `--train-iters` (with `--train-samples`, the iterations those samples take).
     pub train_iters: u64,
-    /// Learning-rate schedule.
+    /// `--train-samples`: the run is counted in samples (sizes the training set).
+    pub train_samples: Option<u64>,
+    /// `--rampup-batch-size` or `--step-batch-size-schedule`.
+    pub batch_size_schedule: BatchSizeSchedule,
+    /// `--decrease-batch-size-if-needed`: a scheduled batch that does not split into whole
+    /// micro-batches per data-parallel rank is rounded down instead of refused.
+    pub decrease_batch_size_if_needed: bool,
+    /// Learning-rate schedule, in samples.
     pub schedule: LrSchedule,
+    /// Weight-decay schedule, in samples (`None`: Adam's `weight_decay` throughout).
+    pub weight_decay_schedule: Option<WeightDecaySchedule>,
     /// Adam hyper-parameters.
     pub adam: AdamWConfig,
     /// `--clip-grad` (0 disables).
@@ -66,6 +78,11 @@ pub struct PretrainConfig {
     pub load: Option<PathBuf>,
     /// `--exit-interval`.
     pub exit_interval: Option<u64>,
+    /// `--exit-duration-in-mins`: save and exit once the run has taken this long.
+    pub exit_duration_in_mins: Option<f64>,
+    /// `--exit-signal-handler`: save and exit after the iteration during which a stop signal
+    /// arrived (the tool installs the handler: [`crate::util::exit_signal`]).
+    pub exit_signal_handler: bool,
     /// `--tensor-model-parallel-size`: ranks the model is split over (threads of this
     /// process, or MPI ranks under a launcher).
     pub tensor_model_parallel_size: usize,
@@ -92,6 +109,20 @@ pub struct PretrainConfig {
     pub tensorboard_dir: Option<PathBuf>,
     /// `--tensorboard-log-interval`: iterations between training scalars.
     pub tensorboard_log_interval: u64,
+    /// `--log-throughput`, `--log-params-norm`, `--log-num-zeros-in-grad`: the log line's
+    /// optional fields.
+    pub log_options: LogOptions,
+}
+
+/// The optional fields of Megatron's training log line.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LogOptions {
+    /// `--log-throughput`: TFLOP/s per rank.
+    pub throughput: bool,
+    /// `--log-params-norm`: the parameters' L2 norm.
+    pub params_norm: bool,
+    /// `--log-num-zeros-in-grad`: zero gradient elements.
+    pub num_zeros_in_grad: bool,
 }
 
 impl PretrainConfig {
@@ -107,13 +138,11 @@ impl PretrainConfig {
             micro_batch_size: 1,
             global_batch_size: 1,
             train_iters: 1,
-            schedule: LrSchedule {
-                max_lr: 1e-4,
-                min_lr: 0.0,
-                warmup_iters: 0.0,
-                decay_iters: 1.0,
-                style: crate::optim::LrDecayStyle::Constant,
-            },
+            train_samples: None,
+            batch_size_schedule: BatchSizeSchedule::Constant,
+            decrease_batch_size_if_needed: false,
+            schedule: LrSchedule::default(),
+            weight_decay_schedule: None,
             adam: AdamWConfig::default(),
             clip_grad: 1.0,
             seed: 1234,
@@ -133,6 +162,8 @@ impl PretrainConfig {
             save_interval: None,
             load: None,
             exit_interval: None,
+            exit_duration_in_mins: None,
+            exit_signal_handler: false,
             tensor_model_parallel_size: 1,
             pipeline_model_parallel_size: 1,
             num_layers_per_virtual_pipeline_stage: None,
@@ -143,6 +174,7 @@ impl PretrainConfig {
             overlap_grad_reduce: false,
             tensorboard_dir: None,
             tensorboard_log_interval: 1,
+            log_options: LogOptions::default(),
         }
     }
 
@@ -215,6 +247,13 @@ impl PretrainConfig {
                 self.micro_batch_size
             );
         }
+        self.schedule.validate().map_err(anyhow::Error::msg)?;
+        if self.log_options.num_zeros_in_grad && self.use_distributed_optimizer {
+            bail!("--log-num-zeros-in-grad with --use-distributed-optimizer is not implemented (its step sums the gradients); drop one of them");
+        }
+        if let Some(wd) = &self.weight_decay_schedule {
+            wd.validate().map_err(anyhow::Error::msg)?;
+        }
         self.model
             .validate_parallel(self.tensor_model_parallel_size)
             .map_err(anyhow::Error::msg)?;
@@ -286,21 +325,49 @@ impl BatchPlan {
         data_parallel: usize,
         data_parallel_rank: usize,
     ) -> Result<Self> {
-        let plan = Self {
+        Self {
             micro_batch_size: cfg.micro_batch_size,
             global_batch_size: cfg.global_batch_size,
             data_parallel,
             data_parallel_rank,
-        };
+        }
+        .checked(cfg)
+    }
+
+    /// This plan for the iteration after `consumed` samples: the batch-size schedule's
+    /// global batch (the whole `--global-batch-size` without a ramp-up).
+    pub fn after(&self, cfg: &PretrainConfig, consumed: u64) -> Result<Self> {
+        let unit = self.micro_batch_size * self.data_parallel;
+        let global_batch_size = cfg
+            .batch_size_schedule
+            .running_batch_at(
+                cfg.global_batch_size,
+                consumed,
+                unit,
+                cfg.decrease_batch_size_if_needed,
+            )
+            .map_err(anyhow::Error::msg)?;
+        Self {
+            global_batch_size,
+            ..*self
+        }
+        .checked(cfg)
+    }
+
+    /// The global batch must split into whole micro-batches per data-parallel rank, and the
+    /// interleaved schedule needs a multiple of the pipeline size of them.
+    fn checked(self, cfg: &PretrainConfig) -> Result<Self> {
+        let (plan, data_parallel) = (self, self.data_parallel);
         if plan.micro_batch_size == 0
+            || plan.global_batch_size == 0
             || !plan
                 .global_batch_size
                 .is_multiple_of(plan.micro_batch_size * data_parallel)
         {
             bail!(
                 "--global-batch-size {} is not a multiple of --micro-batch-size {} × data-parallel size {data_parallel}",
-                cfg.global_batch_size,
-                cfg.micro_batch_size
+                plan.global_batch_size,
+                plan.micro_batch_size
             );
         }
         let pp = cfg.pipeline_model_parallel_size;

@@ -6,15 +6,25 @@
 //! [`architecture_args`] the model-architecture flags the tools share.
 
 pub mod architecture_args;
+pub mod batch_size_schedule;
 pub mod config;
 pub mod evaluate;
 pub mod finalize_grads;
 pub mod forward_backward;
+pub mod megatron_command_line;
+pub mod megatron_flags;
+pub mod param_stats;
 pub mod pretrain;
+pub mod schedule_args;
 pub mod setup;
 pub mod train_step;
 
-pub use crate::optim::{AdamW, AdamWConfig, GradientAccumulator, LrDecayStyle, LrSchedule};
+pub use crate::optim::{
+    AdamW, AdamWConfig, GradientAccumulator, LrDecayStyle, LrSchedule, WeightDecayIncrStyle,
+    WeightDecaySchedule, WsdDecayStyle,
+};
 pub use architecture_args::ArchitectureArgs;
-pub use config::{BatchPlan, PretrainConfig, DEFAULT_DDP_BUCKET_SIZE};
-pub use pretrain::{pretrain, pretrain_on, PretrainOutcome};
+pub use batch_size_schedule::BatchSizeSchedule;
+pub use config::{BatchPlan, LogOptions, PretrainConfig, DEFAULT_DDP_BUCKET_SIZE};
+pub use pretrain::{pretrain, pretrain_on, PretrainOutcome, ScheduledValues};
+pub use schedule_args::{ResolvedSchedule, ScheduleArgs};

@@ -8,11 +8,12 @@ use burn::tensor::Device;
 
 use super::config::{BatchPlan, PretrainConfig};
 use super::evaluate::{evaluate, EvaluationPlace};
+use super::param_stats::params_l2_norm;
 use super::setup::{build_datasets, print_memory_estimate, set_up_rank, Datasets, RankSetup};
 use super::train_step::{overlaps_grad_reduce, train_step, StepReport};
 use crate::checkpoint::{save_checkpoint, OptimizerState, ShardPlace};
 use crate::comm::world::World;
-use crate::comm::{run_ranks, Communicator};
+use crate::comm::{run_ranks, Communicator, ReduceOp};
 use crate::data::loader::BatchLoader;
 use crate::logging::metrics::{print_validation, IterationRecord, MetricsOptions, MetricsSink};
 use crate::parallel::state::ParallelState;
@@ -28,6 +29,9 @@ pub struct PretrainOutcome {
     pub test_loss: Option<f64>,
     /// Iteration reached.
     pub iteration: u64,
+    /// What the schedules gave every iteration run: its learning rate, weight decay and
+    /// global batch size.
+    pub schedule: Vec<ScheduledValues>,
     /// The loss scale after every iteration run (1 without a scaler).
     pub loss_scales: Vec<(u64, f64)>,
     /// The iterations skipped for overflowing gradients.
@@ -39,6 +43,19 @@ pub struct PretrainOutcome {
     /// data-parallel gradient reduction after its backward pass (all of it without
     /// `--overlap-grad-reduce`; what the backward pass did not hide with it).
     pub grad_reduce_exposed_seconds: Vec<f64>,
+}
+
+/// The hyper-parameters one iteration trained with.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ScheduledValues {
+    /// The iteration.
+    pub iteration: u64,
+    /// Its learning rate.
+    pub lr: f64,
+    /// Its weight decay.
+    pub weight_decay: f64,
+    /// Its global batch size.
+    pub global_batch_size: usize,
 }
 
 /// Trains as configured on `device` (an autodiff device) in this process, printing
@@ -76,6 +93,7 @@ pub fn pretrain_on(
     world: Arc<dyn Communicator>,
 ) -> Result<PretrainOutcome> {
     cfg.validate(device)?;
+    let started = std::time::Instant::now();
     // Steady-state steps reuse resident memory instead of page-faulting it back in.
     crate::util::allocator::retain_freed_memory();
     let parallel = ParallelState::new(
@@ -118,6 +136,7 @@ pub fn pretrain_on(
         datasets: &datasets,
         device,
         setup,
+        started,
     }
     .run()
 }
@@ -129,6 +148,8 @@ struct Trainer<'a> {
     datasets: &'a Datasets,
     device: &'a Device,
     setup: RankSetup,
+    /// When this rank started (`--exit-duration-in-mins` counts from here).
+    started: std::time::Instant,
 }
 
 impl Trainer<'_> {
@@ -142,27 +163,36 @@ impl Trainer<'_> {
         while self.setup.state.iteration < cfg.train_iters {
             let state = &self.setup.state;
             let iteration = state.iteration + 1;
-            // The schedule advances only on iterations that updated the weights.
-            let lr = cfg
-                .schedule
-                .lr_at(state.iteration - state.skipped_iterations);
-            let batches = (0..self.setup.plan.micro_batches_per_rank())
+            let plan = self.setup.plan.after(cfg, state.consumed_train_samples)?;
+            let lr = self.set_weight_decay_and_get_lr();
+            let batches = (0..plan.micro_batches_per_rank())
                 .map(|_| loader.next_batch())
                 .collect();
             let report = train_step(
                 cfg,
                 &mut self.setup,
-                self.parallel,
+                (self.parallel, plan),
                 batches,
                 (iteration, lr),
                 self.device,
             )?;
-            self.advance(&report, iteration, &mut outcome);
+            self.advance(&report, iteration, plan.global_batch_size, &mut outcome);
+            outcome.schedule.push(ScheduledValues {
+                iteration,
+                lr,
+                weight_decay: self.setup.optimizer.weight_decay(),
+                global_batch_size: plan.global_batch_size,
+            });
+            let params_norm = self.params_norm()?;
             if let Some(sink) = metrics.as_mut() {
-                sink.record_iteration(&self.record(&report, iteration, lr))?;
+                let record = IterationRecord {
+                    params_norm,
+                    ..self.record(&report, iteration, lr, plan)
+                };
+                sink.record_iteration(&record)?;
             }
             self.validate_at_interval(iteration, metrics.as_mut(), &mut outcome)?;
-            if self.checkpoint_at_interval(iteration)? {
+            if self.checkpoint_and_decide_exit(iteration)? {
                 outcome.iteration = iteration;
                 return Ok(outcome);
             }
@@ -170,15 +200,35 @@ impl Trainer<'_> {
         self.finish(metrics, outcome)
     }
 
-    /// Counts the step in the training state and the outcome.
-    fn advance(&mut self, report: &StepReport, iteration: u64, outcome: &mut PretrainOutcome) {
+    /// What the scheduler gives at the steps taken so far (Megatron's
+    /// `OptimizerParamScheduler.step` writes both into the optimizer's parameter groups): the
+    /// weight decay goes to the optimizer, the learning rate to the step.
+    fn set_weight_decay_and_get_lr(&mut self) -> f64 {
+        let steps = self.setup.state.scheduler_steps;
+        if let Some(schedule) = &self.cfg.weight_decay_schedule {
+            self.setup.optimizer.set_weight_decay(schedule.wd_at(steps));
+        }
+        self.cfg.schedule.lr_at(steps)
+    }
+
+    /// Counts the step (of `global_batch` samples) in the training state and the outcome;
+    /// the schedule advances only on iterations that updated the weights.
+    fn advance(
+        &mut self,
+        report: &StepReport,
+        iteration: u64,
+        global_batch: usize,
+        outcome: &mut PretrainOutcome,
+    ) {
         let state = &mut self.setup.state;
         if report.skipped {
             state.skipped_iterations += 1;
             outcome.skipped_iterations.push(iteration);
+        } else {
+            state.scheduler_steps += global_batch as u64;
         }
         state.iteration = iteration;
-        state.consumed_train_samples += self.cfg.global_batch_size as u64;
+        state.consumed_train_samples += global_batch as u64;
         outcome.iteration = iteration;
         outcome.losses.push((iteration, report.lm_loss));
         outcome.loss_scales.push((iteration, report.loss_scale));
@@ -191,23 +241,43 @@ impl Trainer<'_> {
     }
 
     /// What the metrics sink records of a step.
-    fn record(&self, report: &StepReport, iteration: u64, lr: f64) -> IterationRecord {
+    fn record(
+        &self,
+        report: &StepReport,
+        iteration: u64,
+        lr: f64,
+        plan: BatchPlan,
+    ) -> IterationRecord {
         let state = &self.setup.state;
         IterationRecord {
             iteration,
             consumed_samples: state.consumed_train_samples,
+            global_batch_size: plan.global_batch_size,
             lr,
-            next_lr: self
-                .cfg
-                .schedule
-                .lr_at(iteration - state.skipped_iterations),
+            next_lr: self.cfg.schedule.lr_at(state.scheduler_steps),
             lm_loss: report.lm_loss,
             grad_norm: report.grad_norm,
             loss_scale: report.loss_scale,
             skipped: report.skipped,
             pipeline_idle: report.pipeline_idle.clone(),
             grad_reduce_exposed_seconds: report.grad_reduce_exposed_seconds,
+            params_norm: None,
+            num_zeros_in_grad: report.num_zeros_in_grad,
         }
+    }
+
+    /// With `--log-params-norm`: the parameters' norm after the step (a collective over the
+    /// model-parallel ranks, every iteration, as Megatron computes it).
+    fn params_norm(&self) -> Result<Option<f64>> {
+        if !self.cfg.log_options.params_norm {
+            return Ok(None);
+        }
+        let norm = params_l2_norm(
+            self.setup.optimizer.main_weights(),
+            &self.setup.roles.not_counted,
+            &self.parallel.model,
+        )?;
+        Ok(Some(norm))
     }
 
     /// World rank 0's metrics sink.
@@ -222,9 +292,10 @@ impl Trainer<'_> {
             log_interval: cfg.log_interval,
             tensorboard_log_interval: cfg.tensorboard_log_interval,
             train_iters: cfg.train_iters,
-            global_batch_size: cfg.global_batch_size,
             seq_length: cfg.seq_length,
             flops_per_token: cfg.model.flops_per_token(cfg.seq_length),
+            log_throughput: cfg.log_options.throughput,
+            world_size: self.parallel.world.size(),
         })?))
     }
 
@@ -289,18 +360,47 @@ impl Trainer<'_> {
         Ok(())
     }
 
-    /// Saves at `--save-interval` and `--exit-interval`; returns whether to exit now.
-    fn checkpoint_at_interval(&self, iteration: u64) -> Result<bool> {
+    /// Megatron's `checkpoint_and_decide_exit`: saves at `--save-interval`, and saves and
+    /// stops on a stop signal (`--exit-signal-handler`), after `--exit-duration-in-mins` or at
+    /// `--exit-interval`. Returns whether to stop now.
+    fn checkpoint_and_decide_exit(&self, iteration: u64) -> Result<bool> {
         let cfg = self.cfg;
         let every = |k: Option<u64>| k.is_some_and(|k| k > 0 && iteration.is_multiple_of(k));
-        let (save_now, exit_now) = (every(cfg.save_interval), every(cfg.exit_interval));
-        if save_now || exit_now {
+        let exit = match self.agreed_stop()? {
+            Some(reason) => Some(reason),
+            None => every(cfg.exit_interval)
+                .then(|| format!("at iteration {iteration} (--exit-interval)")),
+        };
+        if every(cfg.save_interval) || exit.is_some() {
             self.save()?;
         }
-        if exit_now && self.parallel.is_world_rank0() {
-            println!(" > exiting at iteration {iteration} (--exit-interval)");
+        if let (Some(reason), true) = (&exit, self.parallel.is_world_rank0()) {
+            println!(" > exiting program {reason}");
         }
-        Ok(exit_now)
+        Ok(exit.is_some())
+    }
+
+    /// Whether any rank was asked to stop (a signal) or ran out of time: decided together, so
+    /// that every rank stops after the same iteration (a collective, only when asked for).
+    fn agreed_stop(&self) -> Result<Option<String>> {
+        let cfg = self.cfg;
+        if !cfg.exit_signal_handler && cfg.exit_duration_in_mins.is_none() {
+            return Ok(None);
+        }
+        let world = &self.parallel.world;
+        let signalled = cfg.exit_signal_handler && crate::util::exit_signal::received();
+        if world.all_reduce_scalar(f64::from(u8::from(signalled)), ReduceOp::Max)? > 0.0 {
+            return Ok(Some(
+                "after receiving a stop signal (--exit-signal-handler)".into(),
+            ));
+        }
+        let Some(limit) = cfg.exit_duration_in_mins else {
+            return Ok(None);
+        };
+        let minutes =
+            world.all_reduce_scalar(self.started.elapsed().as_secs_f64() / 60.0, ReduceOp::Max)?;
+        Ok((minutes > limit)
+            .then(|| format!("after {minutes:.2} minutes (--exit-duration-in-mins {limit})")))
     }
 
     /// After the last iteration: the checkpoint (unless the interval just saved it), the

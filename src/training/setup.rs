@@ -38,7 +38,7 @@ pub fn build_datasets(cfg: &PretrainConfig, verbose: bool) -> Result<Datasets> {
     let gbs = cfg.global_batch_size as u64;
     let eval_runs = cfg.train_iters / cfg.eval_interval.max(1) + 1;
     let samples = [
-        cfg.train_iters * gbs,
+        cfg.train_samples.unwrap_or(cfg.train_iters * gbs),
         eval_runs * cfg.eval_iters * gbs,
         cfg.eval_iters * gbs,
     ];

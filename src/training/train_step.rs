@@ -4,9 +4,10 @@
 use anyhow::Result;
 use burn::tensor::Device;
 
-use super::config::PretrainConfig;
+use super::config::{BatchPlan, PretrainConfig};
 use super::finalize_grads::{finalize_model_grads, DataParallelReduce};
 use super::forward_backward::{forward_backward, training_schedule, OverlapGradReduce, StepInputs};
+use super::param_stats::count_zero_grads;
 use super::setup::RankSetup;
 use crate::comm::ReduceOp;
 use crate::data::loader::MicroBatch;
@@ -32,6 +33,8 @@ pub struct StepReport {
     /// reduction after its backward pass (all of it, or what `--overlap-grad-reduce` did not
     /// hide).
     pub grad_reduce_exposed_seconds: Option<f64>,
+    /// With `--log-num-zeros-in-grad`: zero elements of the summed gradients.
+    pub num_zeros_in_grad: Option<u64>,
 }
 
 /// Whether this run overlaps the data-parallel reduction with the backward pass: it needs
@@ -46,17 +49,16 @@ pub fn overlaps_grad_reduce(
         && !setup.optimizer.reduces_data_parallel_grads()
 }
 
-/// Trains on `batches` (this rank's micro-batches of the global batch) at iteration
-/// `iteration` with learning rate `lr`.
+/// Trains on `batches` (this rank's micro-batches of the global batch `plan` describes) at
+/// iteration `iteration` with learning rate `lr`.
 pub fn train_step(
     cfg: &PretrainConfig,
     setup: &mut RankSetup,
-    parallel: &ParallelState,
+    (parallel, plan): (&ParallelState, BatchPlan),
     batches: Vec<MicroBatch>,
     (iteration, lr): (u64, f64),
     device: &Device,
 ) -> Result<StepReport> {
-    let plan = setup.plan;
     let pp = parallel.layout.pp;
     let global_index = |k: usize| plan.global_micro_batch(k);
     let steps = training_schedule(
@@ -99,6 +101,15 @@ pub fn train_step(
     };
     let reduced_here = finalize_model_grads(&mut out.grads, &setup.roles, parallel, data_parallel)?;
     let exposed = out.background_reduce_exposed.or(reduced_here);
+    let num_zeros_in_grad = if cfg.log_options.num_zeros_in_grad {
+        Some(count_zero_grads(
+            &out.grads,
+            &setup.roles.not_counted,
+            &parallel.model,
+        )?)
+    } else {
+        None
+    };
     let result = setup.optimizer.step(&mut out.grads, lr)?;
     drop(out.grads);
     let (skipped, norm) = match result {
@@ -120,5 +131,6 @@ pub fn train_step(
         loss_scale: setup.optimizer.loss_scale(),
         pipeline_idle,
         grad_reduce_exposed_seconds: exposed.map(|d| d.as_secs_f64()),
+        num_zeros_in_grad,
     })
 }

@@ -6,6 +6,7 @@ pub mod allocator;
 pub mod atomic_file;
 pub mod cli;
 pub mod device;
+pub mod exit_signal;
 pub mod host_tensor;
 pub mod init;
 pub mod numpy_random;

@@ -97,9 +97,10 @@ pub fn layout_comparison_run(
         schedule: LrSchedule {
             max_lr: 2e-3,
             min_lr: 1e-4,
-            warmup_iters: 4.0,
-            decay_iters: decay_iters as f64,
+            warmup_steps: 32.0,
+            decay_steps: decay_iters as f64 * 8.0,
             style: LrDecayStyle::Cosine,
+            ..Default::default()
         },
         split: "95,5,0".into(),
         data_cache_path: Some(cache.to_path_buf()),
