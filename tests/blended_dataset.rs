@@ -162,8 +162,10 @@ fn blend_indices_are_cached_under_megatrons_names_and_reused() {
     assert!((0..2400).all(|k| a.source(k) == b.source(k)));
 }
 
+/// A split that `--split` leaves without documents in a dataset of the blend has no blended
+/// dataset (its evaluation is skipped, as a single dataset's is); the other splits build.
 #[test]
-fn an_empty_split_of_a_blended_dataset_is_a_clear_error() {
+fn an_empty_split_of_a_blended_dataset_has_no_dataset() {
     // 969,30,1 of wikitext2_valid's 60 documents leaves its test split empty.
     let sources = DataSources::Blend(
         Blend::from_args(
@@ -180,12 +182,7 @@ fn an_empty_split_of_a_blended_dataset_is_a_clear_error() {
         cache_dir: Some(cache.path().to_path_buf()),
         verbose: false,
     };
-    let Err(err) = build_datasets(&sources, [100, 10, 10], &config) else {
-        panic!("an empty split was accepted");
-    };
-    let err = err.to_string();
-    assert!(
-        err.contains("the test split of") && err.contains("wikitext2_valid_text_document"),
-        "{err}"
-    );
+    let [train, valid, test] = build_datasets(&sources, [100, 10, 10], &config).unwrap();
+    assert!(train.is_some_and(|t| t.len() >= 100) && valid.is_some());
+    assert!(test.is_none());
 }

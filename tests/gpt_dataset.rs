@@ -191,3 +191,102 @@ fn splits_match_megatron_core_for_every_document_count() {
         );
     }
 }
+
+/// FNV-1a, 64 bits, over little-endian bytes (as the fixture script hashes numpy arrays).
+fn fnv_hex(bytes: impl IntoIterator<Item = u8>) -> String {
+    let h = bytes.into_iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    format!("{h:016x}")
+}
+
+/// `--mock-data` builds Megatron-Core's `MockGPTDataset` (`tests/fixtures/megatron_mock/`,
+/// made by megatron-core itself): the documents of each split under its forced 1,1,1 split,
+/// the three indices bit for bit, the first samples token for token, and its index-cache
+/// file names in `--data-cache-path`.
+#[test]
+fn mock_data_is_megatron_cores_mock_gpt_dataset() {
+    use ferrotron::data::{build_datasets, DataSources, DatasetBuildConfig, MockDocuments};
+    let fixture: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture("megatron_mock/mock_gpt_dataset.json")).unwrap(),
+    )
+    .unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let vocab = fixture["vocab_size"].as_u64().unwrap() as u32;
+    let eod = fixture["eod"].as_u64().unwrap() as u32;
+    let sizes = as_i64(&fixture["sizes"]);
+    let config = DatasetBuildConfig {
+        // Ignored for mock data, as by Megatron.
+        split: "969,30,1".into(),
+        sequence_length: fixture["sequence_length"].as_u64().unwrap() as usize,
+        seed: fixture["seed"].as_u64().unwrap() as u32,
+        cache_dir: Some(cache.path().to_path_buf()),
+        verbose: false,
+    };
+    let sources = DataSources::Mock(Arc::new(MockDocuments::new(vocab, eod)));
+    let built = build_datasets(&sources, [0, 1, 2].map(|i| sizes[i] as u64), &config).unwrap();
+    let files = list_dir(cache.path());
+    for (dataset, name) in built.iter().zip(["train", "valid", "test"]) {
+        let want = &fixture["splits"][name];
+        let dataset = dataset.as_ref().unwrap();
+        assert_eq!(
+            dataset.len() as u64,
+            want["num_samples"].as_u64().unwrap(),
+            "{name}"
+        );
+        for (i, sample) in want["samples"].as_array().unwrap().iter().enumerate() {
+            let sample: Vec<u32> = as_i64(sample).into_iter().map(|t| t as u32).collect();
+            assert_eq!(dataset.sample_tokens(i), sample, "{name} sample {i}");
+        }
+        // The same indices through the GPT dataset itself.
+        let split = [Split::Train, Split::Valid, Split::Test][["train", "valid", "test"]
+            .iter()
+            .position(|n| *n == name)
+            .unwrap()];
+        let docs = as_i64(&want["documents"]);
+        let gpt = GptDataset::mock(
+            Arc::new(MockDocuments::new(vocab, eod)),
+            split,
+            docs[0] as usize..docs[1] as usize,
+            &GptDatasetConfig {
+                sequence_length: config.sequence_length,
+                seed: config.seed,
+                num_samples: sizes[split as usize] as usize,
+                cache_dir: None,
+            },
+        )
+        .unwrap();
+        let indices = gpt.indices();
+        let document_index = indices.document_index.iter().flat_map(|d| d.to_le_bytes());
+        assert_eq!(
+            fnv_hex(document_index),
+            want["document_index"]["fnv1a_int32"],
+            "{name}"
+        );
+        let sample_index = indices
+            .sample_index
+            .iter()
+            .flatten()
+            .flat_map(|d| d.to_le_bytes());
+        assert_eq!(
+            fnv_hex(sample_index),
+            want["sample_index"]["fnv1a_int64"],
+            "{name}"
+        );
+        let shuffle_index = indices.shuffle_index.iter().flat_map(|d| d.to_le_bytes());
+        assert_eq!(
+            fnv_hex(shuffle_index),
+            want["shuffle_index"]["fnv1a_int64"],
+            "{name}"
+        );
+        for file in want["cache_files"].as_array().unwrap() {
+            let suffix = format!("-{}", file.as_str().unwrap());
+            assert!(
+                files
+                    .iter()
+                    .any(|f| f.ends_with(&suffix) && f.len() == 16 + suffix.len()),
+                "{suffix} in {files:?}"
+            );
+        }
+    }
+}

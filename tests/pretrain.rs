@@ -802,3 +802,63 @@ fn training_runs_follow_megatron_cores_schedules() {
         assert!(outcome.losses.iter().all(|(_, l)| l.is_finite()));
     }
 }
+
+/// `--decoupled-lr`: the word embedding and the output layer follow their own peak (here 0:
+/// they stay at their initial values while everything else trains), and the other way round
+/// (a base rate of 0 trains only them), with the replicated and the distributed optimizer.
+#[test]
+fn the_decoupled_learning_rate_trains_only_the_embedding_and_output_layer() {
+    use ferrotron::model::named_parameters::named_parameters;
+    let dir = tempfile::tempdir().unwrap();
+    let device = Device::flex().autodiff();
+    let base = tiny(dir.path());
+    let model = base
+        .model
+        .clone()
+        .with_untie_embeddings_and_output_weights(true);
+    let initial: std::collections::HashMap<String, Vec<f32>> =
+        named_parameters(&model.init(base.seed, &Device::flex()).unwrap())
+            .into_iter()
+            .map(|p| (p.name, p.values))
+            .collect();
+    let decoupled =
+        |name: &str| name.starts_with("word_embeddings.") || name.starts_with("output_layer.");
+    for (lr, decoupled_lr, distributed) in [(3e-3, 0.0, false), (0.0, 3e-3, true)] {
+        let save = dir.path().join(format!("ckpt-{distributed}"));
+        let schedule = LrSchedule {
+            max_lr: lr,
+            min_lr: 0.0,
+            ..base.schedule.clone()
+        };
+        pretrain(
+            &PretrainConfig {
+                model: model.clone(),
+                decoupled_schedule: Some(LrSchedule {
+                    max_lr: decoupled_lr,
+                    ..schedule.clone()
+                }),
+                schedule,
+                use_distributed_optimizer: distributed,
+                save: Some(save.clone()),
+                train_iters: 3,
+                eval_interval: 0,
+                ..base.clone()
+            },
+            &device,
+        )
+        .unwrap();
+        let (trained, _) = ferrotron::checkpoint::load_model(&save, &Device::flex()).unwrap();
+        let mut seen = 0;
+        for p in named_parameters(&trained) {
+            let moved = p.values != initial[&p.name];
+            assert_eq!(
+                moved,
+                decoupled(&p.name) == (decoupled_lr > 0.0),
+                "{} lr {lr} decoupled {decoupled_lr}",
+                p.name
+            );
+            seen += usize::from(decoupled(&p.name));
+        }
+        assert_eq!(seen, 2);
+    }
+}

@@ -82,10 +82,6 @@ struct Args {
     /// Accepted for Megatron compatibility: only used with --split-sentences.
     #[arg(long, hide = true)]
     lang: Option<String>,
-
-    /// Megatron's vocabulary size for NullTokenizer (not supported).
-    #[arg(long, hide = true)]
-    vocab_size: Option<usize>,
 }
 
 fn run(args: Args) -> Result<()> {
@@ -95,9 +91,6 @@ fn run(args: Args) -> Result<()> {
              splitting, which ferrotron does not ship. Split sentences beforehand, or drop the flag \
              to store each document as one sequence."
         );
-    }
-    if args.vocab_size.is_some() {
-        bail!("--vocab-size is only used by Megatron's NullTokenizer, which ferrotron does not support");
     }
     if let Some(p) = args.partitions.filter(|&p| p > 1) {
         eprintln!("note: --partitions {p} ignored: ferrotron streams the input, and the output is the same");

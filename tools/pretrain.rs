@@ -13,7 +13,7 @@ use anyhow::{bail, Context, Result};
 use clap::{CommandFactory, Parser};
 
 use ferrotron::comm::world::World;
-use ferrotron::data::{Blend, DataSources};
+use ferrotron::data::{Blend, DataSources, MockDocuments};
 use ferrotron::model::vocab::{padded_vocab_log_line, padded_vocab_size};
 use ferrotron::model::{GptConfig, Recompute};
 use ferrotron::optim::grad_scaler::DynamicGradScalerConfig;
@@ -117,6 +117,10 @@ struct Args {
     /// what --train-data-path and the others would hold.
     #[arg(long)]
     per_split_data_args_path: Option<PathBuf>,
+    /// Megatron-Core's synthetic documents (MockGPTDataset) instead of a dataset; the split
+    /// is 1,1,1 (use with --tokenizer-type NullTokenizer --vocab-size N, or any tokenizer).
+    #[arg(long)]
+    mock_data: bool,
     /// Train/validation/test split of the documents.
     #[arg(long, default_value = "969, 30, 1")]
     split: String,
@@ -126,6 +130,10 @@ struct Args {
     /// Do not train on the token that follows an end-of-document.
     #[arg(long)]
     eod_mask_loss: bool,
+    /// Normalize the loss by the global batch's loss tokens (every token counts without
+    /// --eod-mask-loss, where this is what ferrotron computes anyway).
+    #[arg(long)]
+    calculate_per_token_loss: bool,
     #[command(flatten)]
     tokenizer: TokenizerArgs,
 
@@ -304,6 +312,9 @@ fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
             args.optimizer
         );
     }
+    if args.calculate_per_token_loss && args.eod_mask_loss {
+        bail!("--calculate-per-token-loss with --eod-mask-loss is not implemented (the micro-batches then hold different numbers of loss tokens); drop one of them");
+    }
     let data = data_sources(args)?;
     let precision = Precision::from_flags(args.fp16, args.bf16).map_err(anyhow::Error::msg)?;
     let dynamic_loss_scale = loss_scaling(args)?;
@@ -332,6 +343,7 @@ fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
         batch_size_schedule: schedule.batch_size_schedule,
         decrease_batch_size_if_needed: args.schedule.decrease_batch_size_if_needed,
         schedule: schedule.lr,
+        decoupled_schedule: schedule.decoupled_lr,
         weight_decay_schedule: Some(schedule.weight_decay),
         adam: AdamWConfig {
             beta1: args.adam_beta1,
@@ -599,6 +611,19 @@ fn data_sources(args: &Args) -> Result<DataSources> {
     let per_split =
         per_split_flags.iter().any(|v| !v.is_empty()) || args.per_split_data_args_path.is_some();
     let whole = !args.data_path.is_empty() || args.data_args_path.is_some();
+    if args.mock_data {
+        if whole || per_split {
+            bail!("--mock-data replaces the data flags: give it or --data-path (or the per-split flags), not both");
+        }
+        let tokenizer = args.tokenizer.load()?;
+        let eod = tokenizer
+            .eod()
+            .context("--mock-data: the tokenizer has no end-of-document token")?;
+        return Ok(DataSources::Mock(std::sync::Arc::new(MockDocuments::new(
+            tokenizer.vocab_size() as u32,
+            eod,
+        ))));
+    }
     if whole && per_split {
         bail!("give either --data-path (or --data-args-path) or the per-split data flags (--train-data-path, --valid-data-path, --test-data-path, --per-split-data-args-path), not both");
     }
@@ -613,7 +638,7 @@ fn data_sources(args: &Args) -> Result<DataSources> {
         ));
     }
     if !per_split {
-        bail!("no training data: give --data-path PREFIX (from `preprocess`), a weighted blend --data-path W1 PREFIX1 W2 PREFIX2, or --train-data-path");
+        bail!("no training data: give --data-path PREFIX (from `preprocess`), a weighted blend --data-path W1 PREFIX1 W2 PREFIX2, --train-data-path, or --mock-data");
     }
     let names = ["train", "valid", "test"];
     let lists: [Vec<String>; 3] = match &args.per_split_data_args_path {

@@ -86,6 +86,8 @@ pub enum DataSources {
     /// `--train-data-path` / `--valid-data-path` / `--test-data-path`: a blend per split,
     /// each dataset used whole; `None` gives no such split.
     PerSplit([Option<Blend>; 3]),
+    /// `--mock-data`: Megatron-Core's synthetic documents, cut `1,1,1`.
+    Mock(std::sync::Arc<super::MockDocuments>),
 }
 
 impl DataSources {
@@ -99,6 +101,7 @@ impl DataSources {
         match self {
             Self::Blend(b) => b.prefixes.first(),
             Self::PerSplit(splits) => splits.iter().flatten().flat_map(|b| &b.prefixes).next(),
+            Self::Mock(_) => None,
         }
         .map(PathBuf::as_path)
     }

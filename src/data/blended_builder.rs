@@ -14,7 +14,7 @@ use super::blended_dataset::{normalize, sizes_per_dataset, MID_LEVEL_DATASET_SUR
 use super::split::{parse_split, split_ranges};
 use super::{
     Blend, BlendedDataset, DataSources, DatasetError, GptDataset, GptDatasetConfig, IndexedDataset,
-    SampleDataset, Split,
+    MockDocuments, SampleDataset, Split,
 };
 
 /// The three splits, in Megatron's order.
@@ -72,7 +72,44 @@ pub fn build_datasets(
             }
             Ok(out)
         }
+        DataSources::Mock(documents) => build_mock(documents, sizes, config),
     }
+}
+
+/// `--mock-data`: Megatron-Core's `MockGPTDataset` splits, the documents cut `1,1,1`
+/// whatever `--split` says (as Megatron does).
+fn build_mock(
+    documents: &Arc<MockDocuments>,
+    sizes: [u64; 3],
+    config: &DatasetBuildConfig,
+) -> Result<[SplitDataset; 3], DatasetError> {
+    let weights = parse_split(MockDocuments::SPLIT).map_err(DatasetError::OutOfRange)?;
+    let ranges = split_ranges(&weights, MockDocuments::DOCUMENTS);
+    let mut out: [SplitDataset; 3] = [None, None, None];
+    for (i, split) in SPLITS.into_iter().enumerate() {
+        let Some(range) = ranges[i].clone().filter(|_| sizes[i] > 0) else {
+            continue;
+        };
+        let gpt_config = GptDatasetConfig {
+            sequence_length: config.sequence_length,
+            seed: config.seed,
+            num_samples: sizes[i] as usize,
+            cache_dir: config.cache_dir.clone(),
+        };
+        let dataset = GptDataset::mock(documents.clone(), split, range.clone(), &gpt_config)?;
+        if config.verbose {
+            println!(
+                " > {} split of the mock data (MockGPTDataset): documents {}..{}, {} samples of {} tokens",
+                split.name(),
+                range.start,
+                range.end,
+                dataset.len(),
+                config.sequence_length
+            );
+        }
+        out[i] = Some(Arc::new(dataset));
+    }
+    Ok(out)
 }
 
 /// `_build_blended_dataset_splits` for one blend whose datasets are cut by `cut`.

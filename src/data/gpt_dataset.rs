@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::npy::{read_npy, write_npy};
-use super::{DatasetError, IndexedDataset, SampleDataset};
+use super::{DatasetError, IndexedDataset, MockDocuments, SampleDataset};
 use crate::util::numpy_random::NumpyRandomState;
 
 /// Megatron separates the last epoch when fewer than this share of its samples are used.
@@ -232,9 +232,65 @@ pub struct GptSample {
     pub loss_mask: Vec<f32>,
 }
 
+/// The documents a GPT dataset draws its samples from.
+#[derive(Clone, Debug)]
+pub enum Documents {
+    /// A `.bin`/`.idx` pair from `preprocess`.
+    Indexed(Arc<IndexedDataset>),
+    /// `--mock-data`'s synthetic documents.
+    Mock(Arc<MockDocuments>),
+}
+
+impl Documents {
+    /// Token count of every document.
+    fn lengths(&self) -> Vec<u32> {
+        match self {
+            Self::Indexed(data) => data.sequence_lengths().map(|l| l as u32).collect(),
+            Self::Mock(docs) => docs.lengths().to_vec(),
+        }
+    }
+
+    /// The tokens of document `doc` from `start` to `end` (its end when `None`), appended to
+    /// `out`.
+    fn append_tokens(&self, doc: usize, start: usize, end: Option<usize>, out: &mut Vec<u32>) {
+        match self {
+            Self::Indexed(data) => {
+                let tokens = data.sequence(doc);
+                let end = end.unwrap_or(tokens.len());
+                tokens.slice(start..end).append_to(out);
+            }
+            Self::Mock(docs) => {
+                let end = end.unwrap_or(docs.lengths()[doc] as usize);
+                docs.append_tokens(doc, start..end, out);
+            }
+        }
+    }
+
+    /// Megatron's class name for a dataset over these documents (cache file names).
+    fn class_name(&self) -> &'static str {
+        match self {
+            Self::Indexed(_) => "GPTDataset",
+            Self::Mock(_) => "MockGPTDataset",
+        }
+    }
+
+    /// What the indices depend on besides the split and the sample counts.
+    fn describe(&self) -> String {
+        match self {
+            Self::Indexed(data) => format!(
+                "dataset: {}\nsequences: {}\ntokens: {}",
+                data.prefix().display(),
+                data.sequence_count(),
+                data.total_tokens()
+            ),
+            Self::Mock(docs) => docs.describe(),
+        }
+    }
+}
+
 /// A split of an indexed dataset, served as Megatron-ordered fixed-length samples.
 pub struct GptDataset {
-    data: Arc<IndexedDataset>,
+    data: Documents,
     indices: GptIndices,
     sequence_length: usize,
     split: Split,
@@ -265,9 +321,29 @@ impl GptDataset {
                 reason: "GPT training needs one sequence per document (data made without --split-sentences)".into(),
             });
         }
-        let lengths: Vec<u32> = data.sequence_lengths().map(|l| l as u32).collect();
-        let cache = CacheFiles::new(&data, split, &documents, config);
-        let documents_for_description = documents.clone();
+        Self::over(Documents::Indexed(data), split, documents, config)
+    }
+
+    /// Megatron-Core's `MockGPTDataset`: the indices of `documents` of the mock documents
+    /// (cached only in `--data-cache-path`, as Megatron caches them).
+    pub fn mock(
+        data: Arc<MockDocuments>,
+        split: Split,
+        documents: Range<usize>,
+        config: &GptDatasetConfig,
+    ) -> Result<Self, DatasetError> {
+        Self::over(Documents::Mock(data), split, documents, config)
+    }
+
+    fn over(
+        data: Documents,
+        split: Split,
+        documents: Range<usize>,
+        config: &GptDatasetConfig,
+    ) -> Result<Self, DatasetError> {
+        let lengths = data.lengths();
+        let description = describe(&data, split, &documents, config);
+        let cache = CacheFiles::new(&data, split, &description, config);
         let tokens_per_epoch: u64 = documents.clone().map(|d| lengths[d] as u64).sum();
         let indices = match cache
             .as_ref()
@@ -291,7 +367,7 @@ impl GptDataset {
             }
         };
         Ok(Self {
-            description: describe(&data, split, &documents_for_description, config),
+            description,
             data,
             indices,
             sequence_length: config.sequence_length,
@@ -333,18 +409,13 @@ impl GptDataset {
         let mut out = Vec::with_capacity(self.sequence_length + 1);
         for pos in doc_begin..=doc_end {
             let doc = self.indices.document_index[pos as usize] as usize;
-            let tokens = self.data.sequence(doc);
             let start = if pos == doc_begin {
                 offset_begin as usize
             } else {
                 0
             };
-            let end = if pos == doc_end {
-                offset_end as usize + 1
-            } else {
-                tokens.len()
-            };
-            tokens.slice(start..end).append_to(&mut out);
+            let end = (pos == doc_end).then_some(offset_end as usize + 1);
+            self.data.append_tokens(doc, start, end, &mut out);
         }
         out
     }
@@ -367,18 +438,17 @@ impl SampleDataset for GptDataset {
 /// Everything a GPT dataset's indices depend on, as text: the cache key, and how a blend
 /// describes its parts.
 fn describe(
-    data: &IndexedDataset,
+    data: &Documents,
     split: Split,
     documents: &Range<usize>,
     config: &GptDatasetConfig,
 ) -> String {
     format!(
-        "class: GPTDataset (ferrotron)\ndataset: {}\nsequences: {}\ntokens: {}\nsplit: {}\ndocuments: {}..{}\n\
+        "class: {} (ferrotron)\n{}\nsplit: {}\ndocuments: {}..{}\n\
          num_samples: {}\nsequence_length: {}\nrandom_seed: {}\nadd_extra_token_to_sequence: true\n\
          drop_last_partial_sequence: true\nformat: 1\n",
-        data.prefix().display(),
-        data.sequence_count(),
-        data.total_tokens(),
+        data.class_name(),
+        data.describe(),
         split.name(),
         documents.start,
         documents.end,
@@ -388,7 +458,10 @@ fn describe(
     )
 }
 
-/// Where a dataset's indices are cached, named by a hash of everything they depend on.
+/// Where a dataset's indices are cached, named by a hash of everything they depend on:
+/// `--data-cache-path` (or, for real data, `cache/GPTDataset_indices` beside it), files
+/// `<name>-<split>-<hash>-*` for real data and Megatron's `<hash>-MockGPTDataset-<split>-*`
+/// for mock data (which Megatron caches only in `--data-cache-path`).
 struct CacheFiles {
     stem: PathBuf,
     description: String,
@@ -396,28 +469,35 @@ struct CacheFiles {
 
 impl CacheFiles {
     fn new(
-        data: &IndexedDataset,
+        data: &Documents,
         split: Split,
-        documents: &Range<usize>,
+        description: &str,
         config: &GptDatasetConfig,
     ) -> Option<Self> {
-        let prefix = data.prefix();
-        let dir = match &config.cache_dir {
-            Some(d) => d.clone(),
-            None => prefix
-                .parent()
-                .unwrap_or(Path::new("."))
-                .join("cache")
-                .join("GPTDataset_indices"),
+        let hash = fnv1a(description);
+        let stem = match data {
+            Documents::Indexed(data) => {
+                let prefix = data.prefix();
+                let dir = match &config.cache_dir {
+                    Some(d) => d.clone(),
+                    None => prefix
+                        .parent()
+                        .unwrap_or(Path::new("."))
+                        .join("cache")
+                        .join("GPTDataset_indices"),
+                };
+                let name = prefix.file_name()?.to_string_lossy().into_owned();
+                dir.join(format!("{name}-{}-{hash:016x}", split.name()))
+            }
+            Documents::Mock(_) => config
+                .cache_dir
+                .as_ref()?
+                .join(format!("{hash:016x}-MockGPTDataset-{}", split.name())),
         };
-        let name = prefix.file_name()?.to_string_lossy().into_owned();
-        let description = describe(data, split, documents, config);
-        let stem = dir.join(format!(
-            "{name}-{}-{:016x}",
-            split.name(),
-            fnv1a(&description)
-        ));
-        Some(Self { stem, description })
+        Some(Self {
+            stem,
+            description: description.to_owned(),
+        })
     }
 
     fn path(&self, what: &str) -> PathBuf {

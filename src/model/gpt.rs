@@ -70,6 +70,14 @@ impl Gpt {
         self.tied_embedding().into_iter().collect()
     }
 
+    /// The word embedding's and the output layer's weights this part of the model holds
+    /// (Megatron's `is_embedding_or_output_parameter`: what `--decoupled-lr` trains).
+    pub fn embedding_and_output_weights(&self) -> Vec<ParamId> {
+        let embedding = self.word_embeddings.as_ref().map(|e| e.weight.id);
+        let output = self.output_layer.as_ref().map(|o| o.weight.id);
+        embedding.into_iter().chain(output).collect()
+    }
+
     /// The word embedding's weight when it is also the output layer and this part of the
     /// model holds it.
     pub fn tied_embedding(&self) -> Option<ParamId> {

@@ -5,12 +5,13 @@
 //! burn's `AdamW` clips per parameter and keeps its state by burn's parameter ids; this one
 //! clips globally, as Megatron does, and exposes its state by parameter name for checkpoints.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use burn::module::{Module, ModuleMapper, Param, ParamId};
 use burn::tensor::{Tensor, TensorData};
 
 use super::grad_buffer::GradientAccumulator;
+use super::LearningRates;
 
 /// `--adam-beta1`, `--adam-beta2`, `--adam-eps`, `--weight-decay`.
 #[derive(Clone, Debug, PartialEq)]
@@ -54,7 +55,9 @@ pub struct AdamW {
 struct Update<'a> {
     optimizer: &'a mut AdamW,
     grads: &'a GradientAccumulator,
-    lr: f64,
+    lr: LearningRates,
+    /// The parameters that take `lr.decoupled`.
+    decoupled: &'a HashSet<ParamId>,
 }
 
 impl ModuleMapper for Update<'_> {
@@ -63,6 +66,11 @@ impl ModuleMapper for Update<'_> {
             return param;
         };
         let (id, value, mapper) = param.consume();
+        let lr = if self.decoupled.contains(&id) {
+            self.lr.decoupled
+        } else {
+            self.lr.base
+        };
         let autodiff = value.is_autodiff();
         let shape = value.dims();
         let n = g.dims()[0];
@@ -82,8 +90,8 @@ impl ModuleMapper for Update<'_> {
                 correction1: (1.0 - c.beta1.powi(t)) as f32,
                 correction2: (1.0 - c.beta2.powi(t)) as f32,
                 eps: c.eps as f32,
-                keep: (1.0 - self.lr * decay) as f32,
-                lr: self.lr as f32,
+                keep: (1.0 - lr * decay) as f32,
+                lr: lr as f32,
             };
             let moments = previous.as_ref().map(|s| (&s.m, &s.v));
             super::fused_adam::adam_step(&p, &g, moments, scalars)
@@ -106,7 +114,7 @@ impl ModuleMapper for Update<'_> {
                 let m_hat = m.clone().div_scalar(1.0 - c.beta1.powi(t));
                 let v_hat = v.clone().div_scalar(1.0 - c.beta2.powi(t));
                 let update = m_hat / v_hat.sqrt().add_scalar(c.eps);
-                let p = p.mul_scalar(1.0 - self.lr * decay) - update.mul_scalar(self.lr);
+                let p = p.mul_scalar(1.0 - lr * decay) - update.mul_scalar(lr);
                 (p, m, v)
             }
         };
@@ -164,11 +172,24 @@ impl AdamW {
 
     /// One update of every parameter that has a gradient, with learning rate `lr`.
     pub fn step<M: Module>(&mut self, module: M, grads: &GradientAccumulator, lr: f64) -> M {
+        self.step_decoupled(module, grads, LearningRates::uniform(lr), &HashSet::new())
+    }
+
+    /// One update with `lr.decoupled` for the parameters in `decoupled` and `lr.base` for
+    /// the others.
+    pub fn step_decoupled<M: Module>(
+        &mut self,
+        module: M,
+        grads: &GradientAccumulator,
+        lr: LearningRates,
+        decoupled: &HashSet<ParamId>,
+    ) -> M {
         self.steps += 1;
         module.map(&mut Update {
             optimizer: self,
             grads,
             lr,
+            decoupled,
         })
     }
 

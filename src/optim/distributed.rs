@@ -16,6 +16,7 @@ use burn::tensor::{Bool, Device, Tensor, TensorData};
 
 use super::adamw::{AdamWConfig, NamedMoments};
 use super::grad_buffer::GradientAccumulator;
+use super::LearningRates;
 use crate::comm::{tensor as comm_tensor, CommError, Group, ReduceOp};
 
 /// One parameter's place in the flat buffer.
@@ -101,6 +102,9 @@ pub struct DistributedAdamW {
     v: Tensor<1>,
     /// Where weight decay applies, over the shard.
     decay: Tensor<1, Bool>,
+    /// Where the decoupled learning rate applies (word embedding, output layer), over the
+    /// shard.
+    decoupled: Tensor<1, Bool>,
     /// 1 where the element counts in the global norm on this rank (a parameter replicated
     /// over tensor-parallel ranks counts on tensor-parallel rank 0 only), over the shard.
     counted: Tensor<1>,
@@ -117,6 +121,7 @@ impl DistributedAdamW {
         module: &M,
         names: &HashMap<ParamId, String>,
         not_counted: &HashSet<ParamId>,
+        decoupled_params: &HashSet<ParamId>,
         data: Group,
         device: &Device,
     ) -> Self {
@@ -131,6 +136,7 @@ impl DistributedAdamW {
         let len = padded / dp;
         let shard = data.rank() * len..(data.rank() + 1) * len;
         let mut decay = vec![false; len];
+        let mut decoupled = vec![false; len];
         let mut counted = vec![0f32; len];
         for e in &layout.entries {
             let start = e.offset.max(shard.start);
@@ -139,6 +145,7 @@ impl DistributedAdamW {
                 let counts = !not_counted.contains(&e.id);
                 let local = start - shard.start..end - shard.start;
                 decay[local.clone()].fill(e.decay);
+                decoupled[local.clone()].fill(decoupled_params.contains(&e.id));
                 counted[local].fill(if counts { 1.0 } else { 0.0 });
             }
         }
@@ -151,6 +158,7 @@ impl DistributedAdamW {
             m: Tensor::zeros([len], device),
             v: Tensor::zeros([len], device),
             decay: Tensor::from_data(TensorData::new(decay, [len]), device),
+            decoupled: Tensor::from_data(TensorData::new(decoupled, [len]), device),
             counted: Tensor::from_data(TensorData::new(counted, [len]), device),
             data,
         }
@@ -198,7 +206,7 @@ impl DistributedAdamW {
         &mut self,
         module: M,
         grads: &GradientAccumulator,
-        lr: f64,
+        lr: LearningRates,
         max_norm: f64,
         norm_group: &Group,
     ) -> Result<(M, f64), CommError> {
@@ -243,8 +251,21 @@ impl DistributedAdamW {
         );
         let p = params.narrow(0, self.shard.start, self.shard.len());
         let len = self.shard.len();
-        let decayed = p.clone().mul_scalar(1.0 - lr * c.weight_decay);
-        let p = p.mask_where(self.decay.clone(), decayed) - update.mul_scalar(lr);
+        let (p, update) = if lr.decoupled == lr.base {
+            let decayed = p.clone().mul_scalar(1.0 - lr.base * c.weight_decay);
+            (
+                p.mask_where(self.decay.clone(), decayed),
+                update.mul_scalar(lr.base),
+            )
+        } else {
+            // The learning rate per element: the decoupled one on its parameters.
+            let rates = Tensor::<1>::full([len], lr.base, &device)
+                .mask_fill(self.decoupled.clone(), lr.decoupled);
+            let keep = rates.clone().mul_scalar(-c.weight_decay).add_scalar(1.0);
+            let decayed = p.clone() * keep;
+            (p.mask_where(self.decay.clone(), decayed), update * rates)
+        };
+        let p = p - update;
         debug_assert_eq!(p.dims()[0], len);
 
         let full = comm_tensor::all_gather(&self.data, p, 0)?;

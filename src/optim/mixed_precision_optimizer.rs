@@ -8,7 +8,10 @@ use burn::module::Module;
 use burn::tensor::{Tensor, TensorData};
 
 use super::optimizer::Optimizer;
-use super::{GradNorm, GradScaler, GradScalerState, GradientAccumulator, NamedMoments, Precision};
+use super::{
+    GradNorm, GradScaler, GradScalerState, GradientAccumulator, LearningRates, NamedMoments,
+    Precision,
+};
 use crate::comm::{CommError, Group, ReduceOp};
 
 /// What one [`MixedPrecisionOptimizer::step`] did.
@@ -102,7 +105,7 @@ impl<M: Module> MixedPrecisionOptimizer<M> {
     pub fn step(
         &mut self,
         grads: &mut GradientAccumulator,
-        lr: f64,
+        lr: LearningRates,
     ) -> Result<StepResult, CommError> {
         if let Some(scaler) = self.scaler.as_mut() {
             grads.scale(1.0 / scaler.scale());

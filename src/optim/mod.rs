@@ -25,5 +25,6 @@ pub use mixed_precision::{cast_parameters, Precision};
 pub use mixed_precision_optimizer::{MixedPrecisionOptimizer, StepResult};
 pub use optimizer::{Optimizer, OptimizerSetup, ReplicatedAdamW, ShardedAdamW};
 pub use param_scheduler::{
-    LrDecayStyle, LrSchedule, WeightDecayIncrStyle, WeightDecaySchedule, WsdDecayStyle,
+    LearningRates, LrDecayStyle, LrSchedule, WeightDecayIncrStyle, WeightDecaySchedule,
+    WsdDecayStyle,
 };

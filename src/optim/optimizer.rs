@@ -11,7 +11,10 @@ use std::collections::{HashMap, HashSet};
 use burn::module::{Module, ParamId};
 use burn::tensor::Device;
 
-use super::{AdamW, AdamWConfig, DistributedAdamW, GradNorm, GradientAccumulator, NamedMoments};
+use super::{
+    AdamW, AdamWConfig, DistributedAdamW, GradNorm, GradientAccumulator, LearningRates,
+    NamedMoments,
+};
 use crate::comm::{CommError, Group};
 
 /// An optimizer of a module of type `M`.
@@ -20,13 +23,13 @@ pub trait Optimizer<M: Module> {
     /// distributed optimizer's reduce-scatter); otherwise they must be summed before it.
     fn reduces_data_parallel_grads(&self) -> bool;
 
-    /// One update of `module` from `grads` (unscaled) with learning rate `lr`, clipped by the
-    /// global norm; returns the module and the norm before clipping.
+    /// One update of `module` from `grads` (unscaled) with learning rates `lr`, clipped by
+    /// the global norm; returns the module and the norm before clipping.
     fn step(
         &mut self,
         module: M,
         grads: &mut GradientAccumulator,
-        lr: f64,
+        lr: LearningRates,
     ) -> Result<(M, GradNorm), CommError>;
 
     /// Steps taken.
@@ -55,6 +58,9 @@ pub struct OptimizerSetup {
     pub names: Vec<(ParamId, String)>,
     /// Parameters left out of the global norm on this rank because another rank counts them.
     pub not_counted: HashSet<ParamId>,
+    /// Parameters that take the decoupled learning rate (the word embedding and the output
+    /// layer, with `--decoupled-lr`).
+    pub decoupled_lr: HashSet<ParamId>,
 }
 
 /// Adam replicated on every data-parallel rank: the gradients arrive summed; the global norm
@@ -94,14 +100,17 @@ impl<M: Module> Optimizer<M> for ReplicatedAdamW {
         &mut self,
         module: M,
         grads: &mut GradientAccumulator,
-        lr: f64,
+        lr: LearningRates,
     ) -> Result<(M, GradNorm), CommError> {
         let norm = grads.clip_global_norm_deferred(
             self.setup.clip_grad,
             &self.setup.not_counted,
             &self.model_group,
         )?;
-        Ok((self.adam.step(module, grads, lr), norm))
+        let module = self
+            .adam
+            .step_decoupled(module, grads, lr, &self.setup.decoupled_lr);
+        Ok((module, norm))
     }
 
     fn steps(&self) -> u64 {
@@ -145,6 +154,7 @@ impl ShardedAdamW {
             module,
             &by_id,
             &setup.not_counted,
+            &setup.decoupled_lr,
             data,
             device,
         );
@@ -173,7 +183,7 @@ impl<M: Module> Optimizer<M> for ShardedAdamW {
         &mut self,
         module: M,
         grads: &mut GradientAccumulator,
-        lr: f64,
+        lr: LearningRates,
     ) -> Result<(M, GradNorm), CommError> {
         let (module, norm) = self
             .adam

@@ -156,10 +156,10 @@ impl LrSchedule {
 
     /// Megatron's `OptimizerParamScheduler` assertions, as errors naming the flags.
     pub fn validate(&self) -> Result<(), String> {
-        if !(self.max_lr > 0.0 && self.min_lr >= 0.0 && self.min_lr <= self.max_lr) {
+        if !(self.min_lr >= 0.0 && self.min_lr <= self.max_lr && self.init_lr <= self.max_lr) {
             return Err(format!(
-                "need 0 <= --min-lr ({}) <= --lr ({}) and --lr > 0",
-                self.min_lr, self.max_lr
+                "need 0 <= --min-lr ({}) <= --lr ({}) and --lr-warmup-init ({}) <= --lr",
+                self.min_lr, self.max_lr, self.init_lr
             ));
         }
         if !(self.decay_steps > 0.0 && self.warmup_steps < self.decay_steps) {
@@ -178,6 +178,27 @@ impl LrSchedule {
             );
         }
         Ok(())
+    }
+}
+
+/// The learning rates of one step: most parameters take `base`; the word embedding and the
+/// output layer take `decoupled` (`--decoupled-lr`, Megatron's `is_embedding_or_output_parameter`
+/// group; the same as `base` without it).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LearningRates {
+    /// The learning rate of most parameters.
+    pub base: f64,
+    /// The word embedding's and the output layer's.
+    pub decoupled: f64,
+}
+
+impl LearningRates {
+    /// One learning rate for every parameter.
+    pub fn uniform(lr: f64) -> Self {
+        Self {
+            base: lr,
+            decoupled: lr,
+        }
     }
 }
 

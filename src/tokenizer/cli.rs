@@ -8,7 +8,7 @@ use super::{TextTokenizer, TokenizerError, TokenizerOptions};
 /// `--allow-special-tokens`, to `#[command(flatten)]` into a tool's arguments.
 #[derive(clap::Args, Clone, Debug)]
 pub struct TokenizerArgs {
-    /// Tokenizer: GPT2BPETokenizer or HuggingFaceTokenizer.
+    /// Tokenizer: GPT2BPETokenizer, HuggingFaceTokenizer or NullTokenizer.
     #[arg(long, default_value = "GPT2BPETokenizer")]
     pub tokenizer_type: String,
 
@@ -32,6 +32,10 @@ pub struct TokenizerArgs {
     /// plain text (Megatron's legacy GPT2BPETokenizer, the default).
     #[arg(long)]
     pub allow_special_tokens: bool,
+
+    /// NullTokenizer's vocabulary size (its end-of-document id is N - 1).
+    #[arg(long)]
+    pub vocab_size: Option<usize>,
 }
 
 impl TokenizerArgs {
@@ -44,6 +48,7 @@ impl TokenizerArgs {
             tokenizer_model: self.tokenizer_model.clone(),
             allow_special_tokens: self.allow_special_tokens,
             eod_token: self.eod_token.clone(),
+            vocab_size: self.vocab_size,
         })
     }
 

@@ -14,6 +14,9 @@ pub enum TokenizerType {
     Gpt2Bpe,
     /// `HuggingFaceTokenizer`: any `tokenizer.json` (`--tokenizer-model`).
     HuggingFace,
+    /// `NullTokenizer`: the text is space-separated ids already (`--vocab-size`); for mock
+    /// data and benchmarks.
+    Null,
 }
 
 /// Megatron tokenizer types that exist there but not (yet) here, for a clear message.
@@ -25,7 +28,6 @@ const MEGATRON_ONLY_TYPES: &[&str] = &[
     "Llama2Tokenizer",
     "TikTokenizer",
     "MultimodalTokenizer",
-    "NullTokenizer",
 ];
 
 impl std::str::FromStr for TokenizerType {
@@ -35,14 +37,15 @@ impl std::str::FromStr for TokenizerType {
         match s {
             "GPT2BPETokenizer" => Ok(Self::Gpt2Bpe),
             "HuggingFaceTokenizer" => Ok(Self::HuggingFace),
+            "NullTokenizer" => Ok(Self::Null),
             other if MEGATRON_ONLY_TYPES.contains(&other) => Err(TokenizerError::Unsupported(
                 format!(
                     "--tokenizer-type {other} is not supported by ferrotron; use GPT2BPETokenizer, \
-                     or HuggingFaceTokenizer with --tokenizer-model tokenizer.json"
+                     HuggingFaceTokenizer with --tokenizer-model tokenizer.json, or NullTokenizer"
                 ),
             )),
             other => Err(TokenizerError::Unsupported(format!(
-                "unknown --tokenizer-type {other:?}; expected GPT2BPETokenizer or HuggingFaceTokenizer"
+                "unknown --tokenizer-type {other:?}; expected GPT2BPETokenizer, HuggingFaceTokenizer or NullTokenizer"
             ))),
         }
     }
@@ -63,6 +66,8 @@ pub struct TokenizerOptions {
     pub allow_special_tokens: bool,
     /// `--eod-token`: the end-of-document token of a HuggingFace tokenizer.
     pub eod_token: Option<String>,
+    /// `--vocab-size`: NullTokenizer's vocabulary.
+    pub vocab_size: Option<usize>,
 }
 
 impl Default for TokenizerOptions {
@@ -74,6 +79,7 @@ impl Default for TokenizerOptions {
             tokenizer_model: None,
             allow_special_tokens: false,
             eod_token: None,
+            vocab_size: None,
         }
     }
 }
@@ -103,6 +109,12 @@ pub enum TextTokenizer {
         tokenizer: Arc<Tokenizer>,
         /// Its end-of-document id, if one was found.
         eod: Option<u32>,
+    },
+    /// Megatron's `NullTokenizer`: ids written as text, `vocab_size - 1` the end of document
+    /// (current Megatron-Core's default).
+    Null {
+        /// `--vocab-size`.
+        vocab_size: u32,
     },
 }
 
@@ -162,6 +174,14 @@ impl TextTokenizer {
                     eod,
                 })
             }
+            TokenizerType::Null => match options.vocab_size {
+                Some(n) if n >= 1 && n <= u32::MAX as usize => Ok(Self::Null {
+                    vocab_size: n as u32,
+                }),
+                _ => Err(TokenizerError::Unsupported(
+                    "--tokenizer-type NullTokenizer needs --vocab-size N (at least 1)".into(),
+                )),
+            },
         }
     }
 
@@ -176,6 +196,7 @@ impl TextTokenizer {
         match self {
             Self::Gpt2 { vocab, .. } => vocab.vocab_size(),
             Self::HuggingFace { tokenizer, .. } => tokenizer.get_vocab_size(true),
+            Self::Null { vocab_size } => *vocab_size as usize,
         }
     }
 
@@ -184,6 +205,7 @@ impl TextTokenizer {
         match self {
             Self::Gpt2 { vocab, .. } => Some(vocab.eod()),
             Self::HuggingFace { eod, .. } => *eod,
+            Self::Null { vocab_size } => Some(vocab_size - 1),
         }
     }
 
@@ -195,6 +217,7 @@ impl TextTokenizer {
                 allow_special_tokens,
             } => TextEncoder::Gpt2(Gpt2Encoder::new(vocab.clone(), *allow_special_tokens)),
             Self::HuggingFace { tokenizer, .. } => TextEncoder::HuggingFace(tokenizer.clone()),
+            Self::Null { vocab_size } => TextEncoder::Null(*vocab_size),
         }
     }
 
@@ -205,6 +228,7 @@ impl TextTokenizer {
             Self::HuggingFace { tokenizer, .. } => tokenizer
                 .decode(ids, false)
                 .map_err(|e| TokenizerError::Encode(e.to_string())),
+            Self::Null { .. } => Ok(ids.iter().map(u32::to_string).collect::<Vec<_>>().join(" ")),
         }
     }
 }
@@ -215,6 +239,8 @@ pub enum TextEncoder {
     Gpt2(Gpt2Encoder),
     /// A shared HuggingFace tokenizer (stateless).
     HuggingFace(Arc<Tokenizer>),
+    /// NullTokenizer of this vocabulary size.
+    Null(u32),
 }
 
 impl TextEncoder {
@@ -229,6 +255,60 @@ impl TextEncoder {
                 out.extend_from_slice(encoding.get_ids());
                 Ok(())
             }
+            Self::Null(vocab_size) => encode_ids(text, *vocab_size, out),
         }
+    }
+}
+
+/// NullTokenizer's `[int(x) for x in text.split(' ')]`, each id checked against the
+/// vocabulary.
+fn encode_ids(text: &str, vocab_size: u32, out: &mut Vec<u32>) -> Result<(), TokenizerError> {
+    for word in text.split(' ') {
+        let id: u32 = word.trim().trim_start_matches('+').parse().map_err(|_| {
+            TokenizerError::Encode(format!(
+                "NullTokenizer: {word:?} is not a token id (the text must be ids separated by single spaces)"
+            ))
+        })?;
+        if id >= vocab_size {
+            return Err(TokenizerError::Encode(format!(
+                "NullTokenizer: id {id} is not below --vocab-size {vocab_size}"
+            )));
+        }
+        out.push(id);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod null_tokenizer_tests {
+    use super::*;
+
+    /// Megatron's `NullTokenizer`: ids as text, end of document `vocab_size - 1`; a word
+    /// that is not an id, or an id outside the vocabulary, is an error naming it.
+    #[test]
+    fn null_tokenizer_reads_ids_and_refuses_anything_else() {
+        let options = TokenizerOptions {
+            tokenizer_type: "NullTokenizer".parse().unwrap(),
+            vocab_size: Some(100),
+            ..TokenizerOptions::default()
+        };
+        let tokenizer = TextTokenizer::load(&options).unwrap();
+        assert_eq!((tokenizer.vocab_size(), tokenizer.eod()), (100, Some(99)));
+        let mut ids = Vec::new();
+        tokenizer.encoder().encode("5 17 +3 99", &mut ids).unwrap();
+        assert_eq!(ids, [5, 17, 3, 99]);
+        assert_eq!(tokenizer.decode(&ids).unwrap(), "5 17 3 99");
+        for bad in ["5  17", "five", "100"] {
+            let err = tokenizer
+                .encoder()
+                .encode(bad, &mut Vec::new())
+                .unwrap_err();
+            assert!(err.to_string().contains("NullTokenizer"), "{bad}: {err}");
+        }
+        let missing = TokenizerOptions {
+            vocab_size: None,
+            ..options
+        };
+        assert!(TextTokenizer::load(&missing).is_err());
     }
 }

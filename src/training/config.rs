@@ -36,6 +36,9 @@ pub struct PretrainConfig {
     pub decrease_batch_size_if_needed: bool,
     /// Learning-rate schedule, in samples.
     pub schedule: LrSchedule,
+    /// `--decoupled-lr` / `--decoupled-min-lr`: the word embedding's and the output layer's
+    /// schedule (the same shape, its own peak and floor).
+    pub decoupled_schedule: Option<LrSchedule>,
     /// Weight-decay schedule, in samples (`None`: Adam's `weight_decay` throughout).
     pub weight_decay_schedule: Option<WeightDecaySchedule>,
     /// Adam hyper-parameters.
@@ -142,6 +145,7 @@ impl PretrainConfig {
             batch_size_schedule: BatchSizeSchedule::Constant,
             decrease_batch_size_if_needed: false,
             schedule: LrSchedule::default(),
+            decoupled_schedule: None,
             weight_decay_schedule: None,
             adam: AdamWConfig::default(),
             clip_grad: 1.0,

@@ -54,11 +54,6 @@ const FP4: &str = "FP4 training is not implemented; train in bf16";
 /// Quantization recipes from NVIDIA Kitchen or Transformer Engine precision configs.
 const QUANT: &str =
     "quantized training (Kitchen, Transformer Engine precision recipes) is not implemented";
-/// Megatron flags on ferrotron's list that are not built yet: mock data and the tokenizers
-/// beyond GPT-2 BPE and HuggingFace's.
-const NOT_YET: &str = "is a Megatron flag ferrotron does not implement yet (mock data and the \
-     TikToken/SentencePiece/Null tokenizers are planned); give --data-path with a GPT-2 or \
-     HuggingFace tokenizer";
 /// Mixture-of-experts architecture and routing (the expert kernels and dispatch are ignored).
 const MOE: &str = "mixture-of-experts models are not implemented";
 /// Context parallelism: the sequence split over ranks.
@@ -143,9 +138,6 @@ const WEIGHT_DECAY_CONDITION: &str =
 /// The learning-rate schedule taken from the checkpoint.
 const SCHEDULE_FROM_CHECKPOINT: &str =
     "the learning-rate schedule comes from the command line, never from the checkpoint";
-/// A separate learning rate for the embedding and output layer.
-const DECOUPLED_LR: &str =
-    "a separate learning rate for the embedding and output layer is not implemented";
 /// Fine-tuning from a checkpoint with a fresh optimizer and iteration 0.
 const FINETUNE: &str =
     "fine-tuning (fresh optimizer, iteration 0) is not implemented; --load resumes";
@@ -214,8 +206,6 @@ const AMBIGUOUS_PAD_TOKENS: &str =
 /// Multimodal rotary embedding.
 const MROPE: &str = "multimodal rotary embedding (mrope) is not implemented";
 /// The loss averaged over the global batch's tokens instead of per micro-batch.
-const PER_TOKEN_LOSS: &str =
-    "per-token loss normalization over the global batch is not implemented";
 /// Rotary position interpolation.
 const ROPE_INTERPOLATION: &str = "rotary position interpolation is not implemented";
 /// A decoder layer count apart from `--num-layers`.
@@ -311,7 +301,6 @@ pub const MEGATRON_FLAGS: &[MegatronFlag] = &[
     refused("--block-data-path", One, RETRIEVER),
     ignored("--cache-mla-latents", Nothing),
     ignored("--calc-ft-timeouts", Nothing),
-    refused("--calculate-per-token-loss", Nothing, PER_TOKEN_LOSS),
     refused("--chat-template", One, SFT),
     ignored("--check-for-large-grads", Nothing),
     ignored("--check-for-spiky-loss", Nothing),
@@ -370,8 +359,6 @@ pub const MEGATRON_FLAGS: &[MegatronFlag] = &[
     ignored("--decode-only-cuda-graphs", Nothing),
     refused("--decoder-num-layers", One, DECODER_NUM_LAYERS),
     refused("--decoder-seq-length", One, ENCODER_MODELS),
-    refused("--decoupled-lr", One, DECOUPLED_LR),
-    refused("--decoupled-min-lr", One, DECOUPLED_LR),
     ignored("--defer-embedding-wgrad-compute", Nothing),
     ignored("--delay-offload-until-cuda-graph", Nothing),
     ignored("--delay-wgrad-compute", Nothing),
@@ -775,7 +762,6 @@ pub const MEGATRON_FLAGS: &[MegatronFlag] = &[
     ignored("--mla-down-proj-fusion", Nothing),
     ignored("--mlp-chunks-for-prefill", One),
     ignored("--mlp-chunks-for-training", One),
-    refused("--mock-data", Nothing, NOT_YET),
     refused("--model-parallel-size", One, OLD_MODEL_PARALLEL_SIZE),
     refused("--modelopt-enabled", Nothing, MODELOPT),
     refused("--moe-apply-probs-on-input", Nothing, MOE),
@@ -1112,9 +1098,11 @@ pub const MEGATRON_FLAGS: &[MegatronFlag] = &[
     refused("--tensor-parallel-num-weight-shards", One, GTP),
     ignored("--tensorboard-queue-size", One),
     ignored("--test-mode", Nothing),
-    refused_unless("--tiktoken-num-special-tokens", One, TOKENIZER, "1000"),
-    refused("--tiktoken-pattern", One, NOT_YET),
-    refused("--tiktoken-special-tokens", List, NOT_YET),
+    // TikTokenizer's settings do nothing with another tokenizer (Megatron's Llama-3 script
+    // passes --tiktoken-pattern with NullTokenizer), and TikTokenizer itself is refused.
+    ignored("--tiktoken-num-special-tokens", One),
+    ignored("--tiktoken-pattern", One),
+    ignored("--tiktoken-special-tokens", List),
     ignored("--timing-log-level", One),
     ignored("--timing-log-option", One),
     refused("--titles-data-path", One, RETRIEVER),
@@ -1182,7 +1170,6 @@ pub const MEGATRON_FLAGS: &[MegatronFlag] = &[
     refused("--vision-pretraining", Nothing, VISION),
     refused_unless("--vision-pretraining-type", One, VISION, "classify"),
     refused_unless("--vocab-extra-ids", One, VOCAB_EXTRA_IDS, "0"),
-    refused("--vocab-size", One, NOT_YET),
     ignored("--wandb-entity", One),
     ignored("--wandb-exp-name", One),
     ignored("--wandb-project", One),

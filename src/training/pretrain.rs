@@ -16,6 +16,7 @@ use crate::comm::world::World;
 use crate::comm::{run_ranks, Communicator, ReduceOp};
 use crate::data::loader::BatchLoader;
 use crate::logging::metrics::{print_validation, IterationRecord, MetricsOptions, MetricsSink};
+use crate::optim::LearningRates;
 use crate::parallel::state::ParallelState;
 
 /// What a run did, for callers and tests.
@@ -52,6 +53,8 @@ pub struct ScheduledValues {
     pub iteration: u64,
     /// Its learning rate.
     pub lr: f64,
+    /// The word embedding's and output layer's (`--decoupled-lr`; `lr` without it).
+    pub decoupled_lr: f64,
     /// Its weight decay.
     pub weight_decay: f64,
     /// Its global batch size.
@@ -179,7 +182,8 @@ impl Trainer<'_> {
             self.advance(&report, iteration, plan.global_batch_size, &mut outcome);
             outcome.schedule.push(ScheduledValues {
                 iteration,
-                lr,
+                lr: lr.base,
+                decoupled_lr: lr.decoupled,
                 weight_decay: self.setup.optimizer.weight_decay(),
                 global_batch_size: plan.global_batch_size,
             });
@@ -187,7 +191,7 @@ impl Trainer<'_> {
             if let Some(sink) = metrics.as_mut() {
                 let record = IterationRecord {
                     params_norm,
-                    ..self.record(&report, iteration, lr, plan)
+                    ..self.record(&report, iteration, lr.base, plan)
                 };
                 sink.record_iteration(&record)?;
             }
@@ -202,13 +206,18 @@ impl Trainer<'_> {
 
     /// What the scheduler gives at the steps taken so far (Megatron's
     /// `OptimizerParamScheduler.step` writes both into the optimizer's parameter groups): the
-    /// weight decay goes to the optimizer, the learning rate to the step.
-    fn set_weight_decay_and_get_lr(&mut self) -> f64 {
+    /// weight decay goes to the optimizer, the learning rates to the step.
+    fn set_weight_decay_and_get_lr(&mut self) -> LearningRates {
         let steps = self.setup.state.scheduler_steps;
         if let Some(schedule) = &self.cfg.weight_decay_schedule {
             self.setup.optimizer.set_weight_decay(schedule.wd_at(steps));
         }
-        self.cfg.schedule.lr_at(steps)
+        let base = self.cfg.schedule.lr_at(steps);
+        let decoupled = self.cfg.decoupled_schedule.as_ref();
+        LearningRates {
+            base,
+            decoupled: decoupled.map_or(base, |s| s.lr_at(steps)),
+        }
     }
 
     /// Counts the step (of `global_batch` samples) in the training state and the outcome;

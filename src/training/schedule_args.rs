@@ -39,6 +39,12 @@ pub struct ScheduleArgs {
     /// Minimum learning rate.
     #[arg(long, default_value_t = 0.0)]
     pub min_lr: f64,
+    /// Peak learning rate of the word embedding and the output layer (the same schedule).
+    #[arg(long)]
+    pub decoupled_lr: Option<f64>,
+    /// Minimum learning rate of the word embedding and the output layer [default: --min-lr].
+    #[arg(long)]
+    pub decoupled_min_lr: Option<f64>,
     /// constant, linear, cosine, inverse-square-root or WSD.
     #[arg(long, default_value = "linear")]
     pub lr_decay_style: String,
@@ -96,6 +102,8 @@ pub struct ResolvedSchedule {
     pub batch_size_schedule: BatchSizeSchedule,
     /// The learning rate, in samples.
     pub lr: LrSchedule,
+    /// The word embedding's and output layer's learning rate (`--decoupled-lr`).
+    pub decoupled_lr: Option<LrSchedule>,
     /// The weight decay, in samples.
     pub weight_decay: WeightDecaySchedule,
 }
@@ -130,6 +138,7 @@ impl ScheduleArgs {
             ));
         }
         lr.validate()?;
+        let decoupled_lr = self.decoupled_lr_schedule(&lr)?;
         let weight_decay = self.weight_decay_schedule(wd_steps as f64)?;
         weight_decay.validate()?;
         Ok(ResolvedSchedule {
@@ -138,6 +147,7 @@ impl ScheduleArgs {
             global_batch_size,
             batch_size_schedule,
             lr,
+            decoupled_lr,
             weight_decay,
         })
     }
@@ -228,6 +238,25 @@ impl ScheduleArgs {
             wsd_style: self.lr_wsd_decay_style.parse()?,
             wsd_decay_steps: wsd.unwrap_or(0) as f64,
         })
+    }
+
+    /// `--decoupled-lr`: `lr`'s schedule with its own peak and floor.
+    fn decoupled_lr_schedule(&self, lr: &LrSchedule) -> Result<Option<LrSchedule>, String> {
+        let Some(max_lr) = self.decoupled_lr else {
+            if self.decoupled_min_lr.is_some() {
+                return Err("--decoupled-min-lr needs --decoupled-lr".into());
+            }
+            return Ok(None);
+        };
+        let schedule = LrSchedule {
+            max_lr,
+            min_lr: self.decoupled_min_lr.unwrap_or(lr.min_lr),
+            ..lr.clone()
+        };
+        schedule
+            .validate()
+            .map_err(|e| format!("--decoupled-lr: {e}"))?;
+        Ok(Some(schedule))
     }
 
     /// `--weight-decay` throughout, or from `--start-weight-decay` to `--end-weight-decay`

@@ -189,6 +189,11 @@ fn build_optimizer(
         clip_grad: cfg.clip_grad,
         names: roles.names.clone(),
         not_counted: roles.not_counted.clone(),
+        decoupled_lr: if cfg.decoupled_schedule.is_some() {
+            main.embedding_and_output_weights().into_iter().collect()
+        } else {
+            Default::default()
+        },
     };
     let saved = saved.map(|s| (s.steps, s.moments));
     let inner = device.clone().inner();

@@ -12,7 +12,7 @@ use super::setup::RankSetup;
 use crate::comm::ReduceOp;
 use crate::data::loader::MicroBatch;
 use crate::optim::mixed_precision_optimizer::read_step_values;
-use crate::optim::StepResult;
+use crate::optim::{LearningRates, StepResult};
 use crate::parallel::state::ParallelState;
 
 /// What one step did.
@@ -50,13 +50,13 @@ pub fn overlaps_grad_reduce(
 }
 
 /// Trains on `batches` (this rank's micro-batches of the global batch `plan` describes) at
-/// iteration `iteration` with learning rate `lr`.
+/// iteration `iteration` with learning rates `lr`.
 pub fn train_step(
     cfg: &PretrainConfig,
     setup: &mut RankSetup,
     (parallel, plan): (&ParallelState, BatchPlan),
     batches: Vec<MicroBatch>,
-    (iteration, lr): (u64, f64),
+    (iteration, lr): (u64, LearningRates),
     device: &Device,
 ) -> Result<StepReport> {
     let pp = parallel.layout.pp;

@@ -9,4 +9,5 @@ pub mod device;
 pub mod exit_signal;
 pub mod host_tensor;
 pub mod init;
+pub mod numpy_pcg64;
 pub mod numpy_random;
