@@ -118,3 +118,76 @@ proptest! {
         prop_assert_eq!(joined, text);
     }
 }
+
+/// FNV-1a 64 over ids as little-endian u32 bytes (the tokenizer fixtures' hash).
+fn fnv_ids(ids: &[u32]) -> String {
+    let h = ids
+        .iter()
+        .flat_map(|id| id.to_le_bytes())
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+        });
+    format!("{h:016x}")
+}
+
+/// Megatron's `TikTokenizer` (`--tiktoken-pattern v1` and `v2`, 1000 special tokens, a
+/// 4096-rank cl100k vocabulary): the ids of every document and key of every corpus (count and
+/// hash, and the whole list for one document in 20) and of the edge cases, as tiktoken 0.14
+/// gives them called the way current Megatron-Core calls it (`tests/fixtures/tokenizers/`,
+/// cross-checked against Megatron's own classes there).
+#[test]
+fn tiktoken_ids_equal_tiktokens_on_every_document() {
+    use ferrotron::tokenizer::tiktoken::TikToken;
+    let vocab = fixture("tokenizers/tiktoken_cl100k_4096.json");
+    let edge: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture("tokenizers/edge_cases.json")).unwrap(),
+    )
+    .unwrap();
+    let mut corpora: std::collections::HashMap<String, Vec<serde_json::Value>> = Default::default();
+    for pattern in ["v1", "v2"] {
+        let tokenizer = TikToken::load(&vocab, pattern, 5096, 1000).unwrap();
+        assert_eq!((tokenizer.vocab_size(), tokenizer.eod()), (5096, 2));
+        let encode = |text: &str| {
+            let mut ids = Vec::new();
+            tokenizer.encode(text, &mut ids).unwrap();
+            ids
+        };
+        let lines =
+            std::fs::read_to_string(fixture(&format!("tokenizers/ids/tiktoken_{pattern}.jsonl")))
+                .unwrap();
+        let mut documents = 0;
+        for line in lines.lines() {
+            let want: serde_json::Value = serde_json::from_str(line).unwrap();
+            let corpus_name = want["corpus"].as_str().unwrap();
+            let docs = corpora.entry(corpus_name.to_owned()).or_insert_with(|| {
+                std::fs::read_to_string(corpus(corpus_name))
+                    .unwrap()
+                    .lines()
+                    .map(|l| serde_json::from_str(l).unwrap())
+                    .collect()
+            });
+            let doc = &docs[want["doc"].as_u64().unwrap() as usize];
+            let text = doc[want["key"].as_str().unwrap()].as_str().unwrap();
+            let ids = encode(text);
+            let at = format!("{pattern} {corpus_name} doc {}", want["doc"]);
+            if let Some(all) = want.get("ids") {
+                assert_eq!(ids, token_ids(all), "{at}");
+            }
+            assert_eq!(ids.len() as u64, want["n"].as_u64().unwrap(), "{at}");
+            assert_eq!(fnv_ids(&ids), want["fnv"].as_str().unwrap(), "{at}");
+            documents += 1;
+        }
+        assert!(documents >= 600, "{documents}");
+        let texts = edge["texts"].as_array().unwrap();
+        for (text, want) in texts.iter().zip(
+            edge["ids"][format!("tiktoken_{pattern}")]
+                .as_array()
+                .unwrap(),
+        ) {
+            let text = text.as_str().unwrap();
+            assert_eq!(encode(text), token_ids(want), "{pattern}: {text:?}");
+        }
+        let sample = "Hello <s>world</s> <SPECIAL_999>!";
+        assert_eq!(tokenizer.decode(&encode(sample)).unwrap(), sample);
+    }
+}

@@ -8,7 +8,7 @@ use super::{TextTokenizer, TokenizerError, TokenizerOptions};
 /// `--allow-special-tokens`, to `#[command(flatten)]` into a tool's arguments.
 #[derive(clap::Args, Clone, Debug)]
 pub struct TokenizerArgs {
-    /// Tokenizer: GPT2BPETokenizer, HuggingFaceTokenizer or NullTokenizer.
+    /// Tokenizer: GPT2BPETokenizer, HuggingFaceTokenizer, TikTokenizer or NullTokenizer.
     #[arg(long, default_value = "GPT2BPETokenizer")]
     pub tokenizer_type: String,
 
@@ -20,7 +20,8 @@ pub struct TokenizerArgs {
     #[arg(long)]
     pub merge_file: Option<PathBuf>,
 
-    /// HuggingFace tokenizer.json (for --tokenizer-type HuggingFaceTokenizer).
+    /// HuggingFace tokenizer.json (HuggingFaceTokenizer), or Megatron's JSON vocabulary
+    /// (TikTokenizer).
     #[arg(long)]
     pub tokenizer_model: Option<PathBuf>,
 
@@ -33,9 +34,18 @@ pub struct TokenizerArgs {
     #[arg(long)]
     pub allow_special_tokens: bool,
 
-    /// NullTokenizer's vocabulary size (its end-of-document id is N - 1).
+    /// NullTokenizer's vocabulary size (its end-of-document id is N - 1), or TikTokenizer's
+    /// (special tokens included) [TikTokenizer default: 131072].
     #[arg(long)]
     pub vocab_size: Option<usize>,
+
+    /// TikTokenizer's pre-tokenization regex: v1 or v2.
+    #[arg(long, default_value = "v2")]
+    pub tiktoken_pattern: String,
+
+    /// TikTokenizer's special tokens (ids 0..N; the vocabulary's ranks follow).
+    #[arg(long, default_value_t = super::tiktoken::DEFAULT_NUM_SPECIAL_TOKENS)]
+    pub tiktoken_num_special_tokens: usize,
 }
 
 impl TokenizerArgs {
@@ -49,6 +59,8 @@ impl TokenizerArgs {
             allow_special_tokens: self.allow_special_tokens,
             eod_token: self.eod_token.clone(),
             vocab_size: self.vocab_size,
+            tiktoken_pattern: self.tiktoken_pattern.clone(),
+            tiktoken_num_special_tokens: self.tiktoken_num_special_tokens,
         })
     }
 

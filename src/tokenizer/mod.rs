@@ -6,6 +6,7 @@ pub mod gpt2_encoder;
 pub mod gpt2_split;
 pub mod gpt2_vocabulary;
 pub mod text_tokenizer;
+pub mod tiktoken;
 
 use std::path::PathBuf;
 

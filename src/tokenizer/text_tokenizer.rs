@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use tokenizers::Tokenizer;
 
+use super::tiktoken::TikToken;
 use super::{Gpt2Encoder, Gpt2Vocabulary, TokenizerError, GPT2_EOD_TOKEN};
 
 /// Megatron's `--tokenizer-type` values that ferrotron implements.
@@ -17,6 +18,9 @@ pub enum TokenizerType {
     /// `NullTokenizer`: the text is space-separated ids already (`--vocab-size`); for mock
     /// data and benchmarks.
     Null,
+    /// `TikTokenizer`: tiktoken BPE over Megatron's JSON vocabulary (`--tokenizer-model`,
+    /// `--tiktoken-pattern`, `--vocab-size`).
+    TikToken,
 }
 
 /// Megatron tokenizer types that exist there but not (yet) here, for a clear message.
@@ -26,7 +30,6 @@ const MEGATRON_ONLY_TYPES: &[&str] = &[
     "SentencePieceTokenizer",
     "GPTSentencePieceTokenizer",
     "Llama2Tokenizer",
-    "TikTokenizer",
     "MultimodalTokenizer",
 ];
 
@@ -38,14 +41,16 @@ impl std::str::FromStr for TokenizerType {
             "GPT2BPETokenizer" => Ok(Self::Gpt2Bpe),
             "HuggingFaceTokenizer" => Ok(Self::HuggingFace),
             "NullTokenizer" => Ok(Self::Null),
+            "TikTokenizer" => Ok(Self::TikToken),
             other if MEGATRON_ONLY_TYPES.contains(&other) => Err(TokenizerError::Unsupported(
                 format!(
                     "--tokenizer-type {other} is not supported by ferrotron; use GPT2BPETokenizer, \
-                     HuggingFaceTokenizer with --tokenizer-model tokenizer.json, or NullTokenizer"
+                     HuggingFaceTokenizer with --tokenizer-model tokenizer.json, TikTokenizer or \
+                     NullTokenizer"
                 ),
             )),
             other => Err(TokenizerError::Unsupported(format!(
-                "unknown --tokenizer-type {other:?}; expected GPT2BPETokenizer, HuggingFaceTokenizer or NullTokenizer"
+                "unknown --tokenizer-type {other:?}; expected GPT2BPETokenizer, HuggingFaceTokenizer, TikTokenizer or NullTokenizer"
             ))),
         }
     }
@@ -66,8 +71,12 @@ pub struct TokenizerOptions {
     pub allow_special_tokens: bool,
     /// `--eod-token`: the end-of-document token of a HuggingFace tokenizer.
     pub eod_token: Option<String>,
-    /// `--vocab-size`: NullTokenizer's vocabulary.
+    /// `--vocab-size`: NullTokenizer's and TikTokenizer's vocabulary.
     pub vocab_size: Option<usize>,
+    /// `--tiktoken-pattern`: `v1` or `v2`.
+    pub tiktoken_pattern: String,
+    /// `--tiktoken-num-special-tokens`.
+    pub tiktoken_num_special_tokens: usize,
 }
 
 impl Default for TokenizerOptions {
@@ -80,6 +89,8 @@ impl Default for TokenizerOptions {
             allow_special_tokens: false,
             eod_token: None,
             vocab_size: None,
+            tiktoken_pattern: "v2".into(),
+            tiktoken_num_special_tokens: super::tiktoken::DEFAULT_NUM_SPECIAL_TOKENS,
         }
     }
 }
@@ -116,6 +127,8 @@ pub enum TextTokenizer {
         /// `--vocab-size`.
         vocab_size: u32,
     },
+    /// Megatron's `TikTokenizer`.
+    TikToken(Arc<TikToken>),
 }
 
 impl TextTokenizer {
@@ -174,6 +187,21 @@ impl TextTokenizer {
                     eod,
                 })
             }
+            TokenizerType::TikToken => {
+                let path = options.tokenizer_model.as_ref().ok_or_else(|| {
+                    TokenizerError::Unsupported(
+                        "--tokenizer-type TikTokenizer needs --tokenizer-model (Megatron's JSON vocabulary)".into(),
+                    )
+                })?;
+                Ok(Self::TikToken(Arc::new(TikToken::load(
+                    path,
+                    &options.tiktoken_pattern,
+                    options
+                        .vocab_size
+                        .unwrap_or(super::tiktoken::DEFAULT_VOCAB_SIZE),
+                    options.tiktoken_num_special_tokens,
+                )?)))
+            }
             TokenizerType::Null => match options.vocab_size {
                 Some(n) if n >= 1 && n <= u32::MAX as usize => Ok(Self::Null {
                     vocab_size: n as u32,
@@ -197,6 +225,7 @@ impl TextTokenizer {
             Self::Gpt2 { vocab, .. } => vocab.vocab_size(),
             Self::HuggingFace { tokenizer, .. } => tokenizer.get_vocab_size(true),
             Self::Null { vocab_size } => *vocab_size as usize,
+            Self::TikToken(t) => t.vocab_size(),
         }
     }
 
@@ -206,6 +235,7 @@ impl TextTokenizer {
             Self::Gpt2 { vocab, .. } => Some(vocab.eod()),
             Self::HuggingFace { eod, .. } => *eod,
             Self::Null { vocab_size } => Some(vocab_size - 1),
+            Self::TikToken(t) => Some(t.eod()),
         }
     }
 
@@ -218,6 +248,7 @@ impl TextTokenizer {
             } => TextEncoder::Gpt2(Gpt2Encoder::new(vocab.clone(), *allow_special_tokens)),
             Self::HuggingFace { tokenizer, .. } => TextEncoder::HuggingFace(tokenizer.clone()),
             Self::Null { vocab_size } => TextEncoder::Null(*vocab_size),
+            Self::TikToken(t) => TextEncoder::TikToken(t.clone()),
         }
     }
 
@@ -229,6 +260,7 @@ impl TextTokenizer {
                 .decode(ids, false)
                 .map_err(|e| TokenizerError::Encode(e.to_string())),
             Self::Null { .. } => Ok(ids.iter().map(u32::to_string).collect::<Vec<_>>().join(" ")),
+            Self::TikToken(t) => t.decode(ids),
         }
     }
 }
@@ -241,6 +273,8 @@ pub enum TextEncoder {
     HuggingFace(Arc<Tokenizer>),
     /// NullTokenizer of this vocabulary size.
     Null(u32),
+    /// A shared TikToken vocabulary (stateless).
+    TikToken(Arc<TikToken>),
 }
 
 impl TextEncoder {
@@ -256,6 +290,7 @@ impl TextEncoder {
                 Ok(())
             }
             Self::Null(vocab_size) => encode_ids(text, *vocab_size, out),
+            Self::TikToken(t) => t.encode(text, out),
         }
     }
 }

@@ -1098,11 +1098,7 @@ pub const MEGATRON_FLAGS: &[MegatronFlag] = &[
     refused("--tensor-parallel-num-weight-shards", One, GTP),
     ignored("--tensorboard-queue-size", One),
     ignored("--test-mode", Nothing),
-    // TikTokenizer's settings do nothing with another tokenizer (Megatron's Llama-3 script
-    // passes --tiktoken-pattern with NullTokenizer), and TikTokenizer itself is refused.
-    ignored("--tiktoken-num-special-tokens", One),
-    ignored("--tiktoken-pattern", One),
-    ignored("--tiktoken-special-tokens", List),
+    refused("--tiktoken-special-tokens", List, TOKENIZER),
     ignored("--timing-log-level", One),
     ignored("--timing-log-option", One),
     refused("--titles-data-path", One, RETRIEVER),
