@@ -192,14 +192,6 @@ fn splits_match_megatron_core_for_every_document_count() {
     }
 }
 
-/// FNV-1a, 64 bits, over little-endian bytes (as the fixture script hashes numpy arrays).
-fn fnv_hex(bytes: impl IntoIterator<Item = u8>) -> String {
-    let h = bytes.into_iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
-    });
-    format!("{h:016x}")
-}
-
 /// `--mock-data` builds Megatron-Core's `MockGPTDataset` (`tests/fixtures/megatron_mock/`,
 /// made by megatron-core itself): the documents of each split under its forced 1,1,1 split,
 /// the three indices bit for bit, the first samples token for token, and its index-cache
@@ -259,7 +251,7 @@ fn mock_data_is_megatron_cores_mock_gpt_dataset() {
         let indices = gpt.indices();
         let document_index = indices.document_index.iter().flat_map(|d| d.to_le_bytes());
         assert_eq!(
-            fnv_hex(document_index),
+            fnv1a_hex(document_index),
             want["document_index"]["fnv1a_int32"],
             "{name}"
         );
@@ -269,13 +261,13 @@ fn mock_data_is_megatron_cores_mock_gpt_dataset() {
             .flatten()
             .flat_map(|d| d.to_le_bytes());
         assert_eq!(
-            fnv_hex(sample_index),
+            fnv1a_hex(sample_index),
             want["sample_index"]["fnv1a_int64"],
             "{name}"
         );
         let shuffle_index = indices.shuffle_index.iter().flat_map(|d| d.to_le_bytes());
         assert_eq!(
-            fnv_hex(shuffle_index),
+            fnv1a_hex(shuffle_index),
             want["shuffle_index"]["fnv1a_int64"],
             "{name}"
         );

@@ -18,7 +18,7 @@ use ferrotron::model::vocab::{padded_vocab_log_line, padded_vocab_size};
 use ferrotron::model::{GptConfig, Recompute};
 use ferrotron::optim::grad_scaler::DynamicGradScalerConfig;
 use ferrotron::optim::Precision;
-use ferrotron::tokenizer::TokenizerArgs;
+use ferrotron::tokenizer::{TextTokenizer, TokenizerArgs};
 use ferrotron::training::megatron_command_line::screen_megatron_flags;
 use ferrotron::training::pretrain::pretrain_on;
 use ferrotron::training::{
@@ -315,7 +315,8 @@ fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
     if args.calculate_per_token_loss && args.eod_mask_loss {
         bail!("--calculate-per-token-loss with --eod-mask-loss is not implemented (the micro-batches then hold different numbers of loss tokens); drop one of them");
     }
-    let data = data_sources(args)?;
+    let tokenizer = args.tokenizer.load()?;
+    let data = data_sources(args, &tokenizer)?;
     let precision = Precision::from_flags(args.fp16, args.bf16).map_err(anyhow::Error::msg)?;
     let dynamic_loss_scale = loss_scaling(args)?;
     // Features whose absence does not change the math: say so.
@@ -325,7 +326,7 @@ fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
             bail!("--DDP-impl {ddp}: expected local or torch");
         }
     }
-    let (model, eod) = model_config(args, verbose)?;
+    let (model, eod) = model_config(args, &tokenizer, verbose)?;
     let schedule = args
         .schedule
         .resolve(args.seq_length)
@@ -413,8 +414,7 @@ fn loss_scaling(args: &Args) -> Result<DynamicGradScalerConfig> {
 
 /// The model's shape from the flags and the tokenizer (its vocabulary padded as Megatron
 /// pads it), and the tokenizer's end-of-document id.
-fn model_config(args: &Args, verbose: bool) -> Result<(GptConfig, u32)> {
-    let tokenizer = args.tokenizer.load()?;
+fn model_config(args: &Args, tokenizer: &TextTokenizer, verbose: bool) -> Result<(GptConfig, u32)> {
     let vocab = tokenizer.vocab_size();
     let eod = tokenizer
         .eod()
@@ -602,7 +602,7 @@ fn main() -> ExitCode {
 
 /// Megatron's `get_blend_and_blend_per_split`: `--data-path` / `--data-args-path` (one blend
 /// cut by `--split`) or the per-split flags (a blend per split, each used whole).
-fn data_sources(args: &Args) -> Result<DataSources> {
+fn data_sources(args: &Args, tokenizer: &TextTokenizer) -> Result<DataSources> {
     let per_split_flags = [
         &args.train_data_path,
         &args.valid_data_path,
@@ -615,7 +615,6 @@ fn data_sources(args: &Args) -> Result<DataSources> {
         if whole || per_split {
             bail!("--mock-data replaces the data flags: give it or --data-path (or the per-split flags), not both");
         }
-        let tokenizer = args.tokenizer.load()?;
         let eod = tokenizer
             .eod()
             .context("--mock-data: the tokenizer has no end-of-document token")?;

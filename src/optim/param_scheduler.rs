@@ -30,16 +30,17 @@ pub enum LrDecayStyle {
 impl std::str::FromStr for LrDecayStyle {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "constant" => Ok(Self::Constant),
-            "linear" => Ok(Self::Linear),
-            "cosine" => Ok(Self::Cosine),
-            "inverse-square-root" => Ok(Self::InverseSquareRoot),
-            "WSD" => Ok(Self::Wsd),
-            other => Err(format!(
-                "--lr-decay-style {other:?}: expected constant, linear, cosine, inverse-square-root or WSD"
-            )),
-        }
+        choice(
+            "--lr-decay-style",
+            s,
+            &[
+                ("constant", Self::Constant),
+                ("linear", Self::Linear),
+                ("cosine", Self::Cosine),
+                ("inverse-square-root", Self::InverseSquareRoot),
+                ("WSD", Self::Wsd),
+            ],
+        )
     }
 }
 
@@ -60,15 +61,16 @@ pub enum WsdDecayStyle {
 impl std::str::FromStr for WsdDecayStyle {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "exponential" => Ok(Self::Exponential),
-            "linear" => Ok(Self::Linear),
-            "cosine" => Ok(Self::Cosine),
-            "minus_sqrt" => Ok(Self::MinusSqrt),
-            other => Err(format!(
-                "--lr-wsd-decay-style {other:?}: expected exponential, linear, cosine or minus_sqrt"
-            )),
-        }
+        choice(
+            "--lr-wsd-decay-style",
+            s,
+            &[
+                ("exponential", Self::Exponential),
+                ("linear", Self::Linear),
+                ("cosine", Self::Cosine),
+                ("minus_sqrt", Self::MinusSqrt),
+            ],
+        )
     }
 }
 
@@ -202,6 +204,20 @@ impl LearningRates {
     }
 }
 
+/// `value` as one of a flag's `choices`, or an error naming the flag and what it takes.
+fn choice<T: Copy>(flag: &str, value: &str, choices: &[(&str, T)]) -> Result<T, String> {
+    match choices.iter().find(|(name, _)| *name == value) {
+        Some(&(_, chosen)) => Ok(chosen),
+        None => {
+            let names: Vec<&str> = choices.iter().map(|(name, _)| *name).collect();
+            Err(format!(
+                "{flag} {value:?}: expected one of {}",
+                names.join(", ")
+            ))
+        }
+    }
+}
+
 /// `0.5 · (cos(π r) + 1)`: from 1 at r = 0 to 0 at r = 1.
 fn half_cosine(ratio: f64) -> f64 {
     0.5 * ((PI * ratio).cos() + 1.0)
@@ -222,14 +238,15 @@ pub enum WeightDecayIncrStyle {
 impl std::str::FromStr for WeightDecayIncrStyle {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "constant" => Ok(Self::Constant),
-            "linear" => Ok(Self::Linear),
-            "cosine" => Ok(Self::Cosine),
-            other => Err(format!(
-                "--weight-decay-incr-style {other:?}: expected constant, linear or cosine"
-            )),
-        }
+        choice(
+            "--weight-decay-incr-style",
+            s,
+            &[
+                ("constant", Self::Constant),
+                ("linear", Self::Linear),
+                ("cosine", Self::Cosine),
+            ],
+        )
     }
 }
 

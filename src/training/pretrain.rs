@@ -189,11 +189,12 @@ impl Trainer<'_> {
             });
             let params_norm = self.params_norm()?;
             if let Some(sink) = metrics.as_mut() {
-                let record = IterationRecord {
+                sink.record_iteration(&self.record(
+                    &report,
+                    (iteration, plan),
+                    lr.base,
                     params_norm,
-                    ..self.record(&report, iteration, lr.base, plan)
-                };
-                sink.record_iteration(&record)?;
+                ))?;
             }
             self.validate_at_interval(iteration, metrics.as_mut(), &mut outcome)?;
             if self.checkpoint_and_decide_exit(iteration)? {
@@ -249,13 +250,13 @@ impl Trainer<'_> {
             .extend(report.pipeline_idle.clone());
     }
 
-    /// What the metrics sink records of a step.
+    /// What the metrics sink records of a step (`params_norm` with `--log-params-norm`).
     fn record(
         &self,
         report: &StepReport,
-        iteration: u64,
+        (iteration, plan): (u64, BatchPlan),
         lr: f64,
-        plan: BatchPlan,
+        params_norm: Option<f64>,
     ) -> IterationRecord {
         let state = &self.setup.state;
         IterationRecord {
@@ -270,7 +271,7 @@ impl Trainer<'_> {
             skipped: report.skipped,
             pipeline_idle: report.pipeline_idle.clone(),
             grad_reduce_exposed_seconds: report.grad_reduce_exposed_seconds,
-            params_norm: None,
+            params_norm,
             num_zeros_in_grad: report.num_zeros_in_grad,
         }
     }

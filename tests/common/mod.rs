@@ -146,3 +146,12 @@ pub fn token_ids(v: &serde_json::Value) -> Vec<u32> {
         .map(|x| x.as_u64().unwrap() as u32)
         .collect()
 }
+
+/// FNV-1a, 64 bits, of `bytes`, as 16 hex digits (how the fixture scripts hash numpy arrays
+/// and id lists, as little-endian bytes).
+pub fn fnv1a_hex(bytes: impl IntoIterator<Item = u8>) -> String {
+    let h = bytes.into_iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    format!("{h:016x}")
+}
