@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# One command that profiles ferrotron's training step on a CUDA GPU and writes one report
+# (issue: GPU speed by design). Sized for a short lease: every step has a time limit, the
+# whole run a deadline (BUDGET_S), and the most telling steps come first.
+#
+#   benchmarks/gpu_profile.sh BIN_DIR REPORT_DIR [PYTHON]
+#
+# BIN_DIR holds CUDA builds (see docs/gpu.md, "Building on one machine, running on another"):
+#   pretrain            cargo build --release --features cuda --bin pretrain
+#   pretrain-baseline   another CUDA build to compare with, e.g. the commit before a change
+#                       (optional; its flash step runs beside)
+#   matmul_shapes       cargo build --release --features cuda --example matmul_shapes
+#                       (target/release/examples/matmul_shapes; optional)
+# each possibly xz-compressed (NAME.xz), or together in BIN_DIR/bins.tar.xz. PYTHON: a Python with CUDA PyTorch (default python3).
+# REPORT_DIR receives report.md (the numbers) and logs.tar.xz (every run's log).
+#
+# Steps: probe (nvidia-smi, driver, profilers); GPT-2 345M (seq 1024, micro-batch 4) bf16 with
+# dropout 0.1, composed attention then --use-flash-attn; PyTorch eager bf16 + SDPA beside it;
+# CubeCL's per-kernel profile of the flash run summed by class (two lengths, subtracted); the
+# host floor (24 layers at hidden 64, seq 64: launch overhead); the GPT's matmul shapes,
+# CubeCL default vs autotune vs cuBLAS; the baseline build's step; flash without dropout;
+# torch.compile.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BIN_DIR=$1 REPORT=$2 PY=${3:-python3}
+BUDGET_S=${BUDGET_S:-520}
+ITERS=${ITERS:-12}
+DATA=${DATA:-tests/fixtures/golden/wikitext2_valid_text_document}
+# DEVICE, LAYERS, HIDDEN, HEADS, SEQ: for a dry run of the script on a CPU (DEVICE=cpu, small
+# sizes); the report's headings name GPT-2 345M.
+DEVICE=${DEVICE:-cuda} LAYERS=${LAYERS:-24} HIDDEN=${HIDDEN:-1024} HEADS=${HEADS:-16} SEQ=${SEQ:-1024}
+export DATA DEVICE LAYERS HIDDEN HEADS SEQ
+START=$(date +%s)
+WORK=$(mktemp -d)
+export WORK
+mkdir -p "$REPORT" "$WORK/logs" "$WORK/bin"
+R="$REPORT/report.md"
+: > "$R"
+say() { echo "$*" | tee -a "$R"; }
+finish() {
+  tar -C "$WORK" -cJf "$REPORT/logs.tar.xz" logs 2>/dev/null
+  say "total wall time: $(( $(date +%s) - START )) s"
+}
+trap finish EXIT
+
+# Binaries: unpack what is there (bins.tar.xz: all of them in one archive, which compresses
+# the two pretrain builds against each other).
+[ -f "$BIN_DIR/bins.tar.xz" ] && tar -C "$WORK/bin" -xJf "$BIN_DIR/bins.tar.xz"
+for name in pretrain pretrain-baseline matmul_shapes; do
+  if [ -f "$WORK/bin/$name" ]; then chmod +x "$WORK/bin/$name"
+  elif [ -f "$BIN_DIR/$name.xz" ]; then xz -dc "$BIN_DIR/$name.xz" > "$WORK/bin/$name"; chmod +x "$WORK/bin/$name"
+  elif [ -f "$BIN_DIR/$name" ]; then cp "$BIN_DIR/$name" "$WORK/bin/$name"; chmod +x "$WORK/bin/$name"; fi
+done
+P="$WORK/bin/pretrain"
+export P
+# CUDA's libraries from the Python wheels (NVRTC above all; libcuda comes with the driver).
+NV=$("$PY" -c "import nvidia, os; print(nvidia.__path__[0])" 2>/dev/null || true)
+if [ -n "$NV" ]; then
+  export LD_LIBRARY_PATH=$(ls -d "$NV"/*/lib 2>/dev/null | tr '\n' ':')/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+fi
+
+left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
+# step NAME MAX_SECONDS MIN_SECONDS command...: runs the command with its output in
+# logs/NAME.log, under min(MAX, time left); skipped when less than MIN is left.
+step() {
+  local name=$1 max=$2 min=$3; shift 3
+  local l; l=$(left)
+  if [ "$l" -lt "$min" ]; then say "- $name: skipped ($l s left of the budget)"; return 1; fi
+  [ "$l" -lt "$max" ] && max=$l
+  local t0; t0=$(date +%s)
+  # Shell functions run under `timeout` through a child bash (they are exported below).
+  timeout "$max" bash -c '"$@"' step "$@" > "$WORK/logs/$name.log" 2>&1
+  local rc=$?
+  echo "[$name: exit $rc after $(( $(date +%s) - t0 )) s]" >> "$WORK/logs/$name.log"
+  [ $rc -eq 0 ] || say "- $name: exit $rc after $(( $(date +%s) - t0 )) s (limit $max s); last lines: $(tail -3 "$WORK/logs/$name.log" | tr '\n' ' ' | cut -c1-400)"
+  return $rc
+}
+
+# Peak GPU memory while a command runs (nvidia-smi every 200 ms), into logs/NAME.mem.
+with_memory() {
+  local mem=$1; shift
+  ( while true; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1 >> "$mem"; sleep 0.2; done ) &
+  local sampler=$!
+  "$@"; local rc=$?
+  kill $sampler 2>/dev/null; wait $sampler 2>/dev/null
+  return $rc
+}
+
+# ferrotron's log: the last interval's tokens/s and ms per iteration (warm-up excluded).
+train_line() {
+  local name=$1 log="$WORK/logs/$1.log" mem="$WORK/logs/$1.mem"
+  local tps ms peak
+  tps=$(grep -o 'tokens/s: [0-9.]*' "$log" | tail -1 | awk '{print $2}')
+  ms=$(grep -o 'elapsed time per iteration (ms): [0-9.]*' "$log" | tail -1 | awk '{print $NF}')
+  peak=$(sort -n "$mem" 2>/dev/null | tail -1)
+  say "| ferrotron $name | ${tps:-?} | ${ms:-?} | $(awk -v m="${peak:-0}" 'BEGIN{printf "%.1f", m/1024}') |"
+  echo "${tps:-0}" > "$WORK/tps_$name"
+}
+
+pretrain_345m() {
+  local bin=$1 name=$2 iters=$3; shift 3
+  with_memory "$WORK/logs/$name.mem" "$bin" --device "$DEVICE" --num-layers "$LAYERS" \
+    --hidden-size "$HIDDEN" --num-attention-heads "$HEADS" --seq-length "$SEQ" \
+    --max-position-embeddings "$SEQ" \
+    --micro-batch-size 4 --global-batch-size 4 --train-iters "$iters" --bf16 \
+    --lr 1e-4 --min-lr 1e-5 --lr-warmup-iters 1 --lr-decay-style cosine --split 100,0,0 \
+    --log-interval 4 --eval-iters 0 --eval-interval 0 --log-throughput \
+    --data-path "$DATA" --data-cache-path "$WORK/cache" "$@"
+}
+export -f with_memory pretrain_345m
+
+say "# ferrotron GPU profile, $(date -u +%Y-%m-%dT%H:%MZ)"
+say ""
+say '## Machine'
+say '```'
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv | tee -a "$R"
+say "nvcc: $(nvcc --version 2>/dev/null | tail -2 | head -1)"
+say "profilers: $(for t in ncu nsys compute-sanitizer; do command -v $t >/dev/null && printf '%s ' $t; done)"
+say "torch: $("$PY" -c 'import torch; print(torch.__version__, torch.cuda.get_device_name())' 2>&1 | tail -1)"
+say "binaries: $(ls "$WORK/bin" | tr '\n' ' ')"
+say '```'
+say ""
+say "## Training step: GPT-2 345M, seq 1024, micro-batch 4, bf16 ($ITERS iterations, the last 4 timed)"
+say ""
+say "| run | tokens/s | ms/iteration | peak GPU memory GiB |"
+say "|---|---|---|---|"
+D="--hidden-dropout 0.1 --attention-dropout 0.1"
+# shellcheck disable=SC2086
+step bf16 150 60 pretrain_345m "$P" bf16 "$ITERS" $D && train_line bf16
+# shellcheck disable=SC2086
+step bf16-flash 120 50 pretrain_345m "$P" bf16-flash "$ITERS" --use-flash-attn $D && train_line bf16-flash
+if step torch-bf16-sdpa 90 40 with_memory "$WORK/logs/torch-bf16-sdpa.mem" "$PY" benchmarks/torch_gpu_gpt.py 24 1024 16 1024 4 20 bf16-sdpa 0.1; then
+  say "| PyTorch eager bf16 + SDPA | $(tail -2 "$WORK/logs/torch-bf16-sdpa.log" | head -1) |"
+  grep -o 'tokens/s: [0-9.]*' "$WORK/logs/torch-bf16-sdpa.log" | awk '{print $2}' > "$WORK/tps_torch"
+fi
+for run in bf16 bf16-flash; do
+  [ -s "$WORK/tps_$run" ] && [ -s "$WORK/tps_torch" ] && say "ferrotron $run / PyTorch eager bf16+SDPA: $(awk -v a="$(cat "$WORK/tps_$run")" -v b="$(cat "$WORK/tps_torch")" 'BEGIN{printf "%.3fx", a/b}')"
+done
+say ""
+
+say "## Per-kernel GPU time (CubeCL profile, bf16 flash run with dropout; iterations 3-5 = 5-iteration log minus 2-iteration log)"
+say '```'
+# shellcheck disable=SC2086
+if CUBECL_DEBUG_OPTION=profile CUBECL_DEBUG_LOG="$WORK/logs/prof2.txt" step profile-2 90 40 pretrain_345m "$P" profile-2 2 --use-flash-attn $D &&
+   CUBECL_DEBUG_OPTION=profile CUBECL_DEBUG_LOG="$WORK/logs/prof5.txt" step profile-5 90 40 pretrain_345m "$P" profile-5 5 --use-flash-attn $D; then
+  "$PY" benchmarks/kernel_profile_summary.py "$WORK/logs/prof5.txt" 5 "$WORK/logs/prof2.txt" 2 2>&1 | tee -a "$R"
+fi
+say '```'
+say ""
+
+say "## Host floor: 24 layers, hidden 64, 4 heads, seq 64, micro-batch 4 (the step is launch overhead)"
+floor() {
+  "$P" --device "$DEVICE" --num-layers 24 --hidden-size 64 --num-attention-heads 4 --seq-length 64 \
+    --max-position-embeddings 64 --micro-batch-size 4 --global-batch-size 4 --train-iters 20 --bf16 \
+    --lr 1e-4 --split 100,0,0 --log-interval 5 --eval-iters 0 --eval-interval 0 \
+    --data-path "$DATA" --data-cache-path "$WORK/cache" --use-flash-attn "$@"
+}
+export -f floor
+step floor 60 20 floor --hidden-dropout 0.1 --attention-dropout 0.1 &&
+  say "ms/iteration (last 5): $(grep -o 'elapsed time per iteration (ms): [0-9.]*' "$WORK/logs/floor.log" | tail -1 | awk '{print $NF}')"
+say ""
+
+say "## Matmuls of the GPT's shapes (bf16; T = 4096 tokens): CubeCL default, CubeCL autotune, cuBLAS"
+say '```'
+if [ -x "$WORK/bin/matmul_shapes" ]; then
+  step matmul-cubecl 150 40 "$WORK/bin/matmul_shapes" && tee -a "$R" < "$WORK/logs/matmul-cubecl.log" > /dev/null
+fi
+step matmul-torch 60 15 "$PY" benchmarks/torch_matmul_shapes.py && tee -a "$R" < "$WORK/logs/matmul-torch.log" > /dev/null
+say '```'
+say ""
+
+say "## More training runs"
+say ""
+say "| run | tokens/s | ms/iteration | peak GPU memory GiB |"
+say "|---|---|---|---|"
+if [ -x "$WORK/bin/pretrain-baseline" ]; then
+  # shellcheck disable=SC2086
+  step bf16-flash-baseline 150 60 pretrain_345m "$WORK/bin/pretrain-baseline" bf16-flash-baseline "$ITERS" --use-flash-attn $D &&
+    train_line bf16-flash-baseline
+fi
+step bf16-flash-no-dropout 100 50 pretrain_345m "$P" bf16-flash-no-dropout "$ITERS" --use-flash-attn --hidden-dropout 0 --attention-dropout 0 &&
+  train_line bf16-flash-no-dropout
+if step torch-bf16-compile 150 90 with_memory "$WORK/logs/torch-bf16-compile.mem" "$PY" benchmarks/torch_gpu_gpt.py 24 1024 16 1024 4 20 bf16-compile 0.1; then
+  say "| PyTorch bf16 + SDPA + torch.compile | $(tail -2 "$WORK/logs/torch-bf16-compile.log" | head -1) |"
+fi
+say ""
