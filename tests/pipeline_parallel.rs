@@ -432,7 +432,7 @@ fn half_precision_pipelines_follow_the_one_stage_run() {
             initial_scale: 2f64.powi(20),
             ..Default::default()
         },
-        ..config(cache, layout, 20)
+        ..config(cache, layout, 10)
     };
     let mut failures = Vec::new();
     for precision in [Precision::Fp16, Precision::Bf16] {
