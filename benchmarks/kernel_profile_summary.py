@@ -5,7 +5,7 @@ usage: python kernel_profile_summary.py LONG_LOG LONG_ITERS [SHORT_LOG SHORT_ITE
 With two logs of the same run at two lengths, the difference is the steady-state iterations
 alone (start-up, initialisation and the first iteration cancel). In an autotuning build the
 tuning launches are logged too: warm the autotune cache with an earlier run of the same shapes. Prints launches and GPU
-milliseconds per class per iteration, and the ten costliest kernel names.
+milliseconds per class per iteration, and the ten costliest and ten most launched kernels.
 """
 import os
 import re
@@ -68,9 +68,10 @@ def main():
     print("|---|---|---|---|")
     for label, (n, ms) in sorted(by_class.items(), key=lambda kv: -kv[1][1]):
         print(f"| {label} | {n / iterations:.1f} | {ms / iterations:.2f} | {100 * ms / max(total, 1e-9):.1f} % |")
-    print("ten costliest kernels:")
-    for name, (n, ms) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:10]:
-        print(f"  {ms / iterations:9.2f} ms/it  {n / iterations:6.0f} launches/it  {name}")
+    for title, key in (("costliest", 1), ("most launched", 0)):
+        print(f"ten {title} kernels:")
+        for name, (n, ms) in sorted(by_name.items(), key=lambda kv: -kv[1][key])[:10]:
+            print(f"  {ms / iterations:9.2f} ms/it  {n / iterations:6.0f} launches/it  {name}")
 
 
 main()
