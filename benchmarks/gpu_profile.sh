@@ -14,22 +14,25 @@
 # each possibly xz-compressed (NAME.xz), or together in BIN_DIR/bins.tar.xz. PYTHON: a Python with CUDA PyTorch (default python3).
 # REPORT_DIR receives report.md (the numbers) and logs.tar.xz (every run's log).
 #
-# Steps: probe (nvidia-smi, driver, profilers); GPT-2 345M (seq 1024, micro-batch 4) bf16 with
-# dropout 0.1, composed attention then --use-flash-attn; PyTorch eager bf16 + SDPA beside it;
+# Steps: probe (nvidia-smi, driver, profilers); the model in bf16 with dropout, composed
+# attention then --use-flash-attn; PyTorch eager bf16 + SDPA beside it;
 # CubeCL's per-kernel profile of the flash run summed by class (two lengths, subtracted); the
 # host floor (24 layers at hidden 64, seq 64: launch overhead); the GPT's matmul shapes,
 # CubeCL default vs autotune vs cuBLAS; the baseline build's step; flash without dropout;
-# torch.compile.
+# fp32; torch.compile.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN_DIR=$1 REPORT=$2 PY=${3:-python3}
 BUDGET_S=${BUDGET_S:-520}
 ITERS=${ITERS:-12}
 DATA=${DATA:-tests/fixtures/golden/wikitext2_valid_text_document}
-# DEVICE, LAYERS, HIDDEN, HEADS, SEQ: for a dry run of the script on a CPU (DEVICE=cpu, small
-# sizes); the report's headings name GPT-2 345M.
+# LAYERS, HIDDEN, HEADS, SEQ, MBS, DROPOUT: the model (default GPT-2 345M at micro-batch 4,
+# dropout 0.1); DEVICE=cpu with small sizes dry-runs the script on a CPU. PEAK_TFLOPS: the
+# card's dense bf16 peak for MFU (default 989, an H100/H200).
 DEVICE=${DEVICE:-cuda} LAYERS=${LAYERS:-24} HIDDEN=${HIDDEN:-1024} HEADS=${HEADS:-16} SEQ=${SEQ:-1024}
-export DATA DEVICE LAYERS HIDDEN HEADS SEQ
+MBS=${MBS:-4} DROPOUT=${DROPOUT:-0.1} PEAK_TFLOPS=${PEAK_TFLOPS:-989}
+MODEL="$LAYERS layers, hidden $HIDDEN, $HEADS heads, seq $SEQ, micro-batch $MBS"
+export DATA DEVICE LAYERS HIDDEN HEADS SEQ MBS
 START=$(date +%s)
 WORK=$(mktemp -d)
 export WORK
@@ -92,22 +95,23 @@ train_line() {
   local tps ms peak
   tps=$(grep -o 'tokens/s: [0-9.]*' "$log" | tail -1 | awk '{print $2}')
   ms=$(grep -o 'elapsed time per iteration (ms): [0-9.]*' "$log" | tail -1 | awk '{print $NF}')
+  tflops=$(grep -o 'throughput per GPU (TFLOP/s/GPU): [0-9.]*' "$log" | tail -1 | awk '{print $NF}')
   peak=$(sort -n "$mem" 2>/dev/null | tail -1)
-  say "| ferrotron $name | ${tps:-?} | ${ms:-?} | $(awk -v m="${peak:-0}" 'BEGIN{printf "%.1f", m/1024}') |"
+  say "| ferrotron $name | ${tps:-?} | ${ms:-?} | $(awk -v t="${tflops:-0}" -v p="$PEAK_TFLOPS" 'BEGIN{printf "%.1f %%", 100*t/p}') | $(awk -v m="${peak:-0}" 'BEGIN{printf "%.1f", m/1024}') |"
   echo "${tps:-0}" > "$WORK/tps_$name"
 }
 
-pretrain_345m() {
+pretrain_model() {
   local bin=$1 name=$2 iters=$3; shift 3
   with_memory "$WORK/logs/$name.mem" "$bin" --device "$DEVICE" --num-layers "$LAYERS" \
     --hidden-size "$HIDDEN" --num-attention-heads "$HEADS" --seq-length "$SEQ" \
     --max-position-embeddings "$SEQ" \
-    --micro-batch-size 4 --global-batch-size 4 --train-iters "$iters" --bf16 \
+    --micro-batch-size "$MBS" --global-batch-size "$MBS" --train-iters "$iters" \
     --lr 1e-4 --min-lr 1e-5 --lr-warmup-iters 1 --lr-decay-style cosine --split 100,0,0 \
     --log-interval 4 --eval-iters 0 --eval-interval 0 --log-throughput \
     --data-path "$DATA" --data-cache-path "$WORK/cache" "$@"
 }
-export -f with_memory pretrain_345m
+export -f with_memory pretrain_model
 
 say "# ferrotron GPU profile, $(date -u +%Y-%m-%dT%H:%MZ)"
 say ""
@@ -120,16 +124,19 @@ say "torch: $("$PY" -c 'import torch; print(torch.__version__, torch.cuda.get_de
 say "binaries: $(ls "$WORK/bin" | tr '\n' ' ')"
 say '```'
 say ""
-say "## Training step: GPT-2 345M, seq 1024, micro-batch 4, bf16 ($ITERS iterations, the last 4 timed)"
+say "## Training step: $MODEL, bf16, dropout $DROPOUT ($ITERS iterations, the last 4 timed)"
 say ""
-say "| run | tokens/s | ms/iteration | peak GPU memory GiB |"
-say "|---|---|---|---|"
-D="--hidden-dropout 0.1 --attention-dropout 0.1"
+say "| run | tokens/s | ms/iteration | MFU | peak GPU memory GiB |"
+say "|---|---|---|---|---|"
+D="--hidden-dropout $DROPOUT --attention-dropout $DROPOUT"
+B="--bf16 $D"
+# PyTorch's arguments: the same model, 20 steps.
+T="$LAYERS $HIDDEN $HEADS $SEQ $MBS 20"
 # shellcheck disable=SC2086
-step bf16 150 60 pretrain_345m "$P" bf16 "$ITERS" $D && train_line bf16
+step bf16 150 60 pretrain_model "$P" bf16 "$ITERS" $B && train_line bf16
 # shellcheck disable=SC2086
-step bf16-flash 120 50 pretrain_345m "$P" bf16-flash "$ITERS" --use-flash-attn $D && train_line bf16-flash
-if step torch-bf16-sdpa 90 40 with_memory "$WORK/logs/torch-bf16-sdpa.mem" "$PY" benchmarks/torch_gpu_gpt.py 24 1024 16 1024 4 20 bf16-sdpa 0.1; then
+step bf16-flash 120 50 pretrain_model "$P" bf16-flash "$ITERS" --use-flash-attn $B && train_line bf16-flash
+if step torch-bf16-sdpa 90 40 with_memory "$WORK/logs/torch-bf16-sdpa.mem" "$PY" benchmarks/torch_gpu_gpt.py $T bf16-sdpa "$DROPOUT"; then
   say "| PyTorch eager bf16 + SDPA | $(tail -2 "$WORK/logs/torch-bf16-sdpa.log" | head -1) |"
   grep -o 'tokens/s: [0-9.]*' "$WORK/logs/torch-bf16-sdpa.log" | awk '{print $2}' > "$WORK/tps_torch"
 fi
@@ -141,8 +148,8 @@ say ""
 say "## Per-kernel GPU time (CubeCL profile, bf16 flash run with dropout; iterations 3-5 = 5-iteration log minus 2-iteration log)"
 say '```'
 # shellcheck disable=SC2086
-if CUBECL_DEBUG_OPTION=profile CUBECL_DEBUG_LOG="$WORK/logs/prof2.txt" step profile-2 90 40 pretrain_345m "$P" profile-2 2 --use-flash-attn $D &&
-   CUBECL_DEBUG_OPTION=profile CUBECL_DEBUG_LOG="$WORK/logs/prof5.txt" step profile-5 90 40 pretrain_345m "$P" profile-5 5 --use-flash-attn $D; then
+if CUBECL_DEBUG_OPTION=profile CUBECL_DEBUG_LOG="$WORK/logs/prof2.txt" step profile-2 90 40 pretrain_model "$P" profile-2 2 --use-flash-attn $B &&
+   CUBECL_DEBUG_OPTION=profile CUBECL_DEBUG_LOG="$WORK/logs/prof5.txt" step profile-5 90 40 pretrain_model "$P" profile-5 5 --use-flash-attn $B; then
   "$PY" benchmarks/kernel_profile_summary.py "$WORK/logs/prof5.txt" 5 "$WORK/logs/prof2.txt" 2 2>&1 | tee -a "$R"
 fi
 say '```'
@@ -160,27 +167,29 @@ step floor 60 20 floor --hidden-dropout 0.1 --attention-dropout 0.1 &&
   say "ms/iteration (last 5): $(grep -o 'elapsed time per iteration (ms): [0-9.]*' "$WORK/logs/floor.log" | tail -1 | awk '{print $NF}')"
 say ""
 
-say "## Matmuls of the GPT's shapes (bf16; T = 4096 tokens): CubeCL default, CubeCL autotune, cuBLAS"
+say "## Matmuls of the GPT's shapes (bf16; T = $(( MBS * SEQ )) tokens): CubeCL default, CubeCL autotune, cuBLAS"
 say '```'
 if [ -x "$WORK/bin/matmul_shapes" ]; then
-  step matmul-cubecl 150 40 "$WORK/bin/matmul_shapes" && tee -a "$R" < "$WORK/logs/matmul-cubecl.log" > /dev/null
+  step matmul-cubecl 150 40 "$WORK/bin/matmul_shapes" $(( MBS * SEQ )) "$HIDDEN" && tee -a "$R" < "$WORK/logs/matmul-cubecl.log" > /dev/null
 fi
-step matmul-torch 60 15 "$PY" benchmarks/torch_matmul_shapes.py && tee -a "$R" < "$WORK/logs/matmul-torch.log" > /dev/null
+step matmul-torch 60 15 "$PY" benchmarks/torch_matmul_shapes.py $(( MBS * SEQ )) "$HIDDEN" && tee -a "$R" < "$WORK/logs/matmul-torch.log" > /dev/null
 say '```'
 say ""
 
 say "## More training runs"
 say ""
-say "| run | tokens/s | ms/iteration | peak GPU memory GiB |"
-say "|---|---|---|---|"
+say "| run | tokens/s | ms/iteration | MFU | peak GPU memory GiB |"
+say "|---|---|---|---|---|"
 if [ -x "$WORK/bin/pretrain-baseline" ]; then
   # shellcheck disable=SC2086
-  step bf16-flash-baseline 150 60 pretrain_345m "$WORK/bin/pretrain-baseline" bf16-flash-baseline "$ITERS" --use-flash-attn $D &&
+  step bf16-flash-baseline 150 60 pretrain_model "$WORK/bin/pretrain-baseline" bf16-flash-baseline "$ITERS" --use-flash-attn $B &&
     train_line bf16-flash-baseline
 fi
-step bf16-flash-no-dropout 100 50 pretrain_345m "$P" bf16-flash-no-dropout "$ITERS" --use-flash-attn --hidden-dropout 0 --attention-dropout 0 &&
+step bf16-flash-no-dropout 100 50 pretrain_model "$P" bf16-flash-no-dropout "$ITERS" --use-flash-attn --bf16 --hidden-dropout 0 --attention-dropout 0 &&
   train_line bf16-flash-no-dropout
-if step torch-bf16-compile 150 90 with_memory "$WORK/logs/torch-bf16-compile.mem" "$PY" benchmarks/torch_gpu_gpt.py 24 1024 16 1024 4 20 bf16-compile 0.1; then
+# shellcheck disable=SC2086
+step fp32 100 50 pretrain_model "$P" fp32 "$ITERS" $D && train_line fp32
+if step torch-bf16-compile 150 90 with_memory "$WORK/logs/torch-bf16-compile.mem" "$PY" benchmarks/torch_gpu_gpt.py $T bf16-compile "$DROPOUT"; then
   say "| PyTorch bf16 + SDPA + torch.compile | $(tail -2 "$WORK/logs/torch-bf16-compile.log" | head -1) |"
 fi
 say ""

@@ -1,4 +1,4 @@
-"""PyTorch reference for benchmarks/gpu_train.sh: the same GPT as ferrotron (Megatron layout:
+"""PyTorch reference for benchmarks/gpu_profile.sh: the same GPT as ferrotron (Megatron layout:
 pre-LN, learned positions, exact GELU, tied output layer over the padded 50304 vocabulary,
 dropout), AdamW, on a CUDA GPU.
 

@@ -101,10 +101,13 @@ impl TikToken {
                 entries.len()
             )));
         }
-        let mut tokens: Vec<Vec<u8>> = special_tokens(num_special)
-            .into_iter()
-            .map(String::into_bytes)
+        let specials = special_tokens(num_special);
+        let special_ids = specials
+            .iter()
+            .enumerate()
+            .map(|(id, t)| (t.clone(), id as u32))
             .collect();
+        let mut tokens: Vec<Vec<u8>> = specials.into_iter().map(String::into_bytes).collect();
         let mut ranks = HashMap::with_capacity(wanted);
         for (i, entry) in entries.into_iter().take(wanted).enumerate() {
             let bytes = base64::engine::general_purpose::STANDARD
@@ -125,11 +128,6 @@ impl TikToken {
             }
             tokens.push(bytes);
         }
-        let special_ids = tokens[..num_special]
-            .iter()
-            .enumerate()
-            .map(|(id, t)| (String::from_utf8_lossy(t).into_owned(), id as u32))
-            .collect();
         Ok(Self {
             ranks,
             tokens,
@@ -187,26 +185,37 @@ impl TikToken {
     }
 
     /// One piece: its id if it is in the vocabulary, else the merges of its bytes, lowest
-    /// rank first and the leftmost pair on a tie.
+    /// rank first and the leftmost pair on a tie. Each pair's rank is looked up once and
+    /// only the two pairs beside a merge are looked up again (tiktoken's scheme), so a long
+    /// piece costs one pass per merge rather than one lookup per pair per merge.
     fn byte_pair_encode(&self, piece: &[u8], out: &mut Vec<u32>) {
         if let Some(&id) = self.ranks.get(piece) {
             out.push(id);
             return;
         }
-        // Part k is piece[bounds[k]..bounds[k + 1]].
+        // Part k is piece[bounds[k]..bounds[k + 1]]; pair_ranks[k] is the rank of parts k
+        // and k + 1 together (None: not in the vocabulary).
         let mut bounds: Vec<usize> = (0..=piece.len()).collect();
-        loop {
-            let best = (0..bounds.len().saturating_sub(2))
-                .filter_map(|k| {
-                    let rank = self.ranks.get(&piece[bounds[k]..bounds[k + 2]])?;
-                    Some((*rank, k))
-                })
-                .min();
-            match best {
-                Some((_, k)) => {
-                    bounds.remove(k + 1);
-                }
-                None => break,
+        let pair_rank = |bounds: &[usize], k: usize| -> Option<u32> {
+            let end = *bounds.get(k + 2)?;
+            self.ranks.get(&piece[bounds[k]..end]).copied()
+        };
+        let mut pair_ranks: Vec<Option<u32>> = (0..bounds.len().saturating_sub(2))
+            .map(|k| pair_rank(&bounds, k))
+            .collect();
+        while let Some((_, k)) = pair_ranks
+            .iter()
+            .enumerate()
+            .filter_map(|(k, rank)| Some(((*rank)?, k)))
+            .min()
+        {
+            bounds.remove(k + 1);
+            pair_ranks.remove(k);
+            if k < pair_ranks.len() {
+                pair_ranks[k] = pair_rank(&bounds, k);
+            }
+            if k > 0 {
+                pair_ranks[k - 1] = pair_rank(&bounds, k - 1);
             }
         }
         out.extend(bounds.windows(2).map(|w| self.ranks[&piece[w[0]..w[1]]]));
