@@ -8,18 +8,19 @@
 # BIN_DIR holds CUDA builds (see docs/gpu.md, "Building on one machine, running on another"):
 #   pretrain            cargo build --release --features cuda --bin pretrain
 #   pretrain-baseline   another CUDA build to compare with, e.g. the commit before a change
-#                       (optional; its flash step runs beside)
+#                       (optional; its bf16 step and host floor run right after the new build's)
 #   matmul_shapes       cargo build --release --features cuda --example matmul_shapes
 #                       (target/release/examples/matmul_shapes; optional)
 # each possibly xz-compressed (NAME.xz), or together in BIN_DIR/bins.tar.xz. PYTHON: a Python with CUDA PyTorch (default python3).
 # REPORT_DIR receives report.md (the numbers) and logs.tar.xz (every run's log).
 #
 # Steps: probe (nvidia-smi, driver, profilers); the model in bf16 with dropout, composed
-# attention then --use-flash-attn; PyTorch eager bf16 + SDPA beside it;
-# CubeCL's per-kernel profile of the flash run summed by class (two lengths, subtracted); the
-# host floor (24 layers at hidden 64, seq 64: launch overhead); the GPT's matmul shapes,
-# CubeCL default vs autotune vs cuBLAS; the baseline build's step; flash without dropout;
-# fp32; torch.compile.
+# attention (then the baseline build's), --use-flash-attn; PyTorch eager bf16 + SDPA beside;
+# CubeCL's per-kernel profile of the composed bf16 step summed by class (iterations 3-5 of a
+# 5-iteration run, an iteration ending at its Adam launches; set PROFILE_FLAGS=--use-flash-attn
+# for the fused attention); the host floor (24 layers at hidden
+# 64, seq 64: launch overhead) of both builds; the GPT's matmul shapes, CubeCL default vs
+# autotune vs cuBLAS; flash without dropout; fp32; torch.compile.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN_DIR=$1 REPORT=$2 PY=${3:-python3}
@@ -134,37 +135,49 @@ B="--bf16 $D"
 T="$LAYERS $HIDDEN $HEADS $SEQ $MBS 20"
 # shellcheck disable=SC2086
 step bf16 150 60 pretrain_model "$P" bf16 "$ITERS" $B && train_line bf16
+BASE="$WORK/bin/pretrain-baseline"
+if [ -x "$BASE" ]; then
+  # shellcheck disable=SC2086
+  step bf16-baseline 150 60 pretrain_model "$BASE" bf16-baseline "$ITERS" $B && train_line bf16-baseline
+fi
 # shellcheck disable=SC2086
 step bf16-flash 120 50 pretrain_model "$P" bf16-flash "$ITERS" --use-flash-attn $B && train_line bf16-flash
 if step torch-bf16-sdpa 90 40 with_memory "$WORK/logs/torch-bf16-sdpa.mem" "$PY" benchmarks/torch_gpu_gpt.py $T bf16-sdpa "$DROPOUT"; then
   say "| PyTorch eager bf16 + SDPA | $(tail -2 "$WORK/logs/torch-bf16-sdpa.log" | head -1) |"
   grep -o 'tokens/s: [0-9.]*' "$WORK/logs/torch-bf16-sdpa.log" | awk '{print $2}' > "$WORK/tps_torch"
 fi
-for run in bf16 bf16-flash; do
+for run in bf16 bf16-baseline bf16-flash; do
   [ -s "$WORK/tps_$run" ] && [ -s "$WORK/tps_torch" ] && say "ferrotron $run / PyTorch eager bf16+SDPA: $(awk -v a="$(cat "$WORK/tps_$run")" -v b="$(cat "$WORK/tps_torch")" 'BEGIN{printf "%.3fx", a/b}')"
 done
+[ -s "$WORK/tps_bf16" ] && [ -s "$WORK/tps_bf16-baseline" ] && say "ferrotron bf16 / baseline build bf16: $(awk -v a="$(cat "$WORK/tps_bf16")" -v b="$(cat "$WORK/tps_bf16-baseline")" 'BEGIN{printf "%.3fx", a/b}')"
 say ""
 
-say "## Per-kernel GPU time (CubeCL profile, bf16 flash run with dropout; iterations 3-5 = 5-iteration log minus 2-iteration log)"
+PROFILE_FLAGS=${PROFILE_FLAGS:-}
+# One 5-iteration run, read by iteration: the launches after iteration 2's Adam step up to the
+# last one (an autotuning build logs its tuning and CubeCL's device probes in amounts that vary
+# from run to run, so subtracting a shorter run's log does not cancel them).
+say "## Per-kernel GPU time (CubeCL profile, bf16 with dropout, ${PROFILE_FLAGS:-composed attention}; iterations 3-5 of a 5-iteration run)"
 say '```'
 # shellcheck disable=SC2086
-if CUBECL_DEBUG_OPTION=profile CUBECL_DEBUG_LOG="$WORK/logs/prof2.txt" step profile-2 90 40 pretrain_model "$P" profile-2 2 --use-flash-attn $B &&
-   CUBECL_DEBUG_OPTION=profile CUBECL_DEBUG_LOG="$WORK/logs/prof5.txt" step profile-5 90 40 pretrain_model "$P" profile-5 5 --use-flash-attn $B; then
-  "$PY" benchmarks/kernel_profile_summary.py "$WORK/logs/prof5.txt" 5 "$WORK/logs/prof2.txt" 2 2>&1 | tee -a "$R"
+if CUBECL_DEBUG_OPTION=profile CUBECL_DEBUG_LOG="$WORK/logs/prof5.txt" step profile-5 90 40 pretrain_model "$P" profile-5 5 $PROFILE_FLAGS $B; then
+  "$PY" benchmarks/kernel_profile_summary.py "$WORK/logs/prof5.txt" --after AdamStep 2 2>&1 | tee -a "$R"
 fi
 say '```'
 say ""
 
 say "## Host floor: 24 layers, hidden 64, 4 heads, seq 64, micro-batch 4 (the step is launch overhead)"
 floor() {
-  "$P" --device "$DEVICE" --num-layers 24 --hidden-size 64 --num-attention-heads 4 --seq-length 64 \
+  local bin=$1; shift
+  "$bin" --device "$DEVICE" --num-layers 24 --hidden-size 64 --num-attention-heads 4 --seq-length 64 \
     --max-position-embeddings 64 --micro-batch-size 4 --global-batch-size 4 --train-iters 20 --bf16 \
     --lr 1e-4 --split 100,0,0 --log-interval 5 --eval-iters 0 --eval-interval 0 \
     --data-path "$DATA" --data-cache-path "$WORK/cache" --use-flash-attn "$@"
 }
 export -f floor
-step floor 60 20 floor --hidden-dropout 0.1 --attention-dropout 0.1 &&
+step floor 60 20 floor "$P" --hidden-dropout 0.1 --attention-dropout 0.1 &&
   say "ms/iteration (last 5): $(grep -o 'elapsed time per iteration (ms): [0-9.]*' "$WORK/logs/floor.log" | tail -1 | awk '{print $NF}')"
+[ -x "$BASE" ] && step floor-baseline 60 20 floor "$BASE" --hidden-dropout 0.1 --attention-dropout 0.1 &&
+  say "baseline build, ms/iteration (last 5): $(grep -o 'elapsed time per iteration (ms): [0-9.]*' "$WORK/logs/floor-baseline.log" | tail -1 | awk '{print $NF}')"
 say ""
 
 say "## Matmuls of the GPT's shapes (bf16; T = $(( MBS * SEQ )) tokens): CubeCL default, CubeCL autotune, cuBLAS"
@@ -180,11 +193,6 @@ say "## More training runs"
 say ""
 say "| run | tokens/s | ms/iteration | MFU | peak GPU memory GiB |"
 say "|---|---|---|---|---|"
-if [ -x "$WORK/bin/pretrain-baseline" ]; then
-  # shellcheck disable=SC2086
-  step bf16-flash-baseline 150 60 pretrain_model "$WORK/bin/pretrain-baseline" bf16-flash-baseline "$ITERS" --use-flash-attn $B &&
-    train_line bf16-flash-baseline
-fi
 step bf16-flash-no-dropout 100 50 pretrain_model "$P" bf16-flash-no-dropout "$ITERS" --use-flash-attn --bf16 --hidden-dropout 0 --attention-dropout 0 &&
   train_line bf16-flash-no-dropout
 # shellcheck disable=SC2086

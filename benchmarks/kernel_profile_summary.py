@@ -2,10 +2,15 @@
 class: each launch's line is `| <duration> | <kernel name>`.
 
 usage: python kernel_profile_summary.py LONG_LOG LONG_ITERS [SHORT_LOG SHORT_ITERS]
+       python kernel_profile_summary.py LOG --after MARKER SKIP
 With two logs of the same run at two lengths, the difference is the steady-state iterations
-alone (start-up, initialisation and the first iteration cancel). In an autotuning build the
-tuning launches are logged too: warm the autotune cache with an earlier run of the same shapes. Prints launches and GPU
-milliseconds per class per iteration, and the ten costliest and ten most launched kernels.
+alone (start-up, initialisation and the first iteration cancel). An autotuning build logs its
+tuning launches and CubeCL's device probes too, in amounts that differ from run to run, so
+the difference can be negative: then use one log and `--after`, which counts the launches
+between the end of the SKIP-th and the end of the last iteration, an iteration ending at a run
+of launches whose name matches the regular expression MARKER (the optimizer's last kernel,
+e.g. `AdamStep`). Prints launches and GPU milliseconds per class per iteration, and the ten
+costliest and ten most launched kernels.
 """
 import os
 import re
@@ -35,29 +40,56 @@ def classify(name):
     return "element-wise/other"
 
 
-def read(path, sign, by_class, by_name):
+def launches(path):
+    """(milliseconds, kernel name) of every launch in the log, in order."""
     with open(path, errors="replace") as f:
         for line in f:
             m = LINE.match(line.strip())
-            if not m:
-                continue
-            ms = float(m.group(1)) * UNITS[m.group(2)]
-            name = m.group(3)
-            short = name.split("<")[0].split("(")[0][:90]
-            for table, key in ((by_class, classify(name)), (by_name, short)):
-                table[key][0] += sign
-                table[key][1] += sign * ms
+            if m:
+                yield float(m.group(1)) * UNITS[m.group(2)], m.group(3)
+
+
+def add(ms, name, sign, by_class, by_name):
+    short = name.split("<")[0].split("(")[0][:90]
+    for table, key in ((by_class, classify(name)), (by_name, short)):
+        table[key][0] += sign
+        table[key][1] += sign * ms
+
+
+def read(path, sign, by_class, by_name):
+    for ms, name in launches(path):
+        add(ms, name, sign, by_class, by_name)
+
+
+def read_after(path, marker, skip, by_class, by_name):
+    """The launches after the SKIP-th iteration's end up to the last one's; returns the
+    number of iterations counted."""
+    runs = list(launches(path))
+    pattern = re.compile(marker)
+    ends = [i for i, (_, name) in enumerate(runs) if pattern.search(name)
+            and (i + 1 == len(runs) or not pattern.search(runs[i + 1][1]))]
+    if len(ends) <= skip:
+        sys.exit(f"{path}: {len(ends)} iteration ends matching {marker!r}, need more than {skip}")
+    for ms, name in runs[ends[skip - 1] + 1 if skip else 0:ends[-1] + 1]:
+        add(ms, name, 1, by_class, by_name)
+    return len(ends) - skip
 
 
 def main():
-    missing = [p for p in sys.argv[1::2] if not os.path.exists(p)]
+    after = len(sys.argv) > 2 and sys.argv[2] == "--after"
+    missing = [p for p in (sys.argv[1:2] if after else sys.argv[1::2]) if not os.path.exists(p)]
     if missing:
         sys.exit(f"no profile log at {', '.join(missing)} (was the run on a CubeCL device?)")
     by_class = defaultdict(lambda: [0, 0.0])
     by_name = defaultdict(lambda: [0, 0.0])
-    path, iterations = sys.argv[1], int(sys.argv[2])
-    read(path, 1, by_class, by_name)
-    if len(sys.argv) > 4:
+    path = sys.argv[1]
+    if after:
+        iterations = read_after(path, sys.argv[3], int(sys.argv[4]), by_class, by_name)
+        path = f"{path} after iteration {sys.argv[4]}"
+    else:
+        iterations = int(sys.argv[2])
+        read(path, 1, by_class, by_name)
+    if not after and len(sys.argv) > 4:
         read(sys.argv[3], -1, by_class, by_name)
         iterations -= int(sys.argv[4])
         path = f"{path} minus {sys.argv[3]}"

@@ -565,3 +565,123 @@ fn fp16_training_on_the_device_follows_the_cpu() {
         }
     }
 }
+
+/// The flat-buffer Adam on the GPU device against the composed per-parameter Adam on the CPU
+/// (burn's tensor ops): three steps of a small GPT from the same gradients, with clipping
+/// active, weight decay and a decoupled learning rate, give the same weights, gradient norms
+/// and moments; an optimizer resumed from the exported moments takes the same third step; the
+/// f16 working copy is the main weights cast.
+#[test]
+fn flat_adam_follows_the_composed_adam() {
+    use burn::tensor::FloatDType;
+    use ferrotron::comm::Group;
+    use ferrotron::model::named_parameters::named_parameters;
+    use ferrotron::optim::{
+        AdamWConfig, FlatAdamW, GradNorm, GradientAccumulator, LearningRates, Optimizer,
+        OptimizerSetup, ReplicatedAdamW,
+    };
+    let cpu = Device::flex().autodiff();
+    let gpu = device();
+    let config = GptConfig::new(2, 32, 4, 16, 256);
+    let setup = |model: &ferrotron::model::Gpt| {
+        let params = named_parameters(model);
+        OptimizerSetup {
+            adam: AdamWConfig {
+                beta1: 0.9,
+                beta2: 0.95,
+                eps: 1e-8,
+                weight_decay: 0.1,
+            },
+            clip_grad: 0.5,
+            names: params.iter().map(|p| (p.id, p.name.clone())).collect(),
+            not_counted: Default::default(),
+            decoupled_lr: [params[0].id].into_iter().collect(),
+        }
+    };
+    // The same gradients for both, parameter by parameter in declaration order.
+    let grads = |model: &ferrotron::model::Gpt, step: u64, device: &Device| {
+        let mut acc = GradientAccumulator::default();
+        let device = device.clone().inner();
+        for (k, p) in named_parameters(model).iter().enumerate() {
+            let g = random([p.values.len()], 100 * step + k as u64, 0.05, &device);
+            acc.insert(p.id, g);
+        }
+        acc
+    };
+    let norm = |n: GradNorm| match n {
+        GradNorm::Read(x) => x,
+        GradNorm::OnDevice(t) => f64::from(t.into_scalar::<f32>()),
+    };
+    let weights = |m: &ferrotron::model::Gpt| {
+        named_parameters(m)
+            .into_iter()
+            .map(|p| (p.name, p.values))
+            .collect::<Vec<_>>()
+    };
+    let lr = LearningRates {
+        base: 1e-3,
+        decoupled: 3e-3,
+    };
+    let mut cpu_model = config.init(3, &cpu).unwrap();
+    let mut gpu_model = config.init(3, &gpu).unwrap();
+    assert_eq!(
+        weights(&cpu_model),
+        weights(&gpu_model),
+        "the two inits differ"
+    );
+    let cpu_inner = cpu.clone().inner();
+    let mut composed = ReplicatedAdamW::new(setup(&cpu_model), Group::single(), None, &cpu_inner);
+    // The norm in chunks of 4,096 elements: several chunks, as a large model's.
+    let mut flat = FlatAdamW::new(setup(&gpu_model), None).with_norm_chunk(4096);
+    for step in 1..=3u64 {
+        let resumed = (step == 3).then(|| {
+            // What a checkpoint keeps; this must step before `flat` steps its buffers in place.
+            let saved = Optimizer::<ferrotron::model::Gpt>::moments(&flat).unwrap();
+            let mut resumed = FlatAdamW::new(setup(&gpu_model), Some((2, saved)));
+            let mut acc = grads(&gpu_model, step, &gpu);
+            weights(&resumed.step(gpu_model.clone(), &mut acc, lr).unwrap().0)
+        });
+        let mut acc = grads(&gpu_model, step, &gpu);
+        let (model, n_flat) = flat.step(gpu_model, &mut acc, lr).unwrap();
+        gpu_model = model;
+        let mut acc = grads(&cpu_model, step, &cpu);
+        let (model, n_composed) = composed.step(cpu_model, &mut acc, lr).unwrap();
+        cpu_model = model;
+        let (a, b) = (norm(n_flat), norm(n_composed));
+        assert!(
+            b > 0.5 && (a - b).abs() <= 1e-5 * b,
+            "step {step}: norm {a} vs {b}"
+        );
+        if let Some(resumed) = resumed {
+            assert_eq!(resumed, weights(&gpu_model), "the resumed step");
+        }
+    }
+    for ((name, got), (_, want)) in weights(&gpu_model).iter().zip(weights(&cpu_model)) {
+        let want: Vec<f64> = want.iter().map(|&x| x as f64).collect();
+        assert_close_f64(&format!("weight {name}"), got, &want, 1e-6);
+    }
+    let moments = |o: &dyn Optimizer<ferrotron::model::Gpt>| o.moments().unwrap();
+    for (a, b) in moments(&flat).iter().zip(moments(&composed)) {
+        assert_eq!(a.name, b.name);
+        let (bm, bv): (Vec<f64>, Vec<f64>) = (
+            b.m.iter().map(|&x| x as f64).collect(),
+            b.v.iter().map(|&x| x as f64).collect(),
+        );
+        assert_close_f64(&format!("m of {}", a.name), &a.m, &bm, 1e-7);
+        assert_close_f64(&format!("v of {}", a.name), &a.v, &bv, 1e-9);
+    }
+    let half = Optimizer::working_copy(&flat, &gpu_model, FloatDType::F16).unwrap();
+    let cast = ferrotron::optim::cast_parameters(gpu_model.clone(), FloatDType::F16);
+    assert_eq!(weights(&half), weights(&cast), "the f16 working copy");
+}
+
+fn assert_close_f64(what: &str, got: &[f32], want: &[f64], abs: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let err = (g as f64 - w).abs();
+        assert!(
+            err <= abs + 1e-5 * w.abs(),
+            "{what}: element {i}: {g} vs {w}"
+        );
+    }
+}

@@ -54,3 +54,53 @@ pub fn adam_step<F: Float>(
         output[2 * n + i] = v_new;
     }
 }
+
+/// One Adam step, in place, of the elements `start .. start + len` of flat buffers holding
+/// many parameters (llm.c's layout): `param`, `m` and `v` are overwritten, and the gradient
+/// is first multiplied by `clip[0]`, the global-norm clipping coefficient, read on the device
+/// so that the step needs no host read. Moments start as zeros, and `β₁ · 0 + x` is `x`
+/// exactly, so the first step needs no flag. The arithmetic is [`adam_step`]'s.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn adam_step_in_place<F: Float>(
+    param: &mut [F],
+    grad: &[F],
+    m: &mut [F],
+    v: &mut [F],
+    clip: &[F],
+    beta1: f32,
+    one_minus_beta1: f32,
+    beta2: f32,
+    one_minus_beta2: f32,
+    correction1: f32,
+    correction2: f32,
+    eps: f32,
+    keep: f32,
+    lr: f32,
+    start: u32,
+    len: u32,
+) {
+    let i = cube_index() * UNITS_PER_CUBE as usize + UNIT_POS_X as usize;
+    if i < len as usize {
+        let j = start as usize + i;
+        let g = grad[j] * clip[0];
+        let m_new = m[j] * F::cast_from(beta1) + g * F::cast_from(one_minus_beta1);
+        let v_new = v[j] * F::cast_from(beta2) + (g * g) * F::cast_from(one_minus_beta2);
+        let m_hat = m_new / F::cast_from(correction1);
+        let v_hat = v_new / F::cast_from(correction2);
+        let update = m_hat / (F::sqrt(v_hat) + F::cast_from(eps));
+        param[j] = param[j] * F::cast_from(keep) - update * F::cast_from(lr);
+        m[j] = m_new;
+        v[j] = v_new;
+    }
+}
+
+/// `destination[offset + i] = source[i]` for `i < len`: one parameter's gradient into its
+/// place in a flat buffer.
+#[cube(launch)]
+pub fn copy_at_offset<F: Float>(source: &[F], destination: &mut [F], offset: u32, len: u32) {
+    let i = cube_index() * UNITS_PER_CUBE as usize + UNIT_POS_X as usize;
+    if i < len as usize {
+        destination[offset as usize + i] = source[i];
+    }
+}

@@ -790,3 +790,77 @@ pub fn adam_step<F: Float + CubeElement>(
         moments.is_none(),
     );
 }
+
+/// One in-place Adam step of the elements `start .. start + len` of flat buffers of `total`
+/// elements (`param`, `m`, `v` overwritten), the gradient multiplied by the one-element
+/// `clip` first.
+#[allow(clippy::too_many_arguments)]
+pub fn adam_step_in_place<F: Float + CubeElement>(
+    client: &Client,
+    param: &Handle,
+    grad: &Handle,
+    (m, v): (&Handle, &Handle),
+    clip: &Handle,
+    total: usize,
+    (start, len): (usize, usize),
+    scalars: AdamScalars,
+) {
+    if len == 0 {
+        return;
+    }
+    assert!(
+        start + len <= total && total <= u32::MAX as usize,
+        "a flat Adam step of elements {start}..{} in a buffer of {total}",
+        start + len
+    );
+    let s = scalars;
+    adam::adam_step_in_place::launch::<F>(
+        client,
+        cube_count(len.div_ceil(adam::UNITS_PER_CUBE as usize)),
+        CubeDim::new_1d(adam::UNITS_PER_CUBE),
+        arg(param, total),
+        arg(grad, total),
+        arg(m, total),
+        arg(v, total),
+        arg(clip, 1),
+        s.beta1,
+        s.one_minus_beta1,
+        s.beta2,
+        s.one_minus_beta2,
+        s.correction1,
+        s.correction2,
+        s.eps,
+        s.keep,
+        s.lr,
+        start as u32,
+        len as u32,
+    );
+}
+
+/// Copies `len` elements of `source` into `destination` (of `total`) from `offset` on.
+pub fn copy_at_offset<F: Float + CubeElement>(
+    client: &Client,
+    source: &Handle,
+    destination: &Handle,
+    total: usize,
+    offset: usize,
+    len: usize,
+) {
+    if len == 0 {
+        return;
+    }
+    assert!(
+        offset + len <= total && total <= u32::MAX as usize,
+        "a copy to elements {offset}..{} of a buffer of {total}",
+        offset + len
+    );
+    adam::copy_at_offset::launch::<F>(
+        client,
+        cube_count(len.div_ceil(adam::UNITS_PER_CUBE as usize)),
+        CubeDim::new_1d(adam::UNITS_PER_CUBE),
+        arg(source, len),
+        arg(destination, total),
+        offset as u32,
+        len as u32,
+    );
+}

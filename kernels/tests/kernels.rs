@@ -1559,3 +1559,75 @@ fn adam_step_matches_float64() {
         );
     }
 }
+
+/// The in-place flat Adam step against float64: only the elements of its range change, the
+/// gradient is clipped by the device coefficient first, and zero moments give the first
+/// step's values; a gradient copied to an offset lands there and nowhere else.
+#[test]
+fn flat_adam_step_in_place_matches_float64_on_its_range_only() {
+    let client = client();
+    let mut rng = Rng(6);
+    let (total, start, len) = (3_000, 512, 2_049);
+    let (p, g) = (rng.vec(total, -1.0, 1.0), rng.vec(total, -0.1, 0.1));
+    let (beta1, beta2, eps, lr, decay, clip) = (0.9f64, 0.95f64, 1e-8f64, 1e-3f64, 0.1, 0.5f32);
+    for (t, zero_moments) in [(1, true), (4, false)] {
+        let (m, v) = if zero_moments {
+            (vec![0.0; total], vec![0.0; total])
+        } else {
+            (rng.vec(total, -0.05, 0.05), rng.vec(total, 0.0, 0.01))
+        };
+        let scalars = AdamScalars {
+            beta1: beta1 as f32,
+            one_minus_beta1: (1.0 - beta1) as f32,
+            beta2: beta2 as f32,
+            one_minus_beta2: (1.0 - beta2) as f32,
+            correction1: (1.0 - beta1.powi(t)) as f32,
+            correction2: (1.0 - beta2.powi(t)) as f32,
+            eps: eps as f32,
+            keep: (1.0 - lr * decay) as f32,
+            lr: lr as f32,
+        };
+        let [ph, gh, mh, vh] = [&p, &g, &m, &v].map(|x| upload(&client, x));
+        let ch = upload(&client, &[clip]);
+        let range = (start, len);
+        adam_step_in_place::<f32>(&client, &ph, &gh, (&mh, &vh), &ch, total, range, scalars);
+        let mut want = [p.clone(), m.clone(), v.clone()]
+            .map(|x| x.iter().map(|&x| x as f64).collect::<Vec<f64>>());
+        for i in start..start + len {
+            let gi = (g[i] * clip) as f64;
+            let m_new = beta1 * m[i] as f64 + (1.0 - beta1) * gi;
+            let v_new = beta2 * v[i] as f64 + (1.0 - beta2) * gi * gi;
+            let update =
+                (m_new / (1.0 - beta1.powi(t))) / ((v_new / (1.0 - beta2.powi(t))).sqrt() + eps);
+            want[0][i] = p[i] as f64 * (1.0 - lr * decay) - lr * update;
+            want[1][i] = m_new;
+            want[2][i] = v_new;
+        }
+        for (name, handle, want, abs) in [
+            ("parameter", ph, &want[0], 1e-7),
+            ("m", mh, &want[1], 1e-9),
+            ("v", vh, &want[2], 1e-12),
+        ] {
+            let got = download(&client, handle, total);
+            assert_close(
+                &format!("flat adam step {t}: {name}"),
+                &got,
+                want,
+                abs,
+                1e-5,
+            );
+        }
+    }
+    let flat = upload(&client, &vec![7.0; total]);
+    let source = upload(&client, &g[..len]);
+    copy_at_offset::<f32>(&client, &source, &flat, total, start, len);
+    let got = download(&client, flat, total);
+    for (i, &x) in got.iter().enumerate() {
+        let want = if (start..start + len).contains(&i) {
+            g[i - start]
+        } else {
+            7.0
+        };
+        assert_eq!(x, want, "copy at offset: element {i}");
+    }
+}

@@ -124,7 +124,13 @@ impl<M: Module> MixedPrecisionOptimizer<M> {
         self.working = None;
         let main = self.main.take().expect("outside a step");
         let (main, norm) = self.inner.step(main, grads, lr)?;
-        self.working = Some(self.precision.working_copy(&main));
+        self.working = Some(match self.precision {
+            Precision::Fp32 => self.precision.working_copy(&main),
+            half => self
+                .inner
+                .working_copy(&main, half.dtype())
+                .unwrap_or_else(|| half.working_copy(&main)),
+        });
         self.main = Some(main);
         Ok(StepResult::Updated(norm))
     }

@@ -8,6 +8,8 @@ pub mod adamw;
 pub mod background_reduce;
 pub mod distributed;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod flat_adam;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod fused_adam;
 pub mod grad_buffer;
 pub mod grad_scaler;
@@ -19,6 +21,8 @@ pub mod param_scheduler;
 pub use adamw::{AdamW, AdamWConfig, NamedMoments};
 pub use background_reduce::BackgroundAllReduce;
 pub use distributed::DistributedAdamW;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub use flat_adam::FlatAdamW;
 pub use grad_buffer::{GradNorm, GradientAccumulator};
 pub use grad_scaler::{DynamicGradScaler, GradScaler, GradScalerState};
 pub use mixed_precision::{cast_parameters, Precision};

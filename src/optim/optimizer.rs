@@ -9,7 +9,7 @@
 use std::collections::{HashMap, HashSet};
 
 use burn::module::{Module, ParamId};
-use burn::tensor::Device;
+use burn::tensor::{Device, FloatDType};
 
 use super::{
     AdamW, AdamWConfig, DistributedAdamW, GradNorm, GradientAccumulator, LearningRates,
@@ -31,6 +31,13 @@ pub trait Optimizer<M: Module> {
         grads: &mut GradientAccumulator,
         lr: LearningRates,
     ) -> Result<(M, GradNorm), CommError>;
+
+    /// The half-precision model the next micro-batches run, if this optimizer makes it
+    /// better than a per-parameter cast of `main` (one cast of a flat buffer); `None` leaves
+    /// it to [`super::Precision::working_copy`].
+    fn working_copy(&self, _main: &M, _dtype: FloatDType) -> Option<M> {
+        None
+    }
 
     /// Steps taken.
     fn steps(&self) -> u64;

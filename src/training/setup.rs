@@ -198,6 +198,14 @@ fn build_optimizer(
     let saved = saved.map(|s| (s.steps, s.moments));
     let inner = device.clone().inner();
     if !cfg.use_distributed_optimizer {
+        // One replica on one CubeCL device: flat buffers (flat_adam's docs say why).
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        if parallel.model.size() == 1
+            && setup.not_counted.is_empty()
+            && crate::util::device::is_cube(device)
+        {
+            return Box::new(crate::optim::FlatAdamW::new(setup, saved));
+        }
         return Box::new(ReplicatedAdamW::new(
             setup,
             parallel.model.clone(),

@@ -1,0 +1,431 @@
+//! Adam over flat buffers on CubeCL devices (llm.c's layout; Megatron's `param_and_grad_buffer`
+//! does the same for its distributed optimizer): the fp32 main weights and both moments each
+//! live in one buffer, every parameter of the model is a view into the first, and a step
+//! gathers the gradients into one more.
+//!
+//! Why: on a GPU a small model's step is bound by the host's cost per launch (24 layers at
+//! hidden 64 took 72.5 ms per iteration on an H200, 36.9 ms with this;
+//! `benchmarks/results/2026-11-26-h200-flat-adam.md`), and per parameter the previous step
+//! launched about seven kernels (norm square and sum, clip multiply, Adam, the half-precision
+//! cast): 2,000 of a 345M GPT's 4,300 launches. Here a step is one copy per parameter (its
+//! gradient into the flat buffer), a handful of launches for the global norm and the clipping
+//! coefficient (read on the device, so nothing waits for the host), one in-place Adam launch per
+//! parameter group (learning rate × weight decay: at most four) and one cast for the
+//! half-precision working copy. The gradient buffer lives only through the step (kept, it
+//! would add its size to the backward pass's activation peak), the norm's scratch is one chunk
+//! of squares at a time, and the per-parameter gradients are freed once copied.
+//!
+//! The arithmetic is the per-parameter step's; only the norm's summation order differs (one
+//! sum over the buffer instead of a sum of per-parameter sums). Unlike the per-parameter step,
+//! a parameter without a gradient in a step is stepped with a zero gradient, as Megatron's
+//! buffers do (its moments decay, its weight decays).
+
+use std::collections::{HashMap, HashSet};
+
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::tensor::{DType, Device, FloatDType, Tensor, TensorData};
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::CubeBackend;
+use ferrotron_kernels::launch::{self as kernels, AdamScalars};
+
+use super::optimizer::{Optimizer, OptimizerSetup};
+use super::{AdamWConfig, GradNorm, GradientAccumulator, LearningRates, NamedMoments};
+use crate::comm::CommError;
+
+/// Where one parameter lives in the flat buffers.
+struct Segment {
+    id: ParamId,
+    offset: usize,
+    len: usize,
+}
+
+/// A run of parameters that share learning rate and weight decay: one Adam launch.
+struct Group {
+    start: usize,
+    len: usize,
+    decay: bool,
+    decoupled: bool,
+}
+
+/// The flat buffers and where each parameter is in them.
+struct FlatBuffers {
+    segments: Vec<Segment>,
+    by_id: HashMap<ParamId, usize>,
+    groups: Vec<Group>,
+    total: usize,
+    params: CubeTensor,
+    m: CubeTensor,
+    v: CubeTensor,
+    /// A one-element 1.0: the clipping coefficient when there is no clipping.
+    one: CubeTensor,
+}
+
+/// Adam with decoupled weight decay over flat buffers (see the module's docs), replicated on
+/// every data-parallel rank, for a model replica on one device.
+pub struct FlatAdamW {
+    config: AdamWConfig,
+    clip_grad: f64,
+    names: Vec<(ParamId, String)>,
+    decoupled: HashSet<ParamId>,
+    steps: u64,
+    /// Moments to resume from, uploaded when the buffers are built (at the first step).
+    saved: Vec<NamedMoments>,
+    buffers: Option<FlatBuffers>,
+    /// Elements squared at a time for the norm.
+    norm_chunk: usize,
+}
+
+/// `t` as a contiguous f32 CubeCL tensor; flat Adam runs only where that holds.
+fn cube_f32(t: Tensor<1>, what: &str) -> CubeTensor {
+    assert_eq!(t.dtype(), DType::F32, "flat Adam: {what} is not fp32");
+    let cube = t
+        .try_into_primitive::<CubeBackend>()
+        .unwrap_or_else(|_| panic!("flat Adam: {what} is not on a CubeCL device"));
+    into_contiguous(cube)
+}
+
+fn tensor(cube: &CubeTensor) -> Tensor<1> {
+    Tensor::<1>::from_primitive::<CubeBackend>(cube.clone())
+}
+
+/// The parameters of a module in declaration order: id, whether weight decay applies (two or
+/// more dimensions, as Megatron: not biases or norms) and the flattened fp32 value.
+fn collect_parameters<M: Module>(module: &M) -> Vec<(ParamId, bool, Tensor<1>)> {
+    struct Collect(Vec<(ParamId, bool, Tensor<1>)>);
+    impl ModuleVisitor for Collect {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            let value = param.val();
+            let value = if value.is_autodiff() {
+                value.inner()
+            } else {
+                value
+            };
+            let n = value.shape().num_elements();
+            self.0.push((param.id, D >= 2, value.reshape([n])));
+        }
+    }
+    let mut collect = Collect(Vec::new());
+    module.visit(&mut collect);
+    collect.0
+}
+
+impl FlatBuffers {
+    /// The buffers for `module`'s parameters, grouped by (decoupled learning rate, weight
+    /// decay), each parameter starting at an offset views of it can take without a copy (burn
+    /// slices a buffer in place only at the device's memory alignment, for every dtype the
+    /// working copy may have).
+    fn build<M: Module>(
+        module: &M,
+        decoupled: &HashSet<ParamId>,
+        saved: &[NamedMoments],
+        names: &[(ParamId, String)],
+    ) -> Option<Self> {
+        let mut params = collect_parameters(module);
+        let first = params.first()?.2.clone();
+        let device = first.device();
+        let alignment = cube_f32(first, "a parameter")
+            .client
+            .properties()
+            .memory
+            .alignment;
+        // Half precision is the narrowest dtype a view is taken in.
+        let pad = (alignment as usize / 2).max(1);
+        params.sort_by_key(|(id, decay, _)| (!decoupled.contains(id), !decay));
+        let mut segments = Vec::with_capacity(params.len());
+        let mut groups: Vec<Group> = Vec::new();
+        let mut total = 0;
+        for (id, decay, value) in &params {
+            let (len, is_decoupled) = (value.dims()[0], decoupled.contains(id));
+            match groups.last_mut() {
+                Some(g) if g.decay == *decay && g.decoupled == is_decoupled => {
+                    g.len = total + len - g.start;
+                }
+                _ => groups.push(Group {
+                    start: total,
+                    len,
+                    decay: *decay,
+                    decoupled: is_decoupled,
+                }),
+            }
+            segments.push(Segment {
+                id: *id,
+                offset: total,
+                len,
+            });
+            total += len.div_ceil(pad) * pad;
+        }
+        let zeros = || cube_f32(Tensor::<1>::zeros([total], &device), "a flat buffer");
+        let buffers = Self {
+            by_id: segments
+                .iter()
+                .enumerate()
+                .map(|(k, s)| (s.id, k))
+                .collect(),
+            params: zeros(),
+            m: Self::upload_moments(&segments, total, saved, names, &device, |s| &s.m),
+            v: Self::upload_moments(&segments, total, saved, names, &device, |s| &s.v),
+            one: cube_f32(Tensor::<1>::ones([1], &device), "the unit coefficient"),
+            segments,
+            groups,
+            total,
+        };
+        for ((_, _, value), segment) in params.into_iter().zip(&buffers.segments) {
+            buffers.copy_in(value, segment, &buffers.params);
+        }
+        Some(buffers)
+    }
+
+    /// One moment buffer: zeros, or the saved moments by parameter name.
+    fn upload_moments(
+        segments: &[Segment],
+        total: usize,
+        saved: &[NamedMoments],
+        names: &[(ParamId, String)],
+        device: &Device,
+        moment: impl Fn(&NamedMoments) -> &Vec<f32>,
+    ) -> CubeTensor {
+        let mut host = vec![0.0f32; total];
+        let by_name: HashMap<&str, &NamedMoments> =
+            saved.iter().map(|s| (s.name.as_str(), s)).collect();
+        let name_of: HashMap<ParamId, &str> =
+            names.iter().map(|(id, n)| (*id, n.as_str())).collect();
+        for s in segments {
+            let found = name_of.get(&s.id).and_then(|n| by_name.get(n));
+            if let Some(values) = found.map(|saved| moment(saved)) {
+                if values.len() == s.len {
+                    host[s.offset..s.offset + s.len].copy_from_slice(values);
+                }
+            }
+        }
+        cube_f32(
+            Tensor::<1>::from_data(TensorData::new(host, [total]), device),
+            "a moment buffer",
+        )
+    }
+
+    /// Copies `value` (one parameter's elements) to its segment of `into`.
+    fn copy_in(&self, value: Tensor<1>, segment: &Segment, into: &CubeTensor) {
+        let value = cube_f32(value, "a parameter or gradient");
+        kernels::copy_at_offset::<f32>(
+            &value.client,
+            &value.handle,
+            &into.handle,
+            self.total,
+            segment.offset,
+            segment.len,
+        );
+    }
+
+    /// The step's gradients in one buffer (zeros for a parameter without one, and in the
+    /// padding). Allocated per step, not kept: a persistent buffer would add its size to the
+    /// activations' peak in the backward pass.
+    fn gather(&self, grads: &GradientAccumulator) -> CubeTensor {
+        let device = tensor(&self.params).device();
+        let flat = cube_f32(
+            Tensor::<1>::zeros([self.total], &device),
+            "the gradient buffer",
+        );
+        for segment in &self.segments {
+            let g = grads
+                .get(&segment.id)
+                .cloned()
+                .unwrap_or_else(|| Tensor::<1>::zeros([segment.len], &device));
+            self.copy_in(g, segment, &flat);
+        }
+        flat
+    }
+
+    /// The global L2 norm of the gradient buffer, a one-element tensor on the device. Summed
+    /// in chunks so that the squares' scratch is one chunk, not a second gradient buffer.
+    fn grad_norm(&self, grads: &CubeTensor, chunk: usize) -> Tensor<1> {
+        let grads = tensor(grads);
+        let mut total: Option<Tensor<1>> = None;
+        for start in (0..self.total).step_by(chunk) {
+            let len = chunk.min(self.total - start);
+            let squares = grads.clone().narrow(0, start, len).square().sum();
+            total = Some(match total {
+                Some(t) => t + squares,
+                None => squares,
+            });
+        }
+        total.expect("a model with parameters").sqrt()
+    }
+
+    /// `module` with every parameter a view of `source` (the main weights, or their cast),
+    /// keeping ids and, on an autodiff device, being a leaf that requires a gradient.
+    fn views<M: Module>(&self, module: M, source: &Tensor<1>) -> M {
+        struct Views<'a> {
+            buffers: &'a FlatBuffers,
+            source: &'a Tensor<1>,
+        }
+        impl ModuleMapper for Views<'_> {
+            fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+                let (id, value, mapper) = param.consume();
+                let Some(&k) = self.buffers.by_id.get(&id) else {
+                    return Param::from_mapped_value(id, value, mapper);
+                };
+                let s = &self.buffers.segments[k];
+                let view = self
+                    .source
+                    .clone()
+                    .narrow(0, s.offset, s.len)
+                    .reshape(value.dims());
+                let view = if value.is_autodiff() {
+                    view.autodiff().require_grad()
+                } else {
+                    view
+                };
+                Param::from_mapped_value(id, view, mapper)
+            }
+        }
+        module.map(&mut Views {
+            buffers: self,
+            source,
+        })
+    }
+}
+
+impl FlatAdamW {
+    /// A fresh optimizer, or one resuming `saved` (`(steps, moments)`); the buffers are built
+    /// from the module at the first step.
+    pub fn new(setup: OptimizerSetup, saved: Option<(u64, Vec<NamedMoments>)>) -> Self {
+        let (steps, saved) = saved.unwrap_or_default();
+        Self {
+            config: setup.adam,
+            clip_grad: setup.clip_grad,
+            names: setup.names,
+            decoupled: setup.decoupled_lr,
+            steps,
+            saved,
+            buffers: None,
+            norm_chunk: 1 << 25,
+        }
+    }
+
+    /// Squares `elements` of the gradient buffer at a time for the norm (default 2²⁵: 128 MiB
+    /// of scratch); a multiple of the device's alignment keeps the chunks views.
+    pub fn with_norm_chunk(mut self, elements: usize) -> Self {
+        self.norm_chunk = elements.max(1);
+        self
+    }
+
+    /// The scalars of this step's Adam launch for one group.
+    fn scalars(&self, group: &Group, lr: LearningRates) -> AdamScalars {
+        let c = &self.config;
+        let t = self.steps as i32;
+        let lr = if group.decoupled {
+            lr.decoupled
+        } else {
+            lr.base
+        };
+        let decay = if group.decay { c.weight_decay } else { 0.0 };
+        AdamScalars {
+            beta1: c.beta1 as f32,
+            one_minus_beta1: (1.0 - c.beta1) as f32,
+            beta2: c.beta2 as f32,
+            one_minus_beta2: (1.0 - c.beta2) as f32,
+            correction1: (1.0 - c.beta1.powi(t)) as f32,
+            correction2: (1.0 - c.beta2.powi(t)) as f32,
+            eps: c.eps as f32,
+            keep: (1.0 - lr * decay) as f32,
+            lr: lr as f32,
+        }
+    }
+}
+
+impl<M: Module> Optimizer<M> for FlatAdamW {
+    fn reduces_data_parallel_grads(&self) -> bool {
+        false
+    }
+
+    fn step(
+        &mut self,
+        module: M,
+        grads: &mut GradientAccumulator,
+        lr: LearningRates,
+    ) -> Result<(M, GradNorm), CommError> {
+        if self.buffers.is_none() {
+            self.buffers = FlatBuffers::build(&module, &self.decoupled, &self.saved, &self.names);
+            self.saved = Vec::new();
+        }
+        self.steps += 1;
+        let Some(b) = self.buffers.as_ref() else {
+            return Ok((module, GradNorm::Read(0.0)));
+        };
+        let flat_grads = b.gather(grads);
+        // The per-parameter gradients are in the flat buffer now: free them before the
+        // norm's scratch is allocated (the caller drops the accumulator after the step).
+        drop(grads.drain());
+        let norm = b.grad_norm(&flat_grads, self.norm_chunk);
+        // min(1, max_norm / (norm + 1e-6)), Megatron's `clip_grad_norm_fp32`; below the
+        // limit it is exactly 1.
+        let clip = if self.clip_grad > 0.0 {
+            let coefficient = norm
+                .clone()
+                .add_scalar(1e-6)
+                .recip()
+                .mul_scalar(self.clip_grad)
+                .clamp_max(1.0);
+            cube_f32(coefficient, "the clipping coefficient")
+        } else {
+            b.one.clone()
+        };
+        for group in &b.groups {
+            kernels::adam_step_in_place::<f32>(
+                &b.params.client,
+                &b.params.handle,
+                &flat_grads.handle,
+                (&b.m.handle, &b.v.handle),
+                &clip.handle,
+                b.total,
+                (group.start, group.len),
+                self.scalars(group, lr),
+            );
+        }
+        let module = b.views(module, &tensor(&b.params));
+        Ok((module, GradNorm::OnDevice(Box::new(norm))))
+    }
+
+    fn working_copy(&self, main: &M, dtype: FloatDType) -> Option<M> {
+        let b = self.buffers.as_ref()?;
+        Some(b.views(main.clone(), &tensor(&b.params).cast(dtype)))
+    }
+
+    fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    fn weight_decay(&self) -> f64 {
+        self.config.weight_decay
+    }
+
+    fn set_weight_decay(&mut self, weight_decay: f64) {
+        self.config.weight_decay = weight_decay;
+    }
+
+    fn moments(&self) -> Result<Vec<NamedMoments>, CommError> {
+        let Some(b) = self.buffers.as_ref() else {
+            return Ok(self.saved.clone());
+        };
+        let (m, v) = (tensor(&b.m), tensor(&b.v));
+        let read = |t: &Tensor<1>, s: &Segment| {
+            t.clone()
+                .narrow(0, s.offset, s.len)
+                .try_into_vec_as::<f32>()
+                .expect("an fp32 buffer")
+        };
+        Ok(self
+            .names
+            .iter()
+            .filter_map(|(id, name)| {
+                let s = &b.segments[*b.by_id.get(id)?];
+                Some(NamedMoments {
+                    name: name.clone(),
+                    m: read(&m, s),
+                    v: read(&v, s),
+                })
+            })
+            .collect())
+    }
+}
