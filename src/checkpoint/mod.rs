@@ -12,6 +12,7 @@
 //! leaves the previous checkpoint usable.
 
 mod load;
+pub mod megatron_torch;
 mod save;
 pub mod tensor_file;
 

@@ -11,6 +11,7 @@ use burn::tensor::{DType, Device};
 use super::config::{BatchPlan, PretrainConfig};
 use super::finalize_grads::ParamRoles;
 use super::forward_backward::activation_expect;
+use crate::checkpoint::megatron_torch::{is_megatron_torch, load_megatron_torch};
 use crate::checkpoint::{load_checkpoint, OptimizerState, TrainState};
 use crate::data::{self, DatasetBuildConfig, SampleDataset};
 use crate::logging::memory_estimate::{self, MemoryPlan};
@@ -116,6 +117,23 @@ fn load_or_init(
     say: &dyn Fn(String),
 ) -> Result<(Gpt, TrainState, Option<OptimizerState>)> {
     let tensor = &parallel.tensor;
+    if let Some(dir) = cfg.load.as_ref().filter(|d| is_megatron_torch(d)) {
+        let (model, iteration) = load_megatron_torch(dir, &cfg.model, device, tensor, stage)?;
+        say(format!(
+            " > loaded Megatron-LM checkpoint (--ckpt-format torch) from {} at iteration {iteration}: model weights only, Adam's state starts fresh (as Megatron's --no-load-optim)",
+            dir.display()
+        ));
+        // Megatron keeps the consumed samples in its pickled arguments; with a constant
+        // global batch they are the iterations' samples.
+        let samples = iteration * cfg.global_batch_size as u64;
+        let state = TrainState {
+            iteration,
+            scheduler_steps: samples,
+            consumed_train_samples: samples,
+            ..TrainState::default()
+        };
+        return Ok((model, state, None));
+    }
     if let Some(dir) = &cfg.load {
         if let Some((model, checkpoint, optimizer)) =
             load_checkpoint(dir, Some(&cfg.model), device, tensor, Some(stage))?
