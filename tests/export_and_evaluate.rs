@@ -261,6 +261,26 @@ fn megatron_torch_checkpoints_give_megatrons_losses() {
             "{name}: per-token losses differ by up to {worst}"
         );
     }
+    // Flags that do not describe the checkpoint's model are refused, naming the tensor.
+    use ferrotron::checkpoint::megatron_torch::load_megatron_torch;
+    use ferrotron::comm::Group;
+    use ferrotron::model::StageLayers;
+    let whole = StageLayers::whole(2);
+    let tied_llama = GptConfig {
+        untie_embeddings_and_output_weights: false,
+        ..llama.clone()
+    };
+    for (name, config, expected) in [
+        ("gpt2_tp1", &llama, "output_layer.weight"),
+        ("llama_tp1", &gpt2, "position_embeddings"),
+        ("llama_tp1", &tied_llama, "output_layer.weight"),
+    ] {
+        let err = load_megatron_torch(&dir.join(name), config, &device, &Group::single(), &whole)
+            .err()
+            .unwrap_or_else(|| panic!("{name} loaded with the wrong flags"));
+        let err = format!("{err:#}");
+        assert!(err.contains(expected) && err.contains(name), "{err}");
+    }
 }
 
 /// `pretrain --load` on a Megatron-LM torch-format checkpoint with the flags Megatron trained

@@ -303,9 +303,38 @@ pub fn load_megatron_torch(
         .map_err(|e| anyhow::anyhow!("{}: {}: {e}", root.display(), p.name))?;
         values.insert(p.name, (part.shape, part.values));
     }
+    if let Some(extra) = checkpoint
+        .values
+        .keys()
+        .filter(|name| on_stage(name, stage) && !values.contains_key(*name))
+        .min()
+    {
+        bail!(
+            "{}: the checkpoint holds {extra}, which the model these flags describe has not \
+             (check the architecture flags against the ones Megatron trained with)",
+            root.display()
+        );
+    }
     let (model, missing) = load_named_parameters(model, &values);
     if let Some(first) = missing.first() {
-        bail!("{}: no weights for {first}", root.display());
+        bail!(
+            "{}: {first} has another shape in the checkpoint than these flags give it",
+            root.display()
+        );
     }
     Ok((model, checkpoint.iteration))
+}
+
+/// Whether the parameter `name` belongs to `stage` of the model.
+fn on_stage(name: &str, stage: &StageLayers) -> bool {
+    match name
+        .strip_prefix("layers.")
+        .and_then(|rest| rest.split_once('.'))
+    {
+        Some((layer, _)) => layer.parse().is_ok_and(|l| stage.holds_layer(l)),
+        None if name.starts_with("word_embeddings") || name.starts_with("position_embeddings") => {
+            stage.embedding
+        }
+        None => stage.head,
+    }
 }
