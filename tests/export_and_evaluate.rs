@@ -319,8 +319,30 @@ fn pretrain_continues_a_megatron_checkpoint() {
     let device = Device::flex();
     let (model, saved) = load_model(&dir.path().join("saved"), &device).unwrap();
     assert_eq!(saved.state.iteration, 5);
-    let megatron = read_megatron_torch(&megatron, &saved.config).unwrap();
+    let values = read_megatron_torch(&megatron, &saved.config)
+        .unwrap()
+        .values;
     for p in named_parameters(&model) {
-        assert_eq!(p.values, megatron.values[&p.name].1, "{}", p.name);
+        assert_eq!(p.values, values[&p.name].1, "{}", p.name);
+    }
+    // --finetune: the same weights, from iteration 0 with a fresh optimizer.
+    let finetune: Vec<&str> = args
+        .iter()
+        .map(|a| match *a {
+            "5" => "2",
+            "saved" => "tuned",
+            a => a,
+        })
+        .chain(["--finetune"])
+        .collect();
+    let out = run_tool(env!("CARGO_BIN_EXE_pretrain"), &finetune, dir.path());
+    let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("--finetune: iteration 0"), "{log}");
+    assert!(log.contains("iteration        1/       2"), "{log}");
+    let (model, saved) = load_model(&dir.path().join("tuned"), &device).unwrap();
+    assert_eq!(saved.state.iteration, 2);
+    for p in named_parameters(&model) {
+        assert_eq!(p.values, values[&p.name].1, "{}", p.name);
     }
 }

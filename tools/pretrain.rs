@@ -156,6 +156,10 @@ struct Args {
     /// Checkpoint directory to resume from.
     #[arg(long)]
     load: Option<PathBuf>,
+    /// Take only the weights from --load: iteration 0, a fresh optimizer and scheduler
+    /// (Megatron's --finetune).
+    #[arg(long)]
+    finetune: bool,
     /// Save and exit after N iterations.
     #[arg(long)]
     exit_interval: Option<u64>,
@@ -368,6 +372,7 @@ fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
         save: args.save.clone(),
         save_interval: args.save_interval,
         load: args.load.clone(),
+        finetune: args.finetune,
         exit_interval: args.exit_interval,
         exit_duration_in_mins: args.exit_duration_in_mins,
         exit_signal_handler: args.exit_signal_handler,

@@ -79,6 +79,8 @@ pub struct PretrainConfig {
     pub save_interval: Option<u64>,
     /// `--load`.
     pub load: Option<PathBuf>,
+    /// `--finetune`: from `--load` take the weights only (iteration 0, a fresh optimizer).
+    pub finetune: bool,
     /// `--exit-interval`.
     pub exit_interval: Option<u64>,
     /// `--exit-duration-in-mins`: save and exit once the run has taken this long.
@@ -165,6 +167,7 @@ impl PretrainConfig {
             save: None,
             save_interval: None,
             load: None,
+            finetune: false,
             exit_interval: None,
             exit_duration_in_mins: None,
             exit_signal_handler: false,

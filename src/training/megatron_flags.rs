@@ -140,7 +140,7 @@ const SCHEDULE_FROM_CHECKPOINT: &str =
     "the learning-rate schedule comes from the command line, never from the checkpoint";
 /// Fine-tuning from a checkpoint with a fresh optimizer and iteration 0.
 const FINETUNE: &str =
-    "fine-tuning (fresh optimizer, iteration 0) is not implemented; --load resumes";
+    "fine-tuning from a separate checkpoint is not implemented; use --load with --finetune";
 /// Arguments read back from the checkpoint.
 const CHECKPOINT_ARGS: &str =
     "reading model or parallelism arguments from the checkpoint is not implemented";
@@ -518,7 +518,6 @@ pub const MEGATRON_FLAGS: &[MegatronFlag] = &[
     refused_unless("--fim-suffix-token", One, FIM, "<fim_suffix>"),
     ignored("--fine-grained-activation-offloading", Nothing),
     ignored("--fine-grained-offloading-max-inflight-offloads", One),
-    refused("--finetune", Nothing, FINETUNE),
     refused("--finetune-data-files", List, HF_FINETUNE),
     refused_unless("--finetune-data-split", One, HF_FINETUNE, "train"),
     refused("--finetune-hf-dataset", One, HF_FINETUNE),

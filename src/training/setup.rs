@@ -108,8 +108,26 @@ pub fn set_up_rank(
     })
 }
 
-/// This rank's stage of the fp32 model, the training state and the saved optimizer state.
+/// This rank's stage of the fp32 model, the training state and the saved optimizer state;
+/// with `--finetune`, the loaded weights alone (iteration 0, no optimizer state).
 fn load_or_init(
+    cfg: &PretrainConfig,
+    parallel: &ParallelState,
+    stage: &StageLayers,
+    device: &Device,
+    say: &dyn Fn(String),
+) -> Result<(Gpt, TrainState, Option<OptimizerState>)> {
+    let (model, state, optimizer) = load_checkpoint_or_init(cfg, parallel, stage, device, say)?;
+    if cfg.finetune && cfg.load.is_some() {
+        say(" > --finetune: iteration 0, optimizer and scheduler start fresh".into());
+        return Ok((model, TrainState::default(), None));
+    }
+    Ok((model, state, optimizer))
+}
+
+/// This rank's stage of the model from `--load` (ferrotron's or Megatron's checkpoint), or
+/// freshly initialized.
+fn load_checkpoint_or_init(
     cfg: &PretrainConfig,
     parallel: &ParallelState,
     stage: &StageLayers,
