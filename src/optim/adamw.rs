@@ -82,17 +82,7 @@ impl ModuleMapper for Update<'_> {
         // One kernel for the whole step on CubeCL devices (fused_adam's docs say why).
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         let fused = {
-            let scalars = ferrotron_kernels::launch::AdamScalars {
-                beta1: c.beta1 as f32,
-                one_minus_beta1: (1.0 - c.beta1) as f32,
-                beta2: c.beta2 as f32,
-                one_minus_beta2: (1.0 - c.beta2) as f32,
-                correction1: (1.0 - c.beta1.powi(t)) as f32,
-                correction2: (1.0 - c.beta2.powi(t)) as f32,
-                eps: c.eps as f32,
-                keep: (1.0 - lr * decay) as f32,
-                lr: lr as f32,
-            };
+            let scalars = super::fused_adam::adam_scalars(c, self.optimizer.steps, lr, decay);
             let moments = previous.as_ref().map(|s| (&s.m, &s.v));
             super::fused_adam::adam_step(&p, &g, moments, scalars)
         };

@@ -23,8 +23,7 @@
 use std::collections::{HashMap, HashSet};
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
-use burn::tensor::{DType, Device, FloatDType, Tensor, TensorData};
-use burn_cubecl::kernel::into_contiguous;
+use burn::tensor::{Device, FloatDType, Tensor, TensorData};
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
 use ferrotron_kernels::launch::{self as kernels, AdamScalars};
@@ -78,11 +77,8 @@ pub struct FlatAdamW {
 
 /// `t` as a contiguous f32 CubeCL tensor; flat Adam runs only where that holds.
 fn cube_f32(t: Tensor<1>, what: &str) -> CubeTensor {
-    assert_eq!(t.dtype(), DType::F32, "flat Adam: {what} is not fp32");
-    let cube = t
-        .try_into_primitive::<CubeBackend>()
-        .unwrap_or_else(|_| panic!("flat Adam: {what} is not on a CubeCL device"));
-    into_contiguous(cube)
+    super::fused_adam::cube_f32(&t)
+        .unwrap_or_else(|| panic!("flat Adam: {what} is not an fp32 tensor on a CubeCL device"))
 }
 
 fn tensor(cube: &CubeTensor) -> Tensor<1> {
@@ -156,6 +152,7 @@ impl FlatBuffers {
             total += len.div_ceil(pad) * pad;
         }
         let zeros = || cube_f32(Tensor::<1>::zeros([total], &device), "a flat buffer");
+        let [m, v] = Self::upload_moments(&segments, total, saved, names, &device);
         let buffers = Self {
             by_id: segments
                 .iter()
@@ -163,8 +160,8 @@ impl FlatBuffers {
                 .map(|(k, s)| (s.id, k))
                 .collect(),
             params: zeros(),
-            m: Self::upload_moments(&segments, total, saved, names, &device, |s| &s.m),
-            v: Self::upload_moments(&segments, total, saved, names, &device, |s| &s.v),
+            m,
+            v,
             one: cube_f32(Tensor::<1>::ones([1], &device), "the unit coefficient"),
             segments,
             groups,
@@ -176,32 +173,35 @@ impl FlatBuffers {
         Some(buffers)
     }
 
-    /// One moment buffer: zeros, or the saved moments by parameter name.
+    /// Both moment buffers: zeros, or the saved moments by parameter name.
     fn upload_moments(
         segments: &[Segment],
         total: usize,
         saved: &[NamedMoments],
         names: &[(ParamId, String)],
         device: &Device,
-        moment: impl Fn(&NamedMoments) -> &Vec<f32>,
-    ) -> CubeTensor {
-        let mut host = vec![0.0f32; total];
+    ) -> [CubeTensor; 2] {
+        let mut host = [vec![0.0f32; total], vec![0.0f32; total]];
         let by_name: HashMap<&str, &NamedMoments> =
             saved.iter().map(|s| (s.name.as_str(), s)).collect();
         let name_of: HashMap<ParamId, &str> =
             names.iter().map(|(id, n)| (*id, n.as_str())).collect();
         for s in segments {
-            let found = name_of.get(&s.id).and_then(|n| by_name.get(n));
-            if let Some(values) = found.map(|saved| moment(saved)) {
+            let Some(found) = name_of.get(&s.id).and_then(|n| by_name.get(n)) else {
+                continue;
+            };
+            for (host, values) in host.iter_mut().zip([&found.m, &found.v]) {
                 if values.len() == s.len {
                     host[s.offset..s.offset + s.len].copy_from_slice(values);
                 }
             }
         }
-        cube_f32(
-            Tensor::<1>::from_data(TensorData::new(host, [total]), device),
-            "a moment buffer",
-        )
+        host.map(|h| {
+            cube_f32(
+                Tensor::<1>::from_data(TensorData::new(h, [total]), device),
+                "a moment buffer",
+            )
+        })
     }
 
     /// Copies `value` (one parameter's elements) to its segment of `into`.
@@ -312,25 +312,17 @@ impl FlatAdamW {
 
     /// The scalars of this step's Adam launch for one group.
     fn scalars(&self, group: &Group, lr: LearningRates) -> AdamScalars {
-        let c = &self.config;
-        let t = self.steps as i32;
         let lr = if group.decoupled {
             lr.decoupled
         } else {
             lr.base
         };
-        let decay = if group.decay { c.weight_decay } else { 0.0 };
-        AdamScalars {
-            beta1: c.beta1 as f32,
-            one_minus_beta1: (1.0 - c.beta1) as f32,
-            beta2: c.beta2 as f32,
-            one_minus_beta2: (1.0 - c.beta2) as f32,
-            correction1: (1.0 - c.beta1.powi(t)) as f32,
-            correction2: (1.0 - c.beta2.powi(t)) as f32,
-            eps: c.eps as f32,
-            keep: (1.0 - lr * decay) as f32,
-            lr: lr as f32,
-        }
+        let decay = if group.decay {
+            self.config.weight_decay
+        } else {
+            0.0
+        };
+        super::fused_adam::adam_scalars(&self.config, self.steps, lr, decay)
     }
 }
 

@@ -9,8 +9,25 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
 use ferrotron_kernels::launch::{self as kernels, AdamScalars};
 
+/// The f32 scalars of step `step` (1-based) with learning rate `lr` and decoupled weight decay
+/// `decay`, rounded once from the optimizer's f64 values.
+pub fn adam_scalars(c: &super::AdamWConfig, step: u64, lr: f64, decay: f64) -> AdamScalars {
+    let t = step as i32;
+    AdamScalars {
+        beta1: c.beta1 as f32,
+        one_minus_beta1: (1.0 - c.beta1) as f32,
+        beta2: c.beta2 as f32,
+        one_minus_beta2: (1.0 - c.beta2) as f32,
+        correction1: (1.0 - c.beta1.powi(t)) as f32,
+        correction2: (1.0 - c.beta2.powi(t)) as f32,
+        eps: c.eps as f32,
+        keep: (1.0 - lr * decay) as f32,
+        lr: lr as f32,
+    }
+}
+
 /// `t` as a contiguous f32 CubeCL tensor, if it is one.
-fn cube_f32(t: &Tensor<1>) -> Option<CubeTensor> {
+pub(super) fn cube_f32(t: &Tensor<1>) -> Option<CubeTensor> {
     if t.dtype() != DType::F32 {
         return None;
     }
