@@ -179,33 +179,14 @@ fn import_hf_round_trips_export_hf_and_pretrain_continues_from_it() {
     );
 }
 
-/// Megatron-LM's own `--ckpt-format torch` checkpoints (`tests/fixtures/megatron_ckpt/`,
-/// written by its `pretrain_gpt.py`) read into ferrotron's model give Megatron-Core's
-/// per-token losses on the fixture's batch: a GPT-2 style model (fp32), a Llama-style one
-/// (bf16 weights; RoPE, RMSNorm, SwiGLU, grouped queries, untied output, no biases), and the
-/// same Llama model saved by Megatron at tensor-parallel size 2 (joined here).
-#[test]
-fn megatron_torch_checkpoints_give_megatrons_losses() {
-    use burn::tensor::{Int, Tensor, TensorData};
-    use ferrotron::checkpoint::megatron_torch::{is_megatron_torch, read_megatron_torch};
-    use ferrotron::model::loss::token_losses;
-    use ferrotron::model::named_parameters::load_named_parameters;
+/// The fixture directory of Megatron-LM checkpoints.
+fn megatron_fixtures() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/megatron_ckpt")
+}
+
+/// The two models of `tests/fixtures/megatron_ckpt/` (its README): GPT-2 style and Llama style.
+fn megatron_fixture_configs() -> (GptConfig, GptConfig) {
     use ferrotron::model::{Normalization, PositionEmbedding};
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/megatron_ckpt");
-    let text = std::fs::read_to_string(dir.join("losses.json")).unwrap();
-    let losses: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let flat = |v: &serde_json::Value| -> Vec<f64> {
-        v.as_array()
-            .unwrap()
-            .iter()
-            .flat_map(|row| row.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()))
-            .collect()
-    };
-    let device = Device::flex();
-    let ids = |key: &str| {
-        let values: Vec<i64> = flat(&losses[key]).into_iter().map(|x| x as i64).collect();
-        Tensor::<2, Int>::from_data(TensorData::new(values, [2, 32]), &device)
-    };
     let gpt2 = GptConfig::new(2, 64, 4, 32, 256)
         .with_hidden_dropout(0.0)
         .with_attention_dropout(0.0);
@@ -221,40 +202,89 @@ fn megatron_torch_checkpoints_give_megatrons_losses() {
         untie_embeddings_and_output_weights: true,
         ..gpt2.clone()
     };
+    (gpt2, llama)
+}
+
+/// The largest per-token difference between the losses of the Megatron checkpoint `root`
+/// read into ferrotron's model of `config` and Megatron-Core's for it, `megatron` (an entry
+/// of a fixture `losses.json`), on the batch `tokens` (2 × 33 ids). Also returns the
+/// checkpoint's iteration and tensor-parallel size.
+fn megatron_loss_difference(
+    root: &std::path::Path,
+    config: &GptConfig,
+    tokens: &serde_json::Value,
+    megatron: &serde_json::Value,
+) -> (f64, u64, usize) {
+    use burn::tensor::{Int, Tensor, TensorData};
+    use ferrotron::checkpoint::megatron_torch::{is_megatron_torch, read_megatron_torch};
+    use ferrotron::model::loss::token_losses;
+    use ferrotron::model::named_parameters::load_named_parameters;
+    let device = Device::flex();
+    let rows: Vec<Vec<i64>> = serde_json::from_value(tokens.clone()).unwrap();
+    let batch = |from: usize| {
+        let values: Vec<i64> = rows
+            .iter()
+            .flat_map(|r| r[from..from + 32].to_vec())
+            .collect();
+        Tensor::<2, Int>::from_data(TensorData::new(values, [2, 32]), &device)
+    };
+    assert!(is_megatron_torch(root), "{}", root.display());
+    let checkpoint = read_megatron_torch(root, config).unwrap();
+    let model = config.init(1, &device).unwrap();
+    assert_eq!(
+        checkpoint.values.len(),
+        named_parameters(&model).len(),
+        "{}: parameters read",
+        root.display()
+    );
+    let (model, missing) = load_named_parameters(model, &checkpoint.values);
+    assert!(
+        missing.is_empty(),
+        "{}: not in the checkpoint: {missing:?}",
+        root.display()
+    );
+    let got: Vec<f32> = token_losses(model.forward(batch(0)), batch(1))
+        .try_into_vec_as::<f32>()
+        .unwrap();
+    let want: Vec<f64> = megatron["padded_vocab"]["per_token"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|row| row.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()))
+        .collect();
+    assert_eq!(got.len(), want.len());
+    let worst = got
+        .iter()
+        .zip(&want)
+        .map(|(&g, &w)| (g as f64 - w).abs())
+        .fold(0.0, f64::max);
+    (worst, checkpoint.iteration, checkpoint.tensor_parallel)
+}
+
+/// Megatron-LM's own `--ckpt-format torch` checkpoints (`tests/fixtures/megatron_ckpt/`,
+/// written by its `pretrain_gpt.py`) read into ferrotron's model give Megatron-Core's
+/// per-token losses on the fixture's batch: a GPT-2 style model (fp32), a Llama-style one
+/// (bf16 weights; RoPE, RMSNorm, SwiGLU, grouped queries, untied output, no biases), and the
+/// same Llama model saved by Megatron at tensor-parallel size 2 (joined here).
+#[test]
+fn megatron_torch_checkpoints_give_megatrons_losses() {
+    let dir = megatron_fixtures();
+    let text = std::fs::read_to_string(dir.join("losses.json")).unwrap();
+    let losses: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let device = Device::flex();
+    let (gpt2, llama) = megatron_fixture_configs();
     for (name, config, tp) in [
         ("gpt2_tp1", &gpt2, 1),
         ("llama_tp1", &llama, 1),
         ("llama_tp2", &llama, 2),
     ] {
-        let root = dir.join(name);
-        assert!(is_megatron_torch(&root), "{name}");
-        let checkpoint = read_megatron_torch(&root, config).unwrap();
-        assert_eq!(
-            (checkpoint.iteration, checkpoint.tensor_parallel),
-            (4, tp),
-            "{name}"
+        let (worst, iteration, tensor_parallel) = megatron_loss_difference(
+            &dir.join(name),
+            config,
+            &losses["tokens"],
+            &losses["checkpoints"][name],
         );
-        let model = config.init(1, &device).unwrap();
-        assert_eq!(
-            checkpoint.values.len(),
-            named_parameters(&model).len(),
-            "{name}: parameters read"
-        );
-        let (model, missing) = load_named_parameters(model, &checkpoint.values);
-        assert!(
-            missing.is_empty(),
-            "{name}: not in the checkpoint: {missing:?}"
-        );
-        let got: Vec<f32> = token_losses(model.forward(ids("inputs")), ids("labels"))
-            .try_into_vec_as::<f32>()
-            .unwrap();
-        let want = flat(&losses["checkpoints"][name]["padded_vocab"]["per_token"]);
-        assert_eq!(got.len(), want.len());
-        let worst = got
-            .iter()
-            .zip(&want)
-            .map(|(&g, &w)| (g as f64 - w).abs())
-            .fold(0.0, f64::max);
+        assert_eq!((iteration, tensor_parallel), (4, tp), "{name}");
         println!("{name}: largest per-token loss difference from Megatron-Core {worst:.2e}");
         assert!(
             worst < 1e-4,
@@ -284,16 +314,16 @@ fn megatron_torch_checkpoints_give_megatrons_losses() {
 }
 
 /// `pretrain --load` on a Megatron-LM torch-format checkpoint with the flags Megatron trained
-/// it with (the fixture generator's, `tests/fixtures/megatron_ckpt.py`): training continues at
-/// iteration 5, and with the learning rate at 0 the checkpoint it saves holds exactly
-/// Megatron's weights, in a tensor-parallel run of 2 from a checkpoint saved at 1.
+/// it with (the fixture generator's, `tests/fixtures/megatron_ckpt.py`, `--ckpt-format torch`
+/// included, so the run saves Megatron's format too): training continues at iteration 5, and
+/// with the learning rate at 0 the checkpoint it saves, at tensor-parallel size 2 from one
+/// saved at 1, holds exactly Megatron's weights.
 #[test]
 fn pretrain_continues_a_megatron_checkpoint() {
-    use ferrotron::checkpoint::load_model;
     use ferrotron::checkpoint::megatron_torch::read_megatron_torch;
     let dir = tempfile::tempdir().unwrap();
-    let megatron = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/megatron_ckpt/gpt2_tp1");
+    let megatron = megatron_fixtures().join("gpt2_tp1");
+    let (gpt2, _) = megatron_fixture_configs();
     let args = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 \
         --max-position-embeddings 32 --micro-batch-size 2 --global-batch-size 2 \
         --train-iters 5 --lr 0 --min-lr 0 --lr-decay-style cosine --lr-warmup-iters 1 \
@@ -316,15 +346,10 @@ fn pretrain_continues_a_megatron_checkpoint() {
         "{log}"
     );
     assert!(log.contains("iteration        5/"), "{log}");
-    let device = Device::flex();
-    let (model, saved) = load_model(&dir.path().join("saved"), &device).unwrap();
-    assert_eq!(saved.state.iteration, 5);
-    let values = read_megatron_torch(&megatron, &saved.config)
-        .unwrap()
-        .values;
-    for p in named_parameters(&model) {
-        assert_eq!(p.values, values[&p.name].1, "{}", p.name);
-    }
+    let values = read_megatron_torch(&megatron, &gpt2).unwrap().values;
+    let saved = read_megatron_torch(&dir.path().join("saved"), &gpt2).unwrap();
+    assert_eq!((saved.iteration, saved.tensor_parallel), (5, 2));
+    assert_eq!(saved.values, values);
     // --finetune: the same weights, from iteration 0 with a fresh optimizer.
     let finetune: Vec<&str> = args
         .iter()
@@ -340,9 +365,177 @@ fn pretrain_continues_a_megatron_checkpoint() {
     assert!(out.status.success(), "{log}");
     assert!(log.contains("--finetune: iteration 0"), "{log}");
     assert!(log.contains("iteration        1/       2"), "{log}");
-    let (model, saved) = load_model(&dir.path().join("tuned"), &device).unwrap();
-    assert_eq!(saved.state.iteration, 2);
-    for p in named_parameters(&model) {
-        assert_eq!(p.values, values[&p.name].1, "{}", p.name);
+    let tuned = read_megatron_torch(&dir.path().join("tuned"), &gpt2).unwrap();
+    assert_eq!(tuned.iteration, 2);
+    assert_eq!(tuned.values, values);
+}
+
+/// Checkpoints ferrotron writes in Megatron's `--ckpt-format torch` load in Megatron-Core:
+/// the three in `tests/fixtures/megatron_ckpt/written_by_ferrotron/` (a GPT-2 converted from
+/// Megatron's TP=1 checkpoint to TP=2 by `convert-checkpoint`, a GPT-2 trained by `pretrain
+/// --ckpt-format torch`, a Llama trained at TP=2) were loaded by Megatron-Core's own
+/// `load_checkpoint` with their keys equal to its model's state dict, and its losses on them
+/// are ferrotron's. `convert-checkpoint` still writes those bytes; its TP=1 → TP=2 of
+/// Megatron's Llama equals Megatron's own resharding (`llama_tp2`) bit for bit; the
+/// Transformer-Engine names are the ones Megatron's layer spec gives.
+#[test]
+fn megatron_loads_the_checkpoints_ferrotron_writes() {
+    use ferrotron::checkpoint::megatron_torch::read_megatron_torch;
+    use ferrotron::checkpoint::megatron_torch_save::{megatron_state_dict, LayerSpec};
+    let fixtures = megatron_fixtures();
+    let written = fixtures.join("written_by_ferrotron");
+    let text = std::fs::read_to_string(written.join("losses.json")).unwrap();
+    let losses: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let (gpt2, llama) = megatron_fixture_configs();
+    for (name, config, iteration, tp, consumed) in [
+        ("gpt2_tp2_converted", &gpt2, 4, 2, 8),
+        ("gpt2_trained", &gpt2, 3, 1, 12),
+        ("llama_tp2_trained", &llama, 3, 2, 12),
+    ] {
+        let megatron = &losses["checkpoints"][name];
+        assert_eq!(megatron["state_dict_keys_checked"], true, "{name}");
+        assert_eq!(megatron["iteration_loaded"], iteration, "{name}");
+        assert_eq!(megatron["consumed_train_samples"], consumed, "{name}");
+        let (worst, it, tensor_parallel) =
+            megatron_loss_difference(&written.join(name), config, &losses["tokens"], megatron);
+        assert_eq!((it, tensor_parallel), (iteration, tp as usize), "{name}");
+        println!("{name}: largest per-token loss difference from Megatron-Core {worst:.2e}");
+        assert!(
+            worst < 1e-4,
+            "{name}: per-token losses differ by up to {worst}"
+        );
     }
+    // convert-checkpoint writes what Megatron checked, byte for byte.
+    let dir = tempfile::tempdir().unwrap();
+    let shape = [
+        "--num-layers",
+        "2",
+        "--hidden-size",
+        "64",
+        "--num-attention-heads",
+        "4",
+    ];
+    let convert = |src: &str, dst: &str, extra: &[&str]| {
+        let src = fixtures.join(src);
+        let mut args = vec!["--load", src.to_str().unwrap(), "--save", dst];
+        args.extend(shape.iter().chain(["--seq-length", "32"].iter()));
+        args.extend(extra);
+        run_tool(env!("CARGO_BIN_EXE_convert-checkpoint"), &args, dir.path())
+    };
+    let tp2_local = [
+        "--target-tensor-parallel-size",
+        "2",
+        "--transformer-impl",
+        "local",
+        "--global-batch-size",
+        "2",
+        "--vocab-size",
+        "200",
+    ];
+    let out = convert("gpt2_tp1", "gpt2_tp2", &tp2_local);
+    assert!(out.status.success(), "{}", stderr(&out));
+    for rank in ["mp_rank_00", "mp_rank_01"] {
+        let file = format!("iter_0000004/{rank}/model_optim_rng.pt");
+        assert!(
+            std::fs::read(dir.path().join("gpt2_tp2").join(&file)).unwrap()
+                == std::fs::read(written.join("gpt2_tp2_converted").join(&file)).unwrap(),
+            "{file} differs from the one Megatron loaded"
+        );
+    }
+    // Megatron's Llama at TP=1 → TP=2 equals Megatron's own TP=2 file tensor for tensor.
+    let llama_flags: Vec<&str> = "--position-embedding-type rope --rotary-base 500000 \
+        --normalization RMSNorm --swiglu --ffn-hidden-size 172 --group-query-attention \
+        --num-query-groups 2 --kv-channels 16 --untie-embeddings-and-output-weights \
+        --disable-bias-linear"
+        .split_whitespace()
+        .chain(tp2_local)
+        .collect();
+    let out = convert("llama_tp1", "llama_tp2", &llama_flags);
+    assert!(out.status.success(), "{}", stderr(&out));
+    for rank in ["mp_rank_00", "mp_rank_01"] {
+        let file = format!("iter_0000004/{rank}/model_optim_rng.pt");
+        let read = |path: std::path::PathBuf| {
+            let reader = pytorch_reader::PytorchReader::with_top_level_key(&path, "model").unwrap();
+            let mut tensors: Vec<(String, Vec<usize>, Vec<f32>)> = reader
+                .tensors()
+                .iter()
+                .map(|(k, t)| {
+                    let bytes = t.read().unwrap();
+                    let values = match t.dtype() {
+                        pytorch_reader::DType::BF16 => bytes
+                            .chunks_exact(2)
+                            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                            .collect(),
+                        _ => bytes
+                            .chunks_exact(4)
+                            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                            .collect(),
+                    };
+                    (k.clone(), t.shape().to_vec(), values)
+                })
+                .collect();
+            tensors.sort_by(|a, b| a.0.cmp(&b.0));
+            tensors
+        };
+        assert_eq!(
+            read(dir.path().join("llama_tp2").join(&file)),
+            read(fixtures.join("llama_tp2").join(&file)),
+            "{file}"
+        );
+    }
+    // The Transformer-Engine spec's names (the default) and the local spec's are the keys
+    // Megatron's layer specs give (the fixture manifest's, read off Megatron's model).
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixtures.join("manifest.json")).unwrap())
+            .unwrap();
+    for (name, config) in [("gpt2_tp1", &gpt2), ("llama_tp1", &llama)] {
+        let file = &manifest["checkpoints"][name]["files"][0];
+        let keys = |v: &serde_json::Value| -> std::collections::BTreeSet<String> {
+            v.as_array()
+                .unwrap()
+                .iter()
+                .map(|k| {
+                    k.as_str()
+                        .unwrap_or_else(|| k["key"].as_str().unwrap())
+                        .to_owned()
+                })
+                .collect()
+        };
+        let values = read_megatron_torch(&fixtures.join(name), config)
+            .unwrap()
+            .values;
+        for (spec, want) in [
+            (
+                LayerSpec::TransformerEngine,
+                keys(&file["te_spec_model_keys"]),
+            ),
+            (LayerSpec::Local, keys(&file["model"])),
+        ] {
+            let got: std::collections::BTreeSet<String> =
+                megatron_state_dict(&values, config, spec)
+                    .unwrap()
+                    .into_iter()
+                    .map(|(k, _)| k)
+                    .collect();
+            assert_eq!(got, want, "{name} {spec:?}");
+        }
+    }
+    // A Megatron source without its model flags, and an unknown format, are refused.
+    let src = fixtures.join("gpt2_tp1");
+    let out = run_tool(
+        env!("CARGO_BIN_EXE_convert-checkpoint"),
+        &["--load", src.to_str().unwrap(), "--save", "x"],
+        dir.path(),
+    );
+    assert!(
+        !out.status.success() && stderr(&out).contains("--num-layers"),
+        "{}",
+        stderr(&out)
+    );
+    let out = convert("gpt2_tp1", "y", &["--ckpt-format", "torch_dist"]);
+    assert!(
+        !out.status.success() && stderr(&out).contains("--ckpt-convert-format"),
+        "{}",
+        stderr(&out)
+    );
 }

@@ -747,9 +747,12 @@ fn megatrons_llama3_8b_script_runs_as_written_on_mock_data() {
     let err = stderr(&out);
     assert!(out.status.success(), "{err}\n{stdout}");
     assert!(
-        err.contains("--use-mcore-models --attention-backend --grad-reduce-in-bf16")
-            && err.contains("--ckpt-format"),
+        err.contains("--use-mcore-models --attention-backend --grad-reduce-in-bf16"),
         "{err}"
+    );
+    assert!(
+        stdout.contains("--ckpt-format torch_dist: ferrotron saves its own format"),
+        "{stdout}"
     );
     assert!(
         stdout.contains("setting training iterations to 3"),

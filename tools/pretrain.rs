@@ -12,6 +12,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::{CommandFactory, Parser};
 
+use ferrotron::checkpoint::megatron_torch_save::{LayerSpec, MegatronSaveOptions};
 use ferrotron::comm::world::World;
 use ferrotron::data::{Blend, DataSources, MockDocuments};
 use ferrotron::model::vocab::{padded_vocab_log_line, padded_vocab_size};
@@ -153,6 +154,14 @@ struct Args {
     /// Save every N iterations.
     #[arg(long)]
     save_interval: Option<u64>,
+    /// torch: --save writes Megatron-LM's `--ckpt-format torch` (`model_optim_rng.pt`, no
+    /// optimizer state); otherwise ferrotron's own format (Megatron's default, torch_dist, is
+    /// not written).
+    #[arg(long)]
+    ckpt_format: Option<String>,
+    /// The Megatron-Core names --ckpt-format torch writes: transformer_engine or local.
+    #[arg(long, default_value = "transformer_engine")]
+    transformer_impl: String,
     /// Checkpoint directory to resume from.
     #[arg(long)]
     load: Option<PathBuf>,
@@ -371,6 +380,7 @@ fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
         eval_iters: args.eval_iters,
         save: args.save.clone(),
         save_interval: args.save_interval,
+        save_megatron: megatron_save_options(args, verbose)?,
         load: args.load.clone(),
         finetune: args.finetune,
         exit_interval: args.exit_interval,
@@ -415,6 +425,30 @@ fn loss_scaling(args: &Args) -> Result<DynamicGradScalerConfig> {
         hysteresis: args.hysteresis,
         ..DynamicGradScalerConfig::default()
     })
+}
+
+/// `--ckpt-format torch`'s options; a note when another format is asked for, since ferrotron
+/// then writes its own.
+fn megatron_save_options(args: &Args, verbose: bool) -> Result<Option<MegatronSaveOptions>> {
+    let spec: LayerSpec = args.transformer_impl.parse().map_err(anyhow::Error::msg)?;
+    match args.ckpt_format.as_deref() {
+        Some("torch") => Ok(Some(MegatronSaveOptions {
+            spec,
+            make_vocab_size_divisible_by: args.make_vocab_size_divisible_by,
+            vocab_size: args.tokenizer.vocab_size,
+            tokenizer_type: Some(args.tokenizer.tokenizer_type.clone()),
+        })),
+        Some(other @ ("torch_dist" | "zarr" | "torch_dcp" | "fsdp_dtensor")) => {
+            if verbose {
+                println!("note: --ckpt-format {other}: ferrotron saves its own format (safetensors shards, loadable at any layout); --ckpt-format torch saves Megatron's");
+            }
+            Ok(None)
+        }
+        Some(other) => bail!(
+            "--ckpt-format {other:?}: expected torch, torch_dist, zarr, torch_dcp or fsdp_dtensor"
+        ),
+        None => Ok(None),
+    }
 }
 
 /// The model's shape from the flags and the tokenizer (its vocabulary padded as Megatron

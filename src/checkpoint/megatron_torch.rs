@@ -50,6 +50,31 @@ pub fn is_megatron_torch(root: &Path) -> bool {
     iteration_dir(root).is_ok_and(|(dir, _)| dir.join("mp_rank_00/model_optim_rng.pt").is_file())
 }
 
+/// The padded vocabulary of the Megatron checkpoint in `root`: its word embedding's rows over
+/// every tensor-parallel rank (read from the files' tensor headers, not their values).
+pub fn megatron_vocab_rows(root: &Path) -> Result<usize> {
+    let (dir, _) = iteration_dir(root)?;
+    let mut rows = 0;
+    let mut rank = 0;
+    while let Some(file) =
+        Some(dir.join(format!("mp_rank_{rank:02}/model_optim_rng.pt"))).filter(|f| f.is_file())
+    {
+        let reader = PytorchReader::with_top_level_key(&file, "model")
+            .with_context(|| format!("{}: not a readable torch.save file", file.display()))?;
+        let embedding = reader
+            .get("embedding.word_embeddings.weight")
+            .with_context(|| format!("{}: no embedding.word_embeddings.weight", file.display()))?;
+        rows += embedding.shape()[0];
+        rank += 1;
+    }
+    ensure!(
+        rank > 0,
+        "{}: no mp_rank_00/model_optim_rng.pt",
+        dir.display()
+    );
+    Ok(rows)
+}
+
 /// The latest iteration's directory and number.
 fn iteration_dir(root: &Path) -> Result<(PathBuf, u64)> {
     let tracker = root.join("latest_checkpointed_iteration.txt");
@@ -146,7 +171,7 @@ fn read_shard(file: &Path) -> Result<HashMap<String, HostTensor>> {
 }
 
 /// How Megatron split a tensor over tensor-parallel ranks.
-enum Split {
+pub(crate) enum Split {
     Rows,
     Columns,
     /// SwiGLU's `linear_fc1`: each shard `[gate_r; up_r]`.
@@ -197,6 +222,12 @@ fn oriented(t: HostTensor, transpose: bool) -> Result<HostTensor> {
     } else {
         Ok(t)
     }
+}
+
+/// How Megatron splits the tensor `key` of a Megatron-Core state dict over tensor-parallel
+/// ranks (the rule reading joins by, and writing cuts by).
+pub(crate) fn megatron_split(key: &str, config: &GptConfig) -> Result<Split> {
+    ferrotron_name(key, config).map(|(_, split, _)| split)
 }
 
 /// ferrotron's parameter name for a Megatron-Core state-dict key, how the key was split over

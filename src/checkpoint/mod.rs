@@ -11,10 +11,13 @@
 //! temporary name and renamed, and the `latest` file is replaced last, so a kill during a save
 //! leaves the previous checkpoint usable.
 
+pub mod convert;
 mod load;
 pub mod megatron_torch;
+pub mod megatron_torch_save;
 mod save;
 pub mod tensor_file;
+pub mod torch_save;
 
 pub use load::{
     load_checkpoint, load_model, read_full_checkpoint, FullCheckpoint, LoadedCheckpoint,

@@ -7,6 +7,7 @@ use anyhow::{bail, Result};
 use burn::tensor::Device;
 
 use super::batch_size_schedule::BatchSizeSchedule;
+use crate::checkpoint::megatron_torch_save::MegatronSaveOptions;
 use crate::data::DataSources;
 use crate::model::{GptConfig, Recompute, StageLayers};
 use crate::optim::grad_scaler::DynamicGradScalerConfig;
@@ -77,6 +78,9 @@ pub struct PretrainConfig {
     pub save: Option<PathBuf>,
     /// `--save-interval`.
     pub save_interval: Option<u64>,
+    /// `--ckpt-format torch`: `--save` writes Megatron-LM's format (weights, iteration and
+    /// consumed samples) instead of ferrotron's.
+    pub save_megatron: Option<MegatronSaveOptions>,
     /// `--load`.
     pub load: Option<PathBuf>,
     /// `--finetune`: from `--load` take the weights only (iteration 0, a fresh optimizer).
@@ -166,6 +170,7 @@ impl PretrainConfig {
             eval_iters: 100,
             save: None,
             save_interval: None,
+            save_megatron: None,
             load: None,
             finetune: false,
             exit_interval: None,
@@ -265,6 +270,9 @@ impl PretrainConfig {
             .validate_parallel(self.tensor_model_parallel_size)
             .map_err(anyhow::Error::msg)?;
         self.validate_pipeline()?;
+        if self.save_megatron.is_some() && self.pipeline_model_parallel_size > 1 {
+            bail!("--ckpt-format torch with --pipeline-model-parallel-size > 1: Megatron's format is written for one pipeline stage only yet; save ferrotron's format (no --ckpt-format torch) and convert it with convert-checkpoint");
+        }
         if self.seq_length == 0 || self.seq_length > self.model.max_position_embeddings {
             bail!(
                 "--seq-length {} must be between 1 and --max-position-embeddings {}",

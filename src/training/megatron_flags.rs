@@ -310,7 +310,6 @@ pub const MEGATRON_FLAGS: &[MegatronFlag] = &[
     refused("--ckpt-convert-save", One, CHECKPOINT_CONVERSION),
     ignored("--ckpt-convert-update-legacy-dist-opt-format", Nothing),
     ignored("--ckpt-drop-redundant-extra-state", Nothing),
-    ignored("--ckpt-format", One),
     ignored("--ckpt-fully-parallel-load", Nothing),
     ignored("--ckpt-fully-parallel-load-exchange-algo", One),
     ignored("--ckpt-fully-parallel-load-per-rank-objects", Nothing),
@@ -1116,7 +1115,6 @@ pub const MEGATRON_FLAGS: &[MegatronFlag] = &[
     ignored("--tp-comm-overlap-cfg", One),
     ignored("--tp-comm-overlap-rs-dgrad", Nothing),
     ignored("--train-sync-interval", One),
-    ignored("--transformer-impl", One),
     ignored("--trust-remote-code", Nothing),
     refused("--use-checkpoint-args", Nothing, CHECKPOINT_ARGS),
     refused(

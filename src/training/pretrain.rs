@@ -11,11 +11,13 @@ use super::evaluate::{evaluate, EvaluationPlace};
 use super::param_stats::params_l2_norm;
 use super::setup::{build_datasets, print_memory_estimate, set_up_rank, Datasets, RankSetup};
 use super::train_step::{overlaps_grad_reduce, train_step, StepReport};
+use crate::checkpoint::megatron_torch_save::{save_megatron_torch_rank, MegatronRun};
 use crate::checkpoint::{save_checkpoint, OptimizerState, ShardPlace};
 use crate::comm::world::World;
 use crate::comm::{run_ranks, Communicator, ReduceOp};
 use crate::data::loader::BatchLoader;
 use crate::logging::metrics::{print_validation, IterationRecord, MetricsOptions, MetricsSink};
+use crate::optim::mixed_precision::Precision;
 use crate::optim::LearningRates;
 use crate::parallel::state::ParallelState;
 
@@ -473,7 +475,27 @@ impl Trainer<'_> {
         };
         let state = &self.setup.state;
         // The ranks of data-parallel replica 0 (every tensor-parallel rank of every stage) write.
-        if parallel.coordinates.dp == 0 {
+        if let (Some(options), 0) = (&self.cfg.save_megatron, parallel.coordinates.dp) {
+            let run = MegatronRun {
+                config: self.cfg.model.clone(),
+                iteration: state.iteration,
+                consumed_train_samples: state.consumed_train_samples,
+                consumed_valid_samples: state.consumed_valid_samples,
+                make_vocab_size_divisible_by: options.make_vocab_size_divisible_by,
+                vocab_size: options.vocab_size,
+                tokenizer_type: options.tokenizer_type.clone(),
+                seq_length: Some(self.cfg.seq_length),
+                bf16: self.cfg.precision == Precision::Bf16,
+                fp16: self.cfg.precision == Precision::Fp16,
+            };
+            save_megatron_torch_rank(
+                dir,
+                optimizer.main_weights(),
+                &run,
+                options.spec,
+                &parallel.model,
+            )?;
+        } else if parallel.coordinates.dp == 0 {
             save_checkpoint(
                 dir,
                 optimizer.main_weights(),

@@ -1,0 +1,249 @@
+//! Offline conversion between ferrotron's checkpoints and Megatron-LM's `--ckpt-format torch`,
+//! resharded to another tensor-parallel size on the way (what Megatron users otherwise do
+//! with Megatron's `tools/checkpoint/convert.py`).
+//!
+//! The source is read whole (every tensor joined from its rank shards) by the readers
+//! `pretrain --load` uses, the vocabulary re-padded for the target size, and the target
+//! written by [`super::save_checkpoint`] or [`super::megatron_torch_save`]. ferrotron's own
+//! checkpoints already load at any layout, so converting to ferrotron's format writes one
+//! tensor-parallel rank.
+
+use std::path::Path;
+
+use anyhow::{bail, ensure, Context, Result};
+
+use super::megatron_torch::{is_megatron_torch, read_megatron_torch, ParameterValues};
+use super::megatron_torch_save::{save_megatron_torch, LayerSpec, MegatronRun};
+use super::{
+    read_full_checkpoint, save_checkpoint, OptimizerState, ShardPlace, TrainState, TRACKER_FILE,
+};
+use crate::comm::Group;
+use crate::model::named_parameters::load_named_parameters;
+use crate::model::{padded_vocab_size, GptConfig};
+use crate::util::host_tensor::HostTensor;
+
+/// The checkpoint format to write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CheckpointFormat {
+    /// ferrotron's safetensors layout.
+    Ferrotron,
+    /// Megatron-LM's `--ckpt-format torch`.
+    MegatronTorch,
+}
+
+/// What to write.
+#[derive(Clone, Debug)]
+pub struct ConvertTarget {
+    /// The format.
+    pub format: CheckpointFormat,
+    /// Tensor-parallel ranks to write (`None`: the source's).
+    pub tensor_parallel: Option<usize>,
+    /// Megatron-Core's names: Transformer Engine's or the local spec's.
+    pub spec: LayerSpec,
+    /// `--make-vocab-size-divisible-by`.
+    pub make_vocab_size_divisible_by: usize,
+    /// The real vocabulary size, when known: the target is padded from it exactly.
+    pub vocab_size: Option<usize>,
+    /// The global batch size the source was trained with: a Megatron source records its
+    /// consumed samples only in the `args` ferrotron does not read, so they are
+    /// `iteration × global batch` (0 without it).
+    pub global_batch_size: Option<u64>,
+}
+
+/// What was converted.
+#[derive(Clone, Debug)]
+pub struct ConvertSummary {
+    /// The source's format.
+    pub source: CheckpointFormat,
+    /// The source's tensor-parallel size.
+    pub source_tensor_parallel: usize,
+    /// The tensor-parallel size written.
+    pub tensor_parallel: usize,
+    /// The iteration.
+    pub iteration: u64,
+    /// The model written (its padded vocabulary is the target's).
+    pub config: GptConfig,
+}
+
+/// A source checkpoint, whole.
+struct Source {
+    format: CheckpointFormat,
+    tensor_parallel: usize,
+    config: GptConfig,
+    state: TrainState,
+    values: ParameterValues,
+}
+
+/// Converts the checkpoint in `src` (ferrotron's, or Megatron's whose model `megatron_config`
+/// describes: its flags) into `dst`.
+pub fn convert_checkpoint(
+    src: &Path,
+    megatron_config: Option<&GptConfig>,
+    dst: &Path,
+    target: &ConvertTarget,
+) -> Result<ConvertSummary> {
+    ensure!(
+        !dst.join(TRACKER_FILE).exists(),
+        "--save {}: already holds a checkpoint; choose an empty directory",
+        dst.display()
+    );
+    let source = read_source(src, megatron_config, target)?;
+    let tensor_parallel = target.tensor_parallel.unwrap_or(source.tensor_parallel);
+    ensure!(
+        tensor_parallel >= 1,
+        "the tensor-parallel size must be at least 1"
+    );
+    let padded = target_padded_vocab(&source, target, tensor_parallel)?;
+    let config = GptConfig {
+        padded_vocab_size: padded,
+        ..source.config.clone()
+    };
+    config
+        .validate_parallel(tensor_parallel)
+        .map_err(anyhow::Error::msg)?;
+    let values = with_vocab_rows(source.values, padded)?;
+    match target.format {
+        CheckpointFormat::MegatronTorch => {
+            let run = MegatronRun {
+                config: config.clone(),
+                iteration: source.state.iteration,
+                consumed_train_samples: source.state.consumed_train_samples,
+                consumed_valid_samples: source.state.consumed_valid_samples,
+                make_vocab_size_divisible_by: target.make_vocab_size_divisible_by,
+                vocab_size: target.vocab_size,
+                tokenizer_type: None,
+                seq_length: None,
+                bf16: false,
+                fp16: false,
+            };
+            save_megatron_torch(dst, &values, &run, tensor_parallel, target.spec)?;
+        }
+        CheckpointFormat::Ferrotron => {
+            ensure!(
+                tensor_parallel == 1,
+                "ferrotron's checkpoints load at any tensor-parallel size: convert to \
+                 --ckpt-format ferrotron without --target-tensor-parallel-size"
+            );
+            let model = config
+                .init(0, &burn::tensor::Device::flex())
+                .map_err(anyhow::Error::msg)?;
+            let (model, missing) = load_named_parameters(model, &values);
+            if let Some(first) = missing.first() {
+                bail!("{}: no tensor for {first}", src.display());
+            }
+            save_checkpoint(
+                dst,
+                &model,
+                &config,
+                &OptimizerState::default(),
+                &source.state,
+                &Group::single(),
+                ShardPlace::tensor(0, 1),
+            )?;
+        }
+    }
+    Ok(ConvertSummary {
+        source: source.format,
+        source_tensor_parallel: source.tensor_parallel,
+        tensor_parallel,
+        iteration: source.state.iteration,
+        config,
+    })
+}
+
+/// Reads `src` whole, in ferrotron's names and orientation.
+fn read_source(
+    src: &Path,
+    megatron_config: Option<&GptConfig>,
+    target: &ConvertTarget,
+) -> Result<Source> {
+    if is_megatron_torch(src) {
+        let config = megatron_config.with_context(|| {
+            format!(
+                "{} is a Megatron checkpoint: give the model flags it was trained with \
+                 (--num-layers, --hidden-size, --num-attention-heads, ...)",
+                src.display()
+            )
+        })?;
+        let checkpoint = read_megatron_torch(src, config)?;
+        let iteration = checkpoint.iteration;
+        return Ok(Source {
+            format: CheckpointFormat::MegatronTorch,
+            tensor_parallel: checkpoint.tensor_parallel,
+            config: config.clone(),
+            state: TrainState {
+                iteration,
+                scheduler_steps: 0,
+                consumed_train_samples: iteration * target.global_batch_size.unwrap_or(0),
+                ..TrainState::default()
+            },
+            values: checkpoint.values,
+        });
+    }
+    ensure!(
+        target.format != CheckpointFormat::Ferrotron,
+        "{} is already a ferrotron checkpoint (which loads at any layout)",
+        src.display()
+    );
+    let full = read_full_checkpoint(src)?.with_context(|| {
+        format!(
+            "no checkpoint in {} (neither {TRACKER_FILE} naming a ferrotron iteration nor a \
+             Megatron mp_rank_00/model_optim_rng.pt)",
+            src.display()
+        )
+    })?;
+    let values = full
+        .tensors
+        .into_iter()
+        .filter_map(|(key, t)| {
+            key.strip_prefix("model.")
+                .map(|name| (name.to_owned(), (t.shape, t.values)))
+        })
+        .collect();
+    Ok(Source {
+        format: CheckpointFormat::Ferrotron,
+        tensor_parallel: full.info.tensor_model_parallel_size,
+        config: full.info.config,
+        state: full.info.state,
+        values,
+    })
+}
+
+/// The target's padded vocabulary: Megatron's padding of the real vocabulary when it is
+/// known; otherwise the source's rows, rounded up to the target's multiple when they are not
+/// one already (the rows past the real vocabulary are padding either way).
+fn target_padded_vocab(
+    source: &Source,
+    target: &ConvertTarget,
+    tensor_parallel: usize,
+) -> Result<usize> {
+    let rows = source.config.padded_vocab_size;
+    if let Some(vocab) = target.vocab_size {
+        ensure!(
+            vocab <= rows,
+            "--vocab-size {vocab} is larger than the checkpoint's vocabulary ({rows} rows)"
+        );
+        return Ok(padded_vocab_size(
+            vocab,
+            target.make_vocab_size_divisible_by,
+            tensor_parallel,
+        ));
+    }
+    Ok(padded_vocab_size(
+        rows,
+        target.make_vocab_size_divisible_by,
+        tensor_parallel,
+    ))
+}
+
+/// `values` with the word embedding's rows and the output layer's columns cut or
+/// zero-padded to `padded`.
+fn with_vocab_rows(mut values: ParameterValues, padded: usize) -> Result<ParameterValues> {
+    for (name, dim) in [("word_embeddings.weight", 0), ("output_layer.weight", 1)] {
+        if let Some((shape, v)) = values.remove(name) {
+            let t = HostTensor::new(shape, v).resized(dim, padded);
+            values.insert(name.to_owned(), (t.shape, t.values));
+        }
+    }
+    Ok(values)
+}

@@ -1,0 +1,533 @@
+//! ferrotron parameters written as a Megatron-LM `--ckpt-format torch` checkpoint, so a model
+//! trained (or converted) here continues in Megatron: `iter_NNNNNNN/mp_rank_TT/
+//! model_optim_rng.pt` per tensor-parallel rank and `latest_checkpointed_iteration.txt`.
+//!
+//! Each file holds what Megatron's `load_checkpoint` reads: `args` (an `argparse.Namespace`
+//! with the model's shape, the parallel sizes its `check_checkpoint_args` compares, and the
+//! consumed samples it resumes from), `checkpoint_version` 3.0, `iteration` and `model`, the
+//! Megatron-Core state dict, every key a strict `load_state_dict` expects (the `_extra_state`
+//! entries of the linear layers included, as `None`). Names, orientation and the
+//! tensor-parallel split are the inverse of [`super::megatron_torch`]'s reading, whose
+//! [`Split`] rules cut a whole tensor into ranks here. There is no optimizer or RNG state
+//! (Megatron loads such a checkpoint with `--no-load-optim --no-load-rng`, or `--finetune`).
+//! Weights are written in float32, ferrotron's main weights.
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, ensure, Context, Result};
+
+use super::megatron_torch::{megatron_split, ParameterValues, Split};
+use super::torch_save::{write_torch_file, PyValue};
+use crate::comm::Group;
+use crate::model::named_parameters::named_parameters;
+use crate::model::{Gpt, GptConfig, Normalization, PositionEmbedding};
+use crate::util::host_tensor::HostTensor;
+
+/// Which Megatron-Core layer spec's names the state dict uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerSpec {
+    /// `--transformer-impl transformer_engine` (Megatron's default): each norm is fused into
+    /// the linear after it (`linear_qkv.layer_norm_weight`).
+    TransformerEngine,
+    /// `--transformer-impl local`: `input_layernorm`, `pre_mlp_layernorm`.
+    Local,
+}
+
+impl std::str::FromStr for LayerSpec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "transformer_engine" => Ok(Self::TransformerEngine),
+            "local" => Ok(Self::Local),
+            other => Err(format!(
+                "--transformer-impl {other:?}: expected transformer_engine or local"
+            )),
+        }
+    }
+}
+
+/// What a Megatron checkpoint records about the run besides the weights.
+#[derive(Clone, Debug)]
+pub struct MegatronRun {
+    /// The model's shape.
+    pub config: GptConfig,
+    /// Iterations completed.
+    pub iteration: u64,
+    /// Samples consumed (Megatron resumes its data and schedule from these).
+    pub consumed_train_samples: u64,
+    /// Validation samples consumed.
+    pub consumed_valid_samples: u64,
+    /// `--make-vocab-size-divisible-by`.
+    pub make_vocab_size_divisible_by: usize,
+    /// The real vocabulary size, where known (NullTokenizer's `--vocab-size` + 1, ...).
+    pub vocab_size: Option<usize>,
+    /// `--tokenizer-type`, where known.
+    pub tokenizer_type: Option<String>,
+    /// `--seq-length`, where known.
+    pub seq_length: Option<usize>,
+    /// `--bf16`, `--fp16`.
+    pub bf16: bool,
+    /// `--fp16`.
+    pub fp16: bool,
+}
+
+/// How `pretrain --ckpt-format torch` writes Megatron's format: the names, and what the run
+/// knows of its vocabulary that the model does not.
+#[derive(Clone, Debug)]
+pub struct MegatronSaveOptions {
+    /// `--transformer-impl`.
+    pub spec: LayerSpec,
+    /// `--make-vocab-size-divisible-by`.
+    pub make_vocab_size_divisible_by: usize,
+    /// The tokenizer's vocabulary size.
+    pub vocab_size: Option<usize>,
+    /// `--tokenizer-type`.
+    pub tokenizer_type: Option<String>,
+}
+
+/// Saves this tensor-parallel rank's shard `model` of a training run as its
+/// `mp_rank_TT/model_optim_rng.pt` under `root`. Every rank of `group` (one model replica's
+/// tensor-parallel ranks) calls it; its rank 0 creates the staging directory and publishes
+/// it once every shard is written.
+pub fn save_megatron_torch_rank(
+    root: &Path,
+    model: &Gpt,
+    run: &MegatronRun,
+    spec: LayerSpec,
+    group: &Group,
+) -> Result<PathBuf> {
+    let values: ParameterValues = named_parameters(model)
+        .into_iter()
+        .map(|p| (p.name, (p.shape, p.values)))
+        .collect();
+    let entries = megatron_state_dict(&values, &run.config, spec)?;
+    let leader = group.rank() == 0;
+    if leader {
+        begin_iteration(root, run.iteration)?;
+    }
+    group.barrier()?;
+    let staging = staging_dir(root, run.iteration);
+    write_rank_file(&staging, group.rank(), &entries, run, group.size())?;
+    group.barrier()?;
+    if leader {
+        publish_iteration(root, &staging, run.iteration)?;
+    }
+    group.barrier()?;
+    Ok(root
+        .join(format!("iter_{:07}", run.iteration))
+        .join(format!("mp_rank_{:02}", group.rank())))
+}
+
+/// Saves whole (unsharded) parameter `values` as a Megatron checkpoint at tensor-parallel
+/// size `tensor_parallel` under `root`, the vocabulary padded as Megatron pads it for that
+/// size. Written into a staging directory renamed into place, the tracker last.
+pub fn save_megatron_torch(
+    root: &Path,
+    values: &ParameterValues,
+    run: &MegatronRun,
+    tensor_parallel: usize,
+    spec: LayerSpec,
+) -> Result<()> {
+    let whole = megatron_state_dict(values, &run.config, spec)?;
+    let staging = begin_iteration(root, run.iteration)?;
+    for rank in 0..tensor_parallel {
+        let mut entries = Vec::with_capacity(whole.len());
+        for (key, tensor) in &whole {
+            let part = match tensor {
+                None => None,
+                Some(t) => Some(
+                    rank_part(key, t, &run.config, rank, tensor_parallel)
+                        .with_context(|| format!("splitting {key} over {tensor_parallel} ranks"))?,
+                ),
+            };
+            entries.push((key.clone(), part));
+        }
+        write_rank_file(&staging, rank, &entries, run, tensor_parallel)?;
+    }
+    publish_iteration(root, &staging, run.iteration)
+}
+
+/// One tensor-parallel rank's part of the Megatron tensor `key` (whole, Megatron's
+/// orientation), cut as Megatron cuts it.
+fn rank_part(
+    key: &str,
+    t: &HostTensor,
+    config: &GptConfig,
+    rank: usize,
+    size: usize,
+) -> Result<HostTensor> {
+    let chunk = |t: &HostTensor, dim| t.chunk(dim, size, rank).map_err(anyhow::Error::msg);
+    Ok(match megatron_split(key, config)? {
+        Split::Rows => chunk(t, 0)?,
+        Split::Columns => chunk(t, 1)?,
+        Split::Replicated => t.clone(),
+        Split::GateUpRows => {
+            let half = |k| t.chunk(0, 2, k).map_err(anyhow::Error::msg);
+            HostTensor::concat(&[chunk(&half(0)?, 0)?, chunk(&half(1)?, 0)?], 0)
+                .map_err(anyhow::Error::msg)?
+        }
+    })
+}
+
+/// The Megatron-Core state dict of a model held as ferrotron `values` (whole, or one
+/// tensor-parallel rank's shards: renaming and transposing do not care), in the order
+/// Megatron-Core registers its modules; `None` for the `_extra_state` entries.
+pub fn megatron_state_dict(
+    values: &ParameterValues,
+    config: &GptConfig,
+    spec: LayerSpec,
+) -> Result<Vec<(String, Option<HostTensor>)>> {
+    let mut out = StateDictBuilder {
+        values,
+        entries: Vec::new(),
+        used: HashSet::new(),
+    };
+    out.copy("word_embeddings.weight", "embedding.word_embeddings.weight")?;
+    if config.position_embedding_type == PositionEmbedding::LearnedAbsolute {
+        out.copy(
+            "position_embeddings",
+            "embedding.position_embeddings.weight",
+        )?;
+    }
+    let norm_kinds: &[&str] = match config.normalization {
+        Normalization::LayerNorm => &["weight", "bias"],
+        Normalization::RmsNorm => &["weight"],
+    };
+    let linear_bias = config.add_bias_linear;
+    for l in 0..config.num_layers {
+        let ours = |name: &str| format!("layers.{l}.{name}");
+        let theirs = |name: &str| format!("decoder.layers.{l}.{name}");
+        let (input_norm, mlp_norm) = match spec {
+            LayerSpec::Local => (
+                "input_layernorm.".to_owned(),
+                "pre_mlp_layernorm.".to_owned(),
+            ),
+            LayerSpec::TransformerEngine => (
+                "self_attention.linear_qkv.layer_norm_".to_owned(),
+                "mlp.linear_fc1.layer_norm_".to_owned(),
+            ),
+        };
+        for k in norm_kinds {
+            out.copy(
+                &ours(&format!("input_layernorm.{k}")),
+                &theirs(&format!("{input_norm}{k}")),
+            )?;
+        }
+        if spec == LayerSpec::TransformerEngine {
+            out.extra_state(&theirs("self_attention.core_attention"));
+        }
+        out.linear(
+            &ours("self_attention.dense"),
+            &theirs("self_attention.linear_proj"),
+            linear_bias,
+        )?;
+        out.linear(
+            &ours("self_attention.query_key_value"),
+            &theirs("self_attention.linear_qkv"),
+            linear_bias || config.add_qkv_bias,
+        )?;
+        if config.qk_layernorm {
+            for which in ["q_layernorm", "k_layernorm"] {
+                for k in norm_kinds {
+                    out.copy(
+                        &ours(&format!("self_attention.{which}.{k}")),
+                        &theirs(&format!("self_attention.{which}.{k}")),
+                    )?;
+                }
+            }
+        }
+        for k in norm_kinds {
+            out.copy(
+                &ours(&format!("post_attention_layernorm.{k}")),
+                &theirs(&format!("{mlp_norm}{k}")),
+            )?;
+        }
+        if config.swiglu {
+            out.gated_linear(
+                &ours("mlp.dense_h_to_4h"),
+                &theirs("mlp.linear_fc1"),
+                linear_bias,
+            )?;
+        } else {
+            out.linear(
+                &ours("mlp.dense_h_to_4h"),
+                &theirs("mlp.linear_fc1"),
+                linear_bias,
+            )?;
+        }
+        out.linear(
+            &ours("mlp.dense_4h_to_h"),
+            &theirs("mlp.linear_fc2"),
+            linear_bias,
+        )?;
+    }
+    for k in norm_kinds {
+        out.copy(
+            &format!("final_layernorm.{k}"),
+            &format!("decoder.final_layernorm.{k}"),
+        )?;
+    }
+    if config.untie_embeddings_and_output_weights {
+        out.transposed("output_layer.weight", "output_layer.weight")?;
+    }
+    out.extra_state("output_layer");
+    if let Some(extra) = values.keys().filter(|k| !out.used.contains(*k)).min() {
+        bail!("{extra} has no Megatron-Core name for this model's flags");
+    }
+    Ok(out.entries)
+}
+
+/// Collects a state dict's entries from ferrotron's values.
+struct StateDictBuilder<'a> {
+    values: &'a ParameterValues,
+    entries: Vec<(String, Option<HostTensor>)>,
+    /// The ferrotron parameters read so far: one the flags do not read is an error.
+    used: HashSet<String>,
+}
+
+impl StateDictBuilder<'_> {
+    fn get(&mut self, ours: &str) -> Result<HostTensor> {
+        self.used.insert(ours.to_owned());
+        let (shape, values) = self
+            .values
+            .get(ours)
+            .with_context(|| format!("the model has no {ours}, which its flags call for"))?;
+        Ok(HostTensor::new(shape.clone(), values.clone()))
+    }
+
+    fn copy(&mut self, ours: &str, theirs: &str) -> Result<()> {
+        let t = self.get(ours)?;
+        self.entries.push((theirs.to_owned(), Some(t)));
+        Ok(())
+    }
+
+    /// A `Linear` weight: ferrotron's `[in, out]` becomes PyTorch's `[out, in]`.
+    fn transposed(&mut self, ours: &str, theirs: &str) -> Result<()> {
+        let t = self.get(ours)?.transposed().map_err(anyhow::Error::msg)?;
+        self.entries.push((theirs.to_owned(), Some(t)));
+        Ok(())
+    }
+
+    fn extra_state(&mut self, module: &str) {
+        self.entries.push((format!("{module}._extra_state"), None));
+    }
+
+    fn linear(&mut self, ours: &str, theirs: &str, bias: bool) -> Result<()> {
+        self.transposed(&format!("{ours}.weight"), &format!("{theirs}.weight"))?;
+        if bias {
+            self.copy(&format!("{ours}.bias"), &format!("{theirs}.bias"))?;
+        }
+        self.extra_state(theirs);
+        Ok(())
+    }
+
+    /// SwiGLU's first linear: ferrotron's separate gate and up become `[gate; up]`.
+    fn gated_linear(&mut self, ours: &str, theirs: &str, bias: bool) -> Result<()> {
+        let gate = ours.replace("dense_h_to_4h", "dense_h_to_4h_gate");
+        let mut kinds = vec!["weight"];
+        if bias {
+            kinds.push("bias");
+        }
+        for kind in kinds {
+            let orient = |t: HostTensor| -> Result<HostTensor> {
+                if kind == "weight" {
+                    t.transposed().map_err(anyhow::Error::msg)
+                } else {
+                    Ok(t)
+                }
+            };
+            let g = orient(self.get(&format!("{gate}.{kind}"))?)?;
+            let u = orient(self.get(&format!("{ours}.{kind}"))?)?;
+            let joined = HostTensor::concat(&[g, u], 0).map_err(anyhow::Error::msg)?;
+            self.entries
+                .push((format!("{theirs}.{kind}"), Some(joined)));
+        }
+        self.extra_state(theirs);
+        Ok(())
+    }
+}
+
+/// The `args` Namespace Megatron's loader reads (field names and types as Megatron's
+/// `arguments.py` gives them).
+fn args_namespace(run: &MegatronRun, tensor_parallel: usize) -> PyValue {
+    let c = &run.config;
+    let int = |v: usize| PyValue::Int(v as i64);
+    let mut fields: Vec<(&str, PyValue)> = vec![
+        ("num_layers", int(c.num_layers)),
+        ("hidden_size", int(c.hidden_size)),
+        ("ffn_hidden_size", int(c.ffn_size())),
+        ("num_attention_heads", int(c.num_attention_heads)),
+        ("kv_channels", int(c.head_dim())),
+        (
+            "group_query_attention",
+            PyValue::Bool(c.num_query_groups.is_some()),
+        ),
+        ("num_query_groups", int(c.query_groups())),
+        ("max_position_embeddings", int(c.max_position_embeddings)),
+        (
+            "position_embedding_type",
+            PyValue::Str(
+                match c.position_embedding_type {
+                    PositionEmbedding::LearnedAbsolute => "learned_absolute",
+                    PositionEmbedding::Rope => "rope",
+                    PositionEmbedding::None => "none",
+                }
+                .into(),
+            ),
+        ),
+        // The legacy `--no-position-embedding`'s destination: True unless it was given,
+        // which also makes the type `none` (rotary models keep it True).
+        (
+            "add_position_embedding",
+            PyValue::Bool(c.position_embedding_type != PositionEmbedding::None),
+        ),
+        ("rotary_base", PyValue::Int(c.rotary_base.round() as i64)),
+        ("rotary_percent", PyValue::Float(c.rotary_percent)),
+        ("rotary_interleaved", PyValue::Bool(c.rotary_interleaved)),
+        ("use_rope_scaling", PyValue::Bool(c.rope_scaling.is_some())),
+        (
+            "normalization",
+            PyValue::Str(
+                match c.normalization {
+                    Normalization::LayerNorm => "LayerNorm",
+                    Normalization::RmsNorm => "RMSNorm",
+                }
+                .into(),
+            ),
+        ),
+        ("norm_epsilon", PyValue::Float(c.layernorm_epsilon)),
+        ("apply_layernorm_1p", PyValue::Bool(c.apply_layernorm_1p)),
+        ("swiglu", PyValue::Bool(c.swiglu)),
+        ("add_bias_linear", PyValue::Bool(c.add_bias_linear)),
+        (
+            "add_qkv_bias",
+            PyValue::Bool(c.add_bias_linear || c.add_qkv_bias),
+        ),
+        ("qk_layernorm", PyValue::Bool(c.qk_layernorm)),
+        (
+            "untie_embeddings_and_output_weights",
+            PyValue::Bool(c.untie_embeddings_and_output_weights),
+        ),
+        ("openai_gelu", PyValue::Bool(c.openai_gelu)),
+        ("hidden_dropout", PyValue::Float(c.hidden_dropout)),
+        ("attention_dropout", PyValue::Float(c.attention_dropout)),
+        ("init_method_std", PyValue::Float(c.init_method_std)),
+        ("padded_vocab_size", int(c.padded_vocab_size)),
+        (
+            "make_vocab_size_divisible_by",
+            int(run.make_vocab_size_divisible_by),
+        ),
+        ("tensor_model_parallel_size", int(tensor_parallel)),
+        ("pipeline_model_parallel_size", int(1)),
+        ("bf16", PyValue::Bool(run.bf16)),
+        ("fp16", PyValue::Bool(run.fp16)),
+        ("iteration", PyValue::Int(run.iteration as i64)),
+        (
+            "consumed_train_samples",
+            PyValue::Int(run.consumed_train_samples as i64),
+        ),
+        (
+            "consumed_valid_samples",
+            PyValue::Int(run.consumed_valid_samples as i64),
+        ),
+        ("ckpt_format", PyValue::Str("torch".into())),
+        ("no_save_optim", PyValue::Bool(true)),
+        ("no_save_rng", PyValue::Bool(true)),
+    ];
+    if let Some(scaling) = &c.rope_scaling {
+        fields.push(("rope_scaling_factor", PyValue::Float(scaling.factor)));
+    }
+    if let Some(v) = run.vocab_size {
+        fields.push(("vocab_size", int(v)));
+    }
+    if let Some(t) = &run.tokenizer_type {
+        fields.push(("tokenizer_type", PyValue::Str(t.clone())));
+    }
+    if let Some(s) = run.seq_length {
+        fields.push(("seq_length", int(s)));
+    }
+    PyValue::Namespace(fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
+}
+
+/// Writes one tensor-parallel rank's `model_optim_rng.pt` into the staging directory.
+fn write_rank_file(
+    staging: &Path,
+    rank: usize,
+    entries: &[(String, Option<HostTensor>)],
+    run: &MegatronRun,
+    tensor_parallel: usize,
+) -> Result<()> {
+    let mut storages: Vec<&[f32]> = Vec::new();
+    let mut model = Vec::with_capacity(entries.len());
+    for (key, tensor) in entries {
+        let value = match tensor {
+            None => PyValue::None,
+            Some(t) => {
+                storages.push(&t.values);
+                PyValue::Tensor {
+                    storage: storages.len() - 1,
+                    shape: t.shape.clone(),
+                }
+            }
+        };
+        model.push((key.clone(), value));
+    }
+    let top = PyValue::Dict(vec![
+        ("args".into(), args_namespace(run, tensor_parallel)),
+        ("checkpoint_version".into(), PyValue::Float(3.0)),
+        ("iteration".into(), PyValue::Int(run.iteration as i64)),
+        ("model".into(), PyValue::OrderedDict(model)),
+        (
+            "num_floating_point_operations_so_far".into(),
+            PyValue::Int(0),
+        ),
+    ]);
+    let dir = staging.join(format!("mp_rank_{rank:02}"));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    write_torch_file(
+        &dir.join("model_optim_rng.pt"),
+        "model_optim_rng",
+        &top,
+        &storages,
+    )
+}
+
+/// Where `iteration` is written before it is renamed into place.
+fn staging_dir(root: &Path, iteration: u64) -> PathBuf {
+    root.join(format!(".iter_{iteration:07}.tmp"))
+}
+
+/// A fresh staging directory for `iteration` under `root`.
+fn begin_iteration(root: &Path, iteration: u64) -> Result<PathBuf> {
+    let staging = staging_dir(root, iteration);
+    std::fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?;
+    if staging.exists() {
+        std::fs::remove_dir_all(&staging)
+            .with_context(|| format!("removing a stale {}", staging.display()))?;
+    }
+    std::fs::create_dir_all(&staging).with_context(|| format!("creating {}", staging.display()))?;
+    Ok(staging)
+}
+
+/// Renames the staging directory to `iter_NNNNNNN` and then names it in the tracker file.
+fn publish_iteration(root: &Path, staging: &Path, iteration: u64) -> Result<()> {
+    let final_dir = root.join(format!("iter_{iteration:07}"));
+    if final_dir.exists() {
+        std::fs::remove_dir_all(&final_dir)
+            .with_context(|| format!("replacing {}", final_dir.display()))?;
+    }
+    std::fs::rename(staging, &final_dir)
+        .with_context(|| format!("renaming to {}", final_dir.display()))?;
+    let tracker_path = root.join(super::TRACKER_FILE);
+    let mut tracker = crate::util::atomic_file::temp_file_beside(&tracker_path)?;
+    writeln!(tracker, "{iteration}")?;
+    tracker.persist(&tracker_path)?;
+    ensure!(
+        tracker_path.is_file(),
+        "{} not written",
+        tracker_path.display()
+    );
+    Ok(())
+}

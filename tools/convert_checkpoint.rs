@@ -1,0 +1,152 @@
+//! `convert-checkpoint`: a checkpoint between ferrotron's format and Megatron-LM's
+//! `--ckpt-format torch`, resharded to another tensor-parallel size.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Result};
+use clap::Parser;
+
+use ferrotron::checkpoint::convert::{convert_checkpoint, CheckpointFormat, ConvertTarget};
+use ferrotron::checkpoint::megatron_torch::{is_megatron_torch, megatron_vocab_rows};
+use ferrotron::model::GptConfig;
+use ferrotron::training::architecture_args::ArchitectureArgs;
+
+/// Convert the latest checkpoint under --load into --save: ferrotron's into Megatron's
+/// `--ckpt-format torch` (`iter_NNNNNNN/mp_rank_TT/model_optim_rng.pt`, which Megatron loads
+/// with `--no-load-optim --no-load-rng` or `--finetune`), Megatron's into ferrotron's, or
+/// Megatron's into Megatron's at another tensor-parallel size. A Megatron source needs the
+/// model flags it was trained with (its saved `args` are not read yet).
+#[derive(Parser, Debug)]
+#[command(name = "convert-checkpoint", version, args_override_self = true)]
+struct Args {
+    /// The checkpoint directory to read (ferrotron's or Megatron's; detected).
+    #[arg(long)]
+    load: PathBuf,
+    /// The directory to write (must not hold a checkpoint yet).
+    #[arg(long)]
+    save: PathBuf,
+    /// The format to write: torch (Megatron's) or ferrotron.
+    #[arg(long, default_value = "torch")]
+    ckpt_format: String,
+    /// Tensor-parallel ranks to write [default: the source's].
+    #[arg(long)]
+    target_tensor_parallel_size: Option<usize>,
+    /// Pipeline stages to write (only 1 is written yet).
+    #[arg(long, default_value_t = 1)]
+    target_pipeline_parallel_size: usize,
+    /// Megatron-Core's names: transformer_engine (its default) or local.
+    #[arg(long, default_value = "transformer_engine")]
+    transformer_impl: String,
+    /// Megatron's vocabulary padding multiple (times the tensor-parallel size).
+    #[arg(long, default_value_t = 128)]
+    make_vocab_size_divisible_by: usize,
+    /// The real vocabulary size: pads the target exactly as Megatron does (needed when the
+    /// target has fewer tensor-parallel ranks than the source, whose padding is larger).
+    #[arg(long)]
+    vocab_size: Option<usize>,
+    /// The source's global batch size: a Megatron source's consumed samples are taken as
+    /// iteration × this (0 without it).
+    #[arg(long)]
+    global_batch_size: Option<u64>,
+    /// A Megatron source's layers.
+    #[arg(long)]
+    num_layers: Option<usize>,
+    /// A Megatron source's hidden size.
+    #[arg(long)]
+    hidden_size: Option<usize>,
+    /// A Megatron source's attention heads.
+    #[arg(long)]
+    num_attention_heads: Option<usize>,
+    /// A Megatron source's MLP width [default: 4 × hidden, or the SwiGLU width].
+    #[arg(long)]
+    ffn_hidden_size: Option<usize>,
+    /// A Megatron source's position table size [default: --seq-length].
+    #[arg(long)]
+    max_position_embeddings: Option<usize>,
+    /// A Megatron source's sequence length.
+    #[arg(long)]
+    seq_length: Option<usize>,
+    /// A Megatron source's norm epsilon (recorded in the written args).
+    #[arg(long, alias = "layernorm-epsilon", default_value_t = 1e-5)]
+    norm_epsilon: f64,
+    #[command(flatten)]
+    architecture: ArchitectureArgs,
+}
+
+/// The model a Megatron source holds, from the flags (its padded vocabulary from the files).
+fn megatron_config(args: &Args) -> Result<Option<GptConfig>> {
+    if !is_megatron_torch(&args.load) {
+        return Ok(None);
+    }
+    let (Some(layers), Some(hidden), Some(heads)) =
+        (args.num_layers, args.hidden_size, args.num_attention_heads)
+    else {
+        bail!(
+            "{} is a Megatron checkpoint: give --num-layers, --hidden-size and \
+             --num-attention-heads (and the architecture flags) it was trained with",
+            args.load.display()
+        );
+    };
+    let positions = args
+        .max_position_embeddings
+        .or(args.seq_length)
+        .unwrap_or(0);
+    let config = GptConfig::new(
+        layers,
+        hidden,
+        heads,
+        positions,
+        megatron_vocab_rows(&args.load)?,
+    )
+    .with_ffn_hidden_size(args.ffn_hidden_size)
+    .with_layernorm_epsilon(args.norm_epsilon);
+    Ok(Some(
+        args.architecture
+            .apply(config)
+            .map_err(anyhow::Error::msg)?,
+    ))
+}
+
+fn run(args: Args) -> Result<()> {
+    let format = match args.ckpt_format.as_str() {
+        "torch" => CheckpointFormat::MegatronTorch,
+        "ferrotron" => CheckpointFormat::Ferrotron,
+        other => bail!(
+            "--ckpt-format {other:?}: expected torch (Megatron's) or ferrotron; for Megatron's \
+             torch_dist, convert the torch checkpoint with Megatron's own --ckpt-convert-format"
+        ),
+    };
+    if args.target_pipeline_parallel_size != 1 {
+        bail!(
+            "--target-pipeline-parallel-size {}: only single-stage checkpoints are written yet \
+             (ferrotron's pretrain loads one at any pipeline layout)",
+            args.target_pipeline_parallel_size
+        );
+    }
+    let target = ConvertTarget {
+        format,
+        tensor_parallel: args.target_tensor_parallel_size,
+        spec: args.transformer_impl.parse().map_err(anyhow::Error::msg)?,
+        make_vocab_size_divisible_by: args.make_vocab_size_divisible_by,
+        vocab_size: args.vocab_size,
+        global_batch_size: args.global_batch_size,
+    };
+    let config = megatron_config(&args)?;
+    let done = convert_checkpoint(&args.load, config.as_ref(), &args.save, &target)?;
+    eprintln!(
+        "converted iteration {} ({:?} at TP={}) to {} ({:?} at TP={}, vocabulary padded to {})",
+        done.iteration,
+        done.source,
+        done.source_tensor_parallel,
+        args.save.display(),
+        format,
+        done.tensor_parallel,
+        done.config.padded_vocab_size
+    );
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    ferrotron::util::cli::finish("convert-checkpoint", run(Args::parse()))
+}
