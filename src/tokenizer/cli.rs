@@ -8,7 +8,8 @@ use super::{TextTokenizer, TokenizerError, TokenizerOptions};
 /// `--allow-special-tokens`, to `#[command(flatten)]` into a tool's arguments.
 #[derive(clap::Args, Clone, Debug)]
 pub struct TokenizerArgs {
-    /// Tokenizer: GPT2BPETokenizer, HuggingFaceTokenizer, TikTokenizer or NullTokenizer.
+    /// Tokenizer: GPT2BPETokenizer, HuggingFaceTokenizer, TikTokenizer,
+    /// SentencePieceTokenizer / GPTSentencePieceTokenizer / Llama2Tokenizer, or NullTokenizer.
     #[arg(long, default_value = "GPT2BPETokenizer")]
     pub tokenizer_type: String,
 
@@ -20,8 +21,8 @@ pub struct TokenizerArgs {
     #[arg(long)]
     pub merge_file: Option<PathBuf>,
 
-    /// HuggingFace tokenizer.json (HuggingFaceTokenizer), or Megatron's JSON vocabulary
-    /// (TikTokenizer).
+    /// HuggingFace tokenizer.json (HuggingFaceTokenizer), Megatron's JSON vocabulary
+    /// (TikTokenizer), or a SentencePiece tokenizer.model (the SentencePiece types).
     #[arg(long)]
     pub tokenizer_model: Option<PathBuf>,
 

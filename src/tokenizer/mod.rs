@@ -5,6 +5,7 @@ pub mod cli;
 pub mod gpt2_encoder;
 pub mod gpt2_split;
 pub mod gpt2_vocabulary;
+pub mod sentencepiece;
 pub mod text_tokenizer;
 pub mod tiktoken;
 

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use tokenizers::Tokenizer;
 
+use super::sentencepiece::SentencePiece;
 use super::tiktoken::TikToken;
 use super::{Gpt2Encoder, Gpt2Vocabulary, TokenizerError, GPT2_EOD_TOKEN};
 
@@ -21,15 +22,16 @@ pub enum TokenizerType {
     /// `TikTokenizer`: tiktoken BPE over Megatron's JSON vocabulary (`--tokenizer-model`,
     /// `--tiktoken-pattern`, `--vocab-size`).
     TikToken,
+    /// `SentencePieceTokenizer`, `GPTSentencePieceTokenizer`, `Llama2Tokenizer`: a
+    /// SentencePiece `tokenizer.model` (`--tokenizer-model`), the three alike as in current
+    /// Megatron-Core.
+    SentencePiece,
 }
 
 /// Megatron tokenizer types that exist there but not (yet) here, for a clear message.
 const MEGATRON_ONLY_TYPES: &[&str] = &[
     "BertWordPieceLowerCase",
     "BertWordPieceCase",
-    "SentencePieceTokenizer",
-    "GPTSentencePieceTokenizer",
-    "Llama2Tokenizer",
     "MultimodalTokenizer",
 ];
 
@@ -42,15 +44,18 @@ impl std::str::FromStr for TokenizerType {
             "HuggingFaceTokenizer" => Ok(Self::HuggingFace),
             "NullTokenizer" => Ok(Self::Null),
             "TikTokenizer" => Ok(Self::TikToken),
+            "SentencePieceTokenizer" | "GPTSentencePieceTokenizer" | "Llama2Tokenizer" => {
+                Ok(Self::SentencePiece)
+            }
             other if MEGATRON_ONLY_TYPES.contains(&other) => Err(TokenizerError::Unsupported(
                 format!(
                     "--tokenizer-type {other} is not supported by ferrotron; use GPT2BPETokenizer, \
-                     HuggingFaceTokenizer with --tokenizer-model tokenizer.json, TikTokenizer or \
-                     NullTokenizer"
+                     HuggingFaceTokenizer with --tokenizer-model tokenizer.json, TikTokenizer, \
+                     a SentencePiece type or NullTokenizer"
                 ),
             )),
             other => Err(TokenizerError::Unsupported(format!(
-                "unknown --tokenizer-type {other:?}; expected GPT2BPETokenizer, HuggingFaceTokenizer, TikTokenizer or NullTokenizer"
+                "unknown --tokenizer-type {other:?}; expected GPT2BPETokenizer, HuggingFaceTokenizer, TikTokenizer, SentencePieceTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer or NullTokenizer"
             ))),
         }
     }
@@ -129,6 +134,8 @@ pub enum TextTokenizer {
     },
     /// Megatron's `TikTokenizer`.
     TikToken(Arc<TikToken>),
+    /// Megatron's SentencePiece tokenizers.
+    SentencePiece(Arc<SentencePiece>),
 }
 
 impl TextTokenizer {
@@ -202,6 +209,15 @@ impl TextTokenizer {
                     options.tiktoken_num_special_tokens,
                 )?)))
             }
+            TokenizerType::SentencePiece => {
+                let path = options.tokenizer_model.as_ref().ok_or_else(|| {
+                    TokenizerError::Unsupported(
+                        "the SentencePiece tokenizer types need --tokenizer-model tokenizer.model"
+                            .into(),
+                    )
+                })?;
+                Ok(Self::SentencePiece(Arc::new(SentencePiece::load(path)?)))
+            }
             TokenizerType::Null => match options.vocab_size {
                 Some(n) if n >= 1 && n <= u32::MAX as usize => Ok(Self::Null {
                     vocab_size: n as u32,
@@ -226,6 +242,7 @@ impl TextTokenizer {
             Self::HuggingFace { tokenizer, .. } => tokenizer.get_vocab_size(true),
             Self::Null { vocab_size } => *vocab_size as usize,
             Self::TikToken(t) => t.vocab_size(),
+            Self::SentencePiece(t) => t.vocab_size(),
         }
     }
 
@@ -236,6 +253,7 @@ impl TextTokenizer {
             Self::HuggingFace { eod, .. } => *eod,
             Self::Null { vocab_size } => Some(vocab_size - 1),
             Self::TikToken(t) => Some(t.eod()),
+            Self::SentencePiece(t) => t.eod(),
         }
     }
 
@@ -249,6 +267,7 @@ impl TextTokenizer {
             Self::HuggingFace { tokenizer, .. } => TextEncoder::HuggingFace(tokenizer.clone()),
             Self::Null { vocab_size } => TextEncoder::Null(*vocab_size),
             Self::TikToken(t) => TextEncoder::TikToken(t.clone()),
+            Self::SentencePiece(t) => TextEncoder::SentencePiece(t.clone()),
         }
     }
 
@@ -261,6 +280,7 @@ impl TextTokenizer {
                 .map_err(|e| TokenizerError::Encode(e.to_string())),
             Self::Null { .. } => Ok(ids.iter().map(u32::to_string).collect::<Vec<_>>().join(" ")),
             Self::TikToken(t) => t.decode(ids),
+            Self::SentencePiece(t) => t.decode(ids),
         }
     }
 }
@@ -275,6 +295,8 @@ pub enum TextEncoder {
     Null(u32),
     /// A shared TikToken vocabulary (stateless).
     TikToken(Arc<TikToken>),
+    /// A shared SentencePiece model (its processor is thread-safe).
+    SentencePiece(Arc<SentencePiece>),
 }
 
 impl TextEncoder {
@@ -291,6 +313,7 @@ impl TextEncoder {
             }
             Self::Null(vocab_size) => encode_ids(text, *vocab_size, out),
             Self::TikToken(t) => t.encode(text, out),
+            Self::SentencePiece(t) => t.encode(text, out),
         }
     }
 }
