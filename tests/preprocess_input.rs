@@ -250,9 +250,29 @@ fn missing_input_unwritable_output_and_unsupported_flags_are_one_line_errors() {
                 "--input",
                 "in.jsonl",
                 "--tokenizer-type",
-                "SentencePieceTokenizer",
+                "BertWordPieceCase",
             ],
             "not supported",
+        ),
+        (
+            &[
+                "--input",
+                "in.jsonl",
+                "--tokenizer-type",
+                "SentencePieceTokenizer",
+            ],
+            "--tokenizer-model tokenizer.model",
+        ),
+        (
+            &[
+                "--input",
+                "in.jsonl",
+                "--tokenizer-type",
+                "Llama2Tokenizer",
+                "--tokenizer-model",
+                "in.jsonl",
+            ],
+            "not a SentencePiece model",
         ),
         (
             &[

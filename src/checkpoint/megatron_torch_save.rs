@@ -191,77 +191,9 @@ pub fn megatron_state_dict(
             "embedding.position_embeddings.weight",
         )?;
     }
-    let norm_kinds: &[&str] = match config.normalization {
-        Normalization::LayerNorm => &["weight", "bias"],
-        Normalization::RmsNorm => &["weight"],
-    };
-    let linear_bias = config.add_bias_linear;
+    let norm_kinds = norm_kinds(config);
     for l in 0..config.num_layers {
-        let ours = |name: &str| format!("layers.{l}.{name}");
-        let theirs = |name: &str| format!("decoder.layers.{l}.{name}");
-        let (input_norm, mlp_norm) = match spec {
-            LayerSpec::Local => (
-                "input_layernorm.".to_owned(),
-                "pre_mlp_layernorm.".to_owned(),
-            ),
-            LayerSpec::TransformerEngine => (
-                "self_attention.linear_qkv.layer_norm_".to_owned(),
-                "mlp.linear_fc1.layer_norm_".to_owned(),
-            ),
-        };
-        for k in norm_kinds {
-            out.copy(
-                &ours(&format!("input_layernorm.{k}")),
-                &theirs(&format!("{input_norm}{k}")),
-            )?;
-        }
-        if spec == LayerSpec::TransformerEngine {
-            out.extra_state(&theirs("self_attention.core_attention"));
-        }
-        out.linear(
-            &ours("self_attention.dense"),
-            &theirs("self_attention.linear_proj"),
-            linear_bias,
-        )?;
-        out.linear(
-            &ours("self_attention.query_key_value"),
-            &theirs("self_attention.linear_qkv"),
-            linear_bias || config.add_qkv_bias,
-        )?;
-        if config.qk_layernorm {
-            for which in ["q_layernorm", "k_layernorm"] {
-                for k in norm_kinds {
-                    out.copy(
-                        &ours(&format!("self_attention.{which}.{k}")),
-                        &theirs(&format!("self_attention.{which}.{k}")),
-                    )?;
-                }
-            }
-        }
-        for k in norm_kinds {
-            out.copy(
-                &ours(&format!("post_attention_layernorm.{k}")),
-                &theirs(&format!("{mlp_norm}{k}")),
-            )?;
-        }
-        if config.swiglu {
-            out.gated_linear(
-                &ours("mlp.dense_h_to_4h"),
-                &theirs("mlp.linear_fc1"),
-                linear_bias,
-            )?;
-        } else {
-            out.linear(
-                &ours("mlp.dense_h_to_4h"),
-                &theirs("mlp.linear_fc1"),
-                linear_bias,
-            )?;
-        }
-        out.linear(
-            &ours("mlp.dense_4h_to_h"),
-            &theirs("mlp.linear_fc2"),
-            linear_bias,
-        )?;
+        out.layer(l, config, spec)?;
     }
     for k in norm_kinds {
         out.copy(
@@ -279,6 +211,14 @@ pub fn megatron_state_dict(
     Ok(out.entries)
 }
 
+/// The parameters of one norm.
+fn norm_kinds(config: &GptConfig) -> &'static [&'static str] {
+    match config.normalization {
+        Normalization::LayerNorm => &["weight", "bias"],
+        Normalization::RmsNorm => &["weight"],
+    }
+}
+
 /// Collects a state dict's entries from ferrotron's values.
 struct StateDictBuilder<'a> {
     values: &'a ParameterValues,
@@ -288,6 +228,77 @@ struct StateDictBuilder<'a> {
 }
 
 impl StateDictBuilder<'_> {
+    /// Layer `l`'s entries.
+    fn layer(&mut self, l: usize, config: &GptConfig, spec: LayerSpec) -> Result<()> {
+        let norm_kinds = norm_kinds(config);
+        let linear_bias = config.add_bias_linear;
+        let ours = |name: &str| format!("layers.{l}.{name}");
+        let theirs = |name: &str| format!("decoder.layers.{l}.{name}");
+        let (input_norm, mlp_norm) = match spec {
+            LayerSpec::Local => (
+                "input_layernorm.".to_owned(),
+                "pre_mlp_layernorm.".to_owned(),
+            ),
+            LayerSpec::TransformerEngine => (
+                "self_attention.linear_qkv.layer_norm_".to_owned(),
+                "mlp.linear_fc1.layer_norm_".to_owned(),
+            ),
+        };
+        for k in norm_kinds {
+            self.copy(
+                &ours(&format!("input_layernorm.{k}")),
+                &theirs(&format!("{input_norm}{k}")),
+            )?;
+        }
+        if spec == LayerSpec::TransformerEngine {
+            self.extra_state(&theirs("self_attention.core_attention"));
+        }
+        self.linear(
+            &ours("self_attention.dense"),
+            &theirs("self_attention.linear_proj"),
+            linear_bias,
+        )?;
+        self.linear(
+            &ours("self_attention.query_key_value"),
+            &theirs("self_attention.linear_qkv"),
+            linear_bias || config.add_qkv_bias,
+        )?;
+        if config.qk_layernorm {
+            for which in ["q_layernorm", "k_layernorm"] {
+                for k in norm_kinds {
+                    self.copy(
+                        &ours(&format!("self_attention.{which}.{k}")),
+                        &theirs(&format!("self_attention.{which}.{k}")),
+                    )?;
+                }
+            }
+        }
+        for k in norm_kinds {
+            self.copy(
+                &ours(&format!("post_attention_layernorm.{k}")),
+                &theirs(&format!("{mlp_norm}{k}")),
+            )?;
+        }
+        if config.swiglu {
+            self.gated_linear(
+                &ours("mlp.dense_h_to_4h"),
+                &theirs("mlp.linear_fc1"),
+                linear_bias,
+            )?;
+        } else {
+            self.linear(
+                &ours("mlp.dense_h_to_4h"),
+                &theirs("mlp.linear_fc1"),
+                linear_bias,
+            )?;
+        }
+        self.linear(
+            &ours("mlp.dense_4h_to_h"),
+            &theirs("mlp.linear_fc2"),
+            linear_bias,
+        )?;
+        Ok(())
+    }
     fn get(&mut self, ours: &str) -> Result<HostTensor> {
         self.used.insert(ours.to_owned());
         let (shape, values) = self
