@@ -740,6 +740,9 @@ fn megatrons_llama3_8b_script_runs_as_written_on_mock_data() {
         "1",
         "--eval-interval",
         "2",
+        // ferrotron's MFU beside Megatron's throughput, against a tiny stated peak.
+        "--peak-tflops",
+        "0.001",
     ];
     let args: Vec<&str> = script.iter().chain(&shrink).copied().collect();
     let out = run_tool(env!("CARGO_BIN_EXE_pretrain"), &args, dir.path());
@@ -783,6 +786,18 @@ fn megatrons_llama3_8b_script_runs_as_written_on_mock_data() {
         "| number of skipped iterations:   0 |",
     ] {
         assert!(lines.iter().all(|l| l.contains(field)), "{field}: {stdout}");
+    }
+    // MFU = TFLOP/s per rank over the peak (one rank: the line's TFLOP/s, 4 decimals).
+    for line in &lines {
+        let field = |name: &str, end: &str| -> f64 {
+            let rest = &line[line.find(name).unwrap() + name.len()..];
+            rest[..rest.find(end).unwrap()].trim().parse().unwrap()
+        };
+        let (mfu, tflops) = (field("| MFU:", "%"), field("| TFLOP/s:", "|"));
+        let want = 100.0 * tflops / 0.001;
+        // TFLOP/s is printed to 4 decimals (±0.00005), MFU to 1.
+        let rounding = 100.0 * 0.00005 / 0.001 + 0.05;
+        assert!((mfu - want).abs() <= rounding, "{mfu} vs {want}: {line}");
     }
     assert!(
         stdout.contains("validation loss at iteration 2"),

@@ -193,6 +193,10 @@ struct Args {
     /// Megatron's `throughput per GPU (TFLOP/s/GPU)` field in the log line.
     #[arg(long)]
     log_throughput: bool,
+    /// One device's peak TFLOP/s in the run's precision (ferrotron's flag; e.g. 989 for an
+    /// H100's dense bf16): with --log-throughput the line adds `MFU: x% |`.
+    #[arg(long)]
+    peak_tflops: Option<f64>,
     /// The parameters' L2 norm in the log line (and TensorBoard).
     #[arg(long)]
     log_params_norm: bool,
@@ -398,6 +402,7 @@ fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
         tensorboard_log_interval: args.tensorboard_log_interval,
         log_options: LogOptions {
             throughput: args.log_throughput,
+            peak_tflops: peak_tflops(args)?,
             params_norm: args.log_params_norm,
             num_zeros_in_grad: args.log_num_zeros_in_grad,
         },
@@ -425,6 +430,19 @@ fn loss_scaling(args: &Args) -> Result<DynamicGradScalerConfig> {
         hysteresis: args.hysteresis,
         ..DynamicGradScalerConfig::default()
     })
+}
+
+/// `--peak-tflops`, checked: positive, and only with `--log-throughput` (its line field).
+fn peak_tflops(args: &Args) -> Result<Option<f64>> {
+    match args.peak_tflops {
+        Some(p) if !(p.is_finite() && p > 0.0) => {
+            bail!("--peak-tflops {p}: expected a positive number of TFLOP/s")
+        }
+        Some(_) if !args.log_throughput => {
+            bail!("--peak-tflops needs --log-throughput (the MFU sits beside its throughput field)")
+        }
+        peak => Ok(peak),
+    }
 }
 
 /// `--ckpt-format torch`'s options; a note when another format is asked for, since ferrotron

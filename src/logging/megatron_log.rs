@@ -49,6 +49,9 @@ pub struct IterationStats {
     /// With `--log-throughput`: Megatron's TFLOP/s per GPU (the model's FLOPs over the
     /// interval's time and the world's ranks).
     pub throughput_per_rank: Option<f64>,
+    /// With `--log-throughput --peak-tflops`: the model FLOPs utilization, the throughput per
+    /// rank as a share of one device's peak (ferrotron's field; Megatron prints none).
+    pub mfu: Option<f64>,
     /// With `--log-num-zeros-in-grad`: zero gradient elements of the last iteration.
     pub num_zeros_in_grad: Option<u64>,
     /// With `--log-params-norm`: the L2 norm of all parameters.
@@ -73,12 +76,13 @@ pub fn iteration_line(s: &IterationStats) -> String {
         s.throughput_per_rank
             .map(|t| format!(" throughput per GPU (TFLOP/s/GPU): {t:.1} |")),
     );
+    let mfu = optional(s.mfu.map(|m| format!(" MFU: {:.1}% |", 100.0 * m)));
     let lm_loss = optional(s.lm_loss.map(|l| format!(" lm loss: {} |", sci(l, 6))));
     let grad_norm = optional(s.grad_norm.map(|g| format!(" grad norm: {g:.3} |")));
     let zeros = optional(s.num_zeros_in_grad.map(|z| format!(" num zeros: {z} |")));
     let params_norm = optional(s.params_norm.map(|p| format!(" params norm: {p:.3} |")));
     format!(
-        " [{}] iteration {:8}/{:8} | consumed samples: {:12} | elapsed time per iteration (ms): {:.1} |{throughput} \
+        " [{}] iteration {:8}/{:8} | consumed samples: {:12} | elapsed time per iteration (ms): {:.1} |{throughput}{mfu} \
          learning rate: {} | global batch size: {:5} |{lm_loss} loss scale: {:.1} |{grad_norm}{zeros}{params_norm} \
          number of skipped iterations: {:3} | number of nan iterations: {:3} | tokens/s: {:.0} | TFLOP/s: {:.4} |",
         s.timestamp,
@@ -135,6 +139,7 @@ mod tests {
             tokens_per_second: 6770.0,
             tflops: 0.0123,
             throughput_per_rank: Some(0.0123),
+            mfu: Some(0.0123 / 989.0),
             num_zeros_in_grad: Some(7),
             params_norm: Some(12.3456),
             timestamp: "2026-11-25 23:10:00.123456".into(),
@@ -142,7 +147,7 @@ mod tests {
         // Megatron-LM d98e8a6's `training_log`, with its optional fields on.
         assert!(line.starts_with(
             " [2026-11-25 23:10:00.123456] iteration       10/    1000 | consumed samples:           80 | \
-             elapsed time per iteration (ms): 1210.0 | throughput per GPU (TFLOP/s/GPU): 0.0 | \
+             elapsed time per iteration (ms): 1210.0 | throughput per GPU (TFLOP/s/GPU): 0.0 | MFU: 0.0% | \
              learning rate: 1.500000E-04 | global batch size:     8 | lm loss: 1.032014E+01 | loss scale: 4294967296.0 | \
              grad norm: 1.458 | num zeros: 7 | params norm: 12.346 | number of skipped iterations:   0 | number of nan iterations:   0 |"
         ), "{line}");

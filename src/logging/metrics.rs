@@ -35,6 +35,8 @@ pub struct MetricsOptions {
     pub log_throughput: bool,
     /// Ranks of the run (the throughput per rank divides by them).
     pub world_size: usize,
+    /// One device's peak TFLOP/s, for the model FLOPs utilization next to the throughput.
+    pub peak_tflops: Option<f64>,
 }
 
 /// One finished iteration, as the sink records it.
@@ -221,6 +223,7 @@ impl MetricsSink {
             tb.add_scalar("tokens-per-sec", tokens / elapsed, r.iteration)?;
             tb.flush()?;
         }
+        let per_rank = tokens * o.flops_per_token / elapsed / 1e12 / o.world_size.max(1) as f64;
         println!(
             "{}",
             iteration_line(&IterationStats {
@@ -237,9 +240,11 @@ impl MetricsSink {
                 nan_iterations: i.nan,
                 tokens_per_second: tokens / elapsed,
                 tflops: tokens * o.flops_per_token / elapsed / 1e12,
-                throughput_per_rank: o.log_throughput.then(|| {
-                    tokens * o.flops_per_token / elapsed / 1e12 / o.world_size.max(1) as f64
-                }),
+                throughput_per_rank: o.log_throughput.then_some(per_rank),
+                mfu: o
+                    .peak_tflops
+                    .filter(|_| o.log_throughput)
+                    .map(|peak| per_rank / peak),
                 num_zeros_in_grad: r.num_zeros_in_grad,
                 params_norm: r.params_norm,
                 timestamp: timestamp_now(),

@@ -124,10 +124,13 @@ pub struct PretrainConfig {
 }
 
 /// The optional fields of Megatron's training log line.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct LogOptions {
     /// `--log-throughput`: TFLOP/s per rank.
     pub throughput: bool,
+    /// `--peak-tflops` (ferrotron's): one device's peak TFLOP/s; with `--log-throughput` the
+    /// line adds the model FLOPs utilization (throughput per rank over this peak).
+    pub peak_tflops: Option<f64>,
     /// `--log-params-norm`: the parameters' L2 norm.
     pub params_norm: bool,
     /// `--log-num-zeros-in-grad`: zero gradient elements.

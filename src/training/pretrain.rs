@@ -308,6 +308,7 @@ impl Trainer<'_> {
             flops_per_token: cfg.model.flops_per_token(cfg.seq_length),
             log_throughput: cfg.log_options.throughput,
             world_size: self.parallel.world.size(),
+            peak_tflops: cfg.log_options.peak_tflops,
         })?))
     }
 
