@@ -431,6 +431,8 @@ fn megatron_loads_the_checkpoints_ferrotron_writes() {
         "2",
         "--vocab-size",
         "200",
+        "--tokenizer-type",
+        "NullTokenizer",
     ];
     let out = convert("gpt2_tp1", "gpt2_tp2", &tp2_local);
     assert!(out.status.success(), "{}", stderr(&out));

@@ -45,6 +45,10 @@ struct Args {
     /// target has fewer tensor-parallel ranks than the source, whose padding is larger).
     #[arg(long)]
     vocab_size: Option<usize>,
+    /// The tokenizer type recorded for Megatron (its loader compares it for runs with a
+    /// --vocab-file).
+    #[arg(long, default_value = "GPT2BPETokenizer")]
+    tokenizer_type: String,
     /// The source's global batch size: a Megatron source's consumed samples are taken as
     /// iteration × this (0 without it).
     #[arg(long)]
@@ -130,6 +134,7 @@ fn run(args: Args) -> Result<()> {
         spec: args.transformer_impl.parse().map_err(anyhow::Error::msg)?,
         make_vocab_size_divisible_by: args.make_vocab_size_divisible_by,
         vocab_size: args.vocab_size,
+        tokenizer_type: Some(args.tokenizer_type.clone()),
         global_batch_size: args.global_batch_size,
     };
     let config = megatron_config(&args)?;

@@ -44,6 +44,9 @@ pub struct ConvertTarget {
     pub make_vocab_size_divisible_by: usize,
     /// The real vocabulary size, when known: the target is padded from it exactly.
     pub vocab_size: Option<usize>,
+    /// `--tokenizer-type`, recorded in Megatron's args (its loader compares it when the run
+    /// has a `--vocab-file`, i.e. for GPT-2's BPE).
+    pub tokenizer_type: Option<String>,
     /// The global batch size the source was trained with: a Megatron source records its
     /// consumed samples only in the `args` ferrotron does not read, so they are
     /// `iteration × global batch` (0 without it).
@@ -110,8 +113,10 @@ pub fn convert_checkpoint(
                 consumed_train_samples: source.state.consumed_train_samples,
                 consumed_valid_samples: source.state.consumed_valid_samples,
                 make_vocab_size_divisible_by: target.make_vocab_size_divisible_by,
-                vocab_size: target.vocab_size,
-                tokenizer_type: None,
+                // Megatron's `vocab_size` is the tokenizer flag's value, which differs from
+                // the real vocabulary for some types (NullTokenizer's is one less): unknown here.
+                vocab_size: None,
+                tokenizer_type: target.tokenizer_type.clone(),
                 seq_length: None,
                 bf16: false,
                 fp16: false,
