@@ -522,6 +522,22 @@ fn megatron_loads_the_checkpoints_ferrotron_writes() {
             assert_eq!(got, want, "{name} {spec:?}");
         }
     }
+    // The shapes convert-checkpoint checks a Megatron source against are the model's own.
+    for config in [&gpt2, &llama] {
+        let model = config.init(1, &Device::flex()).unwrap();
+        for p in named_parameters(&model) {
+            let expected = ferrotron::checkpoint::convert::parameter_shape(&p.name, config);
+            assert_eq!(expected.as_ref(), Some(&p.shape), "{}", p.name);
+        }
+    }
+    // Flags that do not describe the source are refused, naming the tensor.
+    let out = convert("gpt2_tp1", "wrong", &["--ffn-hidden-size", "128"]);
+    let err = stderr(&out);
+    assert!(
+        !out.status.success() && err.contains("mlp.dense_4h_to_h") && err.contains("flags give"),
+        "{err}"
+    );
+    assert!(!dir.path().join("wrong").exists());
     // A Megatron source without its model flags, and an unknown format, are refused.
     let src = fixtures.join("gpt2_tp1");
     let out = run_tool(

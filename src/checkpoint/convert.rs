@@ -171,6 +171,14 @@ fn read_source(
             )
         })?;
         let checkpoint = read_megatron_torch(src, config)?;
+        check_shapes(&checkpoint.values, config).with_context(|| {
+            format!(
+                "{}: the model flags do not describe this checkpoint (check --hidden-size, \
+                 --num-attention-heads, --ffn-hidden-size, --kv-channels, \
+                 --num-query-groups, --seq-length)",
+                src.display()
+            )
+        })?;
         let iteration = checkpoint.iteration;
         return Ok(Source {
             format: CheckpointFormat::MegatronTorch,
@@ -212,6 +220,55 @@ fn read_source(
         state: full.info.state,
         values,
     })
+}
+
+/// The shape ferrotron's model of `config` gives parameter `name` (`[in, out]` for linear
+/// weights), `None` for a name it does not have. What a Megatron source is checked against
+/// before its flags are written into the target's args.
+pub fn parameter_shape(name: &str, config: &GptConfig) -> Option<Vec<usize>> {
+    let (h, hd, ffn) = (config.hidden_size, config.head_dim(), config.ffn_size());
+    let qkv = (config.num_attention_heads + 2 * config.query_groups()) * hd;
+    let vocab = config.padded_vocab_size;
+    let matrix_or_bias = |kind: &str, rows: usize, cols: usize| match kind {
+        "weight" => Some(vec![rows, cols]),
+        "bias" => Some(vec![cols]),
+        _ => None,
+    };
+    match name {
+        "word_embeddings.weight" => return Some(vec![vocab, h]),
+        "position_embeddings" => return Some(vec![config.max_position_embeddings, h]),
+        "output_layer.weight" => return Some(vec![h, vocab]),
+        _ => {}
+    }
+    let (module, kind) = name.rsplit_once('.')?;
+    let module = match module.strip_prefix("layers.") {
+        Some(rest) => rest.split_once('.')?.1,
+        None => module,
+    };
+    match module {
+        "final_layernorm" | "input_layernorm" | "post_attention_layernorm" => Some(vec![h]),
+        "self_attention.q_layernorm" | "self_attention.k_layernorm" => Some(vec![hd]),
+        "self_attention.query_key_value" => matrix_or_bias(kind, h, qkv),
+        "self_attention.dense" => matrix_or_bias(kind, config.num_attention_heads * hd, h),
+        "mlp.dense_h_to_4h" | "mlp.dense_h_to_4h_gate" => matrix_or_bias(kind, h, ffn),
+        "mlp.dense_4h_to_h" => matrix_or_bias(kind, ffn, h),
+        _ => None,
+    }
+}
+
+/// Every value has the shape `config` gives its parameter.
+fn check_shapes(values: &ParameterValues, config: &GptConfig) -> Result<()> {
+    let mut names: Vec<&String> = values.keys().collect();
+    names.sort();
+    for name in names {
+        let shape = &values[name].0;
+        match parameter_shape(name, config) {
+            Some(expected) if &expected == shape => {}
+            Some(expected) => bail!("{name} is {shape:?}, but the flags give it {expected:?}"),
+            None => bail!("{name} is not a parameter of the model the flags describe"),
+        }
+    }
+    Ok(())
 }
 
 /// The target's padded vocabulary: Megatron's padding of the real vocabulary when it is
