@@ -14,6 +14,26 @@ use crate::rows::cube_index;
 /// Units per cube.
 pub const UNITS_PER_CUBE: u32 = 256;
 
+/// The updated parameter from the updated moments: `keep · p − lr · (m / c₁) / (√(v / c₂) + ε)`,
+/// shared by both kernels so that their arithmetic cannot drift apart.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn adam_parameter<F: Float>(
+    p: F,
+    m: F,
+    v: F,
+    correction1: f32,
+    correction2: f32,
+    eps: f32,
+    keep: f32,
+    lr: f32,
+) -> F {
+    let m_hat = m / F::cast_from(correction1);
+    let v_hat = v / F::cast_from(correction2);
+    let update = m_hat / (F::sqrt(v_hat) + F::cast_from(eps));
+    p * F::cast_from(keep) - update * F::cast_from(lr)
+}
+
 /// `param`, `m`, `v` (`len` each, `first`: no moments yet, their buffers unread) → `output`
 /// = new parameter, new `m`, new `v`, end to end (`3 · len`).
 #[cube(launch)]
@@ -46,10 +66,16 @@ pub fn adam_step<F: Float>(
             m_new = m[i] * F::cast_from(beta1) + m_new;
             v_new = v[i] * F::cast_from(beta2) + v_new;
         }
-        let m_hat = m_new / F::cast_from(correction1);
-        let v_hat = v_new / F::cast_from(correction2);
-        let update = m_hat / (F::sqrt(v_hat) + F::cast_from(eps));
-        output[i] = param[i] * F::cast_from(keep) - update * F::cast_from(lr);
+        output[i] = adam_parameter::<F>(
+            param[i],
+            m_new,
+            v_new,
+            correction1,
+            correction2,
+            eps,
+            keep,
+            lr,
+        );
         output[n + i] = m_new;
         output[2 * n + i] = v_new;
     }
@@ -59,7 +85,8 @@ pub fn adam_step<F: Float>(
 /// many parameters (llm.c's layout): `param`, `m` and `v` are overwritten, and the gradient
 /// is first multiplied by `clip[0]`, the global-norm clipping coefficient, read on the device
 /// so that the step needs no host read. Moments start as zeros, and `β₁ · 0 + x` is `x`
-/// exactly, so the first step needs no flag. The arithmetic is [`adam_step`]'s.
+/// exactly, so the first step needs no flag. The arithmetic is [`adam_step`]'s (the parameter
+/// update is the same [`adam_parameter`]).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn adam_step_in_place<F: Float>(
@@ -86,10 +113,16 @@ pub fn adam_step_in_place<F: Float>(
         let g = grad[j] * clip[0];
         let m_new = m[j] * F::cast_from(beta1) + g * F::cast_from(one_minus_beta1);
         let v_new = v[j] * F::cast_from(beta2) + (g * g) * F::cast_from(one_minus_beta2);
-        let m_hat = m_new / F::cast_from(correction1);
-        let v_hat = v_new / F::cast_from(correction2);
-        let update = m_hat / (F::sqrt(v_hat) + F::cast_from(eps));
-        param[j] = param[j] * F::cast_from(keep) - update * F::cast_from(lr);
+        param[j] = adam_parameter::<F>(
+            param[j],
+            m_new,
+            v_new,
+            correction1,
+            correction2,
+            eps,
+            keep,
+            lr,
+        );
         m[j] = m_new;
         v[j] = v_new;
     }

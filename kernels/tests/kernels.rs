@@ -1496,6 +1496,21 @@ fn flash_attention_forward_and_backward_match_float64() {
 
 /// One Adam step per kernel against float64, first step (no moments) and a later one, with
 /// and without weight decay, over a length that leaves a partly filled last cube.
+/// Adam's launch scalars at step `t` (f64 hyper-parameters, as the optimizers compute them).
+fn adam_scalars(beta1: f64, beta2: f64, eps: f64, lr: f64, decay: f64, t: i32) -> AdamScalars {
+    AdamScalars {
+        beta1: beta1 as f32,
+        one_minus_beta1: (1.0 - beta1) as f32,
+        beta2: beta2 as f32,
+        one_minus_beta2: (1.0 - beta2) as f32,
+        correction1: (1.0 - beta1.powi(t)) as f32,
+        correction2: (1.0 - beta2.powi(t)) as f32,
+        eps: eps as f32,
+        keep: (1.0 - lr * decay) as f32,
+        lr: lr as f32,
+    }
+}
+
 #[test]
 fn adam_step_matches_float64() {
     let client = client();
@@ -1505,17 +1520,7 @@ fn adam_step_matches_float64() {
     let (m, v) = (rng.vec(n, -0.05, 0.05), rng.vec(n, 0.0, 0.01));
     let (beta1, beta2, eps, lr) = (0.9f64, 0.999f64, 1e-8f64, 3e-4f64);
     for (t, decay, first) in [(1, 0.0, true), (7, 0.01, false)] {
-        let scalars = AdamScalars {
-            beta1: beta1 as f32,
-            one_minus_beta1: (1.0 - beta1) as f32,
-            beta2: beta2 as f32,
-            one_minus_beta2: (1.0 - beta2) as f32,
-            correction1: (1.0 - beta1.powi(t)) as f32,
-            correction2: (1.0 - beta2.powi(t)) as f32,
-            eps: eps as f32,
-            keep: (1.0 - lr * decay) as f32,
-            lr: lr as f32,
-        };
+        let scalars = adam_scalars(beta1, beta2, eps, lr, decay, t);
         let [ph, gh, mh, vh] = [&p, &g, &m, &v].map(|x| upload(&client, x));
         let out = poisoned(&client, 3 * n);
         let moments = (!first).then_some((&mh, &vh));
@@ -1576,17 +1581,7 @@ fn flat_adam_step_in_place_matches_float64_on_its_range_only() {
         } else {
             (rng.vec(total, -0.05, 0.05), rng.vec(total, 0.0, 0.01))
         };
-        let scalars = AdamScalars {
-            beta1: beta1 as f32,
-            one_minus_beta1: (1.0 - beta1) as f32,
-            beta2: beta2 as f32,
-            one_minus_beta2: (1.0 - beta2) as f32,
-            correction1: (1.0 - beta1.powi(t)) as f32,
-            correction2: (1.0 - beta2.powi(t)) as f32,
-            eps: eps as f32,
-            keep: (1.0 - lr * decay) as f32,
-            lr: lr as f32,
-        };
+        let scalars = adam_scalars(beta1, beta2, eps, lr, decay, t);
         let [ph, gh, mh, vh] = [&p, &g, &m, &v].map(|x| upload(&client, x));
         let ch = upload(&client, &[clip]);
         let range = (start, len);

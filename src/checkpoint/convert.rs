@@ -15,7 +15,7 @@ use anyhow::{bail, ensure, Context, Result};
 use super::megatron_torch::{is_megatron_torch, read_megatron_torch, ParameterValues};
 use super::megatron_torch_save::{save_megatron_torch, LayerSpec, MegatronRun};
 use super::{
-    read_full_checkpoint, save_checkpoint, OptimizerState, ShardPlace, TrainState, TRACKER_FILE,
+    read_full_model, save_checkpoint, OptimizerState, ShardPlace, TrainState, TRACKER_FILE,
 };
 use crate::comm::Group;
 use crate::model::named_parameters::load_named_parameters;
@@ -104,7 +104,7 @@ pub fn convert_checkpoint(
     config
         .validate_parallel(tensor_parallel)
         .map_err(anyhow::Error::msg)?;
-    let values = with_vocab_rows(source.values, padded)?;
+    let values = with_vocab_rows(source.values, padded);
     match target.format {
         CheckpointFormat::MegatronTorch => {
             let run = MegatronRun {
@@ -198,7 +198,7 @@ fn read_source(
         "{} is already a ferrotron checkpoint (which loads at any layout)",
         src.display()
     );
-    let full = read_full_checkpoint(src)?.with_context(|| {
+    let full = read_full_model(src)?.with_context(|| {
         format!(
             "no checkpoint in {} (neither {TRACKER_FILE} naming a ferrotron iteration nor a \
              Megatron mp_rank_00/model_optim_rng.pt)",
@@ -300,12 +300,12 @@ fn target_padded_vocab(
 
 /// `values` with the word embedding's rows and the output layer's columns cut or
 /// zero-padded to `padded`.
-fn with_vocab_rows(mut values: ParameterValues, padded: usize) -> Result<ParameterValues> {
+fn with_vocab_rows(mut values: ParameterValues, padded: usize) -> ParameterValues {
     for (name, dim) in [("word_embeddings.weight", 0), ("output_layer.weight", 1)] {
         if let Some((shape, v)) = values.remove(name) {
             let t = HostTensor::new(shape, v).resized(dim, padded);
             values.insert(name.to_owned(), (t.shape, t.values));
         }
     }
-    Ok(values)
+    values
 }

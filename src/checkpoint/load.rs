@@ -281,12 +281,23 @@ pub struct FullCheckpoint {
 /// Reads every `mp_rank_*` shard of the latest checkpoint under `root` and joins them along
 /// each parameter's partition dimension. `None` when there is no checkpoint.
 pub fn read_full_checkpoint(root: &Path) -> Result<Option<FullCheckpoint>> {
+    read_full(root, |_| true)
+}
+
+/// [`read_full_checkpoint`] without the optimizer state: only the `model.*` tensors are
+/// joined (and read), for conversions that write weights alone.
+pub fn read_full_model(root: &Path) -> Result<Option<FullCheckpoint>> {
+    read_full(root, |key| key.starts_with("model."))
+}
+
+/// The latest checkpoint's tensors whose keys `wanted` accepts, each joined whole.
+fn read_full(root: &Path, wanted: impl Fn(&str) -> bool) -> Result<Option<FullCheckpoint>> {
     let Some(saved) = open_checkpoint(root)? else {
         return Ok(None);
     };
     let dims = saved.partition_dims()?;
     let mut tensors = HashMap::new();
-    for key in saved.names() {
+    for key in saved.names().into_iter().filter(|k| wanted(k)) {
         let whole = saved.whole(&key, &dims)?;
         tensors.insert(key, whole);
     }

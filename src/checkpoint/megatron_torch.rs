@@ -55,24 +55,31 @@ pub fn is_megatron_torch(root: &Path) -> bool {
 pub fn megatron_vocab_rows(root: &Path) -> Result<usize> {
     let (dir, _) = iteration_dir(root)?;
     let mut rows = 0;
-    let mut rank = 0;
-    while let Some(file) =
-        Some(dir.join(format!("mp_rank_{rank:02}/model_optim_rng.pt"))).filter(|f| f.is_file())
-    {
+    for file in rank_files(&dir)? {
         let reader = PytorchReader::with_top_level_key(&file, "model")
             .with_context(|| format!("{}: not a readable torch.save file", file.display()))?;
         let embedding = reader
             .get("embedding.word_embeddings.weight")
             .with_context(|| format!("{}: no embedding.word_embeddings.weight", file.display()))?;
         rows += embedding.shape()[0];
-        rank += 1;
     }
+    Ok(rows)
+}
+
+/// Each tensor-parallel rank's `mp_rank_TT/model_optim_rng.pt` in an iteration directory,
+/// in rank order (at least rank 0's).
+fn rank_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let files: Vec<PathBuf> = (0..)
+        .map(|rank| dir.join(format!("mp_rank_{rank:02}/model_optim_rng.pt")))
+        .take_while(|file| file.is_file())
+        .collect();
     ensure!(
-        rank > 0,
-        "{}: no mp_rank_00/model_optim_rng.pt",
+        !files.is_empty(),
+        "{}: no mp_rank_00/model_optim_rng.pt; pipeline-parallel Megatron checkpoints \
+         (mp_rank_TT_PPP) are not read yet",
         dir.display()
     );
-    Ok(rows)
+    Ok(files)
 }
 
 /// The latest iteration's directory and number.
@@ -98,17 +105,10 @@ fn iteration_dir(root: &Path) -> Result<(PathBuf, u64)> {
 /// rows past the real vocabulary being padding).
 pub fn read_megatron_torch(root: &Path, config: &GptConfig) -> Result<MegatronCheckpoint> {
     let (dir, iteration) = iteration_dir(root)?;
-    let mut shards = Vec::new();
-    while dir.join(format!("mp_rank_{:02}", shards.len())).is_dir() {
-        let file = dir.join(format!("mp_rank_{:02}/model_optim_rng.pt", shards.len()));
-        shards.push(read_shard(&file)?);
-    }
-    ensure!(
-        !shards.is_empty(),
-        "{}: no mp_rank_00 directory; pipeline-parallel Megatron checkpoints \
-         (mp_rank_TT_PPP) are not read yet",
-        dir.display()
-    );
+    let mut shards = rank_files(&dir)?
+        .iter()
+        .map(|file| read_shard(file))
+        .collect::<Result<Vec<_>>>()?;
     let tensor_parallel = shards.len();
     let mut values = ParameterValues::new();
     let keys: Vec<String> = shards[0].keys().cloned().collect();

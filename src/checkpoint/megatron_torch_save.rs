@@ -13,13 +13,13 @@
 //! Weights are written in float32, ferrotron's main weights.
 
 use std::collections::HashSet;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{bail, Context, Result};
 
 use super::megatron_torch::{megatron_split, ParameterValues, Split};
 use super::torch_save::{write_torch_file, PyValue};
+use super::{begin_iteration, checkpoint_dir, publish_iteration, staging_dir, ShardPlace};
 use crate::comm::Group;
 use crate::model::named_parameters::named_parameters;
 use crate::model::{Gpt, GptConfig, Normalization, PositionEmbedding};
@@ -112,12 +112,14 @@ pub fn save_megatron_torch_rank(
     write_rank_file(&staging, group.rank(), &entries, run, group.size())?;
     group.barrier()?;
     if leader {
-        publish_iteration(root, &staging, run.iteration)?;
+        publish_iteration(root, run.iteration)?;
     }
     group.barrier()?;
-    Ok(root
-        .join(format!("iter_{:07}", run.iteration))
-        .join(format!("mp_rank_{:02}", group.rank())))
+    Ok(checkpoint_dir(
+        root,
+        run.iteration,
+        ShardPlace::tensor(group.rank(), group.size()),
+    ))
 }
 
 /// Saves whole (unsharded) parameter `values` as a Megatron checkpoint at tensor-parallel
@@ -146,7 +148,7 @@ pub fn save_megatron_torch(
         }
         write_rank_file(&staging, rank, &entries, run, tensor_parallel)?;
     }
-    publish_iteration(root, &staging, run.iteration)
+    publish_iteration(root, run.iteration)
 }
 
 /// One tensor-parallel rank's part of the Megatron tensor `key` (whole, Megatron's
@@ -495,7 +497,7 @@ fn write_rank_file(
             PyValue::Int(0),
         ),
     ]);
-    let dir = staging.join(format!("mp_rank_{rank:02}"));
+    let dir = staging.join(ShardPlace::tensor(rank, tensor_parallel).dir_name());
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     write_torch_file(
         &dir.join("model_optim_rng.pt"),
@@ -503,42 +505,4 @@ fn write_rank_file(
         &top,
         &storages,
     )
-}
-
-/// Where `iteration` is written before it is renamed into place.
-fn staging_dir(root: &Path, iteration: u64) -> PathBuf {
-    root.join(format!(".iter_{iteration:07}.tmp"))
-}
-
-/// A fresh staging directory for `iteration` under `root`.
-fn begin_iteration(root: &Path, iteration: u64) -> Result<PathBuf> {
-    let staging = staging_dir(root, iteration);
-    std::fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?;
-    if staging.exists() {
-        std::fs::remove_dir_all(&staging)
-            .with_context(|| format!("removing a stale {}", staging.display()))?;
-    }
-    std::fs::create_dir_all(&staging).with_context(|| format!("creating {}", staging.display()))?;
-    Ok(staging)
-}
-
-/// Renames the staging directory to `iter_NNNNNNN` and then names it in the tracker file.
-fn publish_iteration(root: &Path, staging: &Path, iteration: u64) -> Result<()> {
-    let final_dir = root.join(format!("iter_{iteration:07}"));
-    if final_dir.exists() {
-        std::fs::remove_dir_all(&final_dir)
-            .with_context(|| format!("replacing {}", final_dir.display()))?;
-    }
-    std::fs::rename(staging, &final_dir)
-        .with_context(|| format!("renaming to {}", final_dir.display()))?;
-    let tracker_path = root.join(super::TRACKER_FILE);
-    let mut tracker = crate::util::atomic_file::temp_file_beside(&tracker_path)?;
-    writeln!(tracker, "{iteration}")?;
-    tracker.persist(&tracker_path)?;
-    ensure!(
-        tracker_path.is_file(),
-        "{} not written",
-        tracker_path.display()
-    );
-    Ok(())
 }

@@ -20,7 +20,8 @@ pub mod tensor_file;
 pub mod torch_save;
 
 pub use load::{
-    load_checkpoint, load_model, read_full_checkpoint, FullCheckpoint, LoadedCheckpoint,
+    load_checkpoint, load_model, read_full_checkpoint, read_full_model, FullCheckpoint,
+    LoadedCheckpoint,
 };
 pub use save::save_checkpoint;
 
@@ -89,6 +90,43 @@ impl ShardPlace {
 pub fn checkpoint_dir(root: &Path, iteration: u64, place: ShardPlace) -> PathBuf {
     root.join(format!("iter_{iteration:07}"))
         .join(place.dir_name())
+}
+
+/// Where `iteration` is written before it is renamed into place (a kill during a save leaves
+/// the previous checkpoint usable).
+fn staging_dir(root: &Path, iteration: u64) -> PathBuf {
+    root.join(format!(".iter_{iteration:07}.tmp"))
+}
+
+/// A fresh, empty staging directory for `iteration` under `root` (one left by a killed save
+/// is removed first).
+fn begin_iteration(root: &Path, iteration: u64) -> Result<PathBuf> {
+    let staging = staging_dir(root, iteration);
+    std::fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?;
+    if staging.exists() {
+        std::fs::remove_dir_all(&staging)
+            .with_context(|| format!("removing a stale {}", staging.display()))?;
+    }
+    std::fs::create_dir_all(&staging).with_context(|| format!("creating {}", staging.display()))?;
+    Ok(staging)
+}
+
+/// Renames `iteration`'s complete staging directory to `iter_NNNNNNN` (replacing one saved
+/// before at the same iteration), then names it in the tracker file, replaced atomically.
+fn publish_iteration(root: &Path, iteration: u64) -> Result<()> {
+    use std::io::Write;
+    let final_dir = root.join(format!("iter_{iteration:07}"));
+    if final_dir.exists() {
+        std::fs::remove_dir_all(&final_dir)
+            .with_context(|| format!("replacing {}", final_dir.display()))?;
+    }
+    std::fs::rename(staging_dir(root, iteration), &final_dir)
+        .with_context(|| format!("renaming to {}", final_dir.display()))?;
+    let tracker_path = root.join(TRACKER_FILE);
+    let mut tracker = crate::util::atomic_file::temp_file_beside(&tracker_path)?;
+    writeln!(tracker, "{iteration}")?;
+    tracker.persist(tracker_path)?;
+    Ok(())
 }
 
 /// The iteration named by `root/latest_checkpointed_iteration.txt`, if there is one.

@@ -2,15 +2,14 @@
 //! directory renamed into place, then the tracker file.
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 use super::tensor_file::{write_tensor_refs, TensorRef};
 use super::{
-    checkpoint_dir, OptimizerState, PartitionDims, ShardPlace, TrainState, CHECKPOINT_FILE,
-    TRACKER_FILE,
+    begin_iteration, checkpoint_dir, publish_iteration, staging_dir, OptimizerState, PartitionDims,
+    ShardPlace, TrainState, CHECKPOINT_FILE,
 };
 use crate::comm::Group;
 use crate::model::named_parameters::named_parameters;
@@ -30,19 +29,12 @@ pub fn save_checkpoint(
     group: &Group,
     place: ShardPlace,
 ) -> Result<PathBuf> {
-    let final_iter_dir = root.join(format!("iter_{:07}", state.iteration));
-    let staging = root.join(format!(".iter_{:07}.tmp", state.iteration));
     let leader = group.rank() == 0;
     if leader {
-        std::fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?;
-        if staging.exists() {
-            std::fs::remove_dir_all(&staging)
-                .with_context(|| format!("removing a stale {}", staging.display()))?;
-        }
-        std::fs::create_dir_all(&staging)
-            .with_context(|| format!("creating {}", staging.display()))?;
+        begin_iteration(root, state.iteration)?;
     }
     group.barrier()?;
+    let staging = staging_dir(root, state.iteration);
     let params = named_parameters(model);
     let shapes: HashMap<&str, &Vec<usize>> =
         params.iter().map(|p| (p.name.as_str(), &p.shape)).collect();
@@ -77,16 +69,7 @@ pub fn save_checkpoint(
     write_tensor_refs(&rank_dir.join(CHECKPOINT_FILE), &tensors, metadata)?;
     group.barrier()?;
     if leader {
-        if final_iter_dir.exists() {
-            std::fs::remove_dir_all(&final_iter_dir)
-                .with_context(|| format!("replacing {}", final_iter_dir.display()))?;
-        }
-        std::fs::rename(&staging, &final_iter_dir)
-            .with_context(|| format!("renaming to {}", final_iter_dir.display()))?;
-        let tracker_path = root.join(TRACKER_FILE);
-        let mut tracker = crate::util::atomic_file::temp_file_beside(&tracker_path)?;
-        writeln!(tracker, "{}", state.iteration)?;
-        tracker.persist(tracker_path)?;
+        publish_iteration(root, state.iteration)?;
     }
     group.barrier()?;
     Ok(checkpoint_dir(root, state.iteration, place))

@@ -11,7 +11,9 @@ use super::evaluate::{evaluate, EvaluationPlace};
 use super::param_stats::params_l2_norm;
 use super::setup::{build_datasets, print_memory_estimate, set_up_rank, Datasets, RankSetup};
 use super::train_step::{overlaps_grad_reduce, train_step, StepReport};
-use crate::checkpoint::megatron_torch_save::{save_megatron_torch_rank, MegatronRun};
+use crate::checkpoint::megatron_torch_save::{
+    save_megatron_torch_rank, MegatronRun, MegatronSaveOptions,
+};
 use crate::checkpoint::{save_checkpoint, OptimizerState, ShardPlace};
 use crate::comm::world::World;
 use crate::comm::{run_ranks, Communicator, ReduceOp};
@@ -453,21 +455,17 @@ impl Trainer<'_> {
         Ok(outcome)
     }
 
-    /// Saves a checkpoint of the fp32 main weights under `--save` (if set): the optimizer
-    /// state is gathered by name (a collective over the data-parallel group when it is
-    /// sharded), the ranks of data-parallel replica 0 write their shards, and every rank
-    /// waits until the checkpoint is complete.
+    /// Saves a checkpoint of the fp32 main weights under `--save` (if set): the ranks of
+    /// data-parallel replica 0 write their shards, and every rank waits until the checkpoint
+    /// is complete. ferrotron's format also holds the optimizer state, gathered by name first
+    /// (a collective over the data-parallel group when it is sharded); Megatron's
+    /// (`--ckpt-format torch`) holds the weights only.
     fn save(&self) -> Result<()> {
         let Some(dir) = &self.cfg.save else {
             return Ok(());
         };
         let parallel = self.parallel;
         let optimizer = &self.setup.optimizer;
-        let optimizer_state = OptimizerState {
-            steps: optimizer.steps(),
-            moments: optimizer.moments()?,
-            grad_scaler: optimizer.scaler_state(),
-        };
         let place = ShardPlace {
             tp: parallel.coordinates.tp,
             tp_size: parallel.layout.tp,
@@ -476,36 +474,35 @@ impl Trainer<'_> {
         };
         let state = &self.setup.state;
         // The ranks of data-parallel replica 0 (every tensor-parallel rank of every stage) write.
-        if let (Some(options), 0) = (&self.cfg.save_megatron, parallel.coordinates.dp) {
-            let run = MegatronRun {
-                config: self.cfg.model.clone(),
-                iteration: state.iteration,
-                consumed_train_samples: state.consumed_train_samples,
-                consumed_valid_samples: state.consumed_valid_samples,
-                make_vocab_size_divisible_by: options.make_vocab_size_divisible_by,
-                vocab_size: options.vocab_size,
-                tokenizer_type: options.tokenizer_type.clone(),
-                seq_length: Some(self.cfg.seq_length),
-                bf16: self.cfg.precision == Precision::Bf16,
-                fp16: self.cfg.precision == Precision::Fp16,
+        let writes = parallel.coordinates.dp == 0;
+        if let Some(options) = &self.cfg.save_megatron {
+            if writes {
+                save_megatron_torch_rank(
+                    dir,
+                    optimizer.main_weights(),
+                    &self.megatron_run(options),
+                    options.spec,
+                    &parallel.model,
+                )?;
+            }
+        } else {
+            // Gathered on every rank (a collective under the distributed optimizer).
+            let optimizer_state = OptimizerState {
+                steps: optimizer.steps(),
+                moments: optimizer.moments()?,
+                grad_scaler: optimizer.scaler_state(),
             };
-            save_megatron_torch_rank(
-                dir,
-                optimizer.main_weights(),
-                &run,
-                options.spec,
-                &parallel.model,
-            )?;
-        } else if parallel.coordinates.dp == 0 {
-            save_checkpoint(
-                dir,
-                optimizer.main_weights(),
-                &self.cfg.model,
-                &optimizer_state,
-                state,
-                &parallel.model,
-                place,
-            )?;
+            if writes {
+                save_checkpoint(
+                    dir,
+                    optimizer.main_weights(),
+                    &self.cfg.model,
+                    &optimizer_state,
+                    state,
+                    &parallel.model,
+                    place,
+                )?;
+            }
         }
         parallel.world.barrier()?;
         if parallel.is_world_rank0() {
@@ -517,5 +514,22 @@ impl Trainer<'_> {
             );
         }
         Ok(())
+    }
+
+    /// What Megatron's `args` record of this run at the current iteration.
+    fn megatron_run(&self, options: &MegatronSaveOptions) -> MegatronRun {
+        let state = &self.setup.state;
+        MegatronRun {
+            config: self.cfg.model.clone(),
+            iteration: state.iteration,
+            consumed_train_samples: state.consumed_train_samples,
+            consumed_valid_samples: state.consumed_valid_samples,
+            make_vocab_size_divisible_by: options.make_vocab_size_divisible_by,
+            vocab_size: options.vocab_size,
+            tokenizer_type: options.tokenizer_type.clone(),
+            seq_length: Some(self.cfg.seq_length),
+            bf16: self.cfg.precision == Precision::Bf16,
+            fp16: self.cfg.precision == Precision::Fp16,
+        }
     }
 }
