@@ -557,3 +557,100 @@ fn megatron_loads_the_checkpoints_ferrotron_writes() {
         stderr(&out)
     );
 }
+
+/// `evaluate --task LAMBADA|WIKITEXT103` and `--loglikelihood` on a tiny trained HF model
+/// (imported), against `tests/fixtures/zero_shot/expected.json`: a float64 transcription of
+/// Megatron-LM's `tasks/zeroshot_gpt` and lm-evaluation-harness's HF log-likelihoods, made by
+/// `tests/fixtures/zero_shot.py`.
+#[test]
+fn zero_shot_tasks_and_loglikelihoods_equal_megatrons_and_the_harness_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = fixture("zero_shot");
+    let file = |name: &str| files.join(name).to_str().unwrap().to_string();
+    let imported = run_tool(
+        env!("CARGO_BIN_EXE_import-hf"),
+        &["--input", &file("model"), "--save", "ckpt"],
+        dir.path(),
+    );
+    assert!(imported.status.success(), "{}", stderr(&imported));
+    let tokenizer = file("tokenizer.json");
+    let evaluate = |extra: &[&str]| {
+        let mut args = vec!["--load", "ckpt", "--tokenizer-type", "HuggingFaceTokenizer"];
+        args.extend(["--tokenizer-model", &tokenizer, "--micro-batch-size", "8"]);
+        args.extend(extra);
+        run_tool(env!("CARGO_BIN_EXE_evaluate"), &args, dir.path())
+    };
+    let json = |extra: &[&str]| -> serde_json::Value {
+        let out = evaluate(extra);
+        assert!(out.status.success(), "{extra:?}: {}", stderr(&out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let expected: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(files.join("expected.json")).unwrap())
+            .unwrap();
+
+    for (key, strict) in [("non_strict", false), ("strict", true)] {
+        let mut args = vec!["--task", "LAMBADA", "--valid-data"];
+        let lambada = file("lambada.jsonl");
+        args.extend([lambada.as_str(), "--seq-length", "128", "--json"]);
+        if strict {
+            args.push("--strict-lambada");
+        }
+        let got = json(&args);
+        let want = &expected["lambada"][key];
+        assert_eq!(got["per_example"], want["correct"], "{key}");
+        assert_eq!(got["accuracy"], want["accuracy"], "{key}");
+    }
+    for want in expected["wikitext"].as_array().unwrap() {
+        let overlap = want["overlapping_eval"].to_string();
+        let wiki = file("wiki.test.tokens");
+        let got = json(&[
+            "--task",
+            "WIKITEXT103",
+            "--valid-data",
+            &wiki,
+            "--overlapping-eval",
+            &overlap,
+            "--json",
+        ]);
+        for count in ["num_original_tokens", "num_tokenized_tokens"] {
+            assert_eq!(got[count], want[count], "{count}");
+        }
+        for value in ["loss_sum", "avg_loss", "ppl", "adjusted_ppl"] {
+            let (g, w) = (got[value].as_f64().unwrap(), want[value].as_f64().unwrap());
+            assert!(
+                (g - w).abs() <= 1e-6 * w.abs(),
+                "overlap {overlap} {value}: {g} vs {w}"
+            );
+        }
+    }
+    let out = evaluate(&["--loglikelihood", &file("loglikelihood.jsonl")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let answers: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let wanted = expected["loglikelihood"].as_array().unwrap();
+    assert_eq!(answers.len(), wanted.len());
+    for (got, want) in answers.iter().zip(wanted) {
+        let (g, w) = (
+            got["loglikelihood"].as_f64().unwrap(),
+            want["loglikelihood"].as_f64().unwrap(),
+        );
+        assert!((g - w).abs() <= 1e-4, "{g} vs {w}");
+        assert_eq!(got["is_greedy"], want["is_greedy"]);
+        assert_eq!(got["tokens"], want["tokens"]);
+    }
+
+    // A malformed line is an error naming the file and line, with nothing on stdout.
+    std::fs::write(
+        dir.path().join("bad.jsonl"),
+        "{\"text\": \"a b c\"}\n{\"txt\": 1}\n",
+    )
+    .unwrap();
+    let out = evaluate(&["--task", "lambada", "--valid-data", "bad.jsonl"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("bad.jsonl:2: expected an object with a \"text\" string"));
+    assert!(out.stdout.is_empty());
+}

@@ -1,7 +1,13 @@
-//! Text generation from a trained model: sampling rules and the KV-cached decoding loop.
+//! Using a trained model: the KV-cached decoding loop and its sampling rules, and scoring
+//! (dataset windows, Megatron's zero-shot tasks, harness log-likelihoods).
 
+pub mod detokenizer;
 pub mod generate;
+pub mod lambada;
+pub mod loglikelihood;
+pub mod next_token_scores;
 pub mod sampling;
+pub mod wikitext;
 pub mod window_eval;
 
 pub use generate::{generate, GenerateOptions};

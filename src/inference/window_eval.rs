@@ -3,10 +3,10 @@
 //! Window i is tokens `i·L .. i·L + L + 1` of the whole token stream, unshuffled, so any other
 //! implementation (a HuggingFace export, Megatron) can score exactly the same samples.
 
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::Device;
 
+use super::next_token_scores::{score_rows, OutputColumns};
 use crate::data::IndexedDataset;
-use crate::model::loss::token_losses;
 use crate::model::Gpt;
 
 /// The first `count` windows of `seq_length + 1` tokens; an error if the dataset is too short.
@@ -31,7 +31,8 @@ pub fn contiguous_windows(
 
 /// Mean next-token cross-entropy of `model` over `windows`, scored over the first
 /// `vocab_size` logits only (the tokenizer's real vocabulary, without Megatron's padding rows,
-/// as a HuggingFace export with the unpadded vocabulary scores).
+/// as a HuggingFace export with the unpadded vocabulary scores). The windows must fit the
+/// model's positions (the `evaluate` tool checks `--seq-length` first).
 pub fn mean_window_loss(
     model: &Gpt,
     windows: &[Vec<u32>],
@@ -39,28 +40,15 @@ pub fn mean_window_loss(
     batch_size: usize,
     device: &Device,
 ) -> f64 {
-    let mut total = 0.0;
-    let mut count = 0usize;
-    for chunk in windows.chunks(batch_size.max(1)) {
-        let seq = chunk[0].len() - 1;
-        let ids = |range: std::ops::Range<usize>| -> Vec<i64> {
-            chunk
-                .iter()
-                .flat_map(|w| w[range.clone()].iter().map(|&t| t as i64))
-                .collect()
-        };
-        let tokens =
-            Tensor::<2, Int>::from_data(TensorData::new(ids(0..seq), [chunk.len(), seq]), device);
-        let labels = Tensor::<2, Int>::from_data(
-            TensorData::new(ids(1..seq + 1), [chunk.len(), seq]),
-            device,
-        );
-        let logits = model.forward(tokens).narrow(2, 0, vocab_size);
-        let losses: Vec<f64> = token_losses(logits, labels)
-            .try_into_vec_as::<f64>()
-            .expect("float losses");
-        total += losses.iter().sum::<f64>();
-        count += losses.len();
-    }
-    total / count.max(1) as f64
+    let scores = score_rows(
+        model,
+        windows,
+        OutputColumns::Real(vocab_size),
+        batch_size,
+        device,
+    )
+    .expect("windows within the model's positions");
+    let count: usize = scores.iter().map(|s| s.log_probs.len()).sum();
+    let total: f64 = scores.iter().flat_map(|s| &s.log_probs).sum();
+    -total / count.max(1) as f64
 }
