@@ -34,6 +34,7 @@ fn main() {
             stop_token: None,
             vocab_size: 50257,
             kv_cache,
+            no_repeat_ngram_size: 0,
         };
         let mut sampler = Sampler::new(SamplingConfig::greedy());
         // Warm-up: a few tokens.
@@ -43,7 +44,9 @@ fn main() {
         };
         generate(&model, &prompt, &warm, &mut sampler, &device, |_| {}).unwrap();
         let start = Instant::now();
-        let tokens = generate(&model, &prompt, &options, &mut sampler, &device, |_| {}).unwrap();
+        let tokens = generate(&model, &prompt, &options, &mut sampler, &device, |_| {})
+            .unwrap()
+            .tokens;
         (tokens, tokens_per_second(new_tokens, start))
     };
     let (cached_tokens, cached) = run(true);

@@ -11,6 +11,8 @@ use std::path::Path;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use common::*;
 use ferrotron::checkpoint::load_model;
+use ferrotron::inference::beam_search::beam_search;
+use ferrotron::inference::next_token_scores::{score_rows, OutputColumns};
 use ferrotron::inference::window_eval::mean_window_loss;
 use ferrotron::inference::{generate, GenerateOptions, Sampler, SamplingConfig};
 use ferrotron::model::{Gpt, KvCache};
@@ -50,6 +52,7 @@ fn greedy_generation_equals_huggingface_generate() {
                 stop_token: Some(EOS),
                 vocab_size: HF_VOCAB,
                 kv_cache,
+                no_repeat_ngram_size: 0,
             };
             let mut streamed = Vec::new();
             let tokens = generate(
@@ -60,7 +63,8 @@ fn greedy_generation_equals_huggingface_generate() {
                 &Device::flex(),
                 |t| streamed.push(t),
             )
-            .unwrap();
+            .unwrap()
+            .tokens;
             assert_eq!(tokens, expected, "prompt {prompt:?}, kv cache {kv_cache}");
             assert_eq!(streamed, tokens);
         }
@@ -220,6 +224,40 @@ fn the_generate_tool_streams_what_it_reports_as_json() {
     ];
     let a = run(&[&sample[..], &["--seed", "5"]].concat());
     assert_eq!(a, run(&[&sample[..], &["--seed", "5"]].concat()));
+    // Beam search with one beam is greedy decoding; log-probabilities come with --logprobs.
+    let beam = run(&[
+        "--prompt",
+        prompts[0],
+        "--num-beams",
+        "1",
+        "--json",
+        "--logprobs",
+        "--greedy",
+    ]);
+    let beam: serde_json::Value = serde_json::from_str(&beam).unwrap();
+    assert_eq!(beam["tokens"], lines[0]["tokens"]);
+    let logprobs = beam["logprobs"].as_array().unwrap();
+    assert_eq!(logprobs.len(), token_ids(&beam["tokens"]).len());
+    assert!(logprobs.iter().all(|p| p.as_f64().unwrap() <= 0.0));
+    let three = run(&["--prompt", prompts[0], "--beam-width", "3", "--json"]);
+    let three: serde_json::Value = serde_json::from_str(&three).unwrap();
+    assert!(!token_ids(&three["tokens"]).is_empty());
+    let refused = run_tool(
+        env!("CARGO_BIN_EXE_generate"),
+        &[
+            "--load",
+            "ckpt",
+            "--prompt",
+            "a",
+            "--beam-width",
+            "3",
+            "--top-k",
+            "5",
+        ],
+        dir.path(),
+    );
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(stderr(&refused).contains("beam search is greedy"));
     // Bad input: file and line named, exit code 1.
     std::fs::write(dir.path().join("bad.jsonl"), "\"ok\"\n{\"text\": 3}\n").unwrap();
     let out = run_tool(
@@ -229,4 +267,82 @@ fn the_generate_tool_streams_what_it_reports_as_json() {
     );
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("bad.jsonl:2:"), "{}", stderr(&out));
+}
+
+/// Beam search equals HuggingFace `generate(num_beams=B, no_repeat_ngram_size=K,
+/// length_penalty=P, early_stopping=False, do_sample=False)` token for token, and its score
+/// (`tests/fixtures/hf_beam_search.json`, made by `tests/fixtures/hf_beam_search.py`: 15 cases,
+/// some of whose best hypotheses end early at the stop token).
+#[test]
+fn beam_search_equals_huggingface_beam_search() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = imported(dir.path());
+    let reference: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("hf_beam_search.json")).unwrap())
+            .unwrap();
+    for case in reference["cases"].as_array().unwrap() {
+        let number = |key: &str| case[key].as_f64().unwrap();
+        let options = GenerateOptions {
+            max_new_tokens: number("max_new_tokens") as usize,
+            stop_token: Some(number("eos_token_id") as u32),
+            vocab_size: HF_VOCAB,
+            kv_cache: true,
+            no_repeat_ngram_size: number("no_repeat_ngram_size") as usize,
+        };
+        let prompt = token_ids(&case["prompt"]);
+        let beams = number("num_beams") as usize;
+        let penalty = number("length_penalty");
+        let best = beam_search(&model, &prompt, &options, beams, penalty, &Device::flex()).unwrap();
+        assert_eq!(best.tokens, token_ids(&case["tokens"]), "{case}");
+        let score = best.log_probs.iter().sum::<f64>() / (best.tokens.len() as f64).powf(penalty);
+        assert!(
+            (score - number("score")).abs() < 1e-4,
+            "{case}: score {score}"
+        );
+    }
+}
+
+/// The log-probabilities generation reports are the evaluator's scores of the same tokens.
+#[test]
+fn generated_log_probs_are_the_scorers() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = imported(dir.path());
+    let prompt = [100, 4, 200, 31, 5];
+    let options = GenerateOptions {
+        max_new_tokens: 12,
+        stop_token: None,
+        vocab_size: HF_VOCAB,
+        kv_cache: true,
+        no_repeat_ngram_size: 0,
+    };
+    let mut sampler = Sampler::new(SamplingConfig {
+        greedy: false,
+        temperature: 0.8,
+        top_k: 0,
+        top_p: 0.0,
+        seed: 3,
+    });
+    let out = generate(
+        &model,
+        &prompt,
+        &options,
+        &mut sampler,
+        &Device::flex(),
+        |_| {},
+    )
+    .unwrap();
+    let row = [prompt.as_slice(), &out.tokens].concat();
+    let scores = score_rows(
+        &model,
+        &[row],
+        OutputColumns::Real(HF_VOCAB),
+        1,
+        &Device::flex(),
+    )
+    .unwrap();
+    let expected = &scores[0].log_probs[prompt.len() - 1..];
+    assert_eq!(out.log_probs.len(), expected.len());
+    for (got, want) in out.log_probs.iter().zip(expected) {
+        assert!((got - want).abs() < 1e-5, "{got} vs {want}");
+    }
 }

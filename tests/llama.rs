@@ -74,6 +74,7 @@ fn check_against_huggingface(name: &str) {
                 stop_token: Some(EOS),
                 vocab_size: HF_VOCAB,
                 kv_cache,
+                no_repeat_ngram_size: 0,
             };
             let tokens = generate(
                 &model,
@@ -83,7 +84,8 @@ fn check_against_huggingface(name: &str) {
                 &Device::flex(),
                 |_| {},
             )
-            .unwrap();
+            .unwrap()
+            .tokens;
             assert_eq!(
                 tokens,
                 token_ids(&case["tokens"]),

@@ -8,10 +8,14 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
+use burn::tensor::Device;
 use clap::Parser;
 
 use ferrotron::checkpoint::load_model;
+use ferrotron::inference::beam_search::beam_search;
+use ferrotron::inference::generate::Generation;
 use ferrotron::inference::{generate, GenerateOptions, Sampler, SamplingConfig};
+use ferrotron::model::Gpt;
 use ferrotron::tokenizer::{TextTokenizer, TokenizerArgs};
 use ferrotron::util::device::parse_device;
 
@@ -49,9 +53,22 @@ struct Args {
     /// Seed of the sampler.
     #[arg(long, default_value_t = 1234)]
     seed: u32,
+    /// Beam search with this many beams (HuggingFace's num_beams; 1: no beam search). Greedy:
+    /// not with --temperature, --top-k or --top-p.
+    #[arg(long, alias = "num-beams", default_value_t = 1)]
+    beam_width: usize,
+    /// Beam search: finished hypotheses are scored sum(log-probs) / length^P.
+    #[arg(long, default_value_t = 1.0)]
+    length_penalty: f64,
+    /// Never complete an n-gram of this size that the prompt and the text so far hold (0: off).
+    #[arg(long, default_value_t = 0)]
+    no_repeat_ngram_size: usize,
     /// One JSON line per prompt: {"prompt", "prompt_tokens", "tokens" (new ids), "text"}.
     #[arg(long)]
     json: bool,
+    /// With --json: add "logprobs", each new token's log-probability under the model.
+    #[arg(long)]
+    logprobs: bool,
     /// Recompute the whole prefix for every token (the reference for the cache).
     #[arg(long)]
     no_kv_cache: bool,
@@ -140,6 +157,17 @@ fn run(args: Args) -> Result<()> {
         seed: args.seed,
     };
     sampling.validate().map_err(anyhow::Error::msg)?;
+    let sampled =
+        !sampling.is_greedy() && (args.temperature != 1.0 || args.top_k > 0 || args.top_p > 0.0);
+    if args.beam_width > 1 && sampled {
+        bail!("beam search is greedy: it takes no --temperature, --top-k or --top-p");
+    }
+    if args.beam_width == 0 {
+        bail!("--beam-width must be at least 1");
+    }
+    if args.logprobs && !args.json {
+        bail!("--logprobs adds to the --json output: give --json too");
+    }
     let device = parse_device(&args.device).map_err(anyhow::Error::msg)?;
     let (model, _) = load_model(&args.load, &device)?;
     let tokenizer = args.tokenizer.load()?;
@@ -155,13 +183,14 @@ fn run(args: Args) -> Result<()> {
         stop_token: tokenizer.eod(),
         vocab_size: tokenizer.vocab_size(),
         kv_cache: !args.no_kv_cache,
+        no_repeat_ngram_size: args.no_repeat_ngram_size,
     };
     let mut sampler = Sampler::new(sampling);
     for prompt in &prompts {
         let mut ids = Vec::new();
         tokenizer.encoder().encode(prompt, &mut ids)?;
-        let tokens = if args.json {
-            generate(&model, &ids, &options, &mut sampler, &device, |_| {})
+        let generation = if args.json {
+            continue_prompt(&args, &model, &ids, &options, &mut sampler, &device, |_| {})
         } else {
             print!("{prompt}");
             let mut stream = TextStream {
@@ -169,24 +198,54 @@ fn run(args: Args) -> Result<()> {
                 tokens: vec![],
                 printed: 0,
             };
-            let tokens = generate(&model, &ids, &options, &mut sampler, &device, |t| {
-                stream.push(t)
-            });
+            let generation =
+                continue_prompt(&args, &model, &ids, &options, &mut sampler, &device, |t| {
+                    stream.push(t)
+                });
             stream.finish();
-            tokens
+            generation
         }
         .map_err(|e| anyhow::anyhow!("prompt {prompt:?}: {e}"))?;
         if args.json {
-            let line = serde_json::json!({
+            let mut line = serde_json::json!({
                 "prompt": prompt,
                 "prompt_tokens": ids,
-                "tokens": tokens,
-                "text": tokenizer.decode(&tokens)?,
+                "tokens": generation.tokens,
+                "text": tokenizer.decode(&generation.tokens)?,
             });
+            if args.logprobs {
+                line["logprobs"] = serde_json::json!(generation.log_probs);
+            }
             println!("{line}");
         }
     }
     Ok(())
+}
+
+/// Beam search (whose tokens are known only at the end), or sampling token by token.
+fn continue_prompt(
+    args: &Args,
+    model: &Gpt,
+    ids: &[u32],
+    options: &GenerateOptions,
+    sampler: &mut Sampler,
+    device: &Device,
+    mut on_token: impl FnMut(u32),
+) -> Result<Generation, String> {
+    if args.beam_width > 1 {
+        let generation = beam_search(
+            model,
+            ids,
+            options,
+            args.beam_width,
+            args.length_penalty,
+            device,
+        )?;
+        generation.tokens.iter().for_each(|&t| on_token(t));
+        Ok(generation)
+    } else {
+        generate(model, ids, options, sampler, device, on_token)
+    }
 }
 
 fn main() -> ExitCode {

@@ -44,7 +44,7 @@ impl SamplingConfig {
         Ok(())
     }
 
-    fn is_greedy(&self) -> bool {
+    pub fn is_greedy(&self) -> bool {
         self.greedy || self.temperature == 0.0
     }
 }
