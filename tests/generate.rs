@@ -346,3 +346,406 @@ fn generated_log_probs_are_the_scorers() {
         assert!((got - want).abs() < 1e-5, "{got} vs {want}");
     }
 }
+
+/// A running `serve` on a free loopback port, stopped (SIGTERM) when dropped.
+struct Served {
+    child: std::process::Child,
+    url: String,
+}
+
+impl Served {
+    fn start(dir: &Path, extra: &[&str]) -> Served {
+        use std::io::BufRead;
+        let tokenizer = fixture("zero_shot/tokenizer.json");
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_serve"))
+            .args([
+                "--load",
+                "ckpt",
+                "--port",
+                "0",
+                "--tokenizer-type",
+                "HuggingFaceTokenizer",
+            ])
+            .args(["--tokenizer-model", tokenizer.to_str().unwrap()])
+            .args(extra)
+            .current_dir(dir)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let url = line
+            .trim()
+            .strip_prefix("listening on ")
+            .expect(&line)
+            .to_string();
+        Served { child, url }
+    }
+
+    /// (status, JSON body) of one request.
+    fn call(&self, method: &str, path: &str, body: &str) -> (u16, serde_json::Value) {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build()
+            .into();
+        let url = format!("{}{path}", self.url);
+        let mut response = match method {
+            "PUT" => agent.put(&url).content_type("application/json").send(body),
+            "POST" => agent.post(&url).content_type("application/json").send(body),
+            _ => agent.get(&url).call(),
+        }
+        .unwrap();
+        let status = response.status().as_u16();
+        let text = response.body_mut().read_to_string().unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+        )
+    }
+
+    /// SIGTERM; the exit status.
+    fn stop(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap();
+        self.child.wait().unwrap()
+    }
+}
+
+/// The zero-shot fixture's model (it has a tokenizer), imported into `dir/ckpt`.
+fn zero_shot_checkpoint(dir: &Path) -> Gpt {
+    let input = fixture("zero_shot/model");
+    let out = run_tool(
+        env!("CARGO_BIN_EXE_import-hf"),
+        &["--input", input.to_str().unwrap(), "--save", "ckpt"],
+        dir,
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    load_model(&dir.join("ckpt"), &Device::flex()).unwrap().0
+}
+
+const SERVED_PROMPTS: [&str; 8] = [
+    "The team then won",
+    "In 1908",
+    "Route 29 crosses",
+    "Yorkshire had been",
+    "As one of the major",
+    "The last two",
+    "<unk> believes that",
+    "a",
+];
+
+/// `generate --greedy --json` on each prompt: the reference for the server's greedy answers.
+fn greedy_reference(dir: &Path, tokens: usize) -> Vec<Vec<u32>> {
+    let tokenizer = fixture("zero_shot/tokenizer.json");
+    let count = tokens.to_string();
+    let mut args = vec![
+        "--load",
+        "ckpt",
+        "--greedy",
+        "--json",
+        "--max-new-tokens",
+        &count,
+    ];
+    args.extend(["--tokenizer-type", "HuggingFaceTokenizer"]);
+    args.extend(["--tokenizer-model", tokenizer.to_str().unwrap()]);
+    for p in SERVED_PROMPTS {
+        args.extend(["--prompt", p]);
+    }
+    let out = run_tool(env!("CARGO_BIN_EXE_generate"), &args, dir);
+    assert!(out.status.success(), "{}", stderr(&out));
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let mut all = token_ids(&v["prompt_tokens"]);
+            let new = token_ids(&v["tokens"]);
+            // The server leaves out the end-of-document token that stopped generation.
+            all.extend(new.iter().filter(|&&t| t != 499));
+            all
+        })
+        .collect()
+}
+
+/// `serve`: Megatron's `PUT /api` (greedy answers equal `generate --greedy`, log-probabilities
+/// equal the evaluator's, concurrent clients batched correctly, every validation rule a 400
+/// with Megatron's message), OpenAI's `/v1/completions`, 404/413/503, and SIGTERM exiting 0.
+#[test]
+fn the_server_answers_as_generate_and_megatron_and_survives_bad_requests() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = zero_shot_checkpoint(dir.path());
+    let expected = greedy_reference(dir.path(), 12);
+    let served = Served::start(dir.path(), &[]);
+
+    let body = serde_json::json!({
+        "prompts": SERVED_PROMPTS, "tokens_to_generate": 12, "top_k": 1, "logprobs": true,
+    });
+    let (status, answer) = served.call("PUT", "/api", &body.to_string());
+    assert_eq!(status, 200, "{answer}");
+    let tokens: Vec<Vec<u32>> = answer["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(token_ids)
+        .collect();
+    assert_eq!(tokens, expected);
+    let scores = score_rows(
+        &model,
+        &tokens,
+        OutputColumns::Real(500),
+        4,
+        &Device::flex(),
+    )
+    .unwrap();
+    for (i, s) in scores.iter().enumerate() {
+        let got: Vec<f64> = answer["logprobs"][i]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        assert_eq!(got.len(), s.log_probs.len());
+        assert!(
+            got.iter()
+                .zip(&s.log_probs)
+                .all(|(a, b)| (a - b).abs() < 1e-5),
+            "{i}"
+        );
+        assert_eq!(
+            answer["segments"][i].as_array().unwrap().len(),
+            tokens[i].len()
+        );
+        assert!(answer["text"][i]
+            .as_str()
+            .unwrap()
+            .starts_with(SERVED_PROMPTS[i]));
+    }
+
+    // 8 concurrent clients × 4 requests, each for one prompt: the batched answers are the
+    // single-prompt ones.
+    std::thread::scope(|scope| {
+        for client in 0..8 {
+            let (served, expected) = (&served, &expected);
+            scope.spawn(move || {
+                for round in 0..4 {
+                    let i = (client + round) % SERVED_PROMPTS.len();
+                    let body = serde_json::json!({
+                        "prompts": [SERVED_PROMPTS[i]], "tokens_to_generate": 12, "top_k": 1,
+                    });
+                    let (status, answer) = served.call("PUT", "/api", &body.to_string());
+                    assert_eq!(status, 200, "{answer}");
+                    assert_eq!(
+                        token_ids(&answer["tokens"][0]),
+                        expected[i],
+                        "client {client}"
+                    );
+                }
+            });
+        }
+    });
+
+    for (body, message) in megatron_api_rules() {
+        let (status, answer) = served.call("PUT", "/api", &body);
+        assert_eq!((status, answer.as_str()), (400, Some(message)), "{body}");
+    }
+    let (status, _) = served.call("PUT", "/api", "{\"prompts\": [\"a\"");
+    assert_eq!(status, 400);
+    let (status, _) = served.call("PUT", "/api", &"x".repeat(2 << 20));
+    assert_eq!(status, 413);
+    assert_eq!(served.call("GET", "/nothing", "").0, 404);
+    assert_eq!(served.call("GET", "/api", "").0, 405);
+
+    check_completions(&served, &expected);
+    // Still serving after all of that.
+    let (status, answer) = served.call("PUT", "/api", &body.to_string());
+    assert_eq!(
+        (status, answer["tokens"].as_array().unwrap().len()),
+        (200, 8)
+    );
+    assert!(served.stop().success());
+}
+
+/// OpenAI's completions: greedy (temperature 0) equals the reference, `echo` and `logprobs`
+/// (a leading null), `stop` strings, and its 400s.
+fn check_completions(served: &Served, expected: &[Vec<u32>]) {
+    let body = serde_json::json!({
+        "prompt": [SERVED_PROMPTS[0], SERVED_PROMPTS[1]], "max_tokens": 12, "temperature": 0,
+        "echo": true, "logprobs": 0,
+    });
+    let (status, answer) = served.call("POST", "/v1/completions", &body.to_string());
+    assert_eq!(status, 200, "{answer}");
+    for i in 0..2 {
+        let choice = &answer["choices"][i];
+        let logprobs = choice["logprobs"]["token_logprobs"].as_array().unwrap();
+        assert_eq!(logprobs.len(), expected[i].len());
+        assert!(logprobs[0].is_null() && logprobs[1].is_f64());
+        let text = choice["text"].as_str().unwrap();
+        let pieces: String = choice["logprobs"]["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_str().unwrap())
+            .collect();
+        assert_eq!(pieces, text);
+    }
+    let plain =
+        serde_json::json!({"prompt": SERVED_PROMPTS[0], "max_tokens": 12, "temperature": 0});
+    let (_, answer) = served.call("POST", "/v1/completions", &plain.to_string());
+    let text = answer["choices"][0]["text"].as_str().unwrap().to_string();
+    assert_eq!(answer["choices"][0]["finish_reason"], "length");
+    let stop = text.chars().skip(3).take(2).collect::<String>();
+    let mut stopped = plain.clone();
+    stopped["stop"] = serde_json::json!([stop]);
+    let (_, answer) = served.call("POST", "/v1/completions", &stopped.to_string());
+    assert_eq!(
+        answer["choices"][0]["text"].as_str().unwrap(),
+        &text[..text.find(&stop).unwrap()]
+    );
+    assert_eq!(answer["choices"][0]["finish_reason"], "stop");
+    for bad in [
+        r#"{"max_tokens": 3}"#,
+        r#"{"prompt": "a", "n": 2}"#,
+        r#"{"prompt": "a", "stream": true}"#,
+        r#"{"prompt": "a", "temperature": -1}"#,
+        r#"{"prompt": "a", "stop": ["a", "b", "c", "d", "e"]}"#,
+        r#"{"prompt": 5}"#,
+    ] {
+        let (status, answer) = served.call("POST", "/v1/completions", bad);
+        assert_eq!(status, 400, "{bad}");
+        assert!(answer["error"]["message"].is_string(), "{answer}");
+    }
+    let (status, _) = served.call("POST", "/completions", r#"{"prompt": "a"}"#);
+    assert_eq!(status, 400, "Megatron's /completions needs max_tokens");
+}
+
+/// Each of Megatron's `PUT /api` rules, in its order, with its message.
+fn megatron_api_rules() -> Vec<(String, &'static str)> {
+    let many = serde_json::json!({"prompts": vec!["a"; 129]}).to_string();
+    let rules = vec![
+        (r#"{}"#, "prompts argument required"),
+        (
+            r#"{"prompts": ["a"], "max_len": 3}"#,
+            "max_len is no longer used.  Replace with tokens_to_generate",
+        ),
+        (
+            r#"{"prompts": ["a"], "sentences": ["a"]}"#,
+            "sentences is no longer used.  Replace with prompts",
+        ),
+        (
+            r#"{"prompts": ["a"], "beam_width": 2}"#,
+            "Beam search is no longer supported.",
+        ),
+        (r#"{"prompts": "a"}"#, "prompts is not a list of strings"),
+        (r#"{"prompts": [1]}"#, "prompts is not a list of strings"),
+        (r#"{"prompts": []}"#, "prompts is empty"),
+        (
+            r#"{"prompts": ["a"], "tokens_to_generate": "3"}"#,
+            "tokens_to_generate must be an integer greater than 0",
+        ),
+        (
+            r#"{"prompts": ["a"], "tokens_to_generate": -1}"#,
+            "tokens_to_generate must be an integer greater than or equal to 0",
+        ),
+        (
+            r#"{"prompts": ["a"], "logprobs": 1}"#,
+            "logprobs must be a boolean value",
+        ),
+        (
+            r#"{"prompts": ["a"], "tokens_to_generate": 0}"#,
+            "tokens_to_generate=0 implies logprobs should be True",
+        ),
+        (
+            r#"{"prompts": ["a"], "temperature": 0}"#,
+            "temperature must be a positive number less than or equal to 100.0",
+        ),
+        (
+            r#"{"prompts": ["a"], "temperature": 100.5}"#,
+            "temperature must be a positive number less than or equal to 100.0",
+        ),
+        (
+            r#"{"prompts": ["a"], "top_k": 1.5}"#,
+            "top_k must be an integer equal to or greater than 0 and less than or equal to 1000",
+        ),
+        (
+            r#"{"prompts": ["a"], "top_k": 1001}"#,
+            "top_k must be equal to or greater than 0 and less than or equal to 1000",
+        ),
+        (
+            r#"{"prompts": ["a"], "top_p": 1}"#,
+            "top_p must be a positive float less than or equal to 1.0",
+        ),
+        (
+            r#"{"prompts": ["a"], "top_k": 5, "top_p": 0.5}"#,
+            "cannot set both top-k and top-p samplings.",
+        ),
+        (
+            r#"{"prompts": ["a"], "top_p": 1.5}"#,
+            "top_p must be less than or equal to 1.0",
+        ),
+        (
+            r#"{"prompts": ["a"], "top_p_decay": 0.5}"#,
+            "top_p_decay cannot be set without top_p",
+        ),
+        (
+            r#"{"prompts": ["a"], "top_p": 0.5, "top_p_bound": 0.7}"#,
+            "top_p_bound must be greater than 0 and less than top_p",
+        ),
+        (
+            r#"{"prompts": ["a"], "add_BOS": "yes"}"#,
+            "add_BOS must be a boolean value",
+        ),
+        (r#"{"prompts": [""]}"#, "Empty prompts require add_BOS=true"),
+        (
+            r#"{"prompts": ["a"], "stop_on_eol": 1}"#,
+            "stop_on_eol must be a boolean value",
+        ),
+        (
+            r#"{"prompts": ["a"], "random_seed": -2}"#,
+            "random_seed must be a positive integer",
+        ),
+        (
+            r#"{"prompts": ["a"], "stop_token": "x"}"#,
+            "stop_token must be an integer",
+        ),
+        (
+            r#"{"prompts": ["a"], "length_penalty": 1}"#,
+            "length_penalty must be a float",
+        ),
+    ];
+    let mut rules: Vec<(String, &str)> =
+        rules.into_iter().map(|(b, m)| (b.to_string(), m)).collect();
+    rules.push((many, "Maximum number of prompts is 128"));
+    rules
+}
+
+/// A full queue is answered 503 and the server keeps serving.
+#[test]
+fn a_full_queue_is_a_503_not_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    zero_shot_checkpoint(dir.path());
+    let served = Served::start(dir.path(), &["--queue-size", "1", "--max-batch-rows", "1"]);
+    let body = serde_json::json!({"prompts": ["The team"], "tokens_to_generate": 100, "top_k": 1})
+        .to_string();
+    let statuses: Vec<u16> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..12)
+            .map(|_| scope.spawn(|| served.call("PUT", "/api", &body).0))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(
+        statuses.iter().all(|&s| s == 200 || s == 503),
+        "{statuses:?}"
+    );
+    assert!(
+        statuses.contains(&503) && statuses.contains(&200),
+        "{statuses:?}"
+    );
+    assert_eq!(served.call("PUT", "/api", &body).0, 200);
+    assert!(served.stop().success());
+}
