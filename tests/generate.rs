@@ -749,3 +749,99 @@ fn a_full_queue_is_a_503_not_a_crash() {
     assert_eq!(served.call("PUT", "/api", &body).0, 200);
     assert!(served.stop().success());
 }
+
+/// `generate --tensor-model-parallel-size N` (threads, and ranks under `mpirun`): every rank
+/// holds 1/N of the model, loaded from a TP=1 checkpoint, and the tokens are TP=1's — greedy,
+/// sampled and beam search, on a GPT-2 (tied output) and a Llama (GQA, untied output).
+#[test]
+fn tensor_parallel_generation_gives_the_single_rank_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    zero_shot_checkpoint(dir.path());
+    let llama = fixture("hf_tiny_llama");
+    let out = run_tool(
+        env!("CARGO_BIN_EXE_import-hf"),
+        &["--input", llama.to_str().unwrap(), "--save", "llama"],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let tokenizer = fixture("zero_shot/tokenizer.json");
+    let zero_shot = ["--load", "ckpt", "--tokenizer-type", "HuggingFaceTokenizer"];
+    let zero_shot = [
+        &zero_shot[..],
+        &["--tokenizer-model", tokenizer.to_str().unwrap()],
+    ]
+    .concat();
+    // The Llama fixture has no tokenizer: NullTokenizer reads the prompt's ids.
+    let llama = [
+        "--load",
+        "llama",
+        "--tokenizer-type",
+        "NullTokenizer",
+        "--vocab-size",
+        "250",
+    ];
+    let prompts = ["--prompt", "The team then won", "--prompt", "In 1908"];
+    let ids = ["--prompt", "1 2 3", "--prompt", "100 4 200 31 5"];
+    let cases: Vec<Vec<&str>> = vec![
+        [&zero_shot[..], &prompts, &["--greedy"]].concat(),
+        [&zero_shot[..], &prompts, &["--top-k", "20", "--seed", "5"]].concat(),
+        [&zero_shot[..], &prompts, &["--num-beams", "3"]].concat(),
+        [&llama[..], &ids, &["--greedy"]].concat(),
+    ];
+    let generate = |case: &[&str], tp: &str, mpi: bool| -> String {
+        let mut args = case.to_vec();
+        args.extend(["--json", "--logprobs", "--max-new-tokens", "12"]);
+        args.extend(["--tensor-model-parallel-size", tp]);
+        let out = if mpi {
+            let mut cmd = common::mpi::mpirun_command(2);
+            cmd.arg(env!("CARGO_BIN_EXE_generate"))
+                .args(&args)
+                .current_dir(dir.path());
+            cmd.output().unwrap()
+        } else {
+            run_tool(env!("CARGO_BIN_EXE_generate"), &args, dir.path())
+        };
+        assert!(out.status.success(), "{case:?} tp {tp}: {}", stderr(&out));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    for (i, case) in cases.iter().enumerate() {
+        let single: Vec<serde_json::Value> = generate(case, "1", false)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(single.len(), 2);
+        let tps: &[&str] = if i == 3 { &["2"] } else { &["2", "4"] };
+        for tp in tps {
+            let split: Vec<serde_json::Value> = generate(case, tp, false)
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+            assert_same_generation(&single, &split, &format!("{case:?} tp {tp}"));
+        }
+        if i == 0 {
+            let mpi: Vec<serde_json::Value> = generate(case, "2", true)
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+            assert_same_generation(&single, &mpi, "mpirun -np 2");
+        }
+    }
+}
+
+/// The same tokens, and log-probabilities equal to float noise.
+fn assert_same_generation(a: &[serde_json::Value], b: &[serde_json::Value], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}");
+    for (x, y) in a.iter().zip(b) {
+        assert_eq!(x["tokens"], y["tokens"], "{what}");
+        let (p, q) = (
+            x["logprobs"].as_array().unwrap(),
+            y["logprobs"].as_array().unwrap(),
+        );
+        assert!(
+            p.iter()
+                .zip(q)
+                .all(|(p, q)| (p.as_f64().unwrap() - q.as_f64().unwrap()).abs() < 1e-4),
+            "{what}"
+        );
+    }
+}

@@ -6,16 +6,21 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
+use burn::module::Module;
 use burn::tensor::Device;
 use clap::Parser;
 
-use ferrotron::checkpoint::load_model;
+use ferrotron::checkpoint::load_checkpoint;
+use ferrotron::comm::world::{launcher_variable, World};
+use ferrotron::comm::{run_ranks, Communicator};
 use ferrotron::inference::beam_search::beam_search;
 use ferrotron::inference::generate::Generation;
 use ferrotron::inference::{generate, GenerateOptions, Sampler, SamplingConfig};
 use ferrotron::model::Gpt;
+use ferrotron::parallel::state::ParallelState;
 use ferrotron::tokenizer::{TextTokenizer, TokenizerArgs};
 use ferrotron::util::device::parse_device;
 
@@ -72,6 +77,11 @@ struct Args {
     /// Recompute the whole prefix for every token (the reference for the cache).
     #[arg(long)]
     no_kv_cache: bool,
+    /// Split the model over this many ranks (threads, or the ranks of an MPI launcher): each
+    /// holds 1/N of every layer; the checkpoint is resharded from whatever layout it was saved
+    /// in. The tokens are TP=1's.
+    #[arg(long, default_value_t = 1)]
+    tensor_model_parallel_size: usize,
     /// Backend: cpu, or (in builds with those features) cuda, cuda:N, wgpu, wgpu-cpu.
     #[arg(long, default_value = "cpu")]
     device: String,
@@ -168,10 +178,53 @@ fn run(args: Args) -> Result<()> {
     if args.logprobs && !args.json {
         bail!("--logprobs adds to the --json output: give --json too");
     }
+    let tp = args.tensor_model_parallel_size;
+    if tp == 0 {
+        bail!("--tensor-model-parallel-size must be at least 1");
+    }
+    if launcher_variable().is_some() {
+        let world = World::from_environment()?;
+        if world.comm().size() != tp {
+            bail!(
+                "started as {} MPI ranks for --tensor-model-parallel-size {tp}: start {tp}",
+                world.comm().size()
+            );
+        }
+        return generate_on_rank(&args, &prompts, sampling, world.comm());
+    }
+    if tp == 1 {
+        return generate_on_rank(&args, &prompts, sampling, World::single().comm());
+    }
+    run_ranks(tp, |world| {
+        generate_on_rank(&args, &prompts, sampling.clone(), world)
+    })
+    .map(|_| ())
+}
+
+/// Every rank of the tensor-parallel group runs the same decoding on its shard of the model:
+/// the logits are gathered, so all draw the same tokens (same seed); world rank 0 prints.
+fn generate_on_rank(
+    args: &Args,
+    prompts: &[String],
+    sampling: SamplingConfig,
+    world: Arc<dyn Communicator>,
+) -> Result<()> {
+    let parallel = ParallelState::new(world, args.tensor_model_parallel_size, 1)?;
+    let printing = parallel.is_world_rank0();
     let device = parse_device(&args.device).map_err(anyhow::Error::msg)?;
-    let (model, _) = load_model(&args.load, &device)?;
+    let (model, checkpoint, _) =
+        load_checkpoint(&args.load, None, &device, &parallel.tensor, None)?
+            .with_context(|| format!("no checkpoint in {}", args.load.display()))?;
+    if printing && parallel.layout.tp > 1 {
+        let params = model.num_params();
+        eprintln!(
+            " > tensor model parallel size {}: {params} parameters per rank ({:.1} MiB in fp32)",
+            parallel.layout.tp,
+            params as f64 * 4.0 / 1048576.0
+        );
+    }
     let tokenizer = args.tokenizer.load()?;
-    let model_vocab = model.word_embedding().weight.val().dims()[0];
+    let model_vocab = checkpoint.config.padded_vocab_size;
     if tokenizer.vocab_size() > model_vocab {
         bail!(
             "the tokenizer has {} tokens but the checkpoint's vocabulary only {model_vocab}: give the --vocab-file / --merge-file (or --tokenizer-model) the model was trained with",
@@ -186,11 +239,11 @@ fn run(args: Args) -> Result<()> {
         no_repeat_ngram_size: args.no_repeat_ngram_size,
     };
     let mut sampler = Sampler::new(sampling);
-    for prompt in &prompts {
+    for prompt in prompts {
         let mut ids = Vec::new();
         tokenizer.encoder().encode(prompt, &mut ids)?;
-        let generation = if args.json {
-            continue_prompt(&args, &model, &ids, &options, &mut sampler, &device, |_| {})
+        let generation = if args.json || !printing {
+            continue_prompt(args, &model, &ids, &options, &mut sampler, &device, |_| {})
         } else {
             print!("{prompt}");
             let mut stream = TextStream {
@@ -199,14 +252,14 @@ fn run(args: Args) -> Result<()> {
                 printed: 0,
             };
             let generation =
-                continue_prompt(&args, &model, &ids, &options, &mut sampler, &device, |t| {
+                continue_prompt(args, &model, &ids, &options, &mut sampler, &device, |t| {
                     stream.push(t)
                 });
             stream.finish();
             generation
         }
         .map_err(|e| anyhow::anyhow!("prompt {prompt:?}: {e}"))?;
-        if args.json {
+        if args.json && printing {
             let mut line = serde_json::json!({
                 "prompt": prompt,
                 "prompt_tokens": ids,

@@ -42,7 +42,8 @@ pub fn generate_batch(
         .unwrap_or(0);
     let mut cache = KvCache::new(model.layers.len());
     let prefill: Vec<&[u32]> = sequences.iter().map(|s| &s[..start]).collect();
-    let mut logits = model.forward_cached(token_rows(&prefill, device), &mut cache);
+    let mut logits =
+        model.gather_logits(model.forward_cached(token_rows(&prefill, device), &mut cache));
     for position in start..end {
         let next = last_rows(logits, vocab_size);
         for (i, row) in rows.iter_mut().enumerate() {
@@ -66,7 +67,7 @@ pub fn generate_batch(
             .map(|s| [*s.get(position).unwrap_or(s.last().expect("non-empty"))])
             .collect();
         let feed: Vec<&[u32]> = feed.iter().map(|t| &t[..]).collect();
-        logits = model.forward_cached(token_rows(&feed, device), &mut cache);
+        logits = model.gather_logits(model.forward_cached(token_rows(&feed, device), &mut cache));
     }
     Ok(out)
 }

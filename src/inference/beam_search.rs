@@ -53,7 +53,8 @@ pub fn beam_search(
     let mut finished: Vec<(f64, Generation)> = Vec::new();
     let mut feed = token_rows(&[prompt], device);
     for step in 0..budget {
-        let rows = last_rows(model.forward_cached(feed, &mut cache), options.vocab_size);
+        let logits = model.gather_logits(model.forward_cached(feed, &mut cache));
+        let rows = last_rows(logits, options.vocab_size);
         let kept = best_continuations(&running, &rows, prompt, options, 2 * beams);
         let ends = |c: &Candidate| Some(c.token) == options.stop_token || step + 1 == budget;
         let length_scale = ((step + 1) as f64).powf(length_penalty);

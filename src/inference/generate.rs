@@ -62,11 +62,11 @@ pub fn generate(
     let mut out = Generation::default();
     let mut feed: &[u32] = prompt;
     while out.tokens.len() < budget {
-        let logits = if options.kv_cache {
+        let logits = model.gather_logits(if options.kv_cache {
             model.forward_cached(token_rows(&[feed], device), &mut cache)
         } else {
             model.forward(token_rows(&[&sequence], device))
-        };
+        });
         let mut row = last_rows(logits, options.vocab_size).remove(0);
         let log_probs = log_softmax(&row);
         ban(&mut row, &sequence, options.no_repeat_ngram_size);

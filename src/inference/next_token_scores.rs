@@ -72,7 +72,7 @@ fn score_batch(
             .collect();
         Tensor::<2, Int>::from_data(TensorData::new(ids, [rows.len(), steps]), device)
     };
-    let mut logits = model.forward(shifted(0));
+    let mut logits = model.gather_logits(model.forward(shifted(0)));
     if let OutputColumns::Real(n) = columns {
         let width = n.min(logits.dims()[2]);
         logits = logits.narrow(2, 0, width);

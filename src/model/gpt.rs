@@ -12,7 +12,7 @@ use super::GptConfig;
 use crate::comm::Group;
 use crate::parallel::layers::{weight_matmul, ColumnParallelLinear, VocabParallelEmbedding};
 use crate::parallel::mappings::{
-    copy_to_region, gather_from_sequence_region, scatter_to_sequence_region,
+    copy_to_region, gather_from_region, gather_from_sequence_region, scatter_to_sequence_region,
 };
 use crate::parallel::random::RngRegion;
 use crate::parallel::sharding::init_shard;
@@ -243,6 +243,17 @@ impl Gpt {
             copy_to_region(hidden, &self.group)
         };
         weight_matmul(hidden, self.word_embedding().weight.val().transpose())
+    }
+
+    /// The whole padded vocabulary's logits from this rank's `[.., padded vocab / N]` shard:
+    /// the shards all-gathered over the tensor-parallel group (Megatron's text generation
+    /// gathers them so that every rank samples the same token from the same numbers).
+    pub fn gather_logits(&self, logits: Tensor<3>) -> Tensor<3> {
+        if self.group.size() == 1 {
+            logits
+        } else {
+            gather_from_region(logits, &self.group)
+        }
     }
 
     /// This rank's logits `[batch, seq, padded vocab / N]` (all of them on one rank) for token
