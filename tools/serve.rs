@@ -10,12 +10,15 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Parser;
 
-use ferrotron::checkpoint::load_model;
+use ferrotron::checkpoint::load_checkpoint;
+use ferrotron::comm::world::{launcher_variable, World};
+use ferrotron::comm::{run_ranks, Communicator};
 use ferrotron::inference::server::queue::Worker;
 use ferrotron::inference::server::{serve, ServerOptions};
+use ferrotron::parallel::state::ParallelState;
 use ferrotron::tokenizer::TokenizerArgs;
 use ferrotron::util::device::parse_device;
 
@@ -46,6 +49,10 @@ struct Args {
     /// Request bodies larger than this many bytes are answered 413.
     #[arg(long, default_value_t = 1 << 20)]
     max_body_bytes: usize,
+    /// Split the model over this many ranks (threads, or the ranks of an MPI launcher); rank 0
+    /// serves and announces each batch, the others decode it on their shards.
+    #[arg(long, default_value_t = 1)]
+    tensor_model_parallel_size: usize,
     /// Backend: cpu, or (in builds with those features) cuda, cuda:N, wgpu, wgpu-cpu.
     #[arg(long, default_value = "cpu")]
     device: String,
@@ -57,28 +64,62 @@ fn run(args: Args) -> Result<()> {
     if args.max_batch_rows == 0 || args.queue_size == 0 {
         bail!("--max-batch-rows and --queue-size must be positive");
     }
+    let tp = args.tensor_model_parallel_size;
+    if tp == 0 {
+        bail!("--tensor-model-parallel-size must be at least 1");
+    }
+    if launcher_variable().is_some() {
+        let world = World::from_environment()?;
+        if world.comm().size() != tp {
+            bail!(
+                "started as {} MPI ranks for --tensor-model-parallel-size {tp}: start {tp}",
+                world.comm().size()
+            );
+        }
+        return serve_on_rank(&args, world.comm());
+    }
+    if tp == 1 {
+        return serve_on_rank(&args, World::single().comm());
+    }
+    run_ranks(tp, |world| serve_on_rank(&args, world)).map(|_| ())
+}
+
+/// Rank 0 serves; the other ranks of the tensor-parallel group follow its batches.
+fn serve_on_rank(args: &Args, world: Arc<dyn Communicator>) -> Result<()> {
+    let parallel = ParallelState::new(world, args.tensor_model_parallel_size, 1)?;
     let device = parse_device(&args.device).map_err(anyhow::Error::msg)?;
-    let (model, _) = load_model(&args.load, &device)?;
+    let (model, checkpoint, _) =
+        load_checkpoint(&args.load, None, &device, &parallel.tensor, None)?
+            .with_context(|| format!("no checkpoint in {}", args.load.display()))?;
     let tokenizer = args.tokenizer.load()?;
-    let model_vocab = model.word_embedding().weight.val().dims()[0];
+    let model_vocab = checkpoint.config.padded_vocab_size;
     if tokenizer.vocab_size() > model_vocab {
         bail!(
             "the tokenizer has {} tokens but the checkpoint's vocabulary only {model_vocab}",
             tokenizer.vocab_size()
         );
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    let flag = stop.clone();
-    ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst))?;
     let worker = Worker {
         model,
         device,
         vocab_size: tokenizer.vocab_size(),
         stop_token: tokenizer.eod(),
         max_batch_rows: args.max_batch_rows,
+        group: parallel.tensor.clone(),
     };
+    let stop = Arc::new(AtomicBool::new(false));
+    if !parallel.is_world_rank0() {
+        // A signal to the whole job (mpirun forwards it) is rank 0's to act on: this rank
+        // ends when rank 0 announces the end.
+        if launcher_variable().is_some() {
+            ctrlc::set_handler(|| {})?;
+        }
+        return worker.follow().map_err(anyhow::Error::msg);
+    }
+    let flag = stop.clone();
+    ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst))?;
     let options = ServerOptions {
-        host: args.host,
+        host: args.host.clone(),
         port: args.port,
         request_threads: args.request_threads,
         queue_capacity: args.queue_size,

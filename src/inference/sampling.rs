@@ -4,7 +4,7 @@
 use crate::util::numpy_random::NumpyRandomState;
 
 /// How the next token is chosen.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SamplingConfig {
     /// Always the most likely token (also what temperature 0 means).
     pub greedy: bool,

@@ -5,15 +5,17 @@
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::thread::JoinHandle;
 
-use burn::tensor::Device;
+use burn::tensor::{Device, TensorData};
+use serde::{Deserialize, Serialize};
 
+use crate::comm::Group;
 use crate::inference::batch_generate::{generate_batch, BatchRow};
 use crate::inference::next_token_scores::{score_rows, OutputColumns};
 use crate::inference::sampling::{Sampler, SamplingConfig};
 use crate::model::Gpt;
 
 /// One prompt to continue.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Completion {
     pub prompt: Vec<u32>,
     pub max_new_tokens: usize,
@@ -61,6 +63,17 @@ pub struct Worker {
     pub stop_token: Option<u32>,
     /// Rows decoded together at most.
     pub max_batch_rows: usize,
+    /// The tensor-parallel group the model is split over: its rank 0 runs the worker and
+    /// announces every batch; the other ranks [`Worker::follow`] and decode the same batches on
+    /// their shards (Megatron's server does the same with `send_do_generate`).
+    pub group: Group,
+}
+
+/// What rank 0 tells the other ranks before each decode.
+#[derive(Serialize, Deserialize)]
+struct BatchMessage {
+    completions: Vec<Completion>,
+    log_probs: bool,
 }
 
 impl Queue {
@@ -99,6 +112,25 @@ impl Queue {
 
 impl Worker {
     fn run(self, waiting: Receiver<Job>) {
+        self.serve_jobs(waiting);
+        if self.group.size() > 1 {
+            // The followers end with the worker (nothing to do if they are already gone).
+            let _ = announce(&self.group, None);
+        }
+    }
+
+    /// On the tensor-parallel ranks other than 0: decodes every batch rank 0 announces, until
+    /// it announces the end.
+    pub fn follow(&self) -> Result<(), String> {
+        while let Some(message) = receive(&self.group)? {
+            let completions: Vec<&Completion> = message.completions.iter().collect();
+            // Rank 0 gets the same outcome and answers its clients.
+            let _ = self.decode_here(&completions, message.log_probs);
+        }
+        Ok(())
+    }
+
+    fn serve_jobs(&self, waiting: Receiver<Job>) {
         while let Ok(first) = waiting.recv() {
             let mut batch = vec![first];
             let mut rows = batch[0].completions.len();
@@ -140,6 +172,17 @@ impl Worker {
     }
 
     fn decode(&self, all: &[&Completion], log_probs: bool) -> Result<Vec<Completed>, String> {
+        if self.group.size() > 1 {
+            let message = BatchMessage {
+                completions: all.iter().map(|&c| c.clone()).collect(),
+                log_probs,
+            };
+            announce(&self.group, Some(&message))?;
+        }
+        self.decode_here(all, log_probs)
+    }
+
+    fn decode_here(&self, all: &[&Completion], log_probs: bool) -> Result<Vec<Completed>, String> {
         let mut rows: Vec<BatchRow> = all
             .iter()
             .map(|c| BatchRow {
@@ -185,4 +228,43 @@ impl Worker {
         }
         Ok(done)
     }
+}
+
+/// Broadcasts a batch (or, `None`, the end) from rank 0: its length, then its JSON bytes.
+fn announce(group: &Group, message: Option<&BatchMessage>) -> Result<(), String> {
+    let bytes = match message {
+        Some(m) => serde_json::to_vec(m).map_err(|e| e.to_string())?,
+        None => Vec::new(),
+    };
+    broadcast_bytes(group, bytes).map(|_| ())
+}
+
+/// The batch rank 0 announces, or `None` at the end.
+fn receive(group: &Group) -> Result<Option<BatchMessage>, String> {
+    let bytes = broadcast_bytes(group, Vec::new())?;
+    if bytes.is_empty() {
+        return Ok(None);
+    }
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| e.to_string())
+}
+
+/// Rank 0's bytes on every rank (the others pass anything): the length first, so that every
+/// rank broadcasts a buffer of the same shape.
+fn broadcast_bytes(group: &Group, bytes: Vec<u8>) -> Result<Vec<u8>, String> {
+    let failed = |e: crate::comm::CommError| format!("tensor-parallel broadcast: {e}");
+    let length = TensorData::new(vec![bytes.len() as i64], [1]);
+    let length = group.broadcast(length, 0).map_err(failed)?;
+    let n = length.try_to_vec::<i64>().map_err(|e| format!("{e:?}"))?[0] as usize;
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let mut values: Vec<i32> = bytes.into_iter().map(i32::from).collect();
+    values.resize(n, 0);
+    let data = group
+        .broadcast(TensorData::new(values, [n]), 0)
+        .map_err(failed)?;
+    let values = data.try_to_vec::<i32>().map_err(|e| format!("{e:?}"))?;
+    Ok(values.into_iter().map(|v| v as u8).collect())
 }
