@@ -13,7 +13,7 @@ use burn::module::Module;
 use burn::tensor::Device;
 use clap::Parser;
 
-use ferrotron::checkpoint::load_checkpoint;
+use ferrotron::checkpoint::load_model_shard;
 use ferrotron::comm::world::{launcher_variable, World};
 use ferrotron::comm::{run_ranks, Communicator};
 use ferrotron::inference::beam_search::beam_search;
@@ -212,9 +212,7 @@ fn generate_on_rank(
     let parallel = ParallelState::new(world, args.tensor_model_parallel_size, 1)?;
     let printing = parallel.is_world_rank0();
     let device = parse_device(&args.device).map_err(anyhow::Error::msg)?;
-    let (model, checkpoint, _) =
-        load_checkpoint(&args.load, None, &device, &parallel.tensor, None)?
-            .with_context(|| format!("no checkpoint in {}", args.load.display()))?;
+    let (model, checkpoint) = load_model_shard(&args.load, &device, &parallel.tensor)?;
     if printing && parallel.layout.tp > 1 {
         let params = model.num_params();
         eprintln!(

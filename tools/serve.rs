@@ -10,10 +10,10 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::Parser;
 
-use ferrotron::checkpoint::load_checkpoint;
+use ferrotron::checkpoint::load_model_shard;
 use ferrotron::comm::world::{launcher_variable, World};
 use ferrotron::comm::{run_ranks, Communicator};
 use ferrotron::inference::server::queue::Worker;
@@ -88,9 +88,7 @@ fn run(args: Args) -> Result<()> {
 fn serve_on_rank(args: &Args, world: Arc<dyn Communicator>) -> Result<()> {
     let parallel = ParallelState::new(world, args.tensor_model_parallel_size, 1)?;
     let device = parse_device(&args.device).map_err(anyhow::Error::msg)?;
-    let (model, checkpoint, _) =
-        load_checkpoint(&args.load, None, &device, &parallel.tensor, None)?
-            .with_context(|| format!("no checkpoint in {}", args.load.display()))?;
+    let (model, checkpoint) = load_model_shard(&args.load, &device, &parallel.tensor)?;
     let tokenizer = args.tokenizer.load()?;
     let model_vocab = checkpoint.config.padded_vocab_size;
     if tokenizer.vocab_size() > model_vocab {

@@ -320,6 +320,30 @@ pub fn load_checkpoint(
     group: &Group,
     stage: Option<&StageLayers>,
 ) -> Result<Option<(Gpt, LoadedCheckpoint, OptimizerState)>> {
+    load_parts(root, config, device, group, stage, true)
+}
+
+/// This rank's shard of the whole model of the latest checkpoint under `root`, for inference
+/// (any saved layout, resharded to `group`), without reading the optimizer's moments (twice the
+/// model's size); an error when there is none.
+pub fn load_model_shard(
+    root: &Path,
+    device: &Device,
+    group: &Group,
+) -> Result<(Gpt, LoadedCheckpoint)> {
+    load_parts(root, None, device, group, None, false)?
+        .map(|(model, info, _)| (model, info))
+        .with_context(|| format!("no checkpoint in {} (no {TRACKER_FILE})", root.display()))
+}
+
+fn load_parts(
+    root: &Path,
+    config: Option<&GptConfig>,
+    device: &Device,
+    group: &Group,
+    stage: Option<&StageLayers>,
+    with_optimizer: bool,
+) -> Result<Option<(Gpt, LoadedCheckpoint, OptimizerState)>> {
     let Some(saved) = open_checkpoint(root)? else {
         return Ok(None);
     };
@@ -342,8 +366,8 @@ pub fn load_checkpoint(
     let mut moments: HashMap<String, SavedMoments> = HashMap::new();
     for key in saved.names() {
         let param = parameter_of(&key).to_owned();
-        if !dims.contains_key(&param) {
-            // Another pipeline stage's part.
+        if !dims.contains_key(&param) || !(with_optimizer || key.starts_with("model.")) {
+            // Another pipeline stage's part, or optimizer state inference does not need.
             continue;
         }
         let t = if same_layout {
@@ -438,7 +462,5 @@ fn check_same_model(root: &Path, saved: &GptConfig, wanted: &GptConfig) -> Resul
 /// The whole model of the latest checkpoint under `root` (shards joined), for inference on
 /// `device` (no optimizer); an error when there is none.
 pub fn load_model(root: &Path, device: &Device) -> Result<(Gpt, LoadedCheckpoint)> {
-    load_checkpoint(root, None, device, &Group::single(), None)?
-        .map(|(model, info, _)| (model, info))
-        .with_context(|| format!("no checkpoint in {} (no {TRACKER_FILE})", root.display()))
+    load_model_shard(root, device, &Group::single())
 }

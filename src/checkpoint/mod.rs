@@ -20,8 +20,8 @@ pub mod tensor_file;
 pub mod torch_save;
 
 pub use load::{
-    load_checkpoint, load_model, read_full_checkpoint, read_full_model, FullCheckpoint,
-    LoadedCheckpoint,
+    load_checkpoint, load_model, load_model_shard, read_full_checkpoint, read_full_model,
+    FullCheckpoint, LoadedCheckpoint,
 };
 pub use save::save_checkpoint;
 
