@@ -239,6 +239,23 @@ fn the_generate_tool_streams_what_it_reports_as_json() {
     let logprobs = beam["logprobs"].as_array().unwrap();
     assert_eq!(logprobs.len(), token_ids(&beam["tokens"]).len());
     assert!(logprobs.iter().all(|p| p.as_f64().unwrap() <= 0.0));
+    // A stop string ends the text where it begins; the tokens are those of the kept text.
+    let full = lines[0]["text"].as_str().unwrap();
+    let stop: String = full
+        .chars()
+        .skip(full.chars().count() / 2)
+        .take(3)
+        .collect();
+    let cut = run(&[
+        "--prompt", prompts[0], "--greedy", "--json", "--stop", &stop,
+    ]);
+    let cut: serde_json::Value = serde_json::from_str(&cut).unwrap();
+    assert_eq!(
+        cut["text"].as_str().unwrap(),
+        &full[..full.find(&stop).unwrap()]
+    );
+    let kept = token_ids(&cut["tokens"]);
+    assert_eq!(kept[..], token_ids(&lines[0]["tokens"])[..kept.len()]);
     let three = run(&["--prompt", prompts[0], "--beam-width", "3", "--json"]);
     let three: serde_json::Value = serde_json::from_str(&three).unwrap();
     assert!(!token_ids(&three["tokens"]).is_empty());

@@ -18,6 +18,7 @@ use ferrotron::comm::world::{launcher_variable, World};
 use ferrotron::comm::{run_ranks, Communicator};
 use ferrotron::inference::beam_search::beam_search;
 use ferrotron::inference::generate::Generation;
+use ferrotron::inference::stop_strings::cut_at_stop;
 use ferrotron::inference::{generate, GenerateOptions, Sampler, SamplingConfig};
 use ferrotron::model::Gpt;
 use ferrotron::parallel::state::ParallelState;
@@ -68,6 +69,10 @@ struct Args {
     /// Never complete an n-gram of this size that the prompt and the text so far hold (0: off).
     #[arg(long, default_value_t = 0)]
     no_repeat_ngram_size: usize,
+    /// End the continuation where this string begins (repeat for several; the text is then
+    /// printed whole at the end rather than streamed).
+    #[arg(long)]
+    stop: Vec<String>,
     /// One JSON line per prompt: {"prompt", "prompt_tokens", "tokens" (new ids), "text"}.
     #[arg(long)]
     json: bool,
@@ -240,7 +245,7 @@ fn generate_on_rank(
     for prompt in prompts {
         let mut ids = Vec::new();
         tokenizer.encoder().encode(prompt, &mut ids)?;
-        let generation = if args.json || !printing {
+        let generation = if args.json || !printing || !args.stop.is_empty() {
             continue_prompt(args, &model, &ids, &options, &mut sampler, &device, |_| {})
         } else {
             print!("{prompt}");
@@ -257,15 +262,21 @@ fn generate_on_rank(
             generation
         }
         .map_err(|e| anyhow::anyhow!("prompt {prompt:?}: {e}"))?;
+        let (text, tokens, _) =
+            cut_at_stop(&generation.tokens, &args.stop, |t| tokenizer.decode(t))?;
+        let log_probs = &generation.log_probs[..tokens.len()];
+        if printing && !args.json && !args.stop.is_empty() {
+            println!("{prompt}{text}");
+        }
         if args.json && printing {
             let mut line = serde_json::json!({
                 "prompt": prompt,
                 "prompt_tokens": ids,
-                "tokens": generation.tokens,
-                "text": tokenizer.decode(&generation.tokens)?,
+                "tokens": tokens,
+                "text": text,
             });
             if args.logprobs {
-                line["logprobs"] = serde_json::json!(generation.log_probs);
+                line["logprobs"] = serde_json::json!(log_probs);
             }
             println!("{line}");
         }

@@ -11,6 +11,7 @@ pub mod next_token_scores;
 pub mod no_repeat_ngram;
 pub mod sampling;
 pub mod server;
+pub mod stop_strings;
 pub mod wikitext;
 pub mod window_eval;
 

@@ -9,6 +9,7 @@ use serde_json::{json, Map, Value};
 use super::queue::{Completed, Completion};
 use super::Context;
 use crate::inference::sampling::SamplingConfig;
+use crate::inference::stop_strings::cut_at_stop;
 
 /// A validated completions request.
 #[derive(Clone, Debug, PartialEq)]
@@ -202,17 +203,8 @@ impl CompletionsRequest {
         d: &Completed,
         context: &Context,
     ) -> Result<Value, String> {
-        let mut new_tokens = d.tokens.clone();
-        let mut text = context.decode(&new_tokens)?;
-        let mut stopped = d.stopped;
-        if let Some(cut) = self.stop.iter().filter_map(|s| text.find(s.as_str())).min() {
-            text.truncate(cut);
-            stopped = true;
-            // The tokens that make up the kept text (a token the cut splits is dropped).
-            while !new_tokens.is_empty() && context.decode(&new_tokens)?.len() > cut {
-                new_tokens.pop();
-            }
-        }
+        let (text, new_tokens, cut) = cut_at_stop(&d.tokens, &self.stop, |t| context.decode(t))?;
+        let stopped = d.stopped || cut;
         let logprobs = match (&d.log_probs, self.logprobs) {
             (Some(all), true) => {
                 Some(self.logprobs_object(prompt.chars().count(), c, &new_tokens, all, context)?)
