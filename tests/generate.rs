@@ -833,7 +833,7 @@ fn tensor_parallel_generation_gives_the_single_rank_tokens() {
         args.extend(["--json", "--logprobs", "--max-new-tokens", "12"]);
         args.extend(["--tensor-model-parallel-size", tp]);
         let out = if mpi {
-            let mut cmd = common::mpi::mpirun_command(2);
+            let mut cmd = common::mpi::mpirun_command(tp.parse().unwrap());
             cmd.arg(env!("CARGO_BIN_EXE_generate"))
                 .args(&args)
                 .current_dir(dir.path());
@@ -858,12 +858,12 @@ fn tensor_parallel_generation_gives_the_single_rank_tokens() {
                 .collect();
             assert_same_generation(&single, &split, &format!("{case:?} tp {tp}"));
         }
-        if i == 0 {
-            let mpi: Vec<serde_json::Value> = generate(case, "2", true)
+        for tp in if i == 0 { &["2", "4"][..] } else { &[] } {
+            let mpi: Vec<serde_json::Value> = generate(case, tp, true)
                 .lines()
                 .map(|l| serde_json::from_str(l).unwrap())
                 .collect();
-            assert_same_generation(&single, &mpi, "mpirun -np 2");
+            assert_same_generation(&single, &mpi, &format!("mpirun -np {tp}"));
         }
     }
 }
