@@ -13,11 +13,11 @@ use burn::module::Module;
 use burn::tensor::Device;
 use clap::Parser;
 
-use ferrotron::checkpoint::load_model_shard;
-use ferrotron::comm::world::{launcher_variable, World};
-use ferrotron::comm::{run_ranks, Communicator};
+use ferrotron::comm::world::run_model_ranks;
+use ferrotron::comm::Communicator;
 use ferrotron::inference::beam_search::beam_search;
 use ferrotron::inference::generate::Generation;
+use ferrotron::inference::load::load_for_inference;
 use ferrotron::inference::stop_strings::cut_at_stop;
 use ferrotron::inference::{generate, GenerateOptions, Sampler, SamplingConfig};
 use ferrotron::model::Gpt;
@@ -183,27 +183,9 @@ fn run(args: Args) -> Result<()> {
     if args.logprobs && !args.json {
         bail!("--logprobs adds to the --json output: give --json too");
     }
-    let tp = args.tensor_model_parallel_size;
-    if tp == 0 {
-        bail!("--tensor-model-parallel-size must be at least 1");
-    }
-    if launcher_variable().is_some() {
-        let world = World::from_environment()?;
-        if world.comm().size() != tp {
-            bail!(
-                "started as {} MPI ranks for --tensor-model-parallel-size {tp}: start {tp}",
-                world.comm().size()
-            );
-        }
-        return generate_on_rank(&args, &prompts, sampling, world.comm());
-    }
-    if tp == 1 {
-        return generate_on_rank(&args, &prompts, sampling, World::single().comm());
-    }
-    run_ranks(tp, |world| {
+    run_model_ranks(args.tensor_model_parallel_size, |world| {
         generate_on_rank(&args, &prompts, sampling.clone(), world)
     })
-    .map(|_| ())
 }
 
 /// Every rank of the tensor-parallel group runs the same decoding on its shard of the model:
@@ -217,21 +199,14 @@ fn generate_on_rank(
     let parallel = ParallelState::new(world, args.tensor_model_parallel_size, 1)?;
     let printing = parallel.is_world_rank0();
     let device = parse_device(&args.device).map_err(anyhow::Error::msg)?;
-    let (model, checkpoint) = load_model_shard(&args.load, &device, &parallel.tensor)?;
+    let tokenizer = args.tokenizer.load()?;
+    let (model, _) = load_for_inference(&args.load, &device, &parallel.tensor, &tokenizer)?;
     if printing && parallel.layout.tp > 1 {
         let params = model.num_params();
         eprintln!(
             " > tensor model parallel size {}: {params} parameters per rank ({:.1} MiB in fp32)",
             parallel.layout.tp,
             params as f64 * 4.0 / 1048576.0
-        );
-    }
-    let tokenizer = args.tokenizer.load()?;
-    let model_vocab = checkpoint.config.padded_vocab_size;
-    if tokenizer.vocab_size() > model_vocab {
-        bail!(
-            "the tokenizer has {} tokens but the checkpoint's vocabulary only {model_vocab}: give the --vocab-file / --merge-file (or --tokenizer-model) the model was trained with",
-            tokenizer.vocab_size()
         );
     }
     let options = GenerateOptions {

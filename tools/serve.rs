@@ -13,9 +13,9 @@ use std::sync::Arc;
 use anyhow::{bail, Result};
 use clap::Parser;
 
-use ferrotron::checkpoint::load_model_shard;
-use ferrotron::comm::world::{launcher_variable, World};
-use ferrotron::comm::{run_ranks, Communicator};
+use ferrotron::comm::world::{launcher_variable, run_model_ranks};
+use ferrotron::comm::Communicator;
+use ferrotron::inference::load::load_for_inference;
 use ferrotron::inference::server::queue::Worker;
 use ferrotron::inference::server::{serve, ServerOptions};
 use ferrotron::parallel::state::ParallelState;
@@ -64,39 +64,17 @@ fn run(args: Args) -> Result<()> {
     if args.max_batch_rows == 0 || args.queue_size == 0 {
         bail!("--max-batch-rows and --queue-size must be positive");
     }
-    let tp = args.tensor_model_parallel_size;
-    if tp == 0 {
-        bail!("--tensor-model-parallel-size must be at least 1");
-    }
-    if launcher_variable().is_some() {
-        let world = World::from_environment()?;
-        if world.comm().size() != tp {
-            bail!(
-                "started as {} MPI ranks for --tensor-model-parallel-size {tp}: start {tp}",
-                world.comm().size()
-            );
-        }
-        return serve_on_rank(&args, world.comm());
-    }
-    if tp == 1 {
-        return serve_on_rank(&args, World::single().comm());
-    }
-    run_ranks(tp, |world| serve_on_rank(&args, world)).map(|_| ())
+    run_model_ranks(args.tensor_model_parallel_size, |world| {
+        serve_on_rank(&args, world)
+    })
 }
 
 /// Rank 0 serves; the other ranks of the tensor-parallel group follow its batches.
 fn serve_on_rank(args: &Args, world: Arc<dyn Communicator>) -> Result<()> {
     let parallel = ParallelState::new(world, args.tensor_model_parallel_size, 1)?;
     let device = parse_device(&args.device).map_err(anyhow::Error::msg)?;
-    let (model, checkpoint) = load_model_shard(&args.load, &device, &parallel.tensor)?;
     let tokenizer = args.tokenizer.load()?;
-    let model_vocab = checkpoint.config.padded_vocab_size;
-    if tokenizer.vocab_size() > model_vocab {
-        bail!(
-            "the tokenizer has {} tokens but the checkpoint's vocabulary only {model_vocab}",
-            tokenizer.vocab_size()
-        );
-    }
+    let (model, _) = load_for_inference(&args.load, &device, &parallel.tensor, &tokenizer)?;
     let worker = Worker {
         model,
         device,

@@ -166,3 +166,29 @@ impl World {
         std::process::exit(code)
     }
 }
+
+/// Runs `body` on each rank of a model split over `ranks` ranks: the processes of an MPI
+/// launcher (which must have started exactly `ranks`), this process alone for one rank, or
+/// `ranks` threads. What `generate` and `serve` do with `--tensor-model-parallel-size`.
+pub fn run_model_ranks<F>(ranks: usize, body: F) -> anyhow::Result<()>
+where
+    F: Fn(Arc<dyn Communicator>) -> anyhow::Result<()> + Sync,
+{
+    if ranks == 0 {
+        anyhow::bail!("--tensor-model-parallel-size must be at least 1");
+    }
+    if launcher_variable().is_some() {
+        let world = World::from_environment()?;
+        let started = world.comm().size();
+        if started != ranks {
+            anyhow::bail!(
+                "started as {started} MPI ranks for --tensor-model-parallel-size {ranks}: start {ranks}"
+            );
+        }
+        return body(world.comm());
+    }
+    if ranks == 1 {
+        return body(World::single().comm());
+    }
+    super::run_ranks(ranks, body).map(|_| ())
+}

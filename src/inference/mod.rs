@@ -6,6 +6,7 @@ pub mod beam_search;
 pub mod detokenizer;
 pub mod generate;
 pub mod lambada;
+pub mod load;
 pub mod loglikelihood;
 pub mod next_token_scores;
 pub mod no_repeat_ngram;

@@ -127,9 +127,17 @@ fn handle(mut request: Request, queue: &Queue, context: &Context, max_body: usiz
     let (status, body) = match read_json(&mut request, max_body) {
         Err((status, message)) => (status, error_body(&route.1, &message)),
         Ok(json) => match (&route.0, route.1.as_str()) {
-            (Method::Put, "/api") => api(&json, queue, context),
-            (Method::Post, "/v1/completions") => completions(&json, false, queue, context),
-            (Method::Post, "/completions") => completions(&json, true, queue, context),
+            (Method::Put, "/api") => respond(
+                megatron_api::parse_api_request(&json),
+                "/api",
+                queue,
+                context,
+            ),
+            (Method::Post, path @ ("/v1/completions" | "/completions")) => {
+                let megatron = path == "/completions";
+                let parsed = openai::parse_completions_request(&json, megatron);
+                respond(parsed, path, queue, context)
+            }
             (_, "/api" | "/v1/completions" | "/completions") => {
                 (405, error_body(&route.1, "method not allowed"))
             }
@@ -182,31 +190,53 @@ fn run_queue(
     })
 }
 
-fn api(json: &Value, queue: &Queue, context: &Context) -> (u16, Value) {
-    let answer = || -> Result<Value, (u16, String)> {
-        let request = megatron_api::parse_api_request(json).map_err(|m| (400, m))?;
-        let completions = request.completions(context).map_err(|m| (400, m))?;
-        let done = run_queue(queue, completions.clone(), request.logprobs)?;
-        request
-            .response(&completions, &done, context)
-            .map_err(|m| (500, m))
-    };
-    match answer() {
-        Ok(body) => (200, body),
-        Err((status, message)) => (status, error_body("/api", &message)),
+/// What both APIs' requests do: become completions, and make a response of their results.
+trait ServedRequest {
+    fn completions(&self, context: &Context) -> Result<Vec<Completion>, String>;
+    fn log_probs(&self) -> bool;
+    fn response(
+        &self,
+        completions: &[Completion],
+        done: &[Completed],
+        context: &Context,
+    ) -> Result<Value, String>;
+}
+
+impl ServedRequest for megatron_api::ApiRequest {
+    fn completions(&self, context: &Context) -> Result<Vec<Completion>, String> {
+        self.completions(context)
+    }
+    fn log_probs(&self) -> bool {
+        self.logprobs
+    }
+    fn response(&self, c: &[Completion], d: &[Completed], x: &Context) -> Result<Value, String> {
+        self.response(c, d, x)
     }
 }
 
-fn completions(json: &Value, megatron: bool, queue: &Queue, context: &Context) -> (u16, Value) {
-    let path = if megatron {
-        "/completions"
-    } else {
-        "/v1/completions"
-    };
+impl ServedRequest for openai::CompletionsRequest {
+    fn completions(&self, context: &Context) -> Result<Vec<Completion>, String> {
+        self.completions(context)
+    }
+    fn log_probs(&self) -> bool {
+        self.logprobs
+    }
+    fn response(&self, c: &[Completion], d: &[Completed], x: &Context) -> Result<Value, String> {
+        self.response(c, d, x)
+    }
+}
+
+/// A parsed request through the queue to its response (status, body), errors in `path`'s form.
+fn respond(
+    parsed: Result<impl ServedRequest, String>,
+    path: &str,
+    queue: &Queue,
+    context: &Context,
+) -> (u16, Value) {
     let answer = || -> Result<Value, (u16, String)> {
-        let request = openai::parse_completions_request(json, megatron).map_err(|m| (400, m))?;
+        let request = parsed.map_err(|m| (400, m))?;
         let completions = request.completions(context).map_err(|m| (400, m))?;
-        let done = run_queue(queue, completions.clone(), request.logprobs)?;
+        let done = run_queue(queue, completions.clone(), request.log_probs())?;
         request
             .response(&completions, &done, context)
             .map_err(|m| (500, m))
