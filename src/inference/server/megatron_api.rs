@@ -224,22 +224,15 @@ impl ApiRequest {
                     tokens.extend(context.tokenizer.eod());
                 }
                 tokens.extend(context.encode(prompt)?);
-                context.check_prompt(&tokens, i)?;
-                let seed = match self.random_seed {
-                    Some(seed) => seed.wrapping_add(i as u32),
-                    None => context.fresh_seed(),
+                let sampling = SamplingConfig {
+                    greedy: self.top_k == 1,
+                    temperature: self.temperature,
+                    top_k: self.top_k,
+                    top_p: self.top_p,
+                    seed: 0,
                 };
-                Ok(Completion {
-                    prompt: tokens,
-                    max_new_tokens: self.tokens_to_generate,
-                    sampling: SamplingConfig {
-                        greedy: self.top_k == 1,
-                        temperature: self.temperature,
-                        top_k: self.top_k,
-                        top_p: self.top_p,
-                        seed,
-                    },
-                })
+                let max_new_tokens = self.tokens_to_generate;
+                context.completion(tokens, i, max_new_tokens, sampling, self.random_seed)
             })
             .collect()
     }

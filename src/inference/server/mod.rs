@@ -20,6 +20,7 @@ use serde_json::Value;
 use tiny_http::{Header, Method, Request, Response, Server};
 
 use self::queue::{Completed, Completion, Queue, QueueError, Worker};
+use crate::inference::sampling::SamplingConfig;
 use crate::tokenizer::TextTokenizer;
 
 /// Where and how to listen.
@@ -73,6 +74,25 @@ impl Context {
             ));
         }
         Ok(())
+    }
+
+    /// Prompt `index` of a request as a completion: its tokens checked against the model, and
+    /// the request's seed plus `index` (or a fresh seed when it gave none).
+    fn completion(
+        &self,
+        prompt: Vec<u32>,
+        index: usize,
+        max_new_tokens: usize,
+        mut sampling: SamplingConfig,
+        seed: Option<u32>,
+    ) -> Result<Completion, String> {
+        self.check_prompt(&prompt, index)?;
+        sampling.seed = seed.map_or_else(|| self.fresh_seed(), |s| s.wrapping_add(index as u32));
+        Ok(Completion {
+            prompt,
+            max_new_tokens,
+            sampling,
+        })
     }
 
     /// A seed for a request that gave none: different for every prompt served.

@@ -148,18 +148,8 @@ impl CompletionsRequest {
             .enumerate()
             .map(|(i, prompt)| {
                 let tokens = context.encode(prompt)?;
-                context.check_prompt(&tokens, i)?;
-                let mut sampling = self.sampling.clone();
-                sampling.seed = if self.seeded {
-                    sampling.seed.wrapping_add(i as u32)
-                } else {
-                    context.fresh_seed()
-                };
-                Ok(Completion {
-                    prompt: tokens,
-                    max_new_tokens: self.max_tokens,
-                    sampling,
-                })
+                let seed = self.seeded.then_some(self.sampling.seed);
+                context.completion(tokens, i, self.max_tokens, self.sampling.clone(), seed)
             })
             .collect()
     }
