@@ -8,7 +8,9 @@
 # BIN_DIR holds CUDA builds (see docs/gpu.md, "Building on one machine, running on another"):
 #   pretrain            cargo build --release --features cuda --bin pretrain
 #   pretrain-baseline   another CUDA build to compare with, e.g. the commit before a change
-#                       (optional; its bf16 step and host floor run right after the new build's)
+#                       (optional; its bf16 step and host floor run right after the new build's).
+#                       With BASELINE_ENV (e.g. BASELINE_ENV=FERROTRON_MATMUL=cubecl) and no such
+#                       build, the baseline is `pretrain` itself under those variables.
 #   matmul_shapes       cargo build --release --features cuda --example matmul_shapes
 #                       (target/release/examples/matmul_shapes; optional)
 # each possibly xz-compressed (NAME.xz), or together in BIN_DIR/bins.tar.xz. PYTHON: a Python with CUDA PyTorch (default python3).
@@ -57,6 +59,10 @@ for name in pretrain pretrain-baseline matmul_shapes; do
 done
 P="$WORK/bin/pretrain"
 export P
+if [ ! -f "$WORK/bin/pretrain-baseline" ] && [ -n "${BASELINE_ENV:-}" ]; then
+  printf '#!/bin/sh\nexec env %s "%s" "$@"\n' "$BASELINE_ENV" "$P" > "$WORK/bin/pretrain-baseline"
+  chmod +x "$WORK/bin/pretrain-baseline"
+fi
 # CUDA's libraries from the Python wheels (NVRTC above all; libcuda comes with the driver).
 NV=$("$PY" -c "import nvidia, os; print(nvidia.__path__[0])" 2>/dev/null || true)
 if [ -n "$NV" ]; then
@@ -140,8 +146,10 @@ if [ -x "$BASE" ]; then
   # shellcheck disable=SC2086
   step bf16-baseline 150 60 pretrain_model "$BASE" bf16-baseline "$ITERS" $B && train_line bf16-baseline
 fi
+# FLASH=0 leaves out the fused-attention runs.
+FLASH=${FLASH:-1}
 # shellcheck disable=SC2086
-step bf16-flash 120 50 pretrain_model "$P" bf16-flash "$ITERS" --use-flash-attn $B && train_line bf16-flash
+[ "$FLASH" = 1 ] && step bf16-flash 120 50 pretrain_model "$P" bf16-flash "$ITERS" --use-flash-attn $B && train_line bf16-flash
 if step torch-bf16-sdpa 90 40 with_memory "$WORK/logs/torch-bf16-sdpa.mem" "$PY" benchmarks/torch_gpu_gpt.py $T bf16-sdpa "$DROPOUT"; then
   say "| PyTorch eager bf16 + SDPA | $(tail -2 "$WORK/logs/torch-bf16-sdpa.log" | head -1) |"
   grep -o 'tokens/s: [0-9.]*' "$WORK/logs/torch-bf16-sdpa.log" | awk '{print $2}' > "$WORK/tps_torch"
@@ -150,6 +158,11 @@ for run in bf16 bf16-baseline bf16-flash; do
   [ -s "$WORK/tps_$run" ] && [ -s "$WORK/tps_torch" ] && say "ferrotron $run / PyTorch eager bf16+SDPA: $(awk -v a="$(cat "$WORK/tps_$run")" -v b="$(cat "$WORK/tps_torch")" 'BEGIN{printf "%.3fx", a/b}')"
 done
 [ -s "$WORK/tps_bf16" ] && [ -s "$WORK/tps_bf16-baseline" ] && say "ferrotron bf16 / baseline build bf16: $(awk -v a="$(cat "$WORK/tps_bf16")" -v b="$(cat "$WORK/tps_bf16-baseline")" 'BEGIN{printf "%.3fx", a/b}')"
+say ""
+say "lm loss by logged iteration (the same seed and data: a change of kernels shows as a change of losses):"
+for run in bf16 bf16-baseline; do
+  [ -f "$WORK/logs/$run.log" ] && say "- $run: $(grep -o 'lm loss: [0-9.E+-]*' "$WORK/logs/$run.log" | awk '{print $3}' | tr '\n' ' ')"
+done
 say ""
 
 PROFILE_FLAGS=${PROFILE_FLAGS:-}
@@ -193,10 +206,15 @@ say "## More training runs"
 say ""
 say "| run | tokens/s | ms/iteration | MFU | peak GPU memory GiB |"
 say "|---|---|---|---|---|"
-step bf16-flash-no-dropout 100 50 pretrain_model "$P" bf16-flash-no-dropout "$ITERS" --use-flash-attn --bf16 --hidden-dropout 0 --attention-dropout 0 &&
+[ "$FLASH" = 1 ] && step bf16-flash-no-dropout 100 50 pretrain_model "$P" bf16-flash-no-dropout "$ITERS" --use-flash-attn --bf16 --hidden-dropout 0 --attention-dropout 0 &&
   train_line bf16-flash-no-dropout
 # shellcheck disable=SC2086
 step fp32 100 50 pretrain_model "$P" fp32 "$ITERS" $D && train_line fp32
+# shellcheck disable=SC2086
+[ -x "$BASE" ] && step fp32-baseline 100 50 pretrain_model "$BASE" fp32-baseline "$ITERS" $D && train_line fp32-baseline
+for run in fp32 fp32-baseline; do
+  [ -f "$WORK/logs/$run.log" ] && say "- lm loss, $run: $(grep -o 'lm loss: [0-9.E+-]*' "$WORK/logs/$run.log" | awk '{print $3}' | tr '\n' ' ')"
+done
 if step torch-bf16-compile 150 90 with_memory "$WORK/logs/torch-bf16-compile.mem" "$PY" benchmarks/torch_gpu_gpt.py $T bf16-compile "$DROPOUT"; then
   say "| PyTorch bf16 + SDPA + torch.compile | $(tail -2 "$WORK/logs/torch-bf16-compile.log" | head -1) |"
 fi

@@ -70,6 +70,69 @@ fn fused_causal_softmax_matches_the_composed_ops_with_gradients() {
     }
 }
 
+/// The product extension (cuBLAS on CUDA) differentiates as burn's matmul: its backward
+/// pass is two more products of transposed views, checked here on batched, 2-D and
+/// transposed operands (on lavapipe the extension runs CubeCL's matmul inside).
+#[test]
+fn matmul_extension_matches_burns_matmul_with_gradients() {
+    use ferrotron::util::matmul::extension;
+    let d = device();
+    let cases: [([usize; 4], [usize; 4], bool); 3] = [
+        ([2, 3, 17, 9], [2, 3, 9, 13], false),
+        ([2, 3, 17, 9], [2, 3, 13, 9], true),
+        ([1, 1, 33, 20], [1, 1, 20, 7], false),
+    ];
+    for (sa, sb, transpose_b) in cases {
+        let a = random(sa, 3, 1.0, &d);
+        let b = random(sb, 4, 1.0, &d);
+        let run = |ext: bool| {
+            let (a, b) = (a.clone().require_grad(), b.clone().require_grad());
+            let rhs = if transpose_b {
+                b.clone().swap_dims(2, 3)
+            } else {
+                b.clone()
+            };
+            let c = if ext {
+                extension::matmul(a.clone(), rhs)
+            } else {
+                a.clone().matmul(rhs)
+            };
+            let r = random(c.dims(), 5, 1.0, &c.device());
+            let grads = (c.clone() * r).sum().backward();
+            let ga = values(a.grad(&grads).unwrap());
+            let gb = values(b.grad(&grads).unwrap());
+            (values(c), ga, gb)
+        };
+        let (c, ga, gb) = run(true);
+        let (c_ref, ga_ref, gb_ref) = run(false);
+        assert_close(&format!("matmul {sa:?}·{sb:?}"), &c, &c_ref, 1e-5);
+        assert_close(&format!("matmul da {sa:?}"), &ga, &ga_ref, 1e-5);
+        assert_close(&format!("matmul db {sb:?}"), &gb, &gb_ref, 1e-5);
+    }
+    // The 2-D weight product of the linear layers: x [rows, in] · wᵀ (a transposed view).
+    let x = random([5, 24], 6, 1.0, &d);
+    let w = random([16, 24], 7, 1.0, &d);
+    let run = |ext: bool| {
+        let (x, w) = (x.clone().require_grad(), w.clone().require_grad());
+        let c = if ext {
+            extension::matmul(x.clone(), w.clone().transpose())
+        } else {
+            x.clone().matmul(w.clone().transpose())
+        };
+        let grads = c.clone().sum().backward();
+        (
+            values(c),
+            values(x.grad(&grads).unwrap()),
+            values(w.grad(&grads).unwrap()),
+        )
+    };
+    let (c, gx, gw) = run(true);
+    let (c_ref, gx_ref, gw_ref) = run(false);
+    assert_close("linear", &c, &c_ref, 1e-5);
+    assert_close("linear dx", &gx, &gx_ref, 1e-5);
+    assert_close("linear dw", &gw, &gw_ref, 1e-5);
+}
+
 #[test]
 fn fused_layer_norm_matches_the_composed_ops_with_gradients() {
     let d = device();

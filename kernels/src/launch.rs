@@ -6,7 +6,9 @@ use cubecl::server::Handle;
 
 use crate::rows::cube_count;
 pub use crate::rows::RowLaunch;
-use crate::{adam, attention, dropout, layer_norm, rms_norm, rotary, softmax, swiglu};
+use crate::{
+    adam, attention, dropout, layer_norm, rms_norm, rotary, softmax, stream_order, swiglu,
+};
 
 fn arg(handle: &Handle, len: usize) -> BufferArg {
     // SAFETY: every launcher sizes its buffers from the same shape it passes to the kernel,
@@ -862,5 +864,42 @@ pub fn copy_at_offset<F: Float + CubeElement>(
         arg(destination, total),
         offset as u32,
         len as u32,
+    );
+}
+
+/// Raises the counter `slot` of `flags` (a buffer of two `u32`) to `value` once the work
+/// queued before on `client`'s stream has run ([`stream_order::signal`]).
+pub fn signal(client: &Client, flags: &Handle, slot: u32, value: u32) {
+    assert!(slot < 2, "two counters");
+    stream_order::signal::launch(
+        client,
+        CubeCount::Static(1, 1, 1),
+        CubeDim::new_1d(1),
+        arg(flags, 2),
+        slot,
+        value,
+    );
+}
+
+/// Holds `client`'s stream until the counter `slot` of `flags` reaches `value`
+/// ([`stream_order::wait_for`]); `written` (`len` elements of `F`) is the buffer the other
+/// stream fills.
+pub fn wait_for<F: Float + CubeElement>(
+    client: &Client,
+    flags: &Handle,
+    slot: u32,
+    value: u32,
+    written: &Handle,
+    len: usize,
+) {
+    assert!(slot < 2, "two counters");
+    stream_order::wait_for::launch::<F>(
+        client,
+        CubeCount::Static(1, 1, 1),
+        CubeDim::new_1d(1),
+        arg(flags, 2),
+        slot,
+        value,
+        arg(written, len.max(1)),
     );
 }

@@ -11,7 +11,9 @@
 //! - [`dropout`]: dropout with masks derived on the device from a key and the element index;
 //! - [`attention`]: causal attention fused FlashAttention-style (online softmax, dropout
 //!   inside, no `seq × seq` tensor), forward and backward;
-//! - [`adam`]: one Adam step of a parameter (both moments and the update) in one kernel.
+//! - [`adam`]: one Adam step of a parameter (both moments and the update) in one kernel;
+//! - [`stream_order`]: device-side counters that order CubeCL's stream against another
+//!   stream's work (cuBLAS's products) without a host wait.
 //!
 //! The row kernels (softmax, LayerNorm, RMSNorm, attention) give each row a warp-sized group
 //! of units ([`rows`]) and loop over rows of any length in strides of that group; the
@@ -35,6 +37,7 @@ pub mod rms_norm;
 pub mod rotary;
 pub mod rows;
 pub mod softmax;
+pub mod stream_order;
 pub mod swiglu;
 
 /// The half-precision storage types, for launching the kernels in f16 / bf16.

@@ -1626,3 +1626,20 @@ fn flat_adam_step_in_place_matches_float64_on_its_range_only() {
         assert_eq!(x, want, "copy at offset: element {i}");
     }
 }
+
+/// The stream-ordering counters: `signal` raises one counter and leaves the other; a
+/// `wait_for` of a value already reached returns (one that is never reached would hang, which
+/// is why the product that uses them raises its counter even when it fails), and leaves the
+/// buffer it is bound to as it was.
+#[test]
+fn stream_order_counters_are_raised_and_waited_for() {
+    let client = client();
+    let flags = client.create_from_slice(u32::as_bytes(&[3, 4]));
+    signal(&client, &flags, 1, 9);
+    let written = upload(&client, &[1.5, -2.0]);
+    wait_for::<f32>(&client, &flags, 1, 9, &written, 2);
+    wait_for::<f32>(&client, &flags, 0, 2, &written, 2);
+    let counters = u32::from_bytes(&client.read_one_unchecked(flags)).to_vec();
+    assert_eq!(counters, vec![3, 9]);
+    assert_eq!(download(&client, written, 2), vec![1.5, -2.0]);
+}

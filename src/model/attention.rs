@@ -14,6 +14,7 @@ use super::GptConfig;
 use crate::comm::Group;
 use crate::parallel::layers::{ColumnParallelLinear, RowParallelLinear};
 use crate::parallel::random::RngRegion;
+use crate::util::matmul::matmul;
 
 /// Causal self-attention, its query groups split across the tensor-parallel ranks.
 ///
@@ -175,9 +176,9 @@ impl CausalSelfAttention {
             let draw = self.attention_dropout.draw(q.is_autodiff());
             return super::fused_ops::causal_attention(q, k, v, scale, draw);
         }
-        let scores = q.matmul(k.transpose());
+        let scores = matmul(q, k.transpose());
         let probs = scaled_causal_masked_softmax(scores, scale, self.masked_softmax_fusion);
-        self.attention_dropout.forward(probs).matmul(v)
+        matmul(self.attention_dropout.forward(probs), v)
     }
 
     /// `[batch, seq, hidden]` → `[batch, seq, hidden]`.

@@ -1,13 +1,17 @@
 //! The ground floor: what every other module may use and which imports none of them —
-//! backend and device choice, host tensors, atomic files, the allocator, command-line
-//! helpers, numpy's random generator and the parameter initialisation built on it.
+//! backend and device choice, the matrix product (cuBLAS on CUDA), host tensors, atomic
+//! files, the allocator, command-line helpers, numpy's random generator and the parameter
+//! initialisation built on it.
 
 pub mod allocator;
 pub mod atomic_file;
 pub mod cli;
+#[cfg(feature = "cuda")]
+pub mod cublas;
 pub mod device;
 pub mod exit_signal;
 pub mod host_tensor;
 pub mod init;
+pub mod matmul;
 pub mod numpy_pcg64;
 pub mod numpy_random;

@@ -15,5 +15,5 @@ pub fn weight_matmul<const D: usize>(x: Tensor<D>, w: Tensor<2>) -> Tensor<D> {
     let rows = dims[..D - 1].iter().product::<usize>();
     let mut out_dims = dims;
     out_dims[D - 1] = w.dims()[1];
-    x.reshape([rows, d_in]).matmul(w).reshape(out_dims)
+    crate::util::matmul::matmul(x.reshape([rows, d_in]), w).reshape(out_dims)
 }

@@ -1,0 +1,444 @@
+//! Matrix products of CUDA tensors through NVIDIA's cuBLAS (CUDA builds only).
+//!
+//! Why: on an H200, CubeCL's autotuned matmuls reach 80–175 TFLOP/s on GPT-2 345M's shapes
+//! where cuBLAS reaches 460–860 (benchmarks/results/2026-11-26-h200-gpu-profile.md), and
+//! matmuls were half of a training step's GPU time. cuBLAS is opened at run time (as NCCL
+//! is): a machine without it falls back to CubeCL's kernels with one warning.
+//!
+//! cuBLAS runs on a stream of its own (CubeCL does not lend its stream). By default the host
+//! orders the two: it waits for CubeCL's work before a product and for cuBLAS's after it (two
+//! waits per product, measured on an H200: 1.07× CubeCL's autotuned matmuls for GPT-2 345M in
+//! bf16). `FERROTRON_CUBLAS_ORDER=device` (experimental, not yet run on a GPU in this form)
+//! orders them on the device instead: a CubeCL kernel raises a counter once the operands are
+//! written, the cuBLAS stream waits for it (`cuStreamWaitValue32`), computes, and raises a
+//! second counter that a CubeCL kernel waits for before anything after the product runs
+//! (`ferrotron_kernels::stream_order`). CubeCL launches through a runner thread, so the
+//! counter's kernel is flushed to the device before cuBLAS's stream is made to wait for it: a
+//! first version without that flush hung on the H200 (a device-wide wait in the runner, queued
+//! before the kernel, waited for cuBLAS's stream, which waited for the kernel). Both streams
+//! are in the device's primary context (CubeCL's and cudarc's), so the device pointers are
+//! valid in either.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use burn::backend::Backend as _;
+use burn::backend::TensorMetadata;
+use burn::tensor::{DType, Shape};
+use burn_cubecl::cubecl::device::Device as CubeDevice;
+use burn_cubecl::cubecl::server::Handle;
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::CubeBackend;
+use cudarc::cublas::{result, sys};
+use cudarc::driver::sys as driver;
+use cudarc::driver::{CudaContext, CudaStream};
+use ferrotron_kernels::half::{bf16, f16};
+use ferrotron_kernels::launch as kernels;
+
+/// burn's CUDA runtime's server: its storage hands out raw device pointers.
+type CudaServer =
+    <burn_cubecl::cubecl::cuda::CudaRuntime as burn_cubecl::cubecl::__private::Runtime>::Server;
+
+/// One cuBLAS handle and the stream it runs on, for one GPU, and what orders that stream
+/// against CubeCL's.
+struct Blas {
+    context: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    handle: sys::cublasHandle_t,
+    /// Two `u32` counters in CubeCL's memory: `[0]` raised on CubeCL's stream before a
+    /// product, `[1]` on cuBLAS's after it.
+    flags: Handle,
+    /// Their device address (the allocation is pinned for the process).
+    flags_address: u64,
+    /// Products queued so far: the counters' latest value.
+    products: u32,
+    /// Whether the device orders the two streams (else the host waits for each).
+    device_ordered: bool,
+    /// The operands and results of products cuBLAS may still be running, pinned in place
+    /// until its stream is idle.
+    in_flight: Vec<Box<dyn Send>>,
+}
+
+// The handle is used by one thread at a time: every use goes through the mutex below.
+unsafe impl Send for Blas {}
+
+/// The handles, by GPU index; `None` once cuBLAS failed to start on that GPU.
+fn handles() -> &'static Mutex<HashMap<usize, Option<Blas>>> {
+    static HANDLES: OnceLock<Mutex<HashMap<usize, Option<Blas>>>> = OnceLock::new();
+    HANDLES.get_or_init(Default::default)
+}
+
+/// Which products go to cuBLAS (`FERROTRON_MATMUL`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Choice {
+    /// `cubecl`: none.
+    Never,
+    /// The default: f16 and bf16 products (in f32, cuBLAS without TF32 was slower than
+    /// CubeCL's kernels on an H200).
+    HalfPrecision,
+    /// `cublas`: every f32, f16 and bf16 product.
+    Always,
+}
+
+fn choice() -> Choice {
+    static CHOICE: OnceLock<Choice> = OnceLock::new();
+    *CHOICE.get_or_init(|| {
+        let asked = match std::env::var("FERROTRON_MATMUL").as_deref() {
+            Ok("cubecl") => return Choice::Never,
+            Ok("cublas") => Choice::Always,
+            Ok("") | Err(_) => Choice::HalfPrecision,
+            Ok(other) => {
+                eprintln!(
+                    "warning: FERROTRON_MATMUL={other} is neither `cublas` nor `cubecl`; \
+                     using cuBLAS for half-precision products"
+                );
+                Choice::HalfPrecision
+            }
+        };
+        // SAFETY: only tries to open the shared library.
+        if unsafe { sys::is_culib_present() } {
+            asked
+        } else {
+            eprintln!(
+                "warning: cuBLAS (libcublas) was not found on the library path; matrix \
+                 products run on CubeCL's kernels"
+            );
+            Choice::Never
+        }
+    })
+}
+
+/// Whether products of CUDA tensors of `dtype` go to cuBLAS.
+pub fn takes(dtype: DType) -> bool {
+    match choice() {
+        Choice::Never => false,
+        Choice::HalfPrecision => matches!(dtype, DType::BF16 | DType::F16),
+        Choice::Always => matches!(dtype, DType::F32 | DType::BF16 | DType::F16),
+    }
+}
+
+fn start(like: &CubeTensor, index: usize) -> Result<Blas, String> {
+    let context = CudaContext::new(index).map_err(|e| format!("CUDA device {index}: {e}"))?;
+    let stream = context
+        .new_stream()
+        .map_err(|e| format!("CUDA stream: {e}"))?;
+    context
+        .bind_to_thread()
+        .map_err(|e| format!("CUDA context: {e}"))?;
+    let handle = result::create_handle().map_err(|e| format!("cublasCreate: {e:?}"))?;
+    // SAFETY: a live handle and a live stream of the same context.
+    unsafe { result::set_stream(handle, stream.cu_stream() as sys::cudaStream_t) }
+        .map_err(|e| format!("cublasSetStream: {e:?}"))?;
+    let flags = like.client.create_from_slice(&[0u8; 8]);
+    let pinned = like
+        .client
+        .get_resource::<CudaServer>(flags.clone())
+        .map_err(|e| format!("the counters' address: {e:?}"))?;
+    let flags_address = pinned.resource().ptr;
+    // Pinned for the process: cuBLAS's stream keeps reading and writing the counters.
+    std::mem::forget(pinned);
+    Ok(Blas {
+        context,
+        stream,
+        handle,
+        flags,
+        flags_address,
+        products: 0,
+        device_ordered: std::env::var("FERROTRON_CUBLAS_ORDER").as_deref() == Ok("device"),
+        in_flight: Vec::new(),
+    })
+}
+
+impl Blas {
+    /// Unpins what finished products held, once cuBLAS's stream is idle (or after many).
+    fn release_finished(&mut self) {
+        // SAFETY: a live stream.
+        let idle = unsafe { driver::cuStreamQuery(self.stream.cu_stream()) }
+            == driver::CUresult::CUDA_SUCCESS;
+        if !idle && self.in_flight.len() >= 256 {
+            let _ = self.stream.synchronize();
+        } else if !idle {
+            return;
+        }
+        self.in_flight.clear();
+    }
+
+    /// Makes cuBLAS's stream wait for the work queued on CubeCL's before this product;
+    /// `false` where the driver refuses stream memory operations (the host waits instead).
+    fn wait_for_cubecl(&mut self, client_of: &CubeTensor, product: u32) -> bool {
+        kernels::signal(&client_of.client, &self.flags, 0, product);
+        // On the device before cuBLAS's stream waits for it (see the module's doc).
+        if client_of.client.flush().is_err() {
+            self.device_ordered = false;
+            return false;
+        }
+        // SAFETY: the counters are pinned device memory of this context.
+        let waited = unsafe {
+            driver::cuStreamWaitValue32_v2(
+                self.stream.cu_stream(),
+                self.flags_address,
+                product,
+                driver::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
+            )
+        };
+        if waited != driver::CUresult::CUDA_SUCCESS {
+            eprintln!(
+                "warning: this driver refuses stream memory operations ({waited:?}); cuBLAS \
+                 products are ordered by host waits"
+            );
+            self.device_ordered = false;
+        }
+        self.device_ordered
+    }
+
+    /// Holds CubeCL's stream until this product (queued on cuBLAS's) is done.
+    fn release_cubecl(&mut self, out: &CubeTensor, product: u32) {
+        // SAFETY: as above; the write is fenced after the product (the default flags).
+        let raised = unsafe {
+            driver::cuStreamWriteValue32_v2(
+                self.stream.cu_stream(),
+                self.flags_address + 4,
+                product,
+                driver::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
+            )
+        };
+        assert_eq!(
+            raised,
+            driver::CUresult::CUDA_SUCCESS,
+            "cuStreamWriteValue32 after a cuBLAS product"
+        );
+        let (client, len) = (&out.client, out.meta.shape().num_elements());
+        let wait = match out.dtype {
+            DType::BF16 => kernels::wait_for::<bf16>,
+            DType::F16 => kernels::wait_for::<f16>,
+            _ => kernels::wait_for::<f32>,
+        };
+        wait(client, &self.flags, 1, product, &out.handle, len);
+    }
+}
+
+/// How cuBLAS reads one operand: the batch stride, the leading dimension, and whether it is
+/// stored transposed (column-major) for the row-major product.
+#[derive(Clone, Copy)]
+struct Operand {
+    batch_stride: i64,
+    leading: i32,
+    transposed: bool,
+}
+
+/// `t`'s layout as a batch of `[rows, cols]` matrices, if cuBLAS can read it as it is
+/// (each matrix row- or column-major, the batch dimensions one uniform stride).
+fn operand(t: &CubeTensor) -> Option<Operand> {
+    let dims = t.meta.shape().as_slice().to_vec();
+    let strides: Vec<usize> = t.meta.strides().to_vec();
+    // A storage-tiled tensor's physical dims are not its logical ones.
+    if dims.as_slice() != TensorMetadata::shape(t).as_slice() {
+        return None;
+    }
+    let d = dims.len();
+    let (rows, cols) = (dims[d - 2], dims[d - 1]);
+    let (sr, sc) = (strides[d - 2], strides[d - 1]);
+    let (leading, transposed) = if (sc == 1 || cols == 1) && sr >= cols.max(1) {
+        (sr, false)
+    } else if (sr == 1 || rows == 1) && sc >= rows.max(1) {
+        (sc, true)
+    } else {
+        return None;
+    };
+    // The batch dimensions must flatten to one stride (size-1 dimensions have any stride).
+    let batched: Vec<usize> = (0..d - 2).filter(|&i| dims[i] > 1).collect();
+    if batched
+        .windows(2)
+        .any(|w| strides[w[0]] != strides[w[1]] * dims[w[1]])
+    {
+        return None;
+    }
+    let batch_stride = batched.last().map_or(0, |&i| strides[i]);
+    Some(Operand {
+        batch_stride: batch_stride as i64,
+        leading: i32::try_from(leading.max(1)).ok()?,
+        transposed,
+    })
+}
+
+fn data_type(dtype: DType) -> Option<sys::cudaDataType> {
+    match dtype {
+        DType::F32 => Some(sys::cudaDataType::CUDA_R_32F),
+        DType::BF16 => Some(sys::cudaDataType::CUDA_R_16BF),
+        DType::F16 => Some(sys::cudaDataType::CUDA_R_16F),
+        _ => None,
+    }
+}
+
+/// The CUDA GPU index of `t`, if it is a tensor of burn's CUDA runtime.
+fn cuda_index(t: &CubeTensor) -> Option<usize> {
+    match &t.device {
+        CubeDevice::Cuda(device) => Some(device.index),
+        _ => None,
+    }
+}
+
+/// `a · b` for `a` `[..., m, k]` and `b` `[..., k, n]` (the same batch dimensions) on
+/// cuBLAS, accumulating in f32 (no TF32: fp32 runs keep fp32 products); `None` where it
+/// does not apply (not a CUDA tensor, a dtype [`takes`] refuses, broadcast batches, an empty
+/// product, cuBLAS unavailable), and the caller runs CubeCL's matmul instead.
+pub fn matmul(a: &CubeTensor, b: &CubeTensor) -> Option<CubeTensor> {
+    let index = cuda_index(a)?;
+    let dtype = a.dtype;
+    if !takes(dtype) {
+        return None;
+    }
+    let elem = data_type(dtype)?;
+    let (ad, bd) = (TensorMetadata::shape(a), TensorMetadata::shape(b));
+    let (ad, bd) = (ad.as_slice(), bd.as_slice());
+    let d = ad.len();
+    if b.dtype != dtype || bd.len() != d || d < 2 || ad[..d - 2] != bd[..d - 2] {
+        return None;
+    }
+    let (m, k, n) = (ad[d - 2], ad[d - 1], bd[d - 1]);
+    if bd[d - 2] != k || m == 0 || n == 0 || k == 0 {
+        return None;
+    }
+    let batch: usize = ad[..d - 2].iter().product();
+    let a = readable(a);
+    let b = readable(b);
+    let (oa, ob) = (operand(&a)?, operand(&b)?);
+    let mut out_dims = ad.to_vec();
+    out_dims[d - 1] = n;
+    let out = empty(&a, Shape::from(out_dims), dtype);
+
+    let mut blas = handles().lock().unwrap_or_else(|e| e.into_inner());
+    let blas = blas
+        .entry(index)
+        .or_insert_with(|| {
+            start(&a, index)
+                .map_err(|e| {
+                    eprintln!("warning: cuBLAS did not start ({e}); using CubeCL's matmul")
+                })
+                .ok()
+        })
+        .as_mut()?;
+    blas.release_finished();
+    let resource = |t: &CubeTensor| t.client.get_resource::<CudaServer>(t.handle.clone()).ok();
+    let (ra, rb, rc) = (resource(&a)?, resource(&b)?, resource(&out)?);
+    let pointers = [ra.resource().ptr, rb.resource().ptr, rc.resource().ptr];
+    blas.products = blas.products.wrapping_add(1);
+    let product = blas.products;
+    let device_ordered = blas.device_ordered && blas.wait_for_cubecl(&a, product);
+    if !device_ordered {
+        CubeBackend::sync(&a.device).ok()?;
+    }
+    blas.context.bind_to_thread().ok()?;
+    let shape = GemmShape {
+        m,
+        n,
+        k,
+        batch,
+        elem,
+    };
+    // SAFETY: the pointers stay pinned (held resources) until cuBLAS's stream has run the
+    // product; shapes, leading dimensions and batch strides were checked against the tensors.
+    let status = unsafe {
+        gemm(
+            blas.handle,
+            shape,
+            (oa, pointers[0]),
+            (ob, pointers[1]),
+            pointers[2],
+        )
+    };
+    if device_ordered {
+        // Raised even when the product failed: CubeCL's stream must never wait forever.
+        blas.release_cubecl(&out, product);
+        blas.in_flight.push(Box::new((ra, rb, rc)));
+    } else {
+        blas.stream
+            .synchronize()
+            .unwrap_or_else(|e| panic!("cuBLAS gemm: {e}"));
+    }
+    if let Err(e) = status {
+        panic!("cuBLAS gemm of [{m}, {k}] · [{k}, {n}] × {batch} ({dtype:?}): {e:?}");
+    }
+    Some(out)
+}
+
+/// A batch of row-major products `[m, k] · [k, n]` of one cuBLAS element type.
+#[derive(Clone, Copy)]
+struct GemmShape {
+    m: usize,
+    n: usize,
+    k: usize,
+    batch: usize,
+    elem: sys::cudaDataType,
+}
+
+/// Queues `c = a · b` (row-major, `c` contiguous) on `handle`'s stream.
+///
+/// # Safety
+/// The addresses must hold the operands as `a` and `b` describe them and room for `c`, on the
+/// handle's device, until the stream has run the product.
+unsafe fn gemm(
+    handle: sys::cublasHandle_t,
+    s: GemmShape,
+    (a, a_address): (Operand, u64),
+    (b, b_address): (Operand, u64),
+    c_address: u64,
+) -> Result<(), result::CublasError> {
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    let op = |transposed: bool| {
+        if transposed {
+            sys::cublasOperation_t::CUBLAS_OP_T
+        } else {
+            sys::cublasOperation_t::CUBLAS_OP_N
+        }
+    };
+    // Row-major C = A·B is column-major Cᵀ = Bᵀ·Aᵀ: cuBLAS's first operand is b.
+    result::gemm_strided_batched_ex(
+        handle,
+        op(b.transposed),
+        op(a.transposed),
+        s.n as i32,
+        s.m as i32,
+        s.k as i32,
+        &alpha as *const f32 as *const c_void,
+        b_address as *const c_void,
+        s.elem,
+        b.leading,
+        b.batch_stride,
+        a_address as *const c_void,
+        s.elem,
+        a.leading,
+        a.batch_stride,
+        &beta as *const f32 as *const c_void,
+        c_address as *mut c_void,
+        s.elem,
+        s.n as i32,
+        (s.m * s.n) as i64,
+        s.batch as i32,
+        sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+        sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+    )
+}
+
+/// `t` itself when cuBLAS can read its layout, else a contiguous copy.
+fn readable(t: &CubeTensor) -> CubeTensor {
+    if operand(t).is_some() {
+        t.clone()
+    } else {
+        into_contiguous(t.clone())
+    }
+}
+
+/// A new, unwritten contiguous tensor on `like`'s device.
+fn empty(like: &CubeTensor, shape: Shape, dtype: DType) -> CubeTensor {
+    let handle = like.client.empty(shape.num_elements() * dtype.size());
+    CubeTensor::new_contiguous(
+        like.client.clone(),
+        like.device.clone(),
+        shape,
+        handle,
+        dtype,
+    )
+}

@@ -1,0 +1,137 @@
+//! The matrix product every layer calls: cuBLAS on CUDA devices, burn's `matmul` elsewhere.
+//!
+//! burn's autodiff would differentiate a product through burn's own matmul, so on CUDA the
+//! product is a backend extension ([`GemmOps`]) whose backward pass is two more products of
+//! the same kind: `da = dc · bᵀ`, `db = aᵀ · dc` (transposes are strides, never copies).
+//! cuBLAS itself is in [`super::cublas`]; without the `cuda` feature, on other devices, for
+//! dtypes it does not take (f32 unless `FERROTRON_MATMUL=cublas`), or with
+//! `FERROTRON_MATMUL=cubecl`, [`matmul`] is exactly `a.matmul(b)`.
+
+use burn::tensor::Tensor;
+
+/// `a · b` over the last two dimensions (`[..., m, k] · [..., k, n]`, the same leading
+/// dimensions).
+pub fn matmul<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> Tensor<D> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if uses_extension(&a) {
+        return extension::matmul(a, b);
+    }
+    a.matmul(b)
+}
+
+/// Whether [`matmul`] takes the extension: a CUDA tensor of a dtype cuBLAS takes.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn uses_extension<const D: usize>(a: &Tensor<D>) -> bool {
+    #[cfg(feature = "cuda")]
+    {
+        matches!(
+            a.device().inner().as_dispatch(),
+            burn::backend::DispatchDevice::Cube(burn_cubecl::cubecl::device::Device::Cuda(_))
+        ) && super::cublas::takes(a.dtype())
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = a;
+        false
+    }
+}
+
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod extension {
+    //! [`GemmOps`], the product as a burn backend extension with its own backward pass.
+
+    use burn::backend::autodiff::checkpoint::base::Checkpointer;
+    use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+    use burn::backend::autodiff::grads::Gradients;
+    use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+    use burn::backend::autodiff::Autodiff;
+    use burn::backend::ops::FloatTensorOps;
+    use burn::backend::tensor::FloatTensor;
+    use burn::backend::{backend_extension, Backend, Dispatch, TensorMetadata};
+    use burn::tensor::Tensor;
+    use burn_cubecl::tensor::CubeTensor;
+    use burn_cubecl::CubeBackend;
+
+    /// The kernel-level product a backend runs (forward and backward).
+    pub trait Gemm: Backend {
+        /// `a · b` over the last two dimensions; either operand may be a transposed view.
+        fn gemm(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self>;
+    }
+
+    impl Gemm for CubeBackend {
+        fn gemm(a: CubeTensor, b: CubeTensor) -> CubeTensor {
+            #[cfg(feature = "cuda")]
+            if let Some(c) = crate::util::cublas::matmul(&a, &b) {
+                return c;
+            }
+            <CubeBackend as FloatTensorOps<CubeBackend>>::float_matmul(a, b)
+        }
+    }
+
+    /// The differentiable product (a burn backend extension).
+    #[backend_extension(Autodiff, Cube)]
+    pub trait GemmOps: Backend {
+        /// `a · b` over the last two dimensions.
+        fn gemm_matmul(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self>;
+    }
+
+    impl GemmOps for CubeBackend {
+        fn gemm_matmul(a: CubeTensor, b: CubeTensor) -> CubeTensor {
+            Self::gemm(a, b)
+        }
+    }
+
+    /// `x` with its last two dimensions swapped (a view).
+    fn transposed<B: Backend>(x: FloatTensor<B>) -> FloatTensor<B> {
+        let d = x.shape().num_dims();
+        B::float_swap_dims(x, d - 2, d - 1)
+    }
+
+    #[derive(Debug)]
+    struct GemmBackward;
+
+    impl<B: Gemm> Backward<B, 2> for GemmBackward {
+        /// a, b.
+        type State = (FloatTensor<B>, FloatTensor<B>);
+
+        fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+            let [pa, pb] = ops.parents;
+            let grad = grads.consume::<B>(&ops.node);
+            let (a, b) = ops.state;
+            if let Some(p) = pa {
+                grads.register::<B>(p.id, B::gemm(grad.clone(), transposed::<B>(b)));
+            }
+            if let Some(p) = pb {
+                grads.register::<B>(p.id, B::gemm(transposed::<B>(a), grad));
+            }
+        }
+    }
+
+    impl<B: Gemm + GemmOps, C: CheckpointStrategy> GemmOps for Autodiff<B, C> {
+        fn gemm_matmul(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
+            let (a, na) = a.into_parts();
+            let (b, nb) = b.into_parts();
+            match GemmBackward
+                .prepare::<C>([na, nb])
+                .compute_bound()
+                .stateful()
+            {
+                OpsKind::Tracked(prep) => {
+                    let c = B::gemm(a.clone(), b.clone());
+                    prep.finish((a, b), c)
+                }
+                OpsKind::UnTracked(prep) => prep.finish(B::gemm(a, b)),
+            }
+        }
+    }
+
+    /// `a · b` through the extension, on any CubeCL device (cuBLAS on CUDA, burn-cubecl's
+    /// matmul elsewhere): what [`super::matmul`] runs on CUDA, callable on every CubeCL device
+    /// so that its backward pass is tested where there is no GPU.
+    pub fn matmul<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> Tensor<D> {
+        Tensor::from_dispatch(<Dispatch as GemmOps>::gemm_matmul(
+            a.into_dispatch(),
+            b.into_dispatch(),
+        ))
+    }
+}
