@@ -197,6 +197,51 @@ fn thread_ranks_reproduce_the_single_process_losses() {
     assert_eq!(runs[6], runs[2], "TP=1: overlapped with recomputation");
 }
 
+/// `--log-num-zeros-in-grad` counts the zero elements of the summed gradients, each parameter
+/// once. With an untied output layer the embedding rows of the tokens a batch lacks are
+/// exactly zero whatever the order of the sums, so every layout must count what the single
+/// process counts: the distributed optimizer on its shards after the reduce-scatter, TP=2 on
+/// its shards with the replicated norms counted once.
+#[test]
+fn every_layout_counts_the_zero_gradient_elements_of_the_single_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let counting = |layout: Layout| {
+        let mut c = config(dir.path(), layout, 3);
+        c.model.untie_embeddings_and_output_weights = true;
+        c.log_options.num_zeros_in_grad = true;
+        c
+    };
+    let reference = pretrain(&counting(layout(1, false)), &device())
+        .unwrap()
+        .num_zeros_in_grad;
+    assert_eq!(reference.len(), 3, "{reference:?}");
+    // Most of the 50,304 embedding rows (32 wide) are absent from a batch of 128 tokens.
+    assert!(
+        reference.iter().all(|&(_, z)| z > 1_000_000),
+        "{reference:?}"
+    );
+    let layouts = [
+        layout(1, false),
+        layout(1, true),
+        layout(2, false),
+        layout(2, true),
+    ];
+    let runs = run_ranks(4, |world| {
+        layouts
+            .iter()
+            .map(|&l| Ok(pretrain_on(&counting(l), &device(), world.clone())?.num_zeros_in_grad))
+            .collect::<anyhow::Result<Vec<_>>>()
+    })
+    .unwrap();
+    for (&l, zeros) in layouts.iter().zip(&runs[0]) {
+        assert_eq!(zeros, &reference, "{}", name(l));
+    }
+    assert!(
+        runs.iter().all(|r| r == &runs[0]),
+        "every rank logs the same"
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // MPI: the test binary runs itself under mpirun.
 

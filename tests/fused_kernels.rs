@@ -661,6 +661,7 @@ fn flat_adam_follows_the_composed_adam() {
             names: params.iter().map(|p| (p.id, p.name.clone())).collect(),
             not_counted: Default::default(),
             decoupled_lr: [params[0].id].into_iter().collect(),
+            count_zeros: false,
         }
     };
     // The same gradients for both, parameter by parameter in declaration order.

@@ -95,6 +95,10 @@ impl ModuleMapper for Replace {
 pub struct DistributedAdamW {
     config: AdamWConfig,
     steps: u64,
+    /// Whether a step counts the zero elements of its summed gradient shard
+    /// (`--log-num-zeros-in-grad`), and what the last one counted over the world.
+    count_zeros: bool,
+    num_zeros_in_grad: Option<u64>,
     entries: Vec<Entry>,
     padded: usize,
     shard: Range<usize>,
@@ -152,6 +156,8 @@ impl DistributedAdamW {
         Self {
             config,
             steps: 0,
+            count_zeros: false,
+            num_zeros_in_grad: None,
             entries: layout.entries,
             padded,
             shard,
@@ -162,6 +168,18 @@ impl DistributedAdamW {
             counted: Tensor::from_data(TensorData::new(counted, [len]), device),
             data,
         }
+    }
+
+    /// Whether steps count the zero elements of the summed gradients
+    /// (`--log-num-zeros-in-grad`).
+    pub fn count_zeros(&mut self, count: bool) {
+        self.count_zeros = count;
+    }
+
+    /// What the last step counted, over the world: the zero elements of the summed
+    /// gradients, each parameter counted once (as the global norm counts it).
+    pub fn num_zeros_in_grad(&self) -> Option<u64> {
+        self.num_zeros_in_grad
     }
 
     /// Number of steps taken.
@@ -225,6 +243,14 @@ impl DistributedAdamW {
             .sum()
             .into_scalar::<f32>() as f64;
         let norm = norm_group.all_reduce_scalar(local, ReduceOp::Sum)?.sqrt();
+        self.num_zeros_in_grad = if self.count_zeros {
+            let zeros = (g.clone().equal_elem(0.0).float() * self.counted.clone())
+                .sum()
+                .into_scalar::<f32>() as f64;
+            Some(norm_group.all_reduce_scalar(zeros, ReduceOp::Sum)?.round() as u64)
+        } else {
+            None
+        };
         if max_norm > 0.0 {
             let coefficient = max_norm / (norm + 1e-6);
             if coefficient < 1.0 {

@@ -94,6 +94,12 @@ impl<M: Module> MixedPrecisionOptimizer<M> {
         self.inner.steps()
     }
 
+    /// The zero gradient elements the last step counted, where the step counts them (the
+    /// distributed optimizer; see [`Optimizer::num_zeros_in_grad`]).
+    pub fn num_zeros_in_grad(&self) -> Option<u64> {
+        self.inner.num_zeros_in_grad()
+    }
+
     /// Adam's moments by name (a collective with the distributed optimizer).
     pub fn moments(&self) -> Result<Vec<NamedMoments>, CommError> {
         self.inner.moments()

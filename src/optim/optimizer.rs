@@ -52,6 +52,13 @@ pub trait Optimizer<M: Module> {
     /// Adam's moments of every parameter by name, for checkpoints (a collective over the
     /// data-parallel group when they are sharded: every rank calls it).
     fn moments(&self) -> Result<Vec<NamedMoments>, CommError>;
+
+    /// With [`OptimizerSetup::count_zeros`], the zero gradient elements the last step counted,
+    /// where only the step sees the summed gradients (the distributed optimizer, after its
+    /// reduce-scatter); `None` elsewhere: they are counted before the step.
+    fn num_zeros_in_grad(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// What both optimizers need besides Adam's hyper-parameters.
@@ -68,6 +75,10 @@ pub struct OptimizerSetup {
     /// Parameters that take the decoupled learning rate (the word embedding and the output
     /// layer, with `--decoupled-lr`).
     pub decoupled_lr: HashSet<ParamId>,
+    /// `--log-num-zeros-in-grad`: the distributed optimizer counts the zero elements of the
+    /// summed gradients in its step (Megatron counts them on each rank's shard of the main
+    /// gradients).
+    pub count_zeros: bool,
 }
 
 /// Adam replicated on every data-parallel rank: the gradients arrive summed; the global norm
@@ -168,6 +179,7 @@ impl ShardedAdamW {
         if let Some((steps, moments)) = saved {
             adam.import(steps, &moments);
         }
+        adam.count_zeros(setup.count_zeros);
         Self {
             adam,
             clip_grad: setup.clip_grad,
@@ -212,5 +224,9 @@ impl<M: Module> Optimizer<M> for ShardedAdamW {
 
     fn moments(&self) -> Result<Vec<NamedMoments>, CommError> {
         self.adam.export()
+    }
+
+    fn num_zeros_in_grad(&self) -> Option<u64> {
+        self.adam.num_zeros_in_grad()
     }
 }

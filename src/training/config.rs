@@ -263,9 +263,6 @@ impl PretrainConfig {
             );
         }
         self.schedule.validate().map_err(anyhow::Error::msg)?;
-        if self.log_options.num_zeros_in_grad && self.use_distributed_optimizer {
-            bail!("--log-num-zeros-in-grad with --use-distributed-optimizer is not implemented (its step sums the gradients); drop one of them");
-        }
         if let Some(wd) = &self.weight_decay_schedule {
             wd.validate().map_err(anyhow::Error::msg)?;
         }

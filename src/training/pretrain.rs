@@ -39,6 +39,9 @@ pub struct PretrainOutcome {
     pub schedule: Vec<ScheduledValues>,
     /// The loss scale after every iteration run (1 without a scaler).
     pub loss_scales: Vec<(u64, f64)>,
+    /// With `--log-num-zeros-in-grad`: the zero gradient elements of every iteration run
+    /// that counted them.
+    pub num_zeros_in_grad: Vec<(u64, u64)>,
     /// The iterations skipped for overflowing gradients.
     pub skipped_iterations: Vec<u64>,
     /// With pipeline stages: per iteration, each stage's share of the step spent waiting for
@@ -246,6 +249,9 @@ impl Trainer<'_> {
         outcome.iteration = iteration;
         outcome.losses.push((iteration, report.lm_loss));
         outcome.loss_scales.push((iteration, report.loss_scale));
+        outcome
+            .num_zeros_in_grad
+            .extend(report.num_zeros_in_grad.map(|z| (iteration, z)));
         outcome
             .grad_reduce_exposed_seconds
             .extend(report.grad_reduce_exposed_seconds);

@@ -230,6 +230,7 @@ fn build_optimizer(
         } else {
             Default::default()
         },
+        count_zeros: cfg.log_options.num_zeros_in_grad,
     };
     let saved = saved.map(|s| (s.steps, s.moments));
     let inner = device.clone().inner();

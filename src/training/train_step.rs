@@ -101,20 +101,28 @@ pub fn train_step(
     };
     let reduced_here = finalize_model_grads(&mut out.grads, &setup.roles, parallel, data_parallel)?;
     let exposed = out.background_reduce_exposed.or(reduced_here);
-    let num_zeros_in_grad = if cfg.log_options.num_zeros_in_grad {
-        Some(count_zero_grads(
-            &out.grads,
-            &setup.roles.not_counted,
-            &parallel.model,
-        )?)
-    } else {
-        None
-    };
+    // The distributed optimizer counts them in its step, where the sums are.
+    let counted_before_step =
+        if cfg.log_options.num_zeros_in_grad && !setup.optimizer.reduces_data_parallel_grads() {
+            Some(count_zero_grads(
+                &out.grads,
+                &setup.roles.not_counted,
+                &parallel.model,
+            )?)
+        } else {
+            None
+        };
     let result = setup.optimizer.step(&mut out.grads, lr)?;
     drop(out.grads);
     let (skipped, norm) = match result {
         StepResult::Skipped => (true, None),
         StepResult::Updated(norm) => (false, Some(norm)),
+    };
+    // None for a skipped step, as Megatron's optimizer returns none then.
+    let num_zeros_in_grad = if skipped || !cfg.log_options.num_zeros_in_grad {
+        None
+    } else {
+        counted_before_step.or_else(|| setup.optimizer.num_zeros_in_grad())
     };
     // One read of the device per step: the micro-batches' losses and, unless it went
     // through a host collective already, the gradient norm.
