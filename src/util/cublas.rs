@@ -298,10 +298,12 @@ pub fn matmul(a: &CubeTensor, b: &CubeTensor) -> Option<CubeTensor> {
         return None;
     }
     let (m, k, n) = (ad[d - 2], ad[d - 1], bd[d - 1]);
-    if bd[d - 2] != k || m == 0 || n == 0 || k == 0 {
+    let batch: usize = ad[..d - 2].iter().product();
+    // cuBLAS takes the sizes as 32-bit ints.
+    let fits = [m, k, n, batch].iter().all(|&x| i32::try_from(x).is_ok());
+    if bd[d - 2] != k || m == 0 || n == 0 || k == 0 || !fits {
         return None;
     }
-    let batch: usize = ad[..d - 2].iter().product();
     let a = readable(a);
     let b = readable(b);
     let (oa, ob) = (operand(&a)?, operand(&b)?);
