@@ -558,6 +558,38 @@ fn dropout_on_the_device_draws_the_host_masks() {
     }
 }
 
+/// Under sequence parallelism each rank drops its chunk (along the sequence) of the whole
+/// sequence's mask: on the device the kernel derives that chunk's bits itself (no mask
+/// uploaded), equal to the chunk the host draws, forward and backward, on every rank.
+#[test]
+fn sequence_parallel_dropout_on_the_device_draws_the_host_chunks() {
+    use ferrotron::comm::{run_ranks, Group};
+    use ferrotron::model::dropout::Dropout;
+    use ferrotron::parallel::random::{enter_layer, seed_micro_batch, RngRegion};
+    let runs = run_ranks(3, |world| {
+        let group = Group::new(world);
+        let run = |device: &Device| {
+            let x = random([2, 5, 3, 7], 8, 2.0, device).require_grad();
+            let r = random([2, 5, 3, 7], 9, 1.0, device);
+            seed_micro_batch(77, 3, 1, 0);
+            enter_layer(2);
+            let dropout = Dropout::new(0.3, RngRegion::Replicated).with_sequence_chunk_of(&group);
+            let y = dropout.forward(x.clone());
+            let grads = (y.clone() * r).sum().backward();
+            (values(y), values(x.grad(&grads).unwrap()))
+        };
+        Ok((run(&Device::flex().autodiff()), run(&device())))
+    })
+    .unwrap();
+    for (rank, (host, dev)) in runs.iter().enumerate() {
+        assert_eq!(dev.0, host.0, "rank {rank}: forward");
+        assert_eq!(dev.1, host.1, "rank {rank}: backward");
+    }
+    // The same input on every rank: different chunks of the mask drop different elements.
+    assert_ne!(runs[0].0 .0, runs[1].0 .0);
+    assert_ne!(runs[1].0 .0, runs[2].0 .0);
+}
+
 /// Training with dropout on the device: the losses of the CPU run with the same seed (the
 /// same masks), and activation recomputation re-derives the masks from their keys, giving
 /// the losses of keeping the activations.

@@ -33,7 +33,13 @@ pub const UNITS_PER_CUBE: u32 = 256;
 
 /// `output[i] = input[i] · scale` where element `i` is kept, 0 where dropped, for
 /// `i < len`: dropout's forward, and with the same key its backward (dropout is linear).
+///
+/// The tensor may be a slice of the draw (a sequence-parallel rank's chunk of the whole
+/// sequence): element `i` takes the bits of draw element `(i / own) · row + first + i % own`,
+/// i.e. runs of `own` elements starting at `first` in rows of `row`. A whole tensor is
+/// `own = len`, `row = 0`, `first = 0`.
 #[cube(launch)]
+#[allow(clippy::too_many_arguments)]
 pub fn dropout<F: Float>(
     input: &[F],
     output: &mut [F],
@@ -42,10 +48,15 @@ pub fn dropout<F: Float>(
     threshold: u32,
     scale: f32,
     len: u32,
+    own: u32,
+    row: u32,
+    first: u32,
 ) {
     let i = cube_index() * UNITS_PER_CUBE as usize + UNIT_POS_X as usize;
     if i < len as usize {
-        let keep = dropout_bits(key_lo, key_hi, i as u32) >= threshold;
+        let j = i as u32;
+        let index = (j / own) * row + first + j % own;
+        let keep = dropout_bits(key_lo, key_hi, index) >= threshold;
         let x = input[i];
         output[i] = select(keep, x * F::cast_from(scale), F::new(0.0));
     }

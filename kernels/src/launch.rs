@@ -516,6 +516,45 @@ pub struct DropoutDraw {
     pub scale: f32,
 }
 
+/// Which elements of a draw a tensor holds: runs of `own` elements starting at `first` in
+/// rows of `row` (a sequence-parallel rank's chunk of the whole sequence's mask), or all of
+/// it ([`DrawSlice::whole`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DrawSlice {
+    /// Elements per run.
+    pub own: u32,
+    /// Draw elements per row (0 for a whole tensor: one run).
+    pub row: u32,
+    /// The run's first element within its row.
+    pub first: u32,
+}
+
+impl DrawSlice {
+    /// A tensor of `len` elements that is the whole draw.
+    pub fn whole(len: usize) -> Self {
+        Self {
+            own: len.clamp(1, u32::MAX as usize) as u32,
+            row: 0,
+            first: 0,
+        }
+    }
+
+    /// Chunk `rank` of `parts` equal chunks along dimension 1 of the draw's tensor, a chunk
+    /// holding `own` elements of each row (its part of dimension 1 times the dimensions after
+    /// it).
+    pub fn chunk(own: usize, parts: usize, rank: usize) -> Self {
+        assert!(
+            own * parts <= u32::MAX as usize,
+            "a draw of more than 2³² elements"
+        );
+        Self {
+            own: own.max(1) as u32,
+            row: (own * parts) as u32,
+            first: (own * rank) as u32,
+        }
+    }
+}
+
 /// `output = input ⊙ mask` of `len` elements for `draw` (dropout's forward, and its
 /// backward on the output's gradient with the same draw).
 pub fn dropout<F: Float + CubeElement>(
@@ -525,12 +564,25 @@ pub fn dropout<F: Float + CubeElement>(
     len: usize,
     draw: DropoutDraw,
 ) {
+    dropout_slice::<F>(client, input, output, len, draw, DrawSlice::whole(len));
+}
+
+/// [`dropout`] of a tensor that holds `slice` of the draw.
+pub fn dropout_slice<F: Float + CubeElement>(
+    client: &Client,
+    input: &Handle,
+    output: &Handle,
+    len: usize,
+    draw: DropoutDraw,
+    slice: DrawSlice,
+) {
     if len == 0 {
         return;
     }
+    let rows = len.div_ceil(slice.own as usize) as u64;
     assert!(
-        len <= u32::MAX as usize,
-        "dropout of more than 2³² elements"
+        len <= u32::MAX as usize && rows * u64::from(slice.row.max(slice.own)) <= 1 << 32,
+        "dropout of a draw of more than 2³² elements"
     );
     dropout::dropout::launch::<F>(
         client,
@@ -543,6 +595,9 @@ pub fn dropout<F: Float + CubeElement>(
         draw.threshold,
         draw.scale,
         len as u32,
+        slice.own,
+        slice.row,
+        slice.first,
     );
 }
 

@@ -1,7 +1,8 @@
 //! Dropout whose masks come from ferrotron's seeded streams ([`crate::parallel::random`]),
 //! not from the device's generator: reproducible across backends, resumes and
 //! tensor-parallel ranks. On CubeCL devices (CUDA, wgpu) the mask is derived in the kernel
-//! from the draw's key and the element index, with the bits the host draws on the CPU.
+//! from the draw's key and the element index, with the bits the host draws on the CPU (under
+//! sequence parallelism, each rank's chunk of the whole sequence's mask).
 
 use burn::module::Module;
 use burn::tensor::{Device, Tensor, TensorData};
@@ -56,6 +57,14 @@ impl Dropout {
         }
         let key = next_dropout_key(self.region);
         if let Some(group) = &self.sequence_chunk_of {
+            #[cfg(any(feature = "wgpu", feature = "cuda"))]
+            if crate::util::device::is_cube(&x.device()) {
+                // This rank's chunk of the whole sequence's mask, derived on the device.
+                let own = x.dims()[1..].iter().product();
+                let slice =
+                    ferrotron_kernels::launch::DrawSlice::chunk(own, group.size(), group.rank());
+                return super::fused_ops::dropout_slice(x, key, self.prob, slice);
+            }
             let mask = self.chunk_mask(key, x.dims(), group, &x.device());
             return x.clone() * mask.cast(x.dtype());
         }

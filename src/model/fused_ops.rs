@@ -19,8 +19,8 @@ use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
 use ferrotron_kernels::launch::{
-    self as kernels, AttentionInputs, AttentionShape, DropoutDraw, RotaryTables, RowLaunch,
-    ScoresShape, SoftmaxMask,
+    self as kernels, AttentionInputs, AttentionShape, DrawSlice, DropoutDraw, RotaryTables,
+    RowLaunch, ScoresShape, SoftmaxMask,
 };
 
 /// The kernels a backend runs for the fused ops.
@@ -81,8 +81,13 @@ pub trait FusedKernels: Backend {
         interleaved: bool,
         inverse: bool,
     ) -> FloatTensor<Self>;
-    /// `x ⊙ mask` of the dropout draw `draw` (forward; backward on the gradient).
-    fn dropout_apply(x: FloatTensor<Self>, draw: DropoutDraw) -> FloatTensor<Self>;
+    /// `x ⊙ mask` of the dropout draw `draw`, `x` holding `slice` of it (forward; backward
+    /// on the gradient).
+    fn dropout_apply(
+        x: FloatTensor<Self>,
+        draw: DropoutDraw,
+        slice: DrawSlice,
+    ) -> FloatTensor<Self>;
     /// Causal attention of `[b, heads, s, head_dim]` queries, keys and values, dropout
     /// inside: the output, and the per-row log-sum-exp of the scores (f32, `[b · heads · s]`).
     fn flash_attention_forward(
@@ -137,13 +142,18 @@ pub trait FusedOps: Backend {
         interleaved: bool,
     ) -> FloatTensor<Self>;
     /// Dropout with the mask of the draw keyed `(key_lo, key_hi)`: elements whose bits are
-    /// below `threshold` dropped, the others multiplied by `scale`.
+    /// below `threshold` dropped, the others multiplied by `scale`; `x` holds the slice
+    /// `(own, row, first)` of the draw ([`DrawSlice`]).
+    #[allow(clippy::too_many_arguments)]
     fn fused_dropout(
         x: FloatTensor<Self>,
         key_lo: u32,
         key_hi: u32,
         threshold: u32,
         scale: f32,
+        own: u32,
+        row: u32,
+        first: u32,
     ) -> FloatTensor<Self>;
     /// Causal attention `dropout(softmax(scale · q kᵀ)) v` without the `[s, s]` scores
     /// (FlashAttention); with `dropout`, the draw keyed `(key_lo, key_hi)` drops the
@@ -464,12 +474,21 @@ impl FusedKernels for CubeBackend {
         y
     }
 
-    fn dropout_apply(x: CubeTensor, draw: DropoutDraw) -> CubeTensor {
+    fn dropout_apply(x: CubeTensor, draw: DropoutDraw, slice: DrawSlice) -> CubeTensor {
         let x = packed(x);
         let shape = x.shape();
         let len = shape.num_elements();
         let y = empty_like(&x, shape, x.dtype);
-        by_dtype!(x.dtype, dropout, &x.client, &x.handle, &y.handle, len, draw);
+        by_dtype!(
+            x.dtype,
+            dropout_slice,
+            &x.client,
+            &x.handle,
+            &y.handle,
+            len,
+            draw,
+            slice
+        );
         y
     }
 
@@ -562,16 +581,17 @@ impl FusedOps for CubeBackend {
         key_hi: u32,
         threshold: u32,
         scale: f32,
+        own: u32,
+        row: u32,
+        first: u32,
     ) -> CubeTensor {
-        Self::dropout_apply(
-            x,
-            DropoutDraw {
-                key_lo,
-                key_hi,
-                threshold,
-                scale,
-            },
-        )
+        let draw = DropoutDraw {
+            key_lo,
+            key_hi,
+            threshold,
+            scale,
+        };
+        Self::dropout_apply(x, draw, DrawSlice { own, row, first })
     }
 
     fn fused_causal_softmax(x: CubeTensor, scale: f32) -> CubeTensor {
@@ -731,14 +751,15 @@ impl<B: FusedKernels> Backward<B, 1> for RotaryBackward {
 struct DropoutBackward;
 
 impl<B: FusedKernels> Backward<B, 1> for DropoutBackward {
-    /// The draw: the backward derives the same mask from it.
-    type State = DropoutDraw;
+    /// The draw and the tensor's slice of it: the backward derives the same mask.
+    type State = (DropoutDraw, DrawSlice);
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let [parent] = ops.parents;
         let grad = grads.consume::<B>(&ops.node);
         if let Some(parent) = parent {
-            grads.register::<B>(parent.id, B::dropout_apply(grad, ops.state));
+            let (draw, slice) = ops.state;
+            grads.register::<B>(parent.id, B::dropout_apply(grad, draw, slice));
         }
     }
 }
@@ -803,6 +824,9 @@ impl<B: FusedKernels + FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B,
         key_hi: u32,
         threshold: u32,
         scale: f32,
+        own: u32,
+        row: u32,
+        first: u32,
     ) -> FloatTensor<Self> {
         let draw = DropoutDraw {
             key_lo,
@@ -810,14 +834,15 @@ impl<B: FusedKernels + FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B,
             threshold,
             scale,
         };
+        let slice = DrawSlice { own, row, first };
         let (x, node) = x.into_parts();
         match DropoutBackward
             .prepare::<C>([node])
             .compute_bound()
             .stateful()
         {
-            OpsKind::Tracked(prep) => prep.finish(draw, B::dropout_apply(x, draw)),
-            OpsKind::UnTracked(prep) => prep.finish(B::dropout_apply(x, draw)),
+            OpsKind::Tracked(prep) => prep.finish((draw, slice), B::dropout_apply(x, draw, slice)),
+            OpsKind::UnTracked(prep) => prep.finish(B::dropout_apply(x, draw, slice)),
         }
     }
 
@@ -995,12 +1020,27 @@ pub fn rotary(
 /// Dropout of `x` with probability `p`, the mask derived on the device from the draw's `key`
 /// (the same mask as [`crate::parallel::random::dropout_mask_of`] on the host).
 pub fn dropout<const D: usize>(x: Tensor<D>, key: u64, p: f64) -> Tensor<D> {
+    let len = x.shape().num_elements();
+    dropout_slice(x, key, p, DrawSlice::whole(len))
+}
+
+/// [`dropout`] of `x` holding `slice` of the draw (a sequence-parallel rank's chunk: the mask
+/// of the whole sequence's draw, cut as [`DrawSlice::chunk`] says).
+pub fn dropout_slice<const D: usize>(
+    x: Tensor<D>,
+    key: u64,
+    p: f64,
+    slice: DrawSlice,
+) -> Tensor<D> {
     Tensor::from_dispatch(<Dispatch as FusedOps>::fused_dropout(
         x.into_dispatch(),
         key as u32,
         (key >> 32) as u32,
         crate::parallel::random::dropout_threshold(p),
         (1.0 / (1.0 - p)) as f32,
+        slice.own,
+        slice.row,
+        slice.first,
     ))
 }
 
