@@ -16,6 +16,7 @@ use burn::backend::tensor::FloatTensor;
 use burn::backend::{backend_extension, Backend, Dispatch, TensorMetadata};
 use burn::tensor::{DType, FloatDType, Shape, Tensor};
 use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
 use ferrotron_kernels::launch::{
@@ -198,14 +199,7 @@ fn packed(t: CubeTensor) -> CubeTensor {
 
 /// A new, uninitialized contiguous tensor like `like` with `shape` and `dtype`.
 fn empty_like(like: &CubeTensor, shape: Shape, dtype: DType) -> CubeTensor {
-    let handle = like.client.empty(shape.num_elements() * dtype.size());
-    CubeTensor::new_contiguous(
-        like.client.clone(),
-        like.device.clone(),
-        shape,
-        handle,
-        dtype,
-    )
+    empty_device_contiguous_dtype(like.client.clone(), like.device.clone(), shape, dtype)
 }
 
 /// Calls `$launch::<F>` for the storage type of `$dtype`.

@@ -29,6 +29,7 @@ use burn::tensor::{DType, Shape};
 use burn_cubecl::cubecl::device::Device as CubeDevice;
 use burn_cubecl::cubecl::server::Handle;
 use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
 use cudarc::cublas::{result, sys};
@@ -154,6 +155,9 @@ fn start(like: &CubeTensor, index: usize) -> Result<Blas, String> {
 impl Blas {
     /// Unpins what finished products held, once cuBLAS's stream is idle (or after many).
     fn release_finished(&mut self) {
+        if self.in_flight.is_empty() {
+            return;
+        }
         // SAFETY: a live stream.
         let idle = unsafe { driver::cuStreamQuery(self.stream.cu_stream()) }
             == driver::CUresult::CUDA_SUCCESS;
@@ -304,12 +308,16 @@ pub fn matmul(a: &CubeTensor, b: &CubeTensor) -> Option<CubeTensor> {
     if bd[d - 2] != k || m == 0 || n == 0 || k == 0 || !fits {
         return None;
     }
-    let a = readable(a);
-    let b = readable(b);
-    let (oa, ob) = (operand(&a)?, operand(&b)?);
+    let (a, oa) = readable(a)?;
+    let (b, ob) = readable(b)?;
     let mut out_dims = ad.to_vec();
     out_dims[d - 1] = n;
-    let out = empty(&a, Shape::from(out_dims), dtype);
+    let out = empty_device_contiguous_dtype(
+        a.client.clone(),
+        a.device.clone(),
+        Shape::from(out_dims),
+        dtype,
+    );
 
     let mut blas = handles().lock().unwrap_or_else(|e| e.into_inner());
     let blas = blas
@@ -424,23 +432,14 @@ unsafe fn gemm(
     )
 }
 
-/// `t` itself when cuBLAS can read its layout, else a contiguous copy.
-fn readable(t: &CubeTensor) -> CubeTensor {
-    if operand(t).is_some() {
-        t.clone()
-    } else {
-        into_contiguous(t.clone())
+/// `t` itself when cuBLAS can read its layout, else a contiguous copy, with that layout.
+fn readable(t: &CubeTensor) -> Option<(CubeTensor, Operand)> {
+    match operand(t) {
+        Some(layout) => Some((t.clone(), layout)),
+        None => {
+            let copy = into_contiguous(t.clone());
+            let layout = operand(&copy)?;
+            Some((copy, layout))
+        }
     }
-}
-
-/// A new, unwritten contiguous tensor on `like`'s device.
-fn empty(like: &CubeTensor, shape: Shape, dtype: DType) -> CubeTensor {
-    let handle = like.client.empty(shape.num_elements() * dtype.size());
-    CubeTensor::new_contiguous(
-        like.client.clone(),
-        like.device.clone(),
-        shape,
-        handle,
-        dtype,
-    )
 }

@@ -12,7 +12,7 @@ use burn::tensor::Tensor;
 /// `a · b` over the last two dimensions (`[..., m, k] · [..., k, n]`, the same leading
 /// dimensions).
 pub fn matmul<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> Tensor<D> {
-    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    #[cfg(feature = "cuda")]
     if uses_extension(&a) {
         return extension::matmul(a, b);
     }
@@ -20,20 +20,12 @@ pub fn matmul<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> Tensor<D> {
 }
 
 /// Whether [`matmul`] takes the extension: a CUDA tensor of a dtype cuBLAS takes.
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
+#[cfg(feature = "cuda")]
 fn uses_extension<const D: usize>(a: &Tensor<D>) -> bool {
-    #[cfg(feature = "cuda")]
-    {
-        matches!(
-            a.device().inner().as_dispatch(),
-            burn::backend::DispatchDevice::Cube(burn_cubecl::cubecl::device::Device::Cuda(_))
-        ) && super::cublas::takes(a.dtype())
-    }
-    #[cfg(not(feature = "cuda"))]
-    {
-        let _ = a;
-        false
-    }
+    matches!(
+        a.device().inner().as_dispatch(),
+        burn::backend::DispatchDevice::Cube(burn_cubecl::cubecl::device::Device::Cuda(_))
+    ) && super::cublas::takes(a.dtype())
 }
 
 #[cfg(any(feature = "wgpu", feature = "cuda"))]

@@ -10,7 +10,7 @@
 use serde_json::{Map, Value};
 
 use super::queue::{Completed, Completion};
-use super::Context;
+use super::{Context, ServedRequest};
 use crate::inference::sampling::SamplingConfig;
 
 /// A validated `PUT /api` request.
@@ -212,9 +212,9 @@ fn boolean(fields: &Map<String, Value>, name: &str, message: &str) -> Result<boo
     }
 }
 
-impl ApiRequest {
+impl ServedRequest for ApiRequest {
     /// The prompts as completions for the queue (an error names a prompt the model cannot take).
-    pub fn completions(&self, context: &Context) -> Result<Vec<Completion>, String> {
+    fn completions(&self, context: &Context) -> Result<Vec<Completion>, String> {
         self.prompts
             .iter()
             .enumerate()
@@ -237,9 +237,13 @@ impl ApiRequest {
             .collect()
     }
 
+    fn log_probs(&self) -> bool {
+        self.logprobs
+    }
+
     /// Megatron's response: `text` (prompt + continuation), `tokens` (prompt's and new),
     /// `segments` (each token's text) and, when asked, `logprobs`.
-    pub fn response(
+    fn response(
         &self,
         completions: &[Completion],
         done: &[Completed],

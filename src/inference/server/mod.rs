@@ -222,30 +222,6 @@ trait ServedRequest {
     ) -> Result<Value, String>;
 }
 
-impl ServedRequest for megatron_api::ApiRequest {
-    fn completions(&self, context: &Context) -> Result<Vec<Completion>, String> {
-        self.completions(context)
-    }
-    fn log_probs(&self) -> bool {
-        self.logprobs
-    }
-    fn response(&self, c: &[Completion], d: &[Completed], x: &Context) -> Result<Value, String> {
-        self.response(c, d, x)
-    }
-}
-
-impl ServedRequest for openai::CompletionsRequest {
-    fn completions(&self, context: &Context) -> Result<Vec<Completion>, String> {
-        self.completions(context)
-    }
-    fn log_probs(&self) -> bool {
-        self.logprobs
-    }
-    fn response(&self, c: &[Completion], d: &[Completed], x: &Context) -> Result<Value, String> {
-        self.response(c, d, x)
-    }
-}
-
 /// A parsed request through the queue to its response (status, body), errors in `path`'s form.
 fn respond(
     parsed: Result<impl ServedRequest, String>,

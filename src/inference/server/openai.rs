@@ -7,7 +7,7 @@
 use serde_json::{json, Map, Value};
 
 use super::queue::{Completed, Completion};
-use super::Context;
+use super::{Context, ServedRequest};
 use crate::inference::sampling::SamplingConfig;
 use crate::inference::stop_strings::cut_at_stop;
 
@@ -140,9 +140,9 @@ fn optional_integer(
     }
 }
 
-impl CompletionsRequest {
+impl ServedRequest for CompletionsRequest {
     /// The prompts as completions for the queue.
-    pub fn completions(&self, context: &Context) -> Result<Vec<Completion>, String> {
+    fn completions(&self, context: &Context) -> Result<Vec<Completion>, String> {
         self.prompts
             .iter()
             .enumerate()
@@ -154,8 +154,12 @@ impl CompletionsRequest {
             .collect()
     }
 
+    fn log_probs(&self) -> bool {
+        self.logprobs
+    }
+
     /// OpenAI's `text_completion` object.
-    pub fn response(
+    fn response(
         &self,
         completions: &[Completion],
         done: &[Completed],
@@ -184,7 +188,9 @@ impl CompletionsRequest {
             },
         }))
     }
+}
 
+impl CompletionsRequest {
     fn choice(
         &self,
         index: usize,
