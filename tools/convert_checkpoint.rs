@@ -32,9 +32,10 @@ struct Args {
     /// Tensor-parallel ranks to write [default: the source's].
     #[arg(long)]
     target_tensor_parallel_size: Option<usize>,
-    /// Pipeline stages to write (only 1 is written yet).
-    #[arg(long, default_value_t = 1)]
-    target_pipeline_parallel_size: usize,
+    /// Pipeline stages to write: the layers split evenly, as Megatron's default [default: the
+    /// source's].
+    #[arg(long)]
+    target_pipeline_parallel_size: Option<usize>,
     /// Megatron-Core's names: transformer_engine (its default) or local.
     #[arg(long, default_value = "transformer_engine")]
     transformer_impl: String,
@@ -46,11 +47,11 @@ struct Args {
     #[arg(long)]
     vocab_size: Option<usize>,
     /// The tokenizer type recorded for Megatron (its loader compares it for runs with a
-    /// --vocab-file).
-    #[arg(long, default_value = "GPT2BPETokenizer")]
-    tokenizer_type: String,
-    /// The source's global batch size: a Megatron source's consumed samples are taken as
-    /// iteration × this (0 without it).
+    /// --vocab-file) [default: a Megatron source's, else GPT2BPETokenizer].
+    #[arg(long)]
+    tokenizer_type: Option<String>,
+    /// The source's global batch size: the consumed samples of a Megatron source whose
+    /// arguments lack them are taken as iteration × this (0 without it).
     #[arg(long)]
     global_batch_size: Option<u64>,
     /// A Megatron source's layers.
@@ -78,19 +79,22 @@ struct Args {
     architecture: ArchitectureArgs,
 }
 
-/// The model a Megatron source holds, from the flags (its padded vocabulary from the files).
+/// The model the flags say a Megatron source holds (its padded vocabulary from the files),
+/// or `None` without model flags (the source's saved arguments say it).
 fn megatron_config(args: &Args) -> Result<Option<GptConfig>> {
     if !is_megatron_torch(&args.load) {
         return Ok(None);
     }
-    let (Some(layers), Some(hidden), Some(heads)) =
-        (args.num_layers, args.hidden_size, args.num_attention_heads)
-    else {
-        bail!(
-            "{} is a Megatron checkpoint: give --num-layers, --hidden-size and \
-             --num-attention-heads (and the architecture flags) it was trained with",
-            args.load.display()
-        );
+    let shape = (args.num_layers, args.hidden_size, args.num_attention_heads);
+    let (Some(layers), Some(hidden), Some(heads)) = shape else {
+        if shape != (None, None, None) {
+            bail!(
+                "give all of --num-layers, --hidden-size and --num-attention-heads, or none \
+                 (the model is then the one {} saved in its arguments)",
+                args.load.display()
+            );
+        }
+        return Ok(None);
     };
     let positions = args
         .max_position_embeddings
@@ -121,32 +125,28 @@ fn run(args: Args) -> Result<()> {
              torch_dist, convert the torch checkpoint with Megatron's own --ckpt-convert-format"
         ),
     };
-    if args.target_pipeline_parallel_size != 1 {
-        bail!(
-            "--target-pipeline-parallel-size {}: only single-stage checkpoints are written yet \
-             (ferrotron's pretrain loads one at any pipeline layout)",
-            args.target_pipeline_parallel_size
-        );
-    }
     let target = ConvertTarget {
         format,
         tensor_parallel: args.target_tensor_parallel_size,
+        pipeline_parallel: args.target_pipeline_parallel_size,
         spec: args.transformer_impl.parse().map_err(anyhow::Error::msg)?,
         make_vocab_size_divisible_by: args.make_vocab_size_divisible_by,
         vocab_size: args.vocab_size,
-        tokenizer_type: Some(args.tokenizer_type.clone()),
+        tokenizer_type: args.tokenizer_type.clone(),
         global_batch_size: args.global_batch_size,
     };
     let config = megatron_config(&args)?;
     let done = convert_checkpoint(&args.load, config.as_ref(), &args.save, &target)?;
     eprintln!(
-        "converted iteration {} ({:?} at TP={}) to {} ({:?} at TP={}, vocabulary padded to {})",
+        "converted iteration {} ({:?} at TP={}, PP={}) to {} ({:?} at TP={}, PP={}, vocabulary padded to {})",
         done.iteration,
         done.source,
         done.source_tensor_parallel,
+        done.source_pipeline_parallel,
         args.save.display(),
         format,
         done.tensor_parallel,
+        done.pipeline_parallel,
         done.config.padded_vocab_size
     );
     Ok(())

@@ -13,6 +13,7 @@ use anyhow::{bail, Context, Result};
 use clap::{CommandFactory, Parser};
 
 use ferrotron::checkpoint::megatron_torch_save::{LayerSpec, MegatronSaveOptions};
+use ferrotron::checkpoint::saved_model;
 use ferrotron::comm::world::World;
 use ferrotron::data::{Blend, DataSources, MockDocuments};
 use ferrotron::model::vocab::{padded_vocab_log_line, padded_vocab_size};
@@ -33,20 +34,20 @@ use ferrotron::training::{
 struct Args {
     // --- model ---
     /// Transformer layers.
-    #[arg(long)]
-    num_layers: usize,
+    #[arg(long, required_unless_present = "use_checkpoint_args")]
+    num_layers: Option<usize>,
     /// Hidden size.
-    #[arg(long)]
-    hidden_size: usize,
+    #[arg(long, required_unless_present = "use_checkpoint_args")]
+    hidden_size: Option<usize>,
     /// Attention heads.
-    #[arg(long)]
-    num_attention_heads: usize,
+    #[arg(long, required_unless_present = "use_checkpoint_args")]
+    num_attention_heads: Option<usize>,
     /// MLP width [default: 4 × hidden size].
     #[arg(long)]
     ffn_hidden_size: Option<usize>,
     /// Tokens per sample.
-    #[arg(long)]
-    seq_length: usize,
+    #[arg(long, required_unless_present = "use_checkpoint_args")]
+    seq_length: Option<usize>,
     /// Learned positions [default: --seq-length].
     #[arg(long)]
     max_position_embeddings: Option<usize>,
@@ -165,6 +166,10 @@ struct Args {
     /// Checkpoint directory to resume from.
     #[arg(long)]
     load: Option<PathBuf>,
+    /// The model from the --load checkpoint's saved arguments (Megatron's or ferrotron's):
+    /// its architecture always, its shape where the flags give none.
+    #[arg(long)]
+    use_checkpoint_args: bool,
     /// Take only the weights from --load: iteration 0, a fresh optimizer and scheduler
     /// (Megatron's --finetune).
     #[arg(long)]
@@ -343,17 +348,17 @@ fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
             bail!("--DDP-impl {ddp}: expected local or torch");
         }
     }
-    let (model, eod) = model_config(args, &tokenizer, verbose)?;
+    let (model, eod, seq_length) = model_config(args, &tokenizer, verbose)?;
     let schedule = args
         .schedule
-        .resolve(args.seq_length)
+        .resolve(seq_length)
         .map_err(anyhow::Error::msg)?;
     if verbose && args.schedule.train_samples.is_some() {
         println!("setting training iterations to {}", schedule.train_iters);
     }
     Ok(PretrainConfig {
         model,
-        seq_length: args.seq_length,
+        seq_length,
         micro_batch_size: args.schedule.micro_batch_size,
         global_batch_size: schedule.global_batch_size,
         train_iters: schedule.train_iters,
@@ -470,8 +475,14 @@ fn megatron_save_options(args: &Args, verbose: bool) -> Result<Option<MegatronSa
 }
 
 /// The model's shape from the flags and the tokenizer (its vocabulary padded as Megatron
-/// pads it), and the tokenizer's end-of-document id.
-fn model_config(args: &Args, tokenizer: &TextTokenizer, verbose: bool) -> Result<(GptConfig, u32)> {
+/// pads it), the tokenizer's end-of-document id, and the sequence length. Under
+/// `--use-checkpoint-args` the checkpoint's saved model fills in the shape the flags leave out
+/// and sets the architecture.
+fn model_config(
+    args: &Args,
+    tokenizer: &TextTokenizer,
+    verbose: bool,
+) -> Result<(GptConfig, u32, usize)> {
     let vocab = tokenizer.vocab_size();
     let eod = tokenizer
         .eod()
@@ -484,20 +495,34 @@ fn model_config(args: &Args, tokenizer: &TextTokenizer, verbose: bool) -> Result
     if verbose {
         println!("{}", padded_vocab_log_line(vocab, padded));
     }
-    let max_positions = args.max_position_embeddings.unwrap_or(args.seq_length);
-    if args.seq_length > max_positions {
-        bail!(
-            "--seq-length {} is larger than --max-position-embeddings {max_positions}",
-            args.seq_length
-        );
+    let saved = checkpoint_model(args, verbose)?;
+    let from_saved = |flag: Option<usize>, name: &str, take: fn(&GptConfig) -> usize| {
+        flag.or_else(|| saved.as_ref().map(|(c, _)| take(c)))
+            .with_context(|| format!("--use-checkpoint-args: no checkpoint to take {name} from"))
+    };
+    let seq_length = match args.seq_length {
+        Some(s) => s,
+        None => saved
+            .as_ref()
+            .map(|(c, seq)| seq.unwrap_or(c.max_position_embeddings))
+            .context("--use-checkpoint-args: no checkpoint to take --seq-length from")?,
+    };
+    let max_positions = args
+        .max_position_embeddings
+        .or_else(|| saved.as_ref().map(|(c, _)| c.max_position_embeddings))
+        .unwrap_or(seq_length);
+    if seq_length > max_positions {
+        bail!("--seq-length {seq_length} is larger than --max-position-embeddings {max_positions}");
     }
-    if args.seq_length == 0 {
+    if seq_length == 0 {
         bail!("--seq-length must be positive");
     }
     let model = GptConfig::new(
-        args.num_layers,
-        args.hidden_size,
-        args.num_attention_heads,
+        from_saved(args.num_layers, "--num-layers", |c| c.num_layers)?,
+        from_saved(args.hidden_size, "--hidden-size", |c| c.hidden_size)?,
+        from_saved(args.num_attention_heads, "--num-attention-heads", |c| {
+            c.num_attention_heads
+        })?,
         max_positions,
         padded,
     )
@@ -512,7 +537,12 @@ fn model_config(args: &Args, tokenizer: &TextTokenizer, verbose: bool) -> Result
     .with_rope_fusion(!args.no_rope_fusion)
     .with_bias_swiglu_fusion(!args.no_bias_swiglu_fusion)
     .with_flash_attention(args.use_flash_attn);
-    let model = args.architecture.apply(model).map_err(anyhow::Error::msg)?;
+    let mut model = args.architecture.apply(model).map_err(anyhow::Error::msg)?;
+    if let Some((saved, _)) = &saved {
+        model = model.with_architecture_of(saved);
+        model.ffn_hidden_size = args.ffn_hidden_size.or(saved.ffn_hidden_size);
+        model.kv_channels = args.architecture.kv_channels.or(saved.kv_channels);
+    }
     let model = model.with_sequence_parallel(args.sequence_parallel);
     if verbose
         && args.use_flash_attn
@@ -524,7 +554,37 @@ fn model_config(args: &Args, tokenizer: &TextTokenizer, verbose: bool) -> Result
     model
         .validate_parallel(args.tensor_model_parallel_size)
         .map_err(anyhow::Error::msg)?;
-    Ok((model, eod))
+    Ok((model, eod, seq_length))
+}
+
+/// The model saved in `--load` under `--use-checkpoint-args` (`None` without the flag, or
+/// when the directory holds no checkpoint yet, as Megatron goes on with the flags then).
+fn checkpoint_model(args: &Args, verbose: bool) -> Result<Option<(GptConfig, Option<usize>)>> {
+    if !args.use_checkpoint_args {
+        return Ok(None);
+    }
+    let dir = args
+        .load
+        .as_ref()
+        .context("--use-checkpoint-args takes the model from --load: give --load")?;
+    let saved = saved_model(dir)?;
+    if verbose {
+        match &saved {
+            Some((c, _)) => println!(
+                " > --use-checkpoint-args: the model of {}: {} layers, hidden size {}, {} heads, {}",
+                dir.display(),
+                c.num_layers,
+                c.hidden_size,
+                c.num_attention_heads,
+                c.architecture()
+            ),
+            None => println!(
+                " > --use-checkpoint-args: no checkpoint in {} to provide arguments, using the flags",
+                dir.display()
+            ),
+        }
+    }
+    Ok(saved)
 }
 
 /// Megatron's recompute flags, the legacy ones mapped as its `arguments.py` maps them.

@@ -12,6 +12,7 @@ use std::path::Path;
 
 use anyhow::{bail, ensure, Context, Result};
 
+use super::megatron_args::MegatronArgs;
 use super::megatron_torch::{is_megatron_torch, read_megatron_torch, ParameterValues};
 use super::megatron_torch_save::{save_megatron_torch, LayerSpec, MegatronRun};
 use super::{
@@ -38,6 +39,8 @@ pub struct ConvertTarget {
     pub format: CheckpointFormat,
     /// Tensor-parallel ranks to write (`None`: the source's).
     pub tensor_parallel: Option<usize>,
+    /// Pipeline stages to write (`None`: the source's; a ferrotron target has none).
+    pub pipeline_parallel: Option<usize>,
     /// Megatron-Core's names: Transformer Engine's or the local spec's.
     pub spec: LayerSpec,
     /// `--make-vocab-size-divisible-by`.
@@ -45,11 +48,12 @@ pub struct ConvertTarget {
     /// The real vocabulary size, when known: the target is padded from it exactly.
     pub vocab_size: Option<usize>,
     /// `--tokenizer-type`, recorded in Megatron's args (its loader compares it when the run
-    /// has a `--vocab-file`, i.e. for GPT-2's BPE).
+    /// has a `--vocab-file`, i.e. for GPT-2's BPE); `None`: a Megatron source's, else
+    /// `GPT2BPETokenizer`.
     pub tokenizer_type: Option<String>,
-    /// The global batch size the source was trained with: a Megatron source records its
-    /// consumed samples only in the `args` ferrotron does not read, so they are
-    /// `iteration × global batch` (0 without it).
+    /// The global batch size the source was trained with: the consumed samples of a
+    /// Megatron source whose arguments lack them are `iteration × global batch` (0 without
+    /// it).
     pub global_batch_size: Option<u64>,
 }
 
@@ -60,8 +64,12 @@ pub struct ConvertSummary {
     pub source: CheckpointFormat,
     /// The source's tensor-parallel size.
     pub source_tensor_parallel: usize,
+    /// The source's pipeline-parallel size.
+    pub source_pipeline_parallel: usize,
     /// The tensor-parallel size written.
     pub tensor_parallel: usize,
+    /// The pipeline-parallel size written.
+    pub pipeline_parallel: usize,
     /// The iteration.
     pub iteration: u64,
     /// The model written (its padded vocabulary is the target's).
@@ -72,13 +80,16 @@ pub struct ConvertSummary {
 struct Source {
     format: CheckpointFormat,
     tensor_parallel: usize,
+    pipeline_parallel: usize,
     config: GptConfig,
     state: TrainState,
     values: ParameterValues,
+    /// A Megatron source's saved arguments.
+    args: Option<MegatronArgs>,
 }
 
-/// Converts the checkpoint in `src` (ferrotron's, or Megatron's whose model `megatron_config`
-/// describes: its flags) into `dst`.
+/// Converts the checkpoint in `src` (ferrotron's, or Megatron's: the model its saved
+/// arguments describe, which `megatron_config`, the flags given, must agree with) into `dst`.
 pub fn convert_checkpoint(
     src: &Path,
     megatron_config: Option<&GptConfig>,
@@ -92,6 +103,19 @@ pub fn convert_checkpoint(
     );
     let source = read_source(src, megatron_config, target)?;
     let tensor_parallel = target.tensor_parallel.unwrap_or(source.tensor_parallel);
+    let pipeline_parallel = match target.format {
+        CheckpointFormat::MegatronTorch => {
+            target.pipeline_parallel.unwrap_or(source.pipeline_parallel)
+        }
+        CheckpointFormat::Ferrotron => {
+            ensure!(
+                target.pipeline_parallel.unwrap_or(1) == 1,
+                "ferrotron's checkpoints load at any pipeline layout: convert to \
+                 --ckpt-format ferrotron without --target-pipeline-parallel-size"
+            );
+            1
+        }
+    };
     ensure!(
         tensor_parallel >= 1,
         "the tensor-parallel size must be at least 1"
@@ -105,6 +129,16 @@ pub fn convert_checkpoint(
         .validate_parallel(tensor_parallel)
         .map_err(anyhow::Error::msg)?;
     let values = with_vocab_rows(source.values, padded);
+    // Megatron compares the tokenizer type on load: the flag's, else the source's.
+    let saved_tokenizer = match &source.args {
+        Some(args) => args.string("tokenizer_type")?.map(str::to_owned),
+        None => None,
+    };
+    let tokenizer_type = target
+        .tokenizer_type
+        .clone()
+        .or(saved_tokenizer)
+        .unwrap_or_else(|| "GPT2BPETokenizer".into());
     match target.format {
         CheckpointFormat::MegatronTorch => {
             let run = MegatronRun {
@@ -116,12 +150,18 @@ pub fn convert_checkpoint(
                 // Megatron's `vocab_size` is the tokenizer flag's value, which differs from
                 // the real vocabulary for some types (NullTokenizer's is one less): unknown here.
                 vocab_size: None,
-                tokenizer_type: target.tokenizer_type.clone(),
+                tokenizer_type: Some(tokenizer_type),
                 seq_length: None,
                 bf16: false,
                 fp16: false,
             };
-            save_megatron_torch(dst, &values, &run, tensor_parallel, target.spec)?;
+            save_megatron_torch(
+                dst,
+                &values,
+                &run,
+                (tensor_parallel, pipeline_parallel),
+                target.spec,
+            )?;
         }
         CheckpointFormat::Ferrotron => {
             ensure!(
@@ -150,7 +190,9 @@ pub fn convert_checkpoint(
     Ok(ConvertSummary {
         source: source.format,
         source_tensor_parallel: source.tensor_parallel,
+        source_pipeline_parallel: source.pipeline_parallel,
         tensor_parallel,
+        pipeline_parallel,
         iteration: source.state.iteration,
         config,
     })
@@ -163,34 +205,21 @@ fn read_source(
     target: &ConvertTarget,
 ) -> Result<Source> {
     if is_megatron_torch(src) {
-        let config = megatron_config.with_context(|| {
+        let (checkpoint, config) = read_megatron_torch(src, megatron_config)?;
+        check_shapes(&checkpoint.values, &config).with_context(|| {
             format!(
-                "{} is a Megatron checkpoint: give the model flags it was trained with \
-                 (--num-layers, --hidden-size, --num-attention-heads, ...)",
+                "{}: the model its arguments describe does not fit its tensors",
                 src.display()
             )
         })?;
-        let checkpoint = read_megatron_torch(src, config)?;
-        check_shapes(&checkpoint.values, config).with_context(|| {
-            format!(
-                "{}: the model flags do not describe this checkpoint (check --hidden-size, \
-                 --num-attention-heads, --ffn-hidden-size, --kv-channels, \
-                 --num-query-groups, --seq-length)",
-                src.display()
-            )
-        })?;
-        let iteration = checkpoint.iteration;
         return Ok(Source {
             format: CheckpointFormat::MegatronTorch,
             tensor_parallel: checkpoint.tensor_parallel,
-            config: config.clone(),
-            state: TrainState {
-                iteration,
-                scheduler_steps: 0,
-                consumed_train_samples: iteration * target.global_batch_size.unwrap_or(0),
-                ..TrainState::default()
-            },
+            pipeline_parallel: checkpoint.pipeline_parallel,
+            state: checkpoint.train_state(target.global_batch_size.unwrap_or(0))?,
+            config,
             values: checkpoint.values,
+            args: Some(checkpoint.args),
         });
     }
     ensure!(
@@ -216,9 +245,11 @@ fn read_source(
     Ok(Source {
         format: CheckpointFormat::Ferrotron,
         tensor_parallel: full.info.tensor_model_parallel_size,
+        pipeline_parallel: full.info.pipeline_model_parallel_size,
         config: full.info.config,
         state: full.info.state,
         values,
+        args: None,
     })
 }
 

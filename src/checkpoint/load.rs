@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use burn::tensor::Device;
 
+use super::megatron_torch::{is_megatron_torch, load_megatron_torch, megatron_args};
 use super::tensor_file::{HostTensor, TensorFile};
 use super::{
     checkpoint_dir, latest_iteration, OptimizerState, PartitionDims, ShardPlace, TrainState,
@@ -82,6 +83,17 @@ fn open_checkpoint(root: &Path) -> Result<Option<SavedCheckpoint>> {
         stage_of,
         info,
     }))
+}
+
+/// The model of the latest checkpoint under `root` (ferrotron's saved config, or the one
+/// Megatron's saved arguments describe) and the sequence length it was trained at where the
+/// checkpoint records one: what `--use-checkpoint-args` takes. `None` without a checkpoint.
+pub fn saved_model(root: &Path) -> Result<Option<(GptConfig, Option<usize>)>> {
+    if is_megatron_torch(root) {
+        let args = megatron_args(root)?;
+        return Ok(Some((args.model_config()?, args.count("seq_length")?)));
+    }
+    Ok(open_checkpoint(root)?.map(|saved| (saved.info.config, None)))
 }
 
 /// The shard files of checkpoint `iteration` under `root`, `[pipeline stage][tensor-parallel
@@ -323,7 +335,8 @@ pub fn load_checkpoint(
     load_parts(root, config, device, group, stage, true)
 }
 
-/// This rank's shard of the whole model of the latest checkpoint under `root`, for inference
+/// This rank's shard of the whole model of the latest checkpoint under `root` (ferrotron's,
+/// or Megatron's `torch` format with the model its saved arguments describe), for inference
 /// (any saved layout, resharded to `group`), without reading the optimizer's moments (twice the
 /// model's size); an error when there is none.
 pub fn load_model_shard(
@@ -331,6 +344,9 @@ pub fn load_model_shard(
     device: &Device,
     group: &Group,
 ) -> Result<(Gpt, LoadedCheckpoint)> {
+    if is_megatron_torch(root) {
+        return load_megatron_torch(root, None, device, group, None, 0);
+    }
     load_parts(root, None, device, group, None, false)?
         .map(|(model, info, _)| (model, info))
         .with_context(|| format!("no checkpoint in {} (no {TRACKER_FILE})", root.display()))
@@ -420,7 +436,7 @@ fn load_parts(
 /// the shape (layers, hidden size, heads, positions, FFN width) and the architecture (norm,
 /// positions, activation, biases, query groups, head width, epsilon); the padded vocabulary may differ (rows are cut or
 /// zero-padded), and dropout, init std and the fusion switches are settings of the run.
-fn check_same_model(root: &Path, saved: &GptConfig, wanted: &GptConfig) -> Result<()> {
+pub(crate) fn check_same_model(root: &Path, saved: &GptConfig, wanted: &GptConfig) -> Result<()> {
     let shape = |c: &GptConfig| {
         format!(
             "{} layers, hidden size {}, {} heads, {} positions, FFN width {}",

@@ -24,6 +24,9 @@ use anyhow::{bail, ensure, Context, Result};
 use burn::tensor::Device;
 use pytorch_reader::{DType, PytorchReader};
 
+use super::load::{check_same_model, LoadedCheckpoint};
+use super::megatron_args::MegatronArgs;
+use super::TrainState;
 use crate::comm::Group;
 use crate::model::named_parameters::load_named_parameters;
 use crate::model::{Gpt, GptConfig, StageLayers};
@@ -40,23 +43,61 @@ pub struct MegatronCheckpoint {
     pub iteration: u64,
     /// The tensor-parallel size it was saved with.
     pub tensor_parallel: usize,
-    /// Parameter values by ferrotron name, joined over the tensor-parallel shards.
+    /// The pipeline-parallel size it was saved with.
+    pub pipeline_parallel: usize,
+    /// Parameter values by ferrotron name, joined over the tensor-parallel shards and the
+    /// pipeline stages.
     pub values: ParameterValues,
+    /// The arguments Megatron saved with it (tensor-parallel rank 0's).
+    pub args: MegatronArgs,
+}
+
+impl MegatronCheckpoint {
+    /// The training state to continue from: the iteration, and the consumed samples and
+    /// scheduler steps Megatron saved (iterations × `global_batch_size` where a file lacks
+    /// them).
+    pub fn train_state(&self, global_batch_size: u64) -> Result<TrainState> {
+        let samples = match self.args.consumed_train_samples()? {
+            Some(n) => n,
+            None => self.iteration * global_batch_size,
+        };
+        Ok(TrainState {
+            iteration: self.iteration,
+            skipped_iterations: 0,
+            scheduler_steps: self.args.scheduler_steps.unwrap_or(samples),
+            consumed_train_samples: samples,
+            consumed_valid_samples: self.args.consumed_valid_samples()?.unwrap_or(0),
+        })
+    }
+}
+
+/// The arguments saved with the latest Megatron checkpoint in `root` (tensor-parallel rank
+/// 0's file): its model and training state.
+pub fn megatron_args(root: &Path) -> Result<MegatronArgs> {
+    let (dir, _) = iteration_dir(root)?;
+    MegatronArgs::read(&stage_files(&dir)?[0][0])
 }
 
 /// Whether `root` holds a Megatron `torch`-format checkpoint (its latest iteration has
-/// `mp_rank_00/model_optim_rng.pt`).
+/// `mp_rank_00/model_optim_rng.pt`, or `mp_rank_00_000/...` with pipeline stages).
 pub fn is_megatron_torch(root: &Path) -> bool {
-    iteration_dir(root).is_ok_and(|(dir, _)| dir.join("mp_rank_00/model_optim_rng.pt").is_file())
+    iteration_dir(root).is_ok_and(|(dir, _)| {
+        ["mp_rank_00", "mp_rank_00_000"]
+            .iter()
+            .any(|rank| dir.join(rank).join(FILE).is_file())
+    })
 }
+
+/// Each rank's file in its `mp_rank_TT[_PPP]` directory.
+const FILE: &str = "model_optim_rng.pt";
 
 /// The padded vocabulary of the Megatron checkpoint in `root`: its word embedding's rows over
 /// every tensor-parallel rank (read from the files' tensor headers, not their values).
 pub fn megatron_vocab_rows(root: &Path) -> Result<usize> {
     let (dir, _) = iteration_dir(root)?;
     let mut rows = 0;
-    for file in rank_files(&dir)? {
-        let reader = PytorchReader::with_top_level_key(&file, "model")
+    for file in &stage_files(&dir)?[0] {
+        let reader = PytorchReader::with_top_level_key(file, "model")
             .with_context(|| format!("{}: not a readable torch.save file", file.display()))?;
         let embedding = reader
             .get("embedding.word_embeddings.weight")
@@ -66,20 +107,40 @@ pub fn megatron_vocab_rows(root: &Path) -> Result<usize> {
     Ok(rows)
 }
 
-/// Each tensor-parallel rank's `mp_rank_TT/model_optim_rng.pt` in an iteration directory,
-/// in rank order (at least rank 0's).
-fn rank_files(dir: &Path) -> Result<Vec<PathBuf>> {
-    let files: Vec<PathBuf> = (0..)
-        .map(|rank| dir.join(format!("mp_rank_{rank:02}/model_optim_rng.pt")))
-        .take_while(|file| file.is_file())
+/// The rank files of an iteration directory, `[pipeline stage][tensor-parallel rank]`:
+/// `mp_rank_TT/model_optim_rng.pt` without pipeline stages, `mp_rank_TT_PPP/...` with them.
+fn stage_files(dir: &Path) -> Result<Vec<Vec<PathBuf>>> {
+    let ranks = |stage: Option<usize>| -> Vec<PathBuf> {
+        (0..)
+            .map(|tp| match stage {
+                None => dir.join(format!("mp_rank_{tp:02}")).join(FILE),
+                Some(pp) => dir.join(format!("mp_rank_{tp:02}_{pp:03}")).join(FILE),
+            })
+            .take_while(|file| file.is_file())
+            .collect()
+    };
+    let single = ranks(None);
+    if !single.is_empty() {
+        return Ok(vec![single]);
+    }
+    let stages: Vec<Vec<PathBuf>> = (0..)
+        .map(|pp| ranks(Some(pp)))
+        .take_while(|files| !files.is_empty())
         .collect();
     ensure!(
-        !files.is_empty(),
-        "{}: no mp_rank_00/model_optim_rng.pt; pipeline-parallel Megatron checkpoints \
-         (mp_rank_TT_PPP) are not read yet",
+        !stages.is_empty(),
+        "{}: no mp_rank_00/{FILE} or mp_rank_00_000/{FILE}",
         dir.display()
     );
-    Ok(files)
+    if let Some(stage) = stages.iter().position(|s| s.len() != stages[0].len()) {
+        bail!(
+            "{}: pipeline stage {stage} has {} tensor-parallel files, stage 0 has {}",
+            dir.display(),
+            stages[stage].len(),
+            stages[0].len()
+        );
+    }
+    Ok(stages)
 }
 
 /// The latest iteration's directory and number.
@@ -100,40 +161,109 @@ fn iteration_dir(root: &Path) -> Result<(PathBuf, u64)> {
     Ok((root.join(format!("iter_{iteration:07}")), iteration))
 }
 
-/// The model of the Megatron `torch` checkpoint in `root` for a model of `config` (the flags
-/// the checkpoint was trained with; its vocabulary padding may differ from `config`'s, the
-/// rows past the real vocabulary being padding).
-pub fn read_megatron_torch(root: &Path, config: &GptConfig) -> Result<MegatronCheckpoint> {
+/// The model of the Megatron `torch` checkpoint in `root`, and the model config it is: the
+/// one Megatron saved in its arguments, or `config` (a run's flags, which must describe the
+/// same model; its vocabulary padding may differ, the rows past the real vocabulary being
+/// padding).
+pub fn read_megatron_torch(
+    root: &Path,
+    config: Option<&GptConfig>,
+) -> Result<(MegatronCheckpoint, GptConfig)> {
     let (dir, iteration) = iteration_dir(root)?;
-    let mut shards = rank_files(&dir)?
-        .iter()
-        .map(|file| read_shard(file))
-        .collect::<Result<Vec<_>>>()?;
-    let tensor_parallel = shards.len();
+    let stages = stage_files(&dir)?;
+    let args = MegatronArgs::read(&stages[0][0])?;
+    if args
+        .count("virtual_pipeline_model_parallel_size")?
+        .unwrap_or(1)
+        > 1
+    {
+        bail!(
+            "{}: an interleaved (virtual) pipeline checkpoint (model0, model1, ... per file) is \
+             not read yet; convert it with Megatron to one model chunk per stage",
+            dir.display()
+        );
+    }
+    let saved = args.model_config()?;
+    let config = match config {
+        Some(wanted) => {
+            check_same_model(root, &saved, wanted)?;
+            wanted.clone()
+        }
+        None => saved,
+    };
     let mut values = ParameterValues::new();
-    let keys: Vec<String> = shards[0].keys().cloned().collect();
+    // Each stage numbers its layers from 0; they follow the previous stages' (whatever split
+    // Megatron used, the files say how many layers each stage holds).
+    let mut first_layer = 0;
+    for (stage, files) in stages.iter().enumerate() {
+        let shards = files
+            .iter()
+            .map(|file| read_shard(file))
+            .collect::<Result<Vec<_>>>()?;
+        // A tied output layer's copy of the word embedding, kept by the last of several stages.
+        let tied_copy = stages.len() > 1 && stage + 1 == stages.len() && config.tied_output();
+        first_layer += read_stage(shards, first_layer, tied_copy, &config, &mut values)
+            .with_context(|| format!("{}: pipeline stage {stage}", dir.display()))?;
+    }
+    ensure!(
+        first_layer == config.num_layers,
+        "{}: the stages hold {first_layer} layers, the model has {}",
+        dir.display(),
+        config.num_layers
+    );
+    let checkpoint = MegatronCheckpoint {
+        iteration,
+        tensor_parallel: stages[0].len(),
+        pipeline_parallel: stages.len(),
+        values,
+        args,
+    };
+    Ok((checkpoint, config))
+}
+
+/// One pipeline stage's tensor-parallel `shards` joined into `values` under ferrotron's
+/// names, its layers numbered from `first_layer`; returns how many layers it holds. With
+/// `tied_copy`, its `output_layer.weight` is a copy of the word embedding (the last stage's,
+/// under a tied output layer), which ferrotron's model does not have.
+fn read_stage(
+    mut shards: Vec<HashMap<String, HostTensor>>,
+    first_layer: usize,
+    tied_copy: bool,
+    config: &GptConfig,
+    values: &mut ParameterValues,
+) -> Result<usize> {
+    let mut layers = 0;
+    let mut keys: Vec<String> = shards[0].keys().cloned().collect();
+    keys.sort();
     for key in keys {
         let parts: Vec<HostTensor> = shards
             .iter_mut()
             .map(|s| s.remove(&key))
             .collect::<Option<_>>()
-            .with_context(|| {
-                format!(
-                    "{}: {key} is missing from some tensor-parallel rank",
-                    dir.display()
-                )
-            })?;
-        for (name, tensor) in ferrotron_tensors(&key, parts, config)
-            .with_context(|| format!("{}: {key}", dir.display()))?
+            .with_context(|| format!("{key} is missing from some tensor-parallel rank"))?;
+        if tied_copy && key == "output_layer.weight" {
+            continue;
+        }
+        let global = match key.strip_prefix("decoder.layers.") {
+            Some(rest) => {
+                let (layer, name) = rest
+                    .split_once('.')
+                    .context("a layer tensor without a name")?;
+                let layer: usize = layer
+                    .parse()
+                    .with_context(|| format!("{key}: a layer number"))?;
+                layers = layers.max(layer + 1);
+                format!("decoder.layers.{}.{name}", first_layer + layer)
+            }
+            None => key.clone(),
+        };
+        for (name, tensor) in
+            ferrotron_tensors(&global, parts, config).with_context(|| key.clone())?
         {
             values.insert(name, (tensor.shape, tensor.values));
         }
     }
-    Ok(MegatronCheckpoint {
-        iteration,
-        tensor_parallel,
-        values,
-    })
+    Ok(layers)
 }
 
 /// The floating-point tensors of one rank's state dict, in f32.
@@ -303,15 +433,20 @@ fn ferrotron_name(key: &str, config: &GptConfig) -> Result<(String, Split, bool)
 
 /// This rank's `stage` of the model in the Megatron checkpoint at `root`, split for the
 /// tensor-parallel `group` (whatever size the checkpoint was saved with), on `device`, and
-/// the iteration it was saved at.
+/// what was saved with it. The model is `config` (checked against Megatron's saved
+/// arguments), or the saved one. `global_batch_size` counts the consumed samples of a file
+/// that lacks them.
 pub fn load_megatron_torch(
     root: &Path,
-    config: &GptConfig,
+    config: Option<&GptConfig>,
     device: &Device,
     group: &Group,
-    stage: &StageLayers,
-) -> Result<(Gpt, u64)> {
-    let checkpoint = read_megatron_torch(root, config)?;
+    stage: Option<&StageLayers>,
+    global_batch_size: u64,
+) -> Result<(Gpt, LoadedCheckpoint)> {
+    let (checkpoint, config) = read_megatron_torch(root, config)?;
+    let whole = StageLayers::whole(config.num_layers);
+    let stage = stage.unwrap_or(&whole);
     let model = config
         .init_stage(0, group, stage, device)
         .map_err(anyhow::Error::msg)?;
@@ -353,7 +488,15 @@ pub fn load_megatron_torch(
             root.display()
         );
     }
-    Ok((model, checkpoint.iteration))
+    let info = LoadedCheckpoint {
+        state: checkpoint.train_state(global_batch_size)?,
+        optimizer_steps: 0,
+        grad_scaler: None,
+        tensor_model_parallel_size: checkpoint.tensor_parallel,
+        pipeline_model_parallel_size: checkpoint.pipeline_parallel,
+        config,
+    };
+    Ok((model, info))
 }
 
 /// Whether the parameter `name` belongs to `stage` of the model.

@@ -15,7 +15,7 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 
 use super::megatron_torch::{megatron_split, ParameterValues, Split};
 use super::torch_save::{write_torch_file, PyValue};
@@ -109,7 +109,8 @@ pub fn save_megatron_torch_rank(
     }
     group.barrier()?;
     let staging = staging_dir(root, run.iteration);
-    write_rank_file(&staging, group.rank(), &entries, run, group.size())?;
+    let place = ShardPlace::tensor(group.rank(), group.size());
+    write_rank_file(&staging, place, &entries, run)?;
     group.barrier()?;
     if leader {
         publish_iteration(root, run.iteration)?;
@@ -122,33 +123,99 @@ pub fn save_megatron_torch_rank(
     ))
 }
 
-/// Saves whole (unsharded) parameter `values` as a Megatron checkpoint at tensor-parallel
-/// size `tensor_parallel` under `root`, the vocabulary padded as Megatron pads it for that
-/// size. Written into a staging directory renamed into place, the tracker last.
+/// Saves whole (unsharded) parameter `values` as a Megatron checkpoint under `root` at
+/// tensor-parallel size `tensor_parallel` (the vocabulary padded as Megatron pads it for that
+/// size) and pipeline-parallel size `pipeline_parallel` (the layers split evenly, as
+/// Megatron's default). Written into a staging directory renamed into place, the tracker
+/// last.
 pub fn save_megatron_torch(
     root: &Path,
     values: &ParameterValues,
     run: &MegatronRun,
-    tensor_parallel: usize,
+    (tensor_parallel, pipeline_parallel): (usize, usize),
     spec: LayerSpec,
 ) -> Result<()> {
     let whole = megatron_state_dict(values, &run.config, spec)?;
     let staging = begin_iteration(root, run.iteration)?;
-    for rank in 0..tensor_parallel {
-        let mut entries = Vec::with_capacity(whole.len());
-        for (key, tensor) in &whole {
-            let part = match tensor {
-                None => None,
-                Some(t) => Some(
-                    rank_part(key, t, &run.config, rank, tensor_parallel)
-                        .with_context(|| format!("splitting {key} over {tensor_parallel} ranks"))?,
-                ),
+    for stage in 0..pipeline_parallel {
+        let stage_dict = stage_state_dict(&whole, &run.config, stage, pipeline_parallel)?;
+        for rank in 0..tensor_parallel {
+            let mut entries = Vec::with_capacity(stage_dict.len());
+            for (key, tensor) in &stage_dict {
+                let part = match tensor {
+                    None => None,
+                    Some(t) => Some(
+                        rank_part(key, t, &run.config, rank, tensor_parallel).with_context(
+                            || format!("splitting {key} over {tensor_parallel} ranks"),
+                        )?,
+                    ),
+                };
+                entries.push((key.clone(), part));
+            }
+            let place = ShardPlace {
+                tp: rank,
+                tp_size: tensor_parallel,
+                pp: stage,
+                pp_size: pipeline_parallel,
             };
-            entries.push((key.clone(), part));
+            write_rank_file(&staging, place, &entries, run)?;
         }
-        write_rank_file(&staging, rank, &entries, run, tensor_parallel)?;
     }
     publish_iteration(root, run.iteration)
+}
+
+/// Pipeline stage `stage` of `stages`' part of the whole state dict `whole`, as Megatron-Core
+/// saves it: an even share of the layers, numbered from 0; the embedding on the first stage;
+/// the final norm and the output layer on the last, which under a tied output layer holds
+/// its own copy of the word embedding as `output_layer.weight` when it is not also the first.
+fn stage_state_dict(
+    whole: &[(String, Option<HostTensor>)],
+    config: &GptConfig,
+    stage: usize,
+    stages: usize,
+) -> Result<Vec<(String, Option<HostTensor>)>> {
+    ensure!(
+        stages >= 1 && config.num_layers.is_multiple_of(stages),
+        "{} layers do not split evenly over {stages} pipeline stages (Megatron's default split)",
+        config.num_layers
+    );
+    if stages == 1 {
+        return Ok(whole.to_vec());
+    }
+    let per_stage = config.num_layers / stages;
+    let first = per_stage * stage;
+    let last_stage = stage + 1 == stages;
+    let mut out = Vec::new();
+    for (key, tensor) in whole {
+        let local = if let Some(rest) = key.strip_prefix("decoder.layers.") {
+            let (layer, name) = rest.split_once('.').expect("a layer entry has a name");
+            let layer: usize = layer.parse().expect("a layer entry has a number");
+            if !(first..first + per_stage).contains(&layer) {
+                continue;
+            }
+            format!("decoder.layers.{}.{name}", layer - first)
+        } else if key.starts_with("embedding.") {
+            if stage != 0 {
+                continue;
+            }
+            key.clone()
+        } else {
+            if !last_stage {
+                continue;
+            }
+            if key == "output_layer._extra_state" && config.tied_output() {
+                let embedding = whole
+                    .iter()
+                    .find(|(k, _)| k == "embedding.word_embeddings.weight")
+                    .and_then(|(_, t)| t.clone())
+                    .context("no word embedding to copy into the last stage's output layer")?;
+                out.push(("output_layer.weight".to_owned(), Some(embedding)));
+            }
+            key.clone()
+        };
+        out.push((local, tensor.clone()));
+    }
+    Ok(out)
 }
 
 /// One tensor-parallel rank's part of the Megatron tensor `key` (whole, Megatron's
@@ -364,7 +431,7 @@ impl StateDictBuilder<'_> {
 
 /// The `args` Namespace Megatron's loader reads (field names and types as Megatron's
 /// `arguments.py` gives them).
-fn args_namespace(run: &MegatronRun, tensor_parallel: usize) -> PyValue {
+fn args_namespace(run: &MegatronRun, place: ShardPlace) -> PyValue {
     let c = &run.config;
     let int = |v: usize| PyValue::Int(v as i64);
     let mut fields: Vec<(&str, PyValue)> = vec![
@@ -432,8 +499,8 @@ fn args_namespace(run: &MegatronRun, tensor_parallel: usize) -> PyValue {
             "make_vocab_size_divisible_by",
             int(run.make_vocab_size_divisible_by),
         ),
-        ("tensor_model_parallel_size", int(tensor_parallel)),
-        ("pipeline_model_parallel_size", int(1)),
+        ("tensor_model_parallel_size", int(place.tp_size)),
+        ("pipeline_model_parallel_size", int(place.pp_size)),
         ("bf16", PyValue::Bool(run.bf16)),
         ("fp16", PyValue::Bool(run.fp16)),
         ("iteration", PyValue::Int(run.iteration as i64)),
@@ -464,13 +531,12 @@ fn args_namespace(run: &MegatronRun, tensor_parallel: usize) -> PyValue {
     PyValue::Namespace(fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
 }
 
-/// Writes one tensor-parallel rank's `model_optim_rng.pt` into the staging directory.
+/// Writes one model-parallel rank's `model_optim_rng.pt` into the staging directory.
 fn write_rank_file(
     staging: &Path,
-    rank: usize,
+    place: ShardPlace,
     entries: &[(String, Option<HostTensor>)],
     run: &MegatronRun,
-    tensor_parallel: usize,
 ) -> Result<()> {
     let mut storages: Vec<&[f32]> = Vec::new();
     let mut model = Vec::with_capacity(entries.len());
@@ -488,7 +554,7 @@ fn write_rank_file(
         model.push((key.clone(), value));
     }
     let top = PyValue::Dict(vec![
-        ("args".into(), args_namespace(run, tensor_parallel)),
+        ("args".into(), args_namespace(run, place)),
         ("checkpoint_version".into(), PyValue::Float(3.0)),
         ("iteration".into(), PyValue::Int(run.iteration as i64)),
         ("model".into(), PyValue::OrderedDict(model)),
@@ -497,7 +563,7 @@ fn write_rank_file(
             PyValue::Int(0),
         ),
     ]);
-    let dir = staging.join(ShardPlace::tensor(rank, tensor_parallel).dir_name());
+    let dir = staging.join(place.dir_name());
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     write_torch_file(
         &dir.join("model_optim_rng.pt"),

@@ -13,15 +13,17 @@
 
 pub mod convert;
 mod load;
+pub mod megatron_args;
 pub mod megatron_torch;
 pub mod megatron_torch_save;
+pub mod pickle;
 mod save;
 pub mod tensor_file;
 pub mod torch_save;
 
 pub use load::{
     load_checkpoint, load_model, load_model_shard, read_full_checkpoint, read_full_model,
-    FullCheckpoint, LoadedCheckpoint,
+    saved_model, FullCheckpoint, LoadedCheckpoint,
 };
 pub use save::save_checkpoint;
 

@@ -125,6 +125,31 @@ impl GptConfig {
         serde_json::from_value(saved)
     }
 
+    /// This run's settings (dropout, init std, fusions, sequence parallelism, the padded
+    /// vocabulary) with `saved`'s architecture: what a model is computed as (positions, norm and
+    /// its epsilon, activation, biases, query groups, the output layer), as Megatron's
+    /// `--use-checkpoint-args` forces it from a checkpoint. The shape stays this config's.
+    pub fn with_architecture_of(self, saved: &GptConfig) -> GptConfig {
+        GptConfig {
+            position_embedding_type: saved.position_embedding_type,
+            rotary_base: saved.rotary_base,
+            rotary_percent: saved.rotary_percent,
+            rotary_interleaved: saved.rotary_interleaved,
+            rope_scaling: saved.rope_scaling,
+            normalization: saved.normalization,
+            layernorm_epsilon: saved.layernorm_epsilon,
+            apply_layernorm_1p: saved.apply_layernorm_1p,
+            openai_gelu: saved.openai_gelu,
+            swiglu: saved.swiglu,
+            add_bias_linear: saved.add_bias_linear,
+            add_qkv_bias: saved.add_qkv_bias,
+            num_query_groups: saved.num_query_groups,
+            qk_layernorm: saved.qk_layernorm,
+            untie_embeddings_and_output_weights: saved.untie_embeddings_and_output_weights,
+            ..self
+        }
+    }
+
     /// The MLP width.
     pub fn ffn_size(&self) -> usize {
         self.ffn_hidden_size.unwrap_or(4 * self.hidden_size)

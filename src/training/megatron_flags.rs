@@ -141,9 +141,8 @@ const SCHEDULE_FROM_CHECKPOINT: &str =
 /// Fine-tuning from a checkpoint with a fresh optimizer and iteration 0.
 const FINETUNE: &str =
     "fine-tuning from a separate checkpoint is not implemented; use --load with --finetune";
-/// Arguments read back from the checkpoint.
-const CHECKPOINT_ARGS: &str =
-    "reading model or parallelism arguments from the checkpoint is not implemented";
+/// The parallel layout read back from the checkpoint.
+const CHECKPOINT_ARGS: &str = "the parallel layout is the run's: ferrotron loads a checkpoint saved at any layout, so give the sizes";
 /// The padded vocabulary size set by hand.
 const PADDED_VOCAB: &str =
     "the vocabulary is padded by --make-vocab-size-divisible-by × TP size; no other padding";
@@ -1116,7 +1115,6 @@ pub const MEGATRON_FLAGS: &[MegatronFlag] = &[
     ignored("--tp-comm-overlap-rs-dgrad", Nothing),
     ignored("--train-sync-interval", One),
     ignored("--trust-remote-code", Nothing),
-    refused("--use-checkpoint-args", Nothing, CHECKPOINT_ARGS),
     refused(
         "--use-checkpoint-opt-param-scheduler",
         Nothing,

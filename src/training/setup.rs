@@ -136,20 +136,21 @@ fn load_checkpoint_or_init(
 ) -> Result<(Gpt, TrainState, Option<OptimizerState>)> {
     let tensor = &parallel.tensor;
     if let Some(dir) = cfg.load.as_ref().filter(|d| is_megatron_torch(d)) {
-        let (model, iteration) = load_megatron_torch(dir, &cfg.model, device, tensor, stage)?;
+        let (model, checkpoint) = load_megatron_torch(
+            dir,
+            Some(&cfg.model),
+            device,
+            tensor,
+            Some(stage),
+            cfg.global_batch_size as u64,
+        )?;
+        let state = checkpoint.state;
         say(format!(
-            " > loaded Megatron-LM checkpoint (--ckpt-format torch) from {} at iteration {iteration}: model weights only, Adam's state starts fresh (as Megatron's --no-load-optim)",
-            dir.display()
+            " > loaded Megatron-LM checkpoint (--ckpt-format torch) from {} at iteration {} ({} samples consumed): model weights only, Adam's state starts fresh (as Megatron's --no-load-optim)",
+            dir.display(),
+            state.iteration,
+            state.consumed_train_samples
         ));
-        // Megatron keeps the consumed samples in its pickled arguments; with a constant
-        // global batch they are the iterations' samples.
-        let samples = iteration * cfg.global_batch_size as u64;
-        let state = TrainState {
-            iteration,
-            scheduler_steps: samples,
-            consumed_train_samples: samples,
-            ..TrainState::default()
-        };
         return Ok((model, state, None));
     }
     if let Some(dir) = &cfg.load {
