@@ -442,6 +442,95 @@ fn pretrain_continues_a_megatron_checkpoint() {
     assert_eq!(tuned.values, values);
 }
 
+/// `pretrain --load` of Megatron's GPT-2 training checkpoint (float32, with Adam's state) and
+/// one more iteration with Megatron's flags continues Megatron's own run: Megatron resumed
+/// the same checkpoint for that iteration (`gpt2_tp1_resumed/`, made by
+/// `tests/fixtures/megatron_ckpt.py --resume`). The iteration's loss and grad norm are
+/// Megatron's, and the weights after it equal Megatron's far below the size of the update,
+/// which fresh Adam moments would change completely.
+#[test]
+fn pretrain_resumes_megatrons_adam_state_as_megatron_does() {
+    use ferrotron::checkpoint::megatron_torch::read_megatron_torch;
+    let dir = tempfile::tempdir().unwrap();
+    let fixtures = megatron_fixtures();
+    let resumed = fixtures.join("gpt2_tp1_resumed");
+    let megatron: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(resumed.join("resumed.json")).unwrap())
+            .unwrap();
+    let args = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 \
+        --max-position-embeddings 32 --micro-batch-size 2 --global-batch-size 2 \
+        --train-iters 5 --lr 2e-2 --min-lr 2e-3 --lr-decay-style cosine --lr-warmup-iters 1 \
+        --weight-decay 0.1 --clip-grad 1.0 --init-method-std 0.2 --seed 1234 \
+        --tokenizer-type NullTokenizer --vocab-size 200 --make-vocab-size-divisible-by 128 \
+        --transformer-impl local --attention-dropout 0 --hidden-dropout 0 --mock-data \
+        --eval-iters 0 --eval-interval 1000 --log-interval 1 --override-opt-param-scheduler \
+        --ckpt-format torch --save-interval 5 --save saved";
+    // Megatron 0.16's NullTokenizer(199) has 200 ids (end of document 199); current
+    // Megatron's, which ferrotron follows, has N: the same mock documents are --vocab-size 200.
+    let mut args: Vec<&str> = args.split_whitespace().collect();
+    let load = fixtures.join("gpt2_tp1");
+    args.extend(["--load", load.to_str().unwrap()]);
+    let out = run_tool(env!("CARGO_BIN_EXE_pretrain"), &args, dir.path());
+    let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("with Adam's state after 4 steps"), "{log}");
+    let line = log
+        .lines()
+        .find(|l| l.contains("iteration        5/"))
+        .unwrap_or_else(|| panic!("{log}"));
+    let field = |name: &str| -> f64 {
+        let at = line
+            .find(&format!("{name}: "))
+            .unwrap_or_else(|| panic!("{line}"));
+        line[at + name.len() + 2..]
+            .split(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let want_loss = megatron["lm_loss"].as_f64().unwrap();
+    assert!(
+        (field("lm loss") - want_loss).abs() < 1e-5 * want_loss,
+        "{line}\nMegatron: {}",
+        megatron["log_line"]
+    );
+    assert!(
+        (field("grad norm") - megatron["grad_norm"].as_f64().unwrap()).abs() < 1e-3,
+        "{line}"
+    );
+    assert_eq!(
+        field("learning rate"),
+        megatron["learning_rate"].as_f64().unwrap(),
+        "{line}"
+    );
+    let (gpt2, _) = megatron_fixture_configs();
+    let read = |dir: &std::path::Path| read_megatron_torch(dir, Some(&gpt2)).unwrap().0.values;
+    let (before, ours, theirs) = (read(&load), read(&dir.path().join("saved")), read(&resumed));
+    // The key bias's gradient is zero in exact arithmetic (a query's softmax does not change
+    // when the same constant is added to all its scores): each implementation's is float
+    // noise, which Adam divides by its own square root into an update of the learning rate's
+    // size. Those 16 entries per head (GPT-2: q, k, v of 16 each per head) are left out.
+    let key_bias = |name: &str, i: usize| {
+        name.ends_with("query_key_value.bias") && (16..32).contains(&(i % 48))
+    };
+    let (mut update, mut difference) = (0f32, 0f32);
+    for (name, (_, want)) in &theirs {
+        let (got, start) = (&ours[name].1, &before[name].1);
+        for (i, ((g, w), s)) in got.iter().zip(want).zip(start).enumerate() {
+            if !key_bias(name, i) {
+                update = update.max((w - s).abs());
+                difference = difference.max((g - w).abs());
+            }
+        }
+    }
+    println!("largest update {update:.2e}, largest difference from Megatron's {difference:.2e}");
+    assert!(
+        difference < update * 1e-3,
+        "weights differ by up to {difference} (update {update})"
+    );
+}
+
 /// Checkpoints ferrotron writes in Megatron's `--ckpt-format torch` load in Megatron-Core:
 /// the three in `tests/fixtures/megatron_ckpt/written_by_ferrotron/` (a GPT-2 converted from
 /// Megatron's TP=1 checkpoint to TP=2 by `convert-checkpoint`, a GPT-2 trained by `pretrain

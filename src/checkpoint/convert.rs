@@ -102,24 +102,7 @@ pub fn convert_checkpoint(
         dst.display()
     );
     let source = read_source(src, megatron_config, target)?;
-    let tensor_parallel = target.tensor_parallel.unwrap_or(source.tensor_parallel);
-    let pipeline_parallel = match target.format {
-        CheckpointFormat::MegatronTorch => {
-            target.pipeline_parallel.unwrap_or(source.pipeline_parallel)
-        }
-        CheckpointFormat::Ferrotron => {
-            ensure!(
-                target.pipeline_parallel.unwrap_or(1) == 1,
-                "ferrotron's checkpoints load at any pipeline layout: convert to \
-                 --ckpt-format ferrotron without --target-pipeline-parallel-size"
-            );
-            1
-        }
-    };
-    ensure!(
-        tensor_parallel >= 1,
-        "the tensor-parallel size must be at least 1"
-    );
+    let (tensor_parallel, pipeline_parallel) = target_layout(&source, target)?;
     let padded = target_padded_vocab(&source, target, tensor_parallel)?;
     let config = GptConfig {
         padded_vocab_size: padded,
@@ -128,17 +111,8 @@ pub fn convert_checkpoint(
     config
         .validate_parallel(tensor_parallel)
         .map_err(anyhow::Error::msg)?;
+    let tokenizer_type = tokenizer_type(&source, target)?;
     let values = with_vocab_rows(source.values, padded);
-    // Megatron compares the tokenizer type on load: the flag's, else the source's.
-    let saved_tokenizer = match &source.args {
-        Some(args) => args.string("tokenizer_type")?.map(str::to_owned),
-        None => None,
-    };
-    let tokenizer_type = target
-        .tokenizer_type
-        .clone()
-        .or(saved_tokenizer)
-        .unwrap_or_else(|| "GPT2BPETokenizer".into());
     match target.format {
         CheckpointFormat::MegatronTorch => {
             let run = MegatronRun {
@@ -196,6 +170,44 @@ pub fn convert_checkpoint(
         iteration: source.state.iteration,
         config,
     })
+}
+
+/// The tensor- and pipeline-parallel sizes to write: the target's, else the source's; a
+/// ferrotron target has one stage.
+fn target_layout(source: &Source, target: &ConvertTarget) -> Result<(usize, usize)> {
+    let tensor_parallel = target.tensor_parallel.unwrap_or(source.tensor_parallel);
+    ensure!(
+        tensor_parallel >= 1,
+        "the tensor-parallel size must be at least 1"
+    );
+    let pipeline_parallel = match target.format {
+        CheckpointFormat::MegatronTorch => {
+            target.pipeline_parallel.unwrap_or(source.pipeline_parallel)
+        }
+        CheckpointFormat::Ferrotron => {
+            ensure!(
+                target.pipeline_parallel.unwrap_or(1) == 1,
+                "ferrotron's checkpoints load at any pipeline layout: convert to \
+                 --ckpt-format ferrotron without --target-pipeline-parallel-size"
+            );
+            1
+        }
+    };
+    Ok((tensor_parallel, pipeline_parallel))
+}
+
+/// The tokenizer type recorded for Megatron, which compares it on load: the flag's, else a
+/// Megatron source's, else GPT-2's.
+fn tokenizer_type(source: &Source, target: &ConvertTarget) -> Result<String> {
+    let saved = match &source.args {
+        Some(args) => args.string("tokenizer_type")?.map(str::to_owned),
+        None => None,
+    };
+    Ok(target
+        .tokenizer_type
+        .clone()
+        .or(saved)
+        .unwrap_or_else(|| "GPT2BPETokenizer".into()))
 }
 
 /// Reads `src` whole, in ferrotron's names and orientation.

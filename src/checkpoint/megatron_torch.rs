@@ -26,11 +26,13 @@ use pytorch_reader::{DType, PytorchReader};
 
 use super::load::{check_same_model, LoadedCheckpoint};
 use super::megatron_args::MegatronArgs;
-use super::TrainState;
+use super::megatron_optimizer::{join_adam, read_rank_adam, MegatronAdam, StageAdam};
+use super::{OptimizerState, TrainState};
 use crate::comm::Group;
 use crate::model::named_parameters::load_named_parameters;
 use crate::model::{Gpt, GptConfig, StageLayers};
-use crate::parallel::sharding::{parameter_holdings, shard_of};
+use crate::optim::NamedMoments;
+use crate::parallel::sharding::{parameter_holdings, shard_of, ParameterHolding};
 use crate::util::host_tensor::HostTensor;
 
 /// Parameter values by ferrotron name: shape and row-major values (what
@@ -48,6 +50,8 @@ pub struct MegatronCheckpoint {
     /// Parameter values by ferrotron name, joined over the tensor-parallel shards and the
     /// pipeline stages.
     pub values: ParameterValues,
+    /// Adam's state, joined as the weights are.
+    pub adam: MegatronAdam,
     /// The arguments Megatron saved with it (tensor-parallel rank 0's).
     pub args: MegatronArgs,
 }
@@ -195,16 +199,28 @@ pub fn read_megatron_torch(
     // Each stage numbers its layers from 0; they follow the previous stages' (whatever split
     // Megatron used, the files say how many layers each stage holds).
     let mut first_layer = 0;
+    let mut adam = Vec::new();
     for (stage, files) in stages.iter().enumerate() {
         let shards = files
             .iter()
-            .map(|file| read_shard(file))
+            .map(|file| host_tensors(file, "model"))
+            .collect::<Result<Vec<_>>>()?;
+        let ranks = files
+            .iter()
+            .zip(&shards)
+            .map(|(file, model)| read_rank_adam(file, model))
             .collect::<Result<Vec<_>>>()?;
         // A tied output layer's copy of the word embedding, kept by the last of several stages.
         let tied_copy = stages.len() > 1 && stage + 1 == stages.len() && config.tied_output();
-        first_layer += read_stage(shards, first_layer, tied_copy, &config, &mut values)
+        adam.push(StageAdam {
+            ranks,
+            first_layer,
+            tied_copy,
+        });
+        first_layer += join_stage(shards, first_layer, tied_copy, &config, &mut values)
             .with_context(|| format!("{}: pipeline stage {stage}", dir.display()))?;
     }
+    let adam = join_adam(adam, &config).with_context(|| format!("{}", dir.display()))?;
     ensure!(
         first_layer == config.num_layers,
         "{}: the stages hold {first_layer} layers, the model has {}",
@@ -216,6 +232,7 @@ pub fn read_megatron_torch(
         tensor_parallel: stages[0].len(),
         pipeline_parallel: stages.len(),
         values,
+        adam,
         args,
     };
     Ok((checkpoint, config))
@@ -225,7 +242,7 @@ pub fn read_megatron_torch(
 /// names, its layers numbered from `first_layer`; returns how many layers it holds. With
 /// `tied_copy`, its `output_layer.weight` is a copy of the word embedding (the last stage's,
 /// under a tied output layer), which ferrotron's model does not have.
-fn read_stage(
+pub(crate) fn join_stage(
     mut shards: Vec<HashMap<String, HostTensor>>,
     first_layer: usize,
     tied_copy: bool,
@@ -266,11 +283,12 @@ fn read_stage(
     Ok(layers)
 }
 
-/// The floating-point tensors of one rank's state dict, in f32.
-fn read_shard(file: &Path) -> Result<HashMap<String, HostTensor>> {
-    let reader = PytorchReader::with_top_level_key(file, "model").with_context(|| {
+/// The floating-point tensors under the top-level entry `entry` of a rank file (`model`, or
+/// `optimizer`), in f32, by their path inside it.
+pub(crate) fn host_tensors(file: &Path, entry: &str) -> Result<HashMap<String, HostTensor>> {
+    let reader = PytorchReader::with_top_level_key(file, entry).with_context(|| {
         format!(
-            "{}: not a readable torch.save file with a `model` entry",
+            "{}: not a readable torch.save file with a `{entry}` entry",
             file.display()
         )
     })?;
@@ -431,11 +449,19 @@ fn ferrotron_name(key: &str, config: &GptConfig) -> Result<(String, Split, bool)
     })
 }
 
+/// What loading a Megatron checkpoint restores of Adam.
+pub enum AdamResume {
+    /// This rank's moments and the steps taken.
+    Loaded(OptimizerState),
+    /// Nothing: training continues with fresh moments, for this reason.
+    Fresh(String),
+}
+
 /// This rank's `stage` of the model in the Megatron checkpoint at `root`, split for the
-/// tensor-parallel `group` (whatever size the checkpoint was saved with), on `device`, and
-/// what was saved with it. The model is `config` (checked against Megatron's saved
-/// arguments), or the saved one. `global_batch_size` counts the consumed samples of a file
-/// that lacks them.
+/// tensor-parallel `group` (whatever layout the checkpoint was saved with), on `device`, what
+/// was saved with it, and Adam's state for this rank's parameters. The model is `config`
+/// (checked against Megatron's saved arguments), or the saved one. `global_batch_size`
+/// counts the consumed samples of a file that lacks them.
 pub fn load_megatron_torch(
     root: &Path,
     config: Option<&GptConfig>,
@@ -443,16 +469,16 @@ pub fn load_megatron_torch(
     group: &Group,
     stage: Option<&StageLayers>,
     global_batch_size: u64,
-) -> Result<(Gpt, LoadedCheckpoint)> {
+) -> Result<(Gpt, LoadedCheckpoint, AdamResume)> {
     let (checkpoint, config) = read_megatron_torch(root, config)?;
     let whole = StageLayers::whole(config.num_layers);
     let stage = stage.unwrap_or(&whole);
     let model = config
         .init_stage(0, group, stage, device)
         .map_err(anyhow::Error::msg)?;
-    let mut values = ParameterValues::new();
-    for p in parameter_holdings(&model) {
-        let (shape, whole) = checkpoint.values.get(&p.name).with_context(|| {
+    let holdings = parameter_holdings(&model);
+    let rank_part = |values: &ParameterValues, p: &ParameterHolding| -> Result<HostTensor> {
+        let (shape, whole) = values.get(&p.name).with_context(|| {
             format!(
                 "{}: no tensor for {} (the checkpoint's model differs from this run's flags)",
                 root.display(),
@@ -460,14 +486,18 @@ pub fn load_megatron_torch(
             )
         })?;
         let whole = HostTensor::new(shape.clone(), whole.clone());
-        let part = shard_of(
+        shard_of(
             &whole,
             p.holding.partition_dim(),
             group.rank(),
             group.size(),
         )
-        .map_err(|e| anyhow::anyhow!("{}: {}: {e}", root.display(), p.name))?;
-        values.insert(p.name, (part.shape, part.values));
+        .map_err(|e| anyhow::anyhow!("{}: {}: {e}", root.display(), p.name))
+    };
+    let mut values = ParameterValues::new();
+    for p in &holdings {
+        let part = rank_part(&checkpoint.values, p)?;
+        values.insert(p.name.clone(), (part.shape, part.values));
     }
     if let Some(extra) = checkpoint
         .values
@@ -488,15 +518,39 @@ pub fn load_megatron_torch(
             root.display()
         );
     }
+    let adam = match &checkpoint.adam {
+        MegatronAdam::NotSaved => {
+            AdamResume::Fresh("the checkpoint holds no optimizer state".into())
+        }
+        MegatronAdam::NotRead(why) => AdamResume::Fresh(why.clone()),
+        MegatronAdam::Moments(joined) => {
+            let mut moments = Vec::with_capacity(holdings.len());
+            for p in &holdings {
+                moments.push(NamedMoments {
+                    name: p.name.clone(),
+                    m: rank_part(&joined.exp_avg, p)?.values,
+                    v: rank_part(&joined.exp_avg_sq, p)?.values,
+                });
+            }
+            AdamResume::Loaded(OptimizerState {
+                steps: joined.steps,
+                moments,
+                grad_scaler: None,
+            })
+        }
+    };
     let info = LoadedCheckpoint {
         state: checkpoint.train_state(global_batch_size)?,
-        optimizer_steps: 0,
+        optimizer_steps: match &adam {
+            AdamResume::Loaded(state) => state.steps,
+            AdamResume::Fresh(_) => 0,
+        },
         grad_scaler: None,
         tensor_model_parallel_size: checkpoint.tensor_parallel,
         pipeline_model_parallel_size: checkpoint.pipeline_parallel,
         config,
     };
-    Ok((model, info))
+    Ok((model, info, adam))
 }
 
 /// Whether the parameter `name` belongs to `stage` of the model.

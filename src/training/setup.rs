@@ -11,7 +11,7 @@ use burn::tensor::{DType, Device};
 use super::config::{BatchPlan, PretrainConfig};
 use super::finalize_grads::ParamRoles;
 use super::forward_backward::activation_expect;
-use crate::checkpoint::megatron_torch::{is_megatron_torch, load_megatron_torch};
+use crate::checkpoint::megatron_torch::{is_megatron_torch, load_megatron_torch, AdamResume};
 use crate::checkpoint::{load_checkpoint, OptimizerState, TrainState};
 use crate::data::{self, DatasetBuildConfig, SampleDataset};
 use crate::logging::memory_estimate::{self, MemoryPlan};
@@ -136,7 +136,7 @@ fn load_checkpoint_or_init(
 ) -> Result<(Gpt, TrainState, Option<OptimizerState>)> {
     let tensor = &parallel.tensor;
     if let Some(dir) = cfg.load.as_ref().filter(|d| is_megatron_torch(d)) {
-        let (model, checkpoint) = load_megatron_torch(
+        let (model, checkpoint, adam) = load_megatron_torch(
             dir,
             Some(&cfg.model),
             device,
@@ -145,13 +145,23 @@ fn load_checkpoint_or_init(
             cfg.global_batch_size as u64,
         )?;
         let state = checkpoint.state;
+        let (optimizer, adam_note) = match adam {
+            AdamResume::Loaded(optimizer) => {
+                let note = format!("with Adam's state after {} steps", optimizer.steps);
+                (Some(optimizer), note)
+            }
+            AdamResume::Fresh(why) => (
+                None,
+                format!("model weights only, Adam's state starts fresh (as Megatron's --no-load-optim): {why}"),
+            ),
+        };
         say(format!(
-            " > loaded Megatron-LM checkpoint (--ckpt-format torch) from {} at iteration {} ({} samples consumed): model weights only, Adam's state starts fresh (as Megatron's --no-load-optim)",
+            " > loaded Megatron-LM checkpoint (--ckpt-format torch) from {} at iteration {} ({} samples consumed): {adam_note}",
             dir.display(),
             state.iteration,
             state.consumed_train_samples
         ));
-        return Ok((model, state, None));
+        return Ok((model, state, optimizer));
     }
     if let Some(dir) = &cfg.load {
         if let Some((model, checkpoint, optimizer)) =
