@@ -216,9 +216,9 @@ fn megatron_loss_difference(
     tokens: &serde_json::Value,
     megatron: &serde_json::Value,
 ) -> (f64, u64, usize, usize) {
-    use ferrotron::checkpoint::megatron_torch::{is_megatron_torch, read_megatron_torch};
+    use ferrotron::checkpoint::megatron_torch::{is_megatron_checkpoint, read_megatron_torch};
     use ferrotron::model::named_parameters::load_named_parameters;
-    assert!(is_megatron_torch(root), "{}", root.display());
+    assert!(is_megatron_checkpoint(root), "{}", root.display());
     let (checkpoint, config) = read_megatron_torch(root, config).unwrap();
     let model = config.init(1, &Device::flex()).unwrap();
     assert_eq!(
@@ -283,8 +283,9 @@ fn fixture_loss_difference(
 /// same Llama model saved by Megatron at tensor-parallel size 2 (joined here), and both
 /// converted by Megatron to pipeline-parallel size 2 (`mp_rank_TT_PPP`, the GPT-2's last stage
 /// with its copy of the tied embedding; the Llama at TP=2 × PP=2 too), whose losses are their
-/// sources'; each both with the flags Megatron trained it with and with the model read from
-/// its saved arguments.
+/// sources'; and the Llama converted by Megatron to `--ckpt-format torch_dist` (PyTorch's
+/// distributed checkpoint, stacked layers, Transformer-Engine names); each both with the flags
+/// Megatron trained it with and with the model read from its saved arguments.
 #[test]
 fn megatron_torch_checkpoints_give_megatrons_losses() {
     let dir = megatron_fixtures();
@@ -299,6 +300,12 @@ fn megatron_torch_checkpoints_give_megatrons_losses() {
         ("gpt2_pp2", &gpt2, (1, 2), "gpt2_tp1"),
         ("llama_pp2", &llama, (1, 2), "llama_tp1"),
         ("llama_tp2_pp2", &llama, (2, 2), "llama_tp1"),
+        (
+            "llama_tp1_torch_dist",
+            &llama,
+            (1, 1),
+            "llama_tp1_torch_dist",
+        ),
     ] {
         for given in [Some(config), None] {
             let (worst, iteration, tp, pp) = megatron_loss_difference(
@@ -681,6 +688,28 @@ fn megatron_loads_the_checkpoints_ferrotron_writes() {
         "{err}"
     );
     assert!(!dir.path().join("wrong").exists());
+    // A torch_dist source: Megatron's Llama converted back to torch at TP=1 holds the tensors
+    // of Megatron's own torch checkpoint of the same weights.
+    let dist = fixtures.join("llama_tp1_torch_dist");
+    let out = run_tool(
+        env!("CARGO_BIN_EXE_convert-checkpoint"),
+        &[
+            "--load",
+            dist.to_str().unwrap(),
+            "--save",
+            "from_dist",
+            "--transformer-impl",
+            "local",
+        ],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let file = "iter_0000004/mp_rank_00/model_optim_rng.pt";
+    assert_eq!(
+        torch_file_tensors(dir.path().join("from_dist").join(file)),
+        torch_file_tensors(fixtures.join("llama_tp1").join(file)),
+        "torch_dist → torch"
+    );
     // Only some of the shape flags: refused.
     let src = fixtures.join("gpt2_tp1");
     let out = run_tool(

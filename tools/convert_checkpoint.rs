@@ -8,7 +8,7 @@ use anyhow::{bail, Result};
 use clap::Parser;
 
 use ferrotron::checkpoint::convert::{convert_checkpoint, CheckpointFormat, ConvertTarget};
-use ferrotron::checkpoint::megatron_torch::{is_megatron_torch, megatron_vocab_rows};
+use ferrotron::checkpoint::megatron_torch::{is_megatron_checkpoint, megatron_vocab_rows};
 use ferrotron::model::GptConfig;
 use ferrotron::training::architecture_args::ArchitectureArgs;
 
@@ -82,7 +82,7 @@ struct Args {
 /// The model the flags say a Megatron source holds (its padded vocabulary from the files),
 /// or `None` without model flags (the source's saved arguments say it).
 fn megatron_config(args: &Args) -> Result<Option<GptConfig>> {
-    if !is_megatron_torch(&args.load) {
+    if !is_megatron_checkpoint(&args.load) {
         return Ok(None);
     }
     let shape = (args.num_layers, args.hidden_size, args.num_attention_heads);

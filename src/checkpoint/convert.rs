@@ -13,7 +13,7 @@ use std::path::Path;
 use anyhow::{bail, ensure, Context, Result};
 
 use super::megatron_args::MegatronArgs;
-use super::megatron_torch::{is_megatron_torch, read_megatron_torch, ParameterValues};
+use super::megatron_torch::{is_megatron_checkpoint, read_megatron_torch, ParameterValues};
 use super::megatron_torch_save::{save_megatron_torch, LayerSpec, MegatronRun};
 use super::{
     read_full_model, save_checkpoint, OptimizerState, ShardPlace, TrainState, TRACKER_FILE,
@@ -216,7 +216,7 @@ fn read_source(
     megatron_config: Option<&GptConfig>,
     target: &ConvertTarget,
 ) -> Result<Source> {
-    if is_megatron_torch(src) {
+    if is_megatron_checkpoint(src) {
         let (checkpoint, config) = read_megatron_torch(src, megatron_config)?;
         check_shapes(&checkpoint.values, &config).with_context(|| {
             format!(

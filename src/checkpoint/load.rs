@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use burn::tensor::Device;
 
-use super::megatron_torch::{is_megatron_torch, load_megatron_torch, megatron_args};
+use super::megatron_torch::{is_megatron_checkpoint, load_megatron_torch, megatron_args};
 use super::tensor_file::{HostTensor, TensorFile};
 use super::{
     checkpoint_dir, latest_iteration, OptimizerState, PartitionDims, ShardPlace, TrainState,
@@ -89,7 +89,7 @@ fn open_checkpoint(root: &Path) -> Result<Option<SavedCheckpoint>> {
 /// Megatron's saved arguments describe) and the sequence length it was trained at where the
 /// checkpoint records one: what `--use-checkpoint-args` takes. `None` without a checkpoint.
 pub fn saved_model(root: &Path) -> Result<Option<(GptConfig, Option<usize>)>> {
-    if is_megatron_torch(root) {
+    if is_megatron_checkpoint(root) {
         let args = megatron_args(root)?;
         return Ok(Some((args.model_config()?, args.count("seq_length")?)));
     }
@@ -344,7 +344,7 @@ pub fn load_model_shard(
     device: &Device,
     group: &Group,
 ) -> Result<(Gpt, LoadedCheckpoint)> {
-    if is_megatron_torch(root) {
+    if is_megatron_checkpoint(root) {
         let (model, info, _) = load_megatron_torch(root, None, device, group, None, 0)?;
         return Ok((model, info));
     }

@@ -27,6 +27,7 @@ use pytorch_reader::{DType, PytorchReader};
 use super::load::{check_same_model, LoadedCheckpoint};
 use super::megatron_args::MegatronArgs;
 use super::megatron_optimizer::{join_adam, read_rank_adam, MegatronAdam, StageAdam};
+use super::torch_dist::{is_torch_dist, read_torch_dist, torch_dist_args};
 use super::{OptimizerState, TrainState};
 use crate::comm::Group;
 use crate::model::named_parameters::load_named_parameters;
@@ -76,28 +77,39 @@ impl MegatronCheckpoint {
 }
 
 /// The arguments saved with the latest Megatron checkpoint in `root` (tensor-parallel rank
-/// 0's file): its model and training state.
+/// 0's file, or a `torch_dist` checkpoint's `common.pt`): its model and training state.
 pub fn megatron_args(root: &Path) -> Result<MegatronArgs> {
+    if is_torch_dist(root) {
+        return torch_dist_args(root);
+    }
     let (dir, _) = iteration_dir(root)?;
     MegatronArgs::read(&stage_files(&dir)?[0][0])
 }
 
-/// Whether `root` holds a Megatron `torch`-format checkpoint (its latest iteration has
-/// `mp_rank_00/model_optim_rng.pt`, or `mp_rank_00_000/...` with pipeline stages).
-pub fn is_megatron_torch(root: &Path) -> bool {
-    iteration_dir(root).is_ok_and(|(dir, _)| {
-        ["mp_rank_00", "mp_rank_00_000"]
-            .iter()
-            .any(|rank| dir.join(rank).join(FILE).is_file())
-    })
+/// Whether `root` holds a Megatron checkpoint: `--ckpt-format torch` (its latest iteration has
+/// `mp_rank_00/model_optim_rng.pt`, or `mp_rank_00_000/...` with pipeline stages) or
+/// `torch_dist`.
+pub fn is_megatron_checkpoint(root: &Path) -> bool {
+    is_torch_dist(root)
+        || iteration_dir(root).is_ok_and(|(dir, _)| {
+            ["mp_rank_00", "mp_rank_00_000"]
+                .iter()
+                .any(|rank| dir.join(rank).join(FILE).is_file())
+        })
 }
 
 /// Each rank's file in its `mp_rank_TT[_PPP]` directory.
 const FILE: &str = "model_optim_rng.pt";
 
 /// The padded vocabulary of the Megatron checkpoint in `root`: its word embedding's rows over
-/// every tensor-parallel rank (read from the files' tensor headers, not their values).
+/// every tensor-parallel rank (read from the files' tensor headers, not their values; a
+/// `torch_dist` checkpoint's from its arguments).
 pub fn megatron_vocab_rows(root: &Path) -> Result<usize> {
+    if is_torch_dist(root) {
+        return torch_dist_args(root)?
+            .count("padded_vocab_size")?
+            .context("the checkpoint's arguments have no padded_vocab_size");
+    }
     let (dir, _) = iteration_dir(root)?;
     let mut rows = 0;
     for file in &stage_files(&dir)?[0] {
@@ -148,7 +160,7 @@ fn stage_files(dir: &Path) -> Result<Vec<Vec<PathBuf>>> {
 }
 
 /// The latest iteration's directory and number.
-fn iteration_dir(root: &Path) -> Result<(PathBuf, u64)> {
+pub(crate) fn iteration_dir(root: &Path) -> Result<(PathBuf, u64)> {
     let tracker = root.join("latest_checkpointed_iteration.txt");
     let text = std::fs::read_to_string(&tracker)
         .with_context(|| format!("reading {}", tracker.display()))?;
@@ -165,7 +177,8 @@ fn iteration_dir(root: &Path) -> Result<(PathBuf, u64)> {
     Ok((root.join(format!("iter_{iteration:07}")), iteration))
 }
 
-/// The model of the Megatron `torch` checkpoint in `root`, and the model config it is: the
+/// The model of the Megatron checkpoint in `root` (`torch`, or `torch_dist` through
+/// [`read_torch_dist`]), and the model config it is: the
 /// one Megatron saved in its arguments, or `config` (a run's flags, which must describe the
 /// same model; its vocabulary padding may differ, the rows past the real vocabulary being
 /// padding).
@@ -173,6 +186,9 @@ pub fn read_megatron_torch(
     root: &Path,
     config: Option<&GptConfig>,
 ) -> Result<(MegatronCheckpoint, GptConfig)> {
+    if is_torch_dist(root) {
+        return read_torch_dist(root, config);
+    }
     let (dir, iteration) = iteration_dir(root)?;
     let stages = stage_files(&dir)?;
     let args = MegatronArgs::read(&stages[0][0])?;
@@ -328,7 +344,7 @@ pub(crate) enum Split {
 }
 
 /// ferrotron's name(s) and value(s) for the Megatron tensor `key` given as its shards.
-fn ferrotron_tensors(
+pub(crate) fn ferrotron_tensors(
     key: &str,
     parts: Vec<HostTensor>,
     config: &GptConfig,

@@ -20,6 +20,7 @@ pub mod megatron_torch_save;
 pub mod pickle;
 mod save;
 pub mod tensor_file;
+pub mod torch_dist;
 pub mod torch_save;
 
 pub use load::{

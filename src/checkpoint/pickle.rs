@@ -6,8 +6,9 @@
 //! reads the tensors) keeps only the type name of such an object, and `serde-pickle` keeps its
 //! state but refuses the persistent ids every tensor is written with; neither reads the
 //! namespace out of a `model_optim_rng.pt`. This reader interprets no call: a class
-//! instance is its type name with the state `BUILD` gave it, any other call its type name, a
-//! persistent id (a tensor's storage) a marker. The tensors stay `pytorch-reader`'s job.
+//! instance or a call's result is its type name with its arguments and the state `BUILD`
+//! gave it, a persistent id (a tensor's storage) the id. The tensors of a checkpoint file stay
+//! `pytorch-reader`'s job; `torch_dist`'s metadata and single-tensor items are read with this.
 //! Protocols 2 to 5 as `torch.save` writes them; every opcode outside that set is an error
 //! naming it, never a guess.
 
@@ -32,14 +33,16 @@ pub enum Unpickled {
     Dict(Vec<(Unpickled, Unpickled)>),
     /// A module-level name (`argparse.Namespace`, `torch.bfloat16`).
     Global(String),
-    /// The result of calling or instantiating `class`, with the state `BUILD` set on it
-    /// (`None` without one).
+    /// The result of calling or instantiating `class` with `args`, with the state `BUILD` set
+    /// on it (`None` without one).
     Object {
         class: String,
+        args: Box<Unpickled>,
         state: Box<Unpickled>,
     },
-    /// A persistent id: in a `torch.save` file, a tensor's storage.
-    Persistent,
+    /// A persistent id (in a `torch.save` file, a tensor's storage: `('storage', class, key,
+    /// location, numel)`).
+    Persistent(Box<Unpickled>),
 }
 
 impl Unpickled {
@@ -82,7 +85,8 @@ impl Unpickled {
                     .map(|(k, v)| k.size() + v.size())
                     .sum::<usize>()
             }
-            Unpickled::Object { state, .. } => 1 + state.size(),
+            Unpickled::Object { args, state, .. } => 1 + args.size() + state.size(),
+            Unpickled::Persistent(id) => 1 + id.size(),
             Unpickled::Str(s) => 1 + s.len() / 64,
             Unpickled::Bytes(b) => 1 + b.len() / 64,
             _ => 1,
@@ -456,15 +460,15 @@ impl Machine<'_> {
                 }
             }
             b'R' | 0x81 => {
-                drop(self.pop()?); // the call's arguments: not interpreted
+                let args = self.pop()?;
                 let callable = self.pop()?;
-                self.push(instance(callable));
+                self.push(instance(callable, args));
             }
             0x92 => {
-                drop(self.pop()?);
-                drop(self.pop()?);
+                drop(self.pop()?); // keyword arguments
+                let args = self.pop()?;
                 let class = self.pop()?;
-                self.push(instance(class));
+                self.push(instance(class, args));
             }
             b'b' => {
                 let new_state = self.pop()?;
@@ -474,8 +478,8 @@ impl Machine<'_> {
                 })?;
             }
             b'Q' => {
-                drop(self.pop()?);
-                self.push(Unpickled::Persistent);
+                let id = self.pop()?;
+                self.push(Unpickled::Persistent(Box::new(id)));
             }
             _ => bail!("an opcode this reader does not know"),
         }
@@ -507,8 +511,9 @@ fn long(bytes: &[u8]) -> Unpickled {
     })
 }
 
-/// What calling or instantiating `callable` leaves: an object of its class without state.
-fn instance(callable: Unpickled) -> Unpickled {
+/// What calling or instantiating `callable` with `args` leaves: an object of its class,
+/// without state yet. Nothing is run: the arguments are kept as they are.
+fn instance(callable: Unpickled, args: Unpickled) -> Unpickled {
     let class = match callable {
         Unpickled::Global(name) => name,
         Unpickled::Object { class, .. } => class,
@@ -516,6 +521,7 @@ fn instance(callable: Unpickled) -> Unpickled {
     };
     Unpickled::Object {
         class,
+        args: Box::new(args),
         state: Box::new(Unpickled::None),
     }
 }

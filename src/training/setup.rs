@@ -11,7 +11,8 @@ use burn::tensor::{DType, Device};
 use super::config::{BatchPlan, PretrainConfig};
 use super::finalize_grads::ParamRoles;
 use super::forward_backward::activation_expect;
-use crate::checkpoint::megatron_torch::{is_megatron_torch, load_megatron_torch, AdamResume};
+use crate::checkpoint::megatron_torch::{is_megatron_checkpoint, load_megatron_torch, AdamResume};
+use crate::checkpoint::torch_dist::is_torch_dist;
 use crate::checkpoint::{load_checkpoint, OptimizerState, TrainState};
 use crate::data::{self, DatasetBuildConfig, SampleDataset};
 use crate::logging::memory_estimate::{self, MemoryPlan};
@@ -135,7 +136,7 @@ fn load_checkpoint_or_init(
     say: &dyn Fn(String),
 ) -> Result<(Gpt, TrainState, Option<OptimizerState>)> {
     let tensor = &parallel.tensor;
-    if let Some(dir) = cfg.load.as_ref().filter(|d| is_megatron_torch(d)) {
+    if let Some(dir) = cfg.load.as_ref().filter(|d| is_megatron_checkpoint(d)) {
         let (model, checkpoint, adam) = load_megatron_torch(
             dir,
             Some(&cfg.model),
@@ -155,8 +156,13 @@ fn load_checkpoint_or_init(
                 format!("model weights only, Adam's state starts fresh (as Megatron's --no-load-optim): {why}"),
             ),
         };
+        let format = if is_torch_dist(dir) {
+            "torch_dist"
+        } else {
+            "torch"
+        };
         say(format!(
-            " > loaded Megatron-LM checkpoint (--ckpt-format torch) from {} at iteration {} ({} samples consumed): {adam_note}",
+            " > loaded Megatron-LM checkpoint (--ckpt-format {format}) from {} at iteration {} ({} samples consumed): {adam_note}",
             dir.display(),
             state.iteration,
             state.consumed_train_samples
