@@ -322,6 +322,25 @@ fn megatron_torch_checkpoints_give_megatrons_losses() {
             );
         }
     }
+    // Megatron-LM's legacy GPTModel (`language_model.*` names, `--use-legacy-models`): its
+    // GPT-2, and its Llama-style model without grouped queries, give its losses.
+    let legacy: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("legacy_losses.json")).unwrap())
+            .unwrap();
+    for name in ["gpt2_legacy", "llama_legacy"] {
+        let (worst, iteration, tp, pp) = megatron_loss_difference(
+            &dir.join(name),
+            None,
+            &legacy["tokens"],
+            &legacy["checkpoints"][name],
+        );
+        assert_eq!((iteration, tp, pp), (4, 1, 1), "{name}");
+        println!("{name}: largest per-token loss difference from Megatron-LM {worst:.2e}");
+        assert!(
+            worst < 1e-4,
+            "{name}: per-token losses differ by up to {worst}"
+        );
+    }
     // The inference tools' loader (evaluate, generate, export-hf) takes a Megatron directory
     // as it is: the model from its arguments, resharded to the run's tensor-parallel size.
     let (model, info) = ferrotron::checkpoint::load_model(&dir.join("llama_tp2"), &device).unwrap();

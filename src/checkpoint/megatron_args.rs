@@ -27,6 +27,8 @@ pub struct MegatronArgs {
     pub iteration: Option<u64>,
     /// `opt_param_scheduler.num_steps`: the learning-rate schedule's samples.
     pub scheduler_steps: Option<u64>,
+    /// The top-level `checkpoint_version` (3.0 since 2020).
+    pub checkpoint_version: Option<f64>,
 }
 
 /// The model features Megatron has and ferrotron does not, as `args` marks them: a checkpoint
@@ -69,6 +71,11 @@ impl MegatronArgs {
                 top.get("opt_param_scheduler")
                     .and_then(|s| s.get("num_steps")),
             ),
+            checkpoint_version: match top.get("checkpoint_version") {
+                Some(Unpickled::Float(v)) => Some(*v),
+                Some(Unpickled::Int(v)) => Some(*v as f64),
+                _ => None,
+            },
         })
     }
 
@@ -180,8 +187,12 @@ impl MegatronArgs {
             None
         };
         config.position_embedding_type = self.position_embedding()?;
+        // Megatron-LM's legacy model builds its rotary embedding without `--rotary-base`: its
+        // checkpoints computed with 10000 whatever the saved flag says.
         if let Some(base) = self.float("rotary_base")? {
-            config.rotary_base = base;
+            if !self.flag("use_legacy_models")? {
+                config.rotary_base = base;
+            }
         }
         if let Some(percent) = self.float("rotary_percent")? {
             config.rotary_percent = percent;

@@ -16,6 +16,7 @@ use std::path::Path;
 
 use anyhow::{bail, ensure, Context, Result};
 
+use super::megatron_legacy_names::core_key;
 use super::megatron_torch::{host_tensors, join_stage, ParameterValues};
 use super::pickle::{read_torch_save_pickle, Unpickled};
 use crate::model::GptConfig;
@@ -155,21 +156,33 @@ pub fn read_rank_adam(file: &Path, model: &HashMap<String, HostTensor>) -> Resul
 }
 
 /// The model's parameters (its tensor entries, not the `_extra_state` ones) in the state
-/// dict's order.
+/// dict's order, under Megatron-Core's names (a legacy model's nested dicts flattened).
 fn model_parameter_order(
     top: &Unpickled,
     model: &HashMap<String, HostTensor>,
 ) -> Result<Vec<String>> {
-    let Some(Unpickled::Dict(items)) = top.get("model") else {
+    fn walk(value: &Unpickled, path: &str, out: &mut Vec<String>) {
+        let Unpickled::Dict(items) = value else {
+            out.push(core_key(path));
+            return;
+        };
+        for (key, value) in items {
+            if let Unpickled::Str(k) = key {
+                let path = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
+                walk(value, &path, out);
+            }
+        }
+    }
+    let Some(dict @ Unpickled::Dict(_)) = top.get("model") else {
         bail!("no `model` dict");
     };
-    Ok(items
-        .iter()
-        .filter_map(|(key, _)| match key {
-            Unpickled::Str(k) if model.contains_key(k) => Some(k.clone()),
-            _ => None,
-        })
-        .collect())
+    let mut keys = Vec::new();
+    walk(dict, "", &mut keys);
+    Ok(keys.into_iter().filter(|k| model.contains_key(k)).collect())
 }
 
 /// The parameter each optimizer state index belongs to: the decayed group's indices name the

@@ -26,6 +26,7 @@ use pytorch_reader::{DType, PytorchReader};
 
 use super::load::{check_same_model, LoadedCheckpoint};
 use super::megatron_args::MegatronArgs;
+use super::megatron_legacy_names::core_key;
 use super::megatron_optimizer::{join_adam, read_rank_adam, MegatronAdam, StageAdam};
 use super::torch_dist::{is_torch_dist, read_torch_dist, torch_dist_args};
 use super::{OptimizerState, TrainState};
@@ -115,9 +116,13 @@ pub fn megatron_vocab_rows(root: &Path) -> Result<usize> {
     for file in &stage_files(&dir)?[0] {
         let reader = PytorchReader::with_top_level_key(file, "model")
             .with_context(|| format!("{}: not a readable torch.save file", file.display()))?;
-        let embedding = reader
-            .get("embedding.word_embeddings.weight")
-            .with_context(|| format!("{}: no embedding.word_embeddings.weight", file.display()))?;
+        let embedding = [
+            "embedding.word_embeddings.weight",
+            "language_model.embedding.word_embeddings.weight",
+        ]
+        .iter()
+        .find_map(|key| reader.get(key))
+        .with_context(|| format!("{}: no embedding.word_embeddings.weight", file.display()))?;
         rows += embedding.shape()[0];
     }
     Ok(rows)
@@ -192,6 +197,13 @@ pub fn read_megatron_torch(
     let (dir, iteration) = iteration_dir(root)?;
     let stages = stage_files(&dir)?;
     let args = MegatronArgs::read(&stages[0][0])?;
+    if let Some(version) = args.checkpoint_version.filter(|&v| v < 2.0) {
+        bail!(
+            "{}: checkpoint_version {version}: Megatron-LM before 2.0 ordered the fused \
+             query/key/value rows differently; load it in Megatron-LM and save it again",
+            dir.display()
+        );
+    }
     if args
         .count("virtual_pipeline_model_parallel_size")?
         .unwrap_or(1)
@@ -219,7 +231,7 @@ pub fn read_megatron_torch(
     for (stage, files) in stages.iter().enumerate() {
         let shards = files
             .iter()
-            .map(|file| host_tensors(file, "model"))
+            .map(|file| model_tensors(file))
             .collect::<Result<Vec<_>>>()?;
         let ranks = files
             .iter()
@@ -297,6 +309,14 @@ pub(crate) fn join_stage(
         }
     }
     Ok(layers)
+}
+
+/// The model tensors of a rank file under Megatron-Core's names (legacy names mapped).
+pub(crate) fn model_tensors(file: &Path) -> Result<HashMap<String, HostTensor>> {
+    Ok(host_tensors(file, "model")?
+        .into_iter()
+        .map(|(key, t)| (core_key(&key), t))
+        .collect())
 }
 
 /// The floating-point tensors under the top-level entry `entry` of a rank file (`model`, or

@@ -14,6 +14,7 @@
 pub mod convert;
 mod load;
 pub mod megatron_args;
+pub mod megatron_legacy_names;
 pub mod megatron_optimizer;
 pub mod megatron_torch;
 pub mod megatron_torch_save;
