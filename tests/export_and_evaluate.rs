@@ -219,7 +219,7 @@ fn megatron_loss_difference(
     use ferrotron::checkpoint::megatron_torch::{is_megatron_checkpoint, read_megatron_torch};
     use ferrotron::model::named_parameters::load_named_parameters;
     assert!(is_megatron_checkpoint(root), "{}", root.display());
-    let (checkpoint, config) = read_megatron_torch(root, config).unwrap();
+    let (checkpoint, config) = read_megatron_torch(root, config, false).unwrap();
     let model = config.init(1, &Device::flex()).unwrap();
     assert_eq!(
         checkpoint.values.len(),
@@ -387,6 +387,7 @@ fn megatron_torch_checkpoints_give_megatrons_losses() {
             &group,
             Some(&whole),
             0,
+            false,
         )
         .err()
         .unwrap_or_else(|| panic!("{name} loaded with the wrong flags"));
@@ -429,7 +430,7 @@ fn pretrain_continues_a_megatron_checkpoint() {
         "{log}"
     );
     assert!(log.contains("iteration        5/"), "{log}");
-    let read = |dir: &std::path::Path| read_megatron_torch(dir, Some(&gpt2)).unwrap().0;
+    let read = |dir: &std::path::Path| read_megatron_torch(dir, Some(&gpt2), false).unwrap().0;
     let values = read(&megatron).values;
     let saved = read(&dir.path().join("saved"));
     assert_eq!((saved.iteration, saved.tensor_parallel), (5, 2));
@@ -531,7 +532,12 @@ fn pretrain_resumes_megatrons_adam_state_as_megatron_does() {
         "{line}"
     );
     let (gpt2, _) = megatron_fixture_configs();
-    let read = |dir: &std::path::Path| read_megatron_torch(dir, Some(&gpt2)).unwrap().0.values;
+    let read = |dir: &std::path::Path| {
+        read_megatron_torch(dir, Some(&gpt2), false)
+            .unwrap()
+            .0
+            .values
+    };
     let (before, ours, theirs) = (read(&load), read(&dir.path().join("saved")), read(&resumed));
     // The key bias's gradient is zero in exact arithmetic (a query's softmax does not change
     // when the same constant is added to all its scores): each implementation's is float
@@ -554,6 +560,112 @@ fn pretrain_resumes_megatrons_adam_state_as_megatron_does() {
     assert!(
         difference < update * 1e-3,
         "weights differ by up to {difference} (update {update})"
+    );
+}
+
+/// The same for a bf16 run: `pretrain --load` of Megatron's Llama trained in bf16 (its
+/// mixed-precision optimizer's fp32 main weights and Adam's moments) and one more iteration
+/// continues Megatron's own resume (`llama_bf16_resumed/`, `megatron_ckpt.py --bf16`): the
+/// same loss, grad norm and learning rate (to bf16's arithmetic), and fp32 main weights after
+/// it that match Megatron's.
+#[test]
+fn pretrain_resumes_megatrons_mixed_precision_optimizer_as_megatron_does() {
+    use ferrotron::checkpoint::megatron_optimizer::MegatronAdam;
+    use ferrotron::checkpoint::megatron_torch::read_megatron_torch;
+    let dir = tempfile::tempdir().unwrap();
+    let fixtures = megatron_fixtures();
+    let resumed = fixtures.join("llama_bf16_resumed");
+    let megatron: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(resumed.join("resumed.json")).unwrap())
+            .unwrap();
+    // As the GPT-2 resume above, --vocab-size 200 for Megatron 0.16's NullTokenizer(199).
+    let args = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 \
+        --max-position-embeddings 32 --micro-batch-size 2 --global-batch-size 2 \
+        --train-iters 5 --lr 2e-2 --min-lr 2e-3 --lr-decay-style cosine --lr-warmup-iters 1 \
+        --weight-decay 0.1 --clip-grad 1.0 --init-method-std 0.2 --seed 1234 --bf16 \
+        --tokenizer-type NullTokenizer --vocab-size 200 --make-vocab-size-divisible-by 128 \
+        --position-embedding-type rope --rotary-base 500000 --normalization RMSNorm --swiglu \
+        --ffn-hidden-size 172 --group-query-attention --num-query-groups 2 --kv-channels 16 \
+        --untie-embeddings-and-output-weights --disable-bias-linear \
+        --transformer-impl local --attention-dropout 0 --hidden-dropout 0 --mock-data \
+        --eval-iters 0 --eval-interval 1000 --log-interval 1 --override-opt-param-scheduler \
+        --ckpt-format torch --save-interval 5 --save saved";
+    let mut args: Vec<&str> = args.split_whitespace().collect();
+    let load = fixtures.join("llama_bf16");
+    args.extend(["--load", load.to_str().unwrap()]);
+    let out = run_tool(env!("CARGO_BIN_EXE_pretrain"), &args, dir.path());
+    let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("with Adam's state after 4 steps"), "{log}");
+    let line = log
+        .lines()
+        .find(|l| l.contains("iteration        5/"))
+        .unwrap_or_else(|| panic!("{log}"));
+    let field = |name: &str| -> f64 {
+        let at = line
+            .find(&format!("{name}: "))
+            .unwrap_or_else(|| panic!("{line}"));
+        line[at + name.len() + 2..]
+            .split(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let want_loss = megatron["lm_loss"].as_f64().unwrap();
+    assert!(
+        (field("lm loss") - want_loss).abs() < 1e-4 * want_loss,
+        "{line}\nMegatron: {}",
+        megatron["log_line"]
+    );
+    // bf16 arithmetic (ferrotron's kernels against torch's on the CPU) moves the gradient a
+    // little: its norm agrees to 1e-3.
+    let want_norm = megatron["grad_norm"].as_f64().unwrap();
+    assert!(
+        (field("grad norm") - want_norm).abs() < 1e-3 * want_norm,
+        "{line}"
+    );
+    assert_eq!(
+        field("learning rate"),
+        megatron["learning_rate"].as_f64().unwrap(),
+        "{line}"
+    );
+    // Megatron's fp32 main weights before and after its iteration 5, against ferrotron's
+    // after its own (what `--ckpt-format torch` writes from a bf16 run).
+    let masters = |dir: &std::path::Path| match read_megatron_torch(dir, None, true).unwrap().0.adam
+    {
+        MegatronAdam::Moments(m) => m.main_weights.expect("fp32 main weights"),
+        _ => panic!("{}: no optimizer state", dir.display()),
+    };
+    let (before, theirs) = (masters(&load), masters(&resumed));
+    let ours = read_megatron_torch(&dir.path().join("saved"), None, false)
+        .unwrap()
+        .0
+        .values;
+    // Each element's difference from Megatron's, relative to its update in iteration 5. bf16
+    // arithmetic moves the gradients a little (the norm by 5e-4), which moves Adam's direction
+    // most where a gradient is near zero: a few percent of the elements. Starting from the
+    // bf16 weights instead of the fp32 main weights puts the median element off by 8% of its
+    // update and 44% of them by more than 10% (measured when this test was written).
+    let mut relative = Vec::new();
+    for (name, (_, want)) in &theirs {
+        for ((g, w), b) in ours[name].1.iter().zip(want).zip(&before[name].1) {
+            relative.push((g - w).abs() / (w - b).abs().max(f32::MIN_POSITIVE));
+        }
+    }
+    relative.sort_by(f32::total_cmp);
+    let median = relative[relative.len() / 2];
+    let far = relative.iter().filter(|&&r| r > 0.1).count();
+    println!(
+        "relative to its update, the median element differs from Megatron's by {median:.1e}; \
+         {far} of {} by more than 10%",
+        relative.len()
+    );
+    assert!(median < 1e-2, "median relative difference {median}");
+    assert!(
+        far * 20 < relative.len(),
+        "{far} of {} elements",
+        relative.len()
     );
 }
 
@@ -671,7 +783,7 @@ fn megatron_loads_the_checkpoints_ferrotron_writes() {
                 })
                 .collect()
         };
-        let values = read_megatron_torch(&fixtures.join(name), Some(config))
+        let values = read_megatron_torch(&fixtures.join(name), Some(config), false)
             .unwrap()
             .0
             .values;
@@ -814,8 +926,8 @@ fn convert_checkpoint_takes_the_model_from_megatrons_arguments() {
         dir.path().join("from_args"),
         written.join("gpt2_tp2_converted"),
     );
-    let (ours_read, ours_config) = read_megatron_torch(&ours, None).unwrap();
-    let (checked_read, checked_config) = read_megatron_torch(&checked, None).unwrap();
+    let (ours_read, ours_config) = read_megatron_torch(&ours, None, false).unwrap();
+    let (checked_read, checked_config) = read_megatron_torch(&checked, None, false).unwrap();
     assert_eq!(ours_read.values, checked_read.values);
     assert_eq!(ours_read.tensor_parallel, 2);
     assert_eq!(

@@ -217,7 +217,7 @@ fn read_source(
     target: &ConvertTarget,
 ) -> Result<Source> {
     if is_megatron_checkpoint(src) {
-        let (checkpoint, config) = read_megatron_torch(src, megatron_config)?;
+        let (checkpoint, config) = read_megatron_torch(src, megatron_config, false)?;
         check_shapes(&checkpoint.values, &config).with_context(|| {
             format!(
                 "{}: the model its arguments describe does not fit its tensors",

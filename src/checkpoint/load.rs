@@ -345,7 +345,7 @@ pub fn load_model_shard(
     group: &Group,
 ) -> Result<(Gpt, LoadedCheckpoint)> {
     if is_megatron_checkpoint(root) {
-        let (model, info, _) = load_megatron_torch(root, None, device, group, None, 0)?;
+        let (model, info, _) = load_megatron_torch(root, None, device, group, None, 0, false)?;
         return Ok((model, info));
     }
     load_parts(root, None, device, group, None, false)?

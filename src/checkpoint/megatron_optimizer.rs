@@ -1,8 +1,9 @@
 //! Adam's state in a Megatron `--ckpt-format torch` checkpoint, so a run continues from
 //! Megatron's moments rather than fresh ones (Megatron's own resume, not `--no-load-optim`).
 //!
-//! With the local (non-distributed) optimizer in float32, Megatron saves `torch.optim.Adam`'s
-//! `state_dict()` as `optimizer`: `state` maps a parameter's index to its `step`, `exp_avg`
+//! With the local (non-distributed) optimizer, Megatron saves `torch.optim.Adam`'s
+//! `state_dict()` as `optimizer` (in mixed precision as `optimizer.optimizer`, beside the fp32
+//! main weights `optimizer.fp32_from_fp16_params`): `state` maps a parameter's index to its `step`, `exp_avg`
 //! and `exp_avg_sq`, and `param_groups` lists each group's indices in order. Megatron's
 //! `_get_param_groups` builds the groups from `model.named_parameters()`, which is the state
 //! dict's order of tensors: one group decays (`wd_mult` 1) every parameter that is neither a
@@ -40,6 +41,9 @@ pub struct JoinedMoments {
     pub exp_avg: ParameterValues,
     /// Second moments.
     pub exp_avg_sq: ParameterValues,
+    /// A mixed-precision optimizer's fp32 main weights (the weights training continues from;
+    /// the model's own are their bf16/fp16 copies).
+    pub main_weights: Option<ParameterValues>,
 }
 
 /// One pipeline stage's rank files' Adam state, where its layers start, and whether its
@@ -56,10 +60,12 @@ pub fn join_adam(stages: Vec<StageAdam>, config: &GptConfig) -> Result<MegatronA
         steps: 0,
         exp_avg: ParameterValues::new(),
         exp_avg_sq: ParameterValues::new(),
+        main_weights: None,
     };
     let mut steps = None;
+    let mut main = Some(ParameterValues::new());
     for stage in stages {
-        let (mut first, mut second) = (Vec::new(), Vec::new());
+        let (mut first, mut second, mut weights) = (Vec::new(), Vec::new(), Some(Vec::new()));
         for rank in stage.ranks {
             match rank {
                 SavedAdam::NotSaved => return Ok(MegatronAdam::NotSaved),
@@ -71,6 +77,10 @@ pub fn join_adam(stages: Vec<StageAdam>, config: &GptConfig) -> Result<MegatronA
                     );
                     first.push(m.exp_avg);
                     second.push(m.exp_avg_sq);
+                    weights = weights.zip(m.main_weights).map(|(mut w, m)| {
+                        w.push(m);
+                        w
+                    });
                 }
             }
         }
@@ -78,8 +88,16 @@ pub fn join_adam(stages: Vec<StageAdam>, config: &GptConfig) -> Result<MegatronA
         join_stage(first, at, tied, config, &mut joined.exp_avg).context("Adam's exp_avg")?;
         join_stage(second, at, tied, config, &mut joined.exp_avg_sq)
             .context("Adam's exp_avg_sq")?;
+        main = match (main, weights) {
+            (Some(mut values), Some(weights)) => {
+                join_stage(weights, at, tied, config, &mut values).context("fp32 main weights")?;
+                Some(values)
+            }
+            _ => None,
+        };
     }
     joined.steps = steps.unwrap_or(0);
+    joined.main_weights = main;
     Ok(MegatronAdam::Moments(joined))
 }
 
@@ -101,6 +119,8 @@ pub struct RankMoments {
     pub exp_avg: HashMap<String, HostTensor>,
     /// Second moments by parameter key.
     pub exp_avg_sq: HashMap<String, HostTensor>,
+    /// A mixed-precision optimizer's fp32 main weights by parameter key.
+    pub main_weights: Option<HashMap<String, HostTensor>>,
 }
 
 /// The Adam state of the rank file `file`, whose model tensors are `model` (its shapes).
@@ -109,14 +129,16 @@ pub fn read_rank_adam(file: &Path, model: &HashMap<String, HostTensor>) -> Resul
     let Some(optimizer) = top.get("optimizer") else {
         return Ok(SavedAdam::NotSaved);
     };
-    let distributed = file.with_file_name("distrib_optim.pt").is_file();
-    let unread = if distributed {
+    // Megatron's mixed-precision optimizer wraps Adam's state dict as `optimizer` beside its
+    // fp32 main weights, `fp32_from_fp16_params[group][j]` for each group's j-th parameter.
+    let mixed = optimizer.get("fp32_from_fp16_params").is_some();
+    let (adam, prefix) = match optimizer.get("optimizer") {
+        Some(inner) if mixed => (inner, "optimizer."),
+        _ => (optimizer, ""),
+    };
+    let unread = if file.with_file_name("distrib_optim.pt").is_file() {
         Some("the distributed optimizer's state (distrib_optim.pt) is not read yet")
-    } else if optimizer.get("fp32_from_fp16_params").is_some()
-        || optimizer.get("optimizer").is_some()
-    {
-        Some("a mixed-precision optimizer's state (with its fp32 main weights) is not read yet")
-    } else if optimizer.get("state").is_none() || optimizer.get("param_groups").is_none() {
+    } else if adam.get("state").is_none() || adam.get("param_groups").is_none() {
         Some("the optimizer's state has neither torch's `state` nor `param_groups`")
     } else {
         None
@@ -126,32 +148,48 @@ pub fn read_rank_adam(file: &Path, model: &HashMap<String, HostTensor>) -> Resul
     }
     let order = model_parameter_order(&top, model)
         .with_context(|| format!("{}: the model's parameters", file.display()))?;
-    let names = index_names(optimizer, &order, model)
+    let (names, groups) = index_names(adam, &order, model)
         .with_context(|| format!("{}: the optimizer's parameter groups", file.display()))?;
     let tensors = host_tensors(file, "optimizer")?;
+    let take = |path: String| {
+        tensors
+            .get(&path)
+            .cloned()
+            .with_context(|| format!("{}: no optimizer tensor {path}", file.display()))
+    };
     let mut moments = RankMoments {
         steps: 0,
         exp_avg: HashMap::new(),
         exp_avg_sq: HashMap::new(),
+        main_weights: None,
     };
     let mut steps = None;
     for (index, name) in names.iter().enumerate() {
-        let take = |kind: &str| {
-            tensors
-                .get(&format!("state.{index}.{kind}"))
-                .cloned()
-                .with_context(|| format!("{}: no state.{index}.{kind} ({name})", file.display()))
-        };
-        let step = take("step")?.values.first().copied().unwrap_or(0.0) as u64;
+        let state = |kind: &str| take(format!("{prefix}state.{index}.{kind}"));
+        let step = state("step")?.values.first().copied().unwrap_or(0.0) as u64;
         ensure!(
             *steps.get_or_insert(step) == step,
             "{}: parameters have taken different numbers of Adam steps",
             file.display()
         );
-        moments.exp_avg.insert(name.clone(), take("exp_avg")?);
-        moments.exp_avg_sq.insert(name.clone(), take("exp_avg_sq")?);
+        moments.exp_avg.insert(name.clone(), state("exp_avg")?);
+        moments
+            .exp_avg_sq
+            .insert(name.clone(), state("exp_avg_sq")?);
     }
     moments.steps = steps.unwrap_or(0);
+    if mixed {
+        let mut main = HashMap::new();
+        for (g, indices) in groups.iter().enumerate() {
+            for (j, &index) in indices.iter().enumerate() {
+                main.insert(
+                    names[index].clone(),
+                    take(format!("fp32_from_fp16_params.{g}.{j}"))?,
+                );
+            }
+        }
+        moments.main_weights = Some(main);
+    }
     Ok(SavedAdam::Moments(moments))
 }
 
@@ -187,19 +225,22 @@ fn model_parameter_order(
 
 /// The parameter each optimizer state index belongs to: the decayed group's indices name the
 /// decayed parameters in model order, the other group's the rest.
+/// Also returns each group's indices in order.
 fn index_names(
     optimizer: &Unpickled,
     order: &[String],
     model: &HashMap<String, HostTensor>,
-) -> Result<Vec<String>> {
+) -> Result<(Vec<String>, Vec<Vec<usize>>)> {
     let decayed = |key: &String| !key.ends_with(".bias") && model[key].shape.len() > 1;
     let (decay, no_decay): (Vec<&String>, Vec<&String>) = order.iter().partition(|k| decayed(k));
     let Some(Unpickled::List(groups)) = optimizer.get("param_groups") else {
         bail!("no param_groups list");
     };
     let mut names: Vec<Option<String>> = vec![None; order.len()];
+    let mut group_indices = Vec::with_capacity(groups.len());
     let (mut next_decay, mut next_plain) = (decay.iter(), no_decay.iter());
     for group in groups {
+        let mut these = Vec::new();
         let wd_mult = match group.get("wd_mult") {
             Some(Unpickled::Float(x)) => *x,
             Some(Unpickled::Int(n)) => *n as f64,
@@ -225,15 +266,18 @@ fn index_names(
                 format!("more parameters in the groups than the model has (wd_mult {wd_mult})")
             })?;
             names[slot] = Some((*name).clone());
+            these.push(slot);
         }
+        group_indices.push(these);
     }
     ensure!(
         next_decay.next().is_none() && next_plain.next().is_none(),
         "the groups hold fewer parameters than the model has"
     );
-    names
+    let names = names
         .into_iter()
         .enumerate()
         .map(|(i, n)| n.with_context(|| format!("no group holds parameter index {i}")))
-        .collect()
+        .collect::<Result<_>>()?;
+    Ok((names, group_indices))
 }

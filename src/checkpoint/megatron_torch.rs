@@ -27,7 +27,9 @@ use pytorch_reader::{DType, PytorchReader};
 use super::load::{check_same_model, LoadedCheckpoint};
 use super::megatron_args::MegatronArgs;
 use super::megatron_legacy_names::core_key;
-use super::megatron_optimizer::{join_adam, read_rank_adam, MegatronAdam, StageAdam};
+use super::megatron_optimizer::{
+    join_adam, read_rank_adam, JoinedMoments, MegatronAdam, SavedAdam, StageAdam,
+};
 use super::torch_dist::{is_torch_dist, read_torch_dist, torch_dist_args};
 use super::{OptimizerState, TrainState};
 use crate::comm::Group;
@@ -190,6 +192,7 @@ pub(crate) fn iteration_dir(root: &Path) -> Result<(PathBuf, u64)> {
 pub fn read_megatron_torch(
     root: &Path,
     config: Option<&GptConfig>,
+    with_adam: bool,
 ) -> Result<(MegatronCheckpoint, GptConfig)> {
     if is_torch_dist(root) {
         return read_torch_dist(root, config);
@@ -233,11 +236,15 @@ pub fn read_megatron_torch(
             .iter()
             .map(|file| model_tensors(file))
             .collect::<Result<Vec<_>>>()?;
-        let ranks = files
-            .iter()
-            .zip(&shards)
-            .map(|(file, model)| read_rank_adam(file, model))
-            .collect::<Result<Vec<_>>>()?;
+        let ranks = if with_adam {
+            files
+                .iter()
+                .zip(&shards)
+                .map(|(file, model)| read_rank_adam(file, model))
+                .collect::<Result<Vec<_>>>()?
+        } else {
+            vec![SavedAdam::NotRead("not asked for".into())]
+        };
         // A tied output layer's copy of the word embedding, kept by the last of several stages.
         let tied_copy = stages.len() > 1 && stage + 1 == stages.len() && config.tied_output();
         adam.push(StageAdam {
@@ -505,34 +512,30 @@ pub fn load_megatron_torch(
     group: &Group,
     stage: Option<&StageLayers>,
     global_batch_size: u64,
+    resume: bool,
 ) -> Result<(Gpt, LoadedCheckpoint, AdamResume)> {
-    let (checkpoint, config) = read_megatron_torch(root, config)?;
+    let (checkpoint, config) = read_megatron_torch(root, config, resume)?;
+    // Training continues from a mixed-precision optimizer's fp32 main weights, of which the
+    // model's bf16/fp16 weights are rounded copies.
+    let weights = match &checkpoint.adam {
+        MegatronAdam::Moments(JoinedMoments {
+            main_weights: Some(main),
+            ..
+        }) => main,
+        _ => &checkpoint.values,
+    };
     let whole = StageLayers::whole(config.num_layers);
     let stage = stage.unwrap_or(&whole);
     let model = config
         .init_stage(0, group, stage, device)
         .map_err(anyhow::Error::msg)?;
     let holdings = parameter_holdings(&model);
-    let rank_part = |values: &ParameterValues, p: &ParameterHolding| -> Result<HostTensor> {
-        let (shape, whole) = values.get(&p.name).with_context(|| {
-            format!(
-                "{}: no tensor for {} (the checkpoint's model differs from this run's flags)",
-                root.display(),
-                p.name
-            )
-        })?;
-        let whole = HostTensor::new(shape.clone(), whole.clone());
-        shard_of(
-            &whole,
-            p.holding.partition_dim(),
-            group.rank(),
-            group.size(),
-        )
-        .map_err(|e| anyhow::anyhow!("{}: {}: {e}", root.display(), p.name))
+    let rank_part = |values: &ParameterValues, p: &ParameterHolding| {
+        rank_part(values, p, group).with_context(|| format!("{}", root.display()))
     };
     let mut values = ParameterValues::new();
     for p in &holdings {
-        let part = rank_part(&checkpoint.values, p)?;
+        let part = rank_part(weights, p)?;
         values.insert(p.name.clone(), (part.shape, part.values));
     }
     if let Some(extra) = checkpoint
@@ -559,21 +562,20 @@ pub fn load_megatron_torch(
             AdamResume::Fresh("the checkpoint holds no optimizer state".into())
         }
         MegatronAdam::NotRead(why) => AdamResume::Fresh(why.clone()),
-        MegatronAdam::Moments(joined) => {
-            let mut moments = Vec::with_capacity(holdings.len());
-            for p in &holdings {
-                moments.push(NamedMoments {
-                    name: p.name.clone(),
-                    m: rank_part(&joined.exp_avg, p)?.values,
-                    v: rank_part(&joined.exp_avg_sq, p)?.values,
-                });
-            }
-            AdamResume::Loaded(OptimizerState {
-                steps: joined.steps,
-                moments,
-                grad_scaler: None,
-            })
-        }
+        MegatronAdam::Moments(joined) => AdamResume::Loaded(OptimizerState {
+            steps: joined.steps,
+            moments: holdings
+                .iter()
+                .map(|p| {
+                    Ok(NamedMoments {
+                        name: p.name.clone(),
+                        m: rank_part(&joined.exp_avg, p)?.values,
+                        v: rank_part(&joined.exp_avg_sq, p)?.values,
+                    })
+                })
+                .collect::<Result<_>>()?,
+            grad_scaler: None,
+        }),
     };
     let info = LoadedCheckpoint {
         state: checkpoint.train_state(global_batch_size)?,
@@ -587,6 +589,24 @@ pub fn load_megatron_torch(
         config,
     };
     Ok((model, info, adam))
+}
+
+/// `group`'s rank's part of parameter `p` in whole `values` (its tensor-parallel shard).
+fn rank_part(values: &ParameterValues, p: &ParameterHolding, group: &Group) -> Result<HostTensor> {
+    let (shape, whole) = values.get(&p.name).with_context(|| {
+        format!(
+            "no tensor for {} (the checkpoint's model differs from this run's flags)",
+            p.name
+        )
+    })?;
+    let whole = HostTensor::new(shape.clone(), whole.clone());
+    shard_of(
+        &whole,
+        p.holding.partition_dim(),
+        group.rank(),
+        group.size(),
+    )
+    .map_err(|e| anyhow::anyhow!("{}: {e}", p.name))
 }
 
 /// Whether the parameter `name` belongs to `stage` of the model.

@@ -144,6 +144,7 @@ fn load_checkpoint_or_init(
             tensor,
             Some(stage),
             cfg.global_batch_size as u64,
+            true,
         )?;
         let state = checkpoint.state;
         let (optimizer, adam_note) = match adam {
