@@ -128,6 +128,7 @@ pub fn convert_checkpoint(
                 seq_length: None,
                 bf16: false,
                 fp16: false,
+                optimizer: None,
             };
             save_megatron_torch(
                 dst,

@@ -12,17 +12,19 @@
 //! (Megatron loads such a checkpoint with `--no-load-optim --no-load-rng`, or `--finetune`).
 //! Weights are written in float32, ferrotron's main weights.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, ensure, Context, Result};
 
+use super::megatron_optimizer_save::{optimizer_value, MegatronAdamSettings, RankAdam};
 use super::megatron_torch::{megatron_split, ParameterValues, Split};
-use super::torch_save::{write_torch_file, PyValue};
+use super::torch_save::{write_torch_file, PyValue, TensorStorages};
 use super::{begin_iteration, checkpoint_dir, publish_iteration, staging_dir, ShardPlace};
 use crate::comm::Group;
 use crate::model::named_parameters::named_parameters;
 use crate::model::{Gpt, GptConfig, Normalization, PositionEmbedding};
+use crate::optim::NamedMoments;
 use crate::util::host_tensor::HostTensor;
 
 /// Which Megatron-Core layer spec's names the state dict uses.
@@ -48,6 +50,9 @@ impl std::str::FromStr for LayerSpec {
     }
 }
 
+/// A Megatron state dict: its keys in order, `None` for the `_extra_state` entries.
+type StateDict = Vec<(String, Option<HostTensor>)>;
+
 /// What a Megatron checkpoint records about the run besides the weights.
 #[derive(Clone, Debug)]
 pub struct MegatronRun {
@@ -71,6 +76,8 @@ pub struct MegatronRun {
     pub bf16: bool,
     /// `--fp16`.
     pub fp16: bool,
+    /// The optimizer's settings, when its state is written (`pretrain`'s saves).
+    pub optimizer: Option<MegatronAdamSettings>,
 }
 
 /// How `pretrain --ckpt-format torch` writes Megatron's format: the names, and what the run
@@ -94,15 +101,39 @@ pub struct MegatronSaveOptions {
 pub fn save_megatron_torch_rank(
     root: &Path,
     model: &Gpt,
+    moments: &[NamedMoments],
     run: &MegatronRun,
     spec: LayerSpec,
     group: &Group,
 ) -> Result<PathBuf> {
-    let values: ParameterValues = named_parameters(model)
-        .into_iter()
-        .map(|p| (p.name, (p.shape, p.values)))
+    let params = named_parameters(model);
+    let shapes: HashMap<&str, &[usize]> = params
+        .iter()
+        .map(|p| (p.name.as_str(), p.shape.as_slice()))
+        .collect();
+    let values: ParameterValues = params
+        .iter()
+        .map(|p| (p.name.clone(), (p.shape.clone(), p.values.clone())))
         .collect();
     let entries = megatron_state_dict(&values, &run.config, spec)?;
+    // Adam's moments take their parameters' Megatron names and orientation.
+    let moment =
+        |pick: fn(&NamedMoments) -> &Vec<f32>| -> Result<Vec<(String, Option<HostTensor>)>> {
+            let values: ParameterValues = moments
+                .iter()
+                .map(|m| {
+                    let shape = shapes.get(m.name.as_str()).with_context(|| {
+                        format!("Adam's moments of {}, which the model has not", m.name)
+                    })?;
+                    Ok((m.name.clone(), (shape.to_vec(), pick(m).clone())))
+                })
+                .collect::<Result<_>>()?;
+            megatron_state_dict(&values, &run.config, spec)
+        };
+    let adam = match run.optimizer {
+        Some(_) => Some((moment(|m| &m.m)?, moment(|m| &m.v)?)),
+        None => None,
+    };
     let leader = group.rank() == 0;
     if leader {
         begin_iteration(root, run.iteration)?;
@@ -110,7 +141,7 @@ pub fn save_megatron_torch_rank(
     group.barrier()?;
     let staging = staging_dir(root, run.iteration);
     let place = ShardPlace::tensor(group.rank(), group.size());
-    write_rank_file(&staging, place, &entries, run)?;
+    write_rank_file(&staging, place, &entries, adam.as_ref(), run)?;
     group.barrier()?;
     if leader {
         publish_iteration(root, run.iteration)?;
@@ -158,7 +189,7 @@ pub fn save_megatron_torch(
                 pp: stage,
                 pp_size: pipeline_parallel,
             };
-            write_rank_file(&staging, place, &entries, run)?;
+            write_rank_file(&staging, place, &entries, None, run)?;
         }
     }
     publish_iteration(root, run.iteration)
@@ -513,7 +544,7 @@ fn args_namespace(run: &MegatronRun, place: ShardPlace) -> PyValue {
             PyValue::Int(run.consumed_valid_samples as i64),
         ),
         ("ckpt_format", PyValue::Str("torch".into())),
-        ("no_save_optim", PyValue::Bool(true)),
+        ("no_save_optim", PyValue::Bool(run.optimizer.is_none())),
         ("no_save_rng", PyValue::Bool(true)),
     ];
     if let Some(scaling) = &c.rope_scaling {
@@ -531,44 +562,70 @@ fn args_namespace(run: &MegatronRun, place: ShardPlace) -> PyValue {
     PyValue::Namespace(fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
 }
 
-/// Writes one model-parallel rank's `model_optim_rng.pt` into the staging directory.
+/// Writes one model-parallel rank's `model_optim_rng.pt` into the staging directory, with
+/// Adam's moments (Megatron's names, as `entries`) when `adam` holds them.
 fn write_rank_file(
     staging: &Path,
     place: ShardPlace,
     entries: &[(String, Option<HostTensor>)],
+    adam: Option<&(StateDict, StateDict)>,
     run: &MegatronRun,
 ) -> Result<()> {
-    let mut storages: Vec<&[f32]> = Vec::new();
-    let mut model = Vec::with_capacity(entries.len());
-    for (key, tensor) in entries {
-        let value = match tensor {
-            None => PyValue::None,
-            Some(t) => {
-                storages.push(&t.values);
-                PyValue::Tensor {
-                    storage: storages.len() - 1,
-                    shape: t.shape.clone(),
-                }
-            }
-        };
-        model.push((key.clone(), value));
-    }
-    let top = PyValue::Dict(vec![
+    let steps = run
+        .optimizer
+        .as_ref()
+        .map_or(vec![], |o| vec![o.steps as f32; entries.len()]);
+    let mut storages = TensorStorages::default();
+    let model = entries
+        .iter()
+        .map(|(key, t)| {
+            let value = match t {
+                None => PyValue::None,
+                Some(t) => storages.tensor(&t.values, &t.shape),
+            };
+            (key.clone(), value)
+        })
+        .collect();
+    let mut top = vec![
         ("args".into(), args_namespace(run, place)),
         ("checkpoint_version".into(), PyValue::Float(3.0)),
         ("iteration".into(), PyValue::Int(run.iteration as i64)),
         ("model".into(), PyValue::OrderedDict(model)),
-        (
-            "num_floating_point_operations_so_far".into(),
-            PyValue::Int(0),
-        ),
-    ]);
+    ];
+    if let (Some((m, v)), Some(settings)) = (adam, &run.optimizer) {
+        let rank = RankAdam {
+            model: entries,
+            exp_avg: by_key(m),
+            exp_avg_sq: by_key(v),
+            steps: &steps,
+        };
+        top.push((
+            "optimizer".into(),
+            optimizer_value(&rank, settings, &mut storages)?,
+        ));
+        top.push((
+            "opt_param_scheduler".into(),
+            PyValue::Dict(settings.scheduler.clone()),
+        ));
+    }
+    top.push((
+        "num_floating_point_operations_so_far".into(),
+        PyValue::Int(0),
+    ));
+    let top = PyValue::Dict(top);
     let dir = staging.join(place.dir_name());
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     write_torch_file(
         &dir.join("model_optim_rng.pt"),
         "model_optim_rng",
         &top,
-        &storages,
+        &storages.0,
     )
+}
+
+/// A state dict's tensors by key.
+fn by_key(dict: &StateDict) -> HashMap<&str, &HostTensor> {
+    dict.iter()
+        .filter_map(|(k, t)| t.as_ref().map(|t| (k.as_str(), t)))
+        .collect()
 }

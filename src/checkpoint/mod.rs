@@ -16,6 +16,7 @@ mod load;
 pub mod megatron_args;
 pub mod megatron_legacy_names;
 pub mod megatron_optimizer;
+pub mod megatron_optimizer_save;
 pub mod megatron_torch;
 pub mod megatron_torch_save;
 pub mod pickle;

@@ -35,6 +35,8 @@ pub enum PyValue {
     Tuple(Vec<PyValue>),
     /// A `dict` with string keys, in this order.
     Dict(Vec<(String, PyValue)>),
+    /// A `dict` with int keys, in this order (an optimizer's `state`).
+    IntDict(Vec<(i64, PyValue)>),
     /// A `collections.OrderedDict` (a state dict).
     OrderedDict(Vec<(String, PyValue)>),
     /// An `argparse.Namespace` with these attributes (Megatron's saved `args`).
@@ -42,6 +44,22 @@ pub enum PyValue {
     /// A contiguous float32 tensor: the index of its values in the storages passed to
     /// [`write_torch_file`], and its shape.
     Tensor { storage: usize, shape: Vec<usize> },
+}
+
+/// The float32 storages a file's [`PyValue::Tensor`]s index, gathered while its value is
+/// built.
+#[derive(Default)]
+pub struct TensorStorages<'a>(pub Vec<&'a [f32]>);
+
+impl<'a> TensorStorages<'a> {
+    /// A tensor of `shape` over `values` (a storage of its own).
+    pub fn tensor(&mut self, values: &'a [f32], shape: &[usize]) -> PyValue {
+        self.0.push(values);
+        PyValue::Tensor {
+            storage: self.0.len() - 1,
+            shape: shape.to_vec(),
+        }
+    }
 }
 
 /// Pickle opcodes (protocol 2), as named in CPython's `pickletools`.
@@ -100,6 +118,17 @@ impl Pickler {
             PyValue::Dict(items) => {
                 self.out.push(op::EMPTY_DICT);
                 self.items(items);
+            }
+            PyValue::IntDict(items) => {
+                self.out.push(op::EMPTY_DICT);
+                if !items.is_empty() {
+                    self.out.push(op::MARK);
+                    for (k, v) in items {
+                        self.int(*k);
+                        self.value(v);
+                    }
+                    self.out.push(op::SETITEMS);
+                }
             }
             PyValue::OrderedDict(items) => {
                 self.global("collections", "OrderedDict");

@@ -27,6 +27,19 @@ pub enum LrDecayStyle {
     Wsd,
 }
 
+impl LrDecayStyle {
+    /// Megatron's name (`--lr-decay-style`, and its scheduler's saved `lr_decay_style`).
+    pub fn megatron_name(self) -> &'static str {
+        match self {
+            Self::Constant => "constant",
+            Self::Linear => "linear",
+            Self::Cosine => "cosine",
+            Self::InverseSquareRoot => "inverse-square-root",
+            Self::Wsd => "WSD",
+        }
+    }
+}
+
 impl std::str::FromStr for LrDecayStyle {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -233,6 +246,17 @@ pub enum WeightDecayIncrStyle {
     Linear,
     /// Half a cosine from `--start-weight-decay` to `--end-weight-decay`.
     Cosine,
+}
+
+impl WeightDecayIncrStyle {
+    /// Megatron's name (`--weight-decay-incr-style`, and its scheduler's `wd_incr_style`).
+    pub fn megatron_name(self) -> &'static str {
+        match self {
+            Self::Constant => "constant",
+            Self::Linear => "linear",
+            Self::Cosine => "cosine",
+        }
+    }
 }
 
 impl std::str::FromStr for WeightDecayIncrStyle {

@@ -11,16 +11,19 @@ use super::evaluate::{evaluate, EvaluationPlace};
 use super::param_stats::params_l2_norm;
 use super::setup::{build_datasets, print_memory_estimate, set_up_rank, Datasets, RankSetup};
 use super::train_step::{overlaps_grad_reduce, train_step, StepReport};
+use crate::checkpoint::megatron_optimizer_save::MegatronAdamSettings;
 use crate::checkpoint::megatron_torch_save::{
     save_megatron_torch_rank, MegatronRun, MegatronSaveOptions,
 };
+use crate::checkpoint::torch_save::PyValue;
 use crate::checkpoint::{save_checkpoint, OptimizerState, ShardPlace};
 use crate::comm::world::World;
 use crate::comm::{run_ranks, Communicator, ReduceOp};
 use crate::data::loader::BatchLoader;
 use crate::logging::metrics::{print_validation, IterationRecord, MetricsOptions, MetricsSink};
 use crate::optim::mixed_precision::Precision;
-use crate::optim::LearningRates;
+use crate::optim::param_scheduler::WeightDecayIncrStyle;
+use crate::optim::{LearningRates, WeightDecaySchedule};
 use crate::parallel::state::ParallelState;
 
 /// What a run did, for callers and tests.
@@ -482,10 +485,13 @@ impl Trainer<'_> {
         // The ranks of data-parallel replica 0 (every tensor-parallel rank of every stage) write.
         let writes = parallel.coordinates.dp == 0;
         if let Some(options) = &self.cfg.save_megatron {
+            // Gathered on every rank (a collective under the distributed optimizer).
+            let moments = optimizer.moments()?;
             if writes {
                 save_megatron_torch_rank(
                     dir,
                     optimizer.main_weights(),
+                    &moments,
                     &self.megatron_run(options),
                     options.spec,
                     &parallel.model,
@@ -536,6 +542,57 @@ impl Trainer<'_> {
             seq_length: Some(self.cfg.seq_length),
             bf16: self.cfg.precision == Precision::Bf16,
             fp16: self.cfg.precision == Precision::Fp16,
+            optimizer: Some(self.megatron_adam_settings()),
+        }
+    }
+
+    /// What Megatron's optimizer and scheduler record of this run (its `OptimizerParamScheduler`
+    /// counts in samples, as ferrotron's schedule does).
+    fn megatron_adam_settings(&self) -> MegatronAdamSettings {
+        let (cfg, state) = (self.cfg, &self.setup.state);
+        let schedule = &cfg.schedule;
+        // Megatron's weight-decay schedule spans the run even when it is constant.
+        let run_samples = cfg
+            .train_samples
+            .unwrap_or(cfg.train_iters * cfg.global_batch_size as u64);
+        let mut wd = cfg
+            .weight_decay_schedule
+            .clone()
+            .unwrap_or_else(|| WeightDecaySchedule::constant(cfg.adam.weight_decay));
+        if wd.style == WeightDecayIncrStyle::Constant {
+            wd.incr_steps = run_samples as f64;
+        }
+        let steps = |s: f64| PyValue::Int(s.round() as i64);
+        MegatronAdamSettings {
+            steps: self.setup.optimizer.steps(),
+            lr: schedule.lr_at(state.scheduler_steps),
+            max_lr: schedule.max_lr,
+            min_lr: schedule.min_lr,
+            weight_decay: self.setup.optimizer.weight_decay(),
+            betas: (cfg.adam.beta1, cfg.adam.beta2),
+            eps: cfg.adam.eps,
+            mixed_precision: cfg.precision != Precision::Fp32,
+            scheduler: vec![
+                ("max_lr".into(), PyValue::Float(schedule.max_lr)),
+                ("lr_warmup_steps".into(), steps(schedule.warmup_steps)),
+                (
+                    "num_steps".into(),
+                    PyValue::Int(state.scheduler_steps as i64),
+                ),
+                (
+                    "lr_decay_style".into(),
+                    PyValue::Str(schedule.style.megatron_name().into()),
+                ),
+                ("lr_decay_steps".into(), steps(schedule.decay_steps)),
+                ("min_lr".into(), PyValue::Float(schedule.min_lr)),
+                ("start_wd".into(), PyValue::Float(wd.start)),
+                ("end_wd".into(), PyValue::Float(wd.end)),
+                (
+                    "wd_incr_style".into(),
+                    PyValue::Str(wd.style.megatron_name().into()),
+                ),
+                ("wd_incr_steps".into(), steps(wd.incr_steps)),
+            ],
         }
     }
 }
