@@ -340,6 +340,28 @@ fn megatron_torch_checkpoints_give_megatrons_losses() {
             worst < 1e-4,
             "{name}: per-token losses differ by up to {worst}"
         );
+        // Its Adam state maps onto the flattened legacy names too.
+        use ferrotron::checkpoint::megatron_torch::{load_megatron_torch, AdamResume};
+        let (_, _, adam) = load_megatron_torch(
+            &dir.join(name),
+            None,
+            &device,
+            &ferrotron::comm::Group::single(),
+            None,
+            0,
+            true,
+        )
+        .unwrap();
+        match adam {
+            AdamResume::Loaded(state) => {
+                assert_eq!(state.steps, 4, "{name}");
+                assert!(
+                    state.moments.iter().all(|m| m.v.iter().any(|&v| v > 0.0)),
+                    "{name}"
+                );
+            }
+            AdamResume::Fresh(why) => panic!("{name}: Adam's state not read: {why}"),
+        }
     }
     // The inference tools' loader (evaluate, generate, export-hf) takes a Megatron directory
     // as it is: the model from its arguments, resharded to the run's tensor-parallel size.
@@ -819,6 +841,68 @@ fn megatron_continues_the_adam_state_ferrotron_writes() {
                 .fold(0f32, f32::max);
             assert!(worst < 1e-5, "{entry} {ka}: differs by {worst}");
         }
+    }
+}
+
+/// `pretrain --ckpt-format torch` at pipeline-parallel size 2 writes each stage's file as
+/// Megatron does: the same state-dict keys in the same order as Megatron's own GPT-2 at PP=2
+/// (`gpt2_pp2`: the layers numbered from 0 per stage, the last stage's copy of the tied
+/// embedding), the layout in the arguments, and the weights and Adam moments of the same run
+/// at one stage.
+#[test]
+fn pretrain_writes_megatrons_pipeline_stage_files() {
+    use ferrotron::checkpoint::megatron_torch::read_megatron_torch;
+    use ferrotron::checkpoint::pickle::{read_torch_save_pickle, Unpickled};
+    let dir = tempfile::tempdir().unwrap();
+    let flags = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 \
+        --max-position-embeddings 32 --micro-batch-size 2 --global-batch-size 2 \
+        --train-iters 2 --lr 2e-2 --min-lr 2e-3 --lr-decay-style cosine --lr-warmup-iters 1 \
+        --weight-decay 0.1 --clip-grad 1.0 --init-method-std 0.2 --seed 1234 \
+        --tokenizer-type NullTokenizer --vocab-size 200 --attention-dropout 0 \
+        --hidden-dropout 0 --mock-data --eval-iters 0 --log-interval 1 --ckpt-format torch \
+        --transformer-impl local";
+    for (pp, save) in [("2", "pp2"), ("1", "pp1")] {
+        let mut args: Vec<&str> = flags.split_whitespace().collect();
+        args.extend(["--pipeline-model-parallel-size", pp, "--save", save]);
+        let out = run_tool(env!("CARGO_BIN_EXE_pretrain"), &args, dir.path());
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    let keys = |path: &std::path::Path| -> Vec<String> {
+        match read_torch_save_pickle(path).unwrap().get("model") {
+            Some(Unpickled::Dict(items)) => items.iter().map(|(k, _)| format!("{k:?}")).collect(),
+            other => panic!("{}: model is {other:?}", path.display()),
+        }
+    };
+    let megatron = megatron_fixtures().join("gpt2_pp2/iter_0000004");
+    for stage in ["mp_rank_00_000", "mp_rank_00_001"] {
+        let ours = dir
+            .path()
+            .join("pp2/iter_0000002")
+            .join(stage)
+            .join("model_optim_rng.pt");
+        let theirs = megatron.join(stage).join("model_optim_rng.pt");
+        assert_eq!(keys(&ours), keys(&theirs), "{stage}");
+        let args = ferrotron::checkpoint::megatron_args::MegatronArgs::read(&ours).unwrap();
+        assert_eq!(args.count("pipeline_model_parallel_size").unwrap(), Some(2));
+    }
+    let (pp2, _) = read_megatron_torch(&dir.path().join("pp2"), None, true).unwrap();
+    let (pp1, _) = read_megatron_torch(&dir.path().join("pp1"), None, true).unwrap();
+    assert_eq!(pp2.pipeline_parallel, 2);
+    let close = |a: &[f32], b: &[f32]| {
+        a.iter()
+            .zip(b)
+            .all(|(x, y)| (x - y).abs() <= 1e-6 + 1e-5 * y.abs())
+    };
+    for (name, (_, one)) in &pp1.values {
+        assert!(close(&pp2.values[name].1, one), "{name}");
+    }
+    use ferrotron::checkpoint::megatron_optimizer::MegatronAdam;
+    let (MegatronAdam::Moments(a), MegatronAdam::Moments(b)) = (&pp2.adam, &pp1.adam) else {
+        panic!("no Adam state read back");
+    };
+    assert_eq!(a.steps, 2);
+    for (name, (_, one)) in &b.exp_avg {
+        assert!(close(&a.exp_avg[name].1, one), "exp_avg {name}");
     }
 }
 

@@ -23,7 +23,7 @@ use super::torch_save::{write_torch_file, PyValue, TensorStorages};
 use super::{begin_iteration, checkpoint_dir, publish_iteration, staging_dir, ShardPlace};
 use crate::comm::Group;
 use crate::model::named_parameters::named_parameters;
-use crate::model::{Gpt, GptConfig, Normalization, PositionEmbedding};
+use crate::model::{Gpt, GptConfig, Normalization, PositionEmbedding, StageLayers};
 use crate::optim::NamedMoments;
 use crate::util::host_tensor::HostTensor;
 
@@ -94,17 +94,25 @@ pub struct MegatronSaveOptions {
     pub tokenizer_type: Option<String>,
 }
 
-/// Saves this tensor-parallel rank's shard `model` of a training run as its
-/// `mp_rank_TT/model_optim_rng.pt` under `root`. Every rank of `group` (one model replica's
-/// tensor-parallel ranks) calls it; its rank 0 creates the staging directory and publishes
-/// it once every shard is written.
+/// Where a rank's part of a model sits: its file's place, and the layers it holds.
+pub struct RankPart<'a> {
+    /// Tensor-parallel rank and pipeline stage (`mp_rank_TT[_PPP]`).
+    pub place: ShardPlace,
+    /// The pipeline stage's layers.
+    pub stage: &'a StageLayers,
+}
+
+/// Saves this rank's shard `model` of a training run (with Adam's `moments`) as its
+/// `mp_rank_TT[_PPP]/model_optim_rng.pt` under `root`. Every rank of `group` (one model
+/// replica's ranks, every tensor-parallel rank of every stage) calls it; its rank 0 creates the
+/// staging directory and publishes it once every shard is written.
 pub fn save_megatron_torch_rank(
     root: &Path,
     model: &Gpt,
     moments: &[NamedMoments],
     run: &MegatronRun,
     spec: LayerSpec,
-    group: &Group,
+    (group, part): (&Group, RankPart),
 ) -> Result<PathBuf> {
     let params = named_parameters(model);
     let shapes: HashMap<&str, &[usize]> = params
@@ -115,7 +123,7 @@ pub fn save_megatron_torch_rank(
         .iter()
         .map(|p| (p.name.clone(), (p.shape.clone(), p.values.clone())))
         .collect();
-    let entries = megatron_state_dict(&values, &run.config, spec)?;
+    let entries = megatron_stage_state_dict(&values, &run.config, spec, part.stage)?;
     // Adam's moments take their parameters' Megatron names and orientation.
     let moment =
         |pick: fn(&NamedMoments) -> &Vec<f32>| -> Result<Vec<(String, Option<HostTensor>)>> {
@@ -128,7 +136,7 @@ pub fn save_megatron_torch_rank(
                     Ok((m.name.clone(), (shape.to_vec(), pick(m).clone())))
                 })
                 .collect::<Result<_>>()?;
-            megatron_state_dict(&values, &run.config, spec)
+            megatron_stage_state_dict(&values, &run.config, spec, part.stage)
         };
     let adam = match run.optimizer {
         Some(_) => Some((moment(|m| &m.m)?, moment(|m| &m.v)?)),
@@ -140,18 +148,13 @@ pub fn save_megatron_torch_rank(
     }
     group.barrier()?;
     let staging = staging_dir(root, run.iteration);
-    let place = ShardPlace::tensor(group.rank(), group.size());
-    write_rank_file(&staging, place, &entries, adam.as_ref(), run)?;
+    write_rank_file(&staging, part.place, &entries, adam.as_ref(), run)?;
     group.barrier()?;
     if leader {
         publish_iteration(root, run.iteration)?;
     }
     group.barrier()?;
-    Ok(checkpoint_dir(
-        root,
-        run.iteration,
-        ShardPlace::tensor(group.rank(), group.size()),
-    ))
+    Ok(checkpoint_dir(root, run.iteration, part.place))
 }
 
 /// Saves whole (unsharded) parameter `values` as a Megatron checkpoint under `root` at
@@ -279,32 +282,54 @@ pub fn megatron_state_dict(
     config: &GptConfig,
     spec: LayerSpec,
 ) -> Result<Vec<(String, Option<HostTensor>)>> {
+    megatron_stage_state_dict(values, config, spec, &StageLayers::whole(config.num_layers))
+}
+
+/// [`megatron_state_dict`] of pipeline stage `stage`, as Megatron-Core saves a stage: its
+/// layers numbered from 0, the embeddings on the first stage, the final norm and the output
+/// layer on the last, which under a tied output layer holds its copy of the word embedding as
+/// `output_layer.weight` when it is not also the first. Interleaved stages (several model
+/// chunks) are refused: Megatron saves them as `model0`, `model1`, ….
+pub fn megatron_stage_state_dict(
+    values: &ParameterValues,
+    config: &GptConfig,
+    spec: LayerSpec,
+    stage: &StageLayers,
+) -> Result<Vec<(String, Option<HostTensor>)>> {
+    let [layers] = stage.chunks.as_slice() else {
+        bail!("interleaved pipeline stages are not written in Megatron's torch format yet");
+    };
     let mut out = StateDictBuilder {
         values,
         entries: Vec::new(),
         used: HashSet::new(),
     };
-    out.copy("word_embeddings.weight", "embedding.word_embeddings.weight")?;
-    if config.position_embedding_type == PositionEmbedding::LearnedAbsolute {
-        out.copy(
-            "position_embeddings",
-            "embedding.position_embeddings.weight",
-        )?;
+    if stage.embedding {
+        out.copy("word_embeddings.weight", "embedding.word_embeddings.weight")?;
+        if config.position_embedding_type == PositionEmbedding::LearnedAbsolute {
+            out.copy(
+                "position_embeddings",
+                "embedding.position_embeddings.weight",
+            )?;
+        }
     }
-    let norm_kinds = norm_kinds(config);
-    for l in 0..config.num_layers {
-        out.layer(l, config, spec)?;
+    for (local, l) in layers.clone().enumerate() {
+        out.layer(l, local, config, spec)?;
     }
-    for k in norm_kinds {
-        out.copy(
-            &format!("final_layernorm.{k}"),
-            &format!("decoder.final_layernorm.{k}"),
-        )?;
+    if stage.head {
+        for k in norm_kinds(config) {
+            out.copy(
+                &format!("final_layernorm.{k}"),
+                &format!("decoder.final_layernorm.{k}"),
+            )?;
+        }
+        if config.untie_embeddings_and_output_weights {
+            out.transposed("output_layer.weight", "output_layer.weight")?;
+        } else if !stage.embedding {
+            out.copy("word_embeddings.weight", "output_layer.weight")?;
+        }
+        out.extra_state("output_layer");
     }
-    if config.untie_embeddings_and_output_weights {
-        out.transposed("output_layer.weight", "output_layer.weight")?;
-    }
-    out.extra_state("output_layer");
     if let Some(extra) = values.keys().filter(|k| !out.used.contains(*k)).min() {
         bail!("{extra} has no Megatron-Core name for this model's flags");
     }
@@ -328,12 +353,12 @@ struct StateDictBuilder<'a> {
 }
 
 impl StateDictBuilder<'_> {
-    /// Layer `l`'s entries.
-    fn layer(&mut self, l: usize, config: &GptConfig, spec: LayerSpec) -> Result<()> {
+    /// Layer `l`'s entries, numbered `local` in the file (its place in its pipeline stage).
+    fn layer(&mut self, l: usize, local: usize, config: &GptConfig, spec: LayerSpec) -> Result<()> {
         let norm_kinds = norm_kinds(config);
         let linear_bias = config.add_bias_linear;
         let ours = |name: &str| format!("layers.{l}.{name}");
-        let theirs = |name: &str| format!("decoder.layers.{l}.{name}");
+        let theirs = |name: &str| format!("decoder.layers.{local}.{name}");
         let (input_norm, mlp_norm) = match spec {
             LayerSpec::Local => (
                 "input_layernorm.".to_owned(),

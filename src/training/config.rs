@@ -270,8 +270,8 @@ impl PretrainConfig {
             .validate_parallel(self.tensor_model_parallel_size)
             .map_err(anyhow::Error::msg)?;
         self.validate_pipeline()?;
-        if self.save_megatron.is_some() && self.pipeline_model_parallel_size > 1 {
-            bail!("--ckpt-format torch with --pipeline-model-parallel-size > 1: pretrain writes Megatron's format for one pipeline stage only yet; save ferrotron's format (no --ckpt-format torch) and convert it with convert-checkpoint --target-pipeline-parallel-size");
+        if self.save_megatron.is_some() && self.num_layers_per_virtual_pipeline_stage.is_some() {
+            bail!("--ckpt-format torch with --num-layers-per-virtual-pipeline-stage: pretrain does not write interleaved stages in Megatron's format yet; save ferrotron's format (no --ckpt-format torch) and convert it with convert-checkpoint --target-pipeline-parallel-size");
         }
         if self.seq_length == 0 || self.seq_length > self.model.max_position_embeddings {
             bail!(

@@ -13,7 +13,7 @@ use super::setup::{build_datasets, print_memory_estimate, set_up_rank, Datasets,
 use super::train_step::{overlaps_grad_reduce, train_step, StepReport};
 use crate::checkpoint::megatron_optimizer_save::MegatronAdamSettings;
 use crate::checkpoint::megatron_torch_save::{
-    save_megatron_torch_rank, MegatronRun, MegatronSaveOptions,
+    save_megatron_torch_rank, MegatronRun, MegatronSaveOptions, RankPart,
 };
 use crate::checkpoint::torch_save::PyValue;
 use crate::checkpoint::{save_checkpoint, OptimizerState, ShardPlace};
@@ -488,13 +488,17 @@ impl Trainer<'_> {
             // Gathered on every rank (a collective under the distributed optimizer).
             let moments = optimizer.moments()?;
             if writes {
+                let part = RankPart {
+                    place,
+                    stage: &self.setup.stage,
+                };
                 save_megatron_torch_rank(
                     dir,
                     optimizer.main_weights(),
                     &moments,
                     &self.megatron_run(options),
                     options.spec,
-                    &parallel.model,
+                    (&parallel.model, part),
                 )?;
             }
         } else {
