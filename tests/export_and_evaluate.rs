@@ -844,6 +844,81 @@ fn megatron_continues_the_adam_state_ferrotron_writes() {
     }
 }
 
+/// A damaged Megatron checkpoint is an error naming the file, never a panic or a written
+/// target: a truncated `model_optim_rng.pt`, a truncated `torch_dist` `.metadata`, a
+/// `.distcp` item cut short.
+#[test]
+fn damaged_megatron_checkpoints_are_clear_errors() {
+    let fixtures = megatron_fixtures();
+    let dir = tempfile::tempdir().unwrap();
+    let copy = |name: &str| {
+        let dst = dir.path().join(name);
+        for entry in walk(&fixtures.join(name)) {
+            let to = dst.join(entry.strip_prefix(fixtures.join(name)).unwrap());
+            std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+            std::fs::copy(&entry, &to).unwrap();
+        }
+        dst
+    };
+    let truncate = |path: std::path::PathBuf, keep: f64| {
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..(bytes.len() as f64 * keep) as usize]).unwrap();
+        path
+    };
+    let cases = [
+        (
+            copy("gpt2_tp1"),
+            "iter_0000004/mp_rank_00/model_optim_rng.pt",
+            0.5,
+        ),
+        (copy("llama_tp1_torch_dist"), "iter_0000004/.metadata", 0.5),
+        (
+            copy("llama_tp2_pp2"),
+            "iter_0000004/mp_rank_01_001/model_optim_rng.pt",
+            0.9,
+        ),
+    ];
+    for (i, (root, file, keep)) in cases.into_iter().enumerate() {
+        let damaged = truncate(root.join(file), keep);
+        let save = format!("out{i}");
+        let out = run_tool(
+            env!("CARGO_BIN_EXE_convert-checkpoint"),
+            &["--load", root.to_str().unwrap(), "--save", &save],
+            dir.path(),
+        );
+        let err = stderr(&out);
+        assert!(
+            !out.status.success(),
+            "{file}: converted a damaged checkpoint"
+        );
+        assert!(!err.contains("panicked"), "{file}: {err}");
+        let name = damaged.file_name().unwrap().to_str().unwrap();
+        assert!(
+            err.contains(name),
+            "{file}: the error does not name the file: {err}"
+        );
+        assert!(!dir
+            .path()
+            .join(&save)
+            .join("latest_checkpointed_iteration.txt")
+            .exists());
+    }
+}
+
+/// Every file under `root`.
+fn walk(root: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(root).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
 /// `pretrain --ckpt-format torch` at pipeline-parallel size 2 writes each stage's file as
 /// Megatron does: the same state-dict keys in the same order as Megatron's own GPT-2 at PP=2
 /// (`gpt2_pp2`: the layers numbered from 0 per stage, the last stage's copy of the tied
