@@ -174,6 +174,14 @@ struct Args {
     /// (Megatron's --finetune).
     #[arg(long)]
     finetune: bool,
+    /// From --load take the weights and the iteration only: Adam's state and the
+    /// learning-rate schedule start fresh (Megatron's --no-load-optim).
+    #[arg(long)]
+    no_load_optim: bool,
+    /// Accepted for Megatron's scripts: ferrotron's random streams are functions of --seed
+    /// and the iteration, so there is no RNG state to load or to skip.
+    #[arg(long)]
+    no_load_rng: bool,
     /// Save and exit after N iterations.
     #[arg(long)]
     exit_interval: Option<u64>,
@@ -392,6 +400,7 @@ fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
         save_megatron: megatron_save_options(args, verbose)?,
         load: args.load.clone(),
         finetune: args.finetune,
+        no_load_optim: args.no_load_optim,
         exit_interval: args.exit_interval,
         exit_duration_in_mins: args.exit_duration_in_mins,
         exit_signal_handler: args.exit_signal_handler,

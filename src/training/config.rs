@@ -85,6 +85,9 @@ pub struct PretrainConfig {
     pub load: Option<PathBuf>,
     /// `--finetune`: from `--load` take the weights only (iteration 0, a fresh optimizer).
     pub finetune: bool,
+    /// `--no-load-optim`: from `--load` take the weights and the iteration; Adam's state and
+    /// the learning-rate schedule start fresh (Megatron loads neither then).
+    pub no_load_optim: bool,
     /// `--exit-interval`.
     pub exit_interval: Option<u64>,
     /// `--exit-duration-in-mins`: save and exit once the run has taken this long.
@@ -176,6 +179,7 @@ impl PretrainConfig {
             save_megatron: None,
             load: None,
             finetune: false,
+            no_load_optim: false,
             exit_interval: None,
             exit_duration_in_mins: None,
             exit_signal_handler: false,

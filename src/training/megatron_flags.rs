@@ -887,8 +887,6 @@ pub const MEGATRON_FLAGS: &[MegatronFlag] = &[
     ignored("--no-inference-use-synchronous-zmq-collectives", Nothing),
     ignored("--no-inference-wandb-logging", Nothing),
     ignored("--no-initialization", Nothing),
-    refused("--no-load-optim", Nothing, RESUME),
-    refused("--no-load-rng", Nothing, RESUME),
     ignored("--no-log-loss-scale-to-tensorboard", Nothing),
     ignored("--no-manual-gc-eval", Nothing),
     ignored("--no-mmap-bin-files", Nothing),

@@ -123,6 +123,16 @@ fn load_or_init(
         say(" > --finetune: iteration 0, optimizer and scheduler start fresh".into());
         return Ok((model, TrainState::default(), None));
     }
+    if cfg.no_load_optim && cfg.load.is_some() {
+        // As Megatron's: neither the optimizer nor the scheduler is loaded, so the learning
+        // rate starts its schedule again while the iteration and the data continue.
+        say(" > --no-load-optim: Adam's state and the learning-rate schedule start fresh".into());
+        let state = TrainState {
+            scheduler_steps: 0,
+            ..state
+        };
+        return Ok((model, state, None));
+    }
     Ok((model, state, optimizer))
 }
 
@@ -144,7 +154,7 @@ fn load_checkpoint_or_init(
             tensor,
             Some(stage),
             cfg.global_batch_size as u64,
-            true,
+            !cfg.no_load_optim && !cfg.finetune,
         )?;
         let state = checkpoint.state;
         let (optimizer, adam_note) = match adam {
