@@ -1,6 +1,7 @@
 //! ferrotron parameters written as a Megatron-LM `--ckpt-format torch` checkpoint, so a model
-//! trained (or converted) here continues in Megatron: `iter_NNNNNNN/mp_rank_TT/
-//! model_optim_rng.pt` per tensor-parallel rank and `latest_checkpointed_iteration.txt`.
+//! trained (or converted) here continues in Megatron: `iter_NNNNNNN/mp_rank_TT[_PPP]/
+//! model_optim_rng.pt` per tensor-parallel rank and pipeline stage, and
+//! `latest_checkpointed_iteration.txt`.
 //!
 //! Each file holds what Megatron's `load_checkpoint` reads: `args` (an `argparse.Namespace`
 //! with the model's shape, the parallel sizes its `check_checkpoint_args` compares, and the
@@ -8,9 +9,10 @@
 //! Megatron-Core state dict, every key a strict `load_state_dict` expects (the `_extra_state`
 //! entries of the linear layers included, as `None`). Names, orientation and the
 //! tensor-parallel split are the inverse of [`super::megatron_torch`]'s reading, whose
-//! [`Split`] rules cut a whole tensor into ranks here. There is no optimizer or RNG state
-//! (Megatron loads such a checkpoint with `--no-load-optim --no-load-rng`, or `--finetune`).
-//! Weights are written in float32, ferrotron's main weights.
+//! [`Split`] rules cut a whole tensor into ranks here. A training run's files also hold
+//! Adam's state and the scheduler's ([`super::megatron_optimizer_save`]); a converted
+//! checkpoint's do not (Megatron loads it with `--no-load-optim`). There is no RNG state
+//! (`--no-load-rng`). Weights are written in float32, ferrotron's main weights.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
