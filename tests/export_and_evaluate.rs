@@ -853,17 +853,24 @@ fn megatron_continues_the_adam_state_ferrotron_writes() {
             all.sort_by(|x, y| x.0.cmp(&y.0));
             all
         };
+        // Another CPU's float rounding moves the key biases' noise-driven Adam steps (see
+        // above), a few dozen elements: all but 0.1% must agree to float rounding.
         let (ta, tb) = (tensors(&again), tensors(&fixture));
         assert_eq!(ta.len(), tb.len(), "{entry}");
+        let (mut elements, mut apart) = (0usize, 0usize);
         for ((ka, va), (kb, vb)) in ta.iter().zip(&tb) {
-            assert_eq!(ka, kb, "{entry}");
-            let worst = va
+            assert_eq!((ka, va.len()), (kb, vb.len()), "{entry}");
+            elements += va.len();
+            apart += va
                 .iter()
                 .zip(vb)
-                .map(|(x, y)| (x - y).abs())
-                .fold(0f32, f32::max);
-            assert!(worst < 1e-5, "{entry} {ka}: differs by {worst}");
+                .filter(|(x, y)| (*x - *y).abs() > 1e-6 + 1e-4 * y.abs())
+                .count();
         }
+        assert!(
+            apart * 1000 <= elements,
+            "{entry}: {apart} of {elements} values differ"
+        );
     }
 }
 
