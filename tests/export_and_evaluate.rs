@@ -491,6 +491,85 @@ fn pretrain_continues_a_megatron_checkpoint() {
     assert_eq!(tuned.values, values);
 }
 
+/// `resumed.json` of a fixture in which Megatron ran one more iteration: its log line and the
+/// loss, grad norm and learning rate in it.
+fn megatron_iteration(dir: &std::path::Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("resumed.json")).unwrap()).unwrap()
+}
+
+/// `pretrain` with `args` in `dir`, which must succeed; its output.
+fn pretrain_log(args: &[&str], dir: &std::path::Path) -> String {
+    let out = run_tool(env!("CARGO_BIN_EXE_pretrain"), args, dir);
+    let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
+    assert!(out.status.success(), "{log}");
+    log
+}
+
+/// Asserts that `log`'s line for `iteration` has Megatron's (`megatron`): the loss within
+/// `loss_rel` of it relative, the grad norm within `norm_abs`, the same learning rate.
+fn assert_logged_as_megatron(
+    log: &str,
+    iteration: u64,
+    megatron: &serde_json::Value,
+    loss_rel: f64,
+    norm_abs: f64,
+) {
+    let line = log
+        .lines()
+        .find(|l| l.contains(&format!("iteration {iteration:>8}/")))
+        .unwrap_or_else(|| panic!("{log}"));
+    let field = |name: &str| -> f64 {
+        let at = line
+            .find(&format!("{name}: "))
+            .unwrap_or_else(|| panic!("{line}"));
+        line[at + name.len() + 2..]
+            .split(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let want = |name: &str| megatron[name].as_f64().unwrap();
+    assert!(
+        (field("lm loss") - want("lm_loss")).abs() < loss_rel * want("lm_loss"),
+        "{line}\nMegatron: {}",
+        megatron["log_line"]
+    );
+    assert!(
+        (field("grad norm") - want("grad_norm")).abs() < norm_abs,
+        "{line}"
+    );
+    assert_eq!(field("learning rate"), want("learning_rate"), "{line}");
+}
+
+/// The largest update from `before` to `theirs` (Megatron's) and the largest difference of
+/// `ours` from `theirs`, both without the GPT-2 key biases. Their gradient is zero in exact
+/// arithmetic (a query's softmax does not change when the same constant is added to all its
+/// scores): each implementation's is float noise, which Adam divides by its own square root
+/// into an update of the learning rate's size. Those 16 entries per head (q, k, v of 16 each
+/// per head) are left out.
+fn update_and_difference(
+    before: &ferrotron::checkpoint::megatron_torch::ParameterValues,
+    ours: &ferrotron::checkpoint::megatron_torch::ParameterValues,
+    theirs: &ferrotron::checkpoint::megatron_torch::ParameterValues,
+) -> (f32, f32) {
+    let key_bias = |name: &str, i: usize| {
+        name.ends_with("query_key_value.bias") && (16..32).contains(&(i % 48))
+    };
+    let (mut update, mut difference) = (0f32, 0f32);
+    for (name, (_, want)) in theirs {
+        let (got, start) = (&ours[name].1, &before[name].1);
+        for (i, ((g, w), b)) in got.iter().zip(want).zip(start).enumerate() {
+            if !key_bias(name, i) {
+                update = update.max((w - b).abs());
+                difference = difference.max((g - w).abs());
+            }
+        }
+    }
+    println!("largest update {update:.2e}, largest difference from Megatron's {difference:.2e}");
+    (update, difference)
+}
+
 /// `pretrain --load` of Megatron's GPT-2 training checkpoint (float32, with Adam's state) and
 /// one more iteration with Megatron's flags continues Megatron's own run: Megatron resumed
 /// the same checkpoint for that iteration (`gpt2_tp1_resumed/`, made by
@@ -503,9 +582,7 @@ fn pretrain_resumes_megatrons_adam_state_as_megatron_does() {
     let dir = tempfile::tempdir().unwrap();
     let fixtures = megatron_fixtures();
     let resumed = fixtures.join("gpt2_tp1_resumed");
-    let megatron: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(resumed.join("resumed.json")).unwrap())
-            .unwrap();
+    let megatron = megatron_iteration(&resumed);
     let args = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 \
         --max-position-embeddings 32 --micro-batch-size 2 --global-batch-size 2 \
         --train-iters 5 --lr 2e-2 --min-lr 2e-3 --lr-decay-style cosine --lr-warmup-iters 1 \
@@ -519,40 +596,9 @@ fn pretrain_resumes_megatrons_adam_state_as_megatron_does() {
     let mut args: Vec<&str> = args.split_whitespace().collect();
     let load = fixtures.join("gpt2_tp1");
     args.extend(["--load", load.to_str().unwrap()]);
-    let out = run_tool(env!("CARGO_BIN_EXE_pretrain"), &args, dir.path());
-    let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
-    assert!(out.status.success(), "{log}");
+    let log = pretrain_log(&args, dir.path());
     assert!(log.contains("with Adam's state after 4 steps"), "{log}");
-    let line = log
-        .lines()
-        .find(|l| l.contains("iteration        5/"))
-        .unwrap_or_else(|| panic!("{log}"));
-    let field = |name: &str| -> f64 {
-        let at = line
-            .find(&format!("{name}: "))
-            .unwrap_or_else(|| panic!("{line}"));
-        line[at + name.len() + 2..]
-            .split(' ')
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
-    let want_loss = megatron["lm_loss"].as_f64().unwrap();
-    assert!(
-        (field("lm loss") - want_loss).abs() < 1e-5 * want_loss,
-        "{line}\nMegatron: {}",
-        megatron["log_line"]
-    );
-    assert!(
-        (field("grad norm") - megatron["grad_norm"].as_f64().unwrap()).abs() < 1e-3,
-        "{line}"
-    );
-    assert_eq!(
-        field("learning rate"),
-        megatron["learning_rate"].as_f64().unwrap(),
-        "{line}"
-    );
+    assert_logged_as_megatron(&log, 5, &megatron, 1e-5, 1e-3);
     let (gpt2, _) = megatron_fixture_configs();
     let read = |dir: &std::path::Path| {
         read_megatron_torch(dir, Some(&gpt2), false)
@@ -561,24 +607,7 @@ fn pretrain_resumes_megatrons_adam_state_as_megatron_does() {
             .values
     };
     let (before, ours, theirs) = (read(&load), read(&dir.path().join("saved")), read(&resumed));
-    // The key bias's gradient is zero in exact arithmetic (a query's softmax does not change
-    // when the same constant is added to all its scores): each implementation's is float
-    // noise, which Adam divides by its own square root into an update of the learning rate's
-    // size. Those 16 entries per head (GPT-2: q, k, v of 16 each per head) are left out.
-    let key_bias = |name: &str, i: usize| {
-        name.ends_with("query_key_value.bias") && (16..32).contains(&(i % 48))
-    };
-    let (mut update, mut difference) = (0f32, 0f32);
-    for (name, (_, want)) in &theirs {
-        let (got, start) = (&ours[name].1, &before[name].1);
-        for (i, ((g, w), s)) in got.iter().zip(want).zip(start).enumerate() {
-            if !key_bias(name, i) {
-                update = update.max((w - s).abs());
-                difference = difference.max((g - w).abs());
-            }
-        }
-    }
-    println!("largest update {update:.2e}, largest difference from Megatron's {difference:.2e}");
+    let (update, difference) = update_and_difference(&before, &ours, &theirs);
     assert!(
         difference < update * 1e-3,
         "weights differ by up to {difference} (update {update})"
@@ -589,9 +618,7 @@ fn pretrain_resumes_megatrons_adam_state_as_megatron_does() {
         .map(|a| if *a == "saved" { "fresh" } else { a })
         .chain(["--no-load-optim", "--no-load-rng"])
         .collect();
-    let out = run_tool(env!("CARGO_BIN_EXE_pretrain"), &fresh, dir.path());
-    let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
-    assert!(out.status.success(), "{log}");
+    let log = pretrain_log(&fresh, dir.path());
     assert!(
         log.contains("--no-load-optim: Adam's state and the learning-rate schedule start fresh"),
         "{log}"
@@ -620,9 +647,7 @@ fn pretrain_resumes_megatrons_mixed_precision_optimizer_as_megatron_does() {
     let dir = tempfile::tempdir().unwrap();
     let fixtures = megatron_fixtures();
     let resumed = fixtures.join("llama_bf16_resumed");
-    let megatron: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(resumed.join("resumed.json")).unwrap())
-            .unwrap();
+    let megatron = megatron_iteration(&resumed);
     // As the GPT-2 resume above, --vocab-size 200 for Megatron 0.16's NullTokenizer(199).
     let args = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 \
         --max-position-embeddings 32 --micro-batch-size 2 --global-batch-size 2 \
@@ -638,43 +663,12 @@ fn pretrain_resumes_megatrons_mixed_precision_optimizer_as_megatron_does() {
     let mut args: Vec<&str> = args.split_whitespace().collect();
     let load = fixtures.join("llama_bf16");
     args.extend(["--load", load.to_str().unwrap()]);
-    let out = run_tool(env!("CARGO_BIN_EXE_pretrain"), &args, dir.path());
-    let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
-    assert!(out.status.success(), "{log}");
+    let log = pretrain_log(&args, dir.path());
     assert!(log.contains("with Adam's state after 4 steps"), "{log}");
-    let line = log
-        .lines()
-        .find(|l| l.contains("iteration        5/"))
-        .unwrap_or_else(|| panic!("{log}"));
-    let field = |name: &str| -> f64 {
-        let at = line
-            .find(&format!("{name}: "))
-            .unwrap_or_else(|| panic!("{line}"));
-        line[at + name.len() + 2..]
-            .split(' ')
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
-    let want_loss = megatron["lm_loss"].as_f64().unwrap();
-    assert!(
-        (field("lm loss") - want_loss).abs() < 1e-4 * want_loss,
-        "{line}\nMegatron: {}",
-        megatron["log_line"]
-    );
     // bf16 arithmetic (ferrotron's kernels against torch's on the CPU) moves the gradient a
     // little: its norm agrees to 1e-3.
-    let want_norm = megatron["grad_norm"].as_f64().unwrap();
-    assert!(
-        (field("grad norm") - want_norm).abs() < 1e-3 * want_norm,
-        "{line}"
-    );
-    assert_eq!(
-        field("learning rate"),
-        megatron["learning_rate"].as_f64().unwrap(),
-        "{line}"
-    );
+    let norm_abs = 1e-3 * megatron["grad_norm"].as_f64().unwrap();
+    assert_logged_as_megatron(&log, 5, &megatron, 1e-4, norm_abs);
     // Megatron's fp32 main weights before and after its iteration 5, against ferrotron's
     // after its own (what `--ckpt-format torch` writes from a bf16 run).
     let masters = |dir: &std::path::Path| match read_megatron_torch(dir, None, true).unwrap().0.adam
@@ -731,9 +725,7 @@ fn megatron_continues_the_adam_state_ferrotron_writes() {
         written.join("gpt2_trained_adam"),
         written.join("gpt2_trained_adam_resumed"),
     );
-    let megatron: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(resumed.join("resumed.json")).unwrap())
-            .unwrap();
+    let megatron = megatron_iteration(&resumed);
     // The flags the fixture was written with (README.md), at Megatron 0.16's vocabulary.
     let flags = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 \
         --max-position-embeddings 32 --micro-batch-size 2 --global-batch-size 2 \
@@ -745,43 +737,12 @@ fn megatron_continues_the_adam_state_ferrotron_writes() {
     let run = |extra: &[&str]| {
         let mut args: Vec<&str> = flags.split_whitespace().collect();
         args.extend(extra);
-        let out = run_tool(env!("CARGO_BIN_EXE_pretrain"), &args, dir.path());
-        let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
-        assert!(out.status.success(), "{log}");
-        log
+        pretrain_log(&args, dir.path())
     };
     // ferrotron continuing the file Megatron continued.
     let log = run(&["--load", trained.to_str().unwrap(), "--save", "continued"]);
     assert!(log.contains("with Adam's state after 3 steps"), "{log}");
-    let line = log
-        .lines()
-        .find(|l| l.contains("iteration        4/"))
-        .unwrap_or_else(|| panic!("{log}"));
-    let field = |name: &str| -> f64 {
-        let at = line
-            .find(&format!("{name}: "))
-            .unwrap_or_else(|| panic!("{line}"));
-        line[at + name.len() + 2..]
-            .split(' ')
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
-    let want_loss = megatron["lm_loss"].as_f64().unwrap();
-    assert!(
-        (field("lm loss") - want_loss).abs() < 1e-5 * want_loss,
-        "{line}"
-    );
-    assert!(
-        (field("grad norm") - megatron["grad_norm"].as_f64().unwrap()).abs() < 1e-3,
-        "{line}"
-    );
-    assert_eq!(
-        field("learning rate"),
-        megatron["learning_rate"].as_f64().unwrap(),
-        "{line}"
-    );
+    assert_logged_as_megatron(&log, 4, &megatron, 1e-5, 1e-3);
     let (gpt2, _) = megatron_fixture_configs();
     let read = |dir: &std::path::Path| {
         read_megatron_torch(dir, Some(&gpt2), false)
@@ -794,26 +755,7 @@ fn megatron_continues_the_adam_state_ferrotron_writes() {
         read(&dir.path().join("continued")),
         read(&resumed),
     );
-    // The key bias's gradient is float noise (see the resume test above): left out.
-    let key_bias = |name: &str, i: usize| {
-        name.ends_with("query_key_value.bias") && (16..32).contains(&(i % 48))
-    };
-    let (mut update, mut difference) = (0f32, 0f32);
-    for (name, (_, want)) in &theirs {
-        for (i, ((g, w), b)) in ours[name]
-            .1
-            .iter()
-            .zip(want)
-            .zip(&before[name].1)
-            .enumerate()
-        {
-            if !key_bias(name, i) {
-                update = update.max((w - b).abs());
-                difference = difference.max((g - w).abs());
-            }
-        }
-    }
-    println!("largest update {update:.2e}, largest difference from Megatron's {difference:.2e}");
+    let (update, difference) = update_and_difference(&before, &ours, &theirs);
     assert!(
         difference < update * 1e-3,
         "weights differ by up to {difference} (update {update})"

@@ -268,7 +268,7 @@ fn fused_gelu_matches_float64_with_gradients() {
     use ferrotron::model::ops::gelu;
     let d = device();
     let exact = |x: f64| {
-        let cdf = 0.5 * (1.0 + erf(x / std::f64::consts::SQRT_2));
+        let cdf = 0.5 * (1.0 + libm::erf(x / std::f64::consts::SQRT_2));
         let pdf = (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt();
         (x * cdf, cdf + x * pdf)
     };
@@ -329,31 +329,6 @@ fn fused_gelu_matches_float64_with_gradients() {
                 }
             }
         }
-    }
-}
-
-/// The error function to float64 precision (Abramowitz–Stegun 7.1.26 is too coarse here):
-/// its Taylor series near 0, the continued fraction of erfc beyond.
-fn erf(x: f64) -> f64 {
-    if x.abs() < 2.5 {
-        let (mut term, mut sum, x2) = (x, x, x * x);
-        for n in 1..200 {
-            term *= -x2 / n as f64;
-            sum += term / (2 * n + 1) as f64;
-            if term.abs() < 1e-17 {
-                break;
-            }
-        }
-        2.0 / std::f64::consts::PI.sqrt() * sum
-    } else {
-        // erfc(x) = e^(−x²)/√π · 1/(x + 1/2/(x + 1/(x + 3/2/(x + ...))))
-        let z = x.abs();
-        let mut fraction = z;
-        for k in (1..60).rev() {
-            fraction = z + (k as f64 / 2.0) / fraction;
-        }
-        let erfc = (-z * z).exp() / std::f64::consts::PI.sqrt() / fraction;
-        x.signum() * (1.0 - erfc)
     }
 }
 

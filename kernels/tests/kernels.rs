@@ -696,29 +696,6 @@ fn rms_norm_backward_matches_finite_differences_of_the_forward_kernel() {
     }
 }
 
-/// The error function to float64 precision: its Taylor series near 0, the continued
-/// fraction of erfc beyond.
-fn erf(x: f64) -> f64 {
-    if x.abs() < 2.5 {
-        let (mut term, mut sum, x2) = (x, x, x * x);
-        for n in 1..200 {
-            term *= -x2 / n as f64;
-            sum += term / (2 * n + 1) as f64;
-            if term.abs() < 1e-17 {
-                break;
-            }
-        }
-        2.0 / std::f64::consts::PI.sqrt() * sum
-    } else {
-        let z = x.abs();
-        let mut fraction = z;
-        for k in (1..60).rev() {
-            fraction = z + (k as f64 / 2.0) / fraction;
-        }
-        x.signum() * (1.0 - (-z * z).exp() / std::f64::consts::PI.sqrt() / fraction)
-    }
-}
-
 /// GELU and its derivative in float64: exact (`x · Φ(x)`) or the tanh form.
 fn gelu_reference(x: f64, tanh: bool) -> (f64, f64) {
     if tanh {
@@ -730,7 +707,7 @@ fn gelu_reference(x: f64, tanh: bool) -> (f64, f64) {
             0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du,
         )
     } else {
-        let cdf = 0.5 * (1.0 + erf(x / std::f64::consts::SQRT_2));
+        let cdf = 0.5 * (1.0 + libm::erf(x / std::f64::consts::SQRT_2));
         let pdf = (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt();
         (x * cdf, cdf + x * pdf)
     }

@@ -13,6 +13,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
+use super::load::check_same_model;
 use super::pickle::{read_torch_save_pickle, Unpickled};
 use crate::model::{GptConfig, Normalization, PositionEmbedding, RopeScaling};
 
@@ -52,7 +53,11 @@ const UNSUPPORTED: [(&str, &str); 7] = [
 impl MegatronArgs {
     /// The arguments saved in the `torch.save` file `file`.
     pub fn read(file: &Path) -> Result<MegatronArgs> {
-        let top = read_torch_save_pickle(file)?;
+        Self::from_pickle(file, &read_torch_save_pickle(file)?)
+    }
+
+    /// The arguments in `top`, the pickle of the `torch.save` file `file`.
+    pub fn from_pickle(file: &Path, top: &Unpickled) -> Result<MegatronArgs> {
         let args = top.get("args").with_context(|| {
             format!(
                 "{}: no `args` (Megatron saves its arguments with every checkpoint)",
@@ -147,6 +152,19 @@ impl MegatronArgs {
     /// Validation samples consumed when it was saved.
     pub fn consumed_valid_samples(&self) -> Result<Option<u64>> {
         Ok(self.count("consumed_valid_samples")?.map(|n| n as u64))
+    }
+
+    /// The model to load the checkpoint at `root` as: these arguments' model, or `wanted` (a
+    /// run's flags), which must describe the same one.
+    pub fn model_for(&self, root: &Path, wanted: Option<&GptConfig>) -> Result<GptConfig> {
+        let saved = self.model_config()?;
+        match wanted {
+            Some(wanted) => {
+                check_same_model(root, &saved, wanted)?;
+                Ok(wanted.clone())
+            }
+            None => Ok(saved),
+        }
     }
 
     /// The model Megatron built from these arguments, as ferrotron's config (dropout and init

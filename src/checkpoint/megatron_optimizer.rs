@@ -19,7 +19,7 @@ use anyhow::{bail, ensure, Context, Result};
 
 use super::megatron_legacy_names::core_key;
 use super::megatron_torch::{host_tensors, join_stage, ParameterValues};
-use super::pickle::{read_torch_save_pickle, Unpickled};
+use super::pickle::Unpickled;
 use crate::model::GptConfig;
 use crate::util::host_tensor::HostTensor;
 
@@ -123,9 +123,13 @@ pub struct RankMoments {
     pub main_weights: Option<HashMap<String, HostTensor>>,
 }
 
-/// The Adam state of the rank file `file`, whose model tensors are `model` (its shapes).
-pub fn read_rank_adam(file: &Path, model: &HashMap<String, HostTensor>) -> Result<SavedAdam> {
-    let top = read_torch_save_pickle(file)?;
+/// The Adam state of the rank file `file`, whose pickle is `top` and whose model tensors are
+/// `model` (their shapes).
+pub fn read_rank_adam(
+    file: &Path,
+    top: &Unpickled,
+    model: &HashMap<String, HostTensor>,
+) -> Result<SavedAdam> {
     let Some(optimizer) = top.get("optimizer") else {
         return Ok(SavedAdam::NotSaved);
     };
@@ -146,7 +150,7 @@ pub fn read_rank_adam(file: &Path, model: &HashMap<String, HostTensor>) -> Resul
     if let Some(why) = unread {
         return Ok(SavedAdam::NotRead(why.into()));
     }
-    let order = model_parameter_order(&top, model)
+    let order = model_parameter_order(top, model)
         .with_context(|| format!("{}: the model's parameters", file.display()))?;
     let (names, groups) = index_names(adam, &order, model)
         .with_context(|| format!("{}: the optimizer's parameter groups", file.display()))?;

@@ -24,12 +24,13 @@ use anyhow::{bail, ensure, Context, Result};
 use burn::tensor::Device;
 use pytorch_reader::{DType, PytorchReader};
 
-use super::load::{check_same_model, LoadedCheckpoint};
+use super::load::LoadedCheckpoint;
 use super::megatron_args::MegatronArgs;
 use super::megatron_legacy_names::core_key;
 use super::megatron_optimizer::{
     join_adam, read_rank_adam, JoinedMoments, MegatronAdam, SavedAdam, StageAdam,
 };
+use super::pickle::read_torch_save_pickle;
 use super::torch_dist::{is_torch_dist, read_torch_dist, torch_dist_args};
 use super::{OptimizerState, TrainState};
 use crate::comm::Group;
@@ -199,7 +200,19 @@ pub fn read_megatron_torch(
     }
     let (dir, iteration) = iteration_dir(root)?;
     let stages = stage_files(&dir)?;
-    let args = MegatronArgs::read(&stages[0][0])?;
+    // With Adam's state, every file's pickle, parsed once: the arguments come from the first.
+    let pickles = if with_adam {
+        stages
+            .iter()
+            .map(|files| files.iter().map(|f| read_torch_save_pickle(f)).collect())
+            .collect::<Result<Vec<Vec<_>>>>()?
+    } else {
+        Vec::new()
+    };
+    let args = match pickles.first().and_then(|p| p.first()) {
+        Some(top) => MegatronArgs::from_pickle(&stages[0][0], top)?,
+        None => MegatronArgs::read(&stages[0][0])?,
+    };
     if let Some(version) = args.checkpoint_version.filter(|&v| v < 2.0) {
         bail!(
             "{}: checkpoint_version {version}: Megatron-LM before 2.0 ordered the fused \
@@ -218,14 +231,7 @@ pub fn read_megatron_torch(
             dir.display()
         );
     }
-    let saved = args.model_config()?;
-    let config = match config {
-        Some(wanted) => {
-            check_same_model(root, &saved, wanted)?;
-            wanted.clone()
-        }
-        None => saved,
-    };
+    let config = args.model_for(root, config)?;
     let mut values = ParameterValues::new();
     // Each stage numbers its layers from 0; they follow the previous stages' (whatever split
     // Megatron used, the files say how many layers each stage holds).
@@ -239,8 +245,9 @@ pub fn read_megatron_torch(
         let ranks = if with_adam {
             files
                 .iter()
+                .zip(&pickles[stage])
                 .zip(&shards)
-                .map(|(file, model)| read_rank_adam(file, model))
+                .map(|((file, top), model)| read_rank_adam(file, top, model))
                 .collect::<Result<Vec<_>>>()?
         } else {
             vec![SavedAdam::NotRead("not asked for".into())]

@@ -19,7 +19,6 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, ensure, Context, Result};
 
-use super::load::check_same_model;
 use super::megatron_args::MegatronArgs;
 use super::megatron_optimizer::MegatronAdam;
 use super::megatron_torch::{
@@ -51,14 +50,7 @@ pub fn read_torch_dist(
 ) -> Result<(MegatronCheckpoint, GptConfig)> {
     let (dir, iteration) = iteration_dir(root)?;
     let args = MegatronArgs::read(&dir.join("common.pt"))?;
-    let saved = args.model_config()?;
-    let config = match config {
-        Some(wanted) => {
-            check_same_model(root, &saved, wanted)?;
-            wanted.clone()
-        }
-        None => saved,
-    };
+    let config = args.model_for(root, config)?;
     let metadata = std::fs::read(dir.join(".metadata"))
         .with_context(|| format!("reading {}", dir.join(".metadata").display()))?;
     let metadata =
