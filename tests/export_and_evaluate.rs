@@ -491,6 +491,18 @@ fn pretrain_continues_a_megatron_checkpoint() {
     assert_eq!(tuned.values, values);
 }
 
+/// The flags of the Megatron fixtures' runs (`megatron_ckpt.py`'s COMMON, GPT-2 style), at
+/// Megatron 0.16's vocabulary: its NullTokenizer(199) has 200 ids (end of document 199), where
+/// current Megatron's, which ferrotron follows, has N; the same mock documents are
+/// `--vocab-size 200` here.
+const MEGATRON_FIXTURE_FLAGS: &str = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 \
+    --seq-length 32 --max-position-embeddings 32 --micro-batch-size 2 --global-batch-size 2 \
+    --lr 2e-2 --min-lr 2e-3 --lr-decay-style cosine --lr-warmup-iters 1 --weight-decay 0.1 \
+    --clip-grad 1.0 --init-method-std 0.2 --seed 1234 --tokenizer-type NullTokenizer \
+    --vocab-size 200 --make-vocab-size-divisible-by 128 --transformer-impl local \
+    --attention-dropout 0 --hidden-dropout 0 --mock-data --eval-iters 0 --eval-interval 1000 \
+    --log-interval 1 --ckpt-format torch";
+
 /// `resumed.json` of a fixture in which Megatron ran one more iteration: its log line and the
 /// loss, grad norm and learning rate in it.
 fn megatron_iteration(dir: &std::path::Path) -> serde_json::Value {
@@ -583,16 +595,10 @@ fn pretrain_resumes_megatrons_adam_state_as_megatron_does() {
     let fixtures = megatron_fixtures();
     let resumed = fixtures.join("gpt2_tp1_resumed");
     let megatron = megatron_iteration(&resumed);
-    let args = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 \
-        --max-position-embeddings 32 --micro-batch-size 2 --global-batch-size 2 \
-        --train-iters 5 --lr 2e-2 --min-lr 2e-3 --lr-decay-style cosine --lr-warmup-iters 1 \
-        --weight-decay 0.1 --clip-grad 1.0 --init-method-std 0.2 --seed 1234 \
-        --tokenizer-type NullTokenizer --vocab-size 200 --make-vocab-size-divisible-by 128 \
-        --transformer-impl local --attention-dropout 0 --hidden-dropout 0 --mock-data \
-        --eval-iters 0 --eval-interval 1000 --log-interval 1 --override-opt-param-scheduler \
-        --ckpt-format torch --save-interval 5 --save saved";
-    // Megatron 0.16's NullTokenizer(199) has 200 ids (end of document 199); current
-    // Megatron's, which ferrotron follows, has N: the same mock documents are --vocab-size 200.
+    let args = format!(
+        "{MEGATRON_FIXTURE_FLAGS} --train-iters 5 --override-opt-param-scheduler \
+         --save-interval 5 --save saved"
+    );
     let mut args: Vec<&str> = args.split_whitespace().collect();
     let load = fixtures.join("gpt2_tp1");
     args.extend(["--load", load.to_str().unwrap()]);
@@ -648,18 +654,13 @@ fn pretrain_resumes_megatrons_mixed_precision_optimizer_as_megatron_does() {
     let fixtures = megatron_fixtures();
     let resumed = fixtures.join("llama_bf16_resumed");
     let megatron = megatron_iteration(&resumed);
-    // As the GPT-2 resume above, --vocab-size 200 for Megatron 0.16's NullTokenizer(199).
-    let args = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 \
-        --max-position-embeddings 32 --micro-batch-size 2 --global-batch-size 2 \
-        --train-iters 5 --lr 2e-2 --min-lr 2e-3 --lr-decay-style cosine --lr-warmup-iters 1 \
-        --weight-decay 0.1 --clip-grad 1.0 --init-method-std 0.2 --seed 1234 --bf16 \
-        --tokenizer-type NullTokenizer --vocab-size 200 --make-vocab-size-divisible-by 128 \
-        --position-embedding-type rope --rotary-base 500000 --normalization RMSNorm --swiglu \
-        --ffn-hidden-size 172 --group-query-attention --num-query-groups 2 --kv-channels 16 \
-        --untie-embeddings-and-output-weights --disable-bias-linear \
-        --transformer-impl local --attention-dropout 0 --hidden-dropout 0 --mock-data \
-        --eval-iters 0 --eval-interval 1000 --log-interval 1 --override-opt-param-scheduler \
-        --ckpt-format torch --save-interval 5 --save saved";
+    let args = format!(
+        "{MEGATRON_FIXTURE_FLAGS} --train-iters 5 --bf16 --position-embedding-type rope \
+         --rotary-base 500000 --normalization RMSNorm --swiglu --ffn-hidden-size 172 \
+         --group-query-attention --num-query-groups 2 --kv-channels 16 \
+         --untie-embeddings-and-output-weights --disable-bias-linear \
+         --override-opt-param-scheduler --save-interval 5 --save saved"
+    );
     let mut args: Vec<&str> = args.split_whitespace().collect();
     let load = fixtures.join("llama_bf16");
     args.extend(["--load", load.to_str().unwrap()]);
@@ -726,14 +727,8 @@ fn megatron_continues_the_adam_state_ferrotron_writes() {
         written.join("gpt2_trained_adam_resumed"),
     );
     let megatron = megatron_iteration(&resumed);
-    // The flags the fixture was written with (README.md), at Megatron 0.16's vocabulary.
-    let flags = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 \
-        --max-position-embeddings 32 --micro-batch-size 2 --global-batch-size 2 \
-        --train-iters 4 --lr 2e-2 --min-lr 2e-3 --lr-decay-style cosine --lr-warmup-iters 1 \
-        --weight-decay 0.1 --clip-grad 1.0 --init-method-std 0.2 --seed 1234 \
-        --tokenizer-type NullTokenizer --vocab-size 200 --make-vocab-size-divisible-by 128 \
-        --attention-dropout 0 --hidden-dropout 0 --mock-data --eval-iters 0 \
-        --eval-interval 1000 --log-interval 1 --ckpt-format torch --transformer-impl local";
+    // The flags the fixture was written with (README.md).
+    let flags = format!("{MEGATRON_FIXTURE_FLAGS} --train-iters 4");
     let run = |extra: &[&str]| {
         let mut args: Vec<&str> = flags.split_whitespace().collect();
         args.extend(extra);
