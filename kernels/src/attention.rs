@@ -1,12 +1,18 @@
-//! Fused causal attention in the manner of FlashAttention: `o = dropout(softmax(scale · q kᵀ))
+//! Fused causal attention in the manner of FlashAttention-2: `o = dropout(softmax(scale · q kᵀ))
 //! v` per head without ever storing the `[seq, seq]` scores or probabilities. The forward
 //! keeps a running maximum and sum per row (the online softmax) and saves only the row's
 //! log-sum-exp; the backward recomputes each probability from it.
 //!
-//! Tensors are `[batch · heads, seq, head_dim]` row-major; query `i` sees keys `0..=i`. Each
-//! query row (forward, backward for dq) or key row (backward for dk, dv) gets the `lanes`
-//! units of [`crate::rows`]: the lanes stride over the keys (or queries), each with its own
-//! running statistics and a `head_dim` accumulator, combined across the lanes at the end.
+//! Tensors are `[batch · heads, seq, head_dim]` row-major; query `i` sees keys `0..=i`.
+//!
+//! Why tiles: each cube takes a block of `block` consecutive rows of one head and walks the
+//! other side (keys for the forward and `dq`, queries for `dk`/`dv`) in tiles of `block` rows,
+//! loaded once, coalesced, into shared memory; the tiles above the causal diagonal are never
+//! visited. Each of the products of a tile (`q kᵀ`, `do vᵀ`, then `p v`, `ds k`, `p̃ᵀ do`,
+//! `dsᵀ q`) is shared out among the cube's `(block / 4)²` units as 4-row micro-tiles held in
+//! registers, as a matmul kernel does: every value read from shared memory then feeds four
+//! multiply-adds rather than one. This is the structure tensor-core (`cmma`) products slot
+//! into; the products here are plain multiply-adds, which every runtime has.
 //!
 //! Dropout is applied to the probabilities inside the kernels with the mask of
 //! [`crate::dropout`]: element `(row, j)` of the `[batch · heads · seq, seq]` probabilities
@@ -16,13 +22,17 @@
 //!
 //! With `D = Σ_c do_c o_c` per query row, the backward is `dṗ = do·v` (dropped and scaled as
 //! the forward), `ds = p (dṗ − D)`, `dq = scale Σ_j ds k_j`, `dk = scale Σ_i ds q_i` and
-//! `dv = Σ_i p̃ do_i` with `p̃` the dropped, scaled probability.
+//! `dv = Σ_i p̃ do_i` with `p̃` the dropped, scaled probability: one kernel per query block
+//! (`dq`, and `D` for the other), one per key block (`dk`, `dv`), so that no two cubes
+//! write the same gradient row (no atomics, deterministic).
 
 use cubecl::prelude::*;
 
 use crate::dropout::dropout_bits;
-use crate::reduce::{row_max, row_sum};
-use crate::rows::row_index;
+use crate::rows::cube_index;
+
+/// Rows of a micro-tile: each unit owns 4 rows of a tile's products.
+const MICRO: u32 = 4;
 
 /// A dropout draw inside attention: whether an element is kept, and what it is scaled by.
 #[cube]
@@ -42,33 +52,262 @@ fn kept<A: Float>(
     factor
 }
 
-/// Query row `row` of `rows`: whether it exists, the keys it sees (none for a unit past the
-/// last row, which still joins the reductions), and the first row of its head.
+/// The block this cube covers: whether it exists (the cube count may round up), the first
+/// row of its head, and the position of its first row within the head.
 #[cube]
-fn query_row(row: usize, rows: u32, seq: u32) -> (bool, usize, usize) {
+fn cube_block(heads: u32, seq: u32, #[comptime] block: u32) -> (bool, usize, usize) {
     let s = seq as usize;
-    let active = row < rows as usize;
-    let mut count = 0usize;
-    let mut head_row = 0usize;
-    if active {
-        count = row % s + 1;
-        head_row = row - row % s;
-    }
-    (active, count, head_row)
+    let b = block as usize;
+    let blocks = s.div_ceil(b);
+    let cube = cube_index();
+    let head = cube / blocks;
+    (head < heads as usize, head * s, (cube % blocks) * b)
 }
 
-/// `Σ_c a[c] · b[base + c]` over one head row.
+/// Rows `first..first + block` of the head starting at row `head_row` (of `seq` rows of
+/// `head_dim`) into `tile`, zeros past the head's end. The cube's units load consecutive
+/// elements (coalesced); every unit must take part.
 #[cube]
-fn dot_row<F: Float, A: Float>(a: &Array<A>, b: &[F], base: usize, #[comptime] head_dim: u32) -> A {
-    let mut total = A::new(0.0);
-    for c in 0..head_dim as usize {
-        total += a[c] * A::cast_from(b[base + c]);
+fn load_tile<F: Float, A: Float>(
+    source: &[F],
+    tile: &mut Shared<[A]>,
+    head_row: usize,
+    first: usize,
+    seq: usize,
+    #[comptime] block: u32,
+    #[comptime] head_dim: u32,
+) {
+    let d = head_dim as usize;
+    let valid = (seq - first) * d;
+    let start = (head_row + first) * d;
+    let mut e = UNIT_POS_X as usize;
+    while e < comptime!((block * head_dim) as usize) {
+        let mut x = A::new(0.0);
+        if e < valid {
+            x = A::cast_from(source[start + e]);
+        }
+        tile[e] = x;
+        e += CUBE_DIM_X as usize;
     }
-    total
+}
+
+/// Entries `first..first + block` of a per-row statistic of the head at `head_row` into
+/// `tile` (zeros past the head's end).
+#[cube]
+fn load_row_values<A: Float>(
+    source: &[A],
+    tile: &mut Shared<[A]>,
+    head_row: usize,
+    first: usize,
+    seq: usize,
+    #[comptime] block: u32,
+) {
+    let mut i = UNIT_POS_X as usize;
+    while i < block as usize {
+        let mut x = A::new(0.0);
+        if first + i < seq {
+            x = source[head_row + first + i];
+        }
+        tile[i] = x;
+        i += CUBE_DIM_X as usize;
+    }
+}
+
+/// The 4 × 4 micro-tile `out[r · 4 + x] = Σ_c a[(a_row + r) · d + c] · b[(b_row + x) · d + c]`
+/// of the product of two row-major `[block, head_dim]` tiles, one transposed.
+#[cube]
+fn micro_scores<A: Float>(
+    a: &Shared<[A]>,
+    a_row: usize,
+    b: &Shared<[A]>,
+    b_row: usize,
+    #[comptime] head_dim: u32,
+    #[comptime] unroll: bool,
+) -> Array<A> {
+    let d = head_dim as usize;
+    let mut out = Array::<A>::new(16usize);
+    #[unroll]
+    for e in 0..16 {
+        out[e] = A::new(0.0);
+    }
+    #[unroll(unroll)]
+    for c in 0..d {
+        let mut lhs = Array::<A>::new(4usize);
+        let mut rhs = Array::<A>::new(4usize);
+        #[unroll]
+        for r in 0..4 {
+            lhs[r] = a[(a_row + r) * d + c];
+            rhs[r] = b[(b_row + r) * d + c];
+        }
+        #[unroll]
+        for r in 0..4 {
+            #[unroll]
+            for x in 0..4 {
+                out[r * 4 + x] += lhs[r] * rhs[x];
+            }
+        }
+    }
+    out
+}
+
+/// `acc[r · w + k] += Σ_j weights[(row + r) · block + j] · rhs[j · d + column_k]` over a
+/// tile: a unit's 4 rows of a `[block, block] × [block, head_dim]` product, at the columns
+/// it owns (`group`, `group + block / 4`, …: `w` of them, those past `head_dim` skipped).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn accumulate_product<A: Float>(
+    acc: &mut Array<A>,
+    weights: &Shared<[A]>,
+    row: usize,
+    rhs: &Shared<[A]>,
+    group: usize,
+    #[comptime] block: u32,
+    #[comptime] head_dim: u32,
+    #[comptime] unroll: bool,
+) {
+    let (b, d) = (block as usize, head_dim as usize);
+    let w = comptime!(head_dim.div_ceil(block / MICRO) as usize);
+    let groups = comptime!((block / MICRO) as usize);
+    for j in 0..b {
+        let mut weight = Array::<A>::new(4usize);
+        #[unroll]
+        for r in 0..4 {
+            weight[r] = weights[(row + r) * b + j];
+        }
+        #[unroll(unroll)]
+        for k in 0..w {
+            let column = group + k * groups;
+            if column < d {
+                let x = rhs[j * d + column];
+                #[unroll]
+                for r in 0..4 {
+                    acc[r * w + k] += weight[r] * x;
+                }
+            }
+        }
+    }
+}
+
+/// A unit's accumulator: 4 rows of the columns it owns, zero.
+#[cube]
+fn zero_accumulator<A: Float>(#[comptime] block: u32, #[comptime] head_dim: u32) -> Array<A> {
+    let n = comptime!(MICRO as usize * head_dim.div_ceil(block / MICRO) as usize);
+    let mut acc = Array::<A>::new(n);
+    for e in 0..n {
+        acc[e] = A::new(0.0);
+    }
+    acc
+}
+
+/// Row `r` of a unit's accumulator (times `factor`) into row `row` of `target`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn store_accumulator_row<F: Float, A: Float>(
+    acc: &Array<A>,
+    r: usize,
+    target: &mut [F],
+    row: usize,
+    group: usize,
+    factor: A,
+    #[comptime] block: u32,
+    #[comptime] head_dim: u32,
+) {
+    let d = head_dim as usize;
+    let w = comptime!(head_dim.div_ceil(block / MICRO) as usize);
+    let groups = comptime!((block / MICRO) as usize);
+    for k in 0..w {
+        let column = group + k * groups;
+        if column < d {
+            target[row * d + column] = F::cast_from(acc[r * w + k] * factor);
+        }
+    }
+}
+
+/// Where a tile lies: the first row of the head, the first row of the cube's block and of
+/// the tile (positions within the head), and the head's length.
+#[derive(CubeType, Clone, Copy)]
+struct TileRows {
+    head_row: usize,
+    start: usize,
+    first: usize,
+    seq: usize,
+}
+
+/// A dropout draw's kernel arguments.
+#[derive(CubeType, Clone, Copy)]
+struct DropoutArgs {
+    key_lo: u32,
+    key_hi: u32,
+    threshold: u32,
+    keep_scale: f32,
+}
+
+/// The online softmax over one tile of scores (`probs`, `[block, block]`, replaced by the
+/// dropped probabilities), one unit per query row: the row's running maximum and sum are
+/// updated, and `rescale` gets the factor its running output is to be multiplied by. Query
+/// `position` sees keys `first..=position`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn online_softmax_tile<A: Float>(
+    probs: &mut Shared<[A]>,
+    maxima: &mut Shared<[A]>,
+    sums: &mut Shared<[A]>,
+    rescale: &mut Shared<[A]>,
+    at: TileRows,
+    draw: DropoutArgs,
+    #[comptime] block: u32,
+    #[comptime] dropout: bool,
+) {
+    let b = block as usize;
+    let mut i = UNIT_POS_X as usize;
+    while i < b {
+        let position = at.start + i;
+        let mut seen = 0usize;
+        if position < at.seq {
+            seen = position + 1 - at.first;
+            if seen > b {
+                seen = b;
+            }
+        }
+        let old_max = maxima[i];
+        let mut max = old_max;
+        for j in 0..seen {
+            max = A::max(max, probs[i * b + j]);
+        }
+        let correction = A::exp(old_max - max);
+        let mut sum = sums[i] * correction;
+        let row = at.head_row + position;
+        for j in 0..b {
+            let p = select(j < seen, A::exp(probs[i * b + j] - max), A::new(0.0));
+            sum += p;
+            let index = row * at.seq + at.first + j;
+            let keep = kept::<A>(
+                index,
+                draw.key_lo,
+                draw.key_hi,
+                draw.threshold,
+                draw.keep_scale,
+                dropout,
+            );
+            probs[i * b + j] = p * keep;
+        }
+        maxima[i] = max;
+        sums[i] = sum;
+        rescale[i] = correction;
+        i += CUBE_DIM_X as usize;
+    }
+}
+
+/// This unit's micro-tile: its row group and its column group (each `block / 4` of them).
+#[cube]
+fn unit_groups(#[comptime] block: u32) -> (usize, usize) {
+    let unit = UNIT_POS_X as usize;
+    let groups = comptime!((block / MICRO) as usize);
+    (unit / groups, unit % groups)
 }
 
 /// Forward: `output` and the per-row `logsumexp` of the scaled scores (what the backward
-/// needs), for `rows = batch · heads · seq` query rows.
+/// needs), for `heads` heads (batch × heads) of `seq` rows.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attention_forward<F: Float, A: Float>(
@@ -78,7 +317,7 @@ pub fn flash_attention_forward<F: Float, A: Float>(
     output: &mut [F],
     logsumexp: &mut [A],
     scale: f32,
-    rows: u32,
+    heads: u32,
     seq: u32,
     key_lo: u32,
     key_hi: u32,
@@ -86,63 +325,114 @@ pub fn flash_attention_forward<F: Float, A: Float>(
     keep_scale: f32,
     #[comptime] head_dim: u32,
     #[comptime] dropout: bool,
-    #[comptime] lanes: u32,
-    #[comptime] rows_per_cube: u32,
+    #[comptime] block: u32,
+    #[comptime] unroll: bool,
 ) {
-    let row = row_index();
-    let lane = UNIT_POS_X as usize;
-    let (s, d) = (seq as usize, head_dim as usize);
-    let (active, count, head_row) = query_row(row, rows, seq);
-
-    let mut q = Array::<A>::new(head_dim as usize);
-    let mut acc = Array::<A>::new(head_dim as usize);
+    let (s, b) = (seq as usize, block as usize);
+    let tile_len = comptime!((block * head_dim) as usize);
+    let (cube_active, head_row, start) = cube_block(heads, seq, block);
+    let (row_group, column_group) = unit_groups(block);
+    let (my_rows, my_keys) = (row_group * 4, column_group * 4);
+    let (unit, units) = (UNIT_POS_X as usize, CUBE_DIM_X as usize);
     let scale = A::cast_from(scale);
-    for c in 0..d {
-        let mut x = A::new(0.0);
-        if active {
-            x = A::cast_from(query[row * d + c]) * scale;
+
+    let mut queries = Shared::<[A]>::new_slice(tile_len);
+    let mut keys = Shared::<[A]>::new_slice(tile_len);
+    let mut values = Shared::<[A]>::new_slice(tile_len);
+    // The tile's scores, then its (dropped) probabilities, row-major `[block, block]`.
+    let mut probs = Shared::<[A]>::new_slice(comptime!((block * block) as usize));
+    // Per query row: running maximum, running sum, and this tile's rescaling of both.
+    let mut maxima = Shared::<[A]>::new_slice(block as usize);
+    let mut sums = Shared::<[A]>::new_slice(block as usize);
+    let mut rescale = Shared::<[A]>::new_slice(block as usize);
+
+    let mut acc = zero_accumulator::<A>(block, head_dim);
+    let mut tiles = 0usize;
+    if cube_active {
+        load_tile::<F, A>(query, &mut queries, head_row, start, s, block, head_dim);
+        // Key tiles 0 ..= this block's: the tiles above the causal diagonal are skipped.
+        tiles = start / b + 1;
+    }
+    let mut i = unit;
+    while i < b {
+        maxima[i] = A::new(-3.0e38);
+        sums[i] = A::new(0.0);
+        i += units;
+    }
+    for t in 0..tiles {
+        let first = t * b;
+        load_tile::<F, A>(key, &mut keys, head_row, first, s, block, head_dim);
+        load_tile::<F, A>(value, &mut values, head_row, first, s, block, head_dim);
+        sync_cube();
+        let scores = micro_scores::<A>(&queries, my_rows, &keys, my_keys, head_dim, unroll);
+        #[unroll]
+        for e in 0..16 {
+            probs[(my_rows + e / 4) * b + my_keys + e % 4] = scores[e] * scale;
         }
-        q[c] = x;
-        acc[c] = A::new(0.0);
+        sync_cube();
+        online_softmax_tile::<A>(
+            &mut probs,
+            &mut maxima,
+            &mut sums,
+            &mut rescale,
+            TileRows {
+                head_row,
+                start,
+                first,
+                seq: s,
+            },
+            DropoutArgs {
+                key_lo,
+                key_hi,
+                threshold,
+                keep_scale,
+            },
+            block,
+            dropout,
+        );
+        sync_cube();
+        let w = comptime!(head_dim.div_ceil(block / MICRO) as usize);
+        #[unroll]
+        for r in 0..4 {
+            let factor = rescale[my_rows + r];
+            for k in 0..w {
+                acc[r * w + k] *= factor;
+            }
+        }
+        accumulate_product::<A>(
+            &mut acc,
+            &probs,
+            my_rows,
+            &values,
+            column_group,
+            block,
+            head_dim,
+            unroll,
+        );
+        sync_cube();
     }
 
-    // This lane's online softmax over keys lane, lane + lanes, …
-    let mut max = A::new(-3.0e38);
-    let mut sum = A::new(0.0);
-    let mut j = lane;
-    while j < count {
-        let base = (head_row + j) * d;
-        let score = dot_row::<F, A>(&q, key, base, head_dim);
-        let new_max = A::max(max, score);
-        let correction = A::exp(max - new_max);
-        let p = A::exp(score - new_max);
-        sum = sum * correction + p;
-        let p = p * kept::<A>(row * s + j, key_lo, key_hi, threshold, keep_scale, dropout);
-        for c in 0..d {
-            acc[c] = acc[c] * correction + p * A::cast_from(value[base + c]);
-        }
-        max = new_max;
-        j += lanes as usize;
-    }
-
-    // The lanes' statistics rescaled to the row's maximum and summed.
-    let row_maximum = row_max::<A>(max, lanes, rows_per_cube);
-    let factor = A::exp(max - row_maximum);
-    let total = row_sum::<A>(sum * factor, lanes, rows_per_cube);
-    let inv = select(total > A::new(0.0), A::new(1.0) / total, A::new(0.0));
-    for c in 0..d {
-        let o = row_sum::<A>(acc[c] * factor, lanes, rows_per_cube);
-        if active && c % lanes as usize == lane {
-            output[row * d + c] = F::cast_from(o * inv);
+    #[unroll]
+    for r in 0..4 {
+        let position = start + my_rows + r;
+        if cube_active && position < s {
+            let sum = sums[my_rows + r];
+            let inv = select(sum > A::new(0.0), A::new(1.0) / sum, A::new(0.0));
+            let row = head_row + position;
+            store_accumulator_row::<F, A>(&acc, r, output, row, column_group, inv, block, head_dim);
         }
     }
-    if active && lane == 0 {
-        logsumexp[row] = row_maximum + A::ln(total);
+    let mut i = unit;
+    while cube_active && i < b {
+        if start + i < s {
+            logsumexp[head_row + start + i] = maxima[i] + A::ln(sums[i]);
+        }
+        i += units;
     }
 }
 
-/// Backward, per query row: `delta = Σ do ⊙ o` (saved for [`flash_attention_backward_key_value`])
-/// and `grad_query`.
+/// Backward, per block of query rows: `delta = Σ do ⊙ o` (saved for
+/// [`flash_attention_backward_key_value`]) and `grad_query`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attention_backward_query<F: Float, A: Float>(
@@ -155,7 +445,7 @@ pub fn flash_attention_backward_query<F: Float, A: Float>(
     delta: &mut [A],
     grad_query: &mut [F],
     scale: f32,
-    rows: u32,
+    heads: u32,
     seq: u32,
     key_lo: u32,
     key_hi: u32,
@@ -163,63 +453,100 @@ pub fn flash_attention_backward_query<F: Float, A: Float>(
     keep_scale: f32,
     #[comptime] head_dim: u32,
     #[comptime] dropout: bool,
-    #[comptime] lanes: u32,
-    #[comptime] rows_per_cube: u32,
+    #[comptime] block: u32,
+    #[comptime] unroll: bool,
 ) {
-    let row = row_index();
-    let lane = UNIT_POS_X as usize;
-    let (s, d) = (seq as usize, head_dim as usize);
-    let (active, count, head_row) = query_row(row, rows, seq);
-    let mut lse = A::new(0.0);
-    if active {
-        lse = logsumexp[row];
-    }
-
+    let (s, b, d) = (seq as usize, block as usize, head_dim as usize);
+    let tile_len = comptime!((block * head_dim) as usize);
+    let (cube_active, head_row, start) = cube_block(heads, seq, block);
+    let (row_group, column_group) = unit_groups(block);
+    let (my_rows, my_keys) = (row_group * 4, column_group * 4);
+    let (unit, units) = (UNIT_POS_X as usize, CUBE_DIM_X as usize);
     let scale = A::cast_from(scale);
-    let mut q = Array::<A>::new(head_dim as usize);
-    let mut dout = Array::<A>::new(head_dim as usize);
-    let mut dq = Array::<A>::new(head_dim as usize);
-    // Every lane computes the row's delta itself (head_dim products): no reduction needed.
-    let mut row_delta = A::new(0.0);
-    for c in 0..d {
-        let mut x = A::new(0.0);
-        let mut g = A::new(0.0);
-        if active {
-            x = A::cast_from(query[row * d + c]) * scale;
-            g = A::cast_from(grad_output[row * d + c]);
-            row_delta += g * A::cast_from(output[row * d + c]);
+
+    let mut queries = Shared::<[A]>::new_slice(tile_len);
+    let mut grads = Shared::<[A]>::new_slice(tile_len);
+    let mut keys = Shared::<[A]>::new_slice(tile_len);
+    let mut values = Shared::<[A]>::new_slice(tile_len);
+    let mut score_grads = Shared::<[A]>::new_slice(comptime!((block * block) as usize));
+    let mut lse = Shared::<[A]>::new_slice(block as usize);
+    let mut deltas = Shared::<[A]>::new_slice(block as usize);
+
+    let mut tiles = 0usize;
+    if cube_active {
+        load_tile::<F, A>(query, &mut queries, head_row, start, s, block, head_dim);
+        load_tile::<F, A>(grad_output, &mut grads, head_row, start, s, block, head_dim);
+        load_row_values::<A>(logsumexp, &mut lse, head_row, start, s, block);
+        tiles = start / b + 1;
+    }
+    sync_cube();
+    let mut i = unit;
+    while cube_active && i < b {
+        let mut row_delta = A::new(0.0);
+        if start + i < s {
+            let row = head_row + start + i;
+            for c in 0..d {
+                row_delta += grads[i * d + c] * A::cast_from(output[row * d + c]);
+            }
+            delta[row] = row_delta;
         }
-        q[c] = x;
-        dout[c] = g;
-        dq[c] = A::new(0.0);
+        deltas[i] = row_delta;
+        i += units;
     }
 
-    let mut j = lane;
-    while j < count {
-        let base = (head_row + j) * d;
-        let p = A::exp(dot_row::<F, A>(&q, key, base, head_dim) - lse);
-        let dp = dot_row::<F, A>(&dout, value, base, head_dim)
-            * kept::<A>(row * s + j, key_lo, key_hi, threshold, keep_scale, dropout);
-        let ds = p * (dp - row_delta);
-        for c in 0..d {
-            dq[c] += ds * A::cast_from(key[base + c]);
+    let mut acc = zero_accumulator::<A>(block, head_dim);
+    for t in 0..tiles {
+        let first = t * b;
+        load_tile::<F, A>(key, &mut keys, head_row, first, s, block, head_dim);
+        load_tile::<F, A>(value, &mut values, head_row, first, s, block, head_dim);
+        sync_cube();
+        let scores = micro_scores::<A>(&queries, my_rows, &keys, my_keys, head_dim, unroll);
+        let dprobs = micro_scores::<A>(&grads, my_rows, &values, my_keys, head_dim, unroll);
+        #[unroll]
+        for e in 0..16 {
+            let (i, j) = (my_rows + e / 4, my_keys + e % 4);
+            let (position, key_position) = (start + i, first + j);
+            let seen = position < s && key_position <= position;
+            let p = select(seen, A::exp(scores[e] * scale - lse[i]), A::new(0.0));
+            let index = (head_row + position) * s + key_position;
+            let dp = dprobs[e] * kept::<A>(index, key_lo, key_hi, threshold, keep_scale, dropout);
+            score_grads[i * b + j] = p * (dp - deltas[i]);
         }
-        j += lanes as usize;
+        sync_cube();
+        accumulate_product::<A>(
+            &mut acc,
+            &score_grads,
+            my_rows,
+            &keys,
+            column_group,
+            block,
+            head_dim,
+            unroll,
+        );
+        sync_cube();
     }
 
-    for c in 0..d {
-        let g = row_sum::<A>(dq[c], lanes, rows_per_cube);
-        if active && c % lanes as usize == lane {
-            grad_query[row * d + c] = F::cast_from(g * scale);
+    #[unroll]
+    for r in 0..4 {
+        let position = start + my_rows + r;
+        if cube_active && position < s {
+            let row = head_row + position;
+            store_accumulator_row::<F, A>(
+                &acc,
+                r,
+                grad_query,
+                row,
+                column_group,
+                scale,
+                block,
+                head_dim,
+            );
         }
-    }
-    if active && lane == 0 {
-        delta[row] = row_delta;
     }
 }
 
-/// Backward, per key row: `grad_key` and `grad_value`, from the queries that see the key
-/// (the row's own position onwards) and their `logsumexp` and `delta`.
+/// Backward, per block of key rows: `grad_key` and `grad_value`, from the queries that see
+/// the keys (each key's own position onwards) and their `logsumexp` and `delta`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attention_backward_key_value<F: Float, A: Float>(
@@ -232,7 +559,7 @@ pub fn flash_attention_backward_key_value<F: Float, A: Float>(
     grad_key: &mut [F],
     grad_value: &mut [F],
     scale: f32,
-    rows: u32,
+    heads: u32,
     seq: u32,
     key_lo: u32,
     key_hi: u32,
@@ -240,68 +567,106 @@ pub fn flash_attention_backward_key_value<F: Float, A: Float>(
     keep_scale: f32,
     #[comptime] head_dim: u32,
     #[comptime] dropout: bool,
-    #[comptime] lanes: u32,
-    #[comptime] rows_per_cube: u32,
+    #[comptime] block: u32,
+    #[comptime] unroll: bool,
 ) {
-    let row = row_index();
-    let lane = UNIT_POS_X as usize;
-    let (s, d) = (seq as usize, head_dim as usize);
-    let active = row < rows as usize;
-    // This key's position, and the queries after it: positions `first..s` of its head.
-    let mut first = s;
-    let mut head_row = 0usize;
-    if active {
-        first = row % s;
-        head_row = row - row % s;
-    }
-
+    let (s, b) = (seq as usize, block as usize);
+    let tile_len = comptime!((block * head_dim) as usize);
+    let (cube_active, head_row, start) = cube_block(heads, seq, block);
+    let (row_group, column_group) = unit_groups(block);
+    // Rows are keys here, columns queries.
+    let (my_keys, my_queries) = (row_group * 4, column_group * 4);
     let scale = A::cast_from(scale);
-    let mut k = Array::<A>::new(head_dim as usize);
-    let mut v = Array::<A>::new(head_dim as usize);
-    let mut dk = Array::<A>::new(head_dim as usize);
-    let mut dv = Array::<A>::new(head_dim as usize);
-    for c in 0..d {
-        let mut kc = A::new(0.0);
-        let mut vc = A::new(0.0);
-        if active {
-            kc = A::cast_from(key[row * d + c]) * scale;
-            vc = A::cast_from(value[row * d + c]);
-        }
-        k[c] = kc;
-        v[c] = vc;
-        dk[c] = A::new(0.0);
-        dv[c] = A::new(0.0);
-    }
 
-    let mut i = first + lane;
-    while i < s {
-        let query_row = head_row + i;
-        let base = query_row * d;
-        let p = A::exp(dot_row::<F, A>(&k, query, base, head_dim) - logsumexp[query_row]);
-        let keep = kept::<A>(
-            query_row * s + first,
-            key_lo,
-            key_hi,
-            threshold,
-            keep_scale,
-            dropout,
+    let mut keys = Shared::<[A]>::new_slice(tile_len);
+    let mut values = Shared::<[A]>::new_slice(tile_len);
+    let mut queries = Shared::<[A]>::new_slice(tile_len);
+    let mut grads = Shared::<[A]>::new_slice(tile_len);
+    // `[key, query]`: the dropped probabilities and the score gradients of the tile.
+    let mut kept_probs = Shared::<[A]>::new_slice(comptime!((block * block) as usize));
+    let mut score_grads = Shared::<[A]>::new_slice(comptime!((block * block) as usize));
+    let mut lse = Shared::<[A]>::new_slice(block as usize);
+    let mut deltas = Shared::<[A]>::new_slice(block as usize);
+
+    // Query tiles from this block's own (the diagonal) to the head's last.
+    let blocks = s.div_ceil(b);
+    let mut first_tile = blocks;
+    if cube_active {
+        load_tile::<F, A>(key, &mut keys, head_row, start, s, block, head_dim);
+        load_tile::<F, A>(value, &mut values, head_row, start, s, block, head_dim);
+        first_tile = start / b;
+    }
+    let mut dk = zero_accumulator::<A>(block, head_dim);
+    let mut dv = zero_accumulator::<A>(block, head_dim);
+    for t in first_tile..blocks {
+        let first = t * b;
+        load_tile::<F, A>(query, &mut queries, head_row, first, s, block, head_dim);
+        load_tile::<F, A>(grad_output, &mut grads, head_row, first, s, block, head_dim);
+        load_row_values::<A>(logsumexp, &mut lse, head_row, first, s, block);
+        load_row_values::<A>(delta, &mut deltas, head_row, first, s, block);
+        sync_cube();
+        let scores = micro_scores::<A>(&keys, my_keys, &queries, my_queries, head_dim, unroll);
+        let dprobs = micro_scores::<A>(&values, my_keys, &grads, my_queries, head_dim, unroll);
+        #[unroll]
+        for e in 0..16 {
+            let (j, i) = (my_keys + e / 4, my_queries + e % 4);
+            let (key_position, position) = (start + j, first + i);
+            let seen = position < s && key_position <= position;
+            let p = select(seen, A::exp(scores[e] * scale - lse[i]), A::new(0.0));
+            let index = (head_row + position) * s + key_position;
+            let keep = kept::<A>(index, key_lo, key_hi, threshold, keep_scale, dropout);
+            kept_probs[j * b + i] = p * keep;
+            score_grads[j * b + i] = p * (dprobs[e] * keep - deltas[i]);
+        }
+        sync_cube();
+        accumulate_product::<A>(
+            &mut dv,
+            &kept_probs,
+            my_keys,
+            &grads,
+            column_group,
+            block,
+            head_dim,
+            unroll,
         );
-        let dp = dot_row::<F, A>(&v, grad_output, base, head_dim) * keep;
-        let ds = p * (dp - delta[query_row]);
-        let p_kept = p * keep;
-        for c in 0..d {
-            dv[c] += p_kept * A::cast_from(grad_output[base + c]);
-            dk[c] += ds * A::cast_from(query[base + c]);
-        }
-        i += lanes as usize;
+        accumulate_product::<A>(
+            &mut dk,
+            &score_grads,
+            my_keys,
+            &queries,
+            column_group,
+            block,
+            head_dim,
+            unroll,
+        );
+        sync_cube();
     }
 
-    for c in 0..d {
-        let gk = row_sum::<A>(dk[c], lanes, rows_per_cube);
-        let gv = row_sum::<A>(dv[c], lanes, rows_per_cube);
-        if active && c % lanes as usize == lane {
-            grad_key[row * d + c] = F::cast_from(gk * scale);
-            grad_value[row * d + c] = F::cast_from(gv);
+    #[unroll]
+    for r in 0..4 {
+        let position = start + my_keys + r;
+        if cube_active && position < s {
+            let row = head_row + position;
+            store_accumulator_row::<F, A>(
+                &dk,
+                r,
+                grad_key,
+                row,
+                column_group,
+                scale,
+                block,
+                head_dim,
+            );
+            store_accumulator_row::<F, A>(
+                &dv,
+                r,
+                grad_value,
+                row,
+                column_group,
+                A::new(1.0),
+                block,
+                head_dim,
+            );
         }
     }
 }

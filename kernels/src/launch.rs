@@ -484,8 +484,9 @@ fn half_precision_instantiates(client: &Client, h: &Handle) {
             },
             h,
         );
-        flash_attention_forward::<F>(client, rows, q, o, h, heads, 1.0, None);
-        flash_attention_backward::<F>(client, rows, q, o, h, h, [h, h, h], h, heads, 1.0, None);
+        let tiles = AttentionLaunch::for_client(client, 1);
+        flash_attention_forward::<F>(client, tiles, q, o, h, heads, 1.0, None);
+        flash_attention_backward::<F>(client, tiles, q, o, h, h, [h, h, h], h, heads, 1.0, None);
         let tables = RotaryTables {
             cos: h,
             sin: h,
@@ -662,13 +663,94 @@ fn draw_args(dropout: Option<DropoutDraw>) -> (u32, u32, u32, f32, bool) {
     }
 }
 
+/// The launch shape of fused attention ([`attention`]): `block` rows of one head per cube,
+/// one unit each, walking the other side in tiles of `block` rows kept in shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionLaunch {
+    /// Rows per cube and per tile.
+    pub block: u32,
+    /// Whether the loops over a head row are unrolled, which keeps a unit's rows in
+    /// registers on a GPU. Not on CPU runtimes: there it multiplies the shader compile time
+    /// (≈ 21 s for a 128-wide head on lavapipe) for no measured gain.
+    pub unroll: bool,
+}
+
+impl AttentionLaunch {
+    /// The blocks tried, largest first: 64 rows (two warps) where shared memory allows.
+    const BLOCKS: [u32; 4] = [64, 32, 16, 8];
+
+    /// The largest block whose tiles fit `client`'s shared memory for heads of `head_dim`
+    /// (the smallest on runtimes without planes), unrolled on devices with warp-wide planes
+    /// (GPUs). `FERROTRON_ATTENTION_BLOCK` (8, 16,
+    /// 32 or 64) and `FERROTRON_ATTENTION_UNROLL` (0 or 1) override them, for tuning a device.
+    pub fn for_client(client: &Client, head_dim: usize) -> Self {
+        let hardware = &client.properties().hardware;
+        let mut launch = Self::fitting(hardware.max_shared_memory_size, head_dim);
+        launch.unroll = hardware.plane_size_max >= 32;
+        // cubecl-cpu (no planes) runs a cube's units in lockstep at its barriers: 256 units
+        // took it 14 s for one position, 4 units 0.4 s.
+        if hardware.plane_size_max <= 1 {
+            launch.block = Self::BLOCKS[3];
+        }
+        let env = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u32>().ok());
+        if let Some(block) = env("FERROTRON_ATTENTION_BLOCK").filter(|b| Self::BLOCKS.contains(b)) {
+            launch.block = block;
+        }
+        if let Some(unroll) = env("FERROTRON_ATTENTION_UNROLL") {
+            launch.unroll = unroll != 0;
+        }
+        launch
+    }
+
+    /// The largest block whose tiles take at most `shared_bytes` for heads of `head_dim`
+    /// (the smallest block where none does: the launch then fails with the runtime's error),
+    /// not unrolled.
+    pub fn fitting(shared_bytes: usize, head_dim: usize) -> Self {
+        let fits = |block| {
+            let launch = Self {
+                block,
+                unroll: false,
+            };
+            launch.shared_bytes(head_dim) <= shared_bytes
+        };
+        let block = Self::BLOCKS
+            .into_iter()
+            .find(|&block| fits(block))
+            .unwrap_or(Self::BLOCKS[3]);
+        Self {
+            block,
+            unroll: false,
+        }
+    }
+
+    /// Shared memory of the largest of the kernels (the key kernel's, f32 tiles): four
+    /// `block × head_dim` tiles, two `block × block` ones and two row statistics.
+    pub fn shared_bytes(&self, head_dim: usize) -> usize {
+        let b = self.block as usize;
+        4 * (4 * b * head_dim + 2 * b * b + 2 * b)
+    }
+
+    /// Units per cube: one per 4 × 4 micro-tile of a `block × block` tile.
+    pub fn units(&self) -> u32 {
+        (self.block / 4) * (self.block / 4)
+    }
+
+    fn cube_dim(&self) -> CubeDim {
+        CubeDim::new_1d(self.units())
+    }
+
+    fn cube_count(&self, shape: AttentionShape) -> CubeCount {
+        cube_count(shape.heads * shape.seq.div_ceil(self.block as usize))
+    }
+}
+
 /// Fused causal attention forward: `output = dropout(softmax(scale · q kᵀ)) v` per head, and
 /// the per-row log-sum-exp of the scaled scores (`logsumexp`, f32, one per query row) that
 /// the backward needs. Nothing of size `seq × seq` is stored.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attention_forward<F: Float + CubeElement>(
     client: &Client,
-    launch: RowLaunch,
+    launch: AttentionLaunch,
     inputs: AttentionInputs<'_>,
     output: &Handle,
     logsumexp: &Handle,
@@ -684,7 +766,7 @@ pub fn flash_attention_forward<F: Float + CubeElement>(
     let (key_lo, key_hi, threshold, keep_scale, drop) = draw_args(dropout);
     attention::flash_attention_forward::launch::<F, f32>(
         client,
-        launch.cube_count(rows),
+        launch.cube_count(shape),
         launch.cube_dim(),
         arg(inputs.query, n),
         arg(inputs.key, n),
@@ -692,7 +774,7 @@ pub fn flash_attention_forward<F: Float + CubeElement>(
         arg(output, n),
         arg(logsumexp, rows),
         scale,
-        rows as u32,
+        shape.heads as u32,
         shape.seq as u32,
         key_lo,
         key_hi,
@@ -700,8 +782,8 @@ pub fn flash_attention_forward<F: Float + CubeElement>(
         keep_scale,
         shape.head_dim as u32,
         drop,
-        launch.lanes,
-        launch.rows_per_cube,
+        launch.block,
+        launch.unroll,
     );
 }
 
@@ -711,7 +793,7 @@ pub fn flash_attention_forward<F: Float + CubeElement>(
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attention_backward<F: Float + CubeElement>(
     client: &Client,
-    launch: RowLaunch,
+    launch: AttentionLaunch,
     inputs: AttentionInputs<'_>,
     output: &Handle,
     grad_output: &Handle,
@@ -731,7 +813,7 @@ pub fn flash_attention_backward<F: Float + CubeElement>(
     let [grad_query, grad_key, grad_value] = grads;
     attention::flash_attention_backward_query::launch::<F, f32>(
         client,
-        launch.cube_count(rows),
+        launch.cube_count(shape),
         launch.cube_dim(),
         arg(inputs.query, n),
         arg(inputs.key, n),
@@ -742,7 +824,7 @@ pub fn flash_attention_backward<F: Float + CubeElement>(
         arg(delta, rows),
         arg(grad_query, n),
         scale,
-        rows as u32,
+        shape.heads as u32,
         shape.seq as u32,
         key_lo,
         key_hi,
@@ -750,13 +832,13 @@ pub fn flash_attention_backward<F: Float + CubeElement>(
         keep_scale,
         shape.head_dim as u32,
         drop,
-        launch.lanes,
-        launch.rows_per_cube,
+        launch.block,
+        launch.unroll,
     );
     // Reads the deltas the launch above wrote (the same stream, in order).
     attention::flash_attention_backward_key_value::launch::<F, f32>(
         client,
-        launch.cube_count(rows),
+        launch.cube_count(shape),
         launch.cube_dim(),
         arg(inputs.query, n),
         arg(inputs.key, n),
@@ -767,7 +849,7 @@ pub fn flash_attention_backward<F: Float + CubeElement>(
         arg(grad_key, n),
         arg(grad_value, n),
         scale,
-        rows as u32,
+        shape.heads as u32,
         shape.seq as u32,
         key_lo,
         key_hi,
@@ -775,8 +857,8 @@ pub fn flash_attention_backward<F: Float + CubeElement>(
         keep_scale,
         shape.head_dim as u32,
         drop,
-        launch.lanes,
-        launch.rows_per_cube,
+        launch.block,
+        launch.unroll,
     );
 }
 

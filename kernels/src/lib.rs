@@ -9,19 +9,21 @@
 //! - [`rotary`]: rotary position embedding of queries or keys (interleaved or half-split
 //!   pairs, part of each head rotated), whose backward is the rotation by the negative angle;
 //! - [`dropout`]: dropout with masks derived on the device from a key and the element index;
-//! - [`attention`]: causal attention fused FlashAttention-style (online softmax, dropout
-//!   inside, no `seq × seq` tensor), forward and backward;
+//! - [`attention`]: causal attention fused FlashAttention-2-style (tiles of keys and queries
+//!   in shared memory, products in 4-row micro-tiles, online softmax, dropout inside, no
+//!   `seq × seq` tensor), forward and backward;
 //! - [`adam`]: one Adam step of a parameter (both moments and the update) in one kernel;
 //! - [`stream_order`]: device-side counters that order CubeCL's stream against another
 //!   stream's work (cuBLAS's products) without a host wait.
 //!
-//! The row kernels (softmax, LayerNorm, RMSNorm, attention) give each row a warp-sized group
-//! of units ([`rows`]) and loop over rows of any length in strides of that group; the
-//! element-wise kernels (dropout, SwiGLU, rotary, Adam) give each element one unit. The row,
-//! SwiGLU and rotary kernels compute in a separate float type `A` (launch with `A = f32`)
-//! whatever the storage type `F` (f32, f16, bf16). The softmax, LayerNorm, RMSNorm, SwiGLU, rotary and dropout
-//! kernels read and write each tensor once; attention re-reads the keys and values of a head
-//! for each query row (no shared-memory tiling yet). They are written against CubeCL's
+//! The row kernels (softmax, LayerNorm, RMSNorm) give each row a warp-sized group of units
+//! ([`rows`]) and loop over rows of any length in strides of that group; attention gives a
+//! cube a block of rows ([`launch::AttentionLaunch`]); the element-wise kernels (dropout,
+//! SwiGLU, rotary, Adam) give each element one unit. The row, attention, SwiGLU and rotary
+//! kernels compute in a separate float type `A` (launch with `A = f32`) whatever the storage
+//! type `F` (f32, f16, bf16). The softmax, LayerNorm, RMSNorm, SwiGLU, rotary and dropout
+//! kernels read and write each tensor once; attention reads the keys and values of a head
+//! once per block of queries (shared-memory tiles). They are written against CubeCL's
 //! runtime-generic frontend, so the same source compiles for CUDA, wgpu (Vulkan, Metal,
 //! lavapipe on CPU) and the other CubeCL runtimes. Buffers are contiguous row-major slices.
 

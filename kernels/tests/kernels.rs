@@ -1178,25 +1178,26 @@ fn half_storage_matches_f32<H: Storage>(client: &Client) -> bool {
 
     // Fused attention with dropout: the forward, then the backward fed the same (rounded)
     // output, so the f32 and half runs compute the same f32 values and differ only by the
-    // final rounding.
-    let a = AttentionShape {
-        heads: 3,
-        seq: 29,
-        head_dim: 16,
-    };
-    let inputs = [0; 4].map(|_| rounded::<H>(&rng.vec(a.len(), -1.5, 1.5)));
-    let forward_f32 = run_attention::<f32>(client, launch, &inputs, None, a, draw);
-    let forward_half = run_attention::<H>(client, launch, &inputs, None, a, draw);
-    assert_within_an_ulp::<H>("attention output", &forward_half[0], &forward_f32[0], 0.0);
-    let o = forward_half[0].clone();
-    let backward_f32 = run_attention::<f32>(client, launch, &inputs, Some(&o), a, draw);
-    let backward_half = run_attention::<H>(client, launch, &inputs, Some(&o), a, draw);
-    for (i, name) in [
-        (1, "attention dq"),
-        (2, "attention dk"),
-        (3, "attention dv"),
-    ] {
-        assert_within_an_ulp::<H>(name, &backward_half[i], &backward_f32[i], 0.0);
+    // final rounding. Heads of 64 and 128 (GPT-2's and Llama's), 37 positions: no multiple
+    // of any tile.
+    for head_dim in [64, 128] {
+        let a = AttentionShape {
+            heads: 3,
+            seq: 37,
+            head_dim,
+        };
+        let tiles = AttentionLaunch::for_client(client, head_dim);
+        let inputs = [0; 4].map(|_| rounded::<H>(&rng.vec(a.len(), -1.5, 1.5)));
+        let forward_f32 = run_attention::<f32>(client, tiles, &inputs, None, a, draw);
+        let forward_half = run_attention::<H>(client, tiles, &inputs, None, a, draw);
+        let what = |name: &str| format!("attention {name}, head_dim {head_dim}");
+        assert_within_an_ulp::<H>(&what("output"), &forward_half[0], &forward_f32[0], 0.0);
+        let o = forward_half[0].clone();
+        let backward_f32 = run_attention::<f32>(client, tiles, &inputs, Some(&o), a, draw);
+        let backward_half = run_attention::<H>(client, tiles, &inputs, Some(&o), a, draw);
+        for (i, name) in [(1, "dq"), (2, "dk"), (3, "dv")] {
+            assert_within_an_ulp::<H>(&what(name), &backward_half[i], &backward_f32[i], 0.0);
+        }
     }
     // RMSNorm forward and backward, 33 rows of 200.
     let (rows, cols) = (33, 200);
@@ -1297,7 +1298,7 @@ impl Storage for f32 {
 /// `output` in place of the forward's when it is `Some`.
 fn run_attention<S: Storage>(
     client: &Client,
-    launch: RowLaunch,
+    launch: AttentionLaunch,
     [q, k, v, dout]: &[Vec<f32>; 4],
     output: Option<&[f32]>,
     shape: AttentionShape,
@@ -1421,9 +1422,31 @@ fn attention_reference(
     out
 }
 
+/// The attention launch shapes a test runs: the device's own, the smallest block (8 rows of
+/// 4 units, so that most sequences end inside a tile and rows outnumber units), and for
+/// heads of 8 the loops unrolled (a GPU's own shape; wide unrolled heads take lavapipe tens
+/// of seconds to compile).
+fn attention_launches(client: &Client, head_dim: usize) -> Vec<AttentionLaunch> {
+    let own = AttentionLaunch::for_client(client, head_dim);
+    let mut all = vec![own];
+    let mut add = |launch| {
+        if !all.contains(&launch) {
+            all.push(launch);
+        }
+    };
+    add(AttentionLaunch { block: 8, ..own });
+    if head_dim == 8 && client.properties().hardware.plane_size_max > 1 {
+        add(AttentionLaunch {
+            unroll: true,
+            ..own
+        });
+    }
+    all
+}
+
 /// Fused attention forward and backward against float64 with the scores materialised, with
-/// and without dropout inside, for every launch shape: heads of one position, sequences
-/// that are not a multiple of the lanes, head widths 1 to 64.
+/// and without dropout inside, for every block that fits: heads of one position, sequences
+/// that are not a multiple of the block, head widths 1 to 128.
 #[test]
 fn flash_attention_forward_and_backward_match_float64() {
     let client = client();
@@ -1434,7 +1457,14 @@ fn flash_attention_forward_and_backward_match_float64() {
         threshold: (0.2f64 * 4294967296.0) as u32,
         scale: 1.0 / 0.8,
     };
-    for (heads, seq, head_dim) in [(1, 1, 1), (3, 17, 8), (2, 64, 16), (1, 41, 64)] {
+    let shapes = [
+        (1, 1, 1),
+        (3, 17, 8),
+        (2, 64, 16),
+        (1, 41, 64),
+        (2, 70, 128),
+    ];
+    for (heads, seq, head_dim) in shapes {
         let shape = AttentionShape {
             heads,
             seq,
@@ -1445,7 +1475,7 @@ fn flash_attention_forward_and_backward_match_float64() {
         let scale = 1.0 / (head_dim as f64).sqrt();
         for dropout in [None, Some(draw)] {
             let want = attention_reference([&q, &k, &v, &dout], shape, scale, dropout);
-            for launch in launches(&client) {
+            for launch in attention_launches(&client, head_dim) {
                 let what = format!("{shape:?}, {launch:?}, dropout {}", dropout.is_some());
                 let [qh, kh, vh, dh] = [&q, &k, &v, &dout].map(|x| upload(&client, x));
                 let inputs = AttentionInputs {

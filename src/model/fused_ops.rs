@@ -20,8 +20,8 @@ use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
 use ferrotron_kernels::launch::{
-    self as kernels, AttentionInputs, AttentionShape, DrawSlice, DropoutDraw, RotaryTables,
-    RowLaunch, ScoresShape, SoftmaxMask,
+    self as kernels, AttentionInputs, AttentionLaunch, AttentionShape, DrawSlice, DropoutDraw,
+    RotaryTables, RowLaunch, ScoresShape, SoftmaxMask,
 };
 
 /// The kernels a backend runs for the fused ops.
@@ -507,7 +507,7 @@ impl FusedKernels for CubeBackend {
             q.dtype,
             flash_attention_forward,
             &q.client,
-            RowLaunch::for_client(&q.client),
+            AttentionLaunch::for_client(&q.client, attention.head_dim),
             inputs,
             &output.handle,
             &logsumexp.handle,
@@ -543,7 +543,7 @@ impl FusedKernels for CubeBackend {
             q.dtype,
             flash_attention_backward,
             &q.client,
-            RowLaunch::for_client(&q.client),
+            AttentionLaunch::for_client(&q.client, attention.head_dim),
             inputs,
             &output.handle,
             &grad_output.handle,
