@@ -34,6 +34,13 @@ use crate::rows::cube_index;
 /// Rows of a micro-tile: each unit owns 4 rows of a tile's products.
 const MICRO: u32 = 4;
 
+/// The row stride of a shared-memory tile of rows of `len`: one more, so that the rows a
+/// warp's micro-tiles read at once (strided by a multiple of 32 words unpadded) fall in
+/// different memory banks.
+fn padded(len: u32) -> usize {
+    len as usize + 1
+}
+
 /// A dropout draw inside attention: whether an element is kept, and what it is scaled by.
 #[cube]
 fn kept<A: Float>(
@@ -86,7 +93,7 @@ fn load_tile<F: Float, A: Float>(
         if e < valid {
             x = A::cast_from(source[start + e]);
         }
-        tile[e] = x;
+        tile[e / d * comptime!(padded(head_dim)) + e % d] = x;
         e += CUBE_DIM_X as usize;
     }
 }
@@ -136,8 +143,8 @@ fn micro_scores<A: Float>(
         let mut rhs = Array::<A>::new(4usize);
         #[unroll]
         for r in 0..4 {
-            lhs[r] = a[(a_row + r) * d + c];
-            rhs[r] = b[(b_row + r) * d + c];
+            lhs[r] = a[(a_row + r) * comptime!(padded(head_dim)) + c];
+            rhs[r] = b[(b_row + r) * comptime!(padded(head_dim)) + c];
         }
         #[unroll]
         for r in 0..4 {
@@ -172,13 +179,13 @@ fn accumulate_product<A: Float>(
         let mut weight = Array::<A>::new(4usize);
         #[unroll]
         for r in 0..4 {
-            weight[r] = weights[(row + r) * b + j];
+            weight[r] = weights[(row + r) * comptime!(padded(block)) + j];
         }
         #[unroll(unroll)]
         for k in 0..w {
             let column = group + k * groups;
             if column < d {
-                let x = rhs[j * d + column];
+                let x = rhs[j * comptime!(padded(head_dim)) + column];
                 #[unroll]
                 for r in 0..4 {
                     acc[r * w + k] += weight[r] * x;
@@ -272,13 +279,17 @@ fn online_softmax_tile<A: Float>(
         let old_max = maxima[i];
         let mut max = old_max;
         for j in 0..seen {
-            max = A::max(max, probs[i * b + j]);
+            max = A::max(max, probs[i * comptime!(padded(block)) + j]);
         }
         let correction = A::exp(old_max - max);
         let mut sum = sums[i] * correction;
         let row = at.head_row + position;
         for j in 0..b {
-            let p = select(j < seen, A::exp(probs[i * b + j] - max), A::new(0.0));
+            let p = select(
+                j < seen,
+                A::exp(probs[i * comptime!(padded(block)) + j] - max),
+                A::new(0.0),
+            );
             sum += p;
             let index = row * at.seq + at.first + j;
             let keep = kept::<A>(
@@ -289,7 +300,7 @@ fn online_softmax_tile<A: Float>(
                 draw.keep_scale,
                 dropout,
             );
-            probs[i * b + j] = p * keep;
+            probs[i * comptime!(padded(block)) + j] = p * keep;
         }
         maxima[i] = max;
         sums[i] = sum;
@@ -329,7 +340,7 @@ pub fn flash_attention_forward<F: Float, A: Float>(
     #[comptime] unroll: bool,
 ) {
     let (s, b) = (seq as usize, block as usize);
-    let tile_len = comptime!((block * head_dim) as usize);
+    let tile_len = comptime!(block as usize * padded(head_dim));
     let (cube_active, head_row, start) = cube_block(heads, seq, block);
     let (row_group, column_group) = unit_groups(block);
     let (my_rows, my_keys) = (row_group * 4, column_group * 4);
@@ -340,7 +351,7 @@ pub fn flash_attention_forward<F: Float, A: Float>(
     let mut keys = Shared::<[A]>::new_slice(tile_len);
     let mut values = Shared::<[A]>::new_slice(tile_len);
     // The tile's scores, then its (dropped) probabilities, row-major `[block, block]`.
-    let mut probs = Shared::<[A]>::new_slice(comptime!((block * block) as usize));
+    let mut probs = Shared::<[A]>::new_slice(comptime!(block as usize * padded(block)));
     // Per query row: running maximum, running sum, and this tile's rescaling of both.
     let mut maxima = Shared::<[A]>::new_slice(block as usize);
     let mut sums = Shared::<[A]>::new_slice(block as usize);
@@ -367,7 +378,8 @@ pub fn flash_attention_forward<F: Float, A: Float>(
         let scores = micro_scores::<A>(&queries, my_rows, &keys, my_keys, head_dim, unroll);
         #[unroll]
         for e in 0..16 {
-            probs[(my_rows + e / 4) * b + my_keys + e % 4] = scores[e] * scale;
+            probs[(my_rows + e / 4) * comptime!(padded(block)) + my_keys + e % 4] =
+                scores[e] * scale;
         }
         sync_cube();
         online_softmax_tile::<A>(
@@ -457,7 +469,7 @@ pub fn flash_attention_backward_query<F: Float, A: Float>(
     #[comptime] unroll: bool,
 ) {
     let (s, b, d) = (seq as usize, block as usize, head_dim as usize);
-    let tile_len = comptime!((block * head_dim) as usize);
+    let tile_len = comptime!(block as usize * padded(head_dim));
     let (cube_active, head_row, start) = cube_block(heads, seq, block);
     let (row_group, column_group) = unit_groups(block);
     let (my_rows, my_keys) = (row_group * 4, column_group * 4);
@@ -468,7 +480,7 @@ pub fn flash_attention_backward_query<F: Float, A: Float>(
     let mut grads = Shared::<[A]>::new_slice(tile_len);
     let mut keys = Shared::<[A]>::new_slice(tile_len);
     let mut values = Shared::<[A]>::new_slice(tile_len);
-    let mut score_grads = Shared::<[A]>::new_slice(comptime!((block * block) as usize));
+    let mut score_grads = Shared::<[A]>::new_slice(comptime!(block as usize * padded(block)));
     let mut lse = Shared::<[A]>::new_slice(block as usize);
     let mut deltas = Shared::<[A]>::new_slice(block as usize);
 
@@ -486,7 +498,8 @@ pub fn flash_attention_backward_query<F: Float, A: Float>(
         if start + i < s {
             let row = head_row + start + i;
             for c in 0..d {
-                row_delta += grads[i * d + c] * A::cast_from(output[row * d + c]);
+                row_delta +=
+                    grads[i * comptime!(padded(head_dim)) + c] * A::cast_from(output[row * d + c]);
             }
             delta[row] = row_delta;
         }
@@ -510,7 +523,7 @@ pub fn flash_attention_backward_query<F: Float, A: Float>(
             let p = select(seen, A::exp(scores[e] * scale - lse[i]), A::new(0.0));
             let index = (head_row + position) * s + key_position;
             let dp = dprobs[e] * kept::<A>(index, key_lo, key_hi, threshold, keep_scale, dropout);
-            score_grads[i * b + j] = p * (dp - deltas[i]);
+            score_grads[i * comptime!(padded(block)) + j] = p * (dp - deltas[i]);
         }
         sync_cube();
         accumulate_product::<A>(
@@ -571,7 +584,7 @@ pub fn flash_attention_backward_key_value<F: Float, A: Float>(
     #[comptime] unroll: bool,
 ) {
     let (s, b) = (seq as usize, block as usize);
-    let tile_len = comptime!((block * head_dim) as usize);
+    let tile_len = comptime!(block as usize * padded(head_dim));
     let (cube_active, head_row, start) = cube_block(heads, seq, block);
     let (row_group, column_group) = unit_groups(block);
     // Rows are keys here, columns queries.
@@ -583,8 +596,8 @@ pub fn flash_attention_backward_key_value<F: Float, A: Float>(
     let mut queries = Shared::<[A]>::new_slice(tile_len);
     let mut grads = Shared::<[A]>::new_slice(tile_len);
     // `[key, query]`: the dropped probabilities and the score gradients of the tile.
-    let mut kept_probs = Shared::<[A]>::new_slice(comptime!((block * block) as usize));
-    let mut score_grads = Shared::<[A]>::new_slice(comptime!((block * block) as usize));
+    let mut kept_probs = Shared::<[A]>::new_slice(comptime!(block as usize * padded(block)));
+    let mut score_grads = Shared::<[A]>::new_slice(comptime!(block as usize * padded(block)));
     let mut lse = Shared::<[A]>::new_slice(block as usize);
     let mut deltas = Shared::<[A]>::new_slice(block as usize);
 
@@ -615,8 +628,9 @@ pub fn flash_attention_backward_key_value<F: Float, A: Float>(
             let p = select(seen, A::exp(scores[e] * scale - lse[i]), A::new(0.0));
             let index = (head_row + position) * s + key_position;
             let keep = kept::<A>(index, key_lo, key_hi, threshold, keep_scale, dropout);
-            kept_probs[j * b + i] = p * keep;
-            score_grads[j * b + i] = p * (dprobs[e] * keep - deltas[i]);
+            let at = j * comptime!(padded(block)) + i;
+            kept_probs[at] = p * keep;
+            score_grads[at] = p * (dprobs[e] * keep - deltas[i]);
         }
         sync_cube();
         accumulate_product::<A>(
