@@ -230,6 +230,30 @@ fn store_accumulator_row<F: Float, A: Float>(
     }
 }
 
+/// A unit's accumulator (times `factor`) into its 4 rows of the block at `at.start`, those
+/// before `at.seq`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn store_accumulator<F: Float, A: Float>(
+    acc: &Array<A>,
+    target: &mut [F],
+    at: TileRows,
+    my_rows: usize,
+    group: usize,
+    factor: A,
+    #[comptime] block: u32,
+    #[comptime] head_dim: u32,
+) {
+    #[unroll]
+    for r in 0..4 {
+        let position = at.start + my_rows + r;
+        if position < at.seq {
+            let row = at.head_row + position;
+            store_accumulator_row::<F, A>(acc, r, target, row, group, factor, block, head_dim);
+        }
+    }
+}
+
 /// Where a tile lies: the first row of the head, the first row of the cube's block and of
 /// the tile (positions within the head), and the head's length.
 #[derive(CubeType, Clone, Copy)]
@@ -238,6 +262,17 @@ struct TileRows {
     start: usize,
     first: usize,
     seq: usize,
+}
+
+/// The rows of the cube's own block (a [`TileRows`] whose tile is the block).
+#[cube]
+fn block_rows(head_row: usize, start: usize, seq: usize) -> TileRows {
+    TileRows {
+        head_row,
+        start,
+        first: start,
+        seq,
+    }
 }
 
 /// A dropout draw's kernel arguments.
@@ -539,22 +574,18 @@ pub fn flash_attention_backward_query<F: Float, A: Float>(
         sync_cube();
     }
 
-    #[unroll]
-    for r in 0..4 {
-        let position = start + my_rows + r;
-        if cube_active && position < s {
-            let row = head_row + position;
-            store_accumulator_row::<F, A>(
-                &acc,
-                r,
-                grad_query,
-                row,
-                column_group,
-                scale,
-                block,
-                head_dim,
-            );
-        }
+    if cube_active {
+        let at = block_rows(head_row, start, s);
+        store_accumulator::<F, A>(
+            &acc,
+            grad_query,
+            at,
+            my_rows,
+            column_group,
+            scale,
+            block,
+            head_dim,
+        );
     }
 }
 
@@ -656,31 +687,11 @@ pub fn flash_attention_backward_key_value<F: Float, A: Float>(
         sync_cube();
     }
 
-    #[unroll]
-    for r in 0..4 {
-        let position = start + my_keys + r;
-        if cube_active && position < s {
-            let row = head_row + position;
-            store_accumulator_row::<F, A>(
-                &dk,
-                r,
-                grad_key,
-                row,
-                column_group,
-                scale,
-                block,
-                head_dim,
-            );
-            store_accumulator_row::<F, A>(
-                &dv,
-                r,
-                grad_value,
-                row,
-                column_group,
-                A::new(1.0),
-                block,
-                head_dim,
-            );
-        }
+    if cube_active {
+        let (one, group) = (A::new(1.0), column_group);
+        let at = block_rows(head_row, start, s);
+        store_accumulator::<F, A>(&dk, grad_key, at, my_keys, group, scale, block, head_dim);
+        let at = block_rows(head_row, start, s);
+        store_accumulator::<F, A>(&dv, grad_value, at, my_keys, group, one, block, head_dim);
     }
 }
