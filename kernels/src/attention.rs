@@ -344,6 +344,36 @@ fn online_softmax_tile<A: Float>(
     }
 }
 
+/// A query row's log-sum-exp and `D = Σ do ⊙ o`, what the backward needs of the forward.
+#[derive(CubeType, Clone, Copy)]
+struct RowStats<A: Float> {
+    lse: A,
+    delta: A,
+}
+
+/// A query's dropped probability of a key and the gradient of their score, `(p̃, ds)`, from
+/// the scaled score, `do·v` and the query's statistics; both zero where the query does not
+/// see the key (`seen`). `index` is the pair's dropout index. One definition for the `dq`
+/// and the `dk`/`dv` kernels, which recompute the same probabilities.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn probability_and_gradient<A: Float>(
+    score: A,
+    dprob: A,
+    stats: RowStats<A>,
+    index: usize,
+    seen: bool,
+    key_lo: u32,
+    key_hi: u32,
+    threshold: u32,
+    keep_scale: f32,
+    #[comptime] dropout: bool,
+) -> (A, A) {
+    let p = select(seen, A::exp(score - stats.lse), A::new(0.0));
+    let keep = kept::<A>(index, key_lo, key_hi, threshold, keep_scale, dropout);
+    (p * keep, p * (dprob * keep - stats.delta))
+}
+
 /// This unit's micro-tile: its row group and its column group (each `block / 4` of them).
 #[cube]
 fn unit_groups(#[comptime] block: u32) -> (usize, usize) {
@@ -553,12 +583,23 @@ pub fn flash_attention_backward_query<F: Float, A: Float>(
         #[unroll]
         for e in 0..16 {
             let (i, j) = (my_rows + e / 4, my_keys + e % 4);
-            let (position, key_position) = (start + i, first + j);
-            let seen = position < s && key_position <= position;
-            let p = select(seen, A::exp(scores[e] * scale - lse[i]), A::new(0.0));
-            let index = (head_row + position) * s + key_position;
-            let dp = dprobs[e] * kept::<A>(index, key_lo, key_hi, threshold, keep_scale, dropout);
-            score_grads[i * comptime!(padded(block)) + j] = p * (dp - deltas[i]);
+            let stats = RowStats::<A> {
+                lse: lse[i],
+                delta: deltas[i],
+            };
+            let (_, ds) = probability_and_gradient::<A>(
+                scores[e] * scale,
+                dprobs[e],
+                stats,
+                (head_row + start + i) * s + first + j,
+                start + i < s && first + j <= start + i,
+                key_lo,
+                key_hi,
+                threshold,
+                keep_scale,
+                dropout,
+            );
+            score_grads[i * comptime!(padded(block)) + j] = ds;
         }
         sync_cube();
         accumulate_product::<A>(
@@ -655,13 +696,25 @@ pub fn flash_attention_backward_key_value<F: Float, A: Float>(
         for e in 0..16 {
             let (j, i) = (my_keys + e / 4, my_queries + e % 4);
             let (key_position, position) = (start + j, first + i);
-            let seen = position < s && key_position <= position;
-            let p = select(seen, A::exp(scores[e] * scale - lse[i]), A::new(0.0));
-            let index = (head_row + position) * s + key_position;
-            let keep = kept::<A>(index, key_lo, key_hi, threshold, keep_scale, dropout);
+            let stats = RowStats::<A> {
+                lse: lse[i],
+                delta: deltas[i],
+            };
+            let (p_kept, ds) = probability_and_gradient::<A>(
+                scores[e] * scale,
+                dprobs[e],
+                stats,
+                (head_row + position) * s + key_position,
+                position < s && key_position <= position,
+                key_lo,
+                key_hi,
+                threshold,
+                keep_scale,
+                dropout,
+            );
             let at = j * comptime!(padded(block)) + i;
-            kept_probs[at] = p * keep;
-            score_grads[at] = p * (dprobs[e] * keep - deltas[i]);
+            kept_probs[at] = p_kept;
+            score_grads[at] = ds;
         }
         sync_cube();
         accumulate_product::<A>(

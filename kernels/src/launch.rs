@@ -706,21 +706,15 @@ impl AttentionLaunch {
     /// (the smallest block where none does: the launch then fails with the runtime's error),
     /// not unrolled.
     pub fn fitting(shared_bytes: usize, head_dim: usize) -> Self {
-        let fits = |block| {
-            let launch = Self {
-                block,
-                unroll: false,
-            };
-            launch.shared_bytes(head_dim) <= shared_bytes
-        };
-        let block = Self::BLOCKS
-            .into_iter()
-            .find(|&block| fits(block))
-            .unwrap_or(Self::BLOCKS[3]);
-        Self {
+        let plain = |block| Self {
             block,
             unroll: false,
-        }
+        };
+        Self::BLOCKS
+            .map(plain)
+            .into_iter()
+            .find(|launch| launch.shared_bytes(head_dim) <= shared_bytes)
+            .unwrap_or(plain(Self::BLOCKS[3]))
     }
 
     /// Shared memory of the largest of the kernels (the key kernel's, f32 tiles): four
