@@ -18,6 +18,7 @@ use super::adamw::{AdamWConfig, NamedMoments};
 use super::grad_buffer::GradientAccumulator;
 use super::LearningRates;
 use crate::comm::{tensor as comm_tensor, CommError, Group, ReduceOp};
+use crate::util::fixed_order_sum::fixed_order_sum;
 
 /// One parameter's place in the flat buffer.
 #[derive(Clone, Debug)]
@@ -239,9 +240,8 @@ impl DistributedAdamW {
             &device,
         );
         let mut g = comm_tensor::reduce_scatter(&self.data, flat_grads, 0, ReduceOp::Sum)?;
-        let local = (g.clone().square() * self.counted.clone())
-            .sum()
-            .into_scalar::<f32>() as f64;
+        let local =
+            fixed_order_sum(g.clone().square() * self.counted.clone()).into_scalar::<f32>() as f64;
         let norm = norm_group.all_reduce_scalar(local, ReduceOp::Sum)?.sqrt();
         self.num_zeros_in_grad = if self.count_zeros {
             let zeros = (g.clone().equal_elem(0.0).float() * self.counted.clone())

@@ -31,6 +31,7 @@ use ferrotron_kernels::launch::{self as kernels, AdamScalars};
 use super::optimizer::{Optimizer, OptimizerSetup};
 use super::{AdamWConfig, GradNorm, GradientAccumulator, LearningRates, NamedMoments};
 use crate::comm::CommError;
+use crate::util::fixed_order_sum::fixed_order_sum;
 
 /// Where one parameter lives in the flat buffers.
 struct Segment {
@@ -243,7 +244,7 @@ impl FlatBuffers {
         let mut total: Option<Tensor<1>> = None;
         for start in (0..self.total).step_by(chunk) {
             let len = chunk.min(self.total - start);
-            let squares = grads.clone().narrow(0, start, len).square().sum();
+            let squares = fixed_order_sum(grads.clone().narrow(0, start, len).square());
             total = Some(match total {
                 Some(t) => t + squares,
                 None => squares,

@@ -12,6 +12,7 @@ use burn::tensor::{FloatDType, Gradients, Tensor};
 
 use crate::comm::CommError;
 use crate::comm::{Group, ReduceOp};
+use crate::util::fixed_order_sum::fixed_order_sum;
 
 /// The global gradient norm of a step: already a host value, or a one-element device tensor
 /// still to be read (see [`GradientAccumulator::clip_global_norm_deferred`]).
@@ -213,7 +214,7 @@ impl GradientAccumulator {
                 continue;
             }
             let g = &self.grads[id];
-            let s = g.clone().square().sum();
+            let s = fixed_order_sum(g.clone().square());
             total = Some(match total {
                 Some(t) => t + s,
                 None => s,

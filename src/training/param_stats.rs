@@ -11,6 +11,7 @@ use burn::tensor::Tensor;
 use crate::comm::{Group, ReduceOp};
 use crate::model::Gpt;
 use crate::optim::GradientAccumulator;
+use crate::util::fixed_order_sum::fixed_order_sum;
 
 /// The L2 norm of `model`'s parameters over the ranks of `model_group` (tensor × pipeline),
 /// leaving out those another rank counts.
@@ -50,7 +51,7 @@ impl ModuleVisitor for SquareSum<'_> {
         if self.not_counted.contains(&param.id) {
             return;
         }
-        let s = param.val().inner().square().sum();
+        let s = fixed_order_sum(param.val().inner().square());
         self.total = Some(match self.total.take() {
             Some(t) => t + s,
             None => s,

@@ -10,6 +10,7 @@ pub mod cli;
 pub mod cublas;
 pub mod device;
 pub mod exit_signal;
+pub mod fixed_order_sum;
 pub mod host_tensor;
 pub mod init;
 pub mod matmul;
