@@ -260,6 +260,78 @@ fn fused_swiglu_matches_the_composed_ops_with_gradients() {
     }
 }
 
+/// The fused GELU, exact and tanh, against a float64 transcription of both (burn's composed
+/// GELU on CubeCL differentiates the exact form as the tanh one): output and gradient, in
+/// f32 and f16 storage, over inputs far into both tails.
+#[test]
+fn fused_gelu_matches_float64_with_gradients() {
+    use ferrotron::model::ops::gelu;
+    let d = device();
+    let exact = |x: f64| {
+        let cdf = 0.5 * (1.0 + libm::erf(x / std::f64::consts::SQRT_2));
+        let pdf = (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt();
+        (x * cdf, cdf + x * pdf)
+    };
+    let tanh_form = |x: f64| {
+        let c = (2.0 / std::f64::consts::PI).sqrt();
+        let t = (c * (x + 0.044715 * x * x * x)).tanh();
+        let du = c * (1.0 + 3.0 * 0.044715 * x * x);
+        (
+            0.5 * x * (1.0 + t),
+            0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du,
+        )
+    };
+    for tanh in [false, true] {
+        for half in [false, true] {
+            for (b, s, f) in [(1, 1, 1), (2, 3, 17), (2, 16, 4 * 64 + 3)] {
+                let x = stored(random([b, s, f], 11, 12.0, &d), half);
+                let r = stored(random([b, s, f], 12, 1.0, &d), half);
+                let xg = x.clone().require_grad();
+                let y = gelu(xg.clone(), tanh, true);
+                let grads = (y.clone() * r.clone()).sum().backward();
+                let (y, dx) = (f32_values(y), f32_values(xg.grad(&grads).unwrap()));
+                let (xs, rs) = (f32_values(x.clone()), f32_values(r.clone()));
+                let want: Vec<(f64, f64)> = xs
+                    .iter()
+                    .map(|&v| {
+                        if tanh {
+                            tanh_form(v as f64)
+                        } else {
+                            exact(v as f64)
+                        }
+                    })
+                    .collect();
+                let want_y: Vec<f64> = want.iter().map(|w| w.0).collect();
+                let want_dx: Vec<f64> =
+                    want.iter().zip(&rs).map(|(w, &r)| w.1 * r as f64).collect();
+                let abs = if half { 2e-2 } else { 2e-5 };
+                let what = format!("gelu (tanh {tanh}) {b}×{s}×{f}, f16 {half}");
+                assert_close_f64(&format!("{what} y"), &y, &want_y, abs * 12.0);
+                assert_close_f64(&format!("{what} dx"), &dx, &want_dx, abs);
+                if !tanh && !half && b * s * f > 100 {
+                    // burn's composed GELU on this device: its gradient is the tanh form's, so
+                    // the kernel (which ran) is the nearer to the exact one.
+                    let xg = x.clone().require_grad();
+                    let grads = (gelu(xg.clone(), false, false) * r.clone())
+                        .sum()
+                        .backward();
+                    let composed = f32_values(xg.grad(&grads).unwrap());
+                    let off = |got: &[f32]| {
+                        got.iter()
+                            .zip(&want_dx)
+                            .map(|(&g, &w)| (g as f64 - w).abs())
+                            .fold(0.0, f64::max)
+                    };
+                    assert!(
+                        off(&dx) < off(&composed),
+                        "{what}: the fused GELU did not run"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// The fused rotary embedding against the composed one: both pair layouts, part of each
 /// head rotated, a position offset (incremental decoding), queries laid out as attention
 /// has them (not contiguous), output and gradient, in f32 and f16 storage.
@@ -413,7 +485,8 @@ fn small_gpt(dir: &std::path::Path, fused: bool, tp: usize) -> PretrainConfig {
                 .with_masked_softmax_fusion(fused)
                 .with_layer_norm_fusion(fused)
                 .with_rope_fusion(fused)
-                .with_bias_swiglu_fusion(fused),
+                .with_bias_swiglu_fusion(fused)
+                .with_bias_gelu_fusion(fused),
             DataSources::Mock(Arc::new(MockDocuments::new(512, 511))),
         )
     }
@@ -735,7 +808,9 @@ fn flat_adam_follows_the_composed_adam() {
         let resumed = (step == 3).then(|| {
             // What a checkpoint keeps; this must step before `flat` steps its buffers in place.
             let saved = Optimizer::<ferrotron::model::Gpt>::moments(&flat).unwrap();
-            let mut resumed = FlatAdamW::new(setup(&gpu_model), Some((2, saved)));
+            // The same norm chunks: the norm's order of additions follows them.
+            let mut resumed =
+                FlatAdamW::new(setup(&gpu_model), Some((2, saved))).with_norm_chunk(4096);
             let mut acc = grads(&gpu_model, step, &gpu);
             weights(&resumed.step(gpu_model.clone(), &mut acc, lr).unwrap().0)
         });
