@@ -7,7 +7,7 @@ use cubecl::server::Handle;
 use crate::rows::cube_count;
 pub use crate::rows::RowLaunch;
 use crate::{
-    adam, attention, dropout, layer_norm, rms_norm, rotary, softmax, stream_order, swiglu,
+    adam, attention, dropout, gelu, layer_norm, rms_norm, rotary, softmax, stream_order, swiglu,
 };
 
 fn arg(handle: &Handle, len: usize) -> BufferArg {
@@ -336,6 +336,54 @@ fn check_elements(len: usize, what: &str) {
     assert!(len <= u32::MAX as usize, "{what} of more than 2³² elements");
 }
 
+/// GELU forward, `len` elements: exact, or the tanh approximation with `tanh`.
+pub fn gelu_forward<F: Float + CubeElement>(
+    client: &Client,
+    input: &Handle,
+    output: &Handle,
+    len: usize,
+    tanh: bool,
+) {
+    if len == 0 {
+        return;
+    }
+    check_elements(len, "GELU");
+    gelu::gelu_forward::launch::<F, f32>(
+        client,
+        cube_count(len.div_ceil(gelu::UNITS_PER_CUBE as usize)),
+        CubeDim::new_1d(gelu::UNITS_PER_CUBE),
+        arg(input, len),
+        arg(output, len),
+        len as u32,
+        tanh,
+    );
+}
+
+/// GELU backward: `grad_input` from the forward's input and `grad_output`.
+pub fn gelu_backward<F: Float + CubeElement>(
+    client: &Client,
+    input: &Handle,
+    grad_output: &Handle,
+    grad_input: &Handle,
+    len: usize,
+    tanh: bool,
+) {
+    if len == 0 {
+        return;
+    }
+    check_elements(len, "GELU");
+    gelu::gelu_backward::launch::<F, f32>(
+        client,
+        cube_count(len.div_ceil(gelu::UNITS_PER_CUBE as usize)),
+        CubeDim::new_1d(gelu::UNITS_PER_CUBE),
+        arg(input, len),
+        arg(grad_output, len),
+        arg(grad_input, len),
+        len as u32,
+        tanh,
+    );
+}
+
 /// SwiGLU forward: `output = silu(gate) ⊙ up`, `len` elements each.
 pub fn swiglu_forward<F: Float + CubeElement>(
     client: &Client,
@@ -471,6 +519,10 @@ fn half_precision_instantiates(client: &Client, h: &Handle) {
         rms_norm_backward::<F>(client, rows, h, h, h, h, h, h, 1, 1);
         swiglu_forward::<F>(client, h, h, h, 1);
         swiglu_backward::<F>(client, h, h, h, [h, h], 1);
+        for tanh in [false, true] {
+            gelu_forward::<F>(client, h, h, 1, tanh);
+            gelu_backward::<F>(client, h, h, h, 1, tanh);
+        }
         let heads = AttentionShape {
             heads: 1,
             seq: 1,

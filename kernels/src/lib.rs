@@ -32,6 +32,7 @@ pub mod attention;
 #[cfg(feature = "cpu")]
 pub mod cpu_runtime;
 pub mod dropout;
+pub mod gelu;
 pub mod launch;
 pub mod layer_norm;
 pub mod reduce;

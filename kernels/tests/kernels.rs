@@ -696,6 +696,56 @@ fn rms_norm_backward_matches_finite_differences_of_the_forward_kernel() {
     }
 }
 
+/// GELU and its derivative in float64: exact (`x · Φ(x)`) or the tanh form.
+fn gelu_reference(x: f64, tanh: bool) -> (f64, f64) {
+    if tanh {
+        let c = (2.0 / std::f64::consts::PI).sqrt();
+        let t = (c * (x + 0.044715 * x * x * x)).tanh();
+        let du = c * (1.0 + 3.0 * 0.044715 * x * x);
+        (
+            0.5 * x * (1.0 + t),
+            0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du,
+        )
+    } else {
+        let cdf = 0.5 * (1.0 + libm::erf(x / std::f64::consts::SQRT_2));
+        let pdf = (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt();
+        (x * cdf, cdf + x * pdf)
+    }
+}
+
+/// GELU forward and backward kernels against float64, exact and tanh, over lengths that leave
+/// a partly filled last cube and inputs far into both tails (and past f32's `e^(x²)`).
+#[test]
+fn gelu_forward_and_backward_match_float64() {
+    let client = client();
+    let mut rng = Rng(10);
+    for tanh in [false, true] {
+        for n in [1, 17, 257, 10_007] {
+            let mut x = rng.vec(n, -10.0, 10.0);
+            for (v, extreme) in x.iter_mut().zip([-100.0, 100.0, -9.0, 9.0, 0.0, -1e4]) {
+                *v = extreme;
+            }
+            let dy = rng.vec(n, -1.0, 1.0);
+            let (xh, dyh) = (upload(&client, &x), upload(&client, &dy));
+            let (y, dx) = (poisoned(&client, n), poisoned(&client, n));
+            gelu_forward::<f32>(&client, &xh, &y, n, tanh);
+            gelu_backward::<f32>(&client, &xh, &dyh, &dx, n, tanh);
+            let want: Vec<(f64, f64)> = x.iter().map(|&v| gelu_reference(v as f64, tanh)).collect();
+            let want_y: Vec<f64> = want.iter().map(|w| w.0).collect();
+            let want_dx: Vec<f64> = want.iter().zip(&dy).map(|(w, &d)| w.1 * d as f64).collect();
+            let what = format!("gelu (tanh {tanh}) {n}");
+            assert_close(&what, &download(&client, y, n), &want_y, 1e-6, 1e-5);
+            assert_close(
+                &format!("{what} dx"),
+                &download(&client, dx, n),
+                &want_dx,
+                1e-6,
+                1e-5,
+            );
+        }
+    }
+}
+
 fn run_swiglu(client: &Client, gate: &[f32], up: &[f32]) -> Vec<f32> {
     let (gh, uh, out) = (
         upload(client, gate),
@@ -1260,6 +1310,31 @@ fn half_storage_matches_f32<H: Storage>(client: &Client) -> bool {
         &du_f32,
         0.0,
     );
+
+    // GELU forward and backward, exact and tanh.
+    for tanh in [false, true] {
+        let [x, dy] = [(-6.0, 6.0), (-1.0, 1.0)].map(|(lo, hi)| rounded::<H>(&rng.vec(n, lo, hi)));
+        let [x32, dy32] = [&x, &dy].map(|v| upload(client, v));
+        let [y32, dx32] = [0; 2].map(|_| poisoned(client, n));
+        gelu_forward::<f32>(client, &x32, &y32, n, tanh);
+        gelu_backward::<f32>(client, &x32, &dy32, &dx32, n, tanh);
+        let [xh, dyh] = [&x, &dy].map(|v| upload_as::<H>(client, v));
+        let [yh, dxh] = [0; 2].map(|_| poisoned_as::<H>(client, n));
+        gelu_forward::<H>(client, &xh, &yh, n, tanh);
+        gelu_backward::<H>(client, &xh, &dyh, &dxh, n, tanh);
+        assert_within_an_ulp::<H>(
+            "gelu",
+            &download_as::<H>(client, yh, n),
+            &download(client, y32, n),
+            0.0,
+        );
+        assert_within_an_ulp::<H>(
+            "gelu dx",
+            &download_as::<H>(client, dxh, n),
+            &download(client, dx32, n),
+            0.0,
+        );
+    }
 
     // Rotary embedding, both layouts, part of each head rotated, and its backward.
     for interleaved in [false, true] {

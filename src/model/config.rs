@@ -54,6 +54,10 @@ pub struct GptConfig {
     /// off; the math is the same).
     #[config(default = true)]
     pub bias_swiglu_fusion: bool,
+    /// The fused GELU kernel where the backend has it (`--no-bias-gelu-fusion` turns it off;
+    /// the math is the same).
+    #[config(default = true)]
+    pub bias_gelu_fusion: bool,
     /// Fused causal attention where the backend has it (`--use-flash-attn`): the
     /// FlashAttention-style kernel with dropout inside, which never stores the `[s, s]`
     /// scores. Off by default, as in Megatron; the math is the composed attention's.
@@ -241,6 +245,7 @@ impl GptConfig {
             layer_norm_fusion: other.layer_norm_fusion,
             rope_fusion: other.rope_fusion,
             bias_swiglu_fusion: other.bias_swiglu_fusion,
+            bias_gelu_fusion: other.bias_gelu_fusion,
             flash_attention: other.flash_attention,
             sequence_parallel: other.sequence_parallel,
             ..self.clone()

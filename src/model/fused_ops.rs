@@ -63,6 +63,15 @@ pub trait FusedKernels: Backend {
         dy: FloatTensor<Self>,
         rstd: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
+    /// GELU, element-wise (the tanh approximation with `tanh`).
+    fn fused_gelu_forward(x: FloatTensor<Self>, tanh: bool) -> FloatTensor<Self>;
+    /// GELU backward: dx from the forward's input and dy (the exact derivative of the form
+    /// computed; burn's default `gelu_backward` is the tanh form's for both).
+    fn fused_gelu_backward(
+        x: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+        tanh: bool,
+    ) -> FloatTensor<Self>;
     /// `silu(gate) ⊙ up`, element-wise.
     fn swiglu_forward(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self>;
     /// SwiGLU backward: d_gate, d_up.
@@ -131,6 +140,8 @@ pub trait FusedOps: Backend {
         gamma: FloatTensor<Self>,
         epsilon: f32,
     ) -> FloatTensor<Self>;
+    /// GELU: exact, or the tanh approximation with `tanh` (`--openai-gelu`).
+    fn fused_gelu(x: FloatTensor<Self>, tanh: bool) -> FloatTensor<Self>;
     /// SwiGLU's `silu(gate) ⊙ up`.
     fn fused_swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self>;
     /// Rotary embedding of `[b, heads, s, head_dim]` at table rows `offset..offset + s` of
@@ -388,6 +399,43 @@ impl FusedKernels for CubeBackend {
         (dx, dgamma)
     }
 
+    fn fused_gelu_forward(x: CubeTensor, tanh: bool) -> CubeTensor {
+        let x = packed(x);
+        let shape = x.shape();
+        let len = shape.num_elements();
+        let y = empty_like(&x, shape, x.dtype);
+        by_dtype!(
+            x.dtype,
+            gelu_forward,
+            &x.client,
+            &x.handle,
+            &y.handle,
+            len,
+            tanh
+        );
+        y
+    }
+
+    fn fused_gelu_backward(x: CubeTensor, dy: CubeTensor, tanh: bool) -> CubeTensor {
+        let (x, dy) = (packed(x), packed(dy));
+        same_dtype("GELU's output gradient", &x, &dy);
+        let shape = x.shape();
+        assert_eq!(shape, dy.shape(), "GELU's input and output gradient");
+        let len = shape.num_elements();
+        let dx = empty_like(&x, shape, x.dtype);
+        by_dtype!(
+            x.dtype,
+            gelu_backward,
+            &x.client,
+            &x.handle,
+            &dy.handle,
+            &dx.handle,
+            len,
+            tanh
+        );
+        dx
+    }
+
     fn swiglu_forward(gate: CubeTensor, up: CubeTensor) -> CubeTensor {
         let (gate, up) = (packed(gate), packed(up));
         same_dtype("SwiGLU's up", &gate, &up);
@@ -620,6 +668,10 @@ impl FusedOps for CubeBackend {
         Self::rms_norm_forward(x, gamma, epsilon).0
     }
 
+    fn fused_gelu(x: CubeTensor, tanh: bool) -> CubeTensor {
+        Self::fused_gelu_forward(x, tanh)
+    }
+
     fn fused_swiglu(gate: CubeTensor, up: CubeTensor) -> CubeTensor {
         Self::swiglu_forward(gate, up)
     }
@@ -698,6 +750,23 @@ impl<B: FusedKernels> Backward<B, 2> for RmsNormBackward {
         }
         if let Some(p) = pgamma {
             grads.register::<B>(p.id, dgamma);
+        }
+    }
+}
+
+#[derive(Debug)]
+struct GeluBackward;
+
+impl<B: FusedKernels> Backward<B, 1> for GeluBackward {
+    /// The input, and whether the tanh approximation ran.
+    type State = (FloatTensor<B>, bool);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [px] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        let (x, tanh) = ops.state;
+        if let Some(p) = px {
+            grads.register::<B>(p.id, B::fused_gelu_backward(x, grad, tanh));
         }
     }
 }
@@ -900,6 +969,17 @@ impl<B: FusedKernels + FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B,
         }
     }
 
+    fn fused_gelu(x: FloatTensor<Self>, tanh: bool) -> FloatTensor<Self> {
+        let (x, node) = x.into_parts();
+        match GeluBackward.prepare::<C>([node]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let y = B::fused_gelu_forward(x.clone(), tanh);
+                prep.finish((x, tanh), y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::fused_gelu_forward(x, tanh)),
+        }
+    }
+
     fn fused_swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
         let (gate, ngate) = gate.into_parts();
         let (up, nup) = up.into_parts();
@@ -972,6 +1052,11 @@ pub fn rms_norm(x: Tensor<3>, gamma: Tensor<1>, epsilon: f64) -> Tensor<3> {
         gamma.into_dispatch(),
         epsilon as f32,
     ))
+}
+
+/// The fused GELU of `x`: exact, or the tanh approximation with `tanh`.
+pub fn gelu<const D: usize>(x: Tensor<D>, tanh: bool) -> Tensor<D> {
+    Tensor::from_dispatch(<Dispatch as FusedOps>::fused_gelu(x.into_dispatch(), tanh))
 }
 
 /// The fused SwiGLU activation `silu(gate) ⊙ up` (both of one shape and dtype).

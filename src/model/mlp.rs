@@ -2,10 +2,9 @@
 //! (Llama).
 
 use burn::module::Module;
-use burn::tensor::activation::{gelu, gelu_approximate};
 use burn::tensor::{Device, Tensor};
 
-use super::ops::swiglu;
+use super::ops::{gelu, swiglu};
 use super::GptConfig;
 use crate::comm::Group;
 use crate::parallel::layers::{ColumnParallelLinear, RowParallelLinear};
@@ -27,9 +26,12 @@ pub struct Mlp {
     pub dense_4h_to_h: RowParallelLinear,
     /// tanh GELU (`--openai-gelu`) instead of the exact erf form.
     pub openai_gelu: bool,
-    /// SwiGLU's `silu(gate) ⊙ up` as one fused kernel where the backend has it; follows the
-    /// norms' fusion switch (off: `--no-persist-layer-norm`), the math is the same.
+    /// SwiGLU's `silu(gate) ⊙ up` as one fused kernel where the backend has it
+    /// (`--no-bias-swiglu-fusion` turns it off); the math is the same.
     pub fused: bool,
+    /// GELU as one fused kernel each way where the backend has it (`--no-bias-gelu-fusion`
+    /// turns it off); the math is the same.
+    pub fused_gelu: bool,
 }
 
 impl Mlp {
@@ -70,6 +72,7 @@ impl Mlp {
             .with_sequence_parallel(config.sequence_parallel),
             openai_gelu: config.openai_gelu,
             fused: config.bias_swiglu_fusion,
+            fused_gelu: config.bias_gelu_fusion,
         }
     }
 
@@ -84,8 +87,11 @@ impl Mlp {
                     self.fused,
                 )
             }
-            None if self.openai_gelu => gelu_approximate(self.dense_h_to_4h.forward(x)),
-            None => gelu(self.dense_h_to_4h.forward(x)),
+            None => gelu(
+                self.dense_h_to_4h.forward(x),
+                self.openai_gelu,
+                self.fused_gelu,
+            ),
         };
         self.dense_4h_to_h.forward(h)
     }

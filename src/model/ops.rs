@@ -87,6 +87,21 @@ pub fn rms_norm(x: Tensor<3>, gamma: Tensor<1>, epsilon: f64, fused: bool) -> Te
     (x * inverse_rms * gamma.cast(compute).unsqueeze::<3>()).cast(dtype)
 }
 
+/// GELU, exact or (`tanh`, `--openai-gelu`) the tanh approximation: one fused kernel each
+/// way (f32 inside) with `fused` on a CubeCL device, else burn's composed ops.
+pub fn gelu<const D: usize>(x: Tensor<D>, tanh: bool, fused: bool) -> Tensor<D> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if fused && crate::util::device::is_cube(&x.device()) {
+        return super::fused_ops::gelu(x, tanh);
+    }
+    let _ = fused;
+    if tanh {
+        burn::tensor::activation::gelu_approximate(x)
+    } else {
+        burn::tensor::activation::gelu(x)
+    }
+}
+
 /// SwiGLU's activation `silu(gate) ⊙ up` (Llama's MLP), in `gate`'s dtype: one fused kernel
 /// (f32 inside) with `fused` on a CubeCL device, else composed of burn ops.
 pub fn swiglu<const D: usize>(gate: Tensor<D>, up: Tensor<D>, fused: bool) -> Tensor<D> {

@@ -1,0 +1,77 @@
+//! GELU, element-wise, one kernel each way. Composed of tensor ops the exact form
+//! `0.5 · x · (1 + erf(x / √2))` is five kernels forward and about twice that backward; here
+//! the forward reads `x` once and writes `y`, and the backward reads `x` and `dy` once and
+//! writes `dx`:
+//! - exact (Megatron's default): `y = x · Φ(x)`, `dy/dx = Φ(x) + x · φ(x)`, with
+//!   `Φ(x) = (1 + erf(x / √2)) / 2` and `φ(x) = e^(−x²/2) / √(2π)`;
+//! - tanh (`--openai-gelu`): `y = x · (1 + tanh u) / 2`, `u = √(2/π) · (x + 0.044715 x³)`,
+//!   `dy/dx = (1 + tanh u) / 2 + x · (1 − tanh² u) / 2 · √(2/π) · (1 + 3 · 0.044715 x²)`,
+//!   computed through the logistic of `2u` (the same function, accurate in the tails).
+//!
+//! Computed in `A` (f32) whatever the storage type.
+
+use cubecl::prelude::*;
+
+use crate::rows::cube_index;
+
+/// Units per cube.
+pub const UNITS_PER_CUBE: u32 = 256;
+
+/// `1 / √2`.
+const FRAC_1_SQRT_2: f32 = std::f32::consts::FRAC_1_SQRT_2;
+/// `1 / √(2π)`.
+const FRAC_1_SQRT_2PI: f32 = 0.398_942_3;
+/// `√(2/π)`.
+const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+/// The cubic coefficient of the tanh approximation.
+const CUBIC: f32 = 0.044_715;
+
+/// `(y, dy/dx)` at `x`.
+#[cube]
+fn gelu_and_slope<A: Float>(x: A, #[comptime] tanh: bool) -> (A, A) {
+    let half = A::new(0.5);
+    let one = A::new(1.0);
+    if comptime![tanh] {
+        // (1 + tanh u) / 2 is the logistic of 2u, which stays accurate where tanh u rounds
+        // to ±1; (1 − tanh² u) / 2 = 2 · s · (1 − s).
+        let u = A::new(SQRT_2_OVER_PI) * (x + A::new(CUBIC) * x * x * x);
+        let s = one / (one + A::exp(A::new(-2.0) * u));
+        let du = A::new(SQRT_2_OVER_PI) * (one + A::new(3.0 * CUBIC) * x * x);
+        (x * s, s + A::new(2.0) * x * s * (one - s) * du)
+    } else {
+        let cdf = half * (one + A::erf(x * A::new(FRAC_1_SQRT_2)));
+        let pdf = A::new(FRAC_1_SQRT_2PI) * A::exp(A::new(0.0) - half * x * x);
+        (x * cdf, cdf + x * pdf)
+    }
+}
+
+/// `output[i] = gelu(input[i])` for `i < len`.
+#[cube(launch)]
+pub fn gelu_forward<F: Float, A: Float>(
+    input: &[F],
+    output: &mut [F],
+    len: u32,
+    #[comptime] tanh: bool,
+) {
+    let i = cube_index() * UNITS_PER_CUBE as usize + UNIT_POS_X as usize;
+    if i < len as usize {
+        let (y, _) = gelu_and_slope::<A>(A::cast_from(input[i]), tanh);
+        output[i] = F::cast_from(y);
+    }
+}
+
+/// `grad_input[i] = grad_output[i] · gelu'(input[i])` for `i < len`.
+#[cube(launch)]
+pub fn gelu_backward<F: Float, A: Float>(
+    input: &[F],
+    grad_output: &[F],
+    grad_input: &mut [F],
+    len: u32,
+    #[comptime] tanh: bool,
+) {
+    let i = cube_index() * UNITS_PER_CUBE as usize + UNIT_POS_X as usize;
+    if i < len as usize {
+        let (_, slope) = gelu_and_slope::<A>(A::cast_from(input[i]), tanh);
+        grad_input[i] = F::cast_from(A::cast_from(grad_output[i]) * slope);
+    }
+}
