@@ -51,6 +51,37 @@ fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
     );
 }
 
+/// The cross-entropy's kernels (one rank) against the cross-entropy composed of burn ops on
+/// the same device: per-token losses and the logits' gradient of their mean, over a vocabulary
+/// wider than a cube's lanes, targets at both ends of it.
+#[test]
+fn fused_cross_entropy_matches_the_composed_ops_with_gradients() {
+    use burn::tensor::Int;
+    use ferrotron::comm::Group;
+    use ferrotron::parallel::cross_entropy::{
+        composed_cross_entropy, vocab_parallel_cross_entropy,
+    };
+    let d = device();
+    let (b, s, v) = (2, 7, 300);
+    let labels: Vec<i64> = (0..b * s)
+        .map(|t| [0, v - 1, (t * 37) % v][t % 3] as i64)
+        .collect();
+    let labels = Tensor::<2, Int>::from_data(TensorData::new(labels, [b, s]), &d);
+    let run = |fused: bool| {
+        let x = random([b, s, v], 11, 6.0, &d).require_grad();
+        let loss = if fused {
+            vocab_parallel_cross_entropy(x.clone(), labels.clone(), 0, &Group::single())
+        } else {
+            composed_cross_entropy(x.clone(), labels.clone())
+        };
+        let grads = loss.clone().mean().backward();
+        (values(loss), values(x.grad(&grads).unwrap()))
+    };
+    let (fused, composed) = (run(true), run(false));
+    assert_close("cross-entropy", &fused.0, &composed.0, 1e-6);
+    assert_close("cross-entropy gradient", &fused.1, &composed.1, 1e-5);
+}
+
 #[test]
 fn fused_causal_softmax_matches_the_composed_ops_with_gradients() {
     let d = device();

@@ -7,7 +7,8 @@ use cubecl::server::Handle;
 use crate::rows::cube_count;
 pub use crate::rows::RowLaunch;
 use crate::{
-    adam, attention, dropout, gelu, layer_norm, rms_norm, rotary, softmax, stream_order, swiglu,
+    adam, attention, cross_entropy, dropout, gelu, layer_norm, rms_norm, rotary, softmax,
+    stream_order, swiglu,
 };
 
 fn arg(handle: &Handle, len: usize) -> BufferArg {
@@ -126,6 +127,74 @@ pub fn softmax_backward<F: Float + CubeElement>(
         sk as u32,
         launch.lanes,
         launch.rows_per_cube,
+    );
+}
+
+/// Cross-entropy forward over `rows` rows of `cols` logits against `targets` (i32, one per
+/// row; a row counts its target only where `inside`, f32, is non-zero): `loss` and
+/// `logsumexp` (f32, `rows` each).
+#[allow(clippy::too_many_arguments)]
+pub fn cross_entropy_forward<F: Float + CubeElement>(
+    client: &Client,
+    launch: RowLaunch,
+    logits: &Handle,
+    targets: &Handle,
+    inside: &Handle,
+    loss: &Handle,
+    logsumexp: &Handle,
+    rows: usize,
+    cols: usize,
+) {
+    if rows * cols == 0 {
+        return;
+    }
+    cross_entropy::cross_entropy_forward::launch::<F, f32>(
+        client,
+        launch.cube_count(rows),
+        launch.cube_dim(),
+        arg(logits, rows * cols),
+        arg(targets, rows),
+        arg(inside, rows),
+        arg(loss, rows),
+        arg(logsumexp, rows),
+        rows as u32,
+        cols as u32,
+        launch.lanes,
+        launch.rows_per_cube,
+    );
+}
+
+/// Cross-entropy backward: `grad_logits = (softmax − one-hot(targets)) · grad_loss` per row,
+/// the softmax recomputed from the forward's `logsumexp`.
+#[allow(clippy::too_many_arguments)]
+pub fn cross_entropy_backward<F: Float + CubeElement>(
+    client: &Client,
+    launch: RowLaunch,
+    logits: &Handle,
+    targets: &Handle,
+    inside: &Handle,
+    logsumexp: &Handle,
+    grad_loss: &Handle,
+    grad_logits: &Handle,
+    rows: usize,
+    cols: usize,
+) {
+    if rows * cols == 0 {
+        return;
+    }
+    cross_entropy::cross_entropy_backward::launch::<F, f32>(
+        client,
+        launch.cube_count(rows),
+        launch.cube_dim(),
+        arg(logits, rows * cols),
+        arg(targets, rows),
+        arg(inside, rows),
+        arg(logsumexp, rows),
+        arg(grad_loss, rows),
+        arg(grad_logits, rows * cols),
+        rows as u32,
+        cols as u32,
+        launch.lanes,
     );
 }
 

@@ -3,6 +3,8 @@
 //! - [`softmax`]: scaled upper-triangular (causal) masked softmax
 //!   (`ScaledUpperTriangMaskedSoftmax`), scaled softmax with a padding mask
 //!   (`ScaledMaskedSoftmax`), and their shared backward;
+//! - [`cross_entropy`]: cross-entropy of rows of logits against a target column (loss and
+//!   log-sum-exp forward; `(softmax − one-hot) · dloss` backward);
 //! - [`layer_norm`]: LayerNorm forward (saving mean and 1/σ) and backward (dx, dγ, dβ);
 //! - [`rms_norm`]: RMSNorm forward (saving 1/rms) and backward (dx, dγ);
 //! - [`swiglu`]: SwiGLU's `silu(gate) ⊙ up`, forward and backward (both gradients at once);
@@ -31,6 +33,7 @@ pub mod adam;
 pub mod attention;
 #[cfg(feature = "cpu")]
 pub mod cpu_runtime;
+pub mod cross_entropy;
 pub mod dropout;
 pub mod gelu;
 pub mod launch;

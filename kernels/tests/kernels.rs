@@ -696,6 +696,97 @@ fn rms_norm_backward_matches_finite_differences_of_the_forward_kernel() {
     }
 }
 
+/// Loss, log-sum-exp and `(softmax − one-hot) · dloss` of one row in float64.
+/// `target` −1: the target is in another shard (no target term).
+fn cross_entropy_reference(x: &[f32], target: i32, dloss: f64) -> (f64, f64, Vec<f64>) {
+    let max = x.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
+    let lse = max + x.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln();
+    let grad = x
+        .iter()
+        .enumerate()
+        .map(|(j, &v)| ((v as f64 - lse).exp() - f64::from(j as i32 == target)) * dloss)
+        .collect();
+    let picked = if target < 0 {
+        0.0
+    } else {
+        x[target as usize] as f64
+    };
+    (lse - picked, lse, grad)
+}
+
+/// The cross-entropy kernels against float64 over every launch shape: a single column,
+/// rows shorter and longer than a cube's lanes, a GPT-2-wide row (50,304 columns), thousands
+/// of rows, targets at both ends of a row, rows whose target is another shard's (every
+/// fourth), logits in a wide range.
+#[test]
+fn cross_entropy_forward_and_backward_match_float64() {
+    let client = client();
+    let mut rng = Rng(12);
+    for launch in launches(&client) {
+        for (rows, cols) in [(1, 1), (3, 17), (5, 1000), (2, 50_304), (3000, 9)] {
+            // Lavapipe cuts long loops short: with one lane, a row of 40,000 came out wrong
+            // (30,000 right). Its own launch gives a row 8 lanes.
+            if cols / launch.lanes as usize > 30_000 && launch != RowLaunch::for_client(&client) {
+                continue;
+            }
+            let x = rng.vec(rows * cols, -30.0, 30.0);
+            let targets: Vec<i32> = (0..rows)
+                .map(|r| match r % 3 {
+                    0 => 0,
+                    1 => cols as i32 - 1,
+                    _ => (rng.uniform() * cols as f64) as i32 % cols as i32,
+                })
+                .collect();
+            let inside: Vec<f32> = (0..rows).map(|r| f32::from(r % 4 != 3)).collect();
+            let dloss = rng.vec(rows, -2.0, 2.0);
+            let (xh, th, ih, gh) = (
+                upload(&client, &x),
+                client.create_from_slice(i32::as_bytes(&targets)),
+                upload(&client, &inside),
+                upload(&client, &dloss),
+            );
+            let (loss, lse, dx) = (
+                poisoned(&client, rows),
+                poisoned(&client, rows),
+                poisoned(&client, rows * cols),
+            );
+            cross_entropy_forward::<f32>(&client, launch, &xh, &th, &ih, &loss, &lse, rows, cols);
+            let lse_values = download(&client, lse.clone(), rows);
+            cross_entropy_backward::<f32>(
+                &client, launch, &xh, &th, &ih, &lse, &gh, &dx, rows, cols,
+            );
+            let want: Vec<_> = (0..rows)
+                .map(|r| {
+                    let row = &x[r * cols..(r + 1) * cols];
+                    let target = if inside[r] > 0.0 { targets[r] } else { -1 };
+                    cross_entropy_reference(row, target, dloss[r] as f64)
+                })
+                .collect();
+            let what = format!("cross-entropy {rows}x{cols} {launch:?}");
+            let want_loss: Vec<f64> = want.iter().map(|w| w.0).collect();
+            let want_lse: Vec<f64> = want.iter().map(|w| w.1).collect();
+            let want_dx: Vec<f64> = want.iter().flat_map(|w| w.2.clone()).collect();
+            assert_close(
+                &what,
+                &download(&client, loss, rows),
+                &want_loss,
+                1e-5,
+                1e-6,
+            );
+            assert_close(&format!("{what} lse"), &lse_values, &want_lse, 1e-5, 1e-6);
+            // A confident target's `p − 1` is the difference of two f32 numbers near 1, `p`
+            // computed by the device's `exp` (a few ulp of 1 on lavapipe), times |dloss| ≤ 2.
+            assert_close(
+                &format!("{what} dx"),
+                &download(&client, dx, rows * cols),
+                &want_dx,
+                5e-6,
+                1e-5,
+            );
+        }
+    }
+}
+
 /// GELU and its derivative in float64: exact (`x · Φ(x)`) or the tanh form.
 fn gelu_reference(x: f64, tanh: bool) -> (f64, f64) {
     if tanh {

@@ -7,6 +7,7 @@
 //! lavapipe) and the other CubeCL runtimes; other backends use the composed reference ops in
 //! [`super::ops`].
 
+use crate::util::cube_tensor::{empty_like, packed};
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
@@ -15,8 +16,6 @@ use burn::backend::autodiff::Autodiff;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{backend_extension, Backend, Dispatch, TensorMetadata};
 use burn::tensor::{DType, FloatDType, Shape, Tensor};
-use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
 use ferrotron_kernels::launch::{
@@ -198,19 +197,6 @@ fn attention_draw(
         threshold,
         scale,
     })
-}
-
-/// A contiguous row-major tensor (what the kernels index; the handle carries its offset, and
-/// the buffer may be padded past the end).
-fn packed(t: CubeTensor) -> CubeTensor {
-    let t = into_contiguous(t);
-    assert!(t.is_contiguous(), "fused kernels need a contiguous tensor");
-    t
-}
-
-/// A new, uninitialized contiguous tensor like `like` with `shape` and `dtype`.
-fn empty_like(like: &CubeTensor, shape: Shape, dtype: DType) -> CubeTensor {
-    empty_device_contiguous_dtype(like.client.clone(), like.device.clone(), shape, dtype)
 }
 
 /// Calls `$launch::<F>` for the storage type of `$dtype`.

@@ -3,10 +3,16 @@
 //!
 //! Each rank holds the logits of its vocabulary shard `[tokens, V/N]`. Forward: the row max
 //! is all-reduced (max), the target logit (found on exactly one rank) and the sum of
-//! exponentials are all-reduced (sum), and `loss = log Σ exp − target`. The softmax of the
-//! shard is kept, and the backward writes `(softmax − one-hot) · dloss` for the own partition
-//! in one pass, without communication. The full logits are never gathered, and on one rank
-//! this replaces the ~10 elementwise passes autodiff would make over the logits.
+//! exponentials are all-reduced (sum), and `loss = log Σ exp − target`. The shard's logits and
+//! the global log-sum-exp are kept, and the backward writes `(softmax − one-hot) · dloss` for
+//! the own partition in one pass, without communication. The full logits are never gathered,
+//! and on one rank this replaces the ~10 elementwise passes autodiff would make over the
+//! logits.
+//!
+//! [`CrossEntropyKernels`] is how a backend runs the two halves: composed of tensor ops (the
+//! CPU backend, and the forward under tensor parallelism, whose collectives sit between its
+//! reductions), or one fused kernel each way on CubeCL devices (`ferrotron-kernels`'
+//! `cross_entropy`).
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -36,8 +42,9 @@ pub trait CrossEntropyOps: Backend {
     ) -> FloatTensor<Self>;
 }
 
-/// Loss `[tokens, 1]` and the shard's softmax `[tokens, V/N]`.
-fn forward<B: Backend>(
+/// Loss `[tokens, 1]` and log-sum-exp `[tokens, 1]` over the whole vocabulary, composed of
+/// tensor ops (with the collectives between them).
+fn composed_forward<B: Backend>(
     logits: FloatTensor<B>,
     target_index: IntTensor<B>,
     target_inside: FloatTensor<B>,
@@ -48,13 +55,12 @@ fn forward<B: Backend>(
         max =
             group.timed(|| through_host::<B>(max, |d| group.all_reduce_or_panic(d, ReduceOp::Max)));
     }
-    let shifted = B::float_sub(logits, max);
+    let shifted = B::float_sub(logits, max.clone());
     let mut predicted = B::float_mul(
         B::float_gather(1, shifted.clone(), target_index),
         target_inside,
     );
-    let exp = B::float_exp(shifted);
-    let mut sum_exp = B::float_sum_dim(exp.clone(), 1);
+    let mut sum_exp = B::float_sum_dim(B::float_exp(shifted), 1);
     if group.size() > 1 {
         // One all-reduce for both [tokens, 1] columns.
         (predicted, sum_exp) = group.timed(|| {
@@ -73,8 +79,100 @@ fn forward<B: Backend>(
             (next(), next())
         });
     }
-    let loss = B::float_sub(B::float_log(sum_exp.clone()), predicted);
-    (loss, B::float_div(exp, sum_exp))
+    // The loss in shifted terms (log Σ exp(x − max) − (x_target − max)), as Megatron's.
+    let shifted_log_sum_exp = B::float_log(sum_exp);
+    let loss = B::float_sub(shifted_log_sum_exp.clone(), predicted);
+    (loss, B::float_add(shifted_log_sum_exp, max))
+}
+
+/// `(exp(logits − logsumexp) − inside · one-hot(index)) · dloss`, composed of tensor ops.
+fn composed_backward<B: Backend>(
+    logits: FloatTensor<B>,
+    log_sum_exp: FloatTensor<B>,
+    target_index: IntTensor<B>,
+    target_inside: FloatTensor<B>,
+    grad_loss: FloatTensor<B>,
+) -> FloatTensor<B> {
+    let softmax = B::float_exp(B::float_sub(logits, log_sum_exp));
+    let scaled = B::float_mul(softmax, grad_loss.clone());
+    let one_hot = B::float_neg(B::float_mul(grad_loss, target_inside));
+    B::float_scatter(1, scaled, target_index, one_hot, IndexingUpdateOp::Add)
+}
+
+/// The cross-entropy's two halves on one backend.
+pub trait CrossEntropyKernels: Backend {
+    /// Loss `[tokens, 1]` and log-sum-exp `[tokens, 1]` over the whole vocabulary of the
+    /// shard's logits `[tokens, V/N]` (arguments as [`CrossEntropyOps`]').
+    fn cross_entropy_forward(
+        logits: FloatTensor<Self>,
+        target_index: IntTensor<Self>,
+        target_inside: FloatTensor<Self>,
+        group: &Group,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
+    /// The logits' gradient `(softmax − inside · one-hot(index)) · grad_loss` from the
+    /// forward's log-sum-exp; no communication.
+    fn cross_entropy_backward(
+        logits: FloatTensor<Self>,
+        log_sum_exp: FloatTensor<Self>,
+        target_index: IntTensor<Self>,
+        target_inside: FloatTensor<Self>,
+        grad_loss: FloatTensor<Self>,
+    ) -> FloatTensor<Self>;
+}
+
+impl CrossEntropyKernels for Flex {
+    fn cross_entropy_forward(
+        logits: FloatTensor<Self>,
+        target_index: IntTensor<Self>,
+        target_inside: FloatTensor<Self>,
+        group: &Group,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        composed_forward::<Self>(logits, target_index, target_inside, group)
+    }
+
+    fn cross_entropy_backward(
+        logits: FloatTensor<Self>,
+        log_sum_exp: FloatTensor<Self>,
+        target_index: IntTensor<Self>,
+        target_inside: FloatTensor<Self>,
+        grad_loss: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        composed_backward::<Self>(logits, log_sum_exp, target_index, target_inside, grad_loss)
+    }
+}
+
+/// The CubeCL backend (CUDA, wgpu): one kernel each way; under tensor parallelism the
+/// forward is composed, its collectives host-staged.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+impl CrossEntropyKernels for burn_cubecl::CubeBackend {
+    fn cross_entropy_forward(
+        logits: FloatTensor<Self>,
+        target_index: IntTensor<Self>,
+        target_inside: FloatTensor<Self>,
+        group: &Group,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        if group.size() > 1 {
+            return composed_forward::<Self>(logits, target_index, target_inside, group);
+        }
+        super::cross_entropy_kernels::forward(logits, target_index, target_inside)
+    }
+
+    fn cross_entropy_backward(
+        logits: FloatTensor<Self>,
+        log_sum_exp: FloatTensor<Self>,
+        target_index: IntTensor<Self>,
+        target_inside: FloatTensor<Self>,
+        grad_loss: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        super::cross_entropy_kernels::backward(
+            logits,
+            log_sum_exp,
+            target_index,
+            target_inside,
+            grad_loss,
+        )
+    }
 }
 
 impl CrossEntropyOps for Flex {
@@ -84,11 +182,10 @@ impl CrossEntropyOps for Flex {
         target_inside: FloatTensor<Self>,
         group: Group,
     ) -> FloatTensor<Self> {
-        forward::<Self>(logits, target_index, target_inside, &group).0
+        Self::cross_entropy_forward(logits, target_index, target_inside, &group).0
     }
 }
 
-/// The CubeCL backend (CUDA, wgpu): the same ops, host-staged collectives.
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 impl CrossEntropyOps for burn_cubecl::CubeBackend {
     fn vocab_parallel_cross_entropy(
@@ -97,30 +194,30 @@ impl CrossEntropyOps for burn_cubecl::CubeBackend {
         target_inside: FloatTensor<Self>,
         group: Group,
     ) -> FloatTensor<Self> {
-        forward::<Self>(logits, target_index, target_inside, &group).0
+        Self::cross_entropy_forward(logits, target_index, target_inside, &group).0
     }
 }
 
 #[derive(Debug)]
 struct CrossEntropyBackward;
 
-impl<B: CrossEntropyOps> Backward<B, 1> for CrossEntropyBackward {
-    /// Softmax of the shard, target column, target-inside flag.
-    type State = (FloatTensor<B>, IntTensor<B>, FloatTensor<B>);
+impl<B: CrossEntropyKernels> Backward<B, 1> for CrossEntropyBackward {
+    /// The shard's logits, the log-sum-exp, target column, target-inside flag.
+    type State = (FloatTensor<B>, FloatTensor<B>, IntTensor<B>, FloatTensor<B>);
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let [parent] = ops.parents;
         let grad = grads.consume::<B>(&ops.node); // [tokens, 1]
         let Some(parent) = parent else { return };
-        let (softmax, index, inside) = ops.state;
-        let scaled = B::float_mul(softmax, grad.clone());
-        let one_hot = B::float_neg(B::float_mul(grad, inside));
-        let grad_logits = B::float_scatter(1, scaled, index, one_hot, IndexingUpdateOp::Add);
+        let (logits, log_sum_exp, index, inside) = ops.state;
+        let grad_logits = B::cross_entropy_backward(logits, log_sum_exp, index, inside, grad);
         grads.register::<B>(parent.id, grad_logits);
     }
 }
 
-impl<B: CrossEntropyOps, C: CheckpointStrategy> CrossEntropyOps for Autodiff<B, C> {
+impl<B: CrossEntropyOps + CrossEntropyKernels, C: CheckpointStrategy> CrossEntropyOps
+    for Autodiff<B, C>
+{
     fn vocab_parallel_cross_entropy(
         logits: FloatTensor<Self>,
         target_index: IntTensor<Self>,
@@ -135,9 +232,13 @@ impl<B: CrossEntropyOps, C: CheckpointStrategy> CrossEntropyOps for Autodiff<B, 
             .stateful()
         {
             OpsKind::Tracked(prep) => {
-                let (loss, softmax) =
-                    forward::<B>(logits, target_index.clone(), inside.clone(), &group);
-                prep.finish((softmax, target_index, inside), loss)
+                let (loss, log_sum_exp) = B::cross_entropy_forward(
+                    logits.clone(),
+                    target_index.clone(),
+                    inside.clone(),
+                    &group,
+                );
+                prep.finish((logits, log_sum_exp, target_index, inside), loss)
             }
             OpsKind::UnTracked(prep) => prep.finish(B::vocab_parallel_cross_entropy(
                 logits,
@@ -153,9 +254,6 @@ impl<B: CrossEntropyOps, C: CheckpointStrategy> CrossEntropyOps for Autodiff<B, 
 /// (`[batch, seq, V/N]`, columns `vocab_start..vocab_start + V/N`) against `labels`
 /// (global ids). With a single-rank group, `vocab_start` is 0 and this is the fused
 /// cross-entropy over the whole vocabulary.
-///
-/// The fused op is implemented for the Flex CPU backend; elsewhere (wgpu, CUDA) one rank
-/// falls back to [`composed_cross_entropy`].
 pub fn vocab_parallel_cross_entropy(
     logits: Tensor<3>,
     labels: Tensor<2, Int>,
@@ -165,12 +263,17 @@ pub fn vocab_parallel_cross_entropy(
     // In fp32 whatever the model computes in (Megatron's `vocab_parallel_cross_entropy(
     // logits.float(), ...)`): half-precision logsumexp over 50k columns loses the loss.
     let logits = crate::util::device::at_least_f32(logits);
-    if group.size() == 1 && !crate::util::device::is_flex(&logits.device()) {
-        return composed_cross_entropy(logits, labels);
-    }
     let [b, s, v] = logits.dims();
-    let (index, outside) = vocab_shard_index(labels.reshape([b * s, 1]), vocab_start, v);
-    let inside = outside.bool_not().float();
+    let labels = labels.reshape([b * s, 1]);
+    let (index, inside) = if group.size() == 1 && !crate::util::device::is_flex(&logits.device()) {
+        // One rank on a CubeCL device: the labels are the columns, and the kernels skip a
+        // target outside the row themselves (seven launches fewer than the shard index).
+        let inside = Tensor::<2>::ones([b * s, 1], &logits.device());
+        (labels, inside)
+    } else {
+        let (index, outside) = vocab_shard_index(labels, vocab_start, v);
+        (index, outside.bool_not().float())
+    };
     let loss = <Dispatch as CrossEntropyOps>::vocab_parallel_cross_entropy(
         logits.reshape([b * s, v]).into_dispatch(),
         index.into_dispatch(),

@@ -11,6 +11,8 @@
 //! The collectives themselves are in [`crate::comm`].
 
 pub mod cross_entropy;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod cross_entropy_kernels;
 pub mod layers;
 pub mod mappings;
 pub mod random;

@@ -6,6 +6,8 @@
 pub mod allocator;
 pub mod atomic_file;
 pub mod cli;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod cube_tensor;
 #[cfg(feature = "cuda")]
 pub mod cublas;
 pub mod device;
