@@ -42,25 +42,40 @@ pub trait CrossEntropyOps: Backend {
     ) -> FloatTensor<Self>;
 }
 
-/// Loss `[tokens, 1]` and log-sum-exp `[tokens, 1]` over the whole vocabulary, composed of
-/// tensor ops (with the collectives between them).
+/// What the cross-entropy's backward needs from its forward, besides the targets.
+#[derive(Clone, Debug)]
+pub enum Residual<B: Backend> {
+    /// The shard's softmax `[tokens, V/N]` (the CPU backend: nothing recomputed).
+    Softmax(FloatTensor<B>),
+    /// The logits and their log-sum-exp over the whole vocabulary `[tokens, 1]` (the kernels
+    /// recompute the softmax in the backward's one pass).
+    LogSumExp {
+        logits: FloatTensor<B>,
+        log_sum_exp: FloatTensor<B>,
+    },
+}
+
+/// Loss `[tokens, 1]` over the whole vocabulary and the residual (`softmax` or not), composed
+/// of tensor ops (with the collectives between them).
 fn composed_forward<B: Backend>(
     logits: FloatTensor<B>,
     target_index: IntTensor<B>,
     target_inside: FloatTensor<B>,
     group: &Group,
-) -> (FloatTensor<B>, FloatTensor<B>) {
+    softmax: bool,
+) -> (FloatTensor<B>, Residual<B>) {
     let mut max = B::float_max_dim(logits.clone(), 1);
     if group.size() > 1 {
         max =
             group.timed(|| through_host::<B>(max, |d| group.all_reduce_or_panic(d, ReduceOp::Max)));
     }
-    let shifted = B::float_sub(logits, max.clone());
+    let shifted = B::float_sub(logits.clone(), max.clone());
     let mut predicted = B::float_mul(
         B::float_gather(1, shifted.clone(), target_index),
         target_inside,
     );
-    let mut sum_exp = B::float_sum_dim(B::float_exp(shifted), 1);
+    let exp = B::float_exp(shifted);
+    let mut sum_exp = B::float_sum_dim(exp.clone(), 1);
     if group.size() > 1 {
         // One all-reduce for both [tokens, 1] columns.
         (predicted, sum_exp) = group.timed(|| {
@@ -80,20 +95,33 @@ fn composed_forward<B: Backend>(
         });
     }
     // The loss in shifted terms (log Σ exp(x − max) − (x_target − max)), as Megatron's.
-    let shifted_log_sum_exp = B::float_log(sum_exp);
+    let shifted_log_sum_exp = B::float_log(sum_exp.clone());
     let loss = B::float_sub(shifted_log_sum_exp.clone(), predicted);
-    (loss, B::float_add(shifted_log_sum_exp, max))
+    let residual = if softmax {
+        Residual::Softmax(B::float_div(exp, sum_exp))
+    } else {
+        Residual::LogSumExp {
+            logits,
+            log_sum_exp: B::float_add(shifted_log_sum_exp, max),
+        }
+    };
+    (loss, residual)
 }
 
-/// `(exp(logits − logsumexp) − inside · one-hot(index)) · dloss`, composed of tensor ops.
+/// `(softmax − inside · one-hot(index)) · dloss`, composed of tensor ops.
 fn composed_backward<B: Backend>(
-    logits: FloatTensor<B>,
-    log_sum_exp: FloatTensor<B>,
+    residual: Residual<B>,
     target_index: IntTensor<B>,
     target_inside: FloatTensor<B>,
     grad_loss: FloatTensor<B>,
 ) -> FloatTensor<B> {
-    let softmax = B::float_exp(B::float_sub(logits, log_sum_exp));
+    let softmax = match residual {
+        Residual::Softmax(softmax) => softmax,
+        Residual::LogSumExp {
+            logits,
+            log_sum_exp,
+        } => B::float_exp(B::float_sub(logits, log_sum_exp)),
+    };
     let scaled = B::float_mul(softmax, grad_loss.clone());
     let one_hot = B::float_neg(B::float_mul(grad_loss, target_inside));
     B::float_scatter(1, scaled, target_index, one_hot, IndexingUpdateOp::Add)
@@ -101,20 +129,19 @@ fn composed_backward<B: Backend>(
 
 /// The cross-entropy's two halves on one backend.
 pub trait CrossEntropyKernels: Backend {
-    /// Loss `[tokens, 1]` and log-sum-exp `[tokens, 1]` over the whole vocabulary of the
-    /// shard's logits `[tokens, V/N]` (arguments as [`CrossEntropyOps`]').
+    /// Loss `[tokens, 1]` over the whole vocabulary of the shard's logits `[tokens, V/N]`
+    /// (arguments as [`CrossEntropyOps`]'), and what the backward needs.
     fn cross_entropy_forward(
         logits: FloatTensor<Self>,
         target_index: IntTensor<Self>,
         target_inside: FloatTensor<Self>,
         group: &Group,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+    ) -> (FloatTensor<Self>, Residual<Self>);
 
-    /// The logits' gradient `(softmax − inside · one-hot(index)) · grad_loss` from the
-    /// forward's log-sum-exp; no communication.
+    /// The logits' gradient `(softmax − inside · one-hot(index)) · grad_loss`; no
+    /// communication.
     fn cross_entropy_backward(
-        logits: FloatTensor<Self>,
-        log_sum_exp: FloatTensor<Self>,
+        residual: Residual<Self>,
         target_index: IntTensor<Self>,
         target_inside: FloatTensor<Self>,
         grad_loss: FloatTensor<Self>,
@@ -127,18 +154,17 @@ impl CrossEntropyKernels for Flex {
         target_index: IntTensor<Self>,
         target_inside: FloatTensor<Self>,
         group: &Group,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        composed_forward::<Self>(logits, target_index, target_inside, group)
+    ) -> (FloatTensor<Self>, Residual<Self>) {
+        composed_forward::<Self>(logits, target_index, target_inside, group, true)
     }
 
     fn cross_entropy_backward(
-        logits: FloatTensor<Self>,
-        log_sum_exp: FloatTensor<Self>,
+        residual: Residual<Self>,
         target_index: IntTensor<Self>,
         target_inside: FloatTensor<Self>,
         grad_loss: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        composed_backward::<Self>(logits, log_sum_exp, target_index, target_inside, grad_loss)
+        composed_backward::<Self>(residual, target_index, target_inside, grad_loss)
     }
 }
 
@@ -151,27 +177,40 @@ impl CrossEntropyKernels for burn_cubecl::CubeBackend {
         target_index: IntTensor<Self>,
         target_inside: FloatTensor<Self>,
         group: &Group,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+    ) -> (FloatTensor<Self>, Residual<Self>) {
         if group.size() > 1 {
-            return composed_forward::<Self>(logits, target_index, target_inside, group);
+            return composed_forward::<Self>(logits, target_index, target_inside, group, false);
         }
-        super::cross_entropy_kernels::forward(logits, target_index, target_inside)
+        let (loss, log_sum_exp) =
+            super::cross_entropy_kernels::forward(logits.clone(), target_index, target_inside);
+        (
+            loss,
+            Residual::LogSumExp {
+                logits,
+                log_sum_exp,
+            },
+        )
     }
 
     fn cross_entropy_backward(
-        logits: FloatTensor<Self>,
-        log_sum_exp: FloatTensor<Self>,
+        residual: Residual<Self>,
         target_index: IntTensor<Self>,
         target_inside: FloatTensor<Self>,
         grad_loss: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        super::cross_entropy_kernels::backward(
-            logits,
-            log_sum_exp,
-            target_index,
-            target_inside,
-            grad_loss,
-        )
+        match residual {
+            Residual::LogSumExp {
+                logits,
+                log_sum_exp,
+            } => super::cross_entropy_kernels::backward(
+                logits,
+                log_sum_exp,
+                target_index,
+                target_inside,
+                grad_loss,
+            ),
+            softmax => composed_backward::<Self>(softmax, target_index, target_inside, grad_loss),
+        }
     }
 }
 
@@ -202,15 +241,15 @@ impl CrossEntropyOps for burn_cubecl::CubeBackend {
 struct CrossEntropyBackward;
 
 impl<B: CrossEntropyKernels> Backward<B, 1> for CrossEntropyBackward {
-    /// The shard's logits, the log-sum-exp, target column, target-inside flag.
-    type State = (FloatTensor<B>, FloatTensor<B>, IntTensor<B>, FloatTensor<B>);
+    /// The forward's residual, target column, target-inside flag.
+    type State = (Residual<B>, IntTensor<B>, FloatTensor<B>);
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let [parent] = ops.parents;
         let grad = grads.consume::<B>(&ops.node); // [tokens, 1]
         let Some(parent) = parent else { return };
-        let (logits, log_sum_exp, index, inside) = ops.state;
-        let grad_logits = B::cross_entropy_backward(logits, log_sum_exp, index, inside, grad);
+        let (residual, index, inside) = ops.state;
+        let grad_logits = B::cross_entropy_backward(residual, index, inside, grad);
         grads.register::<B>(parent.id, grad_logits);
     }
 }
@@ -232,13 +271,9 @@ impl<B: CrossEntropyOps + CrossEntropyKernels, C: CheckpointStrategy> CrossEntro
             .stateful()
         {
             OpsKind::Tracked(prep) => {
-                let (loss, log_sum_exp) = B::cross_entropy_forward(
-                    logits.clone(),
-                    target_index.clone(),
-                    inside.clone(),
-                    &group,
-                );
-                prep.finish((logits, log_sum_exp, target_index, inside), loss)
+                let (loss, residual) =
+                    B::cross_entropy_forward(logits, target_index.clone(), inside.clone(), &group);
+                prep.finish((residual, target_index, inside), loss)
             }
             OpsKind::UnTracked(prep) => prep.finish(B::vocab_parallel_cross_entropy(
                 logits,
