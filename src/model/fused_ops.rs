@@ -7,7 +7,7 @@
 //! lavapipe) and the other CubeCL runtimes; other backends use the composed reference ops in
 //! [`super::ops`].
 
-use crate::util::cube_tensor::{empty_like, packed};
+use crate::util::cube_tensor::{by_dtype, empty_like, packed, rows_cols};
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
@@ -19,8 +19,8 @@ use burn::tensor::{DType, FloatDType, Shape, Tensor};
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
 use ferrotron_kernels::launch::{
-    self as kernels, AttentionInputs, AttentionLaunch, AttentionShape, DrawSlice, DropoutDraw,
-    RotaryTables, RowLaunch, ScoresShape, SoftmaxMask,
+    AttentionInputs, AttentionLaunch, AttentionShape, DrawSlice, DropoutDraw, RotaryTables,
+    RowLaunch, ScoresShape, SoftmaxMask,
 };
 
 /// The kernels a backend runs for the fused ops.
@@ -199,26 +199,9 @@ fn attention_draw(
     })
 }
 
-/// Calls `$launch::<F>` for the storage type of `$dtype`.
-macro_rules! by_dtype {
-    ($dtype:expr, $launch:ident, $($arg:expr),* $(,)?) => {
-        match $dtype {
-            DType::F32 => kernels::$launch::<f32>($($arg),*),
-            DType::F16 => kernels::$launch::<ferrotron_kernels::half::f16>($($arg),*),
-            DType::BF16 => kernels::$launch::<ferrotron_kernels::half::bf16>($($arg),*),
-            other => panic!("fused kernels support f32, f16 and bf16, not {other:?}"),
-        }
-    };
-}
-
 /// Panics unless `other` is stored as `x` is (the kernels read both as one type).
 fn same_dtype(what: &str, x: &CubeTensor, other: &CubeTensor) {
     assert_eq!(other.dtype, x.dtype, "{what} is not stored as the input is");
-}
-
-fn rows_cols(shape: &Shape) -> (usize, usize) {
-    let cols = shape[shape.num_dims() - 1];
-    (shape.num_elements() / cols.max(1), cols)
 }
 
 impl FusedKernels for CubeBackend {

@@ -181,15 +181,7 @@ impl CrossEntropyKernels for burn_cubecl::CubeBackend {
         if group.size() > 1 {
             return composed_forward::<Self>(logits, target_index, target_inside, group, false);
         }
-        let (loss, log_sum_exp) =
-            super::cross_entropy_kernels::forward(logits.clone(), target_index, target_inside);
-        (
-            loss,
-            Residual::LogSumExp {
-                logits,
-                log_sum_exp,
-            },
-        )
+        super::cross_entropy_kernels::forward(logits, target_index, target_inside)
     }
 
     fn cross_entropy_backward(

@@ -1,5 +1,6 @@
-//! The two things every launcher of a `ferrotron-kernels` kernel does to burn's CubeCL tensors
-//! (GPU builds only): make an input contiguous, and allocate an output.
+//! What every launcher of a `ferrotron-kernels` kernel does with burn's CubeCL tensors (GPU
+//! builds only): make an input contiguous, allocate an output, see it as rows, and pick the
+//! kernel for its storage type.
 
 use burn::tensor::{DType, Shape};
 use burn_cubecl::kernel::into_contiguous;
@@ -18,3 +19,26 @@ pub fn packed(t: CubeTensor) -> CubeTensor {
 pub fn empty_like(like: &CubeTensor, shape: Shape, dtype: DType) -> CubeTensor {
     empty_device_contiguous_dtype(like.client.clone(), like.device.clone(), shape, dtype)
 }
+
+/// `(rows, cols)` of a tensor seen as rows of its last dimension.
+pub fn rows_cols(shape: &Shape) -> (usize, usize) {
+    let cols = shape[shape.num_dims() - 1];
+    (shape.num_elements() / cols.max(1), cols)
+}
+
+/// Calls `ferrotron_kernels::launch::$launch::<F>` for the storage type of `$dtype`.
+macro_rules! by_dtype {
+    ($dtype:expr, $launch:ident, $($arg:expr),* $(,)?) => {
+        match $dtype {
+            burn::tensor::DType::F32 => ferrotron_kernels::launch::$launch::<f32>($($arg),*),
+            burn::tensor::DType::F16 => {
+                ferrotron_kernels::launch::$launch::<ferrotron_kernels::half::f16>($($arg),*)
+            }
+            burn::tensor::DType::BF16 => {
+                ferrotron_kernels::launch::$launch::<ferrotron_kernels::half::bf16>($($arg),*)
+            }
+            other => panic!("fused kernels support f32, f16 and bf16, not {other:?}"),
+        }
+    };
+}
+pub(crate) use by_dtype;
