@@ -128,12 +128,65 @@ pub fn adam_step_in_place<F: Float>(
     }
 }
 
-/// `destination[offset + i] = source[i]` for `i < len`: one parameter's gradient into its
-/// place in a flat buffer.
-#[cube(launch)]
-pub fn copy_at_offset<F: Float>(source: &[F], destination: &mut [F], offset: u32, len: u32) {
-    let i = cube_index() * UNITS_PER_CUBE as usize + UNIT_POS_X as usize;
+/// Sources per [`copy_at_offsets`] launch: with the destination five storage buffers, within
+/// wgpu's default limit of eight per kernel.
+pub const COPY_SOURCES: usize = 4;
+
+/// The cubes a piece of `len` elements takes.
+#[cube]
+fn cubes_for(len: u32) -> usize {
+    (len as usize + UNITS_PER_CUBE as usize - 1) / UNITS_PER_CUBE as usize
+}
+
+/// `destination[offset + i] = source[i]` for this unit's `i` in the piece whose cubes start at
+/// `first_cube`, when `i < len`.
+#[cube]
+fn copy_piece<F: Float>(
+    source: &[F],
+    destination: &mut [F],
+    offset: u32,
+    len: u32,
+    first_cube: usize,
+) {
+    let i = (cube_index() - first_cube) * UNITS_PER_CUBE as usize + UNIT_POS_X as usize;
     if i < len as usize {
         destination[offset as usize + i] = source[i];
+    }
+}
+
+/// Up to [`COPY_SOURCES`] parameters' gradients into their places in a flat buffer in one
+/// launch (one launch per gradient was a quarter of a small GPT's step). Each piece has cubes
+/// of its own, one after another (`len_0` elements' worth for `source_0` first), so the
+/// branch is the same for all units of a cube; element `j` of piece `k` goes to
+/// `offset_k + j`. An unused slot has length 0.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn copy_at_offsets<F: Float>(
+    source_0: &[F],
+    source_1: &[F],
+    source_2: &[F],
+    source_3: &[F],
+    destination: &mut [F],
+    offset_0: u32,
+    offset_1: u32,
+    offset_2: u32,
+    offset_3: u32,
+    len_0: u32,
+    len_1: u32,
+    len_2: u32,
+    len_3: u32,
+) {
+    let start_1 = cubes_for(len_0);
+    let start_2 = start_1 + cubes_for(len_1);
+    let start_3 = start_2 + cubes_for(len_2);
+    let cube = cube_index();
+    if cube < start_1 {
+        copy_piece::<F>(source_0, destination, offset_0, len_0, 0);
+    } else if cube < start_2 {
+        copy_piece::<F>(source_1, destination, offset_1, len_1, start_1);
+    } else if cube < start_3 {
+        copy_piece::<F>(source_2, destination, offset_2, len_2, start_2);
+    } else {
+        copy_piece::<F>(source_3, destination, offset_3, len_3, start_3);
     }
 }

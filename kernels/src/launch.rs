@@ -1092,32 +1092,70 @@ pub fn adam_step_in_place<F: Float + CubeElement>(
     );
 }
 
-/// Copies `len` elements of `source` into `destination` (of `total`) from `offset` on.
-pub fn copy_at_offset<F: Float + CubeElement>(
+/// One source of [`copy_at_offsets`]: `len` elements of `source` to `offset..offset + len`.
+#[derive(Clone, Copy, Debug)]
+pub struct CopyPiece<'a> {
+    /// The elements to copy (at least `len`).
+    pub source: &'a Handle,
+    /// Where they go in the destination.
+    pub offset: usize,
+    /// How many.
+    pub len: usize,
+}
+
+/// Copies every piece into its place in `destination` (`total` elements), four pieces per
+/// launch ([`adam::copy_at_offsets`]); the pieces must not overlap.
+pub fn copy_at_offsets<F: Float + CubeElement>(
     client: &Client,
-    source: &Handle,
+    pieces: &[CopyPiece<'_>],
     destination: &Handle,
     total: usize,
-    offset: usize,
-    len: usize,
 ) {
-    if len == 0 {
-        return;
-    }
     assert!(
-        offset + len <= total && total <= u32::MAX as usize,
-        "a copy to elements {offset}..{} of a buffer of {total}",
-        offset + len
+        total <= u32::MAX as usize,
+        "a flat buffer of {total} elements"
     );
-    adam::copy_at_offset::launch::<F>(
-        client,
-        cube_count(len.div_ceil(adam::UNITS_PER_CUBE as usize)),
-        CubeDim::new_1d(adam::UNITS_PER_CUBE),
-        arg(source, len),
-        arg(destination, total),
-        offset as u32,
-        len as u32,
-    );
+    for piece in pieces {
+        assert!(
+            piece.offset + piece.len <= total,
+            "a copy to elements {}..{} of a buffer of {total}",
+            piece.offset,
+            piece.offset + piece.len
+        );
+    }
+    for group in pieces.chunks(adam::COPY_SOURCES) {
+        let units = adam::UNITS_PER_CUBE as usize;
+        let cubes: usize = group.iter().map(|p| p.len.div_ceil(units)).sum();
+        if cubes == 0 {
+            continue;
+        }
+        // An unused slot binds the first source with length 0.
+        let slot = |k: usize| {
+            group
+                .get(k)
+                .copied()
+                .unwrap_or(CopyPiece { len: 0, ..group[0] })
+        };
+        let [a, b, c, d] = [slot(0), slot(1), slot(2), slot(3)];
+        adam::copy_at_offsets::launch::<F>(
+            client,
+            cube_count(cubes),
+            CubeDim::new_1d(adam::UNITS_PER_CUBE),
+            arg(a.source, a.len),
+            arg(b.source, b.len),
+            arg(c.source, c.len),
+            arg(d.source, d.len),
+            arg(destination, total),
+            a.offset as u32,
+            b.offset as u32,
+            c.offset as u32,
+            d.offset as u32,
+            a.len as u32,
+            b.len as u32,
+            c.len as u32,
+            d.len as u32,
+        );
+    }
 }
 
 /// Raises the counter `slot` of `flags` (a buffer of two `u32`) to `value` once the work

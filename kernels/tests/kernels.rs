@@ -1763,7 +1763,7 @@ fn adam_step_matches_float64() {
 
 /// The in-place flat Adam step against float64: only the elements of its range change, the
 /// gradient is clipped by the device coefficient first, and zero moments give the first
-/// step's values; a gradient copied to an offset lands there and nowhere else.
+/// step's values.
 #[test]
 fn flat_adam_step_in_place_matches_float64_on_its_range_only() {
     let client = client();
@@ -1809,18 +1809,42 @@ fn flat_adam_step_in_place_matches_float64_on_its_range_only() {
             );
         }
     }
-    let flat = upload(&client, &vec![7.0; total]);
-    let source = upload(&client, &g[..len]);
-    copy_at_offset::<f32>(&client, &source, &flat, total, start, len);
-    let got = download(&client, flat, total);
-    for (i, &x) in got.iter().enumerate() {
-        let want = if (start..start + len).contains(&i) {
-            g[i - start]
-        } else {
-            7.0
-        };
-        assert_eq!(x, want, "copy at offset: element {i}");
+}
+
+/// Gradients copied into a flat buffer, four per launch: eleven pieces (two full launches and
+/// a partly used third), lengths from 0 to past one cube-count dimension's worth of cubes,
+/// land at their offsets and nowhere else.
+#[test]
+fn gradients_copied_to_offsets_land_there_and_nowhere_else() {
+    let client = client();
+    let mut rng = Rng(13);
+    let lens = [5, 0, 1, 2_049, 256, 257, 65_535 * 256 + 3, 17, 3, 1, 1_000];
+    let mut offsets = Vec::new();
+    let mut total = 7; // a gap before the first piece
+    for &len in &lens {
+        offsets.push(total);
+        total += len + 3; // and after each
     }
+    let values: Vec<Vec<f32>> = lens.iter().map(|&n| rng.vec(n, -1.0, 1.0)).collect();
+    let handles: Vec<_> = values.iter().map(|v| upload(&client, v)).collect();
+    let pieces: Vec<CopyPiece> = handles
+        .iter()
+        .zip(offsets.iter().zip(&lens))
+        .map(|(source, (&offset, &len))| CopyPiece {
+            source,
+            offset,
+            len,
+        })
+        .collect();
+    let flat = upload(&client, &vec![7.0; total]);
+    copy_at_offsets::<f32>(&client, &pieces, &flat, total);
+    let mut want = vec![7.0; total];
+    for (v, &offset) in values.iter().zip(&offsets) {
+        want[offset..offset + v.len()].copy_from_slice(v);
+    }
+    let got = download(&client, flat, total);
+    let wrong = got.iter().zip(&want).position(|(a, b)| a != b);
+    assert_eq!(wrong, None, "copies at offsets: first wrong element");
 }
 
 /// The stream-ordering counters: `signal` raises one counter and leaves the other; a

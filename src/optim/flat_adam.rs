@@ -26,7 +26,7 @@ use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::{Device, FloatDType, Tensor, TensorData};
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
-use ferrotron_kernels::launch::{self as kernels, AdamScalars};
+use ferrotron_kernels::launch::{self as kernels, AdamScalars, CopyPiece};
 
 use super::optimizer::{Optimizer, OptimizerSetup};
 use super::{AdamWConfig, GradNorm, GradientAccumulator, LearningRates, NamedMoments};
@@ -168,9 +168,8 @@ impl FlatBuffers {
             groups,
             total,
         };
-        for ((_, _, value), segment) in params.into_iter().zip(&buffers.segments) {
-            buffers.copy_in(value, segment, &buffers.params);
-        }
+        let values = params.into_iter().map(|(_, _, value)| value);
+        buffers.copy_in(values.zip(&buffers.segments), &buffers.params);
         Some(buffers)
     }
 
@@ -205,17 +204,25 @@ impl FlatBuffers {
         })
     }
 
-    /// Copies `value` (one parameter's elements) to its segment of `into`.
-    fn copy_in(&self, value: Tensor<1>, segment: &Segment, into: &CubeTensor) {
-        let value = cube_f32(value, "a parameter or gradient");
-        kernels::copy_at_offset::<f32>(
-            &value.client,
-            &value.handle,
-            &into.handle,
-            self.total,
-            segment.offset,
-            segment.len,
-        );
+    /// Copies each value (one parameter's elements) to its segment of `into`, four per
+    /// launch.
+    fn copy_in<'a>(
+        &self,
+        values: impl Iterator<Item = (Tensor<1>, &'a Segment)>,
+        into: &CubeTensor,
+    ) {
+        let sources: Vec<(CubeTensor, &Segment)> = values
+            .map(|(value, segment)| (cube_f32(value, "a parameter or gradient"), segment))
+            .collect();
+        let pieces: Vec<CopyPiece> = sources
+            .iter()
+            .map(|(value, segment)| CopyPiece {
+                source: &value.handle,
+                offset: segment.offset,
+                len: segment.len,
+            })
+            .collect();
+        kernels::copy_at_offsets::<f32>(&into.client, &pieces, &into.handle, self.total);
     }
 
     /// The step's gradients in one buffer (zeros for a parameter without one, and in the
@@ -227,13 +234,12 @@ impl FlatBuffers {
             Tensor::<1>::zeros([self.total], &device),
             "the gradient buffer",
         );
-        for segment in &self.segments {
-            let g = grads
-                .get(&segment.id)
-                .cloned()
-                .unwrap_or_else(|| Tensor::<1>::zeros([segment.len], &device));
-            self.copy_in(g, segment, &flat);
-        }
+        // A parameter without a gradient keeps the buffer's zeros.
+        let present = self
+            .segments
+            .iter()
+            .filter_map(|segment| Some((grads.get(&segment.id)?.clone(), segment)));
+        self.copy_in(present, &flat);
         flat
     }
 
