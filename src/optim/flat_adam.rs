@@ -7,8 +7,8 @@
 //! hidden 64 took 72.5 ms per iteration on an H200, 36.9 ms with this;
 //! `benchmarks/results/2026-11-26-h200-flat-adam.md`), and per parameter the previous step
 //! launched about seven kernels (norm square and sum, clip multiply, Adam, the half-precision
-//! cast): 2,000 of a 345M GPT's 4,300 launches. Here a step is one copy per parameter (its
-//! gradient into the flat buffer), a handful of launches for the global norm and the clipping
+//! cast): 2,000 of a 345M GPT's 4,300 launches. Here a step is one copy per four parameters
+//! (their gradients into the flat buffer), a handful of launches for the global norm and the clipping
 //! coefficient (read on the device, so nothing waits for the host), one in-place Adam launch per
 //! parameter group (learning rate × weight decay: at most four) and one cast for the
 //! half-precision working copy. The gradient buffer lives only through the step (kept, it
