@@ -135,7 +135,7 @@ pub const COPY_SOURCES: usize = 4;
 /// The cubes a piece of `len` elements takes.
 #[cube]
 fn cubes_for(len: u32) -> usize {
-    (len as usize + UNITS_PER_CUBE as usize - 1) / UNITS_PER_CUBE as usize
+    (len as usize).div_ceil(UNITS_PER_CUBE as usize)
 }
 
 /// `destination[offset + i] = source[i]` for this unit's `i` in the piece whose cubes start at
