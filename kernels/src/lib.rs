@@ -10,6 +10,8 @@
 //! - [`swiglu`]: SwiGLU's `silu(gate) ⊙ up`, forward and backward (both gradients at once);
 //! - [`rotary`]: rotary position embedding of queries or keys (interleaved or half-split
 //!   pairs, part of each head rotated), whose backward is the rotation by the negative angle;
+//! - [`heads`]: the fused QKV projection's rows split into per-head queries, keys and values
+//!   (keys and values repeated per query head), and the gradients merged back;
 //! - [`dropout`]: dropout with masks derived on the device from a key and the element index;
 //! - [`attention`]: causal attention fused FlashAttention-2-style (tiles of keys and queries
 //!   in shared memory, products in 4-row micro-tiles, online softmax, dropout inside, no
@@ -36,6 +38,7 @@ pub mod cpu_runtime;
 pub mod cross_entropy;
 pub mod dropout;
 pub mod gelu;
+pub mod heads;
 pub mod launch;
 pub mod layer_norm;
 pub mod reduce;

@@ -1863,3 +1863,64 @@ fn stream_order_counters_are_raised_and_waited_for() {
     assert_eq!(counters, vec![3, 9]);
     assert_eq!(download(&client, written, 2), vec![1.5, -2.0]);
 }
+
+/// Megatron's per-group QKV layout, read with nested loops: element `(b, i, g, part, c)` of
+/// the mixed rows, `part` < `per_group` a query head of group `g`, then its key and value.
+fn mixed_index(l: &QkvLayout, b: usize, i: usize, g: usize, part: usize, c: usize) -> usize {
+    (((b * l.seq + i) * l.groups + g) * (l.per_group + 2) + part) * l.head_dim + c
+}
+
+/// The split's outputs and the merge's gradient against the layout read with nested loops:
+/// multi-head (one query per group), grouped-query (four per group) and one group; sizes
+/// that leave a partly filled last cube, and one longer than a cube-count dimension holds.
+#[test]
+fn qkv_split_and_merge_follow_megatrons_group_layout() {
+    let client = client();
+    let mut rng = Rng(17);
+    for (batch, seq, groups, per_group, head_dim) in [
+        (2, 5, 3, 1, 7),
+        (1, 9, 2, 4, 5),
+        (3, 1, 1, 3, 1),
+        (1, 4097, 8, 2, 128),
+    ] {
+        let l = QkvLayout {
+            batch,
+            seq,
+            groups,
+            per_group,
+            head_dim,
+        };
+        let what = format!("{l:?}");
+        let mixed = rng.vec(l.mixed_len(), -1.0, 1.0);
+        let parts = [0; 3].map(|_| poisoned(&client, l.head_len()));
+        let input = upload(&client, &mixed);
+        qkv_split::<f32>(&client, &input, [&parts[0], &parts[1], &parts[2]], l);
+        let got = parts.map(|h| download(&client, h, l.head_len()));
+        let grads = [0; 3].map(|_| rng.vec(l.head_len(), -1.0, 1.0));
+        let handles = grads.clone().map(|g| upload(&client, &g));
+        let merged = poisoned(&client, l.mixed_len());
+        qkv_merge::<f32>(&client, [&handles[0], &handles[1], &handles[2]], &merged, l);
+        let merged = download(&client, merged, l.mixed_len());
+        let mut want_merged = vec![0.0f64; l.mixed_len()];
+        for b in 0..batch {
+            for g in 0..groups {
+                for j in 0..per_group {
+                    let h = g * per_group + j;
+                    for i in 0..seq {
+                        for c in 0..head_dim {
+                            let at = ((b * l.heads() + h) * seq + i) * head_dim + c;
+                            let sources = [j, per_group, per_group + 1];
+                            for (part, &source) in sources.iter().enumerate() {
+                                let m = mixed_index(&l, b, i, g, source, c);
+                                assert_eq!(got[part][at], mixed[m], "{what}: part {part} at {at}");
+                                want_merged[m] += grads[part][at] as f64;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // A query element is copied; a key or value element sums `per_group` f32 values.
+        assert_close(&what, &merged, &want_merged, 1e-6, 1e-6);
+    }
+}

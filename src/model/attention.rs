@@ -3,7 +3,7 @@
 //! query/key norms and rotary position embeddings.
 
 use burn::module::Module;
-use burn::tensor::{Device, Tensor};
+use burn::tensor::{Device, Gradients, Tensor};
 
 use super::dropout::Dropout;
 use super::kv_cache::LayerKv;
@@ -108,15 +108,35 @@ impl CausalSelfAttention {
         }
     }
 
+    /// What the attention core of `x` is computed from: on a CubeCL device, when nothing
+    /// comes between the projection and the core (no query/key norms, no rotary embedding)
+    /// and a fused core is on, the projection's rows (the core splits them in one op);
+    /// otherwise [`Self::query_key_value_heads`] at positions from 0.
+    pub fn core_inputs(&self, x: Tensor<3>) -> CoreInputs {
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        if self.q_layernorm.is_none()
+            && self.rotary.is_none()
+            && (self.flash_attention || self.masked_softmax_fusion)
+            && crate::util::device::is_cube(&x.device())
+        {
+            return CoreInputs::Rows(self.query_key_value.forward(x));
+        }
+        CoreInputs::Heads(self.query_key_value_heads(x, 0))
+    }
+
     /// Queries `[batch, local heads, seq, head_dim]`, keys and values `[batch, local groups,
     /// seq, head_dim]` of `x` at positions `start..start + seq`: the fused per-group
     /// projection split, the query/key norms and the rotary embedding applied.
     pub fn query_key_value_heads(&self, x: Tensor<3>, start: usize) -> [Tensor<4>; 3] {
-        let (groups, d) = (self.local_groups, self.head_dim);
-        let per_group = self.local_heads / groups;
         // [b, s, local groups · (heads per group + 2) · head_dim], the whole sequence (the
         // projection gathers it under sequence parallelism).
-        let qkv = self.query_key_value.forward(x);
+        self.heads_of(self.query_key_value.forward(x), start)
+    }
+
+    /// [`Self::query_key_value_heads`] of the projection's rows `qkv`.
+    pub fn heads_of(&self, qkv: Tensor<3>, start: usize) -> [Tensor<4>; 3] {
+        let (groups, d) = (self.local_groups, self.head_dim);
+        let per_group = self.local_heads / groups;
         let [b, s, _] = qkv.dims();
         let qkv = qkv.reshape([b, s, groups, (per_group + 2) * d]);
         let part = |from: usize, heads: usize| {
@@ -153,22 +173,46 @@ impl CausalSelfAttention {
             .reshape([b, g * per_group, s, d])
     }
 
-    /// The output projection of the per-head context `[batch, local heads, seq, head_dim]`.
-    pub fn project_out(&self, context: Tensor<4>) -> Tensor<3> {
-        let [b, heads, s, head_dim] = context.dims();
-        self.dense
-            .forward(context.swap_dims(1, 2).reshape([b, s, heads * head_dim]))
+    /// The output projection of the context `[batch, seq, local heads · head_dim]`.
+    pub fn project_out(&self, context: Tensor<3>) -> Tensor<3> {
+        self.dense.forward(context)
     }
 
-    /// The attention core (Megatron's `CoreAttention`): `dropout(softmax(q kᵀ / √d)) v`, the
-    /// per-head context `[batch, local heads, seq, head_dim]`. It has no parameters and keeps
-    /// the largest activations (`[batch, heads, seq, seq]`), which is why selective
-    /// recomputation recomputes exactly this.
+    /// The attention core (Megatron's `CoreAttention`) of `inputs`: the context `[batch,
+    /// seq, local heads · head_dim]`, heads side by side as the output projection takes them.
+    /// From the projection's rows it is one fused op; from per-head inputs,
+    /// [`Self::core_heads`] with the heads merged.
+    pub fn core(&self, inputs: CoreInputs) -> Tensor<3> {
+        match inputs {
+            CoreInputs::Heads([q, k, v]) => merge_heads(self.core_heads(q, k, v)),
+            #[cfg(any(feature = "wgpu", feature = "cuda"))]
+            CoreInputs::Rows(qkv) => {
+                let scale = 1.0 / (self.head_dim as f64).sqrt();
+                let per_group = self.local_heads / self.local_groups;
+                let draw = self.attention_dropout.draw(qkv.is_autodiff());
+                super::fused_ops::attention_from_qkv(
+                    qkv,
+                    self.local_groups,
+                    per_group,
+                    scale,
+                    draw,
+                    self.flash_attention,
+                )
+            }
+            #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+            CoreInputs::Rows(_) => unreachable!("projection rows are core inputs on GPU builds"),
+        }
+    }
+
+    /// The attention core of per-head inputs: `dropout(softmax(q kᵀ / √d)) v`, the per-head
+    /// context `[batch, local heads, seq, head_dim]`. It has no parameters and keeps the
+    /// largest activations (`[batch, heads, seq, seq]`), which is why selective recomputation
+    /// recomputes exactly this.
     ///
     /// With `--use-flash-attn` on a CubeCL device it is one fused kernel that keeps only the
     /// output and a log-sum-exp per row (dropping the same probabilities as the composed
     /// path for the same seed).
-    pub fn core(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
+    pub fn core_heads(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
         let scale = 1.0 / (self.head_dim as f64).sqrt();
         let (k, v) = (self.per_head(k), self.per_head(v));
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
@@ -183,8 +227,7 @@ impl CausalSelfAttention {
 
     /// `[batch, seq, hidden]` → `[batch, seq, hidden]`.
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let [q, k, v] = self.query_key_value_heads(x, 0);
-        self.project_out(self.core(q, k, v))
+        self.project_out(self.core(self.core_inputs(x)))
     }
 
     /// [`Self::forward`] for `x` = the positions after those in `past` (inference only, no
@@ -211,6 +254,55 @@ impl CausalSelfAttention {
         } else {
             offset_causal_masked_softmax(scores, scale, cached)
         };
-        self.project_out(probs.matmul(self.per_head(v)))
+        self.project_out(merge_heads(probs.matmul(self.per_head(v))))
     }
+}
+
+/// What the attention core is computed from.
+#[derive(Clone, Debug)]
+pub enum CoreInputs {
+    /// Queries, keys and values per head, after the query/key norms and rotary embedding.
+    Heads([Tensor<4>; 3]),
+    /// The fused QKV projection's rows `[batch, seq, width]` (GPU builds).
+    Rows(Tensor<3>),
+}
+
+impl CoreInputs {
+    /// The same values without a graph.
+    pub fn detach(self) -> Self {
+        match self {
+            Self::Heads(heads) => Self::Heads(heads.map(|t| t.detach())),
+            Self::Rows(rows) => Self::Rows(rows.detach()),
+        }
+    }
+
+    /// The same values as leaves that require gradients.
+    pub fn require_grad(self) -> Self {
+        match self {
+            Self::Heads(heads) => Self::Heads(heads.map(|t| t.require_grad())),
+            Self::Rows(rows) => Self::Rows(rows.require_grad()),
+        }
+    }
+
+    /// `Σ x · g` over the tensors `x` of `self`, `g` the gradient in `grads` of the matching
+    /// tensor of `leaves` (the same kind): backpropagating it gives each `x` its gradient `g`.
+    pub fn weighted_by_grads(self, leaves: &Self, grads: &Gradients) -> Tensor<1> {
+        let grad = |t: &Tensor<4>| t.grad(grads).expect("q, k and v are used").autodiff();
+        match (self, leaves) {
+            (Self::Heads([q, k, v]), Self::Heads([lq, lk, lv])) => {
+                (q * grad(lq)).sum() + (k * grad(lk)).sum() + (v * grad(lv)).sum()
+            }
+            (Self::Rows(rows), Self::Rows(leaf)) => {
+                let g = leaf.grad(grads).expect("the rows are used").autodiff();
+                (rows * g).sum()
+            }
+            _ => panic!("core inputs of two kinds"),
+        }
+    }
+}
+
+/// `[batch, heads, seq, head_dim]` → `[batch, seq, heads · head_dim]`.
+fn merge_heads(context: Tensor<4>) -> Tensor<3> {
+    let [b, heads, s, head_dim] = context.dims();
+    context.swap_dims(1, 2).reshape([b, s, heads * head_dim])
 }

@@ -19,9 +19,12 @@ use burn::tensor::{DType, FloatDType, Shape, Tensor};
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
 use ferrotron_kernels::launch::{
-    AttentionInputs, AttentionLaunch, AttentionShape, DrawSlice, DropoutDraw, RotaryTables,
-    RowLaunch, ScoresShape, SoftmaxMask,
+    AttentionInputs, AttentionLaunch, AttentionShape, DrawSlice, DropoutDraw, QkvLayout,
+    RotaryTables, RowLaunch, ScoresShape, SoftmaxMask,
 };
+
+use super::fused_attention::{self, MixedAttentionBackward};
+use crate::util::matmul::extension::Gemm;
 
 /// The kernels a backend runs for the fused ops.
 pub trait FusedKernels: Backend {
@@ -119,6 +122,13 @@ pub trait FusedKernels: Backend {
         scale: f32,
         dropout: Option<DropoutDraw>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+    /// Queries, keys and values `[b, heads, s, head_dim]` (keys and values repeated for each
+    /// query head of their group) from the fused QKV projection's rows `[b, s, width]`.
+    fn qkv_split(mixed: FloatTensor<Self>, layout: QkvLayout) -> [FloatTensor<Self>; 3];
+    /// The rows' gradient from the gradients of [`Self::qkv_split`]'s three outputs.
+    fn qkv_merge(grads: [FloatTensor<Self>; 3], layout: QkvLayout) -> FloatTensor<Self>;
+    /// `x` stored contiguously, row-major (a copy only if it is not).
+    fn contiguous(x: FloatTensor<Self>) -> FloatTensor<Self>;
 }
 
 /// The differentiable fused ops (a burn backend extension).
@@ -180,6 +190,23 @@ pub trait FusedOps: Backend {
         threshold: u32,
         keep_scale: f32,
         dropout: bool,
+    ) -> FloatTensor<Self>;
+    /// The attention core from the fused QKV projection's rows `[b, s, groups · (per_group
+    /// + 2) · head_dim]` to the context `[b, s, groups · per_group · head_dim]`: split,
+    /// causal attention (fused when `flash`, else scores, softmax, dropout and product
+    /// kernels), heads merged; dropout as [`Self::fused_causal_attention`]'s.
+    #[allow(clippy::too_many_arguments)]
+    fn fused_attention_from_qkv(
+        mixed: FloatTensor<Self>,
+        groups: u32,
+        per_group: u32,
+        scale: f32,
+        key_lo: u32,
+        key_hi: u32,
+        threshold: u32,
+        keep_scale: f32,
+        dropout: bool,
+        flash: bool,
     ) -> FloatTensor<Self>;
 }
 
@@ -573,6 +600,43 @@ impl FusedKernels for CubeBackend {
         );
         (dq, dk, dv)
     }
+
+    fn qkv_split(mixed: CubeTensor, layout: QkvLayout) -> [CubeTensor; 3] {
+        let mixed = packed(mixed);
+        let shape = Shape::new([layout.batch, layout.heads(), layout.seq, layout.head_dim]);
+        let parts = [0; 3].map(|_| empty_like(&mixed, shape.clone(), mixed.dtype));
+        by_dtype!(
+            mixed.dtype,
+            qkv_split,
+            &mixed.client,
+            &mixed.handle,
+            [&parts[0].handle, &parts[1].handle, &parts[2].handle],
+            layout
+        );
+        parts
+    }
+
+    fn qkv_merge(grads: [CubeTensor; 3], layout: QkvLayout) -> CubeTensor {
+        let [dq, dk, dv] = grads.map(packed);
+        same_dtype("the key gradient", &dq, &dk);
+        same_dtype("the value gradient", &dq, &dv);
+        let width = layout.groups * (layout.per_group + 2) * layout.head_dim;
+        let shape = Shape::new([layout.batch, layout.seq, width]);
+        let merged = empty_like(&dq, shape, dq.dtype);
+        by_dtype!(
+            dq.dtype,
+            qkv_merge,
+            &dq.client,
+            [&dq.handle, &dk.handle, &dv.handle],
+            &merged.handle,
+            layout
+        );
+        merged
+    }
+
+    fn contiguous(x: CubeTensor) -> CubeTensor {
+        packed(x)
+    }
 }
 
 /// The kernels' view of `[b, heads, s, head_dim]`.
@@ -622,6 +686,23 @@ impl FusedOps for CubeBackend {
     ) -> CubeTensor {
         let draw = attention_draw(key_lo, key_hi, threshold, keep_scale, dropout);
         Self::flash_attention_forward(q, k, v, scale, draw).0
+    }
+
+    fn fused_attention_from_qkv(
+        mixed: CubeTensor,
+        groups: u32,
+        per_group: u32,
+        scale: f32,
+        key_lo: u32,
+        key_hi: u32,
+        threshold: u32,
+        keep_scale: f32,
+        dropout: bool,
+        flash: bool,
+    ) -> CubeTensor {
+        let draw = attention_draw(key_lo, key_hi, threshold, keep_scale, dropout);
+        let layout = fused_attention::layout(&mixed.shape(), groups, per_group);
+        fused_attention::forward::<Self>(mixed, layout, scale, draw, flash).0
     }
 
     fn fused_layer_norm(
@@ -818,7 +899,38 @@ impl<B: FusedKernels> Backward<B, 3> for AttentionBackward {
     }
 }
 
-impl<B: FusedKernels + FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
+impl<B: FusedKernels + FusedOps + Gemm, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
+    fn fused_attention_from_qkv(
+        mixed: FloatTensor<Self>,
+        groups: u32,
+        per_group: u32,
+        scale: f32,
+        key_lo: u32,
+        key_hi: u32,
+        threshold: u32,
+        keep_scale: f32,
+        dropout: bool,
+        flash: bool,
+    ) -> FloatTensor<Self> {
+        let draw = attention_draw(key_lo, key_hi, threshold, keep_scale, dropout);
+        let (mixed, node) = mixed.into_parts();
+        let layout = fused_attention::layout(&mixed.shape(), groups, per_group);
+        match MixedAttentionBackward
+            .prepare::<C>([node])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let (context, saved) =
+                    fused_attention::forward::<B>(mixed, layout, scale, draw, flash);
+                prep.finish((saved, layout, scale, draw), context)
+            }
+            OpsKind::UnTracked(prep) => {
+                prep.finish(fused_attention::forward::<B>(mixed, layout, scale, draw, flash).0)
+            }
+        }
+    }
+
     fn fused_causal_attention(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -1103,14 +1215,7 @@ pub fn causal_attention(
     scale: f64,
     dropout: Option<(u64, f64)>,
 ) -> Tensor<4> {
-    let (key, threshold, keep_scale) = match dropout {
-        Some((key, p)) => (
-            key,
-            crate::parallel::random::dropout_threshold(p),
-            (1.0 / (1.0 - p)) as f32,
-        ),
-        None => (0, 0, 1.0),
-    };
+    let (key, threshold, keep_scale) = draw_arguments(dropout);
     Tensor::from_dispatch(<Dispatch as FusedOps>::fused_causal_attention(
         q.into_dispatch(),
         k.into_dispatch(),
@@ -1122,4 +1227,45 @@ pub fn causal_attention(
         keep_scale,
         dropout.is_some(),
     ))
+}
+
+/// The attention core from the fused QKV projection's rows `qkv` `[b, s, groups ·
+/// (per_group + 2) · head_dim]` (Megatron's per-group layout) to the context `[b, s, heads ·
+/// head_dim]`, as one differentiable op: its backward is one kernel into the rows' gradient,
+/// where the composed split's is eight launches. `flash` runs [`causal_attention`]'s kernel
+/// inside, otherwise the scores, causal softmax, dropout and product kernels the composed
+/// core runs; `dropout` as [`causal_attention`]'s.
+pub fn attention_from_qkv(
+    qkv: Tensor<3>,
+    groups: usize,
+    per_group: usize,
+    scale: f64,
+    dropout: Option<(u64, f64)>,
+    flash: bool,
+) -> Tensor<3> {
+    let (key, threshold, keep_scale) = draw_arguments(dropout);
+    Tensor::from_dispatch(<Dispatch as FusedOps>::fused_attention_from_qkv(
+        qkv.into_dispatch(),
+        groups as u32,
+        per_group as u32,
+        scale as f32,
+        key as u32,
+        (key >> 32) as u32,
+        threshold,
+        keep_scale,
+        dropout.is_some(),
+        flash,
+    ))
+}
+
+/// The key, threshold and keep scale of a dropout draw `(key, probability)` (zeros without).
+fn draw_arguments(dropout: Option<(u64, f64)>) -> (u64, u32, f32) {
+    match dropout {
+        Some((key, p)) => (
+            key,
+            crate::parallel::random::dropout_threshold(p),
+            (1.0 / (1.0 - p)) as f32,
+        ),
+        None => (0, 0, 1.0),
+    }
 }

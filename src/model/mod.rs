@@ -12,6 +12,8 @@ pub mod attention;
 pub mod config;
 pub mod dropout;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod fused_attention;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod fused_ops;
 pub mod gpt;
 pub mod kv_cache;

@@ -24,6 +24,7 @@ use std::ops::Range;
 use burn::module::Module;
 use burn::tensor::{Gradients, Int, Tensor};
 
+use super::attention::CoreInputs;
 use super::Gpt;
 use crate::parallel::random::{replaying, rng_state, RngState};
 
@@ -194,15 +195,15 @@ struct SelectiveLayer {
     layer: usize,
     /// Leaf: the layer's input, as the part before the core sees it.
     input: Tensor<3>,
-    /// q, k, v with the graph of the part before the core.
-    attention_inputs: [Tensor<4>; 3],
-    /// q, k, v without a graph: what the core is recomputed from.
-    saved: [Tensor<4>; 3],
+    /// The core's inputs with the graph of the part before the core.
+    attention_inputs: CoreInputs,
+    /// The core's inputs without a graph: what the core is recomputed from.
+    saved: CoreInputs,
     /// The dropout streams at the core's start.
     rng: RngState,
     /// Leaves of the part after the core: the layer's input (residual) and the context.
     residual: Tensor<3>,
-    context: Tensor<4>,
+    context: Tensor<3>,
     /// The layer's output, with the graph of the part after the core.
     output: Tensor<3>,
 }
@@ -215,11 +216,10 @@ impl SelectiveLayer {
         // use the layer's input must not share a node.
         let input = x.clone().detach().require_grad();
         let attention_inputs = block.attention_inputs(input.clone());
-        let saved = attention_inputs.clone().map(|t| t.detach());
+        let saved = attention_inputs.clone().detach();
         let rng = rng_state();
         // Without a graph: the core's inputs do not require gradients.
-        let [q, k, v] = saved.clone();
-        let context = block.self_attention.core(q, k, v).require_grad();
+        let context = block.self_attention.core(saved.clone()).require_grad();
         let residual = x.detach().require_grad();
         let output = block.after_attention_core(residual.clone(), context.clone());
         let next = output.clone().detach();
@@ -243,23 +243,13 @@ impl SelectiveLayer {
         let g_context = self.context.grad(&grads).expect("the context is used");
         let g_residual = self.residual.grad(&grads).expect("the residual is used");
         on_grads(grads);
-        let [q, k, v] = self.saved.map(|t| t.require_grad());
-        let context = replaying(self.rng, || {
-            block.self_attention.core(q.clone(), k.clone(), v.clone())
-        });
+        let leaves = self.saved.require_grad();
+        let context = replaying(self.rng, || block.self_attention.core(leaves.clone()));
         let grads = backward_through(context, g_context);
-        let g_qkv = [&q, &k, &v].map(|t| t.grad(&grads).expect("q, k and v are used"));
-        let [(q, gq), (k, gk), (v, gv)] = {
-            let [a, b, c] = self.attention_inputs;
-            let [ga, gb, gc] = g_qkv;
-            [(a, ga), (b, gb), (c, gc)]
-        };
         // The residual's gradient joins the input's inside this backward pass, so autodiff
         // sums the input's three gradients (residual, and LayerNorm's two uses) in the order
         // one whole backward pass does.
-        let grads = ((q * gq.autodiff()).sum()
-            + (k * gk.autodiff()).sum()
-            + (v * gv.autodiff()).sum()
+        let grads = (self.attention_inputs.weighted_by_grads(&leaves, &grads)
             + (self.input.clone() * g_residual.autodiff()).sum())
         .backward();
         let g = self.input.grad(&grads).expect("the input is used");

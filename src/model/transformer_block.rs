@@ -3,7 +3,7 @@
 use burn::module::Module;
 use burn::tensor::{Device, Tensor};
 
-use super::attention::CausalSelfAttention;
+use super::attention::{CausalSelfAttention, CoreInputs};
 use super::dropout::Dropout;
 use super::kv_cache::LayerKv;
 use super::mlp::Mlp;
@@ -77,24 +77,24 @@ impl TransformerBlock {
 
     /// `[batch, seq, hidden]` → `[batch, seq, hidden]`.
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let [q, k, v] = self.attention_inputs(x.clone());
-        let context = self.self_attention.core(q, k, v);
+        let inputs = self.attention_inputs(x.clone());
+        let context = self.self_attention.core(inputs);
         self.after_attention_core(x, context)
     }
 
-    /// The layer up to the attention core: queries, keys and values of `ln(x)`. With
+    /// The layer up to the attention core: what the core computes from `ln(x)`. With
     /// [`CausalSelfAttention::core`] and [`Self::after_attention_core`] it is
     /// [`Self::forward`], cut where selective recomputation cuts it.
-    pub fn attention_inputs(&self, x: Tensor<3>) -> [Tensor<4>; 3] {
+    pub fn attention_inputs(&self, x: Tensor<3>) -> CoreInputs {
         // The layer's dropouts (attention core, both branches) draw from its own streams.
         enter_layer(self.layer_number);
         self.self_attention
-            .query_key_value_heads(self.input_layernorm.forward(x), 0)
+            .core_inputs(self.input_layernorm.forward(x))
     }
 
     /// The layer after the attention core, from the layer's input `x` (for the residual) and
-    /// the core's per-head `context`.
-    pub fn after_attention_core(&self, x: Tensor<3>, context: Tensor<4>) -> Tensor<3> {
+    /// the core's `context` `[batch, seq, local heads · head_dim]`.
+    pub fn after_attention_core(&self, x: Tensor<3>, context: Tensor<3>) -> Tensor<3> {
         let attn = self.self_attention.project_out(context);
         let x = x + self.hidden_dropout.forward(attn);
         let mlp = self

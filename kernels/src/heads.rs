@@ -1,0 +1,95 @@
+//! The fused QKV projection's output and the per-head tensors the attention core works on,
+//! one kernel each way.
+//!
+//! The projection writes each row `[batch, seq]` as Megatron lays it out per query group:
+//! the group's `per_group` query heads, its key head, its value head, each `head_dim` wide.
+//! The core wants queries, keys and values as `[batch, heads, seq, head_dim]`, keys and
+//! values repeated for each query head of their group. Composed of tensor ops that is three
+//! narrows, reshapes and copies forward, and backward (burn's slice backward) a zeroed
+//! tensor and a slice-assignment per part plus two additions — eight launches per layer
+//! where [`qkv_merge`] is one, and it sums a group's repeated keys and values in a fixed order.
+//!
+//! Pure data movement (plus that sum, in `A`); one unit per element.
+
+use cubecl::prelude::*;
+
+use crate::rows::cube_index;
+
+/// Units per cube.
+pub const UNITS_PER_CUBE: u32 = 256;
+
+/// Queries, keys and values `[batch, groups · per_group, seq, head_dim]` from the mixed rows
+/// `[batch, seq, groups · (per_group + 2) · head_dim]`; `len` is the elements of one output.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn qkv_split<F: Float>(
+    mixed: &[F],
+    query: &mut [F],
+    key: &mut [F],
+    value: &mut [F],
+    len: u32,
+    seq: u32,
+    heads: u32,
+    per_group: u32,
+    head_dim: u32,
+) {
+    let t = cube_index() * UNITS_PER_CUBE as usize + UNIT_POS_X as usize;
+    if t < len as usize {
+        let d = head_dim as usize;
+        let c = t % d;
+        let position = (t / d) % seq as usize;
+        let head = (t / (d * seq as usize)) % heads as usize;
+        let batch = t / (d * seq as usize * heads as usize);
+        let (p, group) = (per_group as usize, head / per_group as usize);
+        let width = (heads as usize / p) * (p + 2) * d;
+        let base = (batch * seq as usize + position) * width + group * (p + 2) * d + c;
+        query[t] = mixed[base + (head % p) * d];
+        key[t] = mixed[base + p * d];
+        value[t] = mixed[base + (p + 1) * d];
+    }
+}
+
+/// The mixed rows' gradient from the gradients of [`qkv_split`]'s outputs: a query element
+/// is copied back, a key or value element is the sum over its group's query heads (in head
+/// order, in `A`); `len` is the elements of the mixed rows.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn qkv_merge<F: Float, A: Float>(
+    grad_query: &[F],
+    grad_key: &[F],
+    grad_value: &[F],
+    grad_mixed: &mut [F],
+    len: u32,
+    seq: u32,
+    heads: u32,
+    per_group: u32,
+    head_dim: u32,
+) {
+    let t = cube_index() * UNITS_PER_CUBE as usize + UNIT_POS_X as usize;
+    if t < len as usize {
+        let (d, p) = (head_dim as usize, per_group as usize);
+        let c = t % d;
+        let part = (t / d) % (p + 2);
+        let width = (heads as usize / p) * (p + 2) * d;
+        let group = (t % width) / ((p + 2) * d);
+        let position = (t / width) % seq as usize;
+        let batch = t / (width * seq as usize);
+        // Element (batch, group · p + head, position, c) of a per-head tensor is at
+        // `first + head · head_stride`.
+        let head_stride = seq as usize * d;
+        let first = ((batch * heads as usize + group * p) * seq as usize + position) * d + c;
+        if part < p {
+            grad_mixed[t] = grad_query[first + part * head_stride];
+        } else {
+            let mut sum = A::new(0.0);
+            for h in 0..p {
+                if part == p {
+                    sum += A::cast_from(grad_key[first + h * head_stride]);
+                } else {
+                    sum += A::cast_from(grad_value[first + h * head_stride]);
+                }
+            }
+            grad_mixed[t] = F::cast_from(sum);
+        }
+    }
+}
