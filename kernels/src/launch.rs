@@ -7,8 +7,8 @@ use cubecl::server::Handle;
 use crate::rows::cube_count;
 pub use crate::rows::RowLaunch;
 use crate::{
-    adam, attention, cross_entropy, dropout, gelu, heads, layer_norm, rms_norm, rotary, softmax,
-    stream_order, swiglu,
+    adam, attention, cross_entropy, dropout, gelu, grad_norm, heads, layer_norm, masked_mean,
+    rms_norm, rotary, softmax, stream_order, swiglu,
 };
 
 fn arg(handle: &Handle, len: usize) -> BufferArg {
@@ -450,6 +450,98 @@ pub fn gelu_backward<F: Float + CubeElement>(
         arg(grad_input, len),
         len as u32,
         tanh,
+    );
+}
+
+/// Blocks of [`grad_norm_and_clip`]'s scratch for a buffer of `len` elements.
+pub fn grad_norm_blocks(len: usize) -> usize {
+    len.div_ceil(grad_norm::BLOCK).max(1)
+}
+
+/// The L2 norm of `len` f32 gradients into `norm` and the clipping coefficient `min(1,
+/// max_norm / (norm + 1e-6))` into `clip` (1 when `max_norm` is 0), through `partials`
+/// ([`grad_norm_blocks`] elements): two launches, an order fixed by `len` and the launch.
+pub fn grad_norm_and_clip(
+    client: &Client,
+    launch: RowLaunch,
+    grads: &Handle,
+    partials: &Handle,
+    [norm, clip]: [&Handle; 2],
+    len: usize,
+    max_norm: f32,
+) {
+    check_elements(len, "a gradient norm");
+    let blocks = grad_norm_blocks(len);
+    grad_norm::block_sums_of_squares::launch(
+        client,
+        cube_count(blocks),
+        CubeDim::new_1d(launch.lanes),
+        arg(grads, len.max(1)),
+        arg(partials, blocks),
+        len as u32,
+        launch.lanes,
+    );
+    grad_norm::norm_and_clip::launch(
+        client,
+        CubeCount::Static(1, 1, 1),
+        CubeDim::new_1d(launch.lanes),
+        arg(partials, blocks),
+        arg(norm, 1),
+        arg(clip, 1),
+        blocks as u32,
+        max_norm,
+        launch.lanes,
+    );
+}
+
+/// `[mean, count] = [Σ value · mask / Σ mask, Σ mask]` over `len` f32 elements, each a
+/// one-element buffer, in one cube of `launch.lanes` units (an order fixed by `len` and the
+/// launch).
+pub fn masked_mean_forward(
+    client: &Client,
+    launch: RowLaunch,
+    values: &Handle,
+    mask: &Handle,
+    [mean, count]: [&Handle; 2],
+    len: usize,
+) {
+    check_elements(len, "a masked mean");
+    masked_mean::masked_mean_forward::launch(
+        client,
+        CubeCount::Static(1, 1, 1),
+        CubeDim::new_1d(launch.lanes),
+        arg(values, len.max(1)),
+        arg(mask, len.max(1)),
+        arg(mean, 1),
+        arg(count, 1),
+        len as u32,
+        launch.lanes,
+    );
+}
+
+/// The values' gradient `mask · grad / count` of [`masked_mean_forward`] (`grad` and `count`
+/// one element each).
+pub fn masked_mean_backward(
+    client: &Client,
+    mask: &Handle,
+    count: &Handle,
+    grad: &Handle,
+    grad_values: &Handle,
+    len: usize,
+) {
+    if len == 0 {
+        return;
+    }
+    check_elements(len, "a masked mean");
+    masked_mean::masked_mean_backward::launch(
+        client,
+        cube_count(len.div_ceil(masked_mean::UNITS_PER_CUBE as usize)),
+        CubeDim::new_1d(masked_mean::UNITS_PER_CUBE),
+        arg(mask, len),
+        arg(count, 1),
+        arg(grad, 1),
+        arg(grad_values, len),
+        len as u32,
     );
 }
 

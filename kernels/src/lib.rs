@@ -5,6 +5,8 @@
 //!   (`ScaledMaskedSoftmax`), and their shared backward;
 //! - [`cross_entropy`]: cross-entropy of rows of logits against a target column (loss and
 //!   log-sum-exp forward; `(softmax − one-hot) · dloss` backward);
+//! - [`masked_mean`]: the loss's masked mean `Σ value · mask / Σ mask` (one cube, a fixed
+//!   order) and its backward;
 //! - [`layer_norm`]: LayerNorm forward (saving mean and 1/σ) and backward (dx, dγ, dβ);
 //! - [`rms_norm`]: RMSNorm forward (saving 1/rms) and backward (dx, dγ);
 //! - [`swiglu`]: SwiGLU's `silu(gate) ⊙ up`, forward and backward (both gradients at once);
@@ -16,6 +18,8 @@
 //! - [`attention`]: causal attention fused FlashAttention-2-style (tiles of keys and queries
 //!   in shared memory, products in 4-row micro-tiles, online softmax, dropout inside, no
 //!   `seq × seq` tensor), forward and backward;
+//! - [`grad_norm`]: the global norm of a flat gradient buffer and the clipping coefficient
+//!   (two launches, a fixed order);
 //! - [`adam`]: one Adam step of a parameter (both moments and the update) in one kernel;
 //! - [`stream_order`]: device-side counters that order CubeCL's stream against another
 //!   stream's work (cuBLAS's products) without a host wait.
@@ -38,9 +42,11 @@ pub mod cpu_runtime;
 pub mod cross_entropy;
 pub mod dropout;
 pub mod gelu;
+pub mod grad_norm;
 pub mod heads;
 pub mod launch;
 pub mod layer_norm;
+pub mod masked_mean;
 pub mod reduce;
 pub mod rms_norm;
 pub mod rotary;

@@ -1924,3 +1924,86 @@ fn qkv_split_and_merge_follow_megatrons_group_layout() {
         assert_close(&what, &merged, &want_merged, 1e-6, 1e-6);
     }
 }
+
+/// The masked mean against float64: masks of zeros and ones (Megatron's) and fractional
+/// weights, lengths below, at and past the lanes of one cube, one element; the backward is
+/// `mask · g / Σ mask` for a gradient other than 1.
+#[test]
+fn masked_mean_and_its_gradient_match_float64() {
+    let client = client();
+    let mut rng = Rng(19);
+    let launch = RowLaunch::for_client(&client);
+    for len in [1, 7, 32, 33, 1000, 8192 + 5] {
+        for fractional in [false, true] {
+            let values = rng.vec(len, 0.0, 12.0);
+            let mut mask = rng.vec(len, 0.0, 1.0);
+            if !fractional {
+                mask.iter_mut().for_each(|m| *m = (*m > 0.3) as u8 as f32);
+            }
+            mask[0] = 1.0; // at least one counted element
+            let (mean, masked) = (poisoned(&client, 1), poisoned(&client, 1));
+            let (v, m) = (upload(&client, &values), upload(&client, &mask));
+            masked_mean_forward(&client, launch, &v, &m, [&mean, &masked], len);
+            let count: f64 = mask.iter().map(|&m| m as f64).sum();
+            let weighted: f64 = values
+                .iter()
+                .zip(&mask)
+                .map(|(&v, &m)| v as f64 * m as f64)
+                .sum();
+            let what = format!("masked mean of {len}, fractional {fractional}");
+            let got = [mean, masked.clone()].map(|h| download(&client, h, 1)[0]);
+            assert_close(&what, &got, &[weighted / count, count], 1e-5, 1e-5);
+            let grad = upload(&client, &[0.75]);
+            let dv = poisoned(&client, len);
+            masked_mean_backward(&client, &m, &masked, &grad, &dv, len);
+            let want: Vec<f64> = mask.iter().map(|&m| m as f64 * 0.75 / count).collect();
+            assert_close(
+                &format!("{what}: gradient"),
+                &download(&client, dv, len),
+                &want,
+                1e-7,
+                1e-5,
+            );
+        }
+    }
+}
+
+/// The gradient norm and clipping coefficient against float64: lengths of one element, one
+/// partly filled block, whole blocks, and hundreds of blocks with a partly filled last one;
+/// a limit below the norm (clipped), above it (exactly 1) and none.
+#[test]
+fn grad_norm_and_clip_match_float64() {
+    let client = client();
+    let mut rng = Rng(23);
+    let launch = RowLaunch::for_client(&client);
+    for len in [1, 1000, 3 << 14, (300 << 14) + 3] {
+        let grads = rng.vec(len, -0.01, 0.01);
+        let want: f64 = grads
+            .iter()
+            .map(|&g| g as f64 * g as f64)
+            .sum::<f64>()
+            .sqrt();
+        let g = upload(&client, &grads);
+        let partials = poisoned(&client, grad_norm_blocks(len));
+        for max_norm in [0.5 * want, 2.0 * want, 0.0] {
+            let (norm, clip) = (poisoned(&client, 1), poisoned(&client, 1));
+            grad_norm_and_clip(
+                &client,
+                launch,
+                &g,
+                &partials,
+                [&norm, &clip],
+                len,
+                max_norm as f32,
+            );
+            let what = format!("gradient norm of {len}, limit {max_norm}");
+            assert_close(&what, &download(&client, norm, 1), &[want], 0.0, 1e-5);
+            let clip = download(&client, clip, 1)[0];
+            if max_norm > want || max_norm == 0.0 {
+                assert_eq!(clip, 1.0, "{what}: no clipping");
+            } else {
+                assert_close(&what, &[clip], &[max_norm / (want + 1e-6)], 0.0, 1e-5);
+            }
+        }
+    }
+}

@@ -4,7 +4,7 @@ use burn::tensor::{Int, Tensor};
 
 use crate::comm::Group;
 use crate::parallel::cross_entropy::vocab_parallel_cross_entropy;
-use crate::util::fixed_order_sum::fixed_order_sum;
+use crate::util::masked_mean::masked_mean;
 
 /// Per-token cross-entropy `[batch, seq]` of full logits `[batch, seq, vocab]` against
 /// `labels`: `logsumexp(logits) − logits[label]` (the fused single-rank cross-entropy).
@@ -27,5 +27,5 @@ pub fn parallel_lm_loss(
     group: &Group,
 ) -> Tensor<1> {
     let losses = vocab_parallel_cross_entropy(logits, labels, vocab_start, group);
-    fixed_order_sum(losses * loss_mask.clone()) / fixed_order_sum(loss_mask)
+    masked_mean(losses, loss_mask)
 }

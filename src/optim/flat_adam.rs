@@ -8,12 +8,12 @@
 //! `benchmarks/results/2026-11-26-h200-flat-adam.md`), and per parameter the previous step
 //! launched about seven kernels (norm square and sum, clip multiply, Adam, the half-precision
 //! cast): 2,000 of a 345M GPT's 4,300 launches. Here a step is one copy per four parameters
-//! (their gradients into the flat buffer), a handful of launches for the global norm and the clipping
+//! (their gradients into the flat buffer), two launches for the global norm and the clipping
 //! coefficient (read on the device, so nothing waits for the host), one in-place Adam launch per
 //! parameter group (learning rate × weight decay: at most four) and one cast for the
 //! half-precision working copy. The gradient buffer lives only through the step (kept, it
-//! would add its size to the backward pass's activation peak), the norm's scratch is one chunk
-//! of squares at a time, and the per-parameter gradients are freed once copied.
+//! would add its size to the backward pass's activation peak), the norm's scratch is one
+//! number per 16,384 gradients, and the per-parameter gradients are freed once copied.
 //!
 //! The arithmetic is the per-parameter step's; only the norm's summation order differs (one
 //! sum over the buffer instead of a sum of per-parameter sums). Unlike the per-parameter step,
@@ -23,15 +23,15 @@
 use std::collections::{HashMap, HashSet};
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
-use burn::tensor::{Device, FloatDType, Tensor, TensorData};
+use burn::tensor::{DType, Device, FloatDType, Shape, Tensor, TensorData};
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
-use ferrotron_kernels::launch::{self as kernels, AdamScalars, CopyPiece};
+use ferrotron_kernels::launch::{self as kernels, AdamScalars, CopyPiece, RowLaunch};
 
 use super::optimizer::{Optimizer, OptimizerSetup};
 use super::{AdamWConfig, GradNorm, GradientAccumulator, LearningRates, NamedMoments};
 use crate::comm::CommError;
-use crate::util::fixed_order_sum::fixed_order_sum;
+use crate::util::cube_tensor::empty_like;
 
 /// Where one parameter lives in the flat buffers.
 struct Segment {
@@ -57,8 +57,6 @@ struct FlatBuffers {
     params: CubeTensor,
     m: CubeTensor,
     v: CubeTensor,
-    /// A one-element 1.0: the clipping coefficient when there is no clipping.
-    one: CubeTensor,
 }
 
 /// Adam with decoupled weight decay over flat buffers (see the module's docs), replicated on
@@ -72,8 +70,6 @@ pub struct FlatAdamW {
     /// Moments to resume from, uploaded when the buffers are built (at the first step).
     saved: Vec<NamedMoments>,
     buffers: Option<FlatBuffers>,
-    /// Elements squared at a time for the norm.
-    norm_chunk: usize,
 }
 
 /// `t` as a contiguous f32 CubeCL tensor; flat Adam runs only where that holds.
@@ -163,7 +159,6 @@ impl FlatBuffers {
             params: zeros(),
             m,
             v,
-            one: cube_f32(Tensor::<1>::ones([1], &device), "the unit coefficient"),
             segments,
             groups,
             total,
@@ -243,20 +238,24 @@ impl FlatBuffers {
         flat
     }
 
-    /// The global L2 norm of the gradient buffer, a one-element tensor on the device. Summed
-    /// in chunks so that the squares' scratch is one chunk, not a second gradient buffer.
-    fn grad_norm(&self, grads: &CubeTensor, chunk: usize) -> Tensor<1> {
-        let grads = tensor(grads);
-        let mut total: Option<Tensor<1>> = None;
-        for start in (0..self.total).step_by(chunk) {
-            let len = chunk.min(self.total - start);
-            let squares = fixed_order_sum(grads.clone().narrow(0, start, len).square());
-            total = Some(match total {
-                Some(t) => t + squares,
-                None => squares,
-            });
-        }
-        total.expect("a model with parameters").sqrt()
+    /// The global L2 norm of the gradient buffer and the clipping coefficient `min(1,
+    /// max_norm / (norm + 1e-6))` (Megatron's `clip_grad_norm_fp32`; exactly 1 below the
+    /// limit, and without clipping, `max_norm` 0): one-element tensors on the device, two
+    /// launches in an order fixed by the buffer's length.
+    fn norm_and_clip(&self, grads: &CubeTensor, max_norm: f64) -> (CubeTensor, CubeTensor) {
+        let f32_tensor = |len| empty_like(grads, Shape::new([len]), DType::F32);
+        let partials = f32_tensor(kernels::grad_norm_blocks(self.total));
+        let (norm, clip) = (f32_tensor(1), f32_tensor(1));
+        kernels::grad_norm_and_clip(
+            &grads.client,
+            RowLaunch::for_client(&grads.client),
+            &grads.handle,
+            &partials.handle,
+            [&norm.handle, &clip.handle],
+            self.total,
+            max_norm as f32,
+        );
+        (norm, clip)
     }
 
     /// `module` with every parameter a view of `source` (the main weights, or their cast),
@@ -306,15 +305,7 @@ impl FlatAdamW {
             steps,
             saved,
             buffers: None,
-            norm_chunk: 1 << 25,
         }
-    }
-
-    /// Squares `elements` of the gradient buffer at a time for the norm (default 2²⁵: 128 MiB
-    /// of scratch); a multiple of the device's alignment keeps the chunks views.
-    pub fn with_norm_chunk(mut self, elements: usize) -> Self {
-        self.norm_chunk = elements.max(1);
-        self
     }
 
     /// The scalars of this step's Adam launch for one group.
@@ -356,20 +347,7 @@ impl<M: Module> Optimizer<M> for FlatAdamW {
         // The per-parameter gradients are in the flat buffer now: free them before the
         // norm's scratch is allocated (the caller drops the accumulator after the step).
         drop(grads.drain());
-        let norm = b.grad_norm(&flat_grads, self.norm_chunk);
-        // min(1, max_norm / (norm + 1e-6)), Megatron's `clip_grad_norm_fp32`; below the
-        // limit it is exactly 1.
-        let clip = if self.clip_grad > 0.0 {
-            let coefficient = norm
-                .clone()
-                .add_scalar(1e-6)
-                .recip()
-                .mul_scalar(self.clip_grad)
-                .clamp_max(1.0);
-            cube_f32(coefficient, "the clipping coefficient")
-        } else {
-            b.one.clone()
-        };
+        let (norm, clip) = b.norm_and_clip(&flat_grads, self.clip_grad);
         for group in &b.groups {
             kernels::adam_step_in_place::<f32>(
                 &b.params.client,
@@ -383,7 +361,7 @@ impl<M: Module> Optimizer<M> for FlatAdamW {
             );
         }
         let module = b.views(module, &tensor(&b.params));
-        Ok((module, GradNorm::OnDevice(Box::new(norm))))
+        Ok((module, GradNorm::OnDevice(Box::new(tensor(&norm)))))
     }
 
     fn working_copy(&self, main: &M, dtype: FloatDType) -> Option<M> {

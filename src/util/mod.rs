@@ -15,6 +15,7 @@ pub mod exit_signal;
 pub mod fixed_order_sum;
 pub mod host_tensor;
 pub mod init;
+pub mod masked_mean;
 pub mod matmul;
 pub mod numpy_pcg64;
 pub mod numpy_random;
