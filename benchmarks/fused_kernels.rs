@@ -135,7 +135,7 @@ fn main() {
         let [q, k, v] = qkv.clone().map(|t| t.require_grad());
         device.sync().expect("device sync");
         let before = in_use();
-        let y = layer.core(q.clone(), k.clone(), v.clone());
+        let y = layer.core_heads(q.clone(), k.clone(), v.clone());
         device.sync().expect("device sync");
         held.set(in_use() - before);
         let grads = (y * dy.clone()).sum().backward();

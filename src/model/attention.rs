@@ -259,6 +259,8 @@ impl CausalSelfAttention {
 }
 
 /// What the attention core is computed from.
+// One value per layer and micro-batch, moved a few times: not worth a box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum CoreInputs {
     /// Queries, keys and values per head, after the query/key norms and rotary embedding.
