@@ -611,7 +611,8 @@ fn small_gpt(dir: &std::path::Path, fused: bool, tp: usize) -> PretrainConfig {
                 .with_layer_norm_fusion(fused)
                 .with_rope_fusion(fused)
                 .with_bias_swiglu_fusion(fused)
-                .with_bias_gelu_fusion(fused),
+                .with_bias_gelu_fusion(fused)
+                .with_bias_dropout_fusion(fused),
             DataSources::Mock(Arc::new(MockDocuments::new(512, 511))),
         )
     }

@@ -325,6 +325,9 @@ struct Args {
     /// Turn off the fused GELU kernel (GPU builds).
     #[arg(long)]
     no_bias_gelu_fusion: bool,
+    /// Turn off the fused bias-dropout-add kernel (GPU builds).
+    #[arg(long)]
+    no_bias_dropout_fusion: bool,
     /// Fused causal attention (FlashAttention-style, dropout inside, the `[s, s]` scores never
     /// stored) on CubeCL devices (`--device cuda`, `wgpu`); the CPU backend keeps the composed
     /// attention (the same math).
@@ -549,6 +552,7 @@ fn model_config(
     .with_rope_fusion(!args.no_rope_fusion)
     .with_bias_swiglu_fusion(!args.no_bias_swiglu_fusion)
     .with_bias_gelu_fusion(!args.no_bias_gelu_fusion)
+    .with_bias_dropout_fusion(!args.no_bias_dropout_fusion)
     .with_flash_attention(args.use_flash_attn);
     let mut model = args.architecture.apply(model).map_err(anyhow::Error::msg)?;
     if let Some((saved, _)) = &saved {

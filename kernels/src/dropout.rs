@@ -61,3 +61,44 @@ pub fn dropout<F: Float>(
         output[i] = select(keep, x * F::cast_from(scale), F::new(0.0));
     }
 }
+
+/// `output[i] = residual[i] + dropout(input[i] + bias[i % hidden])`: Megatron's fused
+/// bias-dropout-add, where the row-parallel layers' bias add, the dropout and the residual add
+/// are three launches composed. Dropout as [`dropout`]'s (the same bits for the same draw and
+/// slice); without `drop` (no draw: inference, probability 0) nothing is dropped, and
+/// without `has_bias` the bias is not read. The additions and the product are those of the
+/// composed ops, in their order.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn bias_dropout_add<F: Float>(
+    residual: &[F],
+    input: &[F],
+    bias: &[F],
+    output: &mut [F],
+    key_lo: u32,
+    key_hi: u32,
+    threshold: u32,
+    scale: f32,
+    len: u32,
+    hidden: u32,
+    own: u32,
+    row: u32,
+    first: u32,
+    #[comptime] has_bias: bool,
+    #[comptime] drop: bool,
+) {
+    let i = cube_index() * UNITS_PER_CUBE as usize + UNIT_POS_X as usize;
+    if i < len as usize {
+        let mut y = input[i];
+        if has_bias {
+            y += bias[i % hidden as usize];
+        }
+        if drop {
+            let j = i as u32;
+            let index = (j / own) * row + first + j % own;
+            let keep = dropout_bits(key_lo, key_hi, index) >= threshold;
+            y = select(keep, y * F::cast_from(scale), F::new(0.0));
+        }
+        output[i] = residual[i] + y;
+    }
+}

@@ -494,6 +494,62 @@ pub fn grad_norm_and_clip(
     );
 }
 
+/// `output = residual + dropout(input + bias)` of `len` elements, the bias (`hidden`
+/// elements, broadcast over rows) optional, the draw optional (none: nothing dropped), the
+/// tensors holding `slice` of the draw ([`dropout_slice`]'s).
+#[allow(clippy::too_many_arguments)]
+pub fn bias_dropout_add<F: Float + CubeElement>(
+    client: &Client,
+    [residual, input]: [&Handle; 2],
+    bias: Option<&Handle>,
+    output: &Handle,
+    len: usize,
+    hidden: usize,
+    draw: Option<DropoutDraw>,
+    slice: DrawSlice,
+) {
+    if len == 0 {
+        return;
+    }
+    let rows = len.div_ceil(slice.own as usize) as u64;
+    assert!(
+        len <= u32::MAX as usize && rows * u64::from(slice.row.max(slice.own)) <= 1 << 32,
+        "dropout of a draw of more than 2³² elements"
+    );
+    assert!(
+        hidden > 0 && len % hidden == 0,
+        "{len} elements in rows of {hidden}"
+    );
+    let no_draw = DropoutDraw {
+        key_lo: 0,
+        key_hi: 0,
+        threshold: 0,
+        scale: 1.0,
+    };
+    let d = draw.unwrap_or(no_draw);
+    dropout::bias_dropout_add::launch::<F>(
+        client,
+        cube_count(len.div_ceil(dropout::UNITS_PER_CUBE as usize)),
+        CubeDim::new_1d(dropout::UNITS_PER_CUBE),
+        arg(residual, len),
+        arg(input, len),
+        // Without a bias the kernel never reads it: bind the input in its place.
+        bias.map_or_else(|| arg(input, 1), |b| arg(b, hidden)),
+        arg(output, len),
+        d.key_lo,
+        d.key_hi,
+        d.threshold,
+        d.scale,
+        len as u32,
+        hidden as u32,
+        slice.own,
+        slice.row,
+        slice.first,
+        bias.is_some(),
+        draw.is_some(),
+    );
+}
+
 /// `[mean, count] = [Σ value · mask / Σ mask, Σ mask]` over `len` f32 elements, each a
 /// one-element buffer, in one cube of `launch.lanes` units (an order fixed by `len` and the
 /// launch).

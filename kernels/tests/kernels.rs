@@ -2007,3 +2007,72 @@ fn grad_norm_and_clip_match_float64() {
         }
     }
 }
+
+/// The fused bias-dropout-add against the same sum in float64 with the host's dropout bits:
+/// with and without bias and draw, a whole draw and a sequence-parallel chunk of one, rows
+/// that leave a partly filled last cube.
+#[test]
+fn bias_dropout_add_matches_float64_with_the_host_dropout_bits() {
+    let client = client();
+    let mut rng = Rng(29);
+    let (rows, hidden) = (37, 24);
+    let len = rows * hidden;
+    let draw = DropoutDraw {
+        key_lo: 0x1234_5678,
+        key_hi: 0x9abc_def0,
+        threshold: (0.3 * 4294967296.0) as u32,
+        scale: 1.0 / 0.7,
+    };
+    let residual = rng.vec(len, -1.0, 1.0);
+    let input = rng.vec(len, -1.0, 1.0);
+    let bias = rng.vec(hidden, -1.0, 1.0);
+    let handles = [&residual, &input, &bias].map(|v| upload(&client, v));
+    // Runs of 3 · hidden elements from element hidden of rows of 5 · hidden: a rank's chunk.
+    let chunk = DrawSlice {
+        own: (3 * hidden) as u32,
+        row: (5 * hidden) as u32,
+        first: hidden as u32,
+    };
+    for slice in [DrawSlice::whole(len), chunk] {
+        for with_bias in [false, true] {
+            for dropout in [None, Some(draw)] {
+                let out = poisoned(&client, len);
+                let bias_handle = with_bias.then_some(&handles[2]);
+                bias_dropout_add::<f32>(
+                    &client,
+                    [&handles[0], &handles[1]],
+                    bias_handle,
+                    &out,
+                    len,
+                    hidden,
+                    dropout,
+                    slice,
+                );
+                let want: Vec<f64> = (0..len)
+                    .map(|i| {
+                        let b = if with_bias {
+                            bias[i % hidden] as f64
+                        } else {
+                            0.0
+                        };
+                        let mut y = input[i] as f64 + b;
+                        if let Some(d) = dropout {
+                            let own = slice.own as usize;
+                            let index =
+                                (i / own) * slice.row as usize + slice.first as usize + i % own;
+                            let kept =
+                                host_dropout_bits(d.key_lo, d.key_hi, index as u32) >= d.threshold;
+                            y = if kept { y * d.scale as f64 } else { 0.0 };
+                        }
+                        residual[i] as f64 + y
+                    })
+                    .collect();
+                let what = format!(
+                    "bias-dropout-add, {slice:?}, bias {with_bias}, dropout {}",
+                    dropout.is_some()
+                );
+                assert_close(&what, &download(&client, out, len), &want, 1e-6, 1e-6);
+            }
+        }
+    }
+}

@@ -178,6 +178,11 @@ impl CausalSelfAttention {
         self.dense.forward(context)
     }
 
+    /// [`Self::project_out`] without its bias, and the bias (for a fused bias-dropout-add).
+    pub fn project_out_skip_bias(&self, context: Tensor<3>) -> (Tensor<3>, Option<Tensor<1>>) {
+        self.dense.forward_skip_bias(context)
+    }
+
     /// The attention core (Megatron's `CoreAttention`) of `inputs`: the context `[batch,
     /// seq, local heads · head_dim]`, heads side by side as the output projection takes them.
     /// From the projection's rows it is one fused op; from per-head inputs,

@@ -58,6 +58,10 @@ pub struct GptConfig {
     /// the math is the same).
     #[config(default = true)]
     pub bias_gelu_fusion: bool,
+    /// The fused bias-dropout-add kernel where the backend has it (`--no-bias-dropout-fusion`
+    /// turns it off; the math is the same).
+    #[config(default = true)]
+    pub bias_dropout_fusion: bool,
     /// Fused causal attention where the backend has it (`--use-flash-attn`): the
     /// FlashAttention-style kernel with dropout inside, which never stores the `[s, s]`
     /// scores. Off by default, as in Megatron; the math is the composed attention's.
@@ -246,6 +250,7 @@ impl GptConfig {
             rope_fusion: other.rope_fusion,
             bias_swiglu_fusion: other.bias_swiglu_fusion,
             bias_gelu_fusion: other.bias_gelu_fusion,
+            bias_dropout_fusion: other.bias_dropout_fusion,
             flash_attention: other.flash_attention,
             sequence_parallel: other.sequence_parallel,
             ..self.clone()

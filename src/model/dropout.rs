@@ -83,6 +83,35 @@ impl Dropout {
         x * mask
     }
 
+    /// `residual + dropout(y + bias)` when training (Megatron's bias-dropout-add, after each
+    /// row-parallel layer): one fused kernel on CubeCL devices when `fused`, otherwise the
+    /// bias add, [`Self::forward`] and the residual add. Takes the same draw either way.
+    pub fn bias_dropout_add(
+        &self,
+        residual: Tensor<3>,
+        y: Tensor<3>,
+        bias: Option<Tensor<1>>,
+        fused: bool,
+    ) -> Tensor<3> {
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        if fused && crate::util::device::is_cube(&y.device()) {
+            use ferrotron_kernels::launch::DrawSlice;
+            let dims = y.dims();
+            let slice = match &self.sequence_chunk_of {
+                Some(group) => DrawSlice::chunk(dims[1] * dims[2], group.size(), group.rank()),
+                None => DrawSlice::whole(dims.iter().product()),
+            };
+            let draw = self.draw(y.is_autodiff());
+            return super::fused_bias_dropout_add::bias_dropout_add(residual, y, bias, draw, slice);
+        }
+        let _ = fused;
+        let y = match bias {
+            Some(bias) => y + bias.unsqueeze(),
+            None => y,
+        };
+        residual + self.forward(y)
+    }
+
     /// This rank's chunk (along dimension 1) of the mask of draw `key` over the whole
     /// sequence, for a chunk of shape `chunk`.
     fn chunk_mask<const D: usize>(

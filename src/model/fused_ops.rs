@@ -24,6 +24,7 @@ use ferrotron_kernels::launch::{
 };
 
 use super::fused_attention::{self, MixedAttentionBackward};
+use super::fused_bias_dropout_add;
 use crate::util::matmul::extension::Gemm;
 
 /// The kernels a backend runs for the fused ops.
@@ -129,6 +130,15 @@ pub trait FusedKernels: Backend {
     fn qkv_merge(grads: [FloatTensor<Self>; 3], layout: QkvLayout) -> FloatTensor<Self>;
     /// `x` stored contiguously, row-major (a copy only if it is not).
     fn contiguous(x: FloatTensor<Self>) -> FloatTensor<Self>;
+    /// `residual + dropout(y + bias)` (Megatron's bias-dropout-add), the bias broadcast over
+    /// the rows of the last dimension; `y` holds `slice` of the draw.
+    fn bias_dropout_add_apply(
+        residual: FloatTensor<Self>,
+        y: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        draw: Option<DropoutDraw>,
+        slice: DrawSlice,
+    ) -> FloatTensor<Self>;
 }
 
 /// The differentiable fused ops (a burn backend extension).
@@ -190,6 +200,22 @@ pub trait FusedOps: Backend {
         threshold: u32,
         keep_scale: f32,
         dropout: bool,
+    ) -> FloatTensor<Self>;
+    /// `residual + dropout(y + bias)`, the bias over the last dimension, `y` holding `slice`
+    /// of the draw (none: nothing dropped).
+    fn fused_bias_dropout_add(
+        residual: FloatTensor<Self>,
+        y: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        draw: Option<DropoutDraw>,
+        slice: DrawSlice,
+    ) -> FloatTensor<Self>;
+    /// `residual + dropout(y)` (a layer without biases).
+    fn fused_dropout_add(
+        residual: FloatTensor<Self>,
+        y: FloatTensor<Self>,
+        draw: Option<DropoutDraw>,
+        slice: DrawSlice,
     ) -> FloatTensor<Self>;
     /// The attention core from the fused QKV projection's rows `[b, s, groups · (per_group
     /// + 2) · head_dim]` to the context `[b, s, groups · per_group · head_dim]`: split,
@@ -637,6 +663,36 @@ impl FusedKernels for CubeBackend {
     fn contiguous(x: CubeTensor) -> CubeTensor {
         packed(x)
     }
+
+    fn bias_dropout_add_apply(
+        residual: CubeTensor,
+        y: CubeTensor,
+        bias: Option<CubeTensor>,
+        draw: Option<DropoutDraw>,
+        slice: DrawSlice,
+    ) -> CubeTensor {
+        let (residual, y, bias) = (packed(residual), packed(y), bias.map(packed));
+        same_dtype("the residual", &y, &residual);
+        if let Some(bias) = &bias {
+            same_dtype("the bias", &y, bias);
+        }
+        let shape = y.shape();
+        let (len, hidden) = (shape.num_elements(), shape[shape.num_dims() - 1]);
+        let output = empty_like(&y, shape, y.dtype);
+        by_dtype!(
+            y.dtype,
+            bias_dropout_add,
+            &y.client,
+            [&residual.handle, &y.handle],
+            bias.as_ref().map(|b| &b.handle),
+            &output.handle,
+            len,
+            hidden,
+            draw,
+            slice
+        );
+        output
+    }
 }
 
 /// The kernels' view of `[b, heads, s, head_dim]`.
@@ -650,6 +706,25 @@ fn attention_shape(shape: &Shape) -> AttentionShape {
 }
 
 impl FusedOps for CubeBackend {
+    fn fused_bias_dropout_add(
+        residual: CubeTensor,
+        y: CubeTensor,
+        bias: CubeTensor,
+        draw: Option<DropoutDraw>,
+        slice: DrawSlice,
+    ) -> CubeTensor {
+        Self::bias_dropout_add_apply(residual, y, Some(bias), draw, slice)
+    }
+
+    fn fused_dropout_add(
+        residual: CubeTensor,
+        y: CubeTensor,
+        draw: Option<DropoutDraw>,
+        slice: DrawSlice,
+    ) -> CubeTensor {
+        Self::bias_dropout_add_apply(residual, y, None, draw, slice)
+    }
+
     fn fused_dropout(
         x: CubeTensor,
         key_lo: u32,
@@ -900,6 +975,25 @@ impl<B: FusedKernels> Backward<B, 3> for AttentionBackward {
 }
 
 impl<B: FusedKernels + FusedOps + Gemm, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
+    fn fused_bias_dropout_add(
+        residual: FloatTensor<Self>,
+        y: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        draw: Option<DropoutDraw>,
+        slice: DrawSlice,
+    ) -> FloatTensor<Self> {
+        fused_bias_dropout_add::tracked::<B, C, 3>([residual, y, bias], draw, slice)
+    }
+
+    fn fused_dropout_add(
+        residual: FloatTensor<Self>,
+        y: FloatTensor<Self>,
+        draw: Option<DropoutDraw>,
+        slice: DrawSlice,
+    ) -> FloatTensor<Self> {
+        fused_bias_dropout_add::tracked::<B, C, 2>([residual, y], draw, slice)
+    }
+
     fn fused_attention_from_qkv(
         mixed: FloatTensor<Self>,
         groups: u32,

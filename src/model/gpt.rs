@@ -215,7 +215,17 @@ impl Gpt {
         let s = tokens.dims()[1];
         let words = self.word_embedding().forward(tokens);
         let embeddings = match &self.position_embeddings {
-            Some(table) => words + table.val().narrow(0, start, s).unsqueeze::<3>(),
+            Some(table) => {
+                let table = table.val();
+                // The whole table when the sequence spans it (a slice's backward is a zeroed
+                // table and a slice-assignment: two launches a step for nothing).
+                let positions = if start == 0 && s == table.dims()[0] {
+                    table
+                } else {
+                    table.narrow(0, start, s)
+                };
+                words + positions.unsqueeze::<3>()
+            }
             None => words,
         };
         let embeddings = self.embedding_dropout.forward(embeddings);

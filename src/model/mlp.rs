@@ -78,6 +78,15 @@ impl Mlp {
 
     /// `[batch, seq, hidden]` → `[batch, seq, hidden]`.
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        match self.forward_skip_bias(x) {
+            (y, Some(bias)) => y + bias.unsqueeze(),
+            (y, None) => y,
+        }
+    }
+
+    /// [`Self::forward`] without the output layer's bias, and the bias (for a fused
+    /// bias-dropout-add).
+    pub fn forward_skip_bias(&self, x: Tensor<3>) -> (Tensor<3>, Option<Tensor<1>>) {
         let h = match &self.dense_h_to_4h_gate {
             Some(gate) => {
                 let x = self.dense_h_to_4h.enter_region(x);
@@ -93,6 +102,6 @@ impl Mlp {
                 self.fused_gelu,
             ),
         };
-        self.dense_4h_to_h.forward(h)
+        self.dense_4h_to_h.forward_skip_bias(h)
     }
 }

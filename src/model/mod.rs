@@ -14,6 +14,8 @@ pub mod dropout;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod fused_attention;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod fused_bias_dropout_add;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod fused_ops;
 pub mod gpt;
 pub mod kv_cache;

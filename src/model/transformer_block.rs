@@ -25,6 +25,9 @@ pub struct TransformerBlock {
     pub mlp: Mlp,
     /// `--hidden-dropout` on each branch before the residual add (replicated region).
     pub hidden_dropout: Dropout,
+    /// Bias, dropout and residual add in one kernel where the backend has it
+    /// (`--no-bias-dropout-fusion` turns it off; the math is the same).
+    pub bias_dropout_fusion: bool,
     /// The layer's place in the whole model, which keys its dropout streams.
     #[module(skip)]
     pub layer_number: usize,
@@ -71,6 +74,7 @@ impl TransformerBlock {
             mlp: Mlp::new(config, seed, &format!("{name}.mlp"), group, device),
             hidden_dropout: Dropout::new(config.hidden_dropout, RngRegion::Replicated)
                 .with_sequence_chunk_of(&sequence_group),
+            bias_dropout_fusion: config.bias_dropout_fusion,
             layer_number: index,
         }
     }
@@ -95,12 +99,23 @@ impl TransformerBlock {
     /// The layer after the attention core, from the layer's input `x` (for the residual) and
     /// the core's `context` `[batch, seq, local heads · head_dim]`.
     pub fn after_attention_core(&self, x: Tensor<3>, context: Tensor<3>) -> Tensor<3> {
-        let attn = self.self_attention.project_out(context);
-        let x = x + self.hidden_dropout.forward(attn);
-        let mlp = self
+        let (attn, bias) = self.self_attention.project_out_skip_bias(context);
+        let x = self.bias_dropout_add(x, attn, bias);
+        let (mlp, bias) = self
             .mlp
-            .forward(self.post_attention_layernorm.forward(x.clone()));
-        x + self.hidden_dropout.forward(mlp)
+            .forward_skip_bias(self.post_attention_layernorm.forward(x.clone()));
+        self.bias_dropout_add(x, mlp, bias)
+    }
+
+    /// `residual + dropout(y + bias)` with the hidden dropout.
+    fn bias_dropout_add(
+        &self,
+        residual: Tensor<3>,
+        y: Tensor<3>,
+        bias: Option<Tensor<1>>,
+    ) -> Tensor<3> {
+        self.hidden_dropout
+            .bias_dropout_add(residual, y, bias, self.bias_dropout_fusion)
     }
 
     /// [`Self::forward`] for the positions after those cached in `past` (inference).

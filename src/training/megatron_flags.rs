@@ -861,7 +861,6 @@ pub const MEGATRON_FLAGS: &[MegatronFlag] = &[
     ignored("--no-align-grad-reduce", Nothing),
     ignored("--no-align-param-gather", Nothing),
     ignored("--no-barrier-with-level-1-timing", Nothing),
-    ignored("--no-bias-dropout-fusion", Nothing),
     ignored("--no-check-for-nan-in-loss-and-grad", Nothing),
     ignored("--no-ckpt-fully-parallel-save", Nothing),
     ignored("--no-ckpt-load-validate-sharding-integrity", Nothing),

@@ -96,6 +96,18 @@ impl RowParallelLinear {
     /// Applies the layer over the last dimension of `x`; the output is whole on every rank (or
     /// this rank's sequence chunk of `[batch, seq, hidden]` under sequence parallelism).
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        match self.forward_skip_bias(x) {
+            (y, Some(bias)) => y + bias.unsqueeze(),
+            (y, None) => y,
+        }
+    }
+
+    /// [`Self::forward`] without the bias added, and the bias (Megatron's `skip_bias_add`:
+    /// the caller adds it inside a fused bias-dropout-add).
+    pub fn forward_skip_bias<const D: usize>(
+        &self,
+        x: Tensor<D>,
+    ) -> (Tensor<D>, Option<Tensor<1>>) {
         let x = if self.input_is_parallel {
             x
         } else {
@@ -104,15 +116,13 @@ impl RowParallelLinear {
         let partial = weight_matmul(x, self.weight.val());
         if !self.sequence_parallel {
             let y = reduce_from_region(partial, &self.group);
-            return match &self.bias {
-                Some(bias) => y + bias.val().unsqueeze(),
-                None => y,
-            };
+            return (y, self.bias.as_ref().map(|bias| bias.val()));
         }
         let y = reduce_scatter_to_sequence_region(partial, &self.group);
-        match &self.bias {
-            Some(bias) => y + copy_to_region(bias.val(), &self.group).unsqueeze(),
-            None => y,
-        }
+        let bias = self
+            .bias
+            .as_ref()
+            .map(|bias| copy_to_region(bias.val(), &self.group));
+        (y, bias)
     }
 }
