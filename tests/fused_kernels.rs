@@ -541,6 +541,44 @@ fn attention_from_the_qkv_rows_matches_the_composed_split() {
     }
 }
 
+/// The fused bias-dropout-add against the bias add, dropout and residual add composed, on
+/// the same device and dropout stream: output and the residual's, input's and bias's
+/// gradients, with and without bias and dropout.
+#[test]
+fn fused_bias_dropout_add_matches_the_composed_ops_with_gradients() {
+    use ferrotron::model::dropout::Dropout;
+    use ferrotron::parallel::random::{enter_layer, seed_micro_batch, RngRegion};
+    let d = device();
+    for (p, with_bias) in [(0.3, true), (0.3, false), (0.0, true)] {
+        let dropout = Dropout::new(p, RngRegion::Replicated);
+        let run = |fused: bool| {
+            let residual = random([2, 9, 24], 41, 1.0, &d).require_grad();
+            let y = random([2, 9, 24], 42, 1.0, &d).require_grad();
+            let bias = random([24], 43, 1.0, &d).require_grad();
+            seed_micro_batch(3, 1, 0, 0);
+            enter_layer(0);
+            let b = with_bias.then(|| bias.clone());
+            let out = dropout.bias_dropout_add(residual.clone(), y.clone(), b, fused);
+            let weight = random([2, 9, 24], 44, 1.0, &d);
+            let grads = (out.clone() * weight).sum().backward();
+            let mut all = vec![values(out), values(residual.grad(&grads).unwrap())];
+            all.push(values(y.grad(&grads).unwrap()));
+            if with_bias {
+                all.push(values(bias.grad(&grads).unwrap()));
+            }
+            all
+        };
+        let (fused, composed) = (run(true), run(false));
+        for (name, (f, c)) in ["output", "d residual", "d y", "d bias"]
+            .iter()
+            .zip(fused.iter().zip(&composed))
+        {
+            let what = format!("bias-dropout-add {name}, p {p}, bias {with_bias}");
+            assert_close(&what, f, c, 1e-6);
+        }
+    }
+}
+
 /// The loss's masked mean on the device (one kernel each way) against float64: the mean of
 /// the masked values and the gradient `mask / Σ mask` scaled by the upstream gradient.
 #[test]
