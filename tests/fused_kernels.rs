@@ -541,6 +541,41 @@ fn attention_from_the_qkv_rows_matches_the_composed_split() {
     }
 }
 
+/// The fused bias-GELU against the bias added by a composed add before the fused GELU: the
+/// same output and input and bias gradients (the bias's summed over rows), f32 and f16.
+#[test]
+fn fused_bias_gelu_matches_the_bias_added_before_the_gelu() {
+    use ferrotron::model::ops::{bias_gelu, gelu};
+    let d = device();
+    for half in [false, true] {
+        let run = |fused_bias: bool| {
+            let x = stored(random([2, 5, 24], 51, 3.0, &d), half).require_grad();
+            let bias = random([24], 52, 1.0, &d).require_grad();
+            let r = stored(random([2, 5, 24], 53, 1.0, &d), half);
+            let y = if fused_bias {
+                bias_gelu(x.clone(), Some(bias.clone()), false, true)
+            } else {
+                gelu(
+                    x.clone() + bias.clone().cast(x.dtype()).unsqueeze(),
+                    false,
+                    true,
+                )
+            };
+            let grads = (y.clone() * r).sum().backward();
+            let dx = f32_values(x.grad(&grads).unwrap());
+            [f32_values(y), dx, f32_values(bias.grad(&grads).unwrap())]
+        };
+        let (fused, composed) = (run(true), run(false));
+        let tol = if half { 1e-2 } else { 1e-6 };
+        for (name, (f, c)) in ["y", "dx", "d bias"]
+            .iter()
+            .zip(fused.iter().zip(&composed))
+        {
+            assert_close(&format!("bias-GELU {name}, f16 {half}"), f, c, tol);
+        }
+    }
+}
+
 /// The fused bias-dropout-add against the bias add, dropout and residual add composed, on
 /// the same device and dropout stream: output and the residual's, input's and bias's
 /// gradients, with and without bias and dropout.

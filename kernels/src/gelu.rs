@@ -8,7 +8,9 @@
 //!   `dy/dx = (1 + tanh u) / 2 + x · (1 − tanh² u) / 2 · √(2/π) · (1 + 3 · 0.044715 x²)`,
 //!   computed through the logistic of `2u` (the same function, accurate in the tails).
 //!
-//! Computed in `A` (f32) whatever the storage type.
+//! Computed in `A` (f32) whatever the storage type. With a bias (Megatron's bias-GELU fusion,
+//! the column-parallel layer's bias added here instead of in a launch of its own) the input is
+//! `x + bias[i % hidden]`, added in the storage type as the composed add rounds it.
 
 use cubecl::prelude::*;
 
@@ -45,33 +47,59 @@ fn gelu_and_slope<A: Float>(x: A, #[comptime] tanh: bool) -> (A, A) {
     }
 }
 
-/// `output[i] = gelu(input[i])` for `i < len`.
+/// Element `i`'s GELU input: `input[i]`, plus `bias[i % hidden]` with `has_bias`.
+#[cube]
+fn biased<F: Float>(
+    input: &[F],
+    bias: &[F],
+    i: usize,
+    hidden: u32,
+    #[comptime] has_bias: bool,
+) -> F {
+    let mut x = input[i];
+    if has_bias {
+        x += bias[i % hidden as usize];
+    }
+    x
+}
+
+/// `output[i] = gelu(input[i] (+ bias[i % hidden]))` for `i < len`.
 #[cube(launch)]
+#[allow(clippy::too_many_arguments)]
 pub fn gelu_forward<F: Float, A: Float>(
     input: &[F],
+    bias: &[F],
     output: &mut [F],
     len: u32,
+    hidden: u32,
     #[comptime] tanh: bool,
+    #[comptime] has_bias: bool,
 ) {
     let i = cube_index() * UNITS_PER_CUBE as usize + UNIT_POS_X as usize;
     if i < len as usize {
-        let (y, _) = gelu_and_slope::<A>(A::cast_from(input[i]), tanh);
+        let x = biased::<F>(input, bias, i, hidden, has_bias);
+        let (y, _) = gelu_and_slope::<A>(A::cast_from(x), tanh);
         output[i] = F::cast_from(y);
     }
 }
 
-/// `grad_input[i] = grad_output[i] · gelu'(input[i])` for `i < len`.
+/// `grad_input[i] = grad_output[i] · gelu'(input[i] (+ bias[i % hidden]))` for `i < len`.
 #[cube(launch)]
+#[allow(clippy::too_many_arguments)]
 pub fn gelu_backward<F: Float, A: Float>(
     input: &[F],
+    bias: &[F],
     grad_output: &[F],
     grad_input: &mut [F],
     len: u32,
+    hidden: u32,
     #[comptime] tanh: bool,
+    #[comptime] has_bias: bool,
 ) {
     let i = cube_index() * UNITS_PER_CUBE as usize + UNIT_POS_X as usize;
     if i < len as usize {
-        let (_, slope) = gelu_and_slope::<A>(A::cast_from(input[i]), tanh);
+        let x = biased::<F>(input, bias, i, hidden, has_bias);
+        let (_, slope) = gelu_and_slope::<A>(A::cast_from(x), tanh);
         grad_input[i] = F::cast_from(A::cast_from(grad_output[i]) * slope);
     }
 }

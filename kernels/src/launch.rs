@@ -405,10 +405,30 @@ fn check_elements(len: usize, what: &str) {
     assert!(len <= u32::MAX as usize, "{what} of more than 2³² elements");
 }
 
-/// GELU forward, `len` elements: exact, or the tanh approximation with `tanh`.
+/// A bias broadcast over rows: the buffer and the row length (`hidden` elements).
+pub type RowBias<'a> = Option<(&'a Handle, usize)>;
+
+/// The bias argument of an element-wise kernel over `len` elements: the bias, or (never read)
+/// the input in its place; and the row length.
+fn bias_arg(input: &Handle, bias: RowBias<'_>, len: usize) -> (BufferArg, u32) {
+    match bias {
+        Some((b, hidden)) => {
+            assert!(
+                hidden > 0 && len % hidden == 0,
+                "{len} elements in rows of {hidden}"
+            );
+            (arg(b, hidden), hidden as u32)
+        }
+        None => (arg(input, 1), 1),
+    }
+}
+
+/// GELU forward of `len` elements plus an optional bias over rows: exact, or the tanh
+/// approximation with `tanh`.
 pub fn gelu_forward<F: Float + CubeElement>(
     client: &Client,
     input: &Handle,
+    bias: RowBias<'_>,
     output: &Handle,
     len: usize,
     tanh: bool,
@@ -417,21 +437,26 @@ pub fn gelu_forward<F: Float + CubeElement>(
         return;
     }
     check_elements(len, "GELU");
+    let (bias_arg, hidden) = bias_arg(input, bias, len);
     gelu::gelu_forward::launch::<F, f32>(
         client,
         cube_count(len.div_ceil(gelu::UNITS_PER_CUBE as usize)),
         CubeDim::new_1d(gelu::UNITS_PER_CUBE),
         arg(input, len),
+        bias_arg,
         arg(output, len),
         len as u32,
+        hidden,
         tanh,
+        bias.is_some(),
     );
 }
 
-/// GELU backward: `grad_input` from the forward's input and `grad_output`.
+/// GELU backward: `grad_input` from the forward's input (and bias) and `grad_output`.
 pub fn gelu_backward<F: Float + CubeElement>(
     client: &Client,
     input: &Handle,
+    bias: RowBias<'_>,
     grad_output: &Handle,
     grad_input: &Handle,
     len: usize,
@@ -441,15 +466,19 @@ pub fn gelu_backward<F: Float + CubeElement>(
         return;
     }
     check_elements(len, "GELU");
+    let (bias_arg, hidden) = bias_arg(input, bias, len);
     gelu::gelu_backward::launch::<F, f32>(
         client,
         cube_count(len.div_ceil(gelu::UNITS_PER_CUBE as usize)),
         CubeDim::new_1d(gelu::UNITS_PER_CUBE),
         arg(input, len),
+        bias_arg,
         arg(grad_output, len),
         arg(grad_input, len),
         len as u32,
+        hidden,
         tanh,
+        bias.is_some(),
     );
 }
 
@@ -829,8 +858,8 @@ fn half_precision_instantiates(client: &Client, h: &Handle) {
         swiglu_forward::<F>(client, h, h, h, 1);
         swiglu_backward::<F>(client, h, h, h, [h, h], 1);
         for tanh in [false, true] {
-            gelu_forward::<F>(client, h, h, 1, tanh);
-            gelu_backward::<F>(client, h, h, h, 1, tanh);
+            gelu_forward::<F>(client, h, None, h, 1, tanh);
+            gelu_backward::<F>(client, h, None, h, h, 1, tanh);
         }
         let heads = AttentionShape {
             heads: 1,

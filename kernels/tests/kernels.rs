@@ -805,26 +805,44 @@ fn gelu_reference(x: f64, tanh: bool) -> (f64, f64) {
 }
 
 /// GELU forward and backward kernels against float64, exact and tanh, over lengths that leave
-/// a partly filled last cube and inputs far into both tails (and past f32's `e^(x²)`).
+/// a partly filled last cube and inputs far into both tails (and past f32's `e^(x²)`); with a
+/// bias over rows (bias-GELU), the reference's input is the f32 sum `x + bias`.
 #[test]
 fn gelu_forward_and_backward_match_float64() {
     let client = client();
     let mut rng = Rng(10);
     for tanh in [false, true] {
-        for n in [1, 17, 257, 10_007] {
+        for (n, hidden) in [
+            (1, None),
+            (17, None),
+            (257, None),
+            (10_007, None),
+            (37 * 24, Some(24)),
+            (333 * 31, Some(31)),
+        ] {
             let mut x = rng.vec(n, -10.0, 10.0);
             for (v, extreme) in x.iter_mut().zip([-100.0, 100.0, -9.0, 9.0, 0.0, -1e4]) {
                 *v = extreme;
             }
             let dy = rng.vec(n, -1.0, 1.0);
-            let (xh, dyh) = (upload(&client, &x), upload(&client, &dy));
+            let bias = rng.vec(hidden.unwrap_or(1), -2.0, 2.0);
+            let (xh, dyh, bh) = (
+                upload(&client, &x),
+                upload(&client, &dy),
+                upload(&client, &bias),
+            );
             let (y, dx) = (poisoned(&client, n), poisoned(&client, n));
-            gelu_forward::<f32>(&client, &xh, &y, n, tanh);
-            gelu_backward::<f32>(&client, &xh, &dyh, &dx, n, tanh);
-            let want: Vec<(f64, f64)> = x.iter().map(|&v| gelu_reference(v as f64, tanh)).collect();
+            let row_bias = hidden.map(|h| (&bh, h));
+            gelu_forward::<f32>(&client, &xh, row_bias, &y, n, tanh);
+            gelu_backward::<f32>(&client, &xh, row_bias, &dyh, &dx, n, tanh);
+            let input = |i: usize| match hidden {
+                Some(h) => (x[i] + bias[i % h]) as f64,
+                None => x[i] as f64,
+            };
+            let want: Vec<(f64, f64)> = (0..n).map(|i| gelu_reference(input(i), tanh)).collect();
             let want_y: Vec<f64> = want.iter().map(|w| w.0).collect();
             let want_dx: Vec<f64> = want.iter().zip(&dy).map(|(w, &d)| w.1 * d as f64).collect();
-            let what = format!("gelu (tanh {tanh}) {n}");
+            let what = format!("gelu (tanh {tanh}) {n}, bias rows {hidden:?}");
             assert_close(&what, &download(&client, y, n), &want_y, 1e-6, 1e-5);
             assert_close(
                 &format!("{what} dx"),
@@ -1407,12 +1425,12 @@ fn half_storage_matches_f32<H: Storage>(client: &Client) -> bool {
         let [x, dy] = [(-6.0, 6.0), (-1.0, 1.0)].map(|(lo, hi)| rounded::<H>(&rng.vec(n, lo, hi)));
         let [x32, dy32] = [&x, &dy].map(|v| upload(client, v));
         let [y32, dx32] = [0; 2].map(|_| poisoned(client, n));
-        gelu_forward::<f32>(client, &x32, &y32, n, tanh);
-        gelu_backward::<f32>(client, &x32, &dy32, &dx32, n, tanh);
+        gelu_forward::<f32>(client, &x32, None, &y32, n, tanh);
+        gelu_backward::<f32>(client, &x32, None, &dy32, &dx32, n, tanh);
         let [xh, dyh] = [&x, &dy].map(|v| upload_as::<H>(client, v));
         let [yh, dxh] = [0; 2].map(|_| poisoned_as::<H>(client, n));
-        gelu_forward::<H>(client, &xh, &yh, n, tanh);
-        gelu_backward::<H>(client, &xh, &dyh, &dxh, n, tanh);
+        gelu_forward::<H>(client, &xh, None, &yh, n, tanh);
+        gelu_backward::<H>(client, &xh, None, &dyh, &dxh, n, tanh);
         assert_within_an_ulp::<H>(
             "gelu",
             &download_as::<H>(client, yh, n),

@@ -16,6 +16,7 @@ use burn::backend::autodiff::Autodiff;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{backend_extension, Backend, Dispatch, TensorMetadata};
 use burn::tensor::{DType, FloatDType, Shape, Tensor};
+use burn_cubecl::cubecl::server::Handle;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
 use ferrotron_kernels::launch::{
@@ -67,11 +68,16 @@ pub trait FusedKernels: Backend {
         rstd: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
     /// GELU, element-wise (the tanh approximation with `tanh`).
-    fn fused_gelu_forward(x: FloatTensor<Self>, tanh: bool) -> FloatTensor<Self>;
+    fn fused_gelu_forward(
+        x: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        tanh: bool,
+    ) -> FloatTensor<Self>;
     /// GELU backward: dx from the forward's input and dy (the exact derivative of the form
     /// computed; burn's default `gelu_backward` is the tanh form's for both).
     fn fused_gelu_backward(
         x: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
         dy: FloatTensor<Self>,
         tanh: bool,
     ) -> FloatTensor<Self>;
@@ -161,6 +167,12 @@ pub trait FusedOps: Backend {
     ) -> FloatTensor<Self>;
     /// GELU: exact, or the tanh approximation with `tanh` (`--openai-gelu`).
     fn fused_gelu(x: FloatTensor<Self>, tanh: bool) -> FloatTensor<Self>;
+    /// GELU of `x + bias`, the bias over the last dimension (Megatron's bias-GELU fusion).
+    fn fused_bias_gelu(
+        x: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        tanh: bool,
+    ) -> FloatTensor<Self>;
     /// SwiGLU's `silu(gate) ⊙ up`.
     fn fused_swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self>;
     /// Rotary embedding of `[b, heads, s, head_dim]` at table rows `offset..offset + s` of
@@ -421,16 +433,18 @@ impl FusedKernels for CubeBackend {
         (dx, dgamma)
     }
 
-    fn fused_gelu_forward(x: CubeTensor, tanh: bool) -> CubeTensor {
-        let x = packed(x);
+    fn fused_gelu_forward(x: CubeTensor, bias: Option<CubeTensor>, tanh: bool) -> CubeTensor {
+        let (x, bias) = (packed(x), bias.map(packed));
         let shape = x.shape();
         let len = shape.num_elements();
+        let row_bias = row_bias(&x, bias.as_ref());
         let y = empty_like(&x, shape, x.dtype);
         by_dtype!(
             x.dtype,
             gelu_forward,
             &x.client,
             &x.handle,
+            row_bias,
             &y.handle,
             len,
             tanh
@@ -438,18 +452,25 @@ impl FusedKernels for CubeBackend {
         y
     }
 
-    fn fused_gelu_backward(x: CubeTensor, dy: CubeTensor, tanh: bool) -> CubeTensor {
-        let (x, dy) = (packed(x), packed(dy));
+    fn fused_gelu_backward(
+        x: CubeTensor,
+        bias: Option<CubeTensor>,
+        dy: CubeTensor,
+        tanh: bool,
+    ) -> CubeTensor {
+        let (x, dy, bias) = (packed(x), packed(dy), bias.map(packed));
         same_dtype("GELU's output gradient", &x, &dy);
         let shape = x.shape();
         assert_eq!(shape, dy.shape(), "GELU's input and output gradient");
         let len = shape.num_elements();
+        let row_bias = row_bias(&x, bias.as_ref());
         let dx = empty_like(&x, shape, x.dtype);
         by_dtype!(
             x.dtype,
             gelu_backward,
             &x.client,
             &x.handle,
+            row_bias,
             &dy.handle,
             &dx.handle,
             len,
@@ -695,6 +716,15 @@ impl FusedKernels for CubeBackend {
     }
 }
 
+/// A kernel's bias over the rows of `x` (its last dimension), when there is one.
+fn row_bias<'a>(x: &CubeTensor, bias: Option<&'a CubeTensor>) -> Option<(&'a Handle, usize)> {
+    bias.map(|b| {
+        same_dtype("the bias", x, b);
+        let shape = x.shape();
+        (&b.handle, shape[shape.num_dims() - 1])
+    })
+}
+
 /// The kernels' view of `[b, heads, s, head_dim]`.
 fn attention_shape(shape: &Shape) -> AttentionShape {
     let [b, heads, seq, head_dim] = shape.dims::<4>();
@@ -794,7 +824,11 @@ impl FusedOps for CubeBackend {
     }
 
     fn fused_gelu(x: CubeTensor, tanh: bool) -> CubeTensor {
-        Self::fused_gelu_forward(x, tanh)
+        Self::fused_gelu_forward(x, None, tanh)
+    }
+
+    fn fused_bias_gelu(x: CubeTensor, bias: CubeTensor, tanh: bool) -> CubeTensor {
+        Self::fused_gelu_forward(x, Some(bias), tanh)
     }
 
     fn fused_swiglu(gate: CubeTensor, up: CubeTensor) -> CubeTensor {
@@ -891,7 +925,33 @@ impl<B: FusedKernels> Backward<B, 1> for GeluBackward {
         let grad = grads.consume::<B>(&ops.node);
         let (x, tanh) = ops.state;
         if let Some(p) = px {
-            grads.register::<B>(p.id, B::fused_gelu_backward(x, grad, tanh));
+            grads.register::<B>(p.id, B::fused_gelu_backward(x, None, grad, tanh));
+        }
+    }
+}
+
+#[derive(Debug)]
+struct BiasGeluBackward;
+
+impl<B: FusedKernels> Backward<B, 2> for BiasGeluBackward {
+    /// The input, the bias, and whether the tanh approximation ran.
+    type State = (FloatTensor<B>, FloatTensor<B>, bool);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [px, pb] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        let (x, bias, tanh) = ops.state;
+        let shape = x.shape();
+        let dx = B::fused_gelu_backward(x, Some(bias), grad, tanh);
+        if let Some(p) = pb {
+            // The bias's gradient: the input's, summed over the rows (as the composed add's).
+            let hidden = shape[shape.num_dims() - 1];
+            let rows = Shape::new([shape.num_elements() / hidden, hidden]);
+            let sum = B::float_sum_dim(B::float_reshape(dx.clone(), rows), 0);
+            grads.register::<B>(p.id, B::float_reshape(sum, Shape::new([hidden])));
+        }
+        if let Some(p) = px {
+            grads.register::<B>(p.id, dx);
         }
     }
 }
@@ -1148,10 +1208,30 @@ impl<B: FusedKernels + FusedOps + Gemm, C: CheckpointStrategy> FusedOps for Auto
         let (x, node) = x.into_parts();
         match GeluBackward.prepare::<C>([node]).compute_bound().stateful() {
             OpsKind::Tracked(prep) => {
-                let y = B::fused_gelu_forward(x.clone(), tanh);
+                let y = B::fused_gelu_forward(x.clone(), None, tanh);
                 prep.finish((x, tanh), y)
             }
-            OpsKind::UnTracked(prep) => prep.finish(B::fused_gelu_forward(x, tanh)),
+            OpsKind::UnTracked(prep) => prep.finish(B::fused_gelu_forward(x, None, tanh)),
+        }
+    }
+
+    fn fused_bias_gelu(
+        x: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        tanh: bool,
+    ) -> FloatTensor<Self> {
+        let (x, nx) = x.into_parts();
+        let (bias, nb) = bias.into_parts();
+        match BiasGeluBackward
+            .prepare::<C>([nx, nb])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let y = B::fused_gelu_forward(x.clone(), Some(bias.clone()), tanh);
+                prep.finish((x, bias, tanh), y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::fused_gelu_forward(x, Some(bias), tanh)),
         }
     }
 
@@ -1226,6 +1306,17 @@ pub fn rms_norm(x: Tensor<3>, gamma: Tensor<1>, epsilon: f64) -> Tensor<3> {
         x.into_dispatch(),
         gamma.into_dispatch(),
         epsilon as f32,
+    ))
+}
+
+/// The fused GELU of `x + bias` (the bias over the last dimension, cast to `x`'s dtype):
+/// exact, or the tanh approximation with `tanh`.
+pub fn bias_gelu<const D: usize>(x: Tensor<D>, bias: Tensor<1>, tanh: bool) -> Tensor<D> {
+    let bias = bias.cast(x.dtype());
+    Tensor::from_dispatch(<Dispatch as FusedOps>::fused_bias_gelu(
+        x.into_dispatch(),
+        bias.into_dispatch(),
+        tanh,
     ))
 }
 

@@ -4,7 +4,7 @@
 use burn::module::Module;
 use burn::tensor::{Device, Tensor};
 
-use super::ops::{gelu, swiglu};
+use super::ops::{bias_gelu, swiglu};
 use super::GptConfig;
 use crate::comm::Group;
 use crate::parallel::layers::{ColumnParallelLinear, RowParallelLinear};
@@ -96,11 +96,10 @@ impl Mlp {
                     self.fused,
                 )
             }
-            None => gelu(
-                self.dense_h_to_4h.forward(x),
-                self.openai_gelu,
-                self.fused_gelu,
-            ),
+            None => {
+                let (h, bias) = self.dense_h_to_4h.forward_skip_bias(x);
+                bias_gelu(h, bias, self.openai_gelu, self.fused_gelu)
+            }
         };
         self.dense_4h_to_h.forward_skip_bias(h)
     }

@@ -102,6 +102,29 @@ pub fn gelu<const D: usize>(x: Tensor<D>, tanh: bool, fused: bool) -> Tensor<D> 
     }
 }
 
+/// GELU of `x + bias` (the column-parallel layer's bias, over the last dimension): one fused
+/// kernel with `fused` on a CubeCL device (Megatron's bias-GELU fusion), else the add and
+/// [`gelu`] composed.
+pub fn bias_gelu<const D: usize>(
+    x: Tensor<D>,
+    bias: Option<Tensor<1>>,
+    tanh: bool,
+    fused: bool,
+) -> Tensor<D> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if fused && crate::util::device::is_cube(&x.device()) {
+        return match bias {
+            Some(bias) => super::fused_ops::bias_gelu(x, bias, tanh),
+            None => super::fused_ops::gelu(x, tanh),
+        };
+    }
+    let x = match bias {
+        Some(bias) => x + bias.unsqueeze(),
+        None => x,
+    };
+    gelu(x, tanh, false)
+}
+
 /// SwiGLU's activation `silu(gate) ⊙ up` (Llama's MLP), in `gate`'s dtype: one fused kernel
 /// (f32 inside) with `fused` on a CubeCL device, else composed of burn ops.
 pub fn swiglu<const D: usize>(gate: Tensor<D>, up: Tensor<D>, fused: bool) -> Tensor<D> {

@@ -108,6 +108,20 @@ impl ColumnParallelLinear {
         }
     }
 
+    /// [`Self::forward`] without the bias added, and the bias (Megatron's `skip_bias_add`:
+    /// the caller adds it inside a fused activation). A layer that gathers its output adds
+    /// its bias before the gather, and returns none.
+    pub fn forward_skip_bias<const D: usize>(
+        &self,
+        x: Tensor<D>,
+    ) -> (Tensor<D>, Option<Tensor<1>>) {
+        if self.gather_output {
+            return (self.forward(x), None);
+        }
+        let y = weight_matmul(self.enter_region(x), self.weight.val());
+        (y, self.bias.as_ref().map(|bias| bias.val()))
+    }
+
     /// The layer on an input already in the region ([`Self::enter_region`]).
     pub fn forward_in_region<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         let mut y = weight_matmul(x, self.weight.val());
