@@ -34,11 +34,32 @@ use crate::rows::cube_index;
 /// Rows of a micro-tile: each unit owns 4 rows of a tile's products.
 const MICRO: u32 = 4;
 
+/// Four consecutive values of a head row: the `[block, head_dim]` tiles are stored and read
+/// four at a time (vector loads), so that a product reads a quarter of the shared-memory
+/// words one value at a time would, and a runtime that gathers each unit's address
+/// separately (lavapipe) makes a quarter of the gathers.
+type Quad<A> = Vector<A, Const<4>>;
+
 /// The row stride of a shared-memory tile of rows of `len`: one more, so that the rows a
 /// warp's micro-tiles read at once (strided by a multiple of 32 words unpadded) fall in
 /// different memory banks.
 fn padded(len: u32) -> usize {
     len as usize + 1
+}
+
+/// [`Quad`]s per head row (the last one zero-padded past `head_dim`).
+fn quads(head_dim: u32) -> usize {
+    head_dim.div_ceil(4) as usize
+}
+
+/// The row stride, in [`Quad`]s, of a `[block, head_dim]` tile (one more, as [`padded`]).
+fn padded_quads(head_dim: u32) -> usize {
+    quads(head_dim) + 1
+}
+
+/// Quad columns a unit owns of a `[block, head_dim]` product (those past the row skipped).
+fn owned_quads(block: u32, head_dim: u32) -> usize {
+    quads(head_dim).div_ceil((block / MICRO) as usize)
 }
 
 /// A dropout draw inside attention: whether an element is kept, and what it is scaled by.
@@ -72,12 +93,12 @@ fn cube_block(heads: u32, seq: u32, #[comptime] block: u32) -> (bool, usize, usi
 }
 
 /// Rows `first..first + block` of the head starting at row `head_row` (of `seq` rows of
-/// `head_dim`) into `tile`, zeros past the head's end. The cube's units load consecutive
-/// elements (coalesced); every unit must take part.
+/// `head_dim`) into `tile` as [`Quad`]s, zeros past the head's end and past `head_dim`. The
+/// cube's units load consecutive quads (coalesced); every unit must take part.
 #[cube]
 fn load_tile<F: Float, A: Float>(
     source: &[F],
-    tile: &mut Shared<[A]>,
+    tile: &mut Shared<[Quad<A>]>,
     head_row: usize,
     first: usize,
     seq: usize,
@@ -85,17 +106,29 @@ fn load_tile<F: Float, A: Float>(
     #[comptime] head_dim: u32,
 ) {
     let d = head_dim as usize;
-    let valid = (seq - first) * d;
+    let n = comptime!(quads(head_dim));
+    let rows = seq - first;
     let start = (head_row + first) * d;
     let mut e = UNIT_POS_X as usize;
-    while e < comptime!((block * head_dim) as usize) {
-        let mut x = A::new(0.0);
-        if e < valid {
-            x = A::cast_from(source[start + e]);
+    while e < comptime!(block as usize * quads(head_dim)) {
+        let (row, q) = (e / n, e % n);
+        let mut x = Quad::<A>::broadcast(A::new(0.0));
+        #[unroll]
+        for lane in 0..4 {
+            let c = q * 4 + lane;
+            if row < rows && c < d {
+                x.insert(lane, A::cast_from(source[start + row * d + c]));
+            }
         }
-        tile[e / d * comptime!(padded(head_dim)) + e % d] = x;
+        tile[row * comptime!(padded_quads(head_dim)) + q] = x;
         e += CUBE_DIM_X as usize;
     }
+}
+
+/// `Σ` of a quad's four values.
+#[cube]
+fn quad_sum<A: Float>(x: Quad<A>) -> A {
+    x.extract(0usize) + x.extract(1usize) + x.extract(2usize) + x.extract(3usize)
 }
 
 /// Entries `first..first + block` of a per-row statistic of the head at `head_row` into
@@ -121,71 +154,77 @@ fn load_row_values<A: Float>(
 }
 
 /// The 4 × 4 micro-tile `out[r · 4 + x] = Σ_c a[(a_row + r) · d + c] · b[(b_row + x) · d + c]`
-/// of the product of two row-major `[block, head_dim]` tiles, one transposed.
+/// of the product of two row-major `[block, head_dim]` tiles, one transposed: four columns
+/// at a time, a quad of products per pair of rows summed into the pair's own quad.
 #[cube]
 fn micro_scores<A: Float>(
-    a: &Shared<[A]>,
+    a: &Shared<[Quad<A>]>,
     a_row: usize,
-    b: &Shared<[A]>,
+    b: &Shared<[Quad<A>]>,
     b_row: usize,
     #[comptime] head_dim: u32,
     #[comptime] unroll: bool,
 ) -> Array<A> {
-    let d = head_dim as usize;
-    let mut out = Array::<A>::new(16usize);
+    let stride = comptime!(padded_quads(head_dim));
+    let mut sums = Array::<Quad<A>>::new(16usize);
     #[unroll]
     for e in 0..16 {
-        out[e] = A::new(0.0);
+        sums[e] = Quad::<A>::broadcast(A::new(0.0));
     }
     #[unroll(unroll)]
-    for c in 0..d {
-        let mut lhs = Array::<A>::new(4usize);
-        let mut rhs = Array::<A>::new(4usize);
+    for q in 0..comptime!(quads(head_dim)) {
+        let mut lhs = Array::<Quad<A>>::new(4usize);
+        let mut rhs = Array::<Quad<A>>::new(4usize);
         #[unroll]
         for r in 0..4 {
-            lhs[r] = a[(a_row + r) * comptime!(padded(head_dim)) + c];
-            rhs[r] = b[(b_row + r) * comptime!(padded(head_dim)) + c];
+            lhs[r] = a[(a_row + r) * stride + q];
+            rhs[r] = b[(b_row + r) * stride + q];
         }
         #[unroll]
         for r in 0..4 {
             #[unroll]
             for x in 0..4 {
-                out[r * 4 + x] += lhs[r] * rhs[x];
+                sums[r * 4 + x] += lhs[r] * rhs[x];
             }
         }
+    }
+    let mut out = Array::<A>::new(16usize);
+    #[unroll]
+    for e in 0..16 {
+        out[e] = quad_sum::<A>(sums[e]);
     }
     out
 }
 
-/// `acc[r · w + k] += Σ_j weights[(row + r) · block + j] · rhs[j · d + column_k]` over a
-/// tile: a unit's 4 rows of a `[block, block] × [block, head_dim]` product, at the columns
-/// it owns (`group`, `group + block / 4`, …: `w` of them, those past `head_dim` skipped).
+/// `acc[r · w + k] += Σ_j weights[(row + r) · block + j] · rhs[j, quad_k]` over a tile: a
+/// unit's 4 rows of a `[block, block] × [block, head_dim]` product, at the quad columns it
+/// owns (`group`, `group + block / 4`, …: `w` of them, those past the row skipped).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn accumulate_product<A: Float>(
-    acc: &mut Array<A>,
+    acc: &mut Array<Quad<A>>,
     weights: &Shared<[A]>,
     row: usize,
-    rhs: &Shared<[A]>,
+    rhs: &Shared<[Quad<A>]>,
     group: usize,
     #[comptime] block: u32,
     #[comptime] head_dim: u32,
     #[comptime] unroll: bool,
 ) {
-    let (b, d) = (block as usize, head_dim as usize);
-    let w = comptime!(head_dim.div_ceil(block / MICRO) as usize);
+    let b = block as usize;
+    let w = comptime!(owned_quads(block, head_dim));
     let groups = comptime!((block / MICRO) as usize);
     for j in 0..b {
-        let mut weight = Array::<A>::new(4usize);
+        let mut weight = Array::<Quad<A>>::new(4usize);
         #[unroll]
         for r in 0..4 {
-            weight[r] = weights[(row + r) * comptime!(padded(block)) + j];
+            weight[r] = Quad::<A>::broadcast(weights[(row + r) * comptime!(padded(block)) + j]);
         }
         #[unroll(unroll)]
         for k in 0..w {
             let column = group + k * groups;
-            if column < d {
-                let x = rhs[j * comptime!(padded(head_dim)) + column];
+            if column < comptime!(quads(head_dim)) {
+                let x = rhs[j * comptime!(padded_quads(head_dim)) + column];
                 #[unroll]
                 for r in 0..4 {
                     acc[r * w + k] += weight[r] * x;
@@ -195,13 +234,13 @@ fn accumulate_product<A: Float>(
     }
 }
 
-/// A unit's accumulator: 4 rows of the columns it owns, zero.
+/// A unit's accumulator: 4 rows of the quad columns it owns, zero.
 #[cube]
-fn zero_accumulator<A: Float>(#[comptime] block: u32, #[comptime] head_dim: u32) -> Array<A> {
-    let n = comptime!(MICRO as usize * head_dim.div_ceil(block / MICRO) as usize);
-    let mut acc = Array::<A>::new(n);
+fn zero_accumulator<A: Float>(#[comptime] block: u32, #[comptime] head_dim: u32) -> Array<Quad<A>> {
+    let n = comptime!(MICRO as usize * owned_quads(block, head_dim));
+    let mut acc = Array::<Quad<A>>::new(n);
     for e in 0..n {
-        acc[e] = A::new(0.0);
+        acc[e] = Quad::<A>::broadcast(A::new(0.0));
     }
     acc
 }
@@ -210,7 +249,7 @@ fn zero_accumulator<A: Float>(#[comptime] block: u32, #[comptime] head_dim: u32)
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn store_accumulator_row<F: Float, A: Float>(
-    acc: &Array<A>,
+    acc: &Array<Quad<A>>,
     r: usize,
     target: &mut [F],
     row: usize,
@@ -220,12 +259,16 @@ fn store_accumulator_row<F: Float, A: Float>(
     #[comptime] head_dim: u32,
 ) {
     let d = head_dim as usize;
-    let w = comptime!(head_dim.div_ceil(block / MICRO) as usize);
+    let w = comptime!(owned_quads(block, head_dim));
     let groups = comptime!((block / MICRO) as usize);
     for k in 0..w {
-        let column = group + k * groups;
-        if column < d {
-            target[row * d + column] = F::cast_from(acc[r * w + k] * factor);
+        let quad = acc[r * w + k] * Quad::<A>::broadcast(factor);
+        let first = (group + k * groups) * 4;
+        #[unroll]
+        for lane in 0..4 {
+            if first + lane < d {
+                target[row * d + first + lane] = F::cast_from(quad.extract(lane));
+            }
         }
     }
 }
@@ -235,7 +278,7 @@ fn store_accumulator_row<F: Float, A: Float>(
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn store_accumulator<F: Float, A: Float>(
-    acc: &Array<A>,
+    acc: &Array<Quad<A>>,
     target: &mut [F],
     at: TileRows,
     my_rows: usize,
@@ -405,16 +448,16 @@ pub fn flash_attention_forward<F: Float, A: Float>(
     #[comptime] unroll: bool,
 ) {
     let (s, b) = (seq as usize, block as usize);
-    let tile_len = comptime!(block as usize * padded(head_dim));
+    let tile_len = comptime!(block as usize * padded_quads(head_dim));
     let (cube_active, head_row, start) = cube_block(heads, seq, block);
     let (row_group, column_group) = unit_groups(block);
     let (my_rows, my_keys) = (row_group * 4, column_group * 4);
     let (unit, units) = (UNIT_POS_X as usize, CUBE_DIM_X as usize);
     let scale = A::cast_from(scale);
 
-    let mut queries = Shared::<[A]>::new_slice(tile_len);
-    let mut keys = Shared::<[A]>::new_slice(tile_len);
-    let mut values = Shared::<[A]>::new_slice(tile_len);
+    let mut queries = Shared::<[Quad<A>]>::new_slice(tile_len);
+    let mut keys = Shared::<[Quad<A>]>::new_slice(tile_len);
+    let mut values = Shared::<[Quad<A>]>::new_slice(tile_len);
     // The tile's scores, then its (dropped) probabilities, row-major `[block, block]`.
     let mut probs = Shared::<[A]>::new_slice(comptime!(block as usize * padded(block)));
     // Per query row: running maximum, running sum, and this tile's rescaling of both.
@@ -468,10 +511,10 @@ pub fn flash_attention_forward<F: Float, A: Float>(
             dropout,
         );
         sync_cube();
-        let w = comptime!(head_dim.div_ceil(block / MICRO) as usize);
+        let w = comptime!(owned_quads(block, head_dim));
         #[unroll]
         for r in 0..4 {
-            let factor = rescale[my_rows + r];
+            let factor = Quad::<A>::broadcast(rescale[my_rows + r]);
             for k in 0..w {
                 acc[r * w + k] *= factor;
             }
@@ -534,17 +577,17 @@ pub fn flash_attention_backward_query<F: Float, A: Float>(
     #[comptime] unroll: bool,
 ) {
     let (s, b, d) = (seq as usize, block as usize, head_dim as usize);
-    let tile_len = comptime!(block as usize * padded(head_dim));
+    let tile_len = comptime!(block as usize * padded_quads(head_dim));
     let (cube_active, head_row, start) = cube_block(heads, seq, block);
     let (row_group, column_group) = unit_groups(block);
     let (my_rows, my_keys) = (row_group * 4, column_group * 4);
     let (unit, units) = (UNIT_POS_X as usize, CUBE_DIM_X as usize);
     let scale = A::cast_from(scale);
 
-    let mut queries = Shared::<[A]>::new_slice(tile_len);
-    let mut grads = Shared::<[A]>::new_slice(tile_len);
-    let mut keys = Shared::<[A]>::new_slice(tile_len);
-    let mut values = Shared::<[A]>::new_slice(tile_len);
+    let mut queries = Shared::<[Quad<A>]>::new_slice(tile_len);
+    let mut grads = Shared::<[Quad<A>]>::new_slice(tile_len);
+    let mut keys = Shared::<[Quad<A>]>::new_slice(tile_len);
+    let mut values = Shared::<[Quad<A>]>::new_slice(tile_len);
     let mut score_grads = Shared::<[A]>::new_slice(comptime!(block as usize * padded(block)));
     let mut lse = Shared::<[A]>::new_slice(block as usize);
     let mut deltas = Shared::<[A]>::new_slice(block as usize);
@@ -562,9 +605,15 @@ pub fn flash_attention_backward_query<F: Float, A: Float>(
         let mut row_delta = A::new(0.0);
         if start + i < s {
             let row = head_row + start + i;
-            for c in 0..d {
-                row_delta +=
-                    grads[i * comptime!(padded(head_dim)) + c] * A::cast_from(output[row * d + c]);
+            for q in 0..comptime!(quads(head_dim)) {
+                let g = grads[i * comptime!(padded_quads(head_dim)) + q];
+                #[unroll]
+                for lane in 0..4 {
+                    let c = q * 4 + lane;
+                    if c < d {
+                        row_delta += g.extract(lane) * A::cast_from(output[row * d + c]);
+                    }
+                }
             }
             delta[row] = row_delta;
         }
@@ -656,17 +705,17 @@ pub fn flash_attention_backward_key_value<F: Float, A: Float>(
     #[comptime] unroll: bool,
 ) {
     let (s, b) = (seq as usize, block as usize);
-    let tile_len = comptime!(block as usize * padded(head_dim));
+    let tile_len = comptime!(block as usize * padded_quads(head_dim));
     let (cube_active, head_row, start) = cube_block(heads, seq, block);
     let (row_group, column_group) = unit_groups(block);
     // Rows are keys here, columns queries.
     let (my_keys, my_queries) = (row_group * 4, column_group * 4);
     let scale = A::cast_from(scale);
 
-    let mut keys = Shared::<[A]>::new_slice(tile_len);
-    let mut values = Shared::<[A]>::new_slice(tile_len);
-    let mut queries = Shared::<[A]>::new_slice(tile_len);
-    let mut grads = Shared::<[A]>::new_slice(tile_len);
+    let mut keys = Shared::<[Quad<A>]>::new_slice(tile_len);
+    let mut values = Shared::<[Quad<A>]>::new_slice(tile_len);
+    let mut queries = Shared::<[Quad<A>]>::new_slice(tile_len);
+    let mut grads = Shared::<[Quad<A>]>::new_slice(tile_len);
     // `[key, query]`: the dropped probabilities and the score gradients of the tile.
     let mut kept_probs = Shared::<[A]>::new_slice(comptime!(block as usize * padded(block)));
     let mut score_grads = Shared::<[A]>::new_slice(comptime!(block as usize * padded(block)));
