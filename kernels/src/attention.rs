@@ -40,21 +40,21 @@ const MICRO: u32 = 4;
 /// separately (lavapipe) makes a quarter of the gathers.
 type Quad<A> = Vector<A, Const<4>>;
 
-/// The row stride of a shared-memory tile of rows of `len`: one more, so that the rows a
-/// warp's micro-tiles read at once (strided by a multiple of 32 words unpadded) fall in
-/// different memory banks.
-fn padded(len: u32) -> usize {
-    len as usize + 1
-}
-
 /// [`Quad`]s per head row (the last one zero-padded past `head_dim`).
 fn quads(head_dim: u32) -> usize {
     head_dim.div_ceil(4) as usize
 }
 
-/// The row stride, in [`Quad`]s, of a `[block, head_dim]` tile (one more, as [`padded`]).
+/// The row stride, in [`Quad`]s, of a `[block, head_dim]` tile: one more, so that the rows a
+/// warp's micro-tiles read at once (strided by a multiple of 32 words unpadded) fall in
+/// different memory banks.
 fn padded_quads(head_dim: u32) -> usize {
     quads(head_dim) + 1
+}
+
+/// The row stride, in [`Quad`]s, of a `[block, block]` tile (one more, as [`padded_quads`]).
+fn padded_block_quads(block: u32) -> usize {
+    (block / 4) as usize + 1
 }
 
 /// Quad columns a unit owns of a `[block, head_dim]` product (those past the row skipped).
@@ -203,7 +203,7 @@ fn micro_scores<A: Float>(
 #[allow(clippy::too_many_arguments)]
 fn accumulate_product<A: Float>(
     acc: &mut Array<Quad<A>>,
-    weights: &Shared<[A]>,
+    weights: &Shared<[Quad<A>]>,
     row: usize,
     rhs: &Shared<[Quad<A>]>,
     group: usize,
@@ -211,23 +211,31 @@ fn accumulate_product<A: Float>(
     #[comptime] head_dim: u32,
     #[comptime] unroll: bool,
 ) {
-    let b = block as usize;
     let w = comptime!(owned_quads(block, head_dim));
     let groups = comptime!((block / MICRO) as usize);
-    for j in 0..b {
-        let mut weight = Array::<Quad<A>>::new(4usize);
+    for jq in 0..comptime!((block / 4) as usize) {
+        let mut weights_q = Array::<Quad<A>>::new(4usize);
         #[unroll]
         for r in 0..4 {
-            weight[r] = Quad::<A>::broadcast(weights[(row + r) * comptime!(padded(block)) + j]);
+            weights_q[r] = weights[(row + r) * comptime!(padded_block_quads(block)) + jq];
         }
-        #[unroll(unroll)]
-        for k in 0..w {
-            let column = group + k * groups;
-            if column < comptime!(quads(head_dim)) {
-                let x = rhs[j * comptime!(padded_quads(head_dim)) + column];
-                #[unroll]
-                for r in 0..4 {
-                    acc[r * w + k] += weight[r] * x;
+        #[unroll]
+        for lane in 0..4 {
+            let j = jq * 4 + lane;
+            let mut weight = Array::<Quad<A>>::new(4usize);
+            #[unroll]
+            for r in 0..4 {
+                weight[r] = Quad::<A>::broadcast(weights_q[r].extract(lane));
+            }
+            #[unroll(unroll)]
+            for k in 0..w {
+                let column = group + k * groups;
+                if column < comptime!(quads(head_dim)) {
+                    let x = rhs[j * comptime!(padded_quads(head_dim)) + column];
+                    #[unroll]
+                    for r in 0..4 {
+                        acc[r * w + k] += weight[r] * x;
+                    }
                 }
             }
         }
@@ -334,7 +342,7 @@ struct DropoutArgs {
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn online_softmax_tile<A: Float>(
-    probs: &mut Shared<[A]>,
+    probs: &mut Shared<[Quad<A>]>,
     maxima: &mut Shared<[A]>,
     sums: &mut Shared<[A]>,
     rescale: &mut Shared<[A]>,
@@ -354,31 +362,41 @@ fn online_softmax_tile<A: Float>(
                 seen = b;
             }
         }
+        let stride = comptime!(padded_block_quads(block));
         let old_max = maxima[i];
         let mut max = old_max;
-        for j in 0..seen {
-            max = A::max(max, probs[i * comptime!(padded(block)) + j]);
+        for q in 0..comptime!((block / 4) as usize) {
+            let scores = probs[i * stride + q];
+            #[unroll]
+            for lane in 0..4 {
+                if q * 4 + lane < seen {
+                    max = A::max(max, scores.extract(lane));
+                }
+            }
         }
         let correction = A::exp(old_max - max);
         let mut sum = sums[i] * correction;
         let row = at.head_row + position;
-        for j in 0..b {
-            let p = select(
-                j < seen,
-                A::exp(probs[i * comptime!(padded(block)) + j] - max),
-                A::new(0.0),
-            );
-            sum += p;
-            let index = row * at.seq + at.first + j;
-            let keep = kept::<A>(
-                index,
-                draw.key_lo,
-                draw.key_hi,
-                draw.threshold,
-                draw.keep_scale,
-                dropout,
-            );
-            probs[i * comptime!(padded(block)) + j] = p * keep;
+        for q in 0..comptime!((block / 4) as usize) {
+            let scores = probs[i * stride + q];
+            let mut kept_probs = scores;
+            #[unroll]
+            for lane in 0..4 {
+                let j = q * 4 + lane;
+                let p = select(j < seen, A::exp(scores.extract(lane) - max), A::new(0.0));
+                sum += p;
+                let index = row * at.seq + at.first + j;
+                let keep = kept::<A>(
+                    index,
+                    draw.key_lo,
+                    draw.key_hi,
+                    draw.threshold,
+                    draw.keep_scale,
+                    dropout,
+                );
+                kept_probs.insert(lane, p * keep);
+            }
+            probs[i * stride + q] = kept_probs;
         }
         maxima[i] = max;
         sums[i] = sum;
@@ -459,7 +477,8 @@ pub fn flash_attention_forward<F: Float, A: Float>(
     let mut keys = Shared::<[Quad<A>]>::new_slice(tile_len);
     let mut values = Shared::<[Quad<A>]>::new_slice(tile_len);
     // The tile's scores, then its (dropped) probabilities, row-major `[block, block]`.
-    let mut probs = Shared::<[A]>::new_slice(comptime!(block as usize * padded(block)));
+    let mut probs =
+        Shared::<[Quad<A>]>::new_slice(comptime!(block as usize * padded_block_quads(block)));
     // Per query row: running maximum, running sum, and this tile's rescaling of both.
     let mut maxima = Shared::<[A]>::new_slice(block as usize);
     let mut sums = Shared::<[A]>::new_slice(block as usize);
@@ -485,9 +504,14 @@ pub fn flash_attention_forward<F: Float, A: Float>(
         sync_cube();
         let scores = micro_scores::<A>(&queries, my_rows, &keys, my_keys, head_dim, unroll);
         #[unroll]
-        for e in 0..16 {
-            probs[(my_rows + e / 4) * comptime!(padded(block)) + my_keys + e % 4] =
-                scores[e] * scale;
+        for r in 0..4 {
+            let mut scaled = Quad::<A>::broadcast(A::new(0.0));
+            #[unroll]
+            for x in 0..4usize {
+                scaled.insert(x, scores[r * 4 + x] * scale);
+            }
+            let at = (my_rows + r) * comptime!(padded_block_quads(block)) + column_group;
+            probs[at] = scaled;
         }
         sync_cube();
         online_softmax_tile::<A>(
@@ -588,7 +612,8 @@ pub fn flash_attention_backward_query<F: Float, A: Float>(
     let mut grads = Shared::<[Quad<A>]>::new_slice(tile_len);
     let mut keys = Shared::<[Quad<A>]>::new_slice(tile_len);
     let mut values = Shared::<[Quad<A>]>::new_slice(tile_len);
-    let mut score_grads = Shared::<[A]>::new_slice(comptime!(block as usize * padded(block)));
+    let mut score_grads =
+        Shared::<[Quad<A>]>::new_slice(comptime!(block as usize * padded_block_quads(block)));
     let mut lse = Shared::<[A]>::new_slice(block as usize);
     let mut deltas = Shared::<[A]>::new_slice(block as usize);
 
@@ -630,25 +655,31 @@ pub fn flash_attention_backward_query<F: Float, A: Float>(
         let scores = micro_scores::<A>(&queries, my_rows, &keys, my_keys, head_dim, unroll);
         let dprobs = micro_scores::<A>(&grads, my_rows, &values, my_keys, head_dim, unroll);
         #[unroll]
-        for e in 0..16 {
-            let (i, j) = (my_rows + e / 4, my_keys + e % 4);
-            let stats = RowStats::<A> {
-                lse: lse[i],
-                delta: deltas[i],
-            };
-            let (_, ds) = probability_and_gradient::<A>(
-                scores[e] * scale,
-                dprobs[e],
-                stats,
-                (head_row + start + i) * s + first + j,
-                start + i < s && first + j <= start + i,
-                key_lo,
-                key_hi,
-                threshold,
-                keep_scale,
-                dropout,
-            );
-            score_grads[i * comptime!(padded(block)) + j] = ds;
+        for r in 0..4 {
+            let i = my_rows + r;
+            let mut row = Quad::<A>::broadcast(A::new(0.0));
+            #[unroll]
+            for x in 0..4 {
+                let (e, j) = (r * 4 + x, my_keys + x);
+                let stats = RowStats::<A> {
+                    lse: lse[i],
+                    delta: deltas[i],
+                };
+                let (_, ds) = probability_and_gradient::<A>(
+                    scores[e] * scale,
+                    dprobs[e],
+                    stats,
+                    (head_row + start + i) * s + first + j,
+                    start + i < s && first + j <= start + i,
+                    key_lo,
+                    key_hi,
+                    threshold,
+                    keep_scale,
+                    dropout,
+                );
+                row.insert(x, ds);
+            }
+            score_grads[i * comptime!(padded_block_quads(block)) + column_group] = row;
         }
         sync_cube();
         accumulate_product::<A>(
@@ -717,8 +748,10 @@ pub fn flash_attention_backward_key_value<F: Float, A: Float>(
     let mut queries = Shared::<[Quad<A>]>::new_slice(tile_len);
     let mut grads = Shared::<[Quad<A>]>::new_slice(tile_len);
     // `[key, query]`: the dropped probabilities and the score gradients of the tile.
-    let mut kept_probs = Shared::<[A]>::new_slice(comptime!(block as usize * padded(block)));
-    let mut score_grads = Shared::<[A]>::new_slice(comptime!(block as usize * padded(block)));
+    let mut kept_probs =
+        Shared::<[Quad<A>]>::new_slice(comptime!(block as usize * padded_block_quads(block)));
+    let mut score_grads =
+        Shared::<[Quad<A>]>::new_slice(comptime!(block as usize * padded_block_quads(block)));
     let mut lse = Shared::<[A]>::new_slice(block as usize);
     let mut deltas = Shared::<[A]>::new_slice(block as usize);
 
@@ -742,28 +775,37 @@ pub fn flash_attention_backward_key_value<F: Float, A: Float>(
         let scores = micro_scores::<A>(&keys, my_keys, &queries, my_queries, head_dim, unroll);
         let dprobs = micro_scores::<A>(&values, my_keys, &grads, my_queries, head_dim, unroll);
         #[unroll]
-        for e in 0..16 {
-            let (j, i) = (my_keys + e / 4, my_queries + e % 4);
-            let (key_position, position) = (start + j, first + i);
-            let stats = RowStats::<A> {
-                lse: lse[i],
-                delta: deltas[i],
-            };
-            let (p_kept, ds) = probability_and_gradient::<A>(
-                scores[e] * scale,
-                dprobs[e],
-                stats,
-                (head_row + position) * s + key_position,
-                position < s && key_position <= position,
-                key_lo,
-                key_hi,
-                threshold,
-                keep_scale,
-                dropout,
-            );
-            let at = j * comptime!(padded(block)) + i;
-            kept_probs[at] = p_kept;
-            score_grads[at] = ds;
+        for r in 0..4 {
+            let j = my_keys + r;
+            let key_position = start + j;
+            let mut kept_row = Quad::<A>::broadcast(A::new(0.0));
+            let mut grad_row = Quad::<A>::broadcast(A::new(0.0));
+            #[unroll]
+            for x in 0..4 {
+                let (e, i) = (r * 4 + x, my_queries + x);
+                let position = first + i;
+                let stats = RowStats::<A> {
+                    lse: lse[i],
+                    delta: deltas[i],
+                };
+                let (p_kept, ds) = probability_and_gradient::<A>(
+                    scores[e] * scale,
+                    dprobs[e],
+                    stats,
+                    (head_row + position) * s + key_position,
+                    position < s && key_position <= position,
+                    key_lo,
+                    key_hi,
+                    threshold,
+                    keep_scale,
+                    dropout,
+                );
+                kept_row.insert(x, p_kept);
+                grad_row.insert(x, ds);
+            }
+            let at = j * comptime!(padded_block_quads(block)) + column_group;
+            kept_probs[at] = kept_row;
+            score_grads[at] = grad_row;
         }
         sync_cube();
         accumulate_product::<A>(

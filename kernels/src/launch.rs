@@ -1108,12 +1108,12 @@ impl AttentionLaunch {
     }
 
     /// Shared memory of the largest of the kernels (the key kernel's, f32 tiles): four
-    /// `block × head_dim` tiles (rows of quads, padded by one quad), two `block × block` ones
-    /// (rows padded by one) and two row statistics.
+    /// `block × head_dim` tiles and two `block × block` ones (rows of quads, padded by one
+    /// quad) and two row statistics.
     pub fn shared_bytes(&self, head_dim: usize) -> usize {
         let b = self.block as usize;
         let row = 4 * (head_dim.div_ceil(4) + 1);
-        4 * (4 * b * row + 2 * b * (b + 1) + 2 * b)
+        4 * (4 * b * row + 2 * b * (b + 4) + 2 * b)
     }
 
     /// Units per cube: one per 4 × 4 micro-tile of a `block × block` tile.
