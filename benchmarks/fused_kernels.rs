@@ -10,9 +10,11 @@
 //! attention of 16 heads × 1024 positions × 64 (batch 1, dropout 0.1): the fused
 //! FlashAttention-style kernel against matmul → fused softmax → dropout → matmul, with the
 //! device memory the autodiff graph holds after the forward (what the backward keeps).
-//! Reports milliseconds for the forward alone (no autodiff) and for forward + backward (through
-//! autodiff, with a `Σ y ⊙ dy` loss around it that both versions share), the ratio, and the
-//! bytes the fused kernels move (each tensor read or written once per direction).
+//! Reports the median milliseconds (fused and composed runs interleaved) for the forward alone
+//! (no autodiff) and for forward + backward (through autodiff, with a `Σ y ⊙ dy` loss around
+//! it that both versions share), the ratio, and the bytes the fused kernels move (each tensor
+//! read or written once per direction). The attention's two `dq` must agree, so a launch the
+//! device refused cannot pass for a fast one.
 
 use std::time::Instant;
 
@@ -22,13 +24,26 @@ use ferrotron::model::ops::{layer_norm, scaled_causal_masked_softmax};
 use ferrotron::model::GptConfig;
 use ferrotron::util::device::parse_device;
 
-fn time(mut f: impl FnMut(), reps: usize) -> f64 {
-    f();
-    let start = Instant::now();
+/// Median milliseconds of `f(true)` (fused) and `f(false)` (composed) over `reps` runs each,
+/// after a warm-up of each, the two interleaved run by run: on a shared, noisy machine a slow
+/// stretch then slows both sides rather than one.
+fn time_pair(mut f: impl FnMut(bool), reps: usize) -> (f64, f64) {
+    f(true);
+    f(false);
+    let mut times = [Vec::new(), Vec::new()];
     for _ in 0..reps {
-        f();
+        for (side, fused) in [(0, true), (1, false)] {
+            let start = Instant::now();
+            f(fused);
+            times[side].push(start.elapsed().as_secs_f64() * 1e3);
+        }
     }
-    start.elapsed().as_secs_f64() * 1e3 / reps as f64
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let [fused, composed] = times;
+    (median(fused), median(composed))
 }
 
 fn main() {
@@ -37,8 +52,8 @@ fn main() {
     let reps = std::env::var("FERROTRON_BENCH_REPS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(3);
-    println!("device {name}, {reps} repetitions after a warm-up");
+        .unwrap_or(5);
+    println!("device {name}, median of {reps} interleaved repetitions after a warm-up");
     println!("| op | fused ms | composed ms | composed / fused | fused MB moved |");
     println!("|---|---|---|---|---|");
     let inner = device.clone().inner();
@@ -56,7 +71,7 @@ fn main() {
         let _y = scaled_causal_masked_softmax(scores_inner.clone(), 0.125, fused);
         inner.sync().expect("device sync");
     };
-    let (f, c) = (time(|| forward(true), reps), time(|| forward(false), reps));
+    let (f, c) = time_pair(forward, reps);
     row("causal softmax 16×1024×1024, forward", f, c, 2.0 * mb);
     let both = |fused: bool| {
         let x = scores.clone().require_grad();
@@ -65,7 +80,7 @@ fn main() {
         let _dx = x.grad(&grads).expect("gradient");
         device.sync().expect("device sync");
     };
-    let (f, c) = (time(|| both(true), reps), time(|| both(false), reps));
+    let (f, c) = time_pair(both, reps);
     row("causal softmax, forward + backward", f, c, 5.0 * mb);
 
     // LayerNorm: forward reads x, writes y; backward reads x and dy twice (dx, then dγ/dβ)
@@ -84,7 +99,7 @@ fn main() {
         let _y = layer_norm(xi.clone(), gi.clone(), bi.clone(), 1e-5, fused);
         inner.sync().expect("device sync");
     };
-    let (f, c) = (time(|| forward(true), reps), time(|| forward(false), reps));
+    let (f, c) = time_pair(forward, reps);
     row("layernorm 8192×1024, forward", f, c, 2.0 * mb);
     let both = |fused: bool| {
         let xs = x.clone().require_grad();
@@ -95,7 +110,7 @@ fn main() {
         let _dg = g.grad(&grads).expect("gradient");
         device.sync().expect("device sync");
     };
-    let (f, c) = (time(|| both(true), reps), time(|| both(false), reps));
+    let (f, c) = time_pair(both, reps);
     row("layernorm, forward + backward", f, c, 7.0 * mb);
 
     // Attention core: fused kernel against the composed ops (both with dropout 0.1).
@@ -129,23 +144,39 @@ fn main() {
             .memory_pool_usage()
             .map_or(f64::NAN, |u| u.bytes_in_use as f64 / 1e6)
     };
-    let held = std::cell::Cell::new(0.0);
+    // Per side (fused, composed): the memory held after the forward, and the last `dq`.
+    let held = [std::cell::Cell::new(0.0), std::cell::Cell::new(0.0)];
+    let last_dq: [std::cell::RefCell<Option<Tensor<4>>>; 2] = Default::default();
     let both = |flash: bool| {
+        let side = usize::from(!flash);
         let layer = attention(flash);
+        // The same dropout draw on both sides (the stream restarts), so their `dq` compare.
+        ferrotron::parallel::random::seed_micro_batch(1, 1, 0, 0);
+        ferrotron::parallel::random::enter_layer(0);
         let [q, k, v] = qkv.clone().map(|t| t.require_grad());
         device.sync().expect("device sync");
         let before = in_use();
         let y = layer.core_heads(q.clone(), k.clone(), v.clone());
         device.sync().expect("device sync");
-        held.set(in_use() - before);
+        held[side].set(in_use() - before);
         let grads = (y * dy.clone()).sum().backward();
-        let _dq = q.grad(&grads).expect("gradient");
+        *last_dq[side].borrow_mut() = Some(q.grad(&grads).expect("gradient"));
         device.sync().expect("device sync");
     };
-    let f = time(|| both(true), reps);
-    let held_fused = held.get();
-    let c = time(|| both(false), reps);
-    let held_composed = held.get();
+    let (f, c) = time_pair(both, reps);
+    let (held_fused, held_composed) = (held[0].get(), held[1].get());
+    // A launch the device refused (too much shared memory for a forced block size) leaves
+    // its output unwritten and the timing meaningless: the two sides must agree.
+    let [fused_dq, composed_dq] = last_dq.map(|dq| {
+        let dq = dq.into_inner().expect("timed at least once");
+        dq.try_into_vec_as::<f32>().expect("dq")
+    });
+    let worst = fused_dq
+        .iter()
+        .zip(&composed_dq)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(worst < 1e-3, "fused and composed dq differ by {worst}");
     // q, k, v, o, do, dq, dk, dv once each (k and v are re-read per query row: a lower bound).
     let mb = 8.0 * (heads * seq * head_dim * 4) as f64 / 1e6;
     row(
