@@ -414,7 +414,7 @@ fn bias_arg(input: &Handle, bias: RowBias<'_>, len: usize) -> (BufferArg, u32) {
     match bias {
         Some((b, hidden)) => {
             assert!(
-                hidden > 0 && len % hidden == 0,
+                hidden > 0 && len.is_multiple_of(hidden),
                 "{len} elements in rows of {hidden}"
             );
             (arg(b, hidden), hidden as u32)
@@ -546,7 +546,7 @@ pub fn bias_dropout_add<F: Float + CubeElement>(
         "dropout of a draw of more than 2³² elements"
     );
     assert!(
-        hidden > 0 && len % hidden == 0,
+        hidden > 0 && len.is_multiple_of(hidden),
         "{len} elements in rows of {hidden}"
     );
     let no_draw = DropoutDraw {

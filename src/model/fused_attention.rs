@@ -43,7 +43,7 @@ pub fn layout(shape: &Shape, groups: u32, per_group: u32) -> QkvLayout {
     let [batch, seq, width] = shape.dims::<3>();
     let (groups, per_group) = (groups as usize, per_group as usize);
     assert!(
-        groups * per_group > 0 && width % (groups * (per_group + 2)) == 0,
+        groups * per_group > 0 && width.is_multiple_of(groups * (per_group + 2)),
         "QKV rows {width} wide for {groups} groups of {per_group} query heads"
     );
     QkvLayout {
