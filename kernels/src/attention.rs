@@ -435,6 +435,169 @@ fn probability_and_gradient<A: Float>(
     (p * keep, p * (dprob * keep - stats.delta))
 }
 
+/// A unit's 4 × 4 micro-tile of scores, times `scale`, into its rows and quad column of the
+/// `[block, block]` tile `probs`.
+#[cube]
+fn store_scaled_scores<A: Float>(
+    probs: &mut Shared<[Quad<A>]>,
+    scores: &Array<A>,
+    my_rows: usize,
+    column_group: usize,
+    scale: A,
+    #[comptime] block: u32,
+) {
+    #[unroll]
+    for r in 0..4 {
+        let mut scaled = Quad::<A>::broadcast(A::new(0.0));
+        #[unroll]
+        for x in 0..4usize {
+            scaled.insert(x, scores[r * 4 + x] * scale);
+        }
+        probs[(my_rows + r) * comptime!(padded_block_quads(block)) + column_group] = scaled;
+    }
+}
+
+/// The dq kernel's score gradients `ds` of its 4 × 4 micro-tile (query rows `my_rows..`,
+/// keys `4 · column_group..` of the tile at `at.first`) into its rows and quad column of
+/// `score_grads`, from the micro-tiles of scores and `do·v` and the rows' statistics.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn store_query_score_grads<A: Float>(
+    score_grads: &mut Shared<[Quad<A>]>,
+    scores: &Array<A>,
+    dprobs: &Array<A>,
+    lse: &Shared<[A]>,
+    deltas: &Shared<[A]>,
+    at: TileRows,
+    my_rows: usize,
+    column_group: usize,
+    scale: A,
+    draw: DropoutArgs,
+    #[comptime] block: u32,
+    #[comptime] dropout: bool,
+) {
+    #[unroll]
+    for r in 0..4 {
+        let i = my_rows + r;
+        let mut row = Quad::<A>::broadcast(A::new(0.0));
+        #[unroll]
+        for x in 0..4 {
+            let (e, j) = (r * 4 + x, column_group * 4 + x);
+            let stats = RowStats::<A> {
+                lse: lse[i],
+                delta: deltas[i],
+            };
+            let (_, ds) = probability_and_gradient::<A>(
+                scores[e] * scale,
+                dprobs[e],
+                stats,
+                (at.head_row + at.start + i) * at.seq + at.first + j,
+                at.start + i < at.seq && at.first + j <= at.start + i,
+                draw.key_lo,
+                draw.key_hi,
+                draw.threshold,
+                draw.keep_scale,
+                dropout,
+            );
+            row.insert(x, ds);
+        }
+        score_grads[i * comptime!(padded_block_quads(block)) + column_group] = row;
+    }
+}
+
+/// The dk/dv kernel's dropped probabilities and score gradients of its 4 × 4 micro-tile (key
+/// rows `my_keys..` of the block at `at.start`, queries `4 · column_group..` of the tile at
+/// `at.first`) into its rows and quad column of `kept_probs` and `score_grads` (`[key,
+/// query]`), from the micro-tiles of scores and `v·do` and the queries' statistics.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn store_key_tiles<A: Float>(
+    kept_probs: &mut Shared<[Quad<A>]>,
+    score_grads: &mut Shared<[Quad<A>]>,
+    scores: &Array<A>,
+    dprobs: &Array<A>,
+    lse: &Shared<[A]>,
+    deltas: &Shared<[A]>,
+    at: TileRows,
+    my_keys: usize,
+    column_group: usize,
+    scale: A,
+    draw: DropoutArgs,
+    #[comptime] block: u32,
+    #[comptime] dropout: bool,
+) {
+    #[unroll]
+    for r in 0..4 {
+        let j = my_keys + r;
+        let key_position = at.start + j;
+        let mut kept_row = Quad::<A>::broadcast(A::new(0.0));
+        let mut grad_row = Quad::<A>::broadcast(A::new(0.0));
+        #[unroll]
+        for x in 0..4 {
+            let (e, i) = (r * 4 + x, column_group * 4 + x);
+            let position = at.first + i;
+            let stats = RowStats::<A> {
+                lse: lse[i],
+                delta: deltas[i],
+            };
+            let (p_kept, ds) = probability_and_gradient::<A>(
+                scores[e] * scale,
+                dprobs[e],
+                stats,
+                (at.head_row + position) * at.seq + key_position,
+                position < at.seq && key_position <= position,
+                draw.key_lo,
+                draw.key_hi,
+                draw.threshold,
+                draw.keep_scale,
+                dropout,
+            );
+            kept_row.insert(x, p_kept);
+            grad_row.insert(x, ds);
+        }
+        let row = j * comptime!(padded_block_quads(block)) + column_group;
+        kept_probs[row] = kept_row;
+        score_grads[row] = grad_row;
+    }
+}
+
+/// `D = Σ do ⊙ o` of each of the block's query rows (from the `grads` tile and `output`)
+/// into `delta` (for the dk/dv kernel) and `deltas` (this cube's); every unit takes part.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn store_deltas<F: Float, A: Float>(
+    grads: &Shared<[Quad<A>]>,
+    output: &[F],
+    delta: &mut [A],
+    deltas: &mut Shared<[A]>,
+    at: TileRows,
+    cube_active: bool,
+    #[comptime] block: u32,
+    #[comptime] head_dim: u32,
+) {
+    let d = head_dim as usize;
+    let mut i = UNIT_POS_X as usize;
+    while cube_active && i < block as usize {
+        let mut row_delta = A::new(0.0);
+        if at.start + i < at.seq {
+            let row = at.head_row + at.start + i;
+            for q in 0..comptime!(quads(head_dim)) {
+                let g = grads[i * comptime!(padded_quads(head_dim)) + q];
+                #[unroll]
+                for lane in 0..4 {
+                    let c = q * 4 + lane;
+                    if c < d {
+                        row_delta += g.extract(lane) * A::cast_from(output[row * d + c]);
+                    }
+                }
+            }
+            delta[row] = row_delta;
+        }
+        deltas[i] = row_delta;
+        i += CUBE_DIM_X as usize;
+    }
+}
+
 /// This unit's micro-tile: its row group and its column group (each `block / 4` of them).
 #[cube]
 fn unit_groups(#[comptime] block: u32) -> (usize, usize) {
@@ -503,16 +666,7 @@ pub fn flash_attention_forward<F: Float, A: Float>(
         load_tile::<F, A>(value, &mut values, head_row, first, s, block, head_dim);
         sync_cube();
         let scores = micro_scores::<A>(&queries, my_rows, &keys, my_keys, head_dim, unroll);
-        #[unroll]
-        for r in 0..4 {
-            let mut scaled = Quad::<A>::broadcast(A::new(0.0));
-            #[unroll]
-            for x in 0..4usize {
-                scaled.insert(x, scores[r * 4 + x] * scale);
-            }
-            let at = (my_rows + r) * comptime!(padded_block_quads(block)) + column_group;
-            probs[at] = scaled;
-        }
+        store_scaled_scores::<A>(&mut probs, &scores, my_rows, column_group, scale, block);
         sync_cube();
         online_softmax_tile::<A>(
             &mut probs,
@@ -600,12 +754,11 @@ pub fn flash_attention_backward_query<F: Float, A: Float>(
     #[comptime] block: u32,
     #[comptime] unroll: bool,
 ) {
-    let (s, b, d) = (seq as usize, block as usize, head_dim as usize);
+    let (s, b) = (seq as usize, block as usize);
     let tile_len = comptime!(block as usize * padded_quads(head_dim));
     let (cube_active, head_row, start) = cube_block(heads, seq, block);
     let (row_group, column_group) = unit_groups(block);
     let (my_rows, my_keys) = (row_group * 4, column_group * 4);
-    let (unit, units) = (UNIT_POS_X as usize, CUBE_DIM_X as usize);
     let scale = A::cast_from(scale);
 
     let mut queries = Shared::<[Quad<A>]>::new_slice(tile_len);
@@ -625,26 +778,17 @@ pub fn flash_attention_backward_query<F: Float, A: Float>(
         tiles = start / b + 1;
     }
     sync_cube();
-    let mut i = unit;
-    while cube_active && i < b {
-        let mut row_delta = A::new(0.0);
-        if start + i < s {
-            let row = head_row + start + i;
-            for q in 0..comptime!(quads(head_dim)) {
-                let g = grads[i * comptime!(padded_quads(head_dim)) + q];
-                #[unroll]
-                for lane in 0..4 {
-                    let c = q * 4 + lane;
-                    if c < d {
-                        row_delta += g.extract(lane) * A::cast_from(output[row * d + c]);
-                    }
-                }
-            }
-            delta[row] = row_delta;
-        }
-        deltas[i] = row_delta;
-        i += units;
-    }
+    let at = block_rows(head_row, start, s);
+    store_deltas::<F, A>(
+        &grads,
+        output,
+        delta,
+        &mut deltas,
+        at,
+        cube_active,
+        block,
+        head_dim,
+    );
 
     let mut acc = zero_accumulator::<A>(block, head_dim);
     for t in 0..tiles {
@@ -654,33 +798,30 @@ pub fn flash_attention_backward_query<F: Float, A: Float>(
         sync_cube();
         let scores = micro_scores::<A>(&queries, my_rows, &keys, my_keys, head_dim, unroll);
         let dprobs = micro_scores::<A>(&grads, my_rows, &values, my_keys, head_dim, unroll);
-        #[unroll]
-        for r in 0..4 {
-            let i = my_rows + r;
-            let mut row = Quad::<A>::broadcast(A::new(0.0));
-            #[unroll]
-            for x in 0..4 {
-                let (e, j) = (r * 4 + x, my_keys + x);
-                let stats = RowStats::<A> {
-                    lse: lse[i],
-                    delta: deltas[i],
-                };
-                let (_, ds) = probability_and_gradient::<A>(
-                    scores[e] * scale,
-                    dprobs[e],
-                    stats,
-                    (head_row + start + i) * s + first + j,
-                    start + i < s && first + j <= start + i,
-                    key_lo,
-                    key_hi,
-                    threshold,
-                    keep_scale,
-                    dropout,
-                );
-                row.insert(x, ds);
-            }
-            score_grads[i * comptime!(padded_block_quads(block)) + column_group] = row;
-        }
+        store_query_score_grads::<A>(
+            &mut score_grads,
+            &scores,
+            &dprobs,
+            &lse,
+            &deltas,
+            TileRows {
+                head_row,
+                start,
+                first,
+                seq: s,
+            },
+            my_rows,
+            column_group,
+            scale,
+            DropoutArgs {
+                key_lo,
+                key_hi,
+                threshold,
+                keep_scale,
+            },
+            block,
+            dropout,
+        );
         sync_cube();
         accumulate_product::<A>(
             &mut acc,
@@ -774,39 +915,31 @@ pub fn flash_attention_backward_key_value<F: Float, A: Float>(
         sync_cube();
         let scores = micro_scores::<A>(&keys, my_keys, &queries, my_queries, head_dim, unroll);
         let dprobs = micro_scores::<A>(&values, my_keys, &grads, my_queries, head_dim, unroll);
-        #[unroll]
-        for r in 0..4 {
-            let j = my_keys + r;
-            let key_position = start + j;
-            let mut kept_row = Quad::<A>::broadcast(A::new(0.0));
-            let mut grad_row = Quad::<A>::broadcast(A::new(0.0));
-            #[unroll]
-            for x in 0..4 {
-                let (e, i) = (r * 4 + x, my_queries + x);
-                let position = first + i;
-                let stats = RowStats::<A> {
-                    lse: lse[i],
-                    delta: deltas[i],
-                };
-                let (p_kept, ds) = probability_and_gradient::<A>(
-                    scores[e] * scale,
-                    dprobs[e],
-                    stats,
-                    (head_row + position) * s + key_position,
-                    position < s && key_position <= position,
-                    key_lo,
-                    key_hi,
-                    threshold,
-                    keep_scale,
-                    dropout,
-                );
-                kept_row.insert(x, p_kept);
-                grad_row.insert(x, ds);
-            }
-            let at = j * comptime!(padded_block_quads(block)) + column_group;
-            kept_probs[at] = kept_row;
-            score_grads[at] = grad_row;
-        }
+        store_key_tiles::<A>(
+            &mut kept_probs,
+            &mut score_grads,
+            &scores,
+            &dprobs,
+            &lse,
+            &deltas,
+            TileRows {
+                head_row,
+                start,
+                first,
+                seq: s,
+            },
+            my_keys,
+            column_group,
+            scale,
+            DropoutArgs {
+                key_lo,
+                key_hi,
+                threshold,
+                keep_scale,
+            },
+            block,
+            dropout,
+        );
         sync_cube();
         accumulate_product::<A>(
             &mut dv,
