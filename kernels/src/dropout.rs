@@ -28,6 +28,22 @@ pub fn dropout_bits(key_lo: u32, key_hi: u32, index: u32) -> u32 {
     fmix32((fmix32(index ^ key_lo) + key_hi) ^ 0x9e37_79b9)
 }
 
+/// Whether element `i` of a tensor holding the slice `(own, row, first)` of the draw keyed
+/// `(key_lo, key_hi)` is kept: its draw index is `(i / own) · row + first + i % own`.
+#[cube]
+fn slice_kept(
+    i: u32,
+    key_lo: u32,
+    key_hi: u32,
+    threshold: u32,
+    own: u32,
+    row: u32,
+    first: u32,
+) -> bool {
+    let index = (i / own) * row + first + i % own;
+    dropout_bits(key_lo, key_hi, index) >= threshold
+}
+
 /// Units per cube of the element-wise kernels.
 pub const UNITS_PER_CUBE: u32 = 256;
 
@@ -54,9 +70,7 @@ pub fn dropout<F: Float>(
 ) {
     let i = cube_index() * UNITS_PER_CUBE as usize + UNIT_POS_X as usize;
     if i < len as usize {
-        let j = i as u32;
-        let index = (j / own) * row + first + j % own;
-        let keep = dropout_bits(key_lo, key_hi, index) >= threshold;
+        let keep = slice_kept(i as u32, key_lo, key_hi, threshold, own, row, first);
         let x = input[i];
         output[i] = select(keep, x * F::cast_from(scale), F::new(0.0));
     }
@@ -94,9 +108,7 @@ pub fn bias_dropout_add<F: Float>(
             y += bias[i % hidden as usize];
         }
         if drop {
-            let j = i as u32;
-            let index = (j / own) * row + first + j % own;
-            let keep = dropout_bits(key_lo, key_hi, index) >= threshold;
+            let keep = slice_kept(i as u32, key_lo, key_hi, threshold, own, row, first);
             y = select(keep, y * F::cast_from(scale), F::new(0.0));
         }
         output[i] = residual[i] + y;

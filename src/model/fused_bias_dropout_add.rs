@@ -17,7 +17,7 @@ use burn::backend::{Dispatch, TensorMetadata};
 use burn::tensor::{Shape, Tensor};
 use ferrotron_kernels::launch::{DrawSlice, DropoutDraw};
 
-use super::fused_ops::{FusedKernels, FusedOps};
+use super::fused_ops::{bias_grad, FusedKernels, FusedOps};
 
 /// The backward of [`FusedOps::fused_bias_dropout_add`] (3 parents: residual, y, bias) and
 /// [`FusedOps::fused_dropout_add`] (2 parents: residual, y).
@@ -48,13 +48,7 @@ impl<B: FusedKernels> Backward<B, 3> for BiasDropoutAddBackward {
         let grad = grads.consume::<B>(&ops.node);
         let grad_y = y_grad::<B>(&grad, draw, slice);
         if let Some(bias) = bias {
-            let hidden = shape[shape.num_dims() - 1];
-            let rows = B::float_reshape(
-                grad_y.clone(),
-                Shape::new([shape.num_elements() / hidden, hidden]),
-            );
-            let sum = B::float_sum_dim(rows, 0);
-            grads.register::<B>(bias.id, B::float_reshape(sum, Shape::new([hidden])));
+            grads.register::<B>(bias.id, bias_grad::<B>(grad_y.clone(), &shape));
         }
         if let Some(y) = y {
             grads.register::<B>(y.id, grad_y);

@@ -716,6 +716,15 @@ impl FusedKernels for CubeBackend {
     }
 }
 
+/// The gradient of a bias added over the rows of a tensor of `shape` (its last dimension),
+/// from the sum's gradient `grad`: `grad` summed over the rows, as the composed add's.
+pub(super) fn bias_grad<B: Backend>(grad: FloatTensor<B>, shape: &Shape) -> FloatTensor<B> {
+    let hidden = shape[shape.num_dims() - 1];
+    let rows = Shape::new([shape.num_elements() / hidden, hidden]);
+    let sum = B::float_sum_dim(B::float_reshape(grad, rows), 0);
+    B::float_reshape(sum, Shape::new([hidden]))
+}
+
 /// A kernel's bias over the rows of `x` (its last dimension), when there is one.
 fn row_bias<'a>(x: &CubeTensor, bias: Option<&'a CubeTensor>) -> Option<(&'a Handle, usize)> {
     bias.map(|b| {
@@ -944,11 +953,7 @@ impl<B: FusedKernels> Backward<B, 2> for BiasGeluBackward {
         let shape = x.shape();
         let dx = B::fused_gelu_backward(x, Some(bias), grad, tanh);
         if let Some(p) = pb {
-            // The bias's gradient: the input's, summed over the rows (as the composed add's).
-            let hidden = shape[shape.num_dims() - 1];
-            let rows = Shape::new([shape.num_elements() / hidden, hidden]);
-            let sum = B::float_sum_dim(B::float_reshape(dx.clone(), rows), 0);
-            grads.register::<B>(p.id, B::float_reshape(sum, Shape::new([hidden])));
+            grads.register::<B>(p.id, bias_grad::<B>(dx.clone(), &shape));
         }
         if let Some(p) = px {
             grads.register::<B>(p.id, dx);
