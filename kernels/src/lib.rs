@@ -14,7 +14,10 @@
 //!   pairs, part of each head rotated), whose backward is the rotation by the negative angle;
 //! - [`heads`]: the fused QKV projection's rows split into per-head queries, keys and values
 //!   (keys and values repeated per query head), and the gradients merged back;
-//! - [`dropout`]: dropout with masks derived on the device from a key and the element index;
+//! - [`gelu`]: GELU, exact or tanh, with an optional bias added first (bias-GELU), forward
+//!   and backward;
+//! - [`dropout`]: dropout with masks derived on the device from a key and the element index,
+//!   and the bias-dropout-add after a row-parallel layer (`residual + dropout(y + bias)`);
 //! - [`attention`]: causal attention fused FlashAttention-2-style (tiles of keys and queries
 //!   in shared memory, products in 4-row micro-tiles, online softmax, dropout inside, no
 //!   `seq × seq` tensor), forward and backward;
