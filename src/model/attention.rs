@@ -204,8 +204,6 @@ impl CausalSelfAttention {
                     self.flash_attention,
                 )
             }
-            #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
-            CoreInputs::Rows(_) => unreachable!("projection rows are core inputs on GPU builds"),
         }
     }
 
@@ -271,6 +269,7 @@ pub enum CoreInputs {
     /// Queries, keys and values per head, after the query/key norms and rotary embedding.
     Heads([Tensor<4>; 3]),
     /// The fused QKV projection's rows `[batch, seq, width]` (GPU builds).
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
     Rows(Tensor<3>),
 }
 
@@ -279,6 +278,7 @@ impl CoreInputs {
     pub fn detach(self) -> Self {
         match self {
             Self::Heads(heads) => Self::Heads(heads.map(|t| t.detach())),
+            #[cfg(any(feature = "wgpu", feature = "cuda"))]
             Self::Rows(rows) => Self::Rows(rows.detach()),
         }
     }
@@ -287,6 +287,7 @@ impl CoreInputs {
     pub fn require_grad(self) -> Self {
         match self {
             Self::Heads(heads) => Self::Heads(heads.map(|t| t.require_grad())),
+            #[cfg(any(feature = "wgpu", feature = "cuda"))]
             Self::Rows(rows) => Self::Rows(rows.require_grad()),
         }
     }
@@ -299,10 +300,12 @@ impl CoreInputs {
             (Self::Heads([q, k, v]), Self::Heads([lq, lk, lv])) => {
                 (q * grad(lq)).sum() + (k * grad(lk)).sum() + (v * grad(lv)).sum()
             }
+            #[cfg(any(feature = "wgpu", feature = "cuda"))]
             (Self::Rows(rows), Self::Rows(leaf)) => {
                 let g = leaf.grad(grads).expect("the rows are used").autodiff();
                 (rows * g).sum()
             }
+            #[cfg(any(feature = "wgpu", feature = "cuda"))]
             _ => panic!("core inputs of two kinds"),
         }
     }

@@ -118,6 +118,7 @@ pub fn bias_gelu<const D: usize>(
             None => super::fused_ops::gelu(x, tanh),
         };
     }
+    let _ = fused;
     let x = match bias {
         Some(bias) => x + bias.unsqueeze(),
         None => x,
