@@ -326,6 +326,18 @@ fn block_rows(head_row: usize, start: usize, seq: usize) -> TileRows {
     }
 }
 
+/// The rows of a tile at `first` seen from the cube's block at `start` of the head at
+/// `head_row` (a [`TileRows`]).
+#[cube]
+fn tile_rows(head_row: usize, start: usize, first: usize, seq: usize) -> TileRows {
+    TileRows {
+        head_row,
+        start,
+        first,
+        seq,
+    }
+}
+
 /// A dropout draw's kernel arguments.
 #[derive(CubeType, Clone, Copy)]
 struct DropoutArgs {
@@ -333,6 +345,17 @@ struct DropoutArgs {
     key_hi: u32,
     threshold: u32,
     keep_scale: f32,
+}
+
+/// [`DropoutArgs`] of a kernel's draw arguments.
+#[cube]
+fn dropout_args(key_lo: u32, key_hi: u32, threshold: u32, keep_scale: f32) -> DropoutArgs {
+    DropoutArgs {
+        key_lo,
+        key_hi,
+        threshold,
+        keep_scale,
+    }
 }
 
 /// The online softmax over one tile of scores (`probs`, `[block, block]`, replaced by the
@@ -598,6 +621,41 @@ fn store_deltas<F: Float, A: Float>(
     }
 }
 
+/// The forward's running maximum and sum of each of the block's rows, before the first tile.
+#[cube]
+fn reset_row_stats<A: Float>(
+    maxima: &mut Shared<[A]>,
+    sums: &mut Shared<[A]>,
+    #[comptime] block: u32,
+) {
+    let mut i = UNIT_POS_X as usize;
+    while i < block as usize {
+        maxima[i] = A::new(-3.0e38);
+        sums[i] = A::new(0.0);
+        i += CUBE_DIM_X as usize;
+    }
+}
+
+/// A unit's 4 accumulator rows times their rows' rescaling factors (the online softmax's
+/// correction for a new maximum).
+#[cube]
+fn rescale_accumulator<A: Float>(
+    acc: &mut Array<Quad<A>>,
+    rescale: &Shared<[A]>,
+    my_rows: usize,
+    #[comptime] block: u32,
+    #[comptime] head_dim: u32,
+) {
+    let w = comptime!(owned_quads(block, head_dim));
+    #[unroll]
+    for r in 0..4 {
+        let factor = Quad::<A>::broadcast(rescale[my_rows + r]);
+        for k in 0..w {
+            acc[r * w + k] *= factor;
+        }
+    }
+}
+
 /// This unit's micro-tile: its row group and its column group (each `block / 4` of them).
 #[cube]
 fn unit_groups(#[comptime] block: u32) -> (usize, usize) {
@@ -654,12 +712,7 @@ pub fn flash_attention_forward<F: Float, A: Float>(
         // Key tiles 0 ..= this block's: the tiles above the causal diagonal are skipped.
         tiles = start / b + 1;
     }
-    let mut i = unit;
-    while i < b {
-        maxima[i] = A::new(-3.0e38);
-        sums[i] = A::new(0.0);
-        i += units;
-    }
+    reset_row_stats::<A>(&mut maxima, &mut sums, block);
     for t in 0..tiles {
         let first = t * b;
         load_tile::<F, A>(key, &mut keys, head_row, first, s, block, head_dim);
@@ -673,30 +726,13 @@ pub fn flash_attention_forward<F: Float, A: Float>(
             &mut maxima,
             &mut sums,
             &mut rescale,
-            TileRows {
-                head_row,
-                start,
-                first,
-                seq: s,
-            },
-            DropoutArgs {
-                key_lo,
-                key_hi,
-                threshold,
-                keep_scale,
-            },
+            tile_rows(head_row, start, first, s),
+            dropout_args(key_lo, key_hi, threshold, keep_scale),
             block,
             dropout,
         );
         sync_cube();
-        let w = comptime!(owned_quads(block, head_dim));
-        #[unroll]
-        for r in 0..4 {
-            let factor = Quad::<A>::broadcast(rescale[my_rows + r]);
-            for k in 0..w {
-                acc[r * w + k] *= factor;
-            }
-        }
+        rescale_accumulator::<A>(&mut acc, &rescale, my_rows, block, head_dim);
         accumulate_product::<A>(
             &mut acc,
             &probs,
@@ -804,21 +840,11 @@ pub fn flash_attention_backward_query<F: Float, A: Float>(
             &dprobs,
             &lse,
             &deltas,
-            TileRows {
-                head_row,
-                start,
-                first,
-                seq: s,
-            },
+            tile_rows(head_row, start, first, s),
             my_rows,
             column_group,
             scale,
-            DropoutArgs {
-                key_lo,
-                key_hi,
-                threshold,
-                keep_scale,
-            },
+            dropout_args(key_lo, key_hi, threshold, keep_scale),
             block,
             dropout,
         );
@@ -922,21 +948,11 @@ pub fn flash_attention_backward_key_value<F: Float, A: Float>(
             &dprobs,
             &lse,
             &deltas,
-            TileRows {
-                head_row,
-                start,
-                first,
-                seq: s,
-            },
+            tile_rows(head_row, start, first, s),
             my_keys,
             column_group,
             scale,
-            DropoutArgs {
-                key_lo,
-                key_hi,
-                threshold,
-                keep_scale,
-            },
+            dropout_args(key_lo, key_hi, threshold, keep_scale),
             block,
             dropout,
         );
