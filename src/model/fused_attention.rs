@@ -18,7 +18,7 @@ use burn::tensor::Shape;
 use ferrotron_kernels::launch::{DrawSlice, DropoutDraw, QkvLayout};
 
 use super::fused_ops::FusedKernels;
-use crate::util::matmul::extension::Gemm;
+use crate::util::matmul::extension::{transposed, Gemm};
 
 /// What the backward needs: the per-head queries, keys and values, and either the fused
 /// attention's output and log-sum-exp per row, or the probabilities before and after dropout.
@@ -74,7 +74,7 @@ pub fn forward<B: FusedKernels + Gemm>(
         };
         (output, saved)
     } else {
-        let scores = B::gemm(q.clone(), B::float_swap_dims(k.clone(), 2, 3));
+        let scores = B::gemm(q.clone(), transposed::<B>(k.clone()));
         let probs = B::causal_softmax_forward(scores, scale);
         let dropped = match draw {
             Some(draw) => B::dropout_apply(probs.clone(), draw, whole::<B>(&probs)),
@@ -115,15 +115,15 @@ fn backward<B: FusedKernels + Gemm>(
             probs,
             dropped,
         } => {
-            let d_dropped = B::gemm(grad.clone(), B::float_swap_dims(v, 2, 3));
-            let dv = B::gemm(B::float_swap_dims(dropped, 2, 3), grad);
+            let d_dropped = B::gemm(grad.clone(), transposed::<B>(v));
+            let dv = B::gemm(transposed::<B>(dropped), grad);
             let d_probs = match draw {
                 Some(draw) => B::dropout_apply(d_dropped, draw, whole::<B>(&probs)),
                 None => d_dropped,
             };
             let d_scores = B::softmax_backward(probs, d_probs, scale);
             let dq = B::gemm(d_scores.clone(), k);
-            let dk = B::gemm(B::float_swap_dims(d_scores, 2, 3), q);
+            let dk = B::gemm(transposed::<B>(d_scores), q);
             [dq, dk, dv]
         }
     };

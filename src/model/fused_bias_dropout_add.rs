@@ -14,18 +14,18 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::autodiff::Autodiff;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Dispatch, TensorMetadata};
-use burn::tensor::{Shape, Tensor};
+use burn::tensor::Tensor;
 use ferrotron_kernels::launch::{DrawSlice, DropoutDraw};
 
-use super::fused_ops::{bias_grad, FusedKernels, FusedOps};
+use super::fused_ops::{bias_grad, dropout_draw, FusedKernels, FusedOps};
 
 /// The backward of [`FusedOps::fused_bias_dropout_add`] (3 parents: residual, y, bias) and
 /// [`FusedOps::fused_dropout_add`] (2 parents: residual, y).
 #[derive(Debug)]
 pub struct BiasDropoutAddBackward;
 
-/// The draw, the slice of it `y` holds, and `y`'s shape.
-type State = (Option<DropoutDraw>, DrawSlice, Shape);
+/// The draw and the slice of it `y` holds.
+type State = (Option<DropoutDraw>, DrawSlice);
 
 /// `y`'s gradient from the output's: dropped with the forward's mask.
 fn y_grad<B: FusedKernels>(
@@ -44,10 +44,11 @@ impl<B: FusedKernels> Backward<B, 3> for BiasDropoutAddBackward {
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
         let [residual, y, bias] = ops.parents;
-        let (draw, slice, shape) = ops.state;
+        let (draw, slice) = ops.state;
         let grad = grads.consume::<B>(&ops.node);
         let grad_y = y_grad::<B>(&grad, draw, slice);
         if let Some(bias) = bias {
+            let shape = grad_y.shape();
             grads.register::<B>(bias.id, bias_grad::<B>(grad_y.clone(), &shape));
         }
         if let Some(y) = y {
@@ -64,7 +65,7 @@ impl<B: FusedKernels> Backward<B, 2> for BiasDropoutAddBackward {
 
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
         let [residual, y] = ops.parents;
-        let (draw, slice, _) = ops.state;
+        let (draw, slice) = ops.state;
         let grad = grads.consume::<B>(&ops.node);
         let grad_y = y_grad::<B>(&grad, draw, slice);
         if let Some(y) = y {
@@ -101,9 +102,8 @@ where
         .stateful()
     {
         OpsKind::Tracked(prep) => {
-            let shape = y.shape();
             let output = B::bias_dropout_add_apply(residual, y, bias, draw, slice);
-            prep.finish((draw, slice, shape), output)
+            prep.finish((draw, slice), output)
         }
         OpsKind::UnTracked(prep) => {
             prep.finish(B::bias_dropout_add_apply(residual, y, bias, draw, slice))
@@ -121,12 +121,7 @@ pub fn bias_dropout_add(
     dropout: Option<(u64, f64)>,
     slice: DrawSlice,
 ) -> Tensor<3> {
-    let draw = dropout.map(|(key, p)| DropoutDraw {
-        key_lo: key as u32,
-        key_hi: (key >> 32) as u32,
-        threshold: crate::parallel::random::dropout_threshold(p),
-        scale: (1.0 / (1.0 - p)) as f32,
-    });
+    let draw = dropout_draw(dropout);
     let residual = residual.cast(y.dtype());
     Tensor::from_dispatch(match bias {
         Some(bias) => <Dispatch as FusedOps>::fused_bias_dropout_add(

@@ -199,19 +199,13 @@ pub trait FusedOps: Backend {
         first: u32,
     ) -> FloatTensor<Self>;
     /// Causal attention `dropout(softmax(scale · q kᵀ)) v` without the `[s, s]` scores
-    /// (FlashAttention); with `dropout`, the draw keyed `(key_lo, key_hi)` drops the
-    /// probabilities whose bits are below `threshold` and scales the others by `keep_scale`.
-    #[allow(clippy::too_many_arguments)]
+    /// (FlashAttention), the probabilities dropped by `draw` (none: nothing dropped).
     fn fused_causal_attention(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         scale: f32,
-        key_lo: u32,
-        key_hi: u32,
-        threshold: u32,
-        keep_scale: f32,
-        dropout: bool,
+        draw: Option<DropoutDraw>,
     ) -> FloatTensor<Self>;
     /// `residual + dropout(y + bias)`, the bias over the last dimension, `y` holding `slice`
     /// of the draw (none: nothing dropped).
@@ -233,34 +227,24 @@ pub trait FusedOps: Backend {
     /// + 2) · head_dim]` to the context `[b, s, groups · per_group · head_dim]`: split,
     /// causal attention (fused when `flash`, else scores, softmax, dropout and product
     /// kernels), heads merged; dropout as [`Self::fused_causal_attention`]'s.
-    #[allow(clippy::too_many_arguments)]
     fn fused_attention_from_qkv(
         mixed: FloatTensor<Self>,
         groups: u32,
         per_group: u32,
         scale: f32,
-        key_lo: u32,
-        key_hi: u32,
-        threshold: u32,
-        keep_scale: f32,
-        dropout: bool,
+        draw: Option<DropoutDraw>,
         flash: bool,
     ) -> FloatTensor<Self>;
 }
 
-/// The dropout draw of [`FusedOps::fused_causal_attention`]'s arguments.
-fn attention_draw(
-    key_lo: u32,
-    key_hi: u32,
-    threshold: u32,
-    scale: f32,
-    dropout: bool,
-) -> Option<DropoutDraw> {
-    dropout.then_some(DropoutDraw {
-        key_lo,
-        key_hi,
-        threshold,
-        scale,
+/// The kernels' draw of a dropout `(key, probability)`: elements whose bits are below
+/// `p · 2³²` dropped, the others scaled by `1 / (1 − p)` (none: nothing dropped).
+pub(super) fn dropout_draw(dropout: Option<(u64, f64)>) -> Option<DropoutDraw> {
+    dropout.map(|(key, p)| DropoutDraw {
+        key_lo: key as u32,
+        key_hi: (key >> 32) as u32,
+        threshold: crate::parallel::random::dropout_threshold(p),
+        scale: (1.0 / (1.0 - p)) as f32,
     })
 }
 
@@ -792,13 +776,8 @@ impl FusedOps for CubeBackend {
         k: CubeTensor,
         v: CubeTensor,
         scale: f32,
-        key_lo: u32,
-        key_hi: u32,
-        threshold: u32,
-        keep_scale: f32,
-        dropout: bool,
+        draw: Option<DropoutDraw>,
     ) -> CubeTensor {
-        let draw = attention_draw(key_lo, key_hi, threshold, keep_scale, dropout);
         Self::flash_attention_forward(q, k, v, scale, draw).0
     }
 
@@ -807,14 +786,9 @@ impl FusedOps for CubeBackend {
         groups: u32,
         per_group: u32,
         scale: f32,
-        key_lo: u32,
-        key_hi: u32,
-        threshold: u32,
-        keep_scale: f32,
-        dropout: bool,
+        draw: Option<DropoutDraw>,
         flash: bool,
     ) -> CubeTensor {
-        let draw = attention_draw(key_lo, key_hi, threshold, keep_scale, dropout);
         let layout = fused_attention::layout(&mixed.shape(), groups, per_group);
         fused_attention::forward::<Self>(mixed, layout, scale, draw, flash).0
     }
@@ -1064,14 +1038,9 @@ impl<B: FusedKernels + FusedOps + Gemm, C: CheckpointStrategy> FusedOps for Auto
         groups: u32,
         per_group: u32,
         scale: f32,
-        key_lo: u32,
-        key_hi: u32,
-        threshold: u32,
-        keep_scale: f32,
-        dropout: bool,
+        draw: Option<DropoutDraw>,
         flash: bool,
     ) -> FloatTensor<Self> {
-        let draw = attention_draw(key_lo, key_hi, threshold, keep_scale, dropout);
         let (mixed, node) = mixed.into_parts();
         let layout = fused_attention::layout(&mixed.shape(), groups, per_group);
         match MixedAttentionBackward
@@ -1095,13 +1064,8 @@ impl<B: FusedKernels + FusedOps + Gemm, C: CheckpointStrategy> FusedOps for Auto
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         scale: f32,
-        key_lo: u32,
-        key_hi: u32,
-        threshold: u32,
-        keep_scale: f32,
-        dropout: bool,
+        draw: Option<DropoutDraw>,
     ) -> FloatTensor<Self> {
-        let draw = attention_draw(key_lo, key_hi, threshold, keep_scale, dropout);
         let (q, nq) = q.into_parts();
         let (k, nk) = k.into_parts();
         let (v, nv) = v.into_parts();
@@ -1405,17 +1369,12 @@ pub fn causal_attention(
     scale: f64,
     dropout: Option<(u64, f64)>,
 ) -> Tensor<4> {
-    let (key, threshold, keep_scale) = draw_arguments(dropout);
     Tensor::from_dispatch(<Dispatch as FusedOps>::fused_causal_attention(
         q.into_dispatch(),
         k.into_dispatch(),
         v.into_dispatch(),
         scale as f32,
-        key as u32,
-        (key >> 32) as u32,
-        threshold,
-        keep_scale,
-        dropout.is_some(),
+        dropout_draw(dropout),
     ))
 }
 
@@ -1433,29 +1392,12 @@ pub fn attention_from_qkv(
     dropout: Option<(u64, f64)>,
     flash: bool,
 ) -> Tensor<3> {
-    let (key, threshold, keep_scale) = draw_arguments(dropout);
     Tensor::from_dispatch(<Dispatch as FusedOps>::fused_attention_from_qkv(
         qkv.into_dispatch(),
         groups as u32,
         per_group as u32,
         scale as f32,
-        key as u32,
-        (key >> 32) as u32,
-        threshold,
-        keep_scale,
-        dropout.is_some(),
+        dropout_draw(dropout),
         flash,
     ))
-}
-
-/// The key, threshold and keep scale of a dropout draw `(key, probability)` (zeros without).
-fn draw_arguments(dropout: Option<(u64, f64)>) -> (u64, u32, f32) {
-    match dropout {
-        Some((key, p)) => (
-            key,
-            crate::parallel::random::dropout_threshold(p),
-            (1.0 / (1.0 - p)) as f32,
-        ),
-        None => (0, 0, 1.0),
-    }
 }

@@ -2,25 +2,20 @@
 //! tensors (GPU builds only): one launch for the loss and log-sum-exp, one for the logits'
 //! gradient, instead of the ~30 launches of the composed ops.
 
-use burn::backend::ops::{FloatTensorOps, IntTensorOps};
+use burn::backend::ops::IntTensorOps;
 use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::backend::TensorMetadata;
-use burn::tensor::{DType, FloatDType, IntDType, Shape};
+use burn::tensor::{DType, IntDType, Shape};
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
 use ferrotron_kernels::launch::RowLaunch;
 
 use super::cross_entropy::Residual;
-use crate::util::cube_tensor::{by_dtype, empty_like, packed, rows_cols};
+use crate::util::cube_tensor::{by_dtype, empty_like, packed, packed_f32, rows_cols};
 
 /// The targets as the kernels read them: i32, contiguous.
 fn targets(index: IntTensor<CubeBackend>) -> CubeTensor {
     packed(CubeBackend::int_cast(index, IntDType::I32))
-}
-
-/// A per-row f32 column, contiguous (no copy when it already is one).
-fn column(t: FloatTensor<CubeBackend>) -> CubeTensor {
-    packed(CubeBackend::float_cast(t, FloatDType::F32))
 }
 
 /// The loss `[tokens, 1]` (f32) of `logits` `[tokens, V]`, and the residual the backward
@@ -32,7 +27,7 @@ pub fn forward(
 ) -> (CubeTensor, Residual<CubeBackend>) {
     let logits = packed(logits);
     let (rows, cols) = rows_cols(&logits.shape());
-    let (targets, inside) = (targets(target_index), column(target_inside));
+    let (targets, inside) = (targets(target_index), packed_f32(target_inside));
     let loss = empty_like(&logits, Shape::new([rows, 1]), DType::F32);
     let log_sum_exp = empty_like(&logits, Shape::new([rows, 1]), DType::F32);
     by_dtype!(
@@ -66,8 +61,8 @@ pub fn backward(
 ) -> CubeTensor {
     let logits = packed(logits);
     let (rows, cols) = rows_cols(&logits.shape());
-    let (targets, inside) = (targets(target_index), column(target_inside));
-    let (log_sum_exp, grad_loss) = (column(log_sum_exp), column(grad_loss));
+    let (targets, inside) = (targets(target_index), packed_f32(target_inside));
+    let (log_sum_exp, grad_loss) = (packed_f32(log_sum_exp), packed_f32(grad_loss));
     let grad = empty_like(&logits, logits.shape(), logits.dtype);
     by_dtype!(
         logits.dtype,

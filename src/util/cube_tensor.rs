@@ -15,6 +15,15 @@ pub fn packed(t: CubeTensor) -> CubeTensor {
     t
 }
 
+/// `t` as a contiguous f32 tensor (no copy when it already is one).
+pub fn packed_f32(t: CubeTensor) -> CubeTensor {
+    use burn::backend::ops::FloatTensorOps;
+    packed(burn_cubecl::CubeBackend::float_cast(
+        t,
+        burn::tensor::FloatDType::F32,
+    ))
+}
+
 /// A new, uninitialized contiguous tensor on `like`'s device with `shape` and `dtype`.
 pub fn empty_like(like: &CubeTensor, shape: Shape, dtype: DType) -> CubeTensor {
     empty_device_contiguous_dtype(like.client.clone(), like.device.clone(), shape, dtype)

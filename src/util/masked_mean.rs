@@ -29,15 +29,14 @@ mod fused {
     use burn::backend::autodiff::grads::Gradients;
     use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
     use burn::backend::autodiff::Autodiff;
-    use burn::backend::ops::FloatTensorOps;
     use burn::backend::tensor::FloatTensor;
     use burn::backend::{backend_extension, Backend, Dispatch, TensorMetadata};
-    use burn::tensor::{DType, FloatDType, Shape, Tensor};
+    use burn::tensor::{DType, Shape, Tensor};
     use burn_cubecl::tensor::CubeTensor;
     use burn_cubecl::CubeBackend;
     use ferrotron_kernels::launch::{self as kernels, RowLaunch};
 
-    use crate::util::cube_tensor::{empty_like, packed};
+    use crate::util::cube_tensor::{empty_like, packed_f32};
 
     /// The kernels a backend runs (forward and backward).
     pub trait MaskedMeanKernels: Backend {
@@ -46,7 +45,8 @@ mod fused {
             values: FloatTensor<Self>,
             mask: FloatTensor<Self>,
         ) -> [FloatTensor<Self>; 2];
-        /// `mask · grad / Σ mask`, `grad` one element, `count` the forward's `Σ mask`.
+        /// `mask · grad / Σ mask` (f32, shaped as `mask`), `grad` one element, `count` the
+        /// forward's `Σ mask`.
         fn masked_mean_grad(
             mask: FloatTensor<Self>,
             count: FloatTensor<Self>,
@@ -61,14 +61,9 @@ mod fused {
         fn masked_mean(values: FloatTensor<Self>, mask: FloatTensor<Self>) -> FloatTensor<Self>;
     }
 
-    /// `t` as a contiguous f32 tensor.
-    fn f32_packed(t: CubeTensor) -> CubeTensor {
-        packed(CubeBackend::float_cast(t, FloatDType::F32))
-    }
-
     impl MaskedMeanKernels for CubeBackend {
         fn masked_mean_stats(values: CubeTensor, mask: CubeTensor) -> [CubeTensor; 2] {
-            let (values, mask) = (f32_packed(values), f32_packed(mask));
+            let (values, mask) = (packed_f32(values), packed_f32(mask));
             let len = values.shape().num_elements();
             assert_eq!(len, mask.shape().num_elements(), "a mask per value");
             let [mean, count] = [0; 2].map(|_| empty_like(&values, Shape::new([1]), DType::F32));
@@ -84,7 +79,7 @@ mod fused {
         }
 
         fn masked_mean_grad(mask: CubeTensor, count: CubeTensor, grad: CubeTensor) -> CubeTensor {
-            let (mask, grad) = (f32_packed(mask), f32_packed(grad));
+            let (mask, grad) = (packed_f32(mask), packed_f32(grad));
             let len = mask.shape().num_elements();
             let grad_values = empty_like(&mask, mask.shape(), DType::F32);
             kernels::masked_mean_backward(
@@ -110,16 +105,15 @@ mod fused {
     struct MaskedMeanBackward;
 
     impl<B: MaskedMeanKernels> Backward<B, 1> for MaskedMeanBackward {
-        /// The mask, its sum, and the values' shape and dtype.
-        type State = (FloatTensor<B>, FloatTensor<B>, Shape, DType);
+        /// The mask (shaped as the values), its sum, and the values' dtype.
+        type State = (FloatTensor<B>, FloatTensor<B>, DType);
 
         fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
             let [parent] = ops.parents;
             let grad = grads.consume::<B>(&ops.node);
             if let Some(parent) = parent {
-                let (mask, count, shape, dtype) = ops.state;
-                let flat = B::masked_mean_grad(mask, count, grad);
-                let grad_values = B::float_reshape(flat, shape);
+                let (mask, count, dtype) = ops.state;
+                let grad_values = B::masked_mean_grad(mask, count, grad);
                 let grad_values = match dtype {
                     DType::F32 => grad_values,
                     other => B::float_cast(grad_values, other.into()),
@@ -139,9 +133,9 @@ mod fused {
                 .stateful()
             {
                 OpsKind::Tracked(prep) => {
-                    let (shape, dtype) = (values.shape(), values.dtype());
+                    let dtype = values.dtype();
                     let [mean, count] = B::masked_mean_stats(values, mask.clone());
-                    prep.finish((mask, count, shape, dtype), mean)
+                    prep.finish((mask, count, dtype), mean)
                 }
                 OpsKind::UnTracked(prep) => prep.finish(B::masked_mean(values, mask)),
             }

@@ -74,7 +74,7 @@ pub mod extension {
     }
 
     /// `x` with its last two dimensions swapped (a view).
-    fn transposed<B: Backend>(x: FloatTensor<B>) -> FloatTensor<B> {
+    pub fn transposed<B: Backend>(x: FloatTensor<B>) -> FloatTensor<B> {
         let d = x.shape().num_dims();
         B::float_swap_dims(x, d - 2, d - 1)
     }
