@@ -38,10 +38,10 @@ const MICRO: u32 = 4;
 /// four at a time (vector loads), so that a product reads a quarter of the shared-memory
 /// words one value at a time would, and a runtime that gathers each unit's address
 /// separately (lavapipe) makes a quarter of the gathers.
-type Quad<A> = Vector<A, Const<4>>;
+pub(crate) type Quad<A> = Vector<A, Const<4>>;
 
 /// [`Quad`]s per head row (the last one zero-padded past `head_dim`).
-fn quads(head_dim: u32) -> usize {
+pub(crate) fn quads(head_dim: u32) -> usize {
     head_dim.div_ceil(4) as usize
 }
 
@@ -64,7 +64,7 @@ fn owned_quads(block: u32, head_dim: u32) -> usize {
 
 /// A dropout draw inside attention: whether an element is kept, and what it is scaled by.
 #[cube]
-fn kept<A: Float>(
+pub(crate) fn kept<A: Float>(
     index: usize,
     key_lo: u32,
     key_hi: u32,
@@ -83,7 +83,7 @@ fn kept<A: Float>(
 /// The block this cube covers: whether it exists (the cube count may round up), the first
 /// row of its head, and the position of its first row within the head.
 #[cube]
-fn cube_block(heads: u32, seq: u32, #[comptime] block: u32) -> (bool, usize, usize) {
+pub(crate) fn cube_block(heads: u32, seq: u32, #[comptime] block: u32) -> (bool, usize, usize) {
     let s = seq as usize;
     let b = block as usize;
     let blocks = s.div_ceil(b);
@@ -127,7 +127,7 @@ fn load_tile<F: Float, A: Float>(
 
 /// `Σ` of a quad's four values.
 #[cube]
-fn quad_sum<A: Float>(x: Quad<A>) -> A {
+pub(crate) fn quad_sum<A: Float>(x: Quad<A>) -> A {
     x.extract(0usize) + x.extract(1usize) + x.extract(2usize) + x.extract(3usize)
 }
 
@@ -430,9 +430,9 @@ fn online_softmax_tile<A: Float>(
 
 /// A query row's log-sum-exp and `D = Σ do ⊙ o`, what the backward needs of the forward.
 #[derive(CubeType, Clone, Copy)]
-struct RowStats<A: Float> {
-    lse: A,
-    delta: A,
+pub(crate) struct RowStats<A: Float> {
+    pub(crate) lse: A,
+    pub(crate) delta: A,
 }
 
 /// A query's dropped probability of a key and the gradient of their score, `(p̃, ds)`, from
@@ -441,7 +441,7 @@ struct RowStats<A: Float> {
 /// and the `dk`/`dv` kernels, which recompute the same probabilities.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn probability_and_gradient<A: Float>(
+pub(crate) fn probability_and_gradient<A: Float>(
     score: A,
     dprob: A,
     stats: RowStats<A>,

@@ -7,8 +7,8 @@ use cubecl::server::Handle;
 use crate::rows::cube_count;
 pub use crate::rows::RowLaunch;
 use crate::{
-    adam, attention, cross_entropy, dropout, gelu, grad_norm, heads, layer_norm, masked_mean,
-    rms_norm, rotary, softmax, stream_order, swiglu,
+    adam, attention, attention_planes, cross_entropy, dropout, gelu, grad_norm, heads, layer_norm,
+    masked_mean, rms_norm, rotary, softmax, stream_order, swiglu,
 };
 
 fn arg(handle: &Handle, len: usize) -> BufferArg {
@@ -1053,26 +1053,37 @@ fn draw_args(dropout: Option<DropoutDraw>) -> (u32, u32, u32, f32, bool) {
     }
 }
 
-/// The launch shape of fused attention ([`attention`]): `block` rows of one head per cube,
-/// one unit each, walking the other side in tiles of `block` rows kept in shared memory.
+/// The launch shape of fused attention: `block` rows of one head per cube. With tiles
+/// ([`attention`], GPUs and cubecl-cpu) one unit per 4 × 4 micro-tile, walking the other side
+/// in tiles of `block` rows kept in shared memory; with planes ([`attention_planes`], lavapipe)
+/// one plane per cube, each unit holding `block / plane` rows, the other side's rows passed
+/// round the plane by broadcast.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AttentionLaunch {
-    /// Rows per cube and per tile.
+    /// Rows per cube (and, with tiles, per tile).
     pub block: u32,
-    /// Whether the loops over a head row are unrolled, which keeps a unit's rows in
-    /// registers on a GPU. Not on CPU runtimes: there it multiplies the shader compile time
-    /// (≈ 21 s for a 128-wide head on lavapipe) for no measured gain.
+    /// Whether the tiled kernels' loops over a head row are unrolled, which keeps a unit's
+    /// rows in registers on a GPU. Not on CPU runtimes: there it multiplies the shader
+    /// compile time (≈ 21 s for a 128-wide head on lavapipe) for no measured gain.
     pub unroll: bool,
+    /// The plane width of the plane layout (`block` a multiple of it), or `None` for tiles.
+    pub plane: Option<u32>,
 }
 
 impl AttentionLaunch {
     /// The blocks tried, largest first: 64 rows (two warps) where shared memory allows.
     const BLOCKS: [u32; 4] = [64, 32, 16, 8];
 
+    /// The widest head the plane layout is chosen for by default.
+    const PLANE_HEAD_DIM: usize = 64;
+
     /// The largest block whose tiles fit `client`'s shared memory for heads of `head_dim`
     /// (the smallest on runtimes without planes), unrolled on devices with warp-wide planes
-    /// (GPUs). `FERROTRON_ATTENTION_BLOCK` (8, 16,
-    /// 32 or 64) and `FERROTRON_ATTENTION_UNROLL` (0 or 1) override them, for tuning a device.
+    /// (GPUs); on a CPU Vulkan device (lavapipe) the plane layout with two rows per unit,
+    /// for heads of up to 64.
+    /// `FERROTRON_ATTENTION_BLOCK` (8, 16, 32 or 64), `FERROTRON_ATTENTION_UNROLL` (0 or 1)
+    /// and `FERROTRON_ATTENTION_LAYOUT` (`tiles` or `planes`) override them, for tuning a
+    /// device.
     pub fn for_client(client: &Client, head_dim: usize) -> Self {
         let hardware = &client.properties().hardware;
         let mut launch = Self::fitting(hardware.max_shared_memory_size, head_dim);
@@ -1082,14 +1093,56 @@ impl AttentionLaunch {
         if hardware.plane_size_max <= 1 {
             launch.block = Self::BLOCKS[3];
         }
-        let env = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u32>().ok());
-        if let Some(block) = env("FERROTRON_ATTENTION_BLOCK").filter(|b| Self::BLOCKS.contains(b)) {
-            launch.block = block;
+        let vector_unit = Self::vector_unit_plane(client);
+        let env = |name: &str| std::env::var(name).ok();
+        let number = |name: &str| env(name).and_then(|v| v.parse::<u32>().ok());
+        // The plane kernels are unrolled over the head row: lavapipe compiles them in ≈ 22 s
+        // for heads of 64 (once per process) and ≈ 70 s for 128, so wider heads keep tiles.
+        let planes = match env("FERROTRON_ATTENTION_LAYOUT").as_deref() {
+            Some("tiles") => None,
+            Some("planes") => Some(hardware.plane_size_min.max(1)),
+            _ => vector_unit.filter(|_| head_dim <= Self::PLANE_HEAD_DIM),
+        };
+        if let Some(plane) = planes {
+            launch = Self::planes(plane, 2 * plane);
         }
-        if let Some(unroll) = env("FERROTRON_ATTENTION_UNROLL") {
+        if let Some(block) =
+            number("FERROTRON_ATTENTION_BLOCK").filter(|b| Self::BLOCKS.contains(b))
+        {
+            launch.block = block.max(launch.plane.unwrap_or(1));
+        }
+        if let Some(unroll) = number("FERROTRON_ATTENTION_UNROLL") {
             launch.unroll = unroll != 0;
         }
         launch
+    }
+
+    /// The plane layout: one plane of `plane` units per cube of `block` rows.
+    pub fn planes(plane: u32, block: u32) -> Self {
+        assert!(
+            plane > 0 && block.is_multiple_of(plane),
+            "attention block of {block} rows in planes of {plane}"
+        );
+        Self {
+            block,
+            unroll: false,
+            plane: Some(plane),
+        }
+    }
+
+    /// The plane width of a device whose planes are a CPU's vector unit: wgpu on a CPU
+    /// Vulkan driver (lavapipe), whose planes have one fixed width and for which CubeCL
+    /// does not advertise plane operations (it runs them, one register shuffle each: the
+    /// kernel tests check the plane layout there). `None` elsewhere.
+    fn vector_unit_plane(client: &Client) -> Option<u32> {
+        let properties = client.properties();
+        let hardware = &properties.hardware;
+        let fixed = hardware.plane_size_min == hardware.plane_size_max;
+        let advertised = properties
+            .features
+            .plane
+            .contains(cubecl::ir::features::Plane::Ops);
+        (fixed && hardware.plane_size_min > 1 && !advertised).then_some(hardware.plane_size_min)
     }
 
     /// The largest block whose tiles take at most `shared_bytes` for heads of `head_dim`
@@ -1099,6 +1152,7 @@ impl AttentionLaunch {
         let plain = |block| Self {
             block,
             unroll: false,
+            plane: None,
         };
         Self::BLOCKS
             .map(plain)
@@ -1116,9 +1170,12 @@ impl AttentionLaunch {
         4 * (4 * b * row + 2 * b * (b + 4) + 2 * b)
     }
 
-    /// Units per cube: one per 4 × 4 micro-tile of a `block × block` tile.
+    /// Units per cube: one per 4 × 4 micro-tile of a `block × block` tile, or one plane.
     pub fn units(&self) -> u32 {
-        (self.block / 4) * (self.block / 4)
+        match self.plane {
+            Some(plane) => plane,
+            None => (self.block / 4) * (self.block / 4),
+        }
     }
 
     fn cube_dim(&self) -> CubeDim {
@@ -1150,27 +1207,43 @@ pub fn flash_attention_forward<F: Float + CubeElement>(
     shape.check(dropout);
     let (n, rows) = (shape.len(), shape.rows());
     let (key_lo, key_hi, threshold, keep_scale, drop) = draw_args(dropout);
-    attention::flash_attention_forward::launch::<F, f32>(
-        client,
-        launch.cube_count(shape),
-        launch.cube_dim(),
-        arg(inputs.query, n),
-        arg(inputs.key, n),
-        arg(inputs.value, n),
-        arg(output, n),
-        arg(logsumexp, rows),
-        scale,
-        shape.heads as u32,
-        shape.seq as u32,
-        key_lo,
-        key_hi,
-        threshold,
-        keep_scale,
-        shape.head_dim as u32,
-        drop,
-        launch.block,
-        launch.unroll,
-    );
+    // The two layouts' kernels take the same arguments but for the layout's own.
+    macro_rules! launch_in {
+        ($module:ident::$kernel:ident, $($layout:expr),+) => {
+            $module::$kernel::launch::<F, f32>(
+                client,
+                launch.cube_count(shape),
+                launch.cube_dim(),
+                arg(inputs.query, n),
+                arg(inputs.key, n),
+                arg(inputs.value, n),
+                arg(output, n),
+                arg(logsumexp, rows),
+                scale,
+                shape.heads as u32,
+                shape.seq as u32,
+                key_lo,
+                key_hi,
+                threshold,
+                keep_scale,
+                shape.head_dim as u32,
+                drop,
+                $($layout),+
+            )
+        };
+    }
+    match launch.plane {
+        None => launch_in!(
+            attention::flash_attention_forward,
+            launch.block,
+            launch.unroll
+        ),
+        Some(plane) => launch_in!(
+            attention_planes::plane_attention_forward,
+            plane,
+            launch.block / plane
+        ),
+    }
 }
 
 /// Fused causal attention backward: `[grad_query, grad_key, grad_value]` from the forward's
@@ -1197,55 +1270,97 @@ pub fn flash_attention_backward<F: Float + CubeElement>(
     let (n, rows) = (shape.len(), shape.rows());
     let (key_lo, key_hi, threshold, keep_scale, drop) = draw_args(dropout);
     let [grad_query, grad_key, grad_value] = grads;
-    attention::flash_attention_backward_query::launch::<F, f32>(
-        client,
-        launch.cube_count(shape),
-        launch.cube_dim(),
-        arg(inputs.query, n),
-        arg(inputs.key, n),
-        arg(inputs.value, n),
-        arg(output, n),
-        arg(grad_output, n),
-        arg(logsumexp, rows),
-        arg(delta, rows),
-        arg(grad_query, n),
-        scale,
-        shape.heads as u32,
-        shape.seq as u32,
-        key_lo,
-        key_hi,
-        threshold,
-        keep_scale,
-        shape.head_dim as u32,
-        drop,
-        launch.block,
-        launch.unroll,
-    );
-    // Reads the deltas the launch above wrote (the same stream, in order).
-    attention::flash_attention_backward_key_value::launch::<F, f32>(
-        client,
-        launch.cube_count(shape),
-        launch.cube_dim(),
-        arg(inputs.query, n),
-        arg(inputs.key, n),
-        arg(inputs.value, n),
-        arg(grad_output, n),
-        arg(logsumexp, rows),
-        arg(delta, rows),
-        arg(grad_key, n),
-        arg(grad_value, n),
-        scale,
-        shape.heads as u32,
-        shape.seq as u32,
-        key_lo,
-        key_hi,
-        threshold,
-        keep_scale,
-        shape.head_dim as u32,
-        drop,
-        launch.block,
-        launch.unroll,
-    );
+    // The two layouts' kernels take the same arguments but for the layout's own.
+    macro_rules! launch_in {
+        ($module:ident::$kernel:ident, [$($buffer:expr),+], $($layout:expr),+) => {
+            $module::$kernel::launch::<F, f32>(
+                client,
+                launch.cube_count(shape),
+                launch.cube_dim(),
+                $($buffer),+,
+                scale,
+                shape.heads as u32,
+                shape.seq as u32,
+                key_lo,
+                key_hi,
+                threshold,
+                keep_scale,
+                shape.head_dim as u32,
+                drop,
+                $($layout),+
+            )
+        };
+    }
+    let (q, k, v) = (inputs.query, inputs.key, inputs.value);
+    // `delta` is written by the first kernel and read by the second (the same stream, in
+    // order).
+    match launch.plane {
+        None => {
+            launch_in!(
+                attention::flash_attention_backward_query,
+                [
+                    arg(q, n),
+                    arg(k, n),
+                    arg(v, n),
+                    arg(output, n),
+                    arg(grad_output, n),
+                    arg(logsumexp, rows),
+                    arg(delta, rows),
+                    arg(grad_query, n)
+                ],
+                launch.block,
+                launch.unroll
+            );
+            launch_in!(
+                attention::flash_attention_backward_key_value,
+                [
+                    arg(q, n),
+                    arg(k, n),
+                    arg(v, n),
+                    arg(grad_output, n),
+                    arg(logsumexp, rows),
+                    arg(delta, rows),
+                    arg(grad_key, n),
+                    arg(grad_value, n)
+                ],
+                launch.block,
+                launch.unroll
+            );
+        }
+        Some(plane) => {
+            let per_unit = launch.block / plane;
+            launch_in!(
+                attention_planes::plane_attention_backward_query,
+                [
+                    arg(q, n),
+                    arg(k, n),
+                    arg(v, n),
+                    arg(output, n),
+                    arg(grad_output, n),
+                    arg(logsumexp, rows),
+                    arg(delta, rows),
+                    arg(grad_query, n)
+                ],
+                plane,
+                per_unit
+            );
+            launch_in!(
+                attention_planes::plane_attention_backward_key_value,
+                [
+                    arg(q, n),
+                    arg(k, n),
+                    arg(v, n),
+                    arg(grad_output, n),
+                    arg(logsumexp, rows),
+                    arg(delta, rows),
+                    arg(grad_key, n),
+                    arg(grad_value, n)
+                ],
+                plane,
+                per_unit
+            );
+        }
+    }
 }
 
 /// The scalars of one Adam step, rounded once to f32 from the optimizer's f64 values.

@@ -40,6 +40,7 @@
 
 pub mod adam;
 pub mod attention;
+pub mod attention_planes;
 #[cfg(feature = "cpu")]
 pub mod cpu_runtime;
 pub mod cross_entropy;

@@ -1606,10 +1606,11 @@ fn attention_reference(
     out
 }
 
-/// The attention launch shapes a test runs: the device's own, the smallest block (8 rows of
-/// 4 units, so that most sequences end inside a tile and rows outnumber units), and for
-/// heads of 8 the loops unrolled (a GPU's own shape; wide unrolled heads take lavapipe tens
-/// of seconds to compile).
+/// The attention launch shapes a test runs: the device's own; the tiled layout with the
+/// smallest block (8 rows of 4 units, so that most sequences end inside a tile and rows
+/// outnumber units), which is the GPUs' layout whatever this device's own; on a device with
+/// the plane layout, one row per unit (narrow heads); and for heads of 8 the loops unrolled (a GPU's own
+/// shape; wide unrolled heads take lavapipe tens of seconds to compile).
 fn attention_launches(client: &Client, head_dim: usize) -> Vec<AttentionLaunch> {
     let own = AttentionLaunch::for_client(client, head_dim);
     let mut all = vec![own];
@@ -1618,11 +1619,21 @@ fn attention_launches(client: &Client, head_dim: usize) -> Vec<AttentionLaunch> 
             all.push(launch);
         }
     };
-    add(AttentionLaunch { block: 8, ..own });
+    let tiles = AttentionLaunch {
+        block: 8,
+        unroll: false,
+        plane: None,
+    };
+    add(tiles);
+    // One row per unit only for narrow heads: the plane kernels are unrolled over the head
+    // row, and lavapipe compiles them for heads of 64 in ≈ 10 s a row.
+    if let Some(plane) = own.plane.filter(|_| head_dim <= 16) {
+        add(AttentionLaunch::planes(plane, plane));
+    }
     if head_dim == 8 && client.properties().hardware.plane_size_max > 1 {
         add(AttentionLaunch {
             unroll: true,
-            ..own
+            ..tiles
         });
     }
     all
