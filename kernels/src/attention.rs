@@ -340,16 +340,21 @@ fn tile_rows(head_row: usize, start: usize, first: usize, seq: usize) -> TileRow
 
 /// A dropout draw's kernel arguments.
 #[derive(CubeType, Clone, Copy)]
-struct DropoutArgs {
-    key_lo: u32,
-    key_hi: u32,
-    threshold: u32,
-    keep_scale: f32,
+pub(crate) struct DropoutArgs {
+    pub(crate) key_lo: u32,
+    pub(crate) key_hi: u32,
+    pub(crate) threshold: u32,
+    pub(crate) keep_scale: f32,
 }
 
 /// [`DropoutArgs`] of a kernel's draw arguments.
 #[cube]
-fn dropout_args(key_lo: u32, key_hi: u32, threshold: u32, keep_scale: f32) -> DropoutArgs {
+pub(crate) fn dropout_args(
+    key_lo: u32,
+    key_hi: u32,
+    threshold: u32,
+    keep_scale: f32,
+) -> DropoutArgs {
     DropoutArgs {
         key_lo,
         key_hi,
