@@ -21,6 +21,8 @@
 //! - [`attention`]: causal attention fused FlashAttention-2-style (tiles of keys and queries
 //!   in shared memory, products in 4-row micro-tiles, online softmax, dropout inside, no
 //!   `seq × seq` tensor), forward and backward;
+//! - [`attention_planes`]: the same attention for CPU Vulkan devices (lavapipe), one plane per
+//!   cube with rows in registers and plane broadcasts in place of shared-memory tiles;
 //! - [`grad_norm`]: the global norm of a flat gradient buffer and the clipping coefficient
 //!   (two launches, a fixed order);
 //! - [`adam`]: one Adam step of a parameter (both moments and the update) in one kernel;
