@@ -31,6 +31,7 @@ pub fn cross_entropy_forward<F: Float, A: Float>(
     cols: u32,
     #[comptime] lanes: u32,
     #[comptime] rows_per_cube: u32,
+    #[comptime] plane_reduce: bool,
 ) {
     let row = row_index();
     let length = row_length(row, rows, cols);
@@ -43,7 +44,7 @@ pub fn cross_entropy_forward<F: Float, A: Float>(
         local_max = A::max(local_max, A::cast_from(logits[base + j]));
         j += step;
     }
-    let max = row_max::<A>(local_max, lanes, rows_per_cube);
+    let max = row_max::<A>(local_max, lanes, rows_per_cube, plane_reduce);
 
     let mut local_sum = A::new(0.0);
     j = UNIT_POS_X as usize;
@@ -51,7 +52,7 @@ pub fn cross_entropy_forward<F: Float, A: Float>(
         local_sum += A::exp(A::cast_from(logits[base + j]) - max);
         j += step;
     }
-    let sum = row_sum::<A>(local_sum, lanes, rows_per_cube);
+    let sum = row_sum::<A>(local_sum, lanes, rows_per_cube, plane_reduce);
 
     if UNIT_POS_X == 0 && length > 0 {
         let lse = max + A::ln(sum);

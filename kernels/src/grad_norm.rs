@@ -37,7 +37,7 @@ pub fn block_sums_of_squares(
         sum += grads[i] * grads[i];
         i += lanes as usize;
     }
-    let sum = row_sum::<f32>(sum, lanes, 1u32);
+    let sum = row_sum::<f32>(sum, lanes, 1u32, false);
     if UNIT_POS_X == 0 {
         partials[block] = sum;
     }
@@ -61,7 +61,7 @@ pub fn norm_and_clip(
         sum += partials[i];
         i += lanes as usize;
     }
-    let sum = row_sum::<f32>(sum, lanes, 1u32);
+    let sum = row_sum::<f32>(sum, lanes, 1u32, false);
     if UNIT_POS_X == 0 {
         let total = f32::sqrt(sum);
         norm[0] = total;

@@ -97,6 +97,7 @@ pub fn softmax_forward<F: Float + CubeElement>(
         padded,
         launch.lanes,
         launch.rows_per_cube,
+        launch.plane_reduce,
     );
 }
 
@@ -127,6 +128,7 @@ pub fn softmax_backward<F: Float + CubeElement>(
         sk as u32,
         launch.lanes,
         launch.rows_per_cube,
+        launch.plane_reduce,
     );
 }
 
@@ -161,6 +163,7 @@ pub fn cross_entropy_forward<F: Float + CubeElement>(
         cols as u32,
         launch.lanes,
         launch.rows_per_cube,
+        launch.plane_reduce,
     );
 }
 
@@ -232,6 +235,7 @@ pub fn layer_norm_forward<F: Float + CubeElement>(
         cols as u32,
         launch.lanes,
         launch.rows_per_cube,
+        launch.plane_reduce,
     );
 }
 
@@ -275,6 +279,7 @@ pub fn layer_norm_backward<F: Float + CubeElement>(
         cols as u32,
         launch.lanes,
         launch.rows_per_cube,
+        launch.plane_reduce,
     );
     let blocks = rows.div_ceil(PARAM_GRAD_BLOCK);
     let partial_gamma = client.empty(blocks * cols * 4);
@@ -338,6 +343,7 @@ pub fn rms_norm_forward<F: Float + CubeElement>(
         cols as u32,
         launch.lanes,
         launch.rows_per_cube,
+        launch.plane_reduce,
     );
 }
 
@@ -372,6 +378,7 @@ pub fn rms_norm_backward<F: Float + CubeElement>(
         cols as u32,
         launch.lanes,
         launch.rows_per_cube,
+        launch.plane_reduce,
     );
     let blocks = rows.div_ceil(PARAM_GRAD_BLOCK);
     let partial_gamma = client.empty(blocks * cols * 4);
@@ -1130,19 +1137,10 @@ impl AttentionLaunch {
         }
     }
 
-    /// The plane width of a device whose planes are a CPU's vector unit: wgpu on a CPU
-    /// Vulkan driver (lavapipe), whose planes have one fixed width and for which CubeCL
-    /// does not advertise plane operations (it runs them, one register shuffle each: the
-    /// kernel tests check the plane layout there). `None` elsewhere.
+    /// The plane width of a device whose planes are a CPU's vector unit (lavapipe), `None`
+    /// elsewhere ([`crate::rows::planes_are_a_vector_unit`]).
     fn vector_unit_plane(client: &Client) -> Option<u32> {
-        let properties = client.properties();
-        let hardware = &properties.hardware;
-        let fixed = hardware.plane_size_min == hardware.plane_size_max;
-        let advertised = properties
-            .features
-            .plane
-            .contains(cubecl::ir::features::Plane::Ops);
-        (fixed && hardware.plane_size_min > 1 && !advertised).then_some(hardware.plane_size_min)
+        crate::rows::plane_width(client).filter(|_| crate::rows::planes_are_a_vector_unit(client))
     }
 
     /// The largest block whose tiles take at most `shared_bytes` for heads of `head_dim`

@@ -26,6 +26,7 @@ pub fn layer_norm_forward<F: Float, A: Float>(
     cols: u32,
     #[comptime] lanes: u32,
     #[comptime] rows_per_cube: u32,
+    #[comptime] plane_reduce: bool,
 ) {
     let row = row_index();
     let length = row_length(row, rows, cols);
@@ -44,7 +45,7 @@ pub fn layer_norm_forward<F: Float, A: Float>(
         local += A::cast_from(input[base + j]) - shift;
         j += step;
     }
-    let mu = shift + row_sum::<A>(local, lanes, rows_per_cube) / n;
+    let mu = shift + row_sum::<A>(local, lanes, rows_per_cube, plane_reduce) / n;
 
     local = A::new(0.0);
     j = u;
@@ -53,7 +54,7 @@ pub fn layer_norm_forward<F: Float, A: Float>(
         local += d * d;
         j += step;
     }
-    let var = row_sum::<A>(local, lanes, rows_per_cube) / n;
+    let var = row_sum::<A>(local, lanes, rows_per_cube, plane_reduce) / n;
     let r = A::new(1.0) / A::sqrt(var + A::cast_from(epsilon));
 
     j = u;
@@ -83,6 +84,7 @@ pub fn layer_norm_backward_input<F: Float, A: Float>(
     cols: u32,
     #[comptime] lanes: u32,
     #[comptime] rows_per_cube: u32,
+    #[comptime] plane_reduce: bool,
 ) {
     let row = row_index();
     let length = row_length(row, rows, cols);
@@ -107,8 +109,8 @@ pub fn layer_norm_backward_input<F: Float, A: Float>(
         local_gx += g * x_hat;
         j += step;
     }
-    let mean_g = row_sum::<A>(local_g, lanes, rows_per_cube) / n;
-    let mean_gx = row_sum::<A>(local_gx, lanes, rows_per_cube) / n;
+    let mean_g = row_sum::<A>(local_g, lanes, rows_per_cube, plane_reduce) / n;
+    let mean_gx = row_sum::<A>(local_gx, lanes, rows_per_cube, plane_reduce) / n;
 
     j = u;
     while j < length {

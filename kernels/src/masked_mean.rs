@@ -29,8 +29,8 @@ pub fn masked_mean_forward(
         masked += mask[j];
         j += lanes as usize;
     }
-    let weighted = row_sum::<f32>(weighted, lanes, 1u32);
-    let masked = row_sum::<f32>(masked, lanes, 1u32);
+    let weighted = row_sum::<f32>(weighted, lanes, 1u32, false);
+    let masked = row_sum::<f32>(masked, lanes, 1u32, false);
     if UNIT_POS_X == 0 {
         mean[0] = weighted / masked;
         count[0] = masked;

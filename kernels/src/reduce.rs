@@ -1,34 +1,52 @@
-//! Row-wide reductions through shared memory, the building block of the row kernels: the
+//! Row-wide reductions (a plane operation, or a tree through shared memory), the building block of the row kernels: the
 //! `lanes` units of one row (see [`crate::rows`]) combine their partial values.
 
 use cubecl::prelude::*;
 
 /// Sum of `value` over the `lanes` units of this unit's row, returned to each of them.
 #[cube]
-pub fn row_sum<A: Float>(value: A, #[comptime] lanes: u32, #[comptime] rows_per_cube: u32) -> A {
-    row_reduce::<A>(value, lanes, rows_per_cube, false)
+pub fn row_sum<A: Float>(
+    value: A,
+    #[comptime] lanes: u32,
+    #[comptime] rows_per_cube: u32,
+    #[comptime] plane_reduce: bool,
+) -> A {
+    row_reduce::<A>(value, lanes, rows_per_cube, plane_reduce, false)
 }
 
 /// Maximum of `value` over the `lanes` units of this unit's row, returned to each of them.
 #[cube]
-pub fn row_max<A: Float>(value: A, #[comptime] lanes: u32, #[comptime] rows_per_cube: u32) -> A {
-    row_reduce::<A>(value, lanes, rows_per_cube, true)
+pub fn row_max<A: Float>(
+    value: A,
+    #[comptime] lanes: u32,
+    #[comptime] rows_per_cube: u32,
+    #[comptime] plane_reduce: bool,
+) -> A {
+    row_reduce::<A>(value, lanes, rows_per_cube, plane_reduce, true)
 }
 
-/// Tree reduction (sum, or max with `max`) within each row of the cube. Every unit of the
-/// cube must call it (the barriers are cube-wide); each call site gets its own shared memory,
-/// free again on return.
+/// Reduction (sum, or max with `max`) within each row of the cube: one plane operation where
+/// a row is one plane (`plane_reduce`, [`crate::rows::RowLaunch`]), else a tree through shared
+/// memory. Every unit of the cube must call it (the barriers are cube-wide, the plane
+/// operations plane-wide); each call site gets its own shared memory, free again on return.
 #[cube]
 fn row_reduce<A: Float>(
     value: A,
     #[comptime] lanes: u32,
     #[comptime] rows_per_cube: u32,
+    #[comptime] plane_reduce: bool,
     #[comptime] max: bool,
 ) -> A {
     let mut total = value;
-    // One lane per row (runtimes without planes, such as cubecl-cpu): nothing to combine,
-    // and no barrier to pay.
-    if lanes > 1 {
+    if plane_reduce {
+        if max {
+            total = plane_max(value);
+        } else {
+            total = plane_sum(value);
+        }
+    } else if lanes > 1 {
+        // (One lane per row, on runtimes without planes such as cubecl-cpu: nothing to
+        // combine, and no barrier to pay.)
         let mut scratch = Shared::<[A]>::new_slice((lanes * rows_per_cube) as usize);
         let lane = UNIT_POS_X as usize;
         let base = UNIT_POS_Y as usize * lanes as usize;

@@ -23,6 +23,7 @@ pub fn rms_norm_forward<F: Float, A: Float>(
     cols: u32,
     #[comptime] lanes: u32,
     #[comptime] rows_per_cube: u32,
+    #[comptime] plane_reduce: bool,
 ) {
     let row = row_index();
     let length = row_length(row, rows, cols);
@@ -38,7 +39,7 @@ pub fn rms_norm_forward<F: Float, A: Float>(
         local += x * x;
         j += step;
     }
-    let mean_square = row_sum::<A>(local, lanes, rows_per_cube) / n;
+    let mean_square = row_sum::<A>(local, lanes, rows_per_cube, plane_reduce) / n;
     let r = A::new(1.0) / A::sqrt(mean_square + A::cast_from(epsilon));
 
     j = u;
@@ -65,6 +66,7 @@ pub fn rms_norm_backward_input<F: Float, A: Float>(
     cols: u32,
     #[comptime] lanes: u32,
     #[comptime] rows_per_cube: u32,
+    #[comptime] plane_reduce: bool,
 ) {
     let row = row_index();
     let length = row_length(row, rows, cols);
@@ -85,7 +87,7 @@ pub fn rms_norm_backward_input<F: Float, A: Float>(
         local += g * x_hat;
         j += step;
     }
-    let mean_gx = row_sum::<A>(local, lanes, rows_per_cube) / n;
+    let mean_gx = row_sum::<A>(local, lanes, rows_per_cube, plane_reduce) / n;
 
     j = u;
     while j < length {

@@ -42,6 +42,10 @@ pub struct RowLaunch {
     pub lanes: u32,
     /// Rows per cube.
     pub rows_per_cube: u32,
+    /// Whether a row's lanes are exactly one plane, so that a row is reduced by a plane
+    /// operation (warp shuffles on a GPU, one vector reduction on lavapipe) rather than a
+    /// tree through shared memory with a barrier per level.
+    pub plane_reduce: bool,
 }
 
 impl RowLaunch {
@@ -52,8 +56,15 @@ impl RowLaunch {
     /// 32 lanes, and enough rows for [`Self::UNITS_PER_CUBE`] units per cube. That is 32
     /// lanes on NVIDIA (Megatron's warp per row), 8 on lavapipe (its SIMD width), and 1 on
     /// cubecl-cpu, which has no planes and whose barriers are slow.
+    ///
+    /// Where the device's planes have one width that a row's lanes fill and plane operations
+    /// run ([`plane_width`]), rows are reduced with them.
     pub fn for_client(client: &Client) -> Self {
-        Self::for_plane_size(client.properties().hardware.plane_size_max)
+        let launch = Self::for_plane_size(client.properties().hardware.plane_size_max);
+        Self {
+            plane_reduce: launch.lanes > 1 && plane_width(client) == Some(launch.lanes),
+            ..launch
+        }
     }
 
     /// The launch shape for a device whose widest plane has `plane_size` units.
@@ -62,6 +73,7 @@ impl RowLaunch {
         Self {
             lanes,
             rows_per_cube: Self::UNITS_PER_CUBE / lanes,
+            plane_reduce: false,
         }
     }
 
@@ -74,6 +86,28 @@ impl RowLaunch {
     pub fn cube_count(&self, rows: usize) -> CubeCount {
         cube_count(rows.div_ceil(self.rows_per_cube as usize))
     }
+}
+
+/// The width of `client`'s planes where it is fixed and plane operations run there: a device
+/// that advertises them, or wgpu on a CPU Vulkan driver (lavapipe), whose planes are its vector
+/// unit and for which CubeCL does not advertise plane operations though it runs them, a
+/// register shuffle or reduction each (the kernel tests check them there). `None` elsewhere.
+pub fn plane_width(client: &Client) -> Option<u32> {
+    let properties = client.properties();
+    let hardware = &properties.hardware;
+    let fixed = hardware.plane_size_min == hardware.plane_size_max;
+    (fixed && hardware.plane_size_min > 1).then_some(hardware.plane_size_min)
+}
+
+/// Whether `client` is a CPU device whose planes are its vector unit: planes of one width
+/// (more than one unit) for which CubeCL advertises no plane operations (wgpu on lavapipe).
+pub fn planes_are_a_vector_unit(client: &Client) -> bool {
+    let advertised = client
+        .properties()
+        .features
+        .plane
+        .contains(cubecl::ir::features::Plane::Ops);
+    plane_width(client).is_some() && !advertised
 }
 
 /// `cubes` cubes, spread over two dimensions when there are more than one holds.

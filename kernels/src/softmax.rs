@@ -26,6 +26,7 @@ fn masked_row_softmax<F: Float, A: Float>(
     #[comptime] use_mask: bool,
     #[comptime] lanes: u32,
     #[comptime] rows_per_cube: u32,
+    #[comptime] plane_reduce: bool,
 ) {
     let u = UNIT_POS_X as usize;
     let step = lanes as usize;
@@ -43,7 +44,7 @@ fn masked_row_softmax<F: Float, A: Float>(
         }
         j += step;
     }
-    let max = row_max::<A>(local_max, lanes, rows_per_cube);
+    let max = row_max::<A>(local_max, lanes, rows_per_cube, plane_reduce);
 
     let mut local_sum = A::new(0.0);
     j = u;
@@ -57,7 +58,7 @@ fn masked_row_softmax<F: Float, A: Float>(
         }
         j += step;
     }
-    let sum = row_sum::<A>(local_sum, lanes, rows_per_cube);
+    let sum = row_sum::<A>(local_sum, lanes, rows_per_cube, plane_reduce);
     let inv = select(sum > A::new(0.0), A::new(1.0) / sum, A::new(0.0));
 
     j = u;
@@ -97,6 +98,7 @@ pub fn masked_softmax_forward<F: Float, A: Float>(
     #[comptime] padded: bool,
     #[comptime] lanes: u32,
     #[comptime] rows_per_cube: u32,
+    #[comptime] plane_reduce: bool,
 ) {
     let row = row_index();
     let length = row_length(row, rows, sk);
@@ -119,6 +121,7 @@ pub fn masked_softmax_forward<F: Float, A: Float>(
         padded,
         lanes,
         rows_per_cube,
+        plane_reduce,
     );
 }
 
@@ -134,6 +137,7 @@ pub fn softmax_backward<F: Float, A: Float>(
     sk: u32,
     #[comptime] lanes: u32,
     #[comptime] rows_per_cube: u32,
+    #[comptime] plane_reduce: bool,
 ) {
     let row = row_index();
     let length = row_length(row, rows, sk);
@@ -146,7 +150,7 @@ pub fn softmax_backward<F: Float, A: Float>(
         local += A::cast_from(grad_output[base + j]) * A::cast_from(output[base + j]);
         j += step;
     }
-    let dot = row_sum::<A>(local, lanes, rows_per_cube);
+    let dot = row_sum::<A>(local, lanes, rows_per_cube, plane_reduce);
     let scale = A::cast_from(scale);
     j = u;
     while j < length {

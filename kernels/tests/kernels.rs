@@ -40,6 +40,7 @@ fn launches(client: &Client) -> Vec<RowLaunch> {
         let launch = RowLaunch {
             lanes,
             rows_per_cube,
+            plane_reduce: false,
         };
         if !all.contains(&launch) {
             all.push(launch);
