@@ -89,25 +89,30 @@ impl RowLaunch {
 }
 
 /// The width of `client`'s planes where it is fixed and plane operations run there: a device
-/// that advertises them, or wgpu on a CPU Vulkan driver (lavapipe), whose planes are its vector
-/// unit and for which CubeCL does not advertise plane operations though it runs them, a
-/// register shuffle or reduction each (the kernel tests check them there). `None` elsewhere.
+/// that advertises them, or a CPU device (wgpu on a CPU Vulkan driver: lavapipe), whose planes
+/// are its vector unit and for which CubeCL does not advertise plane operations though it runs
+/// them, a register shuffle or reduction each (the kernel tests check them there). `None`
+/// elsewhere, a GPU whose plane width varies included.
 pub fn plane_width(client: &Client) -> Option<u32> {
     let properties = client.properties();
     let hardware = &properties.hardware;
     let fixed = hardware.plane_size_min == hardware.plane_size_max;
-    (fixed && hardware.plane_size_min > 1).then_some(hardware.plane_size_min)
+    let usable = advertises_plane_ops(client) || properties.identity.physical.is_none();
+    (fixed && hardware.plane_size_min > 1 && usable).then_some(hardware.plane_size_min)
 }
 
-/// Whether `client` is a CPU device whose planes are its vector unit: planes of one width
-/// (more than one unit) for which CubeCL advertises no plane operations (wgpu on lavapipe).
+/// Whether `client`'s planes are a CPU's vector unit: planes of one width (more than one
+/// unit) on a device that is no card, for which CubeCL advertises no plane operations.
 pub fn planes_are_a_vector_unit(client: &Client) -> bool {
-    let advertised = client
+    plane_width(client).is_some() && !advertises_plane_ops(client)
+}
+
+fn advertises_plane_ops(client: &Client) -> bool {
+    client
         .properties()
         .features
         .plane
-        .contains(cubecl::ir::features::Plane::Ops);
-    plane_width(client).is_some() && !advertised
+        .contains(cubecl::ir::features::Plane::Ops)
 }
 
 /// `cubes` cubes, spread over two dimensions when there are more than one holds.

@@ -2106,3 +2106,23 @@ fn bias_dropout_add_matches_float64_with_the_host_dropout_bits() {
         }
     }
 }
+
+/// On lavapipe (a CPU Vulkan device: its planes are its vector unit, plane operations run
+/// though CubeCL does not advertise them) the row kernels reduce a row with plane operations
+/// and attention runs in planes for heads up to 64: the layouts the kernel tests above check
+/// as the device's own, and the ones the benchmarks measure.
+#[test]
+fn lavapipe_reduces_rows_and_runs_attention_in_its_planes() {
+    let client = client();
+    let name = &client.properties().identity.name;
+    if !name.starts_with("llvmpipe") {
+        println!("not lavapipe ({name}): nothing to check");
+        return;
+    }
+    assert!(ferrotron_kernels::rows::planes_are_a_vector_unit(&client));
+    let rows = RowLaunch::for_client(&client);
+    assert!(rows.plane_reduce, "{rows:?}");
+    let narrow = AttentionLaunch::for_client(&client, 64);
+    assert_eq!(narrow.plane, Some(8), "{narrow:?}");
+    assert_eq!(AttentionLaunch::for_client(&client, 128).plane, None);
+}
