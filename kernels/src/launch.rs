@@ -1185,6 +1185,32 @@ impl AttentionLaunch {
     }
 }
 
+/// Launches attention kernel `$module::$kernel` (of either layout: the two layouts' kernels
+/// take the same arguments but for the layout's own, the last ones) on `$buffers`, with the
+/// shape's, scale's and dropout draw's scalars between.
+macro_rules! launch_attention {
+    ($client:expr, $launch:expr, $shape:expr, $scale:expr, $dropout:expr;
+     $module:ident::$kernel:ident, [$($buffer:expr),+ $(,)?], $($layout:expr),+) => {{
+        let (key_lo, key_hi, threshold, keep_scale, drop) = draw_args($dropout);
+        $module::$kernel::launch::<F, f32>(
+            $client,
+            $launch.cube_count($shape),
+            $launch.cube_dim(),
+            $($buffer),+,
+            $scale,
+            $shape.heads as u32,
+            $shape.seq as u32,
+            key_lo,
+            key_hi,
+            threshold,
+            keep_scale,
+            $shape.head_dim as u32,
+            drop,
+            $($layout),+
+        )
+    }};
+}
+
 /// Fused causal attention forward: `output = dropout(softmax(scale · q kᵀ)) v` per head, and
 /// the per-row log-sum-exp of the scaled scores (`logsumexp`, f32, one per query row) that
 /// the backward needs. Nothing of size `seq × seq` is stored.
@@ -1204,40 +1230,19 @@ pub fn flash_attention_forward<F: Float + CubeElement>(
     }
     shape.check(dropout);
     let (n, rows) = (shape.len(), shape.rows());
-    let (key_lo, key_hi, threshold, keep_scale, drop) = draw_args(dropout);
-    // The two layouts' kernels take the same arguments but for the layout's own.
-    macro_rules! launch_in {
-        ($module:ident::$kernel:ident, $($layout:expr),+) => {
-            $module::$kernel::launch::<F, f32>(
-                client,
-                launch.cube_count(shape),
-                launch.cube_dim(),
-                arg(inputs.query, n),
-                arg(inputs.key, n),
-                arg(inputs.value, n),
-                arg(output, n),
-                arg(logsumexp, rows),
-                scale,
-                shape.heads as u32,
-                shape.seq as u32,
-                key_lo,
-                key_hi,
-                threshold,
-                keep_scale,
-                shape.head_dim as u32,
-                drop,
-                $($layout),+
-            )
-        };
-    }
+    let (q, k, v) = (inputs.query, inputs.key, inputs.value);
     match launch.plane {
-        None => launch_in!(
+        None => launch_attention!(
+            client, launch, shape, scale, dropout;
             attention::flash_attention_forward,
+            [arg(q, n), arg(k, n), arg(v, n), arg(output, n), arg(logsumexp, rows)],
             launch.block,
             launch.unroll
         ),
-        Some(plane) => launch_in!(
+        Some(plane) => launch_attention!(
+            client, launch, shape, scale, dropout;
             attention_planes::plane_attention_forward,
+            [arg(q, n), arg(k, n), arg(v, n), arg(output, n), arg(logsumexp, rows)],
             plane,
             launch.block / plane
         ),
@@ -1266,35 +1271,14 @@ pub fn flash_attention_backward<F: Float + CubeElement>(
     }
     shape.check(dropout);
     let (n, rows) = (shape.len(), shape.rows());
-    let (key_lo, key_hi, threshold, keep_scale, drop) = draw_args(dropout);
     let [grad_query, grad_key, grad_value] = grads;
-    // The two layouts' kernels take the same arguments but for the layout's own.
-    macro_rules! launch_in {
-        ($module:ident::$kernel:ident, [$($buffer:expr),+], $($layout:expr),+) => {
-            $module::$kernel::launch::<F, f32>(
-                client,
-                launch.cube_count(shape),
-                launch.cube_dim(),
-                $($buffer),+,
-                scale,
-                shape.heads as u32,
-                shape.seq as u32,
-                key_lo,
-                key_hi,
-                threshold,
-                keep_scale,
-                shape.head_dim as u32,
-                drop,
-                $($layout),+
-            )
-        };
-    }
     let (q, k, v) = (inputs.query, inputs.key, inputs.value);
     // `delta` is written by the first kernel and read by the second (the same stream, in
     // order).
     match launch.plane {
         None => {
-            launch_in!(
+            launch_attention!(
+                client, launch, shape, scale, dropout;
                 attention::flash_attention_backward_query,
                 [
                     arg(q, n),
@@ -1309,7 +1293,8 @@ pub fn flash_attention_backward<F: Float + CubeElement>(
                 launch.block,
                 launch.unroll
             );
-            launch_in!(
+            launch_attention!(
+                client, launch, shape, scale, dropout;
                 attention::flash_attention_backward_key_value,
                 [
                     arg(q, n),
@@ -1327,7 +1312,8 @@ pub fn flash_attention_backward<F: Float + CubeElement>(
         }
         Some(plane) => {
             let per_unit = launch.block / plane;
-            launch_in!(
+            launch_attention!(
+                client, launch, shape, scale, dropout;
                 attention_planes::plane_attention_backward_query,
                 [
                     arg(q, n),
@@ -1342,7 +1328,8 @@ pub fn flash_attention_backward<F: Float + CubeElement>(
                 plane,
                 per_unit
             );
-            launch_in!(
+            launch_attention!(
+                client, launch, shape, scale, dropout;
                 attention_planes::plane_attention_backward_key_value,
                 [
                     arg(q, n),
