@@ -482,24 +482,36 @@ fn fused_attention_matches_the_composed_attention_with_dropout_and_gradients() {
 /// merge kernel backward) against the per-head core fed by the composed split (slices,
 /// reshapes; autodiff's slice backward): the same context and rows gradient, for multi-head
 /// and grouped-query layouts, the composed and the fused (flash) core, with dropout dropping
-/// the same probabilities, in f32 and f16.
+/// the same probabilities, in f32 and f16; with rotary embeddings (halves and interleaved
+/// pairs, all or half of the channels) rotated inside the op against the per-head path's
+/// rotary op after the composed split.
 #[test]
 fn attention_from_the_qkv_rows_matches_the_composed_split() {
     use burn::tensor::FloatDType;
     use ferrotron::comm::Group;
     use ferrotron::model::attention::{CausalSelfAttention, CoreInputs};
+    use ferrotron::model::PositionEmbedding;
     use ferrotron::parallel::random::{enter_layer, seed_micro_batch};
     let d = device();
-    for (b, heads, groups, s, head_dim, p) in [
-        (2, 3, 3, 17, 8, 0.3),
-        (1, 4, 2, 9, 16, 0.0),
-        (2, 4, 1, 33, 8, 0.1),
+    // Rotary: none, the two halves of all channels, interleaved pairs of half the channels.
+    for (b, heads, groups, s, head_dim, p, rotary) in [
+        (2, 3, 3, 17, 8, 0.3, None),
+        (1, 4, 2, 9, 16, 0.0, None),
+        (2, 4, 1, 33, 8, 0.1, None),
+        (2, 4, 2, 19, 16, 0.1, Some((false, 1.0))),
+        (1, 2, 1, 23, 16, 0.0, Some((true, 0.5))),
     ] {
         for (flash, half) in [(false, false), (true, false), (false, true)] {
-            let config = GptConfig::new(1, heads * head_dim, heads, s, 64)
+            let mut config = GptConfig::new(1, heads * head_dim, heads, s, 64)
                 .with_attention_dropout(p)
                 .with_num_query_groups(Some(groups))
                 .with_flash_attention(flash);
+            if let Some((interleaved, percent)) = rotary {
+                config = config
+                    .with_position_embedding_type(PositionEmbedding::Rope)
+                    .with_rotary_interleaved(interleaved)
+                    .with_rotary_percent(percent);
+            }
             let attention = CausalSelfAttention::new(
                 &config,
                 5,
@@ -529,7 +541,7 @@ fn attention_from_the_qkv_rows_matches_the_composed_split() {
             // The same kernels in the same order, but a product may take another path for
             // other strides; f16 rounds the probabilities and products.
             let tol = if half { 1e-2 } else { 1e-5 };
-            let what = format!("[{b}, {heads} heads, {groups} groups, {s}, {head_dim}], p {p}, flash {flash}, f16 {half}");
+            let what = format!("[{b}, {heads} heads, {groups} groups, {s}, {head_dim}], p {p}, rotary {rotary:?}, flash {flash}, f16 {half}");
             assert_close(&format!("{what}: context"), &fused[0], &composed[0], tol);
             assert_close(
                 &format!("{what}: rows gradient"),

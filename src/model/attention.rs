@@ -109,13 +109,13 @@ impl CausalSelfAttention {
     }
 
     /// What the attention core of `x` is computed from: on a CubeCL device, when nothing
-    /// comes between the projection and the core (no query/key norms, no rotary embedding)
-    /// and a fused core is on, the projection's rows (the core splits them in one op);
-    /// otherwise [`Self::query_key_value_heads`] at positions from 0.
+    /// comes between the projection and the core but a fused rotary embedding (no query/key
+    /// norms) and a fused core is on, the projection's rows (the core splits and rotates them
+    /// in one op); otherwise [`Self::query_key_value_heads`] at positions from 0.
     pub fn core_inputs(&self, x: Tensor<3>) -> CoreInputs {
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         if self.q_layernorm.is_none()
-            && self.rotary.is_none()
+            && self.rotary.as_ref().is_none_or(RotaryEmbedding::is_fused)
             && (self.flash_attention || self.masked_softmax_fusion)
             && crate::util::device::is_cube(&x.device())
         {
@@ -185,7 +185,8 @@ impl CausalSelfAttention {
 
     /// The attention core (Megatron's `CoreAttention`) of `inputs`: the context `[batch,
     /// seq, local heads · head_dim]`, heads side by side as the output projection takes them.
-    /// From the projection's rows it is one fused op; from per-head inputs,
+    /// From the projection's rows it is one fused op (the rotary embedding inside, at
+    /// positions from 0); from per-head inputs,
     /// [`Self::core_heads`] with the heads merged.
     pub fn core(&self, inputs: CoreInputs) -> Tensor<3> {
         match inputs {
@@ -195,6 +196,10 @@ impl CausalSelfAttention {
                 let scale = 1.0 / (self.head_dim as f64).sqrt();
                 let per_group = self.local_heads / self.local_groups;
                 let draw = self.attention_dropout.draw(qkv.is_autodiff());
+                let rotation = self.rotary.as_ref().and_then(|rotary| {
+                    let seq = qkv.dims()[1];
+                    rotary.for_rows(seq, &qkv.device())
+                });
                 super::fused_ops::attention_from_qkv(
                     qkv,
                     self.local_groups,
@@ -202,6 +207,7 @@ impl CausalSelfAttention {
                     scale,
                     draw,
                     self.flash_attention,
+                    rotation,
                 )
             }
         }

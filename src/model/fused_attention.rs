@@ -8,7 +8,9 @@
 //! split is one kernel forward and the merge one kernel backward, and the core between them
 //! runs the kernels the composed core runs (scores, causal softmax, dropout, product) or the
 //! fused attention, with its backward written out: the same products burn's autodiff would
-//! form, through [`Gemm`] (cuBLAS on CUDA).
+//! form, through [`Gemm`] (cuBLAS on CUDA). With rotary embeddings (Llama) the queries and
+//! keys are rotated inside the op after the split and their gradients rotated back before the
+//! merge, by the rotary kernel.
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::grads::Gradients;
@@ -38,6 +40,26 @@ pub enum Saved<B: FusedKernels> {
     },
 }
 
+/// The rotary embedding applied to the split queries and keys: the angle tables (f32, `[seq,
+/// rotary_dim / 2]`, positions from 0) and the pairing.
+#[derive(Clone, Debug)]
+pub struct Rotation<B: FusedKernels> {
+    /// `cos` of each position's pair angles.
+    pub cos: FloatTensor<B>,
+    /// `sin` of each position's pair angles.
+    pub sin: FloatTensor<B>,
+    /// Pairs `(2i, 2i + 1)` instead of `(i, i + rotary_dim / 2)`.
+    pub interleaved: bool,
+}
+
+impl<B: FusedKernels> Rotation<B> {
+    /// `x` `[b, heads, s, head_dim]` rotated (or, with `inverse`, rotated back: the backward).
+    fn apply(&self, x: FloatTensor<B>, inverse: bool) -> FloatTensor<B> {
+        let (cos, sin) = (self.cos.clone(), self.sin.clone());
+        B::rotary_apply(x, cos, sin, 0, self.interleaved, inverse)
+    }
+}
+
 /// The layout of rows of shape `[b, s, groups · (per_group + 2) · head_dim]`.
 pub fn layout(shape: &Shape, groups: u32, per_group: u32) -> QkvLayout {
     let [batch, seq, width] = shape.dims::<3>();
@@ -62,8 +84,13 @@ pub fn forward<B: FusedKernels + Gemm>(
     scale: f32,
     draw: Option<DropoutDraw>,
     flash: bool,
+    rotation: Option<&Rotation<B>>,
 ) -> (FloatTensor<B>, Saved<B>) {
-    let [q, k, v] = B::qkv_split(mixed, layout);
+    let [mut q, mut k, v] = B::qkv_split(mixed, layout);
+    if let Some(rotation) = rotation {
+        q = rotation.apply(q, false);
+        k = rotation.apply(k, false);
+    }
     let (heads, saved) = if flash {
         let (output, logsumexp) =
             B::flash_attention_forward(q.clone(), k.clone(), v.clone(), scale, draw);
@@ -98,9 +125,10 @@ fn backward<B: FusedKernels + Gemm>(
     layout: QkvLayout,
     scale: f32,
     draw: Option<DropoutDraw>,
+    rotation: Option<Rotation<B>>,
 ) -> FloatTensor<B> {
     let grad = split_heads::<B>(grad, layout);
-    let grads = match saved {
+    let mut grads = match saved {
         Saved::Flash {
             qkv: [q, k, v],
             output,
@@ -127,6 +155,10 @@ fn backward<B: FusedKernels + Gemm>(
             [dq, dk, dv]
         }
     };
+    if let Some(rotation) = rotation {
+        let [dq, dk, dv] = grads;
+        grads = [rotation.apply(dq, true), rotation.apply(dk, true), dv];
+    }
     B::qkv_merge(grads, layout)
 }
 
@@ -156,15 +188,22 @@ fn split_heads<B: FusedKernels>(rows: FloatTensor<B>, l: QkvLayout) -> FloatTens
 pub struct MixedAttentionBackward;
 
 impl<B: FusedKernels + Gemm> Backward<B, 1> for MixedAttentionBackward {
-    /// What the forward saved, the layout, the scale and the dropout draw.
-    type State = (Saved<B>, QkvLayout, f32, Option<DropoutDraw>);
+    /// What the forward saved, the layout, the scale, the dropout draw and the rotation.
+    type State = (
+        Saved<B>,
+        QkvLayout,
+        f32,
+        Option<DropoutDraw>,
+        Option<Rotation<B>>,
+    );
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let [parent] = ops.parents;
         let grad = grads.consume::<B>(&ops.node);
         if let Some(parent) = parent {
-            let (saved, layout, scale, draw) = ops.state;
-            grads.register::<B>(parent.id, backward::<B>(saved, grad, layout, scale, draw));
+            let (saved, layout, scale, draw, rotation) = ops.state;
+            let grad = backward::<B>(saved, grad, layout, scale, draw, rotation);
+            grads.register::<B>(parent.id, grad);
         }
     }
 }

@@ -24,7 +24,7 @@ use ferrotron_kernels::launch::{
     RotaryTables, RowLaunch, ScoresShape, SoftmaxMask,
 };
 
-use super::fused_attention::{self, MixedAttentionBackward};
+use super::fused_attention::{self, MixedAttentionBackward, Rotation};
 use super::fused_bias_dropout_add;
 use crate::util::matmul::extension::Gemm;
 
@@ -229,6 +229,21 @@ pub trait FusedOps: Backend {
     /// kernels), heads merged; dropout as [`Self::fused_causal_attention`]'s.
     fn fused_attention_from_qkv(
         mixed: FloatTensor<Self>,
+        groups: u32,
+        per_group: u32,
+        scale: f32,
+        draw: Option<DropoutDraw>,
+        flash: bool,
+    ) -> FloatTensor<Self>;
+    /// [`Self::fused_attention_from_qkv`] with the queries and keys rotated after the split
+    /// by the angle tables `cos`, `sin` (f32, `[seq, rotary_dim / 2]`, positions from 0), as
+    /// [`Self::fused_rotary`] with `interleaved`.
+    #[allow(clippy::too_many_arguments)]
+    fn fused_rotary_attention_from_qkv(
+        mixed: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        interleaved: bool,
         groups: u32,
         per_group: u32,
         scale: f32,
@@ -790,7 +805,27 @@ impl FusedOps for CubeBackend {
         flash: bool,
     ) -> CubeTensor {
         let layout = fused_attention::layout(&mixed.shape(), groups, per_group);
-        fused_attention::forward::<Self>(mixed, layout, scale, draw, flash).0
+        fused_attention::forward::<Self>(mixed, layout, scale, draw, flash, None).0
+    }
+
+    fn fused_rotary_attention_from_qkv(
+        mixed: CubeTensor,
+        cos: CubeTensor,
+        sin: CubeTensor,
+        interleaved: bool,
+        groups: u32,
+        per_group: u32,
+        scale: f32,
+        draw: Option<DropoutDraw>,
+        flash: bool,
+    ) -> CubeTensor {
+        let layout = fused_attention::layout(&mixed.shape(), groups, per_group);
+        let rotation = Rotation {
+            cos,
+            sin,
+            interleaved,
+        };
+        fused_attention::forward::<Self>(mixed, layout, scale, draw, flash, Some(&rotation)).0
     }
 
     fn fused_layer_norm(
@@ -1041,22 +1076,43 @@ impl<B: FusedKernels + FusedOps + Gemm, C: CheckpointStrategy> FusedOps for Auto
         draw: Option<DropoutDraw>,
         flash: bool,
     ) -> FloatTensor<Self> {
-        let (mixed, node) = mixed.into_parts();
         let layout = fused_attention::layout(&mixed.shape(), groups, per_group);
-        match MixedAttentionBackward
-            .prepare::<C>([node])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                let (context, saved) =
-                    fused_attention::forward::<B>(mixed, layout, scale, draw, flash);
-                prep.finish((saved, layout, scale, draw), context)
-            }
-            OpsKind::UnTracked(prep) => {
-                prep.finish(fused_attention::forward::<B>(mixed, layout, scale, draw, flash).0)
-            }
-        }
+        let op = MixedAttention::<B> {
+            layout,
+            scale,
+            draw,
+            flash,
+            rotation: None,
+        };
+        op.tracked::<C>(mixed)
+    }
+
+    fn fused_rotary_attention_from_qkv(
+        mixed: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        interleaved: bool,
+        groups: u32,
+        per_group: u32,
+        scale: f32,
+        draw: Option<DropoutDraw>,
+        flash: bool,
+    ) -> FloatTensor<Self> {
+        let layout = fused_attention::layout(&mixed.shape(), groups, per_group);
+        // The tables are constants of the op: no gradient flows to them.
+        let rotation = Rotation {
+            cos: cos.into_primitive(),
+            sin: sin.into_primitive(),
+            interleaved,
+        };
+        let op = MixedAttention::<B> {
+            layout,
+            scale,
+            draw,
+            flash,
+            rotation: Some(rotation),
+        };
+        op.tracked::<C>(mixed)
     }
 
     fn fused_causal_attention(
@@ -1247,6 +1303,46 @@ impl<B: FusedKernels + FusedOps + Gemm, C: CheckpointStrategy> FusedOps for Auto
     }
 }
 
+/// The attention core from the QKV rows as an autodiff op: its arguments but the rows.
+struct MixedAttention<B: FusedKernels> {
+    layout: QkvLayout,
+    scale: f32,
+    draw: Option<DropoutDraw>,
+    flash: bool,
+    rotation: Option<Rotation<B>>,
+}
+
+impl<B: FusedKernels + Gemm> MixedAttention<B> {
+    /// The context of the rows `mixed`, its backward recorded when they are tracked.
+    fn tracked<C: CheckpointStrategy>(
+        self,
+        mixed: FloatTensor<Autodiff<B, C>>,
+    ) -> FloatTensor<Autodiff<B, C>> {
+        let (mixed, node) = mixed.into_parts();
+        let Self {
+            layout,
+            scale,
+            draw,
+            flash,
+            rotation,
+        } = self;
+        let run = |mixed| {
+            fused_attention::forward::<B>(mixed, layout, scale, draw, flash, rotation.as_ref())
+        };
+        match MixedAttentionBackward
+            .prepare::<C>([node])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let (context, saved) = run(mixed);
+                prep.finish((saved, layout, scale, draw, rotation), context)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(run(mixed).0),
+        }
+    }
+}
+
 /// The fused causal softmax of `[b, heads, s, s]` scores (square, as Megatron's kernel: query
 /// i sees keys 0..=i, the same mask as the composed reference).
 pub fn causal_softmax(x: Tensor<4>, scale: f64) -> Tensor<4> {
@@ -1383,7 +1479,8 @@ pub fn causal_attention(
 /// head_dim]`, as one differentiable op: its backward is one kernel into the rows' gradient,
 /// where the composed split's is eight launches. `flash` runs [`causal_attention`]'s kernel
 /// inside, otherwise the scores, causal softmax, dropout and product kernels the composed
-/// core runs; `dropout` as [`causal_attention`]'s.
+/// core runs; `dropout` as [`causal_attention`]'s. With `rotary` the queries and keys are
+/// rotated after the split inside the op.
 pub fn attention_from_qkv(
     qkv: Tensor<3>,
     groups: usize,
@@ -1391,13 +1488,39 @@ pub fn attention_from_qkv(
     scale: f64,
     dropout: Option<(u64, f64)>,
     flash: bool,
+    rotary: Option<RowRotation>,
 ) -> Tensor<3> {
-    Tensor::from_dispatch(<Dispatch as FusedOps>::fused_attention_from_qkv(
-        qkv.into_dispatch(),
-        groups as u32,
-        per_group as u32,
-        scale as f32,
-        dropout_draw(dropout),
-        flash,
-    ))
+    let (groups, per_group, scale) = (groups as u32, per_group as u32, scale as f32);
+    let (qkv, draw) = (qkv.into_dispatch(), dropout_draw(dropout));
+    Tensor::from_dispatch(match rotary {
+        None => <Dispatch as FusedOps>::fused_attention_from_qkv(
+            qkv, groups, per_group, scale, draw, flash,
+        ),
+        Some(RowRotation {
+            cos,
+            sin,
+            interleaved,
+        }) => <Dispatch as FusedOps>::fused_rotary_attention_from_qkv(
+            qkv,
+            cos.cast(FloatDType::F32).into_dispatch(),
+            sin.cast(FloatDType::F32).into_dispatch(),
+            interleaved,
+            groups,
+            per_group,
+            scale,
+            draw,
+            flash,
+        ),
+    })
+}
+
+/// The rotary embedding [`attention_from_qkv`] applies to its queries and keys: the angle
+/// tables `[seq, rotary_dim / 2]` of positions `0..seq` and the pairing.
+pub struct RowRotation {
+    /// `cos` of each position's pair angles.
+    pub cos: Tensor<2>,
+    /// `sin` of each position's pair angles.
+    pub sin: Tensor<2>,
+    /// Pairs `(2i, 2i + 1)` instead of `(i, i + rotary_dim / 2)`.
+    pub interleaved: bool,
 }

@@ -93,6 +93,27 @@ impl RotaryEmbedding {
         x
     }
 
+    /// Whether the rotation runs as the fused kernel on a CubeCL device (then the attention op
+    /// from the QKV rows can run it inside, [`Self::for_rows`]).
+    pub fn is_fused(&self) -> bool {
+        self.fused && self.dim() > 0
+    }
+
+    /// The rotation the attention op from the QKV rows applies inside, at positions
+    /// `0..seq` on `device` (the same float64 angle tables as [`Self::apply`]); `None` with
+    /// the fused kernel off or nothing to rotate.
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    pub fn for_rows(&self, seq: usize, device: &Device) -> Option<super::fused_ops::RowRotation> {
+        (self.is_fused() && seq > 0).then(|| {
+            let [cos, sin] = self.pair_tables(0, seq, device);
+            super::fused_ops::RowRotation {
+                cos,
+                sin,
+                interleaved: self.interleaved,
+            }
+        })
+    }
+
     /// [`Self::apply`] to tensors at the same positions (a layer's queries and keys), with
     /// one set of angle tables.
     pub fn apply_to<const N: usize>(&self, xs: [Tensor<4>; N], start: usize) -> [Tensor<4>; N] {
