@@ -242,6 +242,29 @@ fn accumulate_product<A: Float>(
     }
 }
 
+/// The comptime shape of the tiled kernels: rows per block and tile, the head width, and
+/// whether the loops over a head row are unrolled.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+struct TileShape {
+    block: u32,
+    head_dim: u32,
+    unroll: bool,
+}
+
+/// [`accumulate_product`] for a kernel of shape `tile`.
+#[cube]
+fn accumulate_tile<A: Float>(
+    acc: &mut Array<Quad<A>>,
+    weights: &Shared<[Quad<A>]>,
+    row: usize,
+    rhs: &Shared<[Quad<A>]>,
+    group: usize,
+    #[comptime] tile: TileShape,
+) {
+    let (block, head_dim, unroll) = comptime!((tile.block, tile.head_dim, tile.unroll));
+    accumulate_product::<A>(acc, weights, row, rhs, group, block, head_dim, unroll);
+}
+
 /// A unit's accumulator: 4 rows of the quad columns it owns, zero.
 #[cube]
 fn zero_accumulator<A: Float>(#[comptime] block: u32, #[comptime] head_dim: u32) -> Array<Quad<A>> {
@@ -692,6 +715,11 @@ pub fn flash_attention_forward<F: Float, A: Float>(
     #[comptime] unroll: bool,
 ) {
     let (s, b) = (seq as usize, block as usize);
+    let tile = comptime!(TileShape {
+        block,
+        head_dim,
+        unroll
+    });
     let tile_len = comptime!(block as usize * padded_quads(head_dim));
     let (cube_active, head_row, start) = cube_block(heads, seq, block);
     let (row_group, column_group) = unit_groups(block);
@@ -738,16 +766,7 @@ pub fn flash_attention_forward<F: Float, A: Float>(
         );
         sync_cube();
         rescale_accumulator::<A>(&mut acc, &rescale, my_rows, block, head_dim);
-        accumulate_product::<A>(
-            &mut acc,
-            &probs,
-            my_rows,
-            &values,
-            column_group,
-            block,
-            head_dim,
-            unroll,
-        );
+        accumulate_tile::<A>(&mut acc, &probs, my_rows, &values, column_group, tile);
         sync_cube();
     }
 
@@ -796,6 +815,11 @@ pub fn flash_attention_backward_query<F: Float, A: Float>(
     #[comptime] unroll: bool,
 ) {
     let (s, b) = (seq as usize, block as usize);
+    let tile = comptime!(TileShape {
+        block,
+        head_dim,
+        unroll
+    });
     let tile_len = comptime!(block as usize * padded_quads(head_dim));
     let (cube_active, head_row, start) = cube_block(heads, seq, block);
     let (row_group, column_group) = unit_groups(block);
@@ -854,31 +878,13 @@ pub fn flash_attention_backward_query<F: Float, A: Float>(
             dropout,
         );
         sync_cube();
-        accumulate_product::<A>(
-            &mut acc,
-            &score_grads,
-            my_rows,
-            &keys,
-            column_group,
-            block,
-            head_dim,
-            unroll,
-        );
+        accumulate_tile::<A>(&mut acc, &score_grads, my_rows, &keys, column_group, tile);
         sync_cube();
     }
 
     if cube_active {
-        let at = block_rows(head_row, start, s);
-        store_accumulator::<F, A>(
-            &acc,
-            grad_query,
-            at,
-            my_rows,
-            column_group,
-            scale,
-            block,
-            head_dim,
-        );
+        let (at, group) = (block_rows(head_row, start, s), column_group);
+        store_accumulator::<F, A>(&acc, grad_query, at, my_rows, group, scale, block, head_dim);
     }
 }
 
@@ -908,6 +914,11 @@ pub fn flash_attention_backward_key_value<F: Float, A: Float>(
     #[comptime] unroll: bool,
 ) {
     let (s, b) = (seq as usize, block as usize);
+    let tile = comptime!(TileShape {
+        block,
+        head_dim,
+        unroll
+    });
     let tile_len = comptime!(block as usize * padded_quads(head_dim));
     let (cube_active, head_row, start) = cube_block(heads, seq, block);
     let (row_group, column_group) = unit_groups(block);
@@ -962,26 +973,8 @@ pub fn flash_attention_backward_key_value<F: Float, A: Float>(
             dropout,
         );
         sync_cube();
-        accumulate_product::<A>(
-            &mut dv,
-            &kept_probs,
-            my_keys,
-            &grads,
-            column_group,
-            block,
-            head_dim,
-            unroll,
-        );
-        accumulate_product::<A>(
-            &mut dk,
-            &score_grads,
-            my_keys,
-            &queries,
-            column_group,
-            block,
-            head_dim,
-            unroll,
-        );
+        accumulate_tile::<A>(&mut dv, &kept_probs, my_keys, &grads, column_group, tile);
+        accumulate_tile::<A>(&mut dk, &score_grads, my_keys, &queries, column_group, tile);
         sync_cube();
     }
 
