@@ -1116,7 +1116,9 @@ impl AttentionLaunch {
         if let Some(block) =
             number("FERROTRON_ATTENTION_BLOCK").filter(|b| Self::BLOCKS.contains(b))
         {
-            launch.block = block.max(launch.plane.unwrap_or(1));
+            // The plane layout's block is whole planes.
+            let plane = launch.plane.unwrap_or(1);
+            launch.block = (block / plane).max(1) * plane;
         }
         if let Some(unroll) = number("FERROTRON_ATTENTION_UNROLL") {
             launch.unroll = unroll != 0;
