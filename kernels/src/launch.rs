@@ -1100,7 +1100,7 @@ impl AttentionLaunch {
         if hardware.plane_size_max <= 1 {
             launch.block = Self::BLOCKS[3];
         }
-        let vector_unit = Self::vector_unit_plane(client);
+        let vector_unit = crate::rows::vector_unit_plane(client);
         let env = |name: &str| std::env::var(name).ok();
         let number = |name: &str| env(name).and_then(|v| v.parse::<u32>().ok());
         // The plane kernels are unrolled over the head row: lavapipe compiles them in ≈ 22 s
@@ -1137,12 +1137,6 @@ impl AttentionLaunch {
             unroll: false,
             plane: Some(plane),
         }
-    }
-
-    /// The plane width of a device whose planes are a CPU's vector unit (lavapipe), `None`
-    /// elsewhere ([`crate::rows::planes_are_a_vector_unit`]).
-    fn vector_unit_plane(client: &Client) -> Option<u32> {
-        crate::rows::plane_width(client).filter(|_| crate::rows::planes_are_a_vector_unit(client))
     }
 
     /// The largest block whose tiles take at most `shared_bytes` for heads of `head_dim`
@@ -1187,29 +1181,39 @@ impl AttentionLaunch {
     }
 }
 
-/// Launches attention kernel `$module::$kernel` (of either layout: the two layouts' kernels
-/// take the same arguments but for the layout's own, the last ones) on `$buffers`, with the
-/// shape's, scale's and dropout draw's scalars between.
+/// Launches an attention kernel on `$buffers`, with the shape's, scale's and dropout draw's
+/// scalars after them: `$tiles` in the tiled layout, `$planes` in the plane layout (the two
+/// kernels take the same arguments but for the layout's own, the last ones).
 macro_rules! launch_attention {
     ($client:expr, $launch:expr, $shape:expr, $scale:expr, $dropout:expr;
-     $module:ident::$kernel:ident, [$($buffer:expr),+ $(,)?], $($layout:expr),+) => {{
+     [$($buffer:expr),+ $(,)?], $tiles:path, $planes:path) => {{
         let (key_lo, key_hi, threshold, keep_scale, drop) = draw_args($dropout);
-        $module::$kernel::launch::<F, f32>(
-            $client,
-            $launch.cube_count($shape),
-            $launch.cube_dim(),
-            $($buffer),+,
-            $scale,
-            $shape.heads as u32,
-            $shape.seq as u32,
-            key_lo,
-            key_hi,
-            threshold,
-            keep_scale,
-            $shape.head_dim as u32,
-            drop,
-            $($layout),+
-        )
+        macro_rules! with_layout {
+            ($kernel:path, $first:expr, $second:expr) => {{
+                use $kernel as kernel;
+                kernel::launch::<F, f32>(
+                    $client,
+                    $launch.cube_count($shape),
+                    $launch.cube_dim(),
+                    $($buffer),+,
+                    $scale,
+                    $shape.heads as u32,
+                    $shape.seq as u32,
+                    key_lo,
+                    key_hi,
+                    threshold,
+                    keep_scale,
+                    $shape.head_dim as u32,
+                    drop,
+                    $first,
+                    $second,
+                )
+            }};
+        }
+        match $launch.plane {
+            None => with_layout!($tiles, $launch.block, $launch.unroll),
+            Some(plane) => with_layout!($planes, plane, $launch.block / plane),
+        }
     }};
 }
 
@@ -1233,22 +1237,12 @@ pub fn flash_attention_forward<F: Float + CubeElement>(
     shape.check(dropout);
     let (n, rows) = (shape.len(), shape.rows());
     let (q, k, v) = (inputs.query, inputs.key, inputs.value);
-    match launch.plane {
-        None => launch_attention!(
-            client, launch, shape, scale, dropout;
-            attention::flash_attention_forward,
-            [arg(q, n), arg(k, n), arg(v, n), arg(output, n), arg(logsumexp, rows)],
-            launch.block,
-            launch.unroll
-        ),
-        Some(plane) => launch_attention!(
-            client, launch, shape, scale, dropout;
-            attention_planes::plane_attention_forward,
-            [arg(q, n), arg(k, n), arg(v, n), arg(output, n), arg(logsumexp, rows)],
-            plane,
-            launch.block / plane
-        ),
-    }
+    launch_attention!(
+        client, launch, shape, scale, dropout;
+        [arg(q, n), arg(k, n), arg(v, n), arg(output, n), arg(logsumexp, rows)],
+        attention::flash_attention_forward,
+        attention_planes::plane_attention_forward
+    );
 }
 
 /// Fused causal attention backward: `[grad_query, grad_key, grad_value]` from the forward's
@@ -1277,77 +1271,36 @@ pub fn flash_attention_backward<F: Float + CubeElement>(
     let (q, k, v) = (inputs.query, inputs.key, inputs.value);
     // `delta` is written by the first kernel and read by the second (the same stream, in
     // order).
-    match launch.plane {
-        None => {
-            launch_attention!(
-                client, launch, shape, scale, dropout;
-                attention::flash_attention_backward_query,
-                [
-                    arg(q, n),
-                    arg(k, n),
-                    arg(v, n),
-                    arg(output, n),
-                    arg(grad_output, n),
-                    arg(logsumexp, rows),
-                    arg(delta, rows),
-                    arg(grad_query, n)
-                ],
-                launch.block,
-                launch.unroll
-            );
-            launch_attention!(
-                client, launch, shape, scale, dropout;
-                attention::flash_attention_backward_key_value,
-                [
-                    arg(q, n),
-                    arg(k, n),
-                    arg(v, n),
-                    arg(grad_output, n),
-                    arg(logsumexp, rows),
-                    arg(delta, rows),
-                    arg(grad_key, n),
-                    arg(grad_value, n)
-                ],
-                launch.block,
-                launch.unroll
-            );
-        }
-        Some(plane) => {
-            let per_unit = launch.block / plane;
-            launch_attention!(
-                client, launch, shape, scale, dropout;
-                attention_planes::plane_attention_backward_query,
-                [
-                    arg(q, n),
-                    arg(k, n),
-                    arg(v, n),
-                    arg(output, n),
-                    arg(grad_output, n),
-                    arg(logsumexp, rows),
-                    arg(delta, rows),
-                    arg(grad_query, n)
-                ],
-                plane,
-                per_unit
-            );
-            launch_attention!(
-                client, launch, shape, scale, dropout;
-                attention_planes::plane_attention_backward_key_value,
-                [
-                    arg(q, n),
-                    arg(k, n),
-                    arg(v, n),
-                    arg(grad_output, n),
-                    arg(logsumexp, rows),
-                    arg(delta, rows),
-                    arg(grad_key, n),
-                    arg(grad_value, n)
-                ],
-                plane,
-                per_unit
-            );
-        }
-    }
+    launch_attention!(
+        client, launch, shape, scale, dropout;
+        [
+            arg(q, n),
+            arg(k, n),
+            arg(v, n),
+            arg(output, n),
+            arg(grad_output, n),
+            arg(logsumexp, rows),
+            arg(delta, rows),
+            arg(grad_query, n),
+        ],
+        attention::flash_attention_backward_query,
+        attention_planes::plane_attention_backward_query
+    );
+    launch_attention!(
+        client, launch, shape, scale, dropout;
+        [
+            arg(q, n),
+            arg(k, n),
+            arg(v, n),
+            arg(grad_output, n),
+            arg(logsumexp, rows),
+            arg(delta, rows),
+            arg(grad_key, n),
+            arg(grad_value, n),
+        ],
+        attention::flash_attention_backward_key_value,
+        attention_planes::plane_attention_backward_key_value
+    );
 }
 
 /// The scalars of one Adam step, rounded once to f32 from the optimizer's f64 values.

@@ -104,10 +104,11 @@ pub fn plane_width(client: &Client) -> Option<u32> {
     (fixed && hardware.plane_size_min > 1 && usable).then_some(hardware.plane_size_min)
 }
 
-/// Whether `client`'s planes are a CPU's vector unit: planes of one width (more than one
-/// unit) on a device that is no card, for which CubeCL advertises no plane operations.
-pub fn planes_are_a_vector_unit(client: &Client) -> bool {
-    plane_width(client).is_some() && !advertises_plane_ops(client)
+/// The plane width of `client` where its planes are a CPU's vector unit: planes of one width
+/// (more than one unit) on a device that is no card, for which CubeCL advertises no plane
+/// operations (wgpu on lavapipe). `None` elsewhere.
+pub fn vector_unit_plane(client: &Client) -> Option<u32> {
+    plane_width(client).filter(|_| !advertises_plane_ops(client))
 }
 
 fn advertises_plane_ops(client: &Client) -> bool {

@@ -2119,7 +2119,7 @@ fn lavapipe_reduces_rows_and_runs_attention_in_its_planes() {
         println!("not lavapipe ({name}): nothing to check");
         return;
     }
-    assert!(ferrotron_kernels::rows::planes_are_a_vector_unit(&client));
+    assert!(ferrotron_kernels::rows::vector_unit_plane(&client).is_some());
     let rows = RowLaunch::for_client(&client);
     assert!(rows.plane_reduce, "{rows:?}");
     let narrow = AttentionLaunch::for_client(&client, 64);
