@@ -1,6 +1,8 @@
-//! The same fused kernels on two CPU runtimes, same run: lavapipe (wgpu over Mesa's CPU
-//! Vulkan driver, the baseline) and cubecl-cpu (CubeCL's LLVM JIT), each with its own launch
-//! shape ([`RowLaunch::for_client`]: 8 lanes per row on lavapipe, 1 on cubecl-cpu).
+//! The row and element-wise kernels loading in vectors against one element at a time (the
+//! baseline, `FERROTRON_ROW_VECTORS=0`), on two CPU runtimes in the same run: lavapipe (wgpu
+//! over Mesa's CPU Vulkan driver) and cubecl-cpu (CubeCL's LLVM JIT), each with its own launch
+//! shape ([`RowLaunch::for_client`]: 8 lanes per row on lavapipe, 1 on cubecl-cpu). The two
+//! modes alternate, three rounds each, and each figure is the median round.
 //!
 //! ```text
 //! .ci/llvm-bundle      # once: cubecl-cpu builds against Debian's llvm-22-dev
@@ -13,7 +15,23 @@ use cubecl::prelude::*;
 use cubecl::server::Handle;
 use ferrotron_kernels::launch::*;
 
-const REPS: usize = 5;
+/// Calls timed per kernel and round.
+const REPS: usize = 3;
+/// Rounds per mode (alternating); the median is reported.
+const ROUNDS: usize = 3;
+
+const KERNELS: [&str; 10] = [
+    "causal softmax 16×1024×1024, forward",
+    "softmax backward",
+    "layernorm 8192×1024, forward",
+    "layernorm backward (dx, dγ, dβ)",
+    "rmsnorm 8192×1024, forward",
+    "cross-entropy 512×50304, forward",
+    "cross-entropy backward",
+    "bias-GELU 8192×4096, forward",
+    "bias-GELU backward",
+    "bias-dropout-add 8192×1024",
+];
 
 fn time(client: &Client, mut f: impl FnMut()) -> f64 {
     f();
@@ -33,8 +51,33 @@ fn upload(client: &Client, n: usize, seed: usize) -> Handle {
     client.create_from_slice(f32::as_bytes(&values))
 }
 
-/// Milliseconds for: softmax forward, softmax backward, LayerNorm forward, LayerNorm backward.
-fn timings(client: &Client) -> [f64; 4] {
+/// Buffers shared by the kernels: two inputs of 32 Mi elements and outputs as large.
+struct Buffers {
+    x: Handle,
+    dy: Handle,
+    out: Handle,
+    out2: Handle,
+    row: [Handle; 4],
+    per_row: [Handle; 4],
+}
+
+impl Buffers {
+    const LEN: usize = 8192 * 4096;
+
+    fn new(client: &Client) -> Self {
+        Self {
+            x: upload(client, Self::LEN, 1),
+            dy: upload(client, Self::LEN, 2),
+            out: client.empty(Self::LEN * 4),
+            out2: client.empty(Self::LEN * 4),
+            row: [3, 4, 5, 6].map(|seed| upload(client, 4096, seed)),
+            per_row: [0; 4].map(|_| client.empty(8192 * 4)),
+        }
+    }
+}
+
+/// Milliseconds per call of each of [`KERNELS`] with `client`'s launch shape.
+fn timings(client: &Client, b: &Buffers) -> Vec<f64> {
     let launch = RowLaunch::for_client(client);
     let scores = ScoresShape {
         batch: 1,
@@ -42,43 +85,93 @@ fn timings(client: &Client) -> [f64; 4] {
         sq: 1024,
         sk: 1024,
     };
-    let (x, dy, out) = (
-        upload(client, scores.len(), 1),
-        upload(client, scores.len(), 2),
-        client.empty(scores.len() * 4),
-    );
-    let softmax = time(client, || {
-        softmax_forward::<f32>(client, launch, &x, SoftmaxMask::Causal, &out, scores, 0.125)
-    });
-    let softmax_back = time(client, || {
-        softmax_backward::<f32>(
-            client,
-            launch,
-            &out,
-            &dy,
-            &x,
-            scores.rows(),
-            scores.sk,
-            0.125,
-        )
-    });
+    let (x, dy, out, out2) = (&b.x, &b.dy, &b.out, &b.out2);
+    let [gamma, beta, bias, _] = &b.row;
+    let [mean, rstd, loss, lse] = &b.per_row;
     let (rows, cols) = (8192, 1024);
-    let (gamma, beta) = (upload(client, cols, 3), upload(client, cols, 4));
-    let (mean, rstd) = (client.empty(rows * 4), client.empty(rows * 4));
-    let (dgamma, dbeta) = (client.empty(cols * 4), client.empty(cols * 4));
-    let y = client.empty(rows * cols * 4);
-    let (x, dy) = (x.clone(), dy.clone()); // 16 Mi elements, enough for 8192 × 1024
-    let norm = time(client, || {
-        layer_norm_forward::<f32>(
-            client, launch, &x, &gamma, &beta, &y, &mean, &rstd, rows, cols, 1e-5,
-        )
-    });
-    let norm_back = time(client, || {
-        layer_norm_backward::<f32>(
-            client, launch, &x, &gamma, &dy, &mean, &rstd, &out, &dgamma, &dbeta, rows, cols,
-        )
-    });
-    [softmax, softmax_back, norm, norm_back]
+    let (tokens, vocab) = (512, 50304);
+    let targets: Vec<i32> = (0..tokens as i32).map(|t| t * 97 % vocab as i32).collect();
+    let targets = client.create_from_slice(i32::as_bytes(&targets));
+    let inside = upload(client, tokens, 7);
+    let draw = DropoutDraw {
+        key_lo: 1,
+        key_hi: 2,
+        threshold: u32::MAX / 10,
+        scale: 1.0 / 0.9,
+    };
+    let (len, hidden) = (rows * cols, cols);
+    vec![
+        time(client, || {
+            softmax_forward::<f32>(client, launch, x, SoftmaxMask::Causal, out, scores, 0.125)
+        }),
+        time(client, || {
+            softmax_backward::<f32>(client, launch, out, dy, out2, scores.rows(), 1024, 0.125)
+        }),
+        time(client, || {
+            layer_norm_forward::<f32>(
+                client, launch, x, gamma, beta, out, mean, rstd, rows, cols, 1e-5,
+            )
+        }),
+        time(client, || {
+            layer_norm_backward::<f32>(
+                client, launch, x, gamma, dy, mean, rstd, out2, out, &b.row[3], rows, cols,
+            )
+        }),
+        time(client, || {
+            rms_norm_forward::<f32>(client, launch, x, gamma, out, rstd, rows, cols, 1e-5)
+        }),
+        time(client, || {
+            cross_entropy_forward::<f32>(
+                client, launch, x, &targets, &inside, loss, lse, tokens, vocab,
+            )
+        }),
+        time(client, || {
+            cross_entropy_backward::<f32>(
+                client, launch, x, &targets, &inside, lse, loss, out, tokens, vocab,
+            )
+        }),
+        time(client, || {
+            gelu_forward::<f32>(client, x, Some((bias, 4096)), out, Buffers::LEN, false)
+        }),
+        time(client, || {
+            gelu_backward::<f32>(client, x, Some((bias, 4096)), dy, out, Buffers::LEN, false)
+        }),
+        time(client, || {
+            let slice = DrawSlice::whole(len);
+            bias_dropout_add::<f32>(
+                client,
+                [x, dy],
+                Some(bias),
+                out,
+                len,
+                hidden,
+                Some(draw),
+                slice,
+            )
+        }),
+    ]
+}
+
+/// Median per kernel over [`ROUNDS`] rounds of each mode, alternating: `[scalar, vectors]`.
+fn both_modes(client: &Client) -> [Vec<f64>; 2] {
+    let buffers = Buffers::new(client);
+    let mut rounds: [Vec<Vec<f64>>; 2] = [vec![], vec![]];
+    for _ in 0..ROUNDS {
+        for (mode, switch) in [(0, "0"), (1, "1")] {
+            // The launchers read the switch at each call (this benchmark has one thread).
+            std::env::set_var("FERROTRON_ROW_VECTORS", switch);
+            rounds[mode].push(timings(client, &buffers));
+        }
+    }
+    rounds.map(|runs| {
+        (0..KERNELS.len())
+            .map(|k| {
+                let mut v: Vec<f64> = runs.iter().map(|r| r[k]).collect();
+                v.sort_by(f64::total_cmp);
+                v[v.len() / 2]
+            })
+            .collect()
+    })
 }
 
 fn main() {
@@ -86,22 +179,23 @@ fn main() {
         .expect("lavapipe (apt-get install mesa-vulkan-drivers libvulkan1)")
         .client();
     let cpu = cubecl::Device::cpu().expect("cubecl-cpu").client();
-    let (base, ours) = (timings(&lavapipe), timings(&cpu));
-    println!("{REPS} repetitions after a warm-up; ms per call");
-    println!("| kernel | lavapipe | cubecl-cpu | lavapipe / cubecl-cpu |");
-    println!("|---|---|---|---|");
-    let names = [
-        "causal softmax 16×1024×1024, forward",
-        "softmax backward",
-        "layernorm 8192×1024, forward",
-        "layernorm backward (dx, dγ, dβ)",
-    ];
-    for (i, name) in names.iter().enumerate() {
+    let [lava_scalar, lava_vector] = both_modes(&lavapipe);
+    let [cpu_scalar, cpu_vector] = both_modes(&cpu);
+    println!("ms per call, median of {ROUNDS} alternating rounds of {REPS} calls after a warm-up");
+    println!(
+        "| kernel | lavapipe scalar | lavapipe vectors | speed-up | cubecl-cpu scalar | \
+         cubecl-cpu vectors | speed-up |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for (k, name) in KERNELS.iter().enumerate() {
         println!(
-            "| {name} | {:.1} | {:.1} | {:.2}x |",
-            base[i],
-            ours[i],
-            base[i] / ours[i]
+            "| {name} | {:.1} | {:.1} | {:.2}x | {:.1} | {:.1} | {:.2}x |",
+            lava_scalar[k],
+            lava_vector[k],
+            lava_scalar[k] / lava_vector[k],
+            cpu_scalar[k],
+            cpu_vector[k],
+            cpu_scalar[k] / cpu_vector[k],
         );
     }
 }

@@ -10,40 +10,42 @@
 use cubecl::prelude::*;
 
 use crate::rows::cube_index;
+use crate::vectors::spread;
 
 /// Units per cube.
 pub const UNITS_PER_CUBE: u32 = 256;
 
 /// The updated parameter from the updated moments: `keep · p − lr · (m / c₁) / (√(v / c₂) + ε)`,
-/// shared by both kernels so that their arithmetic cannot drift apart.
+/// shared by both kernels so that their arithmetic cannot drift apart (lane by lane).
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn adam_parameter<F: Float>(
-    p: F,
-    m: F,
-    v: F,
+fn adam_parameter<F: Float, N: Size>(
+    p: Vector<F, N>,
+    m: Vector<F, N>,
+    v: Vector<F, N>,
     correction1: f32,
     correction2: f32,
     eps: f32,
     keep: f32,
     lr: f32,
-) -> F {
-    let m_hat = m / F::cast_from(correction1);
-    let v_hat = v / F::cast_from(correction2);
-    let update = m_hat / (F::sqrt(v_hat) + F::cast_from(eps));
-    p * F::cast_from(keep) - update * F::cast_from(lr)
+) -> Vector<F, N> {
+    let m_hat = m / spread::<F, N>(correction1);
+    let v_hat = v / spread::<F, N>(correction2);
+    let update = m_hat / (Vector::sqrt(v_hat) + spread::<F, N>(eps));
+    p * spread::<F, N>(keep) - update * spread::<F, N>(lr)
 }
 
 /// `param`, `m`, `v` (`len` each, `first`: no moments yet, their buffers unread) → `output`
-/// = new parameter, new `m`, new `v`, end to end (`3 · len`).
+/// = new parameter, new `m`, new `v`, end to end (`3 · len`); in vectors of `N` (which
+/// divides `len`).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn adam_step<F: Float>(
-    param: &[F],
-    grad: &[F],
-    m: &[F],
-    v: &[F],
-    output: &mut [F],
+pub fn adam_step<F: Float, N: Size>(
+    param: &[Vector<F, N>],
+    grad: &[Vector<F, N>],
+    m: &[Vector<F, N>],
+    v: &[Vector<F, N>],
+    output: &mut [Vector<F, N>],
     beta1: f32,
     one_minus_beta1: f32,
     beta2: f32,
@@ -57,16 +59,16 @@ pub fn adam_step<F: Float>(
     #[comptime] first: bool,
 ) {
     let i = cube_index() * UNITS_PER_CUBE as usize + UNIT_POS_X as usize;
-    let n = len as usize;
+    let n = len as usize / N::value();
     if i < n {
         let g = grad[i];
-        let mut m_new = g * F::cast_from(one_minus_beta1);
-        let mut v_new = (g * g) * F::cast_from(one_minus_beta2);
+        let mut m_new = g * spread::<F, N>(one_minus_beta1);
+        let mut v_new = (g * g) * spread::<F, N>(one_minus_beta2);
         if !first {
-            m_new = m[i] * F::cast_from(beta1) + m_new;
-            v_new = v[i] * F::cast_from(beta2) + v_new;
+            m_new = m[i] * spread::<F, N>(beta1) + m_new;
+            v_new = v[i] * spread::<F, N>(beta2) + v_new;
         }
-        output[i] = adam_parameter::<F>(
+        output[i] = adam_parameter::<F, N>(
             param[i],
             m_new,
             v_new,
@@ -86,14 +88,15 @@ pub fn adam_step<F: Float>(
 /// is first multiplied by `clip[0]`, the global-norm clipping coefficient, read on the device
 /// so that the step needs no host read. Moments start as zeros, and `β₁ · 0 + x` is `x`
 /// exactly, so the first step needs no flag. The arithmetic is [`adam_step`]'s (the parameter
-/// update is the same [`adam_parameter`]).
+/// update is the same [`adam_parameter`]). In vectors of `N` (which divides `start` and
+/// `len`).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn adam_step_in_place<F: Float>(
-    param: &mut [F],
-    grad: &[F],
-    m: &mut [F],
-    v: &mut [F],
+pub fn adam_step_in_place<F: Float, N: Size>(
+    param: &mut [Vector<F, N>],
+    grad: &[Vector<F, N>],
+    m: &mut [Vector<F, N>],
+    v: &mut [Vector<F, N>],
     clip: &[F],
     beta1: f32,
     one_minus_beta1: f32,
@@ -108,12 +111,12 @@ pub fn adam_step_in_place<F: Float>(
     len: u32,
 ) {
     let i = cube_index() * UNITS_PER_CUBE as usize + UNIT_POS_X as usize;
-    if i < len as usize {
-        let j = start as usize + i;
-        let g = grad[j] * clip[0];
-        let m_new = m[j] * F::cast_from(beta1) + g * F::cast_from(one_minus_beta1);
-        let v_new = v[j] * F::cast_from(beta2) + (g * g) * F::cast_from(one_minus_beta2);
-        param[j] = adam_parameter::<F>(
+    if i < len as usize / N::value() {
+        let j = start as usize / N::value() + i;
+        let g = grad[j] * Vector::new(clip[0]);
+        let m_new = m[j] * spread::<F, N>(beta1) + g * spread::<F, N>(one_minus_beta1);
+        let v_new = v[j] * spread::<F, N>(beta2) + (g * g) * spread::<F, N>(one_minus_beta2);
+        param[j] = adam_parameter::<F, N>(
             param[j],
             m_new,
             v_new,

@@ -44,11 +44,35 @@ fn slice_kept(
     dropout_bits(key_lo, key_hi, index) >= threshold
 }
 
+/// Which elements of the vector at index `vector` (elements `vector · N + k`) are kept, as
+/// [`slice_kept`] says for each.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn vector_kept<N: Size>(
+    vector: usize,
+    key_lo: u32,
+    key_hi: u32,
+    threshold: u32,
+    own: u32,
+    row: u32,
+    first: u32,
+) -> Vector<bool, N> {
+    let mut keep = Vector::<bool, N>::new(false);
+    let at = (vector * N::value()) as u32;
+    #[unroll]
+    for k in 0..N::value() {
+        let i = at + k as u32;
+        keep.insert(k, slice_kept(i, key_lo, key_hi, threshold, own, row, first));
+    }
+    keep
+}
+
 /// Units per cube of the element-wise kernels.
 pub const UNITS_PER_CUBE: u32 = 256;
 
 /// `output[i] = input[i] · scale` where element `i` is kept, 0 where dropped, for
 /// `i < len`: dropout's forward, and with the same key its backward (dropout is linear).
+/// Elements go in vectors of `N` (which divides `len`).
 ///
 /// The tensor may be a slice of the draw (a sequence-parallel rank's chunk of the whole
 /// sequence): element `i` takes the bits of draw element `(i / own) · row + first + i % own`,
@@ -56,9 +80,9 @@ pub const UNITS_PER_CUBE: u32 = 256;
 /// `own = len`, `row = 0`, `first = 0`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn dropout<F: Float>(
-    input: &[F],
-    output: &mut [F],
+pub fn dropout<F: Float, N: Size>(
+    input: &[Vector<F, N>],
+    output: &mut [Vector<F, N>],
     key_lo: u32,
     key_hi: u32,
     threshold: u32,
@@ -69,10 +93,11 @@ pub fn dropout<F: Float>(
     first: u32,
 ) {
     let i = cube_index() * UNITS_PER_CUBE as usize + UNIT_POS_X as usize;
-    if i < len as usize {
-        let keep = slice_kept(i as u32, key_lo, key_hi, threshold, own, row, first);
+    if i < len as usize / N::value() {
+        let keep = vector_kept::<N>(i, key_lo, key_hi, threshold, own, row, first);
         let x = input[i];
-        output[i] = select(keep, x * F::cast_from(scale), F::new(0.0));
+        let zero = Vector::<F, N>::new(F::new(0.0));
+        output[i] = select_many(keep, x * Vector::new(F::cast_from(scale)), zero);
     }
 }
 
@@ -81,14 +106,14 @@ pub fn dropout<F: Float>(
 /// are three launches composed. Dropout as [`dropout`]'s (the same bits for the same draw and
 /// slice); without `drop` (no draw: inference, probability 0) nothing is dropped, and
 /// without `has_bias` the bias is not read. The additions and the product are those of the
-/// composed ops, in their order.
+/// composed ops, in their order. Elements go in vectors of `N` (which divides `hidden`).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn bias_dropout_add<F: Float>(
-    residual: &[F],
-    input: &[F],
-    bias: &[F],
-    output: &mut [F],
+pub fn bias_dropout_add<F: Float, N: Size>(
+    residual: &[Vector<F, N>],
+    input: &[Vector<F, N>],
+    bias: &[Vector<F, N>],
+    output: &mut [Vector<F, N>],
     key_lo: u32,
     key_hi: u32,
     threshold: u32,
@@ -102,14 +127,15 @@ pub fn bias_dropout_add<F: Float>(
     #[comptime] drop: bool,
 ) {
     let i = cube_index() * UNITS_PER_CUBE as usize + UNIT_POS_X as usize;
-    if i < len as usize {
+    if i < len as usize / N::value() {
         let mut y = input[i];
         if has_bias {
-            y += bias[i % hidden as usize];
+            y += bias[i % (hidden as usize / N::value())];
         }
         if drop {
-            let keep = slice_kept(i as u32, key_lo, key_hi, threshold, own, row, first);
-            y = select(keep, y * F::cast_from(scale), F::new(0.0));
+            let keep = vector_kept::<N>(i, key_lo, key_hi, threshold, own, row, first);
+            let zero = Vector::<F, N>::new(F::new(0.0));
+            y = select_many(keep, y * Vector::new(F::cast_from(scale)), zero);
         }
         output[i] = residual[i] + y;
     }

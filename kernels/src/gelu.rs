@@ -15,6 +15,7 @@
 use cubecl::prelude::*;
 
 use crate::rows::cube_index;
+use crate::vectors::splat;
 
 /// Units per cube.
 pub const UNITS_PER_CUBE: u32 = 256;
@@ -28,78 +29,84 @@ const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 /// The cubic coefficient of the tanh approximation.
 const CUBIC: f32 = 0.044_715;
 
-/// `(y, dy/dx)` at `x`.
+/// `(y, dy/dx)` at each lane of `x`.
 #[cube]
-fn gelu_and_slope<A: Float>(x: A, #[comptime] tanh: bool) -> (A, A) {
-    let half = A::new(0.5);
-    let one = A::new(1.0);
+fn gelu_and_slope<A: Float, N: Size>(
+    x: Vector<A, N>,
+    #[comptime] tanh: bool,
+) -> (Vector<A, N>, Vector<A, N>) {
+    let half = splat::<A, N>(0.5);
+    let one = splat::<A, N>(1.0);
     if comptime![tanh] {
         // (1 + tanh u) / 2 is the logistic of 2u, which stays accurate where tanh u rounds
         // to ±1; (1 − tanh² u) / 2 = 2 · s · (1 − s).
-        let u = A::new(SQRT_2_OVER_PI) * (x + A::new(CUBIC) * x * x * x);
-        let s = one / (one + A::exp(A::new(-2.0) * u));
-        let du = A::new(SQRT_2_OVER_PI) * (one + A::new(3.0 * CUBIC) * x * x);
-        (x * s, s + A::new(2.0) * x * s * (one - s) * du)
+        let u = splat::<A, N>(SQRT_2_OVER_PI) * (x + splat::<A, N>(CUBIC) * x * x * x);
+        let s = one / (one + Vector::exp(splat::<A, N>(-2.0) * u));
+        let du = splat::<A, N>(SQRT_2_OVER_PI) * (one + splat::<A, N>(3.0 * CUBIC) * x * x);
+        (x * s, s + splat::<A, N>(2.0) * x * s * (one - s) * du)
     } else {
-        let cdf = half * (one + A::erf(x * A::new(FRAC_1_SQRT_2)));
-        let pdf = A::new(FRAC_1_SQRT_2PI) * A::exp(A::new(0.0) - half * x * x);
+        let cdf = half * (one + Vector::erf(x * splat::<A, N>(FRAC_1_SQRT_2)));
+        let pdf = splat::<A, N>(FRAC_1_SQRT_2PI) * Vector::exp(splat::<A, N>(0.0) - half * x * x);
         (x * cdf, cdf + x * pdf)
     }
 }
 
-/// Element `i`'s GELU input: `input[i]`, plus `bias[i % hidden]` with `has_bias`.
+/// Vector `i`'s GELU input: `input[i]`, plus `bias[i % width]` with `has_bias` (`width`
+/// vectors of bias per row).
 #[cube]
-fn biased<F: Float>(
-    input: &[F],
-    bias: &[F],
+fn biased<F: Float, N: Size>(
+    input: &[Vector<F, N>],
+    bias: &[Vector<F, N>],
     i: usize,
-    hidden: u32,
+    width: usize,
     #[comptime] has_bias: bool,
-) -> F {
+) -> Vector<F, N> {
     let mut x = input[i];
     if has_bias {
-        x += bias[i % hidden as usize];
+        x += bias[i % width];
     }
     x
 }
 
-/// `output[i] = gelu(input[i] (+ bias[i % hidden]))` for `i < len`.
+/// `output[i] = gelu(input[i] (+ bias[i % hidden]))` for the `len` elements, in vectors of
+/// `N` (which divides `len` and `hidden`).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn gelu_forward<F: Float, A: Float>(
-    input: &[F],
-    bias: &[F],
-    output: &mut [F],
+pub fn gelu_forward<F: Float, A: Float, N: Size>(
+    input: &[Vector<F, N>],
+    bias: &[Vector<F, N>],
+    output: &mut [Vector<F, N>],
     len: u32,
     hidden: u32,
     #[comptime] tanh: bool,
     #[comptime] has_bias: bool,
 ) {
     let i = cube_index() * UNITS_PER_CUBE as usize + UNIT_POS_X as usize;
-    if i < len as usize {
-        let x = biased::<F>(input, bias, i, hidden, has_bias);
-        let (y, _) = gelu_and_slope::<A>(A::cast_from(x), tanh);
-        output[i] = F::cast_from(y);
+    if i < len as usize / N::value() {
+        let x = biased::<F, N>(input, bias, i, hidden as usize / N::value(), has_bias);
+        let (y, _) = gelu_and_slope::<A, N>(Vector::cast_from(x), tanh);
+        output[i] = Vector::cast_from(y);
     }
 }
 
-/// `grad_input[i] = grad_output[i] · gelu'(input[i] (+ bias[i % hidden]))` for `i < len`.
+/// `grad_input[i] = grad_output[i] · gelu'(input[i] (+ bias[i % hidden]))` for the `len`
+/// elements, in vectors of `N`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn gelu_backward<F: Float, A: Float>(
-    input: &[F],
-    bias: &[F],
-    grad_output: &[F],
-    grad_input: &mut [F],
+pub fn gelu_backward<F: Float, A: Float, N: Size>(
+    input: &[Vector<F, N>],
+    bias: &[Vector<F, N>],
+    grad_output: &[Vector<F, N>],
+    grad_input: &mut [Vector<F, N>],
     len: u32,
     hidden: u32,
     #[comptime] tanh: bool,
     #[comptime] has_bias: bool,
 ) {
     let i = cube_index() * UNITS_PER_CUBE as usize + UNIT_POS_X as usize;
-    if i < len as usize {
-        let x = biased::<F>(input, bias, i, hidden, has_bias);
-        let (_, slope) = gelu_and_slope::<A>(A::cast_from(x), tanh);
-        grad_input[i] = F::cast_from(A::cast_from(grad_output[i]) * slope);
+    if i < len as usize / N::value() {
+        let x = biased::<F, N>(input, bias, i, hidden as usize / N::value(), has_bias);
+        let (_, slope) = gelu_and_slope::<A, N>(Vector::cast_from(x), tanh);
+        grad_input[i] = Vector::cast_from(Vector::<A, N>::cast_from(grad_output[i]) * slope);
     }
 }

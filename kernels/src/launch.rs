@@ -81,10 +81,12 @@ pub fn softmax_forward<F: Float + CubeElement>(
         SoftmaxMask::Causal => (arg(input, 1), true, false),
         SoftmaxMask::Padding(m) => (arg(m, shape.batch * shape.sq * shape.sk), false, true),
     };
+    let vector = launch.vector_size::<F>(client, shape.sk);
     softmax::masked_softmax_forward::launch::<F, f32>(
         client,
         launch.cube_count(shape.rows()),
         launch.cube_dim(),
+        vector,
         arg(input, shape.len()),
         mask_arg,
         arg(output, shape.len()),
@@ -120,6 +122,7 @@ pub fn softmax_backward<F: Float + CubeElement>(
         client,
         launch.cube_count(rows),
         launch.cube_dim(),
+        launch.vector_size::<F>(client, sk),
         arg(output, rows * sk),
         arg(grad_output, rows * sk),
         arg(grad_input, rows * sk),
@@ -154,6 +157,7 @@ pub fn cross_entropy_forward<F: Float + CubeElement>(
         client,
         launch.cube_count(rows),
         launch.cube_dim(),
+        launch.vector_size::<F>(client, cols),
         arg(logits, rows * cols),
         arg(targets, rows),
         arg(inside, rows),
@@ -189,6 +193,7 @@ pub fn cross_entropy_backward<F: Float + CubeElement>(
         client,
         launch.cube_count(rows),
         launch.cube_dim(),
+        launch.vector_size::<F>(client, cols),
         arg(logits, rows * cols),
         arg(targets, rows),
         arg(inside, rows),
@@ -220,10 +225,12 @@ pub fn layer_norm_forward<F: Float + CubeElement>(
     if rows * cols == 0 {
         return;
     }
+    let vector = launch.vector_size::<F>(client, cols);
     layer_norm::layer_norm_forward::launch::<F, f32>(
         client,
         launch.cube_count(rows),
         launch.cube_dim(),
+        vector,
         arg(input, rows * cols),
         arg(gamma, cols),
         arg(beta, cols),
@@ -265,10 +272,12 @@ pub fn layer_norm_backward<F: Float + CubeElement>(
     if rows * cols == 0 {
         return;
     }
+    let vector = launch.vector_size::<F>(client, cols);
     layer_norm::layer_norm_backward_input::launch::<F, f32>(
         client,
         launch.cube_count(rows),
         launch.cube_dim(),
+        vector,
         arg(input, rows * cols),
         arg(gamma, cols),
         arg(grad_output, rows * cols),
@@ -288,6 +297,7 @@ pub fn layer_norm_backward<F: Float + CubeElement>(
         client,
         cube_count(blocks),
         CubeDim::new_1d(PARAM_GRAD_UNITS),
+        vector,
         arg(input, rows * cols),
         arg(grad_output, rows * cols),
         arg(mean, rows),
@@ -302,8 +312,9 @@ pub fn layer_norm_backward<F: Float + CubeElement>(
     let per_cube = 64usize;
     layer_norm::layer_norm_backward_params_final::launch::<F, f32>(
         client,
-        CubeCount::Static(cols.div_ceil(per_cube) as u32, 1, 1),
+        CubeCount::Static((cols / vector).div_ceil(per_cube) as u32, 1, 1),
         CubeDim::new_1d(per_cube as u32),
+        vector,
         arg(&partial_gamma, blocks * cols),
         arg(&partial_beta, blocks * cols),
         arg(grad_gamma, cols),
@@ -330,10 +341,12 @@ pub fn rms_norm_forward<F: Float + CubeElement>(
     if rows * cols == 0 {
         return;
     }
+    let vector = launch.vector_size::<F>(client, cols);
     rms_norm::rms_norm_forward::launch::<F, f32>(
         client,
         launch.cube_count(rows),
         launch.cube_dim(),
+        vector,
         arg(input, rows * cols),
         arg(gamma, cols),
         arg(output, rows * cols),
@@ -365,10 +378,12 @@ pub fn rms_norm_backward<F: Float + CubeElement>(
     if rows * cols == 0 {
         return;
     }
+    let vector = launch.vector_size::<F>(client, cols);
     rms_norm::rms_norm_backward_input::launch::<F, f32>(
         client,
         launch.cube_count(rows),
         launch.cube_dim(),
+        vector,
         arg(input, rows * cols),
         arg(gamma, cols),
         arg(grad_output, rows * cols),
@@ -386,6 +401,7 @@ pub fn rms_norm_backward<F: Float + CubeElement>(
         client,
         cube_count(blocks),
         CubeDim::new_1d(PARAM_GRAD_UNITS),
+        vector,
         arg(input, rows * cols),
         arg(grad_output, rows * cols),
         arg(rstd, rows),
@@ -398,8 +414,9 @@ pub fn rms_norm_backward<F: Float + CubeElement>(
     let per_cube = 64usize;
     rms_norm::rms_norm_backward_gamma_final::launch::<F, f32>(
         client,
-        CubeCount::Static(cols.div_ceil(per_cube) as u32, 1, 1),
+        CubeCount::Static((cols / vector).div_ceil(per_cube) as u32, 1, 1),
         CubeDim::new_1d(per_cube as u32),
+        vector,
         arg(&partial_gamma, blocks * cols),
         arg(grad_gamma, cols),
         blocks as u32,
@@ -412,11 +429,31 @@ fn check_elements(len: usize, what: &str) {
     assert!(len <= u32::MAX as usize, "{what} of more than 2³² elements");
 }
 
+/// The vector size of an element-wise kernel over rows of `hidden` elements of `F` (a bias's
+/// rows, or the whole tensor): the widest vector `client` loads in one instruction that
+/// divides `hidden`, or 1 with `FERROTRON_ROW_VECTORS=0` (as [`RowLaunch::vectorized`]).
+fn element_vector_size<F: CubeElement>(client: &Client, hidden: usize) -> usize {
+    let launch = RowLaunch {
+        vectorized: std::env::var("FERROTRON_ROW_VECTORS").as_deref() != Ok("0"),
+        ..RowLaunch::for_plane_size(1)
+    };
+    launch.vector_size::<F>(client, hidden)
+}
+
+/// The greatest common divisor of `a` and `b` (`gcd(0, b) = b`).
+fn gcd(a: usize, b: usize) -> usize {
+    if a == 0 {
+        b
+    } else {
+        gcd(b % a, a)
+    }
+}
+
 /// A bias broadcast over rows: the buffer and the row length (`hidden` elements).
 pub type RowBias<'a> = Option<(&'a Handle, usize)>;
 
 /// The bias argument of an element-wise kernel over `len` elements: the bias, or (never read)
-/// the input in its place; and the row length.
+/// the input in its place; and the row length (the whole tensor without a bias).
 fn bias_arg(input: &Handle, bias: RowBias<'_>, len: usize) -> (BufferArg, u32) {
     match bias {
         Some((b, hidden)) => {
@@ -426,7 +463,7 @@ fn bias_arg(input: &Handle, bias: RowBias<'_>, len: usize) -> (BufferArg, u32) {
             );
             (arg(b, hidden), hidden as u32)
         }
-        None => (arg(input, 1), 1),
+        None => (arg(input, 1), len as u32),
     }
 }
 
@@ -445,10 +482,12 @@ pub fn gelu_forward<F: Float + CubeElement>(
     }
     check_elements(len, "GELU");
     let (bias_arg, hidden) = bias_arg(input, bias, len);
+    let vector = element_vector_size::<F>(client, hidden as usize);
     gelu::gelu_forward::launch::<F, f32>(
         client,
-        cube_count(len.div_ceil(gelu::UNITS_PER_CUBE as usize)),
+        cube_count((len / vector).div_ceil(gelu::UNITS_PER_CUBE as usize)),
         CubeDim::new_1d(gelu::UNITS_PER_CUBE),
+        vector,
         arg(input, len),
         bias_arg,
         arg(output, len),
@@ -474,10 +513,12 @@ pub fn gelu_backward<F: Float + CubeElement>(
     }
     check_elements(len, "GELU");
     let (bias_arg, hidden) = bias_arg(input, bias, len);
+    let vector = element_vector_size::<F>(client, hidden as usize);
     gelu::gelu_backward::launch::<F, f32>(
         client,
-        cube_count(len.div_ceil(gelu::UNITS_PER_CUBE as usize)),
+        cube_count((len / vector).div_ceil(gelu::UNITS_PER_CUBE as usize)),
         CubeDim::new_1d(gelu::UNITS_PER_CUBE),
+        vector,
         arg(input, len),
         bias_arg,
         arg(grad_output, len),
@@ -563,10 +604,12 @@ pub fn bias_dropout_add<F: Float + CubeElement>(
         scale: 1.0,
     };
     let d = draw.unwrap_or(no_draw);
+    let vector = element_vector_size::<F>(client, hidden);
     dropout::bias_dropout_add::launch::<F>(
         client,
-        cube_count(len.div_ceil(dropout::UNITS_PER_CUBE as usize)),
+        cube_count((len / vector).div_ceil(dropout::UNITS_PER_CUBE as usize)),
         CubeDim::new_1d(dropout::UNITS_PER_CUBE),
+        vector,
         arg(residual, len),
         arg(input, len),
         // Without a bias the kernel never reads it: bind the input in its place.
@@ -741,10 +784,12 @@ pub fn swiglu_forward<F: Float + CubeElement>(
         return;
     }
     check_elements(len, "SwiGLU");
+    let vector = element_vector_size::<F>(client, len);
     swiglu::swiglu_forward::launch::<F, f32>(
         client,
-        cube_count(len.div_ceil(swiglu::UNITS_PER_CUBE as usize)),
+        cube_count((len / vector).div_ceil(swiglu::UNITS_PER_CUBE as usize)),
         CubeDim::new_1d(swiglu::UNITS_PER_CUBE),
+        vector,
         arg(gate, len),
         arg(up, len),
         arg(output, len),
@@ -766,10 +811,12 @@ pub fn swiglu_backward<F: Float + CubeElement>(
     }
     check_elements(len, "SwiGLU");
     let [grad_gate, grad_up] = grads;
+    let vector = element_vector_size::<F>(client, len);
     swiglu::swiglu_backward::launch::<F, f32>(
         client,
-        cube_count(len.div_ceil(swiglu::UNITS_PER_CUBE as usize)),
+        cube_count((len / vector).div_ceil(swiglu::UNITS_PER_CUBE as usize)),
         CubeDim::new_1d(swiglu::UNITS_PER_CUBE),
+        vector,
         arg(gate, len),
         arg(up, len),
         arg(grad_output, len),
@@ -982,10 +1029,12 @@ pub fn dropout_slice<F: Float + CubeElement>(
         len <= u32::MAX as usize && rows * u64::from(slice.row.max(slice.own)) <= 1 << 32,
         "dropout of a draw of more than 2³² elements"
     );
+    let vector = element_vector_size::<F>(client, len);
     dropout::dropout::launch::<F>(
         client,
-        cube_count(len.div_ceil(dropout::UNITS_PER_CUBE as usize)),
+        cube_count((len / vector).div_ceil(dropout::UNITS_PER_CUBE as usize)),
         CubeDim::new_1d(dropout::UNITS_PER_CUBE),
+        vector,
         arg(input, len),
         arg(output, len),
         draw.key_lo,
@@ -1348,10 +1397,12 @@ pub fn adam_step<F: Float + CubeElement>(
     // Without moments the kernel never reads them: bind the gradient in their place.
     let (m, v) = moments.unwrap_or((grad, grad));
     let s = scalars;
+    let vector = element_vector_size::<F>(client, len);
     adam::adam_step::launch::<F>(
         client,
-        cube_count(len.div_ceil(adam::UNITS_PER_CUBE as usize)),
+        cube_count((len / vector).div_ceil(adam::UNITS_PER_CUBE as usize)),
         CubeDim::new_1d(adam::UNITS_PER_CUBE),
+        vector,
         arg(param, len),
         arg(grad, len),
         arg(m, len),
@@ -1394,10 +1445,13 @@ pub fn adam_step_in_place<F: Float + CubeElement>(
         start + len
     );
     let s = scalars;
+    // A vector that divides both ends of the range (a whole parameter group).
+    let vector = element_vector_size::<F>(client, gcd(start, len));
     adam::adam_step_in_place::launch::<F>(
         client,
-        cube_count(len.div_ceil(adam::UNITS_PER_CUBE as usize)),
+        cube_count((len / vector).div_ceil(adam::UNITS_PER_CUBE as usize)),
         CubeDim::new_1d(adam::UNITS_PER_CUBE),
+        vector,
         arg(param, total),
         arg(grad, total),
         arg(m, total),

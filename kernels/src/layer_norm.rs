@@ -5,6 +5,7 @@ use cubecl::prelude::*;
 
 use crate::reduce::row_sum;
 use crate::rows::{cube_index, row_index, row_length};
+use crate::vectors::total;
 
 /// `y = (x − μ) / σ · γ + β` per row of `cols`, σ = √(var + ε) with the biased variance (two
 /// passes: the mean, then the squared deviations). Saves μ and 1/σ per row.
@@ -14,11 +15,11 @@ use crate::rows::{cube_index, row_index, row_length};
 /// per row on cubecl-cpu) loses no more precision than a tree would.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn layer_norm_forward<F: Float, A: Float>(
-    input: &[F],
-    gamma: &[F],
-    beta: &[F],
-    output: &mut [F],
+pub fn layer_norm_forward<F: Float, A: Float, N: Size>(
+    input: &[Vector<F, N>],
+    gamma: &[Vector<F, N>],
+    beta: &[Vector<F, N>],
+    output: &mut [Vector<F, N>],
     mean: &mut [A],
     rstd: &mut [A],
     epsilon: f32,
@@ -29,38 +30,44 @@ pub fn layer_norm_forward<F: Float, A: Float>(
     #[comptime] plane_reduce: bool,
 ) {
     let row = row_index();
-    let length = row_length(row, rows, cols);
+    let width = cols as usize / N::value();
+    let length = row_length(row, rows, width as u32);
     let u = UNIT_POS_X as usize;
     let step = lanes as usize;
-    let base = row * cols as usize;
+    let base = row * width;
     let n = A::cast_from(cols);
     let mut shift = A::new(0.0);
     if length > 0 {
-        shift = A::cast_from(input[base]);
+        shift = A::cast_from(input[base].extract(0usize));
     }
+    let shifts = Vector::<A, N>::new(shift);
 
-    let mut local = A::new(0.0);
+    let mut local = Vector::<A, N>::new(A::new(0.0));
     let mut j = u;
     while j < length {
-        local += A::cast_from(input[base + j]) - shift;
+        local += Vector::<A, N>::cast_from(input[base + j]) - shifts;
         j += step;
     }
-    let mu = shift + row_sum::<A>(local, lanes, rows_per_cube, plane_reduce) / n;
+    let mu = shift + row_sum::<A>(total::<A, N>(local), lanes, rows_per_cube, plane_reduce) / n;
+    let mus = Vector::<A, N>::new(mu);
 
-    local = A::new(0.0);
+    local = Vector::<A, N>::new(A::new(0.0));
     j = u;
     while j < length {
-        let d = A::cast_from(input[base + j]) - mu;
+        let d = Vector::<A, N>::cast_from(input[base + j]) - mus;
         local += d * d;
         j += step;
     }
-    let var = row_sum::<A>(local, lanes, rows_per_cube, plane_reduce) / n;
+    let var = row_sum::<A>(total::<A, N>(local), lanes, rows_per_cube, plane_reduce) / n;
     let r = A::new(1.0) / A::sqrt(var + A::cast_from(epsilon));
+    let rs = Vector::<A, N>::new(r);
 
     j = u;
     while j < length {
-        let normed = (A::cast_from(input[base + j]) - mu) * r;
-        output[base + j] = F::cast_from(normed * A::cast_from(gamma[j]) + A::cast_from(beta[j]));
+        let normed = (Vector::<A, N>::cast_from(input[base + j]) - mus) * rs;
+        output[base + j] = Vector::<F, N>::cast_from(
+            normed * Vector::<A, N>::cast_from(gamma[j]) + Vector::<A, N>::cast_from(beta[j]),
+        );
         j += step;
     }
     if u == 0 && length > 0 {
@@ -73,13 +80,13 @@ pub fn layer_norm_forward<F: Float, A: Float>(
 /// `x̂ = (x − μ) · r`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn layer_norm_backward_input<F: Float, A: Float>(
-    input: &[F],
-    gamma: &[F],
-    grad_output: &[F],
+pub fn layer_norm_backward_input<F: Float, A: Float, N: Size>(
+    input: &[Vector<F, N>],
+    gamma: &[Vector<F, N>],
+    grad_output: &[Vector<F, N>],
     mean: &[A],
     rstd: &[A],
-    grad_input: &mut [F],
+    grad_input: &mut [Vector<F, N>],
     rows: u32,
     cols: u32,
     #[comptime] lanes: u32,
@@ -87,10 +94,11 @@ pub fn layer_norm_backward_input<F: Float, A: Float>(
     #[comptime] plane_reduce: bool,
 ) {
     let row = row_index();
-    let length = row_length(row, rows, cols);
+    let width = cols as usize / N::value();
+    let length = row_length(row, rows, width as u32);
     let u = UNIT_POS_X as usize;
     let step = lanes as usize;
-    let base = row * cols as usize;
+    let base = row * width;
     let n = A::cast_from(cols);
     let mut mu = A::new(0.0);
     let mut r = A::new(0.0);
@@ -98,47 +106,52 @@ pub fn layer_norm_backward_input<F: Float, A: Float>(
         mu = mean[row];
         r = rstd[row];
     }
+    let (mus, rs) = (Vector::<A, N>::new(mu), Vector::<A, N>::new(r));
 
-    let mut local_g = A::new(0.0);
-    let mut local_gx = A::new(0.0);
+    let mut local_g = Vector::<A, N>::new(A::new(0.0));
+    let mut local_gx = Vector::<A, N>::new(A::new(0.0));
     let mut j = u;
     while j < length {
-        let g = A::cast_from(grad_output[base + j]) * A::cast_from(gamma[j]);
-        let x_hat = (A::cast_from(input[base + j]) - mu) * r;
+        let g =
+            Vector::<A, N>::cast_from(grad_output[base + j]) * Vector::<A, N>::cast_from(gamma[j]);
+        let x_hat = (Vector::<A, N>::cast_from(input[base + j]) - mus) * rs;
         local_g += g;
         local_gx += g * x_hat;
         j += step;
     }
-    let mean_g = row_sum::<A>(local_g, lanes, rows_per_cube, plane_reduce) / n;
-    let mean_gx = row_sum::<A>(local_gx, lanes, rows_per_cube, plane_reduce) / n;
+    let mean_g = row_sum::<A>(total::<A, N>(local_g), lanes, rows_per_cube, plane_reduce) / n;
+    let mean_gx = row_sum::<A>(total::<A, N>(local_gx), lanes, rows_per_cube, plane_reduce) / n;
+    let (mean_gs, mean_gxs) = (Vector::<A, N>::new(mean_g), Vector::<A, N>::new(mean_gx));
 
     j = u;
     while j < length {
-        let g = A::cast_from(grad_output[base + j]) * A::cast_from(gamma[j]);
-        let x_hat = (A::cast_from(input[base + j]) - mu) * r;
-        grad_input[base + j] = F::cast_from(r * (g - mean_g - x_hat * mean_gx));
+        let g =
+            Vector::<A, N>::cast_from(grad_output[base + j]) * Vector::<A, N>::cast_from(gamma[j]);
+        let x_hat = (Vector::<A, N>::cast_from(input[base + j]) - mus) * rs;
+        grad_input[base + j] = Vector::<F, N>::cast_from(rs * (g - mean_gs - x_hat * mean_gxs));
         j += step;
     }
 }
 
 /// Stage 1 of dγ, dβ: cube `b` sums `dy ⊙ x̂` and `dy` over rows `b·block .. (b+1)·block`
-/// into `partial_gamma[b, :]`, `partial_beta[b, :]` (units stride over the columns).
+/// into `partial_gamma[b, :]`, `partial_beta[b, :]` (units stride over the columns, a vector
+/// of `N` columns each).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn layer_norm_backward_params_partial<F: Float, A: Float>(
-    input: &[F],
-    grad_output: &[F],
+pub fn layer_norm_backward_params_partial<F: Float, A: Float, N: Size>(
+    input: &[Vector<F, N>],
+    grad_output: &[Vector<F, N>],
     mean: &[A],
     rstd: &[A],
-    partial_gamma: &mut [A],
-    partial_beta: &mut [A],
+    partial_gamma: &mut [Vector<A, N>],
+    partial_beta: &mut [Vector<A, N>],
     rows: u32,
     cols: u32,
     block: u32,
     #[comptime] units: u32,
 ) {
     let b = cube_index();
-    let (rows, cols, block) = (rows as usize, cols as usize, block as usize);
+    let (rows, width, block) = (rows as usize, cols as usize / N::value(), block as usize);
     let first = b * block;
     if first >= rows {
         terminate!();
@@ -148,46 +161,48 @@ pub fn layer_norm_backward_params_partial<F: Float, A: Float>(
         last = rows;
     }
     let mut j = UNIT_POS as usize;
-    while j < cols {
-        let mut dg = A::new(0.0);
-        let mut db = A::new(0.0);
+    while j < width {
+        let mut dg = Vector::<A, N>::new(A::new(0.0));
+        let mut db = Vector::<A, N>::new(A::new(0.0));
         let mut row = first;
         while row < last {
-            let dy = A::cast_from(grad_output[row * cols + j]);
-            let x_hat = (A::cast_from(input[row * cols + j]) - mean[row]) * rstd[row];
+            let dy = Vector::<A, N>::cast_from(grad_output[row * width + j]);
+            let x_hat = (Vector::<A, N>::cast_from(input[row * width + j])
+                - Vector::<A, N>::new(mean[row]))
+                * Vector::<A, N>::new(rstd[row]);
             dg += dy * x_hat;
             db += dy;
             row += 1;
         }
-        partial_gamma[b * cols + j] = dg;
-        partial_beta[b * cols + j] = db;
+        partial_gamma[b * width + j] = dg;
+        partial_beta[b * width + j] = db;
         j += units as usize;
     }
 }
 
-/// Stage 2 of dγ, dβ: column `j` (one unit each) sums the `blocks` partial rows.
+/// Stage 2 of dγ, dβ: column vector `j` (one unit each) sums the `blocks` partial rows.
 #[cube(launch)]
-pub fn layer_norm_backward_params_final<F: Float, A: Float>(
-    partial_gamma: &[A],
-    partial_beta: &[A],
-    grad_gamma: &mut [F],
-    grad_beta: &mut [F],
+pub fn layer_norm_backward_params_final<F: Float, A: Float, N: Size>(
+    partial_gamma: &[Vector<A, N>],
+    partial_beta: &[Vector<A, N>],
+    grad_gamma: &mut [Vector<F, N>],
+    grad_beta: &mut [Vector<F, N>],
     blocks: u32,
     cols: u32,
 ) {
     let j = ABSOLUTE_POS;
-    let cols = cols as usize;
-    if j >= cols {
+    let width = cols as usize / N::value();
+    if j >= width {
         terminate!();
     }
-    let mut dg = A::new(0.0);
-    let mut db = A::new(0.0);
+    let mut dg = Vector::<A, N>::new(A::new(0.0));
+    let mut db = Vector::<A, N>::new(A::new(0.0));
     let mut b = 0usize;
     while b < blocks as usize {
-        dg += partial_gamma[b * cols + j];
-        db += partial_beta[b * cols + j];
+        dg += partial_gamma[b * width + j];
+        db += partial_beta[b * width + j];
         b += 1;
     }
-    grad_gamma[j] = F::cast_from(dg);
-    grad_beta[j] = F::cast_from(db);
+    grad_gamma[j] = Vector::<F, N>::cast_from(dg);
+    grad_beta[j] = Vector::<F, N>::cast_from(db);
 }

@@ -26,13 +26,16 @@
 //! - [`grad_norm`]: the global norm of a flat gradient buffer and the clipping coefficient
 //!   (two launches, a fixed order);
 //! - [`adam`]: one Adam step of a parameter (both moments and the update) in one kernel;
+//! - [`vectors`]: folding a unit's vector of partial values, element positions in a vector;
 //! - [`stream_order`]: device-side counters that order CubeCL's stream against another
 //!   stream's work (cuBLAS's products) without a host wait.
 //!
-//! The row kernels (softmax, LayerNorm, RMSNorm) give each row a warp-sized group of units
-//! ([`rows`]) and loop over rows of any length in strides of that group; attention gives a
-//! cube a block of rows ([`launch::AttentionLaunch`]); the element-wise kernels (dropout,
-//! SwiGLU, rotary, Adam) give each element one unit. The row, attention, SwiGLU and rotary
+//! The row kernels (softmax, LayerNorm, RMSNorm, cross-entropy) give each row a warp-sized
+//! group of units ([`rows`]) and loop over rows of any length in strides of that group, loading
+//! the widest vector that divides the row ([`rows::RowLaunch::vectorized`], [`vectors`]; the
+//! element-wise GELU, SwiGLU and dropout kernels too); attention gives a cube a block of rows
+//! ([`launch::AttentionLaunch`]); the element-wise kernels give each element (GELU, SwiGLU,
+//! dropout: each vector) one unit. The row, attention, SwiGLU and rotary
 //! kernels compute in a separate float type `A` (launch with `A = f32`) whatever the storage
 //! type `F` (f32, f16, bf16). The softmax, LayerNorm, RMSNorm, SwiGLU, rotary and dropout
 //! kernels read and write each tensor once; attention reads the keys and values of a head
@@ -60,6 +63,7 @@ pub mod rows;
 pub mod softmax;
 pub mod stream_order;
 pub mod swiglu;
+pub mod vectors;
 
 /// The half-precision storage types, for launching the kernels in f16 / bf16.
 pub use half;

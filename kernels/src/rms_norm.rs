@@ -8,15 +8,16 @@ use cubecl::prelude::*;
 
 use crate::reduce::row_sum;
 use crate::rows::{cube_index, row_index, row_length};
+use crate::vectors::total;
 
 /// `y = x · r · γ` per row of `cols`, `r = 1 / √(mean(x²) + ε)` (one pass for the mean of
 /// the squares: no cancellation, unlike a variance). Saves `r` per row.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn rms_norm_forward<F: Float, A: Float>(
-    input: &[F],
-    gamma: &[F],
-    output: &mut [F],
+pub fn rms_norm_forward<F: Float, A: Float, N: Size>(
+    input: &[Vector<F, N>],
+    gamma: &[Vector<F, N>],
+    output: &mut [Vector<F, N>],
     rstd: &mut [A],
     epsilon: f32,
     rows: u32,
@@ -26,26 +27,28 @@ pub fn rms_norm_forward<F: Float, A: Float>(
     #[comptime] plane_reduce: bool,
 ) {
     let row = row_index();
-    let length = row_length(row, rows, cols);
+    let width = cols as usize / N::value();
+    let length = row_length(row, rows, width as u32);
     let u = UNIT_POS_X as usize;
     let step = lanes as usize;
-    let base = row * cols as usize;
+    let base = row * width;
     let n = A::cast_from(cols);
 
-    let mut local = A::new(0.0);
+    let mut local = Vector::<A, N>::new(A::new(0.0));
     let mut j = u;
     while j < length {
-        let x = A::cast_from(input[base + j]);
+        let x = Vector::<A, N>::cast_from(input[base + j]);
         local += x * x;
         j += step;
     }
-    let mean_square = row_sum::<A>(local, lanes, rows_per_cube, plane_reduce) / n;
+    let mean_square = row_sum::<A>(total::<A, N>(local), lanes, rows_per_cube, plane_reduce) / n;
     let r = A::new(1.0) / A::sqrt(mean_square + A::cast_from(epsilon));
+    let rs = Vector::<A, N>::new(r);
 
     j = u;
     while j < length {
-        let normed = A::cast_from(input[base + j]) * r;
-        output[base + j] = F::cast_from(normed * A::cast_from(gamma[j]));
+        let normed = Vector::<A, N>::cast_from(input[base + j]) * rs;
+        output[base + j] = Vector::<F, N>::cast_from(normed * Vector::<A, N>::cast_from(gamma[j]));
         j += step;
     }
     if u == 0 && length > 0 {
@@ -56,12 +59,12 @@ pub fn rms_norm_forward<F: Float, A: Float>(
 /// dx of RMSNorm per row: `dx = r · (g − x̂ · mean(g ⊙ x̂))` with `g = dy ⊙ γ`, `x̂ = x · r`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn rms_norm_backward_input<F: Float, A: Float>(
-    input: &[F],
-    gamma: &[F],
-    grad_output: &[F],
+pub fn rms_norm_backward_input<F: Float, A: Float, N: Size>(
+    input: &[Vector<F, N>],
+    gamma: &[Vector<F, N>],
+    grad_output: &[Vector<F, N>],
     rstd: &[A],
-    grad_input: &mut [F],
+    grad_input: &mut [Vector<F, N>],
     rows: u32,
     cols: u32,
     #[comptime] lanes: u32,
@@ -69,51 +72,56 @@ pub fn rms_norm_backward_input<F: Float, A: Float>(
     #[comptime] plane_reduce: bool,
 ) {
     let row = row_index();
-    let length = row_length(row, rows, cols);
+    let width = cols as usize / N::value();
+    let length = row_length(row, rows, width as u32);
     let u = UNIT_POS_X as usize;
     let step = lanes as usize;
-    let base = row * cols as usize;
+    let base = row * width;
     let n = A::cast_from(cols);
     let mut r = A::new(0.0);
     if length > 0 {
         r = rstd[row];
     }
+    let rs = Vector::<A, N>::new(r);
 
-    let mut local = A::new(0.0);
+    let mut local = Vector::<A, N>::new(A::new(0.0));
     let mut j = u;
     while j < length {
-        let g = A::cast_from(grad_output[base + j]) * A::cast_from(gamma[j]);
-        let x_hat = A::cast_from(input[base + j]) * r;
+        let g =
+            Vector::<A, N>::cast_from(grad_output[base + j]) * Vector::<A, N>::cast_from(gamma[j]);
+        let x_hat = Vector::<A, N>::cast_from(input[base + j]) * rs;
         local += g * x_hat;
         j += step;
     }
-    let mean_gx = row_sum::<A>(local, lanes, rows_per_cube, plane_reduce) / n;
+    let mean_gx = row_sum::<A>(total::<A, N>(local), lanes, rows_per_cube, plane_reduce) / n;
+    let mean_gxs = Vector::<A, N>::new(mean_gx);
 
     j = u;
     while j < length {
-        let g = A::cast_from(grad_output[base + j]) * A::cast_from(gamma[j]);
-        let x_hat = A::cast_from(input[base + j]) * r;
-        grad_input[base + j] = F::cast_from(r * (g - x_hat * mean_gx));
+        let g =
+            Vector::<A, N>::cast_from(grad_output[base + j]) * Vector::<A, N>::cast_from(gamma[j]);
+        let x_hat = Vector::<A, N>::cast_from(input[base + j]) * rs;
+        grad_input[base + j] = Vector::<F, N>::cast_from(rs * (g - x_hat * mean_gxs));
         j += step;
     }
 }
 
 /// Stage 1 of dγ: cube `b` sums `dy ⊙ x̂` over rows `b·block .. (b+1)·block` into
-/// `partial_gamma[b, :]` (units stride over the columns).
+/// `partial_gamma[b, :]` (units stride over the columns, a vector of `N` columns each).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn rms_norm_backward_gamma_partial<F: Float, A: Float>(
-    input: &[F],
-    grad_output: &[F],
+pub fn rms_norm_backward_gamma_partial<F: Float, A: Float, N: Size>(
+    input: &[Vector<F, N>],
+    grad_output: &[Vector<F, N>],
     rstd: &[A],
-    partial_gamma: &mut [A],
+    partial_gamma: &mut [Vector<A, N>],
     rows: u32,
     cols: u32,
     block: u32,
     #[comptime] units: u32,
 ) {
     let b = cube_index();
-    let (rows, cols, block) = (rows as usize, cols as usize, block as usize);
+    let (rows, width, block) = (rows as usize, cols as usize / N::value(), block as usize);
     let first = b * block;
     if first >= rows {
         terminate!();
@@ -123,38 +131,39 @@ pub fn rms_norm_backward_gamma_partial<F: Float, A: Float>(
         last = rows;
     }
     let mut j = UNIT_POS as usize;
-    while j < cols {
-        let mut dg = A::new(0.0);
+    while j < width {
+        let mut dg = Vector::<A, N>::new(A::new(0.0));
         let mut row = first;
         while row < last {
-            let dy = A::cast_from(grad_output[row * cols + j]);
-            let x_hat = A::cast_from(input[row * cols + j]) * rstd[row];
+            let dy = Vector::<A, N>::cast_from(grad_output[row * width + j]);
+            let x_hat =
+                Vector::<A, N>::cast_from(input[row * width + j]) * Vector::<A, N>::new(rstd[row]);
             dg += dy * x_hat;
             row += 1;
         }
-        partial_gamma[b * cols + j] = dg;
+        partial_gamma[b * width + j] = dg;
         j += units as usize;
     }
 }
 
-/// Stage 2 of dγ: column `j` (one unit each) sums the `blocks` partial rows.
+/// Stage 2 of dγ: column vector `j` (one unit each) sums the `blocks` partial rows.
 #[cube(launch)]
-pub fn rms_norm_backward_gamma_final<F: Float, A: Float>(
-    partial_gamma: &[A],
-    grad_gamma: &mut [F],
+pub fn rms_norm_backward_gamma_final<F: Float, A: Float, N: Size>(
+    partial_gamma: &[Vector<A, N>],
+    grad_gamma: &mut [Vector<F, N>],
     blocks: u32,
     cols: u32,
 ) {
     let j = ABSOLUTE_POS;
-    let cols = cols as usize;
-    if j >= cols {
+    let width = cols as usize / N::value();
+    if j >= width {
         terminate!();
     }
-    let mut dg = A::new(0.0);
+    let mut dg = Vector::<A, N>::new(A::new(0.0));
     let mut b = 0usize;
     while b < blocks as usize {
-        dg += partial_gamma[b * cols + j];
+        dg += partial_gamma[b * width + j];
         b += 1;
     }
-    grad_gamma[j] = F::cast_from(dg);
+    grad_gamma[j] = Vector::<F, N>::cast_from(dg);
 }

@@ -10,19 +10,38 @@ use cubecl::prelude::*;
 
 use crate::reduce::{row_max, row_sum};
 use crate::rows::{row_index, row_length};
+use crate::vectors::{largest, positions, total};
 
-/// Softmax of one row of `sk` over the columns `j` where `keep(j)`; writes `output`.
+/// Which elements of the vector at index `j` of a row are kept: those before
+/// `causal_limit` and, with `use_mask`, where the mask is 0.
+#[cube]
+fn kept<N: Size>(
+    mask: &[Vector<u32, N>],
+    mask_base: usize,
+    j: usize,
+    causal_limit: usize,
+    #[comptime] use_mask: bool,
+) -> Vector<bool, N> {
+    let mut keep = positions::<N>(j).less_than(&Vector::<u32, N>::new(causal_limit as u32));
+    if use_mask {
+        keep = keep.vec_and(mask[mask_base + j].equal(&Vector::<u32, N>::new(0u32)));
+    }
+    keep
+}
+
+/// Softmax of one row of `sk` (`width` vectors of `N`) over the columns `j` where `keep(j)`;
+/// writes `output`. `base` and `mask_base` count vectors.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn masked_row_softmax<F: Float, A: Float>(
-    input: &[F],
-    output: &mut [F],
-    mask: &[u32],
+fn masked_row_softmax<F: Float, A: Float, N: Size>(
+    input: &[Vector<F, N>],
+    output: &mut [Vector<F, N>],
+    mask: &[Vector<u32, N>],
     base: usize,
     mask_base: usize,
     causal_limit: usize,
     scale: f32,
-    sk: usize,
+    width: usize,
     #[comptime] use_mask: bool,
     #[comptime] lanes: u32,
     #[comptime] rows_per_cube: u32,
@@ -30,54 +49,50 @@ fn masked_row_softmax<F: Float, A: Float>(
 ) {
     let u = UNIT_POS_X as usize;
     let step = lanes as usize;
-    let scale = A::cast_from(scale);
+    let scale = Vector::<A, N>::new(A::cast_from(scale));
+    let (lowest, zero) = (
+        Vector::<A, N>::new(A::new(-3.0e38)),
+        Vector::<A, N>::new(A::new(0.0)),
+    );
 
-    let mut local_max = A::new(-3.0e38);
+    let mut local_max = lowest;
     let mut j = u;
-    while j < sk {
-        let mut keep = j < causal_limit;
-        if use_mask {
-            keep = keep && mask[mask_base + j] == 0;
-        }
-        if keep {
-            local_max = A::max(local_max, scale * A::cast_from(input[base + j]));
-        }
+    while j < width {
+        let keep = kept::<N>(mask, mask_base, j, causal_limit, use_mask);
+        let x = scale * Vector::<A, N>::cast_from(input[base + j]);
+        local_max = max(local_max, select_many(keep, x, lowest));
         j += step;
     }
-    let max = row_max::<A>(local_max, lanes, rows_per_cube, plane_reduce);
+    let max = row_max::<A>(
+        largest::<A, N>(local_max),
+        lanes,
+        rows_per_cube,
+        plane_reduce,
+    );
+    let maxes = Vector::<A, N>::new(max);
 
-    let mut local_sum = A::new(0.0);
+    let mut local_sum = zero;
     j = u;
-    while j < sk {
-        let mut keep = j < causal_limit;
-        if use_mask {
-            keep = keep && mask[mask_base + j] == 0;
-        }
-        if keep {
-            local_sum += A::exp(scale * A::cast_from(input[base + j]) - max);
-        }
+    while j < width {
+        let keep = kept::<N>(mask, mask_base, j, causal_limit, use_mask);
+        let e = Vector::exp(scale * Vector::<A, N>::cast_from(input[base + j]) - maxes);
+        local_sum += select_many(keep, e, zero);
         j += step;
     }
-    let sum = row_sum::<A>(local_sum, lanes, rows_per_cube, plane_reduce);
-    let inv = select(sum > A::new(0.0), A::new(1.0) / sum, A::new(0.0));
+    let sum = row_sum::<A>(total::<A, N>(local_sum), lanes, rows_per_cube, plane_reduce);
+    let inv = Vector::<A, N>::new(select(sum > A::new(0.0), A::new(1.0) / sum, A::new(0.0)));
 
     j = u;
-    while j < sk {
-        let mut keep = j < causal_limit;
-        if use_mask {
-            keep = keep && mask[mask_base + j] == 0;
-        }
-        let mut y = A::new(0.0);
-        if keep {
-            y = A::exp(scale * A::cast_from(input[base + j]) - max) * inv;
-        }
-        output[base + j] = F::cast_from(y);
+    while j < width {
+        let keep = kept::<N>(mask, mask_base, j, causal_limit, use_mask);
+        let e = Vector::exp(scale * Vector::<A, N>::cast_from(input[base + j]) - maxes);
+        output[base + j] = Vector::<F, N>::cast_from(select_many(keep, e * inv, zero));
         j += step;
     }
 }
 
 /// Softmax forward of `input` `[batch, heads, sq, sk]` (flattened to `rows = batch · heads ·
-/// sq` rows of `sk`) into `output`.
+/// sq` rows of `sk`) into `output`, in vectors of `N` (which divides `sk`).
 ///
 /// With `causal`, query `i` sees keys `j ≤ i + (sk − sq)` (Megatron's upper-triangular mask);
 /// with `padded`, `mask` `[batch, 1, sq, sk]` hides keys where it is non-zero (Megatron's
@@ -85,10 +100,10 @@ fn masked_row_softmax<F: Float, A: Float>(
 /// `mask` (its launcher binds any buffer there).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn masked_softmax_forward<F: Float, A: Float>(
-    input: &[F],
-    mask: &[u32],
-    output: &mut [F],
+pub fn masked_softmax_forward<F: Float, A: Float, N: Size>(
+    input: &[Vector<F, N>],
+    mask: &[Vector<u32, N>],
+    output: &mut [Vector<F, N>],
     scale: f32,
     rows: u32,
     heads: u32,
@@ -101,20 +116,21 @@ pub fn masked_softmax_forward<F: Float, A: Float>(
     #[comptime] plane_reduce: bool,
 ) {
     let row = row_index();
-    let length = row_length(row, rows, sk);
+    let width = sk as usize / N::value();
+    let length = row_length(row, rows, width as u32);
     let (sq, sk) = (sq as usize, sk as usize);
     let query = row % sq;
-    let mut limit = length;
-    if causal && length > 0 {
+    let mut limit = sk;
+    if causal {
         limit = query + 1 + sk - sq;
     }
     let batch = row / (sq * heads as usize);
-    masked_row_softmax::<F, A>(
+    masked_row_softmax::<F, A, N>(
         input,
         output,
         mask,
-        row * sk,
-        (batch * sq + query) * sk,
+        row * width,
+        (batch * sq + query) * width,
         limit,
         scale,
         length,
@@ -128,10 +144,10 @@ pub fn masked_softmax_forward<F: Float, A: Float>(
 /// Softmax backward for both masks: `dx = scale · y ⊙ (dy − Σ_j dy ⊙ y)` per row of `sk`
 /// (masked positions have `y = 0`, so they get 0).
 #[cube(launch)]
-pub fn softmax_backward<F: Float, A: Float>(
-    output: &[F],
-    grad_output: &[F],
-    grad_input: &mut [F],
+pub fn softmax_backward<F: Float, A: Float, N: Size>(
+    output: &[Vector<F, N>],
+    grad_output: &[Vector<F, N>],
+    grad_input: &mut [Vector<F, N>],
     scale: f32,
     rows: u32,
     sk: u32,
@@ -140,23 +156,30 @@ pub fn softmax_backward<F: Float, A: Float>(
     #[comptime] plane_reduce: bool,
 ) {
     let row = row_index();
-    let length = row_length(row, rows, sk);
+    let width = sk as usize / N::value();
+    let length = row_length(row, rows, width as u32);
     let u = UNIT_POS_X as usize;
     let step = lanes as usize;
-    let base = row * sk as usize;
-    let mut local = A::new(0.0);
+    let base = row * width;
+    let mut local = Vector::<A, N>::new(A::new(0.0));
     let mut j = u;
     while j < length {
-        local += A::cast_from(grad_output[base + j]) * A::cast_from(output[base + j]);
+        local += Vector::<A, N>::cast_from(grad_output[base + j])
+            * Vector::<A, N>::cast_from(output[base + j]);
         j += step;
     }
-    let dot = row_sum::<A>(local, lanes, rows_per_cube, plane_reduce);
-    let scale = A::cast_from(scale);
+    let dot = Vector::<A, N>::new(row_sum::<A>(
+        total::<A, N>(local),
+        lanes,
+        rows_per_cube,
+        plane_reduce,
+    ));
+    let scale = Vector::<A, N>::new(A::cast_from(scale));
     j = u;
     while j < length {
-        let y = A::cast_from(output[base + j]);
-        let dy = A::cast_from(grad_output[base + j]);
-        grad_input[base + j] = F::cast_from(scale * y * (dy - dot));
+        let y = Vector::<A, N>::cast_from(output[base + j]);
+        let dy = Vector::<A, N>::cast_from(grad_output[base + j]);
+        grad_input[base + j] = Vector::<F, N>::cast_from(scale * y * (dy - dot));
         j += step;
     }
 }
