@@ -20,7 +20,7 @@ const REPS: usize = 3;
 /// Rounds per mode (alternating); the median is reported.
 const ROUNDS: usize = 3;
 
-const KERNELS: [&str; 10] = [
+const KERNELS: [&str; 12] = [
     "causal softmax 16×1024×1024, forward",
     "softmax backward",
     "layernorm 8192×1024, forward",
@@ -30,6 +30,8 @@ const KERNELS: [&str; 10] = [
     "cross-entropy backward",
     "bias-GELU 8192×4096, forward",
     "bias-GELU backward",
+    "flat Adam step in place, 33.5 M elements",
+    "gradients copied into a flat buffer, 4 × 8.4 M",
     "bias-dropout-add 8192×1024",
 ];
 
@@ -51,12 +53,13 @@ fn upload(client: &Client, n: usize, seed: usize) -> Handle {
     client.create_from_slice(f32::as_bytes(&values))
 }
 
-/// Buffers shared by the kernels: two inputs of 32 Mi elements and outputs as large.
+/// Buffers shared by the kernels: inputs of 32 Mi elements and outputs as large.
 struct Buffers {
     x: Handle,
     dy: Handle,
     out: Handle,
     out2: Handle,
+    out3: Handle,
     row: [Handle; 4],
     per_row: [Handle; 4],
 }
@@ -70,6 +73,7 @@ impl Buffers {
             dy: upload(client, Self::LEN, 2),
             out: client.empty(Self::LEN * 4),
             out2: client.empty(Self::LEN * 4),
+            out3: upload(client, Self::LEN, 8),
             row: [3, 4, 5, 6].map(|seed| upload(client, 4096, seed)),
             per_row: [0; 4].map(|_| client.empty(8192 * 4)),
         }
@@ -135,6 +139,39 @@ fn timings(client: &Client, b: &Buffers) -> Vec<f64> {
         }),
         time(client, || {
             gelu_backward::<f32>(client, x, Some((bias, 4096)), dy, out, Buffers::LEN, false)
+        }),
+        time(client, || {
+            let scalars = AdamScalars {
+                beta1: 0.9,
+                one_minus_beta1: 0.1,
+                beta2: 0.95,
+                one_minus_beta2: 0.05,
+                correction1: 0.1,
+                correction2: 0.05,
+                eps: 1e-8,
+                keep: 1.0,
+                lr: 1e-4,
+            };
+            let range = (0, Buffers::LEN);
+            adam_step_in_place::<f32>(
+                client,
+                out2,
+                x,
+                (out, &b.out3),
+                &b.row[3],
+                Buffers::LEN,
+                range,
+                scalars,
+            )
+        }),
+        time(client, || {
+            let quarter = Buffers::LEN / 4;
+            let pieces = [0, 1, 2, 3].map(|k| CopyPiece {
+                source: dy,
+                offset: k * quarter,
+                len: quarter,
+            });
+            copy_at_offsets::<f32>(client, &pieces, out2, Buffers::LEN)
         }),
         time(client, || {
             let slice = DrawSlice::whole(len);

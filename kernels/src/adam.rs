@@ -144,9 +144,9 @@ fn cubes_for(len: u32) -> usize {
 /// `destination[offset + i] = source[i]` for this unit's `i` in the piece whose cubes start at
 /// `first_cube`, when `i < len`.
 #[cube]
-fn copy_piece<F: Float>(
-    source: &[F],
-    destination: &mut [F],
+fn copy_piece<F: Float, N: Size>(
+    source: &[Vector<F, N>],
+    destination: &mut [Vector<F, N>],
     offset: u32,
     len: u32,
     first_cube: usize,
@@ -161,15 +161,15 @@ fn copy_piece<F: Float>(
 /// launch (one launch per gradient was a quarter of a small GPT's step). Each piece has cubes
 /// of its own, one after another (`len_0` elements' worth for `source_0` first), so the
 /// branch is the same for all units of a cube; element `j` of piece `k` goes to
-/// `offset_k + j`. An unused slot has length 0.
+/// `offset_k + j`. An unused slot has length 0. Lengths and offsets count vectors of `N`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn copy_at_offsets<F: Float>(
-    source_0: &[F],
-    source_1: &[F],
-    source_2: &[F],
-    source_3: &[F],
-    destination: &mut [F],
+pub fn copy_at_offsets<F: Float, N: Size>(
+    source_0: &[Vector<F, N>],
+    source_1: &[Vector<F, N>],
+    source_2: &[Vector<F, N>],
+    source_3: &[Vector<F, N>],
+    destination: &mut [Vector<F, N>],
     offset_0: u32,
     offset_1: u32,
     offset_2: u32,
@@ -184,12 +184,12 @@ pub fn copy_at_offsets<F: Float>(
     let start_3 = start_2 + cubes_for(len_2);
     let cube = cube_index();
     if cube < start_1 {
-        copy_piece::<F>(source_0, destination, offset_0, len_0, 0);
+        copy_piece::<F, N>(source_0, destination, offset_0, len_0, 0);
     } else if cube < start_2 {
-        copy_piece::<F>(source_1, destination, offset_1, len_1, start_1);
+        copy_piece::<F, N>(source_1, destination, offset_1, len_1, start_1);
     } else if cube < start_3 {
-        copy_piece::<F>(source_2, destination, offset_2, len_2, start_2);
+        copy_piece::<F, N>(source_2, destination, offset_2, len_2, start_2);
     } else {
-        copy_piece::<F>(source_3, destination, offset_3, len_3, start_3);
+        copy_piece::<F, N>(source_3, destination, offset_3, len_3, start_3);
     }
 }

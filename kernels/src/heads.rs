@@ -9,7 +9,8 @@
 //! tensor and a slice-assignment per part plus two additions — eight launches per layer
 //! where [`qkv_merge`] is one, and it sums a group's repeated keys and values in a fixed order.
 //!
-//! Pure data movement (plus that sum, in `A`); one unit per element.
+//! Pure data movement (plus that sum, in `A`); one unit per vector of `N` elements of a head
+//! row (`N` divides `head_dim`, and the kernels' `head_dim` and `len` count vectors).
 
 use cubecl::prelude::*;
 
@@ -19,14 +20,14 @@ use crate::rows::cube_index;
 pub const UNITS_PER_CUBE: u32 = 256;
 
 /// Queries, keys and values `[batch, groups · per_group, seq, head_dim]` from the mixed rows
-/// `[batch, seq, groups · (per_group + 2) · head_dim]`; `len` is the elements of one output.
+/// `[batch, seq, groups · (per_group + 2) · head_dim]`; `len` is the vectors of one output.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn qkv_split<F: Float>(
-    mixed: &[F],
-    query: &mut [F],
-    key: &mut [F],
-    value: &mut [F],
+pub fn qkv_split<F: Float, N: Size>(
+    mixed: &[Vector<F, N>],
+    query: &mut [Vector<F, N>],
+    key: &mut [Vector<F, N>],
+    value: &mut [Vector<F, N>],
     len: u32,
     seq: u32,
     heads: u32,
@@ -51,14 +52,14 @@ pub fn qkv_split<F: Float>(
 
 /// The mixed rows' gradient from the gradients of [`qkv_split`]'s outputs: a query element
 /// is copied back, a key or value element is the sum over its group's query heads (in head
-/// order, in `A`); `len` is the elements of the mixed rows.
+/// order, in `A`); `len` is the vectors of the mixed rows.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn qkv_merge<F: Float, A: Float>(
-    grad_query: &[F],
-    grad_key: &[F],
-    grad_value: &[F],
-    grad_mixed: &mut [F],
+pub fn qkv_merge<F: Float, A: Float, N: Size>(
+    grad_query: &[Vector<F, N>],
+    grad_key: &[Vector<F, N>],
+    grad_value: &[Vector<F, N>],
+    grad_mixed: &mut [Vector<F, N>],
     len: u32,
     seq: u32,
     heads: u32,
@@ -81,15 +82,15 @@ pub fn qkv_merge<F: Float, A: Float>(
         if part < p {
             grad_mixed[t] = grad_query[first + part * head_stride];
         } else {
-            let mut sum = A::new(0.0);
+            let mut sum = Vector::<A, N>::new(A::new(0.0));
             for h in 0..p {
                 if part == p {
-                    sum += A::cast_from(grad_key[first + h * head_stride]);
+                    sum += Vector::cast_from(grad_key[first + h * head_stride]);
                 } else {
-                    sum += A::cast_from(grad_value[first + h * head_stride]);
+                    sum += Vector::cast_from(grad_value[first + h * head_stride]);
                 }
             }
-            grad_mixed[t] = F::cast_from(sum);
+            grad_mixed[t] = Vector::cast_from(sum);
         }
     }
 }

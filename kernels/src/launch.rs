@@ -727,19 +727,21 @@ pub fn qkv_split<F: Float + CubeElement>(
         return;
     }
     check_elements(layout.mixed_len(), "QKV split");
+    let vector = element_vector_size::<F>(client, layout.head_dim);
     heads::qkv_split::launch::<F>(
         client,
-        cube_count(len.div_ceil(heads::UNITS_PER_CUBE as usize)),
+        cube_count((len / vector).div_ceil(heads::UNITS_PER_CUBE as usize)),
         CubeDim::new_1d(heads::UNITS_PER_CUBE),
+        vector,
         arg(mixed, layout.mixed_len()),
         arg(query, len),
         arg(key, len),
         arg(value, len),
-        len as u32,
+        (len / vector) as u32,
         layout.seq as u32,
         layout.heads() as u32,
         layout.per_group as u32,
-        layout.head_dim as u32,
+        (layout.head_dim / vector) as u32,
     );
 }
 
@@ -756,19 +758,21 @@ pub fn qkv_merge<F: Float + CubeElement>(
         return;
     }
     check_elements(len, "QKV merge");
+    let vector = element_vector_size::<F>(client, layout.head_dim);
     heads::qkv_merge::launch::<F, f32>(
         client,
-        cube_count(len.div_ceil(heads::UNITS_PER_CUBE as usize)),
+        cube_count((len / vector).div_ceil(heads::UNITS_PER_CUBE as usize)),
         CubeDim::new_1d(heads::UNITS_PER_CUBE),
+        vector,
         arg(grad_query, head_len),
         arg(grad_key, head_len),
         arg(grad_value, head_len),
         arg(grad_mixed, len),
-        len as u32,
+        (len / vector) as u32,
         layout.seq as u32,
         layout.heads() as u32,
         layout.per_group as u32,
-        layout.head_dim as u32,
+        (layout.head_dim / vector) as u32,
     );
 }
 
@@ -1503,11 +1507,10 @@ pub fn copy_at_offsets<F: Float + CubeElement>(
         );
     }
     for group in pieces.chunks(adam::COPY_SOURCES) {
-        let units = adam::UNITS_PER_CUBE as usize;
-        let cubes: usize = group.iter().map(|p| p.len.div_ceil(units)).sum();
-        if cubes == 0 {
+        if group.iter().all(|p| p.len == 0) {
             continue;
         }
+        let units = adam::UNITS_PER_CUBE as usize;
         // An unused slot binds the first source with length 0.
         let slot = |k: usize| {
             group
@@ -1516,23 +1519,28 @@ pub fn copy_at_offsets<F: Float + CubeElement>(
                 .unwrap_or(CopyPiece { len: 0, ..group[0] })
         };
         let [a, b, c, d] = [slot(0), slot(1), slot(2), slot(3)];
+        // A vector that divides every piece's offset and length.
+        let common = group.iter().fold(0, |g, p| gcd(gcd(g, p.offset), p.len));
+        let v = element_vector_size::<F>(client, common);
+        let cubes: usize = group.iter().map(|p| (p.len / v).div_ceil(units)).sum();
         adam::copy_at_offsets::launch::<F>(
             client,
             cube_count(cubes),
             CubeDim::new_1d(adam::UNITS_PER_CUBE),
+            v,
             arg(a.source, a.len),
             arg(b.source, b.len),
             arg(c.source, c.len),
             arg(d.source, d.len),
             arg(destination, total),
-            a.offset as u32,
-            b.offset as u32,
-            c.offset as u32,
-            d.offset as u32,
-            a.len as u32,
-            b.len as u32,
-            c.len as u32,
-            d.len as u32,
+            (a.offset / v) as u32,
+            (b.offset / v) as u32,
+            (c.offset / v) as u32,
+            (d.offset / v) as u32,
+            (a.len / v) as u32,
+            (b.len / v) as u32,
+            (c.len / v) as u32,
+            (d.len / v) as u32,
         );
     }
 }

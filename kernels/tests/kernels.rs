@@ -1859,38 +1859,49 @@ fn flat_adam_step_in_place_matches_float64_on_its_range_only() {
 
 /// Gradients copied into a flat buffer, four per launch: eleven pieces (two full launches and
 /// a partly used third), lengths from 0 to past one cube-count dimension's worth of cubes,
-/// land at their offsets and nowhere else.
+/// land at their offsets and nowhere else. Then pieces whose offsets and lengths the device's
+/// vectors divide (copied in vectors), and a launch where one piece allows only vectors of 2.
 #[test]
 fn gradients_copied_to_offsets_land_there_and_nowhere_else() {
     let client = client();
     let mut rng = Rng(13);
-    let lens = [5, 0, 1, 2_049, 256, 257, 65_535 * 256 + 3, 17, 3, 1, 1_000];
-    let mut offsets = Vec::new();
-    let mut total = 7; // a gap before the first piece
-    for &len in &lens {
-        offsets.push(total);
-        total += len + 3; // and after each
+    // (pieces' lengths, the gap before each)
+    let cases: [(&[usize], usize); 3] = [
+        (
+            &[5, 0, 1, 2_049, 256, 257, 65_535 * 256 + 3, 17, 3, 1, 1_000],
+            3,
+        ),
+        (&[4, 0, 8, 2_048, 1_024, 1_028, 260, 12, 16], 4),
+        (&[8, 6, 1_024, 4], 4),
+    ];
+    for (lens, gap) in cases {
+        let mut offsets = Vec::new();
+        let mut total = 2 * gap; // a gap before the first piece
+        for &len in lens {
+            offsets.push(total);
+            total += len + gap; // and after each
+        }
+        let values: Vec<Vec<f32>> = lens.iter().map(|&n| rng.vec(n, -1.0, 1.0)).collect();
+        let handles: Vec<_> = values.iter().map(|v| upload(&client, v)).collect();
+        let pieces: Vec<CopyPiece> = handles
+            .iter()
+            .zip(offsets.iter().zip(lens))
+            .map(|(source, (&offset, &len))| CopyPiece {
+                source,
+                offset,
+                len,
+            })
+            .collect();
+        let flat = upload(&client, &vec![7.0; total]);
+        copy_at_offsets::<f32>(&client, &pieces, &flat, total);
+        let mut want = vec![7.0; total];
+        for (v, &offset) in values.iter().zip(&offsets) {
+            want[offset..offset + v.len()].copy_from_slice(v);
+        }
+        let got = download(&client, flat, total);
+        let wrong = got.iter().zip(&want).position(|(a, b)| a != b);
+        assert_eq!(wrong, None, "copies of {lens:?}: first wrong element");
     }
-    let values: Vec<Vec<f32>> = lens.iter().map(|&n| rng.vec(n, -1.0, 1.0)).collect();
-    let handles: Vec<_> = values.iter().map(|v| upload(&client, v)).collect();
-    let pieces: Vec<CopyPiece> = handles
-        .iter()
-        .zip(offsets.iter().zip(&lens))
-        .map(|(source, (&offset, &len))| CopyPiece {
-            source,
-            offset,
-            len,
-        })
-        .collect();
-    let flat = upload(&client, &vec![7.0; total]);
-    copy_at_offsets::<f32>(&client, &pieces, &flat, total);
-    let mut want = vec![7.0; total];
-    for (v, &offset) in values.iter().zip(&offsets) {
-        want[offset..offset + v.len()].copy_from_slice(v);
-    }
-    let got = download(&client, flat, total);
-    let wrong = got.iter().zip(&want).position(|(a, b)| a != b);
-    assert_eq!(wrong, None, "copies at offsets: first wrong element");
 }
 
 /// The stream-ordering counters: `signal` raises one counter and leaves the other; a
@@ -1927,7 +1938,8 @@ fn qkv_split_and_merge_follow_megatrons_group_layout() {
         (2, 5, 3, 1, 7),
         (1, 9, 2, 4, 5),
         (3, 1, 1, 3, 1),
-        (1, 4097, 8, 2, 128),
+        (2, 3, 2, 2, 6),      // vectors of 2
+        (1, 4097, 8, 2, 128), // vectors of 4 (wgpu) or 8 (CUDA f16)
     ] {
         let l = QkvLayout {
             batch,
