@@ -96,8 +96,8 @@ pub(crate) fn cube_block(heads: u32, seq: u32, #[comptime] block: u32) -> (bool,
 /// `head_dim`) into `tile` as [`Quad`]s, zeros past the head's end and past `head_dim`. The
 /// cube's units load consecutive quads (coalesced); every unit must take part.
 #[cube]
-fn load_tile<F: Float, A: Float>(
-    source: &[F],
+fn load_tile<F: Float, A: Float, N: Size>(
+    source: &[Vector<F, N>],
     tile: &mut Shared<[Quad<A>]>,
     head_row: usize,
     first: usize,
@@ -113,15 +113,62 @@ fn load_tile<F: Float, A: Float>(
     while e < comptime!(block as usize * quads(head_dim)) {
         let (row, q) = (e / n, e % n);
         let mut x = Quad::<A>::broadcast(A::new(0.0));
-        #[unroll]
-        for lane in 0..4 {
-            let c = q * 4 + lane;
-            if row < rows && c < d {
-                x.insert(lane, A::cast_from(source[start + row * d + c]));
-            }
+        if row < rows {
+            x = read_quad::<F, A, N>(source, start + row * d, q, head_dim);
         }
         tile[row * comptime!(padded_quads(head_dim)) + q] = x;
         e += CUBE_DIM_X as usize;
+    }
+}
+
+/// Quad `q` (values `4q .. 4q + 4`) of the head row that starts at element `start` of
+/// `source`, read in vectors of `N` (which divides 4 and `head_dim`), zeros past `head_dim`:
+/// one load where the row allows vectors of 4, instead of four.
+#[cube]
+pub(crate) fn read_quad<F: Float, A: Float, N: Size>(
+    source: &[Vector<F, N>],
+    start: usize,
+    q: usize,
+    #[comptime] head_dim: u32,
+) -> Quad<A> {
+    let n = N::value().comptime();
+    let mut x = Quad::<A>::broadcast(A::new(0.0));
+    #[unroll]
+    for chunk in 0..4 / n {
+        let c = q * 4 + chunk * n;
+        if c < head_dim as usize {
+            let v = source[(start + c) / n];
+            #[unroll]
+            for k in 0..n {
+                x.insert(chunk * n + k, A::cast_from(v.extract(k)));
+            }
+        }
+    }
+    x
+}
+
+/// [`read_quad`]'s counterpart: quad `q` of `x` into the head row at `start` of `target` (the
+/// values past `head_dim` dropped).
+#[cube]
+pub(crate) fn write_quad<F: Float, A: Float, N: Size>(
+    target: &mut [Vector<F, N>],
+    start: usize,
+    q: usize,
+    x: Quad<A>,
+    #[comptime] head_dim: u32,
+) {
+    let n = N::value().comptime();
+    #[unroll]
+    for chunk in 0..4 / n {
+        let c = q * 4 + chunk * n;
+        if c < head_dim as usize {
+            let mut v = Vector::<F, N>::new(F::new(0.0));
+            #[unroll]
+            for k in 0..n {
+                v.insert(k, F::cast_from(x.extract(chunk * n + k)));
+            }
+            target[(start + c) / n] = v;
+        }
     }
 }
 
@@ -279,10 +326,10 @@ fn zero_accumulator<A: Float>(#[comptime] block: u32, #[comptime] head_dim: u32)
 /// Row `r` of a unit's accumulator (times `factor`) into row `row` of `target`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn store_accumulator_row<F: Float, A: Float>(
+fn store_accumulator_row<F: Float, A: Float, N: Size>(
     acc: &Array<Quad<A>>,
     r: usize,
-    target: &mut [F],
+    target: &mut [Vector<F, N>],
     row: usize,
     group: usize,
     factor: A,
@@ -294,13 +341,7 @@ fn store_accumulator_row<F: Float, A: Float>(
     let groups = comptime!((block / MICRO) as usize);
     for k in 0..w {
         let quad = acc[r * w + k] * Quad::<A>::broadcast(factor);
-        let first = (group + k * groups) * 4;
-        #[unroll]
-        for lane in 0..4 {
-            if first + lane < d {
-                target[row * d + first + lane] = F::cast_from(quad.extract(lane));
-            }
-        }
+        write_quad::<F, A, N>(target, row * d, group + k * groups, quad, head_dim);
     }
 }
 
@@ -308,9 +349,9 @@ fn store_accumulator_row<F: Float, A: Float>(
 /// before `at.seq`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn store_accumulator<F: Float, A: Float>(
+fn store_accumulator<F: Float, A: Float, N: Size>(
     acc: &Array<Quad<A>>,
-    target: &mut [F],
+    target: &mut [Vector<F, N>],
     at: TileRows,
     my_rows: usize,
     group: usize,
@@ -323,7 +364,7 @@ fn store_accumulator<F: Float, A: Float>(
         let position = at.start + my_rows + r;
         if position < at.seq {
             let row = at.head_row + position;
-            store_accumulator_row::<F, A>(acc, r, target, row, group, factor, block, head_dim);
+            store_accumulator_row::<F, A, N>(acc, r, target, row, group, factor, block, head_dim);
         }
     }
 }
@@ -616,9 +657,9 @@ fn store_key_tiles<A: Float>(
 /// into `delta` (for the dk/dv kernel) and `deltas` (this cube's); every unit takes part.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn store_deltas<F: Float, A: Float>(
+fn store_deltas<F: Float, A: Float, N: Size>(
     grads: &Shared<[Quad<A>]>,
-    output: &[F],
+    output: &[Vector<F, N>],
     delta: &mut [A],
     deltas: &mut Shared<[A]>,
     at: TileRows,
@@ -634,12 +675,11 @@ fn store_deltas<F: Float, A: Float>(
             let row = at.head_row + at.start + i;
             for q in 0..comptime!(quads(head_dim)) {
                 let g = grads[i * comptime!(padded_quads(head_dim)) + q];
+                let o = read_quad::<F, A, N>(output, row * d, q, head_dim);
+                // (Lane by lane: the padding's zeros add nothing.)
                 #[unroll]
-                for lane in 0..4 {
-                    let c = q * 4 + lane;
-                    if c < d {
-                        row_delta += g.extract(lane) * A::cast_from(output[row * d + c]);
-                    }
+                for lane in 0..4usize {
+                    row_delta += g.extract(lane) * o.extract(lane);
                 }
             }
             delta[row] = row_delta;
@@ -696,11 +736,11 @@ fn unit_groups(#[comptime] block: u32) -> (usize, usize) {
 /// needs), for `heads` heads (batch × heads) of `seq` rows.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn flash_attention_forward<F: Float, A: Float>(
-    query: &[F],
-    key: &[F],
-    value: &[F],
-    output: &mut [F],
+pub fn flash_attention_forward<F: Float, A: Float, N: Size>(
+    query: &[Vector<F, N>],
+    key: &[Vector<F, N>],
+    value: &[Vector<F, N>],
+    output: &mut [Vector<F, N>],
     logsumexp: &mut [A],
     scale: f32,
     heads: u32,
@@ -741,15 +781,15 @@ pub fn flash_attention_forward<F: Float, A: Float>(
     let mut acc = zero_accumulator::<A>(block, head_dim);
     let mut tiles = 0usize;
     if cube_active {
-        load_tile::<F, A>(query, &mut queries, head_row, start, s, block, head_dim);
+        load_tile::<F, A, N>(query, &mut queries, head_row, start, s, block, head_dim);
         // Key tiles 0 ..= this block's: the tiles above the causal diagonal are skipped.
         tiles = start / b + 1;
     }
     reset_row_stats::<A>(&mut maxima, &mut sums, block);
     for t in 0..tiles {
         let first = t * b;
-        load_tile::<F, A>(key, &mut keys, head_row, first, s, block, head_dim);
-        load_tile::<F, A>(value, &mut values, head_row, first, s, block, head_dim);
+        load_tile::<F, A, N>(key, &mut keys, head_row, first, s, block, head_dim);
+        load_tile::<F, A, N>(value, &mut values, head_row, first, s, block, head_dim);
         sync_cube();
         let scores = micro_scores::<A>(&queries, my_rows, &keys, my_keys, head_dim, unroll);
         store_scaled_scores::<A>(&mut probs, &scores, my_rows, column_group, scale, block);
@@ -777,7 +817,16 @@ pub fn flash_attention_forward<F: Float, A: Float>(
             let sum = sums[my_rows + r];
             let inv = select(sum > A::new(0.0), A::new(1.0) / sum, A::new(0.0));
             let row = head_row + position;
-            store_accumulator_row::<F, A>(&acc, r, output, row, column_group, inv, block, head_dim);
+            store_accumulator_row::<F, A, N>(
+                &acc,
+                r,
+                output,
+                row,
+                column_group,
+                inv,
+                block,
+                head_dim,
+            );
         }
     }
     let mut i = unit;
@@ -793,15 +842,15 @@ pub fn flash_attention_forward<F: Float, A: Float>(
 /// [`flash_attention_backward_key_value`]) and `grad_query`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn flash_attention_backward_query<F: Float, A: Float>(
-    query: &[F],
-    key: &[F],
-    value: &[F],
-    output: &[F],
-    grad_output: &[F],
+pub fn flash_attention_backward_query<F: Float, A: Float, N: Size>(
+    query: &[Vector<F, N>],
+    key: &[Vector<F, N>],
+    value: &[Vector<F, N>],
+    output: &[Vector<F, N>],
+    grad_output: &[Vector<F, N>],
     logsumexp: &[A],
     delta: &mut [A],
-    grad_query: &mut [F],
+    grad_query: &mut [Vector<F, N>],
     scale: f32,
     heads: u32,
     seq: u32,
@@ -837,14 +886,14 @@ pub fn flash_attention_backward_query<F: Float, A: Float>(
 
     let mut tiles = 0usize;
     if cube_active {
-        load_tile::<F, A>(query, &mut queries, head_row, start, s, block, head_dim);
-        load_tile::<F, A>(grad_output, &mut grads, head_row, start, s, block, head_dim);
+        load_tile::<F, A, N>(query, &mut queries, head_row, start, s, block, head_dim);
+        load_tile::<F, A, N>(grad_output, &mut grads, head_row, start, s, block, head_dim);
         load_row_values::<A>(logsumexp, &mut lse, head_row, start, s, block);
         tiles = start / b + 1;
     }
     sync_cube();
     let at = block_rows(head_row, start, s);
-    store_deltas::<F, A>(
+    store_deltas::<F, A, N>(
         &grads,
         output,
         delta,
@@ -858,8 +907,8 @@ pub fn flash_attention_backward_query<F: Float, A: Float>(
     let mut acc = zero_accumulator::<A>(block, head_dim);
     for t in 0..tiles {
         let first = t * b;
-        load_tile::<F, A>(key, &mut keys, head_row, first, s, block, head_dim);
-        load_tile::<F, A>(value, &mut values, head_row, first, s, block, head_dim);
+        load_tile::<F, A, N>(key, &mut keys, head_row, first, s, block, head_dim);
+        load_tile::<F, A, N>(value, &mut values, head_row, first, s, block, head_dim);
         sync_cube();
         let scores = micro_scores::<A>(&queries, my_rows, &keys, my_keys, head_dim, unroll);
         let dprobs = micro_scores::<A>(&grads, my_rows, &values, my_keys, head_dim, unroll);
@@ -884,7 +933,7 @@ pub fn flash_attention_backward_query<F: Float, A: Float>(
 
     if cube_active {
         let (at, group) = (block_rows(head_row, start, s), column_group);
-        store_accumulator::<F, A>(&acc, grad_query, at, my_rows, group, scale, block, head_dim);
+        store_accumulator::<F, A, N>(&acc, grad_query, at, my_rows, group, scale, block, head_dim);
     }
 }
 
@@ -892,15 +941,15 @@ pub fn flash_attention_backward_query<F: Float, A: Float>(
 /// the keys (each key's own position onwards) and their `logsumexp` and `delta`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn flash_attention_backward_key_value<F: Float, A: Float>(
-    query: &[F],
-    key: &[F],
-    value: &[F],
-    grad_output: &[F],
+pub fn flash_attention_backward_key_value<F: Float, A: Float, N: Size>(
+    query: &[Vector<F, N>],
+    key: &[Vector<F, N>],
+    value: &[Vector<F, N>],
+    grad_output: &[Vector<F, N>],
     logsumexp: &[A],
     delta: &[A],
-    grad_key: &mut [F],
-    grad_value: &mut [F],
+    grad_key: &mut [Vector<F, N>],
+    grad_value: &mut [Vector<F, N>],
     scale: f32,
     heads: u32,
     seq: u32,
@@ -942,16 +991,16 @@ pub fn flash_attention_backward_key_value<F: Float, A: Float>(
     let blocks = s.div_ceil(b);
     let mut first_tile = blocks;
     if cube_active {
-        load_tile::<F, A>(key, &mut keys, head_row, start, s, block, head_dim);
-        load_tile::<F, A>(value, &mut values, head_row, start, s, block, head_dim);
+        load_tile::<F, A, N>(key, &mut keys, head_row, start, s, block, head_dim);
+        load_tile::<F, A, N>(value, &mut values, head_row, start, s, block, head_dim);
         first_tile = start / b;
     }
     let mut dk = zero_accumulator::<A>(block, head_dim);
     let mut dv = zero_accumulator::<A>(block, head_dim);
     for t in first_tile..blocks {
         let first = t * b;
-        load_tile::<F, A>(query, &mut queries, head_row, first, s, block, head_dim);
-        load_tile::<F, A>(grad_output, &mut grads, head_row, first, s, block, head_dim);
+        load_tile::<F, A, N>(query, &mut queries, head_row, first, s, block, head_dim);
+        load_tile::<F, A, N>(grad_output, &mut grads, head_row, first, s, block, head_dim);
         load_row_values::<A>(logsumexp, &mut lse, head_row, first, s, block);
         load_row_values::<A>(delta, &mut deltas, head_row, first, s, block);
         sync_cube();
@@ -981,8 +1030,8 @@ pub fn flash_attention_backward_key_value<F: Float, A: Float>(
     if cube_active {
         let (one, group) = (A::new(1.0), column_group);
         let at = block_rows(head_row, start, s);
-        store_accumulator::<F, A>(&dk, grad_key, at, my_keys, group, scale, block, head_dim);
+        store_accumulator::<F, A, N>(&dk, grad_key, at, my_keys, group, scale, block, head_dim);
         let at = block_rows(head_row, start, s);
-        store_accumulator::<F, A>(&dv, grad_value, at, my_keys, group, one, block, head_dim);
+        store_accumulator::<F, A, N>(&dv, grad_value, at, my_keys, group, one, block, head_dim);
     }
 }

@@ -12,15 +12,15 @@
 use cubecl::prelude::*;
 
 use crate::attention::{
-    cube_block, dropout_args, kept, probability_and_gradient, quad_sum, quads, DropoutArgs, Quad,
-    RowStats,
+    cube_block, dropout_args, kept, probability_and_gradient, quad_sum, quads, read_quad,
+    write_quad, DropoutArgs, Quad, RowStats,
 };
 
 /// Row `row` of a `[rows, head_dim]` tensor as [`Quad`]s into `target` from quad `at` (zeros
 /// past `head_dim`, and all zeros where `active` is false).
 #[cube]
-fn load_row<F: Float, A: Float>(
-    source: &[F],
+fn load_row<F: Float, A: Float, N: Size>(
+    source: &[Vector<F, N>],
     row: usize,
     active: bool,
     target: &mut Array<Quad<A>>,
@@ -31,11 +31,8 @@ fn load_row<F: Float, A: Float>(
     #[unroll]
     for q in 0..comptime!(quads(head_dim)) {
         let mut x = Quad::<A>::broadcast(A::new(0.0));
-        #[unroll]
-        for lane in 0..4usize {
-            if active && q * 4 + lane < d {
-                x.insert(lane, A::cast_from(source[row * d + q * 4 + lane]));
-            }
+        if active {
+            x = read_quad::<F, A, N>(source, row * d, q, head_dim);
         }
         target[at + q] = x;
     }
@@ -55,11 +52,11 @@ fn zeros<A: Float>(#[comptime] count: usize) -> Array<Quad<A>> {
 /// Quads `at..` of `acc` (one row), times `factor`, into row `row` of `target` where `active`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn store_row<F: Float, A: Float>(
+fn store_row<F: Float, A: Float, N: Size>(
     acc: &Array<Quad<A>>,
     at: usize,
     factor: A,
-    target: &mut [F],
+    target: &mut [Vector<F, N>],
     row: usize,
     active: bool,
     #[comptime] head_dim: u32,
@@ -69,12 +66,7 @@ fn store_row<F: Float, A: Float>(
         #[unroll]
         for q in 0..comptime!(quads(head_dim)) {
             let x = acc[at + q] * Quad::<A>::broadcast(factor);
-            #[unroll]
-            for lane in 0..4usize {
-                if q * 4 + lane < d {
-                    target[row * d + q * 4 + lane] = F::cast_from(x.extract(lane));
-                }
-            }
+            write_quad::<F, A, N>(target, row * d, q, x, head_dim);
         }
     }
 }
@@ -158,8 +150,8 @@ fn unit_position(block: &Block, r: usize, #[comptime] shape: PlaneShape) -> usiz
 /// This unit's rows of the block in registers, one after the other (zeros past the head's
 /// end).
 #[cube]
-fn load_unit_rows<F: Float, A: Float>(
-    source: &[F],
+fn load_unit_rows<F: Float, A: Float, N: Size>(
+    source: &[Vector<F, N>],
     block: &Block,
     #[comptime] shape: PlaneShape,
 ) -> Array<Quad<A>> {
@@ -170,7 +162,7 @@ fn load_unit_rows<F: Float, A: Float>(
         let active = block.active && position < block.seq;
         let at = r * comptime!(shape.n());
         let row = block.head_row + position;
-        load_row::<F, A>(source, row, active, &mut out, at, comptime!(shape.head_dim));
+        load_row::<F, A, N>(source, row, active, &mut out, at, comptime!(shape.head_dim));
     }
     out
 }
@@ -178,10 +170,10 @@ fn load_unit_rows<F: Float, A: Float>(
 /// This unit's rows of `acc` (times `factor`) into the block's rows of `target`, those before
 /// the head's end.
 #[cube]
-fn store_unit_rows<F: Float, A: Float>(
+fn store_unit_rows<F: Float, A: Float, N: Size>(
     acc: &Array<Quad<A>>,
     factor: A,
-    target: &mut [F],
+    target: &mut [Vector<F, N>],
     block: &Block,
     #[comptime] shape: PlaneShape,
 ) {
@@ -190,7 +182,7 @@ fn store_unit_rows<F: Float, A: Float>(
         let position = unit_position(block, r, shape);
         let active = block.active && position < block.seq;
         let (at, row) = (r * comptime!(shape.n()), block.head_row + position);
-        store_row::<F, A>(
+        store_row::<F, A, N>(
             acc,
             at,
             factor,
@@ -335,11 +327,11 @@ fn finish_rows<A: Float>(
 /// [`crate::attention::flash_attention_forward`].
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn plane_attention_forward<F: Float, A: Float>(
-    query: &[F],
-    key: &[F],
-    value: &[F],
-    output: &mut [F],
+pub fn plane_attention_forward<F: Float, A: Float, N: Size>(
+    query: &[Vector<F, N>],
+    key: &[Vector<F, N>],
+    value: &[Vector<F, N>],
+    output: &mut [Vector<F, N>],
     logsumexp: &mut [A],
     scale: f32,
     heads: u32,
@@ -366,7 +358,7 @@ pub fn plane_attention_forward<F: Float, A: Float>(
     let block = this_block(heads, seq, shape);
     let (s, scale) = (block.seq, A::cast_from(scale));
 
-    let q = load_unit_rows::<F, A>(query, &block, shape);
+    let q = load_unit_rows::<F, A, N>(query, &block, shape);
     let mut acc = zeros::<A>(comptime!(shape.unit_quads()));
     let (mut maxima, mut sums) = (Array::<A>::new(r_count), Array::<A>::new(r_count));
     #[unroll]
@@ -380,8 +372,8 @@ pub fn plane_attention_forward<F: Float, A: Float>(
     for t in 0..tiles_to(block.start + p * r_count, s, block.active, plane) {
         let (first, key_row) = (t * p, t * p + UNIT_POS_X as usize);
         let (row, active) = (block.head_row + key_row, key_row < s);
-        load_row::<F, A>(key, row, active, &mut k, 0usize, head_dim);
-        load_row::<F, A>(value, row, active, &mut v, 0usize, head_dim);
+        load_row::<F, A, N>(key, row, active, &mut k, 0usize, head_dim);
+        load_row::<F, A, N>(value, row, active, &mut v, 0usize, head_dim);
         #[unroll]
         for j in 0..p {
             let scores = dots_with_unit::<A>(&q, &k, comptime!(j as u32), shape);
@@ -401,16 +393,16 @@ pub fn plane_attention_forward<F: Float, A: Float>(
         }
     }
     finish_rows::<A>(&mut acc, &maxima, &sums, logsumexp, &block, shape);
-    store_unit_rows::<F, A>(&acc, A::new(1.0), output, &block, shape);
+    store_unit_rows::<F, A, N>(&acc, A::new(1.0), output, &block, shape);
 }
 
 /// `D = Σ do ⊙ o` of each of the unit's query rows (`grads` in registers, `output` read) into
 /// `deltas` and, for the key kernel, `delta`; the rows' log-sum-exp into `lse`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn query_row_stats<F: Float, A: Float>(
+fn query_row_stats<F: Float, A: Float, N: Size>(
     grads: &Array<Quad<A>>,
-    output: &[F],
+    output: &[Vector<F, N>],
     logsumexp: &[A],
     delta: &mut [A],
     lse: &mut Array<A>,
@@ -427,7 +419,7 @@ fn query_row_stats<F: Float, A: Float>(
             block.head_row + position,
             block.active && position < block.seq,
         );
-        load_row::<F, A>(
+        load_row::<F, A, N>(
             output,
             row,
             active,
@@ -454,15 +446,15 @@ fn query_row_stats<F: Float, A: Float>(
 /// [`crate::attention::flash_attention_backward_query`].
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn plane_attention_backward_query<F: Float, A: Float>(
-    query: &[F],
-    key: &[F],
-    value: &[F],
-    output: &[F],
-    grad_output: &[F],
+pub fn plane_attention_backward_query<F: Float, A: Float, N: Size>(
+    query: &[Vector<F, N>],
+    key: &[Vector<F, N>],
+    value: &[Vector<F, N>],
+    output: &[Vector<F, N>],
+    grad_output: &[Vector<F, N>],
     logsumexp: &[A],
     delta: &mut [A],
-    grad_query: &mut [F],
+    grad_query: &mut [Vector<F, N>],
     scale: f32,
     heads: u32,
     seq: u32,
@@ -488,11 +480,11 @@ pub fn plane_attention_backward_query<F: Float, A: Float>(
     let block = this_block(heads, seq, shape);
     let (s, scale) = (block.seq, A::cast_from(scale));
 
-    let q = load_unit_rows::<F, A>(query, &block, shape);
-    let g = load_unit_rows::<F, A>(grad_output, &block, shape);
+    let q = load_unit_rows::<F, A, N>(query, &block, shape);
+    let g = load_unit_rows::<F, A, N>(grad_output, &block, shape);
     let (mut lse, mut deltas) = (Array::<A>::new(r_count), Array::<A>::new(r_count));
     let stats = (&mut lse, &mut deltas);
-    query_row_stats::<F, A>(
+    query_row_stats::<F, A, N>(
         &g, output, logsumexp, delta, stats.0, stats.1, &block, shape,
     );
     let mut dq = zeros::<A>(comptime!(shape.unit_quads()));
@@ -500,8 +492,8 @@ pub fn plane_attention_backward_query<F: Float, A: Float>(
     for t in 0..tiles_to(block.start + p * r_count, s, block.active, plane) {
         let (first, key_row) = (t * p, t * p + UNIT_POS_X as usize);
         let (row, active) = (block.head_row + key_row, key_row < s);
-        load_row::<F, A>(key, row, active, &mut k, 0usize, head_dim);
-        load_row::<F, A>(value, row, active, &mut v, 0usize, head_dim);
+        load_row::<F, A, N>(key, row, active, &mut k, 0usize, head_dim);
+        load_row::<F, A, N>(value, row, active, &mut v, 0usize, head_dim);
         #[unroll]
         for j in 0..p {
             let scores = dots_with_unit::<A>(&q, &k, comptime!(j as u32), shape);
@@ -532,22 +524,22 @@ pub fn plane_attention_backward_query<F: Float, A: Float>(
             accumulate_from_unit::<A>(&mut dq, &ds, 0usize, &k, unit, 1usize, shape);
         }
     }
-    store_unit_rows::<F, A>(&dq, scale, grad_query, &block, shape);
+    store_unit_rows::<F, A, N>(&dq, scale, grad_query, &block, shape);
 }
 
 /// Backward, per block of key rows: `grad_key` and `grad_value`, as
 /// [`crate::attention::flash_attention_backward_key_value`].
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn plane_attention_backward_key_value<F: Float, A: Float>(
-    query: &[F],
-    key: &[F],
-    value: &[F],
-    grad_output: &[F],
+pub fn plane_attention_backward_key_value<F: Float, A: Float, N: Size>(
+    query: &[Vector<F, N>],
+    key: &[Vector<F, N>],
+    value: &[Vector<F, N>],
+    grad_output: &[Vector<F, N>],
     logsumexp: &[A],
     delta: &[A],
-    grad_key: &mut [F],
-    grad_value: &mut [F],
+    grad_key: &mut [Vector<F, N>],
+    grad_value: &mut [Vector<F, N>],
     scale: f32,
     heads: u32,
     seq: u32,
@@ -573,8 +565,8 @@ pub fn plane_attention_backward_key_value<F: Float, A: Float>(
     let block = this_block(heads, seq, shape);
     let (s, scale) = (block.seq, A::cast_from(scale));
 
-    let k = load_unit_rows::<F, A>(key, &block, shape);
-    let v = load_unit_rows::<F, A>(value, &block, shape);
+    let k = load_unit_rows::<F, A, N>(key, &block, shape);
+    let v = load_unit_rows::<F, A, N>(value, &block, shape);
     let mut dk = zeros::<A>(comptime!(shape.unit_quads()));
     let mut dv = zeros::<A>(comptime!(shape.unit_quads()));
     let (mut q, mut g) = (zeros::<A>(n), zeros::<A>(n));
@@ -582,8 +574,8 @@ pub fn plane_attention_backward_key_value<F: Float, A: Float>(
     for t in block.start / p..tiles_to(s, s, block.active, plane) {
         let (first, query_row) = (t * p, t * p + UNIT_POS_X as usize);
         let (row, active) = (block.head_row + query_row, query_row < s);
-        load_row::<F, A>(query, row, active, &mut q, 0usize, head_dim);
-        load_row::<F, A>(grad_output, row, active, &mut g, 0usize, head_dim);
+        load_row::<F, A, N>(query, row, active, &mut q, 0usize, head_dim);
+        load_row::<F, A, N>(grad_output, row, active, &mut g, 0usize, head_dim);
         let (mut lse, mut row_delta) = (A::new(0.0), A::new(0.0));
         if active {
             lse = logsumexp[row];
@@ -623,6 +615,6 @@ pub fn plane_attention_backward_key_value<F: Float, A: Float>(
             accumulate_from_unit::<A>(&mut dk, &ds, 0usize, &q, unit, 1usize, shape);
         }
     }
-    store_unit_rows::<F, A>(&dk, scale, grad_key, &block, shape);
-    store_unit_rows::<F, A>(&dv, A::new(1.0), grad_value, &block, shape);
+    store_unit_rows::<F, A, N>(&dk, scale, grad_key, &block, shape);
+    store_unit_rows::<F, A, N>(&dv, A::new(1.0), grad_value, &block, shape);
 }

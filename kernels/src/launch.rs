@@ -1237,6 +1237,13 @@ impl AttentionLaunch {
 /// Launches an attention kernel on `$buffers`, with the shape's, scale's and dropout draw's
 /// scalars after them: `$tiles` in the tiled layout, `$planes` in the plane layout (the two
 /// kernels take the same arguments but for the layout's own, the last ones).
+/// The vector size the attention kernels read and write head rows in: the widest the device
+/// loads in one instruction that divides `head_dim` and a quad of 4 (the tiles' unit), or 1
+/// with `FERROTRON_ROW_VECTORS=0`.
+fn attention_vector_size<F: CubeElement>(client: &Client, head_dim: usize) -> usize {
+    element_vector_size::<F>(client, gcd(head_dim, 4))
+}
+
 macro_rules! launch_attention {
     ($client:expr, $launch:expr, $shape:expr, $scale:expr, $dropout:expr;
      [$($buffer:expr),+ $(,)?], $tiles:path, $planes:path) => {{
@@ -1248,6 +1255,7 @@ macro_rules! launch_attention {
                     $client,
                     $launch.cube_count($shape),
                     $launch.cube_dim(),
+                    attention_vector_size::<F>($client, $shape.head_dim),
                     $($buffer),+,
                     $scale,
                     $shape.heads as u32,

@@ -33,9 +33,9 @@
 //! The row kernels (softmax, LayerNorm, RMSNorm, cross-entropy) give each row a warp-sized
 //! group of units ([`rows`]) and loop over rows of any length in strides of that group, loading
 //! the widest vector that divides the row ([`rows::RowLaunch::vectorized`], [`vectors`]; the
-//! element-wise GELU, SwiGLU and dropout kernels too); attention gives a cube a block of rows
-//! ([`launch::AttentionLaunch`]); the element-wise kernels give each element (GELU, SwiGLU,
-//! dropout: each vector) one unit. The row, attention, SwiGLU and rotary
+//! element-wise kernels, the QKV split and merge and attention's head rows too); attention gives a cube a block of rows
+//! ([`launch::AttentionLaunch`]); the element-wise kernels give each element (each vector
+//! where they load vectors) one unit. The row, attention, SwiGLU and rotary
 //! kernels compute in a separate float type `A` (launch with `A = f32`) whatever the storage
 //! type `F` (f32, f16, bf16). The softmax, LayerNorm, RMSNorm, SwiGLU, rotary and dropout
 //! kernels read and write each tensor once; attention reads the keys and values of a head
