@@ -433,11 +433,11 @@ fn check_elements(len: usize, what: &str) {
 /// rows, or the whole tensor): the widest vector `client` loads in one instruction that
 /// divides `hidden`, or 1 with `FERROTRON_ROW_VECTORS=0` (as [`RowLaunch::vectorized`]).
 fn element_vector_size<F: CubeElement>(client: &Client, hidden: usize) -> usize {
-    let launch = RowLaunch {
-        vectorized: std::env::var("FERROTRON_ROW_VECTORS").as_deref() != Ok("0"),
-        ..RowLaunch::for_plane_size(1)
-    };
-    launch.vector_size::<F>(client, hidden)
+    if crate::rows::vectors_on() {
+        crate::rows::widest_vector::<F>(client, hidden)
+    } else {
+        1
+    }
 }
 
 /// The greatest common divisor of `a` and `b` (`gcd(0, b) = b`).
@@ -877,15 +877,23 @@ pub fn rotary_embedding<F: Float + CubeElement>(
     let len = shape.len();
     check_elements(len, "a rotary embedding");
     let angles = tables.positions * r / 2;
+    // A vector stays within one half of a head's rotated channels (interleaved pairs would
+    // need their lanes swapped: one element per unit there).
+    let vector = if tables.interleaved {
+        1
+    } else {
+        element_vector_size::<F>(client, gcd(r / 2, shape.head_dim))
+    };
     rotary::rotary_embedding::launch::<F, f32>(
         client,
-        cube_count(len.div_ceil(rotary::UNITS_PER_CUBE as usize)),
+        cube_count((len / vector).div_ceil(rotary::UNITS_PER_CUBE as usize)),
         CubeDim::new_1d(rotary::UNITS_PER_CUBE),
+        vector,
         arg(input, len),
         arg(tables.cos, angles),
         arg(tables.sin, angles),
         arg(output, len),
-        len as u32,
+        (len / vector) as u32,
         shape.seq as u32,
         shape.head_dim as u32,
         r as u32,

@@ -20,14 +20,16 @@ use crate::rows::cube_index;
 pub const UNITS_PER_CUBE: u32 = 256;
 
 /// `output[i]` for `i < len`: element `i` of `input` rotated with its pair's partner (or
-/// copied past `rotary_dim`).
+/// copied past `rotary_dim`); in vectors of `N` (`len` counts them), which divide
+/// `rotary_dim / 2` and `head_dim` so that a vector's elements share their half and position,
+/// and `N = 1` for interleaved pairs.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn rotary_embedding<F: Float, A: Float>(
-    input: &[F],
-    cos: &[A],
-    sin: &[A],
-    output: &mut [F],
+pub fn rotary_embedding<F: Float, A: Float, N: Size>(
+    input: &[Vector<F, N>],
+    cos: &[Vector<A, N>],
+    sin: &[Vector<A, N>],
+    output: &mut [Vector<F, N>],
     len: u32,
     seq: u32,
     head_dim: u32,
@@ -38,36 +40,38 @@ pub fn rotary_embedding<F: Float, A: Float>(
 ) {
     let i = cube_index() * UNITS_PER_CUBE as usize + UNIT_POS_X as usize;
     if i < len as usize {
+        let n = N::value();
+        let e = i * n;
         let d = head_dim as usize;
         let r = rotary_dim as usize;
-        let c = i % d;
-        let x = A::cast_from(input[i]);
+        let c = e % d;
+        let x = Vector::<A, N>::cast_from(input[i]);
         let mut y = x;
         if c < r {
             let half = r / 2;
-            let position = (i / d) % seq as usize + offset as usize;
+            let position = (e / d) % seq as usize + offset as usize;
             // The first of a pair takes `− partner · sin`, the second `+ partner · sin`.
             let mut pair = c % half;
-            let mut partner = i + half;
+            let mut partner = e + half;
             let mut sign = A::new(-1.0);
             if interleaved {
                 pair = c / 2;
-                partner = i + 1;
+                partner = e + 1;
                 if c % 2 == 1 {
-                    partner = i - 1;
+                    partner = e - 1;
                     sign = A::new(1.0);
                 }
             } else if c >= half {
-                partner = i - half;
+                partner = e - half;
                 sign = A::new(1.0);
             }
             if inverse {
                 sign = A::new(0.0) - sign;
             }
-            let angle = position * half + pair;
-            let other = A::cast_from(input[partner]);
-            y = x * cos[angle] + other * (sign * sin[angle]);
+            let angle = (position * half + pair) / n;
+            let other = Vector::<A, N>::cast_from(input[partner / n]);
+            y = x * cos[angle] + other * (Vector::new(sign) * sin[angle]);
         }
-        output[i] = F::cast_from(y);
+        output[i] = Vector::cast_from(y);
     }
 }

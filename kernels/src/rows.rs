@@ -71,7 +71,7 @@ impl RowLaunch {
         let launch = Self::for_plane_size(client.properties().hardware.plane_size_max);
         Self {
             plane_reduce: launch.lanes > 1 && plane_width(client) == Some(launch.lanes),
-            vectorized: std::env::var("FERROTRON_ROW_VECTORS").as_deref() != Ok("0"),
+            vectorized: vectors_on(),
             ..launch
         }
     }
@@ -90,13 +90,11 @@ impl RowLaunch {
     /// The vector size of a row of `cols` elements of `F`: with [`Self::vectorized`], the
     /// widest vector `client` loads in one instruction that divides `cols`, else 1.
     pub fn vector_size<F: CubeElement>(&self, client: &Client, cols: usize) -> usize {
-        if !self.vectorized {
-            return 1;
+        if self.vectorized {
+            widest_vector::<F>(client, cols)
+        } else {
+            1
         }
-        client
-            .io_optimized_vector_sizes(size_of::<F>())
-            .find(|v| cols.is_multiple_of(*v))
-            .unwrap_or(1)
     }
 
     /// The cube dimensions: `lanes` × `rows_per_cube`.
@@ -108,6 +106,22 @@ impl RowLaunch {
     pub fn cube_count(&self, rows: usize) -> CubeCount {
         cube_count(rows.div_ceil(self.rows_per_cube as usize))
     }
+}
+
+/// Whether kernels load in vectors ([`RowLaunch::vectorized`] and the element-wise
+/// kernels): unless `FERROTRON_ROW_VECTORS=0`, the baseline the kernel-runtime benchmark
+/// measures them against (read at each launch, so that the benchmark can switch).
+pub fn vectors_on() -> bool {
+    std::env::var("FERROTRON_ROW_VECTORS").as_deref() != Ok("0")
+}
+
+/// The widest vector of `F` that `client` loads in one instruction and that divides `len`
+/// (1 where none does).
+pub fn widest_vector<F: CubeElement>(client: &Client, len: usize) -> usize {
+    client
+        .io_optimized_vector_sizes(size_of::<F>())
+        .find(|v| len.is_multiple_of(*v))
+        .unwrap_or(1)
 }
 
 /// The width of `client`'s planes where it is fixed and plane operations run there: a device

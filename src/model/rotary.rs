@@ -7,12 +7,14 @@
 //! and backward (the rotation by the negative angle); elsewhere, or with fusion off, it is
 //! composed of burn ops. Both take their angles from the same float64 tables.
 
+use std::sync::{Arc, Mutex};
+
 use burn::tensor::{DType, Device, Tensor, TensorData};
 
 use super::GptConfig;
 
 /// The frequencies of one model's rotary embedding; no parameters.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct RotaryEmbedding {
     /// One inverse frequency per rotated pair, `base^(−2i / rotary_dim)` (Llama 3.1's
     /// scaling applied).
@@ -22,6 +24,29 @@ pub struct RotaryEmbedding {
     /// Use the fused kernel where the backend has it; follows the norms' fusion switch
     /// (`--no-persist-layer-norm` turns it off), the math is the same.
     fused: bool,
+    /// The last angle tables built, kept: every micro-batch of every step asks for the same
+    /// positions, and building them (a cosine and a sine in float64 per position and pair,
+    /// 65,536 of each for seq 1024 and heads of 128) then uploading them took host time on
+    /// each layer's every call.
+    tables: Arc<Mutex<Option<PairTables>>>,
+}
+
+/// Angle tables for `len` positions from `start` on `device`.
+#[derive(Clone, Debug)]
+struct PairTables {
+    start: usize,
+    len: usize,
+    device: Device,
+    cos_sin: [Tensor<2>; 2],
+}
+
+/// Two embeddings are equal when they rotate alike (their table caches aside).
+impl PartialEq for RotaryEmbedding {
+    fn eq(&self, other: &Self) -> bool {
+        self.inv_freq == other.inv_freq
+            && self.interleaved == other.interleaved
+            && self.fused == other.fused
+    }
 }
 
 impl RotaryEmbedding {
@@ -38,6 +63,7 @@ impl RotaryEmbedding {
             inv_freq,
             interleaved: config.rotary_interleaved,
             fused: config.rope_fusion,
+            tables: Arc::default(),
         }
     }
 
@@ -53,8 +79,27 @@ impl RotaryEmbedding {
     }
 
     /// `cos` and `sin` of every rotated pair's angle at positions `start..start + len`,
-    /// `[len, rotary_dim / 2]` each, on `device` (angles in float64, values in f32).
+    /// `[len, rotary_dim / 2]` each, on `device` (angles in float64, values in f32); the
+    /// last ones built are kept and handed out again for the same positions and device.
     fn pair_tables(&self, start: usize, len: usize, device: &Device) -> [Tensor<2>; 2] {
+        let mut cached = self.tables.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = cached.as_ref() {
+            if (t.start, t.len) == (start, len) && &t.device == device {
+                return t.cos_sin.clone();
+            }
+        }
+        let cos_sin = self.build_pair_tables(start, len, device);
+        *cached = Some(PairTables {
+            start,
+            len,
+            device: device.clone(),
+            cos_sin: cos_sin.clone(),
+        });
+        cos_sin
+    }
+
+    /// [`Self::pair_tables`] computed.
+    fn build_pair_tables(&self, start: usize, len: usize, device: &Device) -> [Tensor<2>; 2] {
         let pairs = self.inv_freq.len();
         let (mut cos, mut sin) = (
             Vec::with_capacity(len * pairs),
@@ -212,6 +257,22 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The kept tables are those of the positions asked for: the same positions again give
+    /// the same tables, other positions their own.
+    #[test]
+    fn angle_tables_are_kept_per_positions() {
+        let device = Device::flex();
+        let rope = RotaryEmbedding::new(&config(false, 1.0));
+        let values = |t: [Tensor<2>; 2]| t.map(|t| t.into_data().try_to_vec::<f32>().unwrap());
+        for (start, len) in [(0, 4), (0, 4), (3, 4), (0, 4), (0, 6)] {
+            let got = values(rope.pair_tables(start, len, &device));
+            let want = values(rope.build_pair_tables(start, len, &device));
+            assert_eq!(got, want, "positions {start}..+{len}");
+        }
+        // Equality ignores what is kept.
+        assert_eq!(rope, RotaryEmbedding::new(&config(false, 1.0)));
     }
 
     #[test]
