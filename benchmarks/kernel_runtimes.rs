@@ -20,7 +20,7 @@ const REPS: usize = 3;
 /// Rounds per mode (alternating); the median is reported.
 const ROUNDS: usize = 3;
 
-const KERNELS: [&str; 12] = [
+const KERNELS: [&str; 13] = [
     "causal softmax 16×1024×1024, forward",
     "softmax backward",
     "layernorm 8192×1024, forward",
@@ -33,6 +33,7 @@ const KERNELS: [&str; 12] = [
     "flat Adam step in place, 33.5 M elements",
     "gradients copied into a flat buffer, 4 × 8.4 M",
     "bias-dropout-add 8192×1024",
+    "rotary embedding 64×1024×128, halves",
 ];
 
 fn time(client: &Client, mut f: impl FnMut()) -> f64 {
@@ -185,6 +186,22 @@ fn timings(client: &Client, b: &Buffers) -> Vec<f64> {
                 Some(draw),
                 slice,
             )
+        }),
+        time(client, || {
+            let shape = AttentionShape {
+                heads: 64,
+                seq: 1024,
+                head_dim: 128,
+            };
+            // (Any values serve as the angles' cosines and sines.)
+            let tables = RotaryTables {
+                cos: dy,
+                sin: &b.out3,
+                positions: 1024,
+                rotary_dim: 128,
+                interleaved: false,
+            };
+            rotary_embedding::<f32>(client, x, out, shape, tables, 0, false)
         }),
     ]
 }
