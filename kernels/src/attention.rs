@@ -764,7 +764,6 @@ pub fn flash_attention_forward<F: Float, A: Float, N: Size>(
     let (cube_active, head_row, start) = cube_block(heads, seq, block);
     let (row_group, column_group) = unit_groups(block);
     let (my_rows, my_keys) = (row_group * 4, column_group * 4);
-    let (unit, units) = (UNIT_POS_X as usize, CUBE_DIM_X as usize);
     let scale = A::cast_from(scale);
 
     let mut queries = Shared::<[Quad<A>]>::new_slice(tile_len);
@@ -810,31 +809,56 @@ pub fn flash_attention_forward<F: Float, A: Float, N: Size>(
         sync_cube();
     }
 
+    if cube_active {
+        let (at, group) = (block_rows(head_row, start, s), column_group);
+        store_output::<F, A, N>(&acc, &sums, output, at, my_rows, group, block, head_dim);
+        let at = block_rows(head_row, start, s);
+        store_logsumexp::<A>(logsumexp, &maxima, &sums, at, block);
+    }
+}
+
+/// A unit's accumulator rows divided by their softmax sums (0 for a row without any) into
+/// `output`, those before the head's end.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn store_output<F: Float, A: Float, N: Size>(
+    acc: &Array<Quad<A>>,
+    sums: &Shared<[A]>,
+    output: &mut [Vector<F, N>],
+    at: TileRows,
+    my_rows: usize,
+    group: usize,
+    #[comptime] block: u32,
+    #[comptime] head_dim: u32,
+) {
     #[unroll]
     for r in 0..4 {
-        let position = start + my_rows + r;
-        if cube_active && position < s {
+        let position = at.start + my_rows + r;
+        if position < at.seq {
             let sum = sums[my_rows + r];
             let inv = select(sum > A::new(0.0), A::new(1.0) / sum, A::new(0.0));
-            let row = head_row + position;
-            store_accumulator_row::<F, A, N>(
-                &acc,
-                r,
-                output,
-                row,
-                column_group,
-                inv,
-                block,
-                head_dim,
-            );
+            let row = at.head_row + position;
+            store_accumulator_row::<F, A, N>(acc, r, output, row, group, inv, block, head_dim);
         }
     }
-    let mut i = unit;
-    while cube_active && i < b {
-        if start + i < s {
-            logsumexp[head_row + start + i] = maxima[i] + A::ln(sums[i]);
+}
+
+/// `log Σ exp` of each of the block's score rows (those before the head's end), from the
+/// forward's running maxima and sums.
+#[cube]
+fn store_logsumexp<A: Float>(
+    logsumexp: &mut [A],
+    maxima: &Shared<[A]>,
+    sums: &Shared<[A]>,
+    at: TileRows,
+    #[comptime] block: u32,
+) {
+    let mut i = UNIT_POS_X as usize;
+    while i < block as usize {
+        if at.start + i < at.seq {
+            logsumexp[at.head_row + at.start + i] = maxima[i] + A::ln(sums[i]);
         }
-        i += units;
+        i += CUBE_DIM_X as usize;
     }
 }
 
