@@ -20,7 +20,7 @@ const REPS: usize = 3;
 /// Rounds per mode (alternating); the median is reported.
 const ROUNDS: usize = 3;
 
-const KERNELS: [&str; 13] = [
+const KERNELS: [&str; 14] = [
     "causal softmax 16×1024×1024, forward",
     "softmax backward",
     "layernorm 8192×1024, forward",
@@ -34,6 +34,7 @@ const KERNELS: [&str; 13] = [
     "gradients copied into a flat buffer, 4 × 8.4 M",
     "bias-dropout-add 8192×1024",
     "rotary embedding 64×1024×128, halves",
+    "gradient norm and clipping coefficient, 33.5 M",
 ];
 
 fn time(client: &Client, mut f: impl FnMut()) -> f64 {
@@ -202,6 +203,10 @@ fn timings(client: &Client, b: &Buffers) -> Vec<f64> {
                 interleaved: false,
             };
             rotary_embedding::<f32>(client, x, out, shape, tables, 0, false)
+        }),
+        time(client, || {
+            let [partials, norm, clip, _] = &b.per_row;
+            grad_norm_and_clip(client, launch, x, partials, [norm, clip], Buffers::LEN, 1.0)
         }),
     ]
 }

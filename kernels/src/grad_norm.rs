@@ -1,5 +1,6 @@
 //! The global gradient norm and Megatron's clipping coefficient over a flat f32 gradient
-//! buffer, in two launches and an order fixed by the buffer's length.
+//! buffer, in two launches and an order fixed by the buffer's length (and the width of the
+//! vectors the device loads).
 //!
 //! Why: composed of tensor ops, squares, a two-stage fixed-order sum (three reductions and an
 //! addition), a square root and the coefficient `min(1, max_norm / (norm + 1e-6))` (five more
@@ -11,33 +12,34 @@ use cubecl::prelude::*;
 
 use crate::reduce::row_sum;
 use crate::rows::cube_index;
+use crate::vectors::total;
 
 /// Elements per block of the first kernel.
 pub const BLOCK: usize = 1 << 14;
 
 /// `partials[c] = Σ grads[i]²` over block `c` (`i` in `c · BLOCK .. min((c + 1) · BLOCK,
-/// len)`): one cube of `lanes` units per block, unit `u` summing elements `u, u + lanes, …`
-/// of it, then a fixed tree.
+/// len)`): one cube of `lanes` units per block, unit `u` summing the vectors of `N` elements
+/// `u, u + lanes, …` of it lane by lane, then its lanes, then a fixed tree.
 #[cube(launch)]
-pub fn block_sums_of_squares(
-    grads: &[f32],
+pub fn block_sums_of_squares<N: Size>(
+    grads: &[Vector<f32, N>],
     partials: &mut [f32],
     len: u32,
     #[comptime] lanes: u32,
 ) {
     let block = cube_index();
-    let start = block * BLOCK;
-    let mut end = start + BLOCK;
-    if end > len as usize {
-        end = len as usize;
+    let start = block * (BLOCK / N::value());
+    let mut end = start + BLOCK / N::value();
+    if end > len as usize / N::value() {
+        end = len as usize / N::value();
     }
-    let mut sum = 0.0f32;
+    let mut squares = Vector::<f32, N>::new(0.0f32);
     let mut i = start + UNIT_POS_X as usize;
     while i < end {
-        sum += grads[i] * grads[i];
+        squares += grads[i] * grads[i];
         i += lanes as usize;
     }
-    let sum = row_sum::<f32>(sum, lanes, 1u32, false);
+    let sum = row_sum::<f32>(total::<f32, N>(squares), lanes, 1u32, false);
     if UNIT_POS_X == 0 {
         partials[block] = sum;
     }

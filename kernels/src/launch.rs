@@ -553,6 +553,7 @@ pub fn grad_norm_and_clip(
         client,
         cube_count(blocks),
         CubeDim::new_1d(launch.lanes),
+        element_vector_size::<f32>(client, len.max(1)),
         arg(grads, len.max(1)),
         arg(partials, blocks),
         len as u32,
