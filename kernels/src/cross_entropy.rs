@@ -12,9 +12,9 @@
 
 use cubecl::prelude::*;
 
-use crate::reduce::{row_max, row_sum};
+use crate::reduce::{row_vector_max, row_vector_sum};
 use crate::rows::{row_index, row_length};
-use crate::vectors::{largest, positions, total};
+use crate::vectors::positions;
 
 /// Per row `r` of `cols` logits: `logsumexp[r] = log Σ_j exp(x_rj)` and
 /// `loss[r] = logsumexp[r] − x_r,target[r]`. A row whose `inside[r]` is 0 (its target lies in
@@ -46,12 +46,7 @@ pub fn cross_entropy_forward<F: Float, A: Float, N: Size>(
         local_max = max(local_max, Vector::<A, N>::cast_from(logits[base + j]));
         j += step;
     }
-    let max = row_max::<A>(
-        largest::<A, N>(local_max),
-        lanes,
-        rows_per_cube,
-        plane_reduce,
-    );
+    let max = row_vector_max::<A, N>(local_max, lanes, rows_per_cube, plane_reduce);
     let maxes = Vector::<A, N>::new(max);
 
     let mut local_sum = Vector::<A, N>::new(A::new(0.0));
@@ -60,7 +55,7 @@ pub fn cross_entropy_forward<F: Float, A: Float, N: Size>(
         local_sum += Vector::exp(Vector::<A, N>::cast_from(logits[base + j]) - maxes);
         j += step;
     }
-    let sum = row_sum::<A>(total::<A, N>(local_sum), lanes, rows_per_cube, plane_reduce);
+    let sum = row_vector_sum::<A, N>(local_sum, lanes, rows_per_cube, plane_reduce);
 
     if UNIT_POS_X == 0 && length > 0 {
         let lse = max + A::ln(sum);

@@ -10,9 +10,8 @@
 
 use cubecl::prelude::*;
 
-use crate::reduce::row_sum;
+use crate::reduce::{row_sum, row_vector_sum};
 use crate::rows::cube_index;
-use crate::vectors::total;
 
 /// Elements per block of the first kernel.
 pub const BLOCK: usize = 1 << 14;
@@ -39,7 +38,7 @@ pub fn block_sums_of_squares<N: Size>(
         squares += grads[i] * grads[i];
         i += lanes as usize;
     }
-    let sum = row_sum::<f32>(total::<f32, N>(squares), lanes, 1u32, false);
+    let sum = row_vector_sum::<f32, N>(squares, lanes, 1u32, false);
     if UNIT_POS_X == 0 {
         partials[block] = sum;
     }

@@ -3,9 +3,8 @@
 
 use cubecl::prelude::*;
 
-use crate::reduce::row_sum;
+use crate::reduce::row_vector_sum;
 use crate::rows::{cube_index, row_index, row_length};
-use crate::vectors::total;
 
 /// `y = (x − μ) / σ · γ + β` per row of `cols`, σ = √(var + ε) with the biased variance (two
 /// passes: the mean, then the squared deviations). Saves μ and 1/σ per row.
@@ -48,7 +47,7 @@ pub fn layer_norm_forward<F: Float, A: Float, N: Size>(
         local += Vector::<A, N>::cast_from(input[base + j]) - shifts;
         j += step;
     }
-    let mu = shift + row_sum::<A>(total::<A, N>(local), lanes, rows_per_cube, plane_reduce) / n;
+    let mu = shift + row_vector_sum::<A, N>(local, lanes, rows_per_cube, plane_reduce) / n;
     let mus = Vector::<A, N>::new(mu);
 
     local = Vector::<A, N>::new(A::new(0.0));
@@ -58,7 +57,7 @@ pub fn layer_norm_forward<F: Float, A: Float, N: Size>(
         local += d * d;
         j += step;
     }
-    let var = row_sum::<A>(total::<A, N>(local), lanes, rows_per_cube, plane_reduce) / n;
+    let var = row_vector_sum::<A, N>(local, lanes, rows_per_cube, plane_reduce) / n;
     let r = A::new(1.0) / A::sqrt(var + A::cast_from(epsilon));
     let rs = Vector::<A, N>::new(r);
 
@@ -119,8 +118,8 @@ pub fn layer_norm_backward_input<F: Float, A: Float, N: Size>(
         local_gx += g * x_hat;
         j += step;
     }
-    let mean_g = row_sum::<A>(total::<A, N>(local_g), lanes, rows_per_cube, plane_reduce) / n;
-    let mean_gx = row_sum::<A>(total::<A, N>(local_gx), lanes, rows_per_cube, plane_reduce) / n;
+    let mean_g = row_vector_sum::<A, N>(local_g, lanes, rows_per_cube, plane_reduce) / n;
+    let mean_gx = row_vector_sum::<A, N>(local_gx, lanes, rows_per_cube, plane_reduce) / n;
     let (mean_gs, mean_gxs) = (Vector::<A, N>::new(mean_g), Vector::<A, N>::new(mean_gx));
 
     j = u;

@@ -1,7 +1,10 @@
-//! Row-wide reductions (a plane operation, or a tree through shared memory), the building block of the row kernels: the
-//! `lanes` units of one row (see [`crate::rows`]) combine their partial values.
+//! Row-wide reductions (a plane operation, or a tree through shared memory), the building
+//! block of the row kernels: the `lanes` units of one row (see [`crate::rows`]) combine their
+//! partial values, each unit's vector of them folded first where the row is loaded in vectors.
 
 use cubecl::prelude::*;
+
+use crate::vectors::{largest, total};
 
 /// Sum of `value` over the `lanes` units of this unit's row, returned to each of them.
 #[cube]
@@ -23,6 +26,29 @@ pub fn row_max<A: Float>(
     #[comptime] plane_reduce: bool,
 ) -> A {
     row_reduce::<A>(value, lanes, rows_per_cube, plane_reduce, true)
+}
+
+/// Sum of the lanes of `value` over the `lanes` units of this unit's row (a row loaded in
+/// vectors: each unit's vector of partial sums folded first), returned to each of them.
+#[cube]
+pub fn row_vector_sum<A: Float, N: Size>(
+    value: Vector<A, N>,
+    #[comptime] lanes: u32,
+    #[comptime] rows_per_cube: u32,
+    #[comptime] plane_reduce: bool,
+) -> A {
+    row_sum::<A>(total::<A, N>(value), lanes, rows_per_cube, plane_reduce)
+}
+
+/// Maximum of the lanes of `value` over the `lanes` units of this unit's row.
+#[cube]
+pub fn row_vector_max<A: Float, N: Size>(
+    value: Vector<A, N>,
+    #[comptime] lanes: u32,
+    #[comptime] rows_per_cube: u32,
+    #[comptime] plane_reduce: bool,
+) -> A {
+    row_max::<A>(largest::<A, N>(value), lanes, rows_per_cube, plane_reduce)
 }
 
 /// Reduction (sum, or max with `max`) within each row of the cube: one plane operation where

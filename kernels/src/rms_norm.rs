@@ -6,9 +6,8 @@
 
 use cubecl::prelude::*;
 
-use crate::reduce::row_sum;
+use crate::reduce::row_vector_sum;
 use crate::rows::{cube_index, row_index, row_length};
-use crate::vectors::total;
 
 /// `y = x · r · γ` per row of `cols`, `r = 1 / √(mean(x²) + ε)` (one pass for the mean of
 /// the squares: no cancellation, unlike a variance). Saves `r` per row.
@@ -41,7 +40,7 @@ pub fn rms_norm_forward<F: Float, A: Float, N: Size>(
         local += x * x;
         j += step;
     }
-    let mean_square = row_sum::<A>(total::<A, N>(local), lanes, rows_per_cube, plane_reduce) / n;
+    let mean_square = row_vector_sum::<A, N>(local, lanes, rows_per_cube, plane_reduce) / n;
     let r = A::new(1.0) / A::sqrt(mean_square + A::cast_from(epsilon));
     let rs = Vector::<A, N>::new(r);
 
@@ -93,7 +92,7 @@ pub fn rms_norm_backward_input<F: Float, A: Float, N: Size>(
         local += g * x_hat;
         j += step;
     }
-    let mean_gx = row_sum::<A>(total::<A, N>(local), lanes, rows_per_cube, plane_reduce) / n;
+    let mean_gx = row_vector_sum::<A, N>(local, lanes, rows_per_cube, plane_reduce) / n;
     let mean_gxs = Vector::<A, N>::new(mean_gx);
 
     j = u;

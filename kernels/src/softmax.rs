@@ -8,9 +8,9 @@
 
 use cubecl::prelude::*;
 
-use crate::reduce::{row_max, row_sum};
+use crate::reduce::{row_vector_max, row_vector_sum};
 use crate::rows::{row_index, row_length};
-use crate::vectors::{largest, positions, total};
+use crate::vectors::positions;
 
 /// Which elements of the vector at index `j` of a row are kept: those before
 /// `causal_limit` and, with `use_mask`, where the mask is 0.
@@ -63,12 +63,7 @@ fn masked_row_softmax<F: Float, A: Float, N: Size>(
         local_max = max(local_max, select_many(keep, x, lowest));
         j += step;
     }
-    let max = row_max::<A>(
-        largest::<A, N>(local_max),
-        lanes,
-        rows_per_cube,
-        plane_reduce,
-    );
+    let max = row_vector_max::<A, N>(local_max, lanes, rows_per_cube, plane_reduce);
     let maxes = Vector::<A, N>::new(max);
 
     let mut local_sum = zero;
@@ -79,7 +74,7 @@ fn masked_row_softmax<F: Float, A: Float, N: Size>(
         local_sum += select_many(keep, e, zero);
         j += step;
     }
-    let sum = row_sum::<A>(total::<A, N>(local_sum), lanes, rows_per_cube, plane_reduce);
+    let sum = row_vector_sum::<A, N>(local_sum, lanes, rows_per_cube, plane_reduce);
     let inv = Vector::<A, N>::new(select(sum > A::new(0.0), A::new(1.0) / sum, A::new(0.0)));
 
     j = u;
@@ -168,8 +163,8 @@ pub fn softmax_backward<F: Float, A: Float, N: Size>(
             * Vector::<A, N>::cast_from(output[base + j]);
         j += step;
     }
-    let dot = Vector::<A, N>::new(row_sum::<A>(
-        total::<A, N>(local),
+    let dot = Vector::<A, N>::new(row_vector_sum::<A, N>(
+        local,
         lanes,
         rows_per_cube,
         plane_reduce,
