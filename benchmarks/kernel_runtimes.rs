@@ -216,9 +216,8 @@ fn both_modes(client: &Client) -> [Vec<f64>; 2] {
     let buffers = Buffers::new(client);
     let mut rounds: [Vec<Vec<f64>>; 2] = [vec![], vec![]];
     for _ in 0..ROUNDS {
-        for (mode, switch) in [(0, "0"), (1, "1")] {
-            // The launchers read the switch at each call (this benchmark has one thread).
-            std::env::set_var("FERROTRON_ROW_VECTORS", switch);
+        for (mode, vectors) in [(0, false), (1, true)] {
+            ferrotron_kernels::rows::set_vectors_on(vectors);
             rounds[mode].push(timings(client, &buffers));
         }
     }

@@ -15,7 +15,7 @@
 use cubecl::prelude::*;
 
 use crate::rows::cube_index;
-use crate::vectors::splat;
+use crate::vectors::spread;
 
 /// Units per cube.
 pub const UNITS_PER_CUBE: u32 = 256;
@@ -35,18 +35,18 @@ fn gelu_and_slope<A: Float, N: Size>(
     x: Vector<A, N>,
     #[comptime] tanh: bool,
 ) -> (Vector<A, N>, Vector<A, N>) {
-    let half = splat::<A, N>(0.5);
-    let one = splat::<A, N>(1.0);
+    let half = spread::<A, N>(0.5);
+    let one = spread::<A, N>(1.0);
     if comptime![tanh] {
         // (1 + tanh u) / 2 is the logistic of 2u, which stays accurate where tanh u rounds
         // to ±1; (1 − tanh² u) / 2 = 2 · s · (1 − s).
-        let u = splat::<A, N>(SQRT_2_OVER_PI) * (x + splat::<A, N>(CUBIC) * x * x * x);
-        let s = one / (one + Vector::exp(splat::<A, N>(-2.0) * u));
-        let du = splat::<A, N>(SQRT_2_OVER_PI) * (one + splat::<A, N>(3.0 * CUBIC) * x * x);
-        (x * s, s + splat::<A, N>(2.0) * x * s * (one - s) * du)
+        let u = spread::<A, N>(SQRT_2_OVER_PI) * (x + spread::<A, N>(CUBIC) * x * x * x);
+        let s = one / (one + Vector::exp(spread::<A, N>(-2.0) * u));
+        let du = spread::<A, N>(SQRT_2_OVER_PI) * (one + spread::<A, N>(3.0 * CUBIC) * x * x);
+        (x * s, s + spread::<A, N>(2.0) * x * s * (one - s) * du)
     } else {
-        let cdf = half * (one + Vector::erf(x * splat::<A, N>(FRAC_1_SQRT_2)));
-        let pdf = splat::<A, N>(FRAC_1_SQRT_2PI) * Vector::exp(splat::<A, N>(0.0) - half * x * x);
+        let cdf = half * (one + Vector::erf(x * spread::<A, N>(FRAC_1_SQRT_2)));
+        let pdf = spread::<A, N>(FRAC_1_SQRT_2PI) * Vector::exp(spread::<A, N>(0.0) - half * x * x);
         (x * cdf, cdf + x * pdf)
     }
 }

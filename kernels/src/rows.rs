@@ -12,6 +12,8 @@
 //! ([`RowLaunch::plane_reduce`]): no shared memory and no barrier (the same forward then took
 //! 60–100 ms).
 
+use std::sync::atomic::{AtomicU8, Ordering};
+
 use cubecl::prelude::*;
 
 /// The linear index of this cube (cube counts are 2-D when there are more cubes than one
@@ -108,11 +110,27 @@ impl RowLaunch {
     }
 }
 
+/// The vector switch: 0 until first asked, then 1 (vectors) or 2 (one element per load).
+static VECTORS: AtomicU8 = AtomicU8::new(0);
+
 /// Whether kernels load in vectors ([`RowLaunch::vectorized`] and the element-wise
-/// kernels): unless `FERROTRON_ROW_VECTORS=0`, the baseline the kernel-runtime benchmark
-/// measures them against (read at each launch, so that the benchmark can switch).
+/// kernels): unless `FERROTRON_ROW_VECTORS=0` (read once per process, not on every launch),
+/// the baseline the kernel-runtime benchmark measures them against.
 pub fn vectors_on() -> bool {
-    std::env::var("FERROTRON_ROW_VECTORS").as_deref() != Ok("0")
+    match VECTORS.load(Ordering::Relaxed) {
+        0 => {
+            let on = std::env::var("FERROTRON_ROW_VECTORS").as_deref() != Ok("0");
+            set_vectors_on(on);
+            on
+        }
+        state => state == 1,
+    }
+}
+
+/// Overrides [`vectors_on`] for the launches that follow (the benchmark's switch between its
+/// two modes in one process).
+pub fn set_vectors_on(on: bool) {
+    VECTORS.store(if on { 1 } else { 2 }, Ordering::Relaxed);
 }
 
 /// The widest vector of `F` that `client` loads in one instruction and that divides `len`

@@ -7,7 +7,7 @@
 use cubecl::prelude::*;
 
 use crate::rows::cube_index;
-use crate::vectors::splat;
+use crate::vectors::spread;
 
 /// Units per cube.
 pub const UNITS_PER_CUBE: u32 = 256;
@@ -16,7 +16,7 @@ pub const UNITS_PER_CUBE: u32 = 256;
 /// where it vanishes).
 #[cube]
 fn sigmoid<A: Float, N: Size>(x: Vector<A, N>) -> Vector<A, N> {
-    splat::<A, N>(1.0) / (splat::<A, N>(1.0) + Vector::exp(splat::<A, N>(0.0) - x))
+    spread::<A, N>(1.0) / (spread::<A, N>(1.0) + Vector::exp(spread::<A, N>(0.0) - x))
 }
 
 /// `output[i] = silu(gate[i]) · up[i]` for the `len` elements, in vectors of `N` (which
@@ -52,7 +52,7 @@ pub fn swiglu_backward<F: Float, A: Float, N: Size>(
         let u = Vector::<A, N>::cast_from(up[i]);
         let dy = Vector::<A, N>::cast_from(grad_output[i]);
         let s = sigmoid::<A, N>(g);
-        let one = splat::<A, N>(1.0);
+        let one = spread::<A, N>(1.0);
         grad_up[i] = Vector::cast_from(dy * (g * s));
         grad_gate[i] = Vector::cast_from(dy * u * s * (one + g * (one - s)));
     }

@@ -38,13 +38,7 @@ pub fn positions<N: Size>(vector: usize) -> Vector<u32, N> {
     at
 }
 
-/// `value` in every lane.
-#[cube]
-pub fn splat<A: Float, N: Size>(#[comptime] value: f32) -> Vector<A, N> {
-    Vector::<A, N>::new(A::new(value))
-}
-
-/// The runtime `value` in every lane, in `F`.
+/// `value` in every lane, in `F` (a constant, or a runtime scalar).
 #[cube]
 pub fn spread<F: Float, N: Size>(value: f32) -> Vector<F, N> {
     Vector::<F, N>::new(F::cast_from(value))
