@@ -173,7 +173,7 @@ fn timings(client: &Client, b: &Buffers) -> Vec<f64> {
                 offset: k * quarter,
                 len: quarter,
             });
-            copy_at_offsets::<f32>(client, &pieces, out2, Buffers::LEN)
+            copy_at_offsets::<f32, f32>(client, &pieces, out2, Buffers::LEN, 1.0)
         }),
         time(client, || {
             let slice = DrawSlice::whole(len);

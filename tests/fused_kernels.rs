@@ -908,34 +908,63 @@ fn training_with_device_dropout_follows_the_cpu_and_survives_recompute() {
 /// `--fp16` on the device: the mixed-precision step (fp32 main weights, f16 model copy, matmuls
 /// and the fused kernels on f16 tensors with f32 math inside, the dynamic loss scaler) with
 /// fused attention and dropout follows the CPU's fp16 run of the composed ops, and half
-/// precision really ran (the losses are not the fp32 run's). WGSL has no bf16; bf16 takes the
+/// precision really ran (the losses are not the fp32 run's); from a loss scale that overflows,
+/// the same steps are skipped (the device finds the overflow in the flat buffer's norm). WGSL has no bf16; bf16 takes the
 /// same path with another storage type.
 #[test]
 fn fp16_training_on_the_device_follows_the_cpu() {
     use ferrotron::optim::grad_scaler::DynamicGradScalerConfig;
     use ferrotron::optim::mixed_precision::Precision;
     let dir = tempfile::tempdir().unwrap();
-    let config = |precision, flash| PretrainConfig {
+    let config = |precision, flash, initial_scale| PretrainConfig {
         model: GptConfig::new(2, 32, 4, 16, 512)
             .with_hidden_dropout(0.1)
             .with_attention_dropout(0.1)
             .with_flash_attention(flash),
         precision,
-        // From 2¹⁶ the first steps are taken (Megatron's 2³² skips the first few).
         dynamic_loss_scale: DynamicGradScalerConfig {
-            initial_scale: 2f64.powi(16),
+            initial_scale,
             ..DynamicGradScalerConfig::default()
         },
         train_iters: 6,
         ..small_gpt(dir.path(), true, 1)
     };
-    let cpu = pretrain(&config(Precision::Fp16, false), &Device::flex().autodiff()).unwrap();
-    let fp32 = pretrain(&config(Precision::Fp32, true), &device()).unwrap();
-    for flash in [false, true] {
-        let gpu = pretrain(&config(Precision::Fp16, flash), &device()).unwrap();
+    // From 2¹⁶ the first steps are taken (Megatron's 2³² skips the first few).
+    let taken = 2f64.powi(16);
+    let cpu = pretrain(
+        &config(Precision::Fp16, false, taken),
+        &Device::flex().autodiff(),
+    )
+    .unwrap();
+    let fp32 = pretrain(&config(Precision::Fp32, true, taken), &device()).unwrap();
+    // From 2²⁰ the first steps overflow and are skipped, found on the device by the flat
+    // buffer's norm (the CPU checks every gradient).
+    let overflows = 2f64.powi(20);
+    let cpu_skips = pretrain(
+        &config(Precision::Fp16, false, overflows),
+        &Device::flex().autodiff(),
+    )
+    .unwrap();
+    assert!(
+        (1..4).contains(&cpu_skips.skipped_iterations.len()),
+        "steps {:?} of 6 skipped from 2²⁰",
+        cpu_skips.skipped_iterations
+    );
+    let runs = [
+        (false, taken, &cpu),
+        (true, taken, &cpu),
+        (false, overflows, &cpu_skips),
+    ];
+    for (flash, initial_scale, cpu) in runs {
+        let gpu = pretrain(&config(Precision::Fp16, flash, initial_scale), &device()).unwrap();
         assert_eq!(gpu.skipped_iterations, cpu.skipped_iterations);
         assert_eq!(gpu.loss_scales, cpu.loss_scales);
         assert_ne!(gpu.losses, fp32.losses, "fp16 gave fp32's losses");
+        // The norms of the unscaled gradients (Adam and clipping would hide a scale).
+        assert_eq!(gpu.grad_norms.len(), 6 - cpu.skipped_iterations.len());
+        for ((i, a), (_, b)) in gpu.grad_norms.iter().zip(&cpu.grad_norms) {
+            assert!((a - b).abs() < 1e-3 * b, "iteration {i}: grad norm {a} vs {b}");
+        }
         assert_eq!(gpu.losses.len(), 6);
         for ((i, a), (_, b)) in gpu.losses.iter().zip(&cpu.losses) {
             let rel = (a - b).abs() / b.abs();
@@ -950,8 +979,8 @@ fn fp16_training_on_the_device_follows_the_cpu() {
 /// The flat-buffer Adam on the GPU device against the composed per-parameter Adam on the CPU
 /// (burn's tensor ops): three steps of a small GPT from the same gradients, with clipping
 /// active, weight decay and a decoupled learning rate, give the same weights, gradient norms
-/// and moments; an optimizer resumed from the exported moments takes the same third step; the
-/// f16 working copy is the main weights cast.
+/// and moments, also from f16 gradients (step 2); an optimizer resumed from the exported
+/// moments takes the same third step; the f16 working copy is the main weights cast.
 #[test]
 fn flat_adam_follows_the_composed_adam() {
     use burn::tensor::FloatDType;
@@ -980,12 +1009,19 @@ fn flat_adam_follows_the_composed_adam() {
             count_zeros: false,
         }
     };
-    // The same gradients for both, parameter by parameter in declaration order.
+    // The same gradients for both, parameter by parameter in declaration order. In step 2
+    // every other one is in f16, as a half-precision model's backward pass gives it: the
+    // accumulator keeps it so, and the flat buffer's copy casts it (two runs of copies).
     let grads = |model: &ferrotron::model::Gpt, step: u64, device: &Device| {
         let mut acc = GradientAccumulator::default();
         let device = device.clone().inner();
         for (k, p) in named_parameters(model).iter().enumerate() {
             let g = random([p.values.len()], 100 * step + k as u64, 0.05, &device);
+            let g = if step == 2 && k % 2 == 0 {
+                g.cast(FloatDType::F16)
+            } else {
+                g
+            };
             acc.insert(p.id, g);
         }
         acc

@@ -141,35 +141,40 @@ fn cubes_for(len: u32) -> usize {
     (len as usize).div_ceil(UNITS_PER_CUBE as usize)
 }
 
-/// `destination[offset + i] = source[i]` for this unit's `i` in the piece whose cubes start at
-/// `first_cube`, when `i < len`.
+/// `destination[offset + i] = source[i] · scale` (multiplied in f32, stored as `O`) for this
+/// unit's `i` in the piece whose cubes start at `first_cube`, when `i < len`.
 #[cube]
-fn copy_piece<F: Float, N: Size>(
-    source: &[Vector<F, N>],
-    destination: &mut [Vector<F, N>],
+fn copy_piece<I: Float, O: Float, N: Size>(
+    source: &[Vector<I, N>],
+    destination: &mut [Vector<O, N>],
     offset: u32,
     len: u32,
     first_cube: usize,
+    scale: f32,
 ) {
     let i = (cube_index() - first_cube) * UNITS_PER_CUBE as usize + UNIT_POS_X as usize;
     if i < len as usize {
-        destination[offset as usize + i] = source[i];
+        let value = Vector::<f32, N>::cast_from(source[i]) * spread::<f32, N>(scale);
+        destination[offset as usize + i] = Vector::<O, N>::cast_from(value);
     }
 }
 
 /// Up to [`COPY_SOURCES`] parameters' gradients into their places in a flat buffer in one
-/// launch (one launch per gradient was a quarter of a small GPT's step). Each piece has cubes
-/// of its own, one after another (`len_0` elements' worth for `source_0` first), so the
-/// branch is the same for all units of a cube; element `j` of piece `k` goes to
-/// `offset_k + j`. An unused slot has length 0. Lengths and offsets count vectors of `N`.
+/// launch (one launch per gradient was a quarter of a small GPT's step), each element cast
+/// from the gradients' dtype `I` to the buffer's `O` and multiplied by `scale` in f32 on the
+/// way: a half-precision model's gradients enter the fp32 buffer without a cast kernel per
+/// parameter, and fp16's loss scale can come off in the same pass (`scale` 1 copies exactly).
+/// Each piece has cubes of its own, one after another (`len_0` elements' worth for `source_0`
+/// first), so the branch is the same for all units of a cube; element `j` of piece `k` goes
+/// to `offset_k + j`. An unused slot has length 0. Lengths and offsets count vectors of `N`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn copy_at_offsets<F: Float, N: Size>(
-    source_0: &[Vector<F, N>],
-    source_1: &[Vector<F, N>],
-    source_2: &[Vector<F, N>],
-    source_3: &[Vector<F, N>],
-    destination: &mut [Vector<F, N>],
+pub fn copy_at_offsets<I: Float, O: Float, N: Size>(
+    source_0: &[Vector<I, N>],
+    source_1: &[Vector<I, N>],
+    source_2: &[Vector<I, N>],
+    source_3: &[Vector<I, N>],
+    destination: &mut [Vector<O, N>],
     offset_0: u32,
     offset_1: u32,
     offset_2: u32,
@@ -178,18 +183,19 @@ pub fn copy_at_offsets<F: Float, N: Size>(
     len_1: u32,
     len_2: u32,
     len_3: u32,
+    scale: f32,
 ) {
     let start_1 = cubes_for(len_0);
     let start_2 = start_1 + cubes_for(len_1);
     let start_3 = start_2 + cubes_for(len_2);
     let cube = cube_index();
     if cube < start_1 {
-        copy_piece::<F, N>(source_0, destination, offset_0, len_0, 0);
+        copy_piece::<I, O, N>(source_0, destination, offset_0, len_0, 0, scale);
     } else if cube < start_2 {
-        copy_piece::<F, N>(source_1, destination, offset_1, len_1, start_1);
+        copy_piece::<I, O, N>(source_1, destination, offset_1, len_1, start_1, scale);
     } else if cube < start_3 {
-        copy_piece::<F, N>(source_2, destination, offset_2, len_2, start_2);
+        copy_piece::<I, O, N>(source_2, destination, offset_2, len_2, start_2, scale);
     } else {
-        copy_piece::<F, N>(source_3, destination, offset_3, len_3, start_3);
+        copy_piece::<I, O, N>(source_3, destination, offset_3, len_3, start_3, scale);
     }
 }

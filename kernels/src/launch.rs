@@ -1504,12 +1504,16 @@ pub struct CopyPiece<'a> {
 }
 
 /// Copies every piece into its place in `destination` (`total` elements), four pieces per
-/// launch ([`adam::copy_at_offsets`]); the pieces must not overlap.
-pub fn copy_at_offsets<F: Float + CubeElement>(
+/// launch ([`adam::copy_at_offsets`]); the pieces must not overlap. The pieces hold `I`, the
+/// destination `O`, and every element is multiplied by `scale` in f32 on the way (exact for
+/// `scale` 1): a half-precision model's gradients go into the fp32 buffer, fp16's loss scale
+/// can come off in the same pass.
+pub fn copy_at_offsets<I: Float + CubeElement, O: Float + CubeElement>(
     client: &Client,
     pieces: &[CopyPiece<'_>],
     destination: &Handle,
     total: usize,
+    scale: f32,
 ) {
     assert!(
         total <= u32::MAX as usize,
@@ -1538,9 +1542,11 @@ pub fn copy_at_offsets<F: Float + CubeElement>(
         let [a, b, c, d] = [slot(0), slot(1), slot(2), slot(3)];
         // A vector that divides every piece's offset and length.
         let common = group.iter().fold(0, |g, p| gcd(gcd(g, p.offset), p.len));
-        let v = element_vector_size::<F>(client, common);
+        // Both sides' vectors: the narrower of the widest each dtype moves in one load.
+        let v =
+            element_vector_size::<I>(client, common).min(element_vector_size::<O>(client, common));
         let cubes: usize = group.iter().map(|p| (p.len / v).div_ceil(units)).sum();
-        adam::copy_at_offsets::launch::<F>(
+        adam::copy_at_offsets::launch::<I, O>(
             client,
             cube_count(cubes),
             CubeDim::new_1d(adam::UNITS_PER_CUBE),
@@ -1558,6 +1564,7 @@ pub fn copy_at_offsets<F: Float + CubeElement>(
             (b.len / v) as u32,
             (c.len / v) as u32,
             (d.len / v) as u32,
+            scale,
         );
     }
 }

@@ -1893,7 +1893,7 @@ fn gradients_copied_to_offsets_land_there_and_nowhere_else() {
             })
             .collect();
         let flat = upload(&client, &vec![7.0; total]);
-        copy_at_offsets::<f32>(&client, &pieces, &flat, total);
+        copy_at_offsets::<f32, f32>(&client, &pieces, &flat, total, 1.0);
         let mut want = vec![7.0; total];
         for (v, &offset) in values.iter().zip(&offsets) {
             want[offset..offset + v.len()].copy_from_slice(v);
@@ -1902,6 +1902,80 @@ fn gradients_copied_to_offsets_land_there_and_nowhere_else() {
         let wrong = got.iter().zip(&want).position(|(a, b)| a != b);
         assert_eq!(wrong, None, "copies of {lens:?}: first wrong element");
     }
+}
+
+/// A half-precision model's gradients copied into the fp32 flat buffer with a scale (fp16's
+/// `1 / loss scale`): every element is the host's `f32(g) · scale`, bit for bit, infinities
+/// and NaN carried through (the overflow check reads them after the copy), pieces in vectors
+/// and not, and nothing outside the pieces written. Runs for each half type the device stores.
+#[test]
+fn half_gradients_are_cast_and_scaled_into_the_fp32_buffer() {
+    let client = client();
+    let ran = [
+        copy_half_into_fp32::<half::f16>(&client),
+        copy_half_into_fp32::<half::bf16>(&client),
+    ];
+    assert!(
+        ran.iter().any(|&r| r),
+        "this device stores neither f16 nor bf16"
+    );
+}
+
+fn copy_half_into_fp32<H: Storage>(client: &Client) -> bool {
+    if !client.properties().supports_type(H::cube_type()) {
+        return false;
+    }
+    let mut rng = Rng(19);
+    for (lens, gap, scale) in [
+        (&[5usize, 1_024, 3, 2_052, 0, 17][..], 3usize, 1.0f32),
+        (&[8, 1_024, 4, 6][..], 4, 1.0 / 3.0),
+        (&[1_024, 2_048, 512][..], 8, 1.0 / 65_536.0),
+    ] {
+        let mut offsets = Vec::new();
+        let mut total = gap;
+        for &len in lens {
+            offsets.push(total);
+            total += len + gap;
+        }
+        let values: Vec<Vec<f32>> = lens
+            .iter()
+            .map(|&n| {
+                let mut v = rounded::<H>(&rng.vec(n, -3.0e4, 3.0e4));
+                if n > 4 {
+                    (v[1], v[2], v[3]) = (f32::INFINITY, f32::NEG_INFINITY, f32::NAN);
+                }
+                v
+            })
+            .collect();
+        let handles: Vec<_> = values.iter().map(|v| upload_as::<H>(client, v)).collect();
+        let pieces: Vec<CopyPiece> = handles
+            .iter()
+            .zip(offsets.iter().zip(lens))
+            .map(|(source, (&offset, &len))| CopyPiece {
+                source,
+                offset,
+                len,
+            })
+            .collect();
+        let flat = upload(client, &vec![7.0; total]);
+        copy_at_offsets::<H, f32>(client, &pieces, &flat, total, scale);
+        let mut want = vec![7.0f32; total];
+        for (v, &offset) in values.iter().zip(&offsets) {
+            for (w, &g) in want[offset..offset + v.len()].iter_mut().zip(v) {
+                *w = g * scale;
+            }
+        }
+        let got = download(client, flat, total);
+        let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+        let wrong = (0..total).find(|&i| !same(got[i], want[i]));
+        assert_eq!(
+            wrong.map(|i| (i, got[i], want[i])),
+            None,
+            "{} copies of {lens:?} scaled by {scale}: first wrong element (index, got, want)",
+            H::NAME
+        );
+    }
+    true
 }
 
 /// The stream-ordering counters: `signal` raises one counter and leaves the other; a

@@ -62,7 +62,7 @@ struct Update<'a> {
 
 impl ModuleMapper for Update<'_> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-        let Some(g) = self.grads.get(&param.id).cloned() else {
+        let Some(g) = self.grads.get(&param.id) else {
             return param;
         };
         let (id, value, mapper) = param.consume();

@@ -234,7 +234,6 @@ impl DistributedAdamW {
             |e| {
                 grads
                     .get(&e.id)
-                    .cloned()
                     .unwrap_or_else(|| Tensor::zeros([e.len()], &device))
             },
             &device,

@@ -26,12 +26,13 @@ use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::{DType, Device, FloatDType, Shape, Tensor, TensorData};
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
+use ferrotron_kernels::half::{bf16, f16};
 use ferrotron_kernels::launch::{self as kernels, AdamScalars, CopyPiece, RowLaunch};
 
 use super::optimizer::{Optimizer, OptimizerSetup};
 use super::{AdamWConfig, GradNorm, GradientAccumulator, LearningRates, NamedMoments};
 use crate::comm::CommError;
-use crate::util::cube_tensor::empty_like;
+use crate::util::cube_tensor::{empty_like, packed};
 
 /// Where one parameter lives in the flat buffers.
 struct Segment {
@@ -70,12 +71,35 @@ pub struct FlatAdamW {
     /// Moments to resume from, uploaded when the buffers are built (at the first step).
     saved: Vec<NamedMoments>,
     buffers: Option<FlatBuffers>,
+    /// The gradients gathered, unscaled and measured by [`Optimizer::unscale_and_check`]
+    /// for the next step.
+    prepared: Option<Prepared>,
+}
+
+/// A step's gradient buffer with its global norm (read already) and clipping coefficient.
+struct Prepared {
+    grads: CubeTensor,
+    norm: f64,
+    clip: CubeTensor,
 }
 
 /// `t` as a contiguous f32 CubeCL tensor; flat Adam runs only where that holds.
 fn cube_f32(t: Tensor<1>, what: &str) -> CubeTensor {
     super::fused_adam::cube_f32(&t)
         .unwrap_or_else(|| panic!("flat Adam: {what} is not an fp32 tensor on a CubeCL device"))
+}
+
+/// `t` (f32, f16 or bf16) as a contiguous tensor on a CubeCL device.
+fn cube_tensor(t: Tensor<1>) -> CubeTensor {
+    let dtype = t.dtype();
+    assert!(
+        matches!(dtype, DType::F32 | DType::F16 | DType::BF16),
+        "flat Adam: a {dtype:?} parameter or gradient"
+    );
+    let cube = t
+        .try_into_primitive::<CubeBackend>()
+        .unwrap_or_else(|_| panic!("flat Adam: a gradient not on a CubeCL device"));
+    packed(cube)
 }
 
 fn tensor(cube: &CubeTensor) -> Tensor<1> {
@@ -164,7 +188,7 @@ impl FlatBuffers {
             total,
         };
         let values = params.into_iter().map(|(_, _, value)| value);
-        buffers.copy_in(values.zip(&buffers.segments), &buffers.params);
+        buffers.copy_in(values.zip(&buffers.segments), &buffers.params, 1.0);
         Some(buffers)
     }
 
@@ -199,42 +223,60 @@ impl FlatBuffers {
         })
     }
 
-    /// Copies each value (one parameter's elements) to its segment of `into`, four per
-    /// launch.
+    /// Copies each value (one parameter's elements, f32 or half precision) to its segment of
+    /// `into` (f32), cast and multiplied by `scale` on the way, four per launch (one run of
+    /// launches per dtype).
     fn copy_in<'a>(
         &self,
         values: impl Iterator<Item = (Tensor<1>, &'a Segment)>,
         into: &CubeTensor,
+        scale: f32,
     ) {
         let sources: Vec<(CubeTensor, &Segment)> = values
-            .map(|(value, segment)| (cube_f32(value, "a parameter or gradient"), segment))
+            .map(|(value, segment)| (cube_tensor(value), segment))
             .collect();
-        let pieces: Vec<CopyPiece> = sources
-            .iter()
-            .map(|(value, segment)| CopyPiece {
-                source: &value.handle,
-                offset: segment.offset,
-                len: segment.len,
-            })
-            .collect();
-        kernels::copy_at_offsets::<f32>(&into.client, &pieces, &into.handle, self.total);
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let pieces: Vec<CopyPiece> = sources
+                .iter()
+                .filter(|(value, _)| value.dtype == dtype)
+                .map(|(value, segment)| CopyPiece {
+                    source: &value.handle,
+                    offset: segment.offset,
+                    len: segment.len,
+                })
+                .collect();
+            let (client, handle, total) = (&into.client, &into.handle, self.total);
+            match dtype {
+                DType::F16 => {
+                    kernels::copy_at_offsets::<f16, f32>(client, &pieces, handle, total, scale)
+                }
+                DType::BF16 => {
+                    kernels::copy_at_offsets::<bf16, f32>(client, &pieces, handle, total, scale)
+                }
+                _ => kernels::copy_at_offsets::<f32, f32>(client, &pieces, handle, total, scale),
+            }
+        }
     }
 
-    /// The step's gradients in one buffer (zeros for a parameter without one, and in the
-    /// padding). Allocated per step, not kept: a persistent buffer would add its size to the
-    /// activations' peak in the backward pass.
-    fn gather(&self, grads: &GradientAccumulator) -> CubeTensor {
+    /// The step's gradients in one fp32 buffer, multiplied by `scale` (zeros for a parameter
+    /// without one, and in the padding), taken out of `grads`: a gradient with one
+    /// contribution is cast from the model's dtype by the copy itself. Allocated per step, not
+    /// kept: a persistent buffer would add its size to the activations' peak in the backward
+    /// pass.
+    fn gather(&self, grads: &mut GradientAccumulator, scale: f32) -> CubeTensor {
         let device = tensor(&self.params).device();
         let flat = cube_f32(
             Tensor::<1>::zeros([self.total], &device),
             "the gradient buffer",
         );
-        // A parameter without a gradient keeps the buffer's zeros.
+        // A parameter without a gradient keeps the buffer's zeros. The per-parameter
+        // gradients are freed once copied (before the norm's scratch is allocated).
+        let mut stored: HashMap<ParamId, Tensor<1>> = grads.drain_as_stored().into_iter().collect();
         let present = self
             .segments
             .iter()
-            .filter_map(|segment| Some((grads.get(&segment.id)?.clone(), segment)));
-        self.copy_in(present, &flat);
+            .filter_map(|segment| Some((stored.remove(&segment.id)?, segment)));
+        self.copy_in(present, &flat, scale);
         flat
     }
 
@@ -305,7 +347,18 @@ impl FlatAdamW {
             steps,
             saved,
             buffers: None,
+            prepared: None,
         }
+    }
+
+    /// The buffers, built from `module` at the first call; `None` for a module without
+    /// parameters.
+    fn buffers<M: Module>(&mut self, module: &M) -> Option<&FlatBuffers> {
+        if self.buffers.is_none() {
+            self.buffers = FlatBuffers::build(module, &self.decoupled, &self.saved, &self.names);
+            self.saved = Vec::new();
+        }
+        self.buffers.as_ref()
     }
 
     /// The scalars of this step's Adam launch for one group.
@@ -335,19 +388,21 @@ impl<M: Module> Optimizer<M> for FlatAdamW {
         grads: &mut GradientAccumulator,
         lr: LearningRates,
     ) -> Result<(M, GradNorm), CommError> {
-        if self.buffers.is_none() {
-            self.buffers = FlatBuffers::build(&module, &self.decoupled, &self.saved, &self.names);
-            self.saved = Vec::new();
-        }
+        let prepared = self.prepared.take();
         self.steps += 1;
-        let Some(b) = self.buffers.as_ref() else {
+        if self.buffers(&module).is_none() {
             return Ok((module, GradNorm::Read(0.0)));
+        }
+        let b = self.buffers.as_ref().expect("built above");
+        let (flat_grads, norm, clip) = match prepared {
+            Some(p) => (p.grads, GradNorm::Read(p.norm), p.clip),
+            None => {
+                let flat_grads = b.gather(grads, 1.0);
+                let (norm, clip) = b.norm_and_clip(&flat_grads, self.clip_grad);
+                let norm = GradNorm::OnDevice(Box::new(tensor(&norm)));
+                (flat_grads, norm, clip)
+            }
         };
-        let flat_grads = b.gather(grads);
-        // The per-parameter gradients are in the flat buffer now: free them before the
-        // norm's scratch is allocated (the caller drops the accumulator after the step).
-        drop(grads.drain());
-        let (norm, clip) = b.norm_and_clip(&flat_grads, self.clip_grad);
         for group in &b.groups {
             kernels::adam_step_in_place::<f32>(
                 &b.params.client,
@@ -361,7 +416,36 @@ impl<M: Module> Optimizer<M> for FlatAdamW {
             );
         }
         let module = b.views(module, &tensor(&b.params));
-        Ok((module, GradNorm::OnDevice(Box::new(tensor(&norm)))))
+        Ok((module, norm))
+    }
+
+    /// Gathers the gradients with the loss scale taken off in the copy, and takes their norm:
+    /// a gradient that is ±inf or NaN makes the norm so, as Megatron's check finds it. (Finite
+    /// squares could overflow the sum too, but not these: an fp16 gradient is below 65,504
+    /// per micro-batch and rank, so with a loss scale ≥ 1, Megatron's minimum, `n` of them
+    /// summed over `k` micro-batches and ranks overflow only for `n k² > 7.9e28`.) One read of
+    /// the device, as the per-parameter check made.
+    fn unscale_and_check(
+        &mut self,
+        main: &M,
+        grads: &mut GradientAccumulator,
+        inv_scale: f64,
+    ) -> Option<bool> {
+        let clip_grad = self.clip_grad;
+        let b = self.buffers(main)?;
+        let flat_grads = b.gather(grads, inv_scale as f32);
+        let (norm, clip) = b.norm_and_clip(&flat_grads, clip_grad);
+        let norm = f64::from(tensor(&norm).into_scalar::<f32>());
+        self.prepared = Some(Prepared {
+            grads: flat_grads,
+            norm,
+            clip,
+        });
+        Some(!norm.is_finite())
+    }
+
+    fn skip_step(&mut self) {
+        self.prepared = None;
     }
 
     fn working_copy(&self, main: &M, dtype: FloatDType) -> Option<M> {

@@ -27,6 +27,12 @@ pub enum GradNorm {
 ///
 /// Parameters are kept in the module's declaration order, so reductions over them (the
 /// global norm) add in the same order in every run: bitwise reproducible.
+///
+/// A parameter with one contribution so far keeps it as the backward pass gave it (in half
+/// precision for a half-precision model) and is read in fp32: cast when it is read, or by a
+/// consumer that casts as it copies ([`Self::drain_as_stored`]: the flat-buffer optimizer),
+/// which saves a cast kernel and a pass per parameter and step. The values are the same
+/// either way: a cast is exact, and a sum of two contributions is taken in fp32.
 #[derive(Default)]
 pub struct GradientAccumulator {
     grads: HashMap<ParamId, Tensor<1>>,
@@ -60,7 +66,8 @@ impl ModuleVisitor for Accumulate<'_> {
 }
 
 /// `into[id] += g` (or `= g`, recording `id` in `order`), in fp32 unless `model_dtype`: half
-/// precision models give half-precision gradients, summed in fp32.
+/// precision models give half-precision gradients, summed in fp32. A first contribution is
+/// kept as it is (see [`GradientAccumulator`]).
 fn sum_into(
     into: &mut HashMap<ParamId, Tensor<1>>,
     order: &mut Vec<ParamId>,
@@ -68,13 +75,8 @@ fn sum_into(
     id: ParamId,
     g: Tensor<1>,
 ) {
-    let g = if model_dtype {
-        g
-    } else {
-        g.cast(FloatDType::F32)
-    };
     let sum = match into.remove(&id) {
-        Some(acc) => acc + g,
+        Some(acc) => read_as(model_dtype, acc) + read_as(model_dtype, g),
         None => {
             if !order.contains(&id) {
                 order.push(id);
@@ -85,7 +87,29 @@ fn sum_into(
     into.insert(id, sum);
 }
 
+/// A stored gradient as it is read: fp32, or as stored in an accumulator in the model's dtype.
+fn read_as(model_dtype: bool, g: Tensor<1>) -> Tensor<1> {
+    if model_dtype {
+        g
+    } else {
+        g.cast(FloatDType::F32)
+    }
+}
+
 impl GradientAccumulator {
+    /// `g` (one of this accumulator's) as it is read.
+    fn read(&self, g: &Tensor<1>) -> Tensor<1> {
+        read_as(self.model_dtype, g.clone())
+    }
+
+    /// Every stored gradient in the dtype it is read in, before they are changed in place.
+    fn settle(&mut self) {
+        let model_dtype = self.model_dtype;
+        for g in self.grads.values_mut() {
+            *g = read_as(model_dtype, g.clone());
+        }
+    }
+
     /// An accumulator for the pieces of *one* backward pass that runs as several (activation
     /// recomputation): it sums in the model's dtype, as autodiff sums the contributions of a
     /// parameter used twice (the tied embedding) within one pass, so that merging it
@@ -120,14 +144,16 @@ impl GradientAccumulator {
     /// Removes and returns the gradient of `id` (its place in the order stays: put a
     /// gradient back with [`Self::insert`] before reading norms).
     pub fn take(&mut self, id: &ParamId) -> Option<Tensor<1>> {
-        self.grads.remove(id)
+        let g = self.grads.remove(id)?;
+        Some(self.read(&g))
     }
 
     /// The gradient so far of `id` plus `g` (summed as [`Self::merge`] sums), taken out of
     /// the accumulator: the final gradient of a parameter whose last contribution is `g`.
     pub fn take_sum(&mut self, id: ParamId, g: Tensor<1>) -> Tensor<1> {
         sum_into(&mut self.grads, &mut self.order, self.model_dtype, id, g);
-        self.grads.remove(&id).expect("just summed")
+        let sum = self.grads.remove(&id).expect("just summed");
+        self.read(&sum)
     }
 
     /// Sets the gradient of `id`.
@@ -161,6 +187,14 @@ impl GradientAccumulator {
 
     /// The gradients left, in declaration order, taken out.
     pub fn drain(&mut self) -> Vec<(ParamId, Tensor<1>)> {
+        self.settle();
+        self.drain_as_stored()
+    }
+
+    /// [`Self::drain`] without the cast of a gradient with one contribution: each as the
+    /// backward pass gave it (in the model's dtype) or summed (fp32), for a consumer that
+    /// casts to fp32 as it copies.
+    pub fn drain_as_stored(&mut self) -> Vec<(ParamId, Tensor<1>)> {
         let order = std::mem::take(&mut self.order);
         order
             .into_iter()
@@ -213,8 +247,7 @@ impl GradientAccumulator {
             if !counted(id) {
                 continue;
             }
-            let g = &self.grads[id];
-            let s = fixed_order_sum(g.clone().square());
+            let s = fixed_order_sum(self.read(&self.grads[id]).square());
             total = Some(match total {
                 Some(t) => t + s,
                 None => s,
@@ -228,7 +261,7 @@ impl GradientAccumulator {
     pub fn count_zeros_on_device(&self, counted: impl Fn(&ParamId) -> bool) -> Option<Tensor<1>> {
         let mut total: Option<Tensor<1>> = None;
         for id in self.order.iter().filter(|id| counted(id)) {
-            let zeros = self.grads[id].clone().equal_elem(0.0).float().sum();
+            let zeros = self.read(&self.grads[id]).equal_elem(0.0).float().sum();
             total = Some(match total {
                 Some(t) => t + zeros,
                 None => zeros,
@@ -242,7 +275,7 @@ impl GradientAccumulator {
     pub fn all_finite(&self) -> bool {
         let mut total: Option<Tensor<1>> = None;
         for id in &self.order {
-            let s = self.grads[id].clone().mul_scalar(0.0).sum();
+            let s = self.read(&self.grads[id]).mul_scalar(0.0).sum();
             total = Some(match total {
                 Some(t) => t + s,
                 None => s,
@@ -258,6 +291,7 @@ impl GradientAccumulator {
 
     /// Multiplies every gradient by `factor`.
     pub fn scale(&mut self, factor: f64) {
+        self.settle();
         for g in self.grads.values_mut() {
             *g = g.clone().mul_scalar(factor);
         }
@@ -278,6 +312,7 @@ impl GradientAccumulator {
     /// Clips to `max_norm` by the global norm (Megatron's `clip_grad_norm_fp32`) and returns
     /// the norm before clipping.
     pub fn clip_global_norm(&mut self, max_norm: f64) -> f64 {
+        self.settle();
         let norm = self.global_norm();
         self.clip_to(norm, max_norm)
     }
@@ -293,6 +328,7 @@ impl GradientAccumulator {
         not_counted: &HashSet<ParamId>,
         group: &Group,
     ) -> Result<f64, CommError> {
+        self.settle();
         let local = self.sum_of_squares(|id| !not_counted.contains(id));
         let total = group.timed(|| group.all_reduce_scalar(local, ReduceOp::Sum))?;
         Ok(self.clip_to(total.sqrt(), max_norm))
@@ -309,6 +345,7 @@ impl GradientAccumulator {
         not_counted: &HashSet<ParamId>,
         group: &Group,
     ) -> Result<GradNorm, CommError> {
+        self.settle();
         if group.size() > 1 {
             return Ok(GradNorm::Read(self.clip_global_norm_parallel(
                 max_norm,
@@ -349,6 +386,7 @@ impl GradientAccumulator {
         if group.size() == 1 {
             return Ok(());
         }
+        self.settle();
         let mut bucket: Vec<ParamId> = Vec::new();
         let mut filled = 0;
         for (k, id) in self.order.iter().enumerate() {
@@ -383,6 +421,7 @@ impl GradientAccumulator {
         if group.size() == 1 {
             return Ok(());
         }
+        self.settle();
         for id in ids {
             let g = self.grads.get(id).cloned().ok_or_else(|| {
                 CommError::Invalid("a shared parameter has no gradient on this rank".into())
@@ -399,7 +438,7 @@ impl GradientAccumulator {
     }
 
     /// The gradient of a parameter, flattened.
-    pub fn get(&self, id: &ParamId) -> Option<&Tensor<1>> {
-        self.grads.get(id)
+    pub fn get(&self, id: &ParamId) -> Option<Tensor<1>> {
+        self.grads.get(id).map(|g| self.read(g))
     }
 }

@@ -114,14 +114,23 @@ impl<M: Module> MixedPrecisionOptimizer<M> {
         lr: LearningRates,
     ) -> Result<StepResult, CommError> {
         if let Some(scaler) = self.scaler.as_mut() {
-            grads.scale(1.0 / scaler.scale());
-            let local = if grads.all_finite() { 0.0 } else { 1.0 };
+            let inv_scale = 1.0 / scaler.scale();
+            let main = self.main.as_ref().expect("outside a step");
+            let found_here = self
+                .inner
+                .unscale_and_check(main, grads, inv_scale)
+                .unwrap_or_else(|| {
+                    grads.scale(inv_scale);
+                    !grads.all_finite()
+                });
+            let local = if found_here { 1.0 } else { 0.0 };
             let found_inf = self
                 .overflow_group
                 .all_reduce_scalar(local, ReduceOp::Max)?
                 > 0.0;
             scaler.update(found_inf);
             if found_inf {
+                self.inner.skip_step();
                 return Ok(StepResult::Skipped);
             }
         }

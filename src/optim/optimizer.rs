@@ -32,6 +32,24 @@ pub trait Optimizer<M: Module> {
         lr: LearningRates,
     ) -> Result<(M, GradNorm), CommError>;
 
+    /// Takes the loss scale off `grads` (multiplies them by `inv_scale`) and says whether any
+    /// of them is not finite, where this optimizer does both in a pass of its own (the
+    /// flat-buffer Adam: in the copy into its buffer, and from the global norm it needs
+    /// anyway); `None` leaves both to the caller and `grads` untouched. After `Some`, the next
+    /// [`Self::step`] starts from what this prepared, or [`Self::skip_step`] drops it.
+    fn unscale_and_check(
+        &mut self,
+        _main: &M,
+        _grads: &mut GradientAccumulator,
+        _inv_scale: f64,
+    ) -> Option<bool> {
+        None
+    }
+
+    /// The step is skipped (a rank's gradients overflowed): drop what
+    /// [`Self::unscale_and_check`] prepared for it.
+    fn skip_step(&mut self) {}
+
     /// The half-precision model the next micro-batches run, if this optimizer makes it
     /// better than a per-parameter cast of `main` (one cast of a flat buffer); `None` leaves
     /// it to [`super::Precision::working_copy`].

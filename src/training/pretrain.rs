@@ -47,6 +47,9 @@ pub struct PretrainOutcome {
     pub num_zeros_in_grad: Vec<(u64, u64)>,
     /// The iterations skipped for overflowing gradients.
     pub skipped_iterations: Vec<u64>,
+    /// The gradient norm before clipping of every iteration that updated the weights (the
+    /// log's `grad norm`).
+    pub grad_norms: Vec<(u64, f64)>,
     /// With pipeline stages: per iteration, each stage's share of the step spent waiting for
     /// its neighbours (the measured bubble), stage 0 first.
     pub pipeline_idle_fractions: Vec<Vec<f64>>,
@@ -252,6 +255,9 @@ impl Trainer<'_> {
         outcome.iteration = iteration;
         outcome.losses.push((iteration, report.lm_loss));
         outcome.loss_scales.push((iteration, report.loss_scale));
+        outcome
+            .grad_norms
+            .extend(report.grad_norm.map(|n| (iteration, n)));
         outcome
             .num_zeros_in_grad
             .extend(report.num_zeros_in_grad.map(|z| (iteration, z)));
