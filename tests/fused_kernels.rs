@@ -963,7 +963,10 @@ fn fp16_training_on_the_device_follows_the_cpu() {
         // The norms of the unscaled gradients (Adam and clipping would hide a scale).
         assert_eq!(gpu.grad_norms.len(), 6 - cpu.skipped_iterations.len());
         for ((i, a), (_, b)) in gpu.grad_norms.iter().zip(&cpu.grad_norms) {
-            assert!((a - b).abs() < 1e-3 * b, "iteration {i}: grad norm {a} vs {b}");
+            assert!(
+                (a - b).abs() < 1e-3 * b,
+                "iteration {i}: grad norm {a} vs {b}"
+            );
         }
         assert_eq!(gpu.losses.len(), 6);
         for ((i, a), (_, b)) in gpu.losses.iter().zip(&cpu.losses) {
@@ -974,6 +977,25 @@ fn fp16_training_on_the_device_follows_the_cpu() {
             assert!(rel < 1e-4, "iteration {i}: {a} vs {b}");
         }
     }
+}
+
+/// `--bf16` on a device that cannot store bf16 (wgpu: WGSL has no such type) is refused with
+/// the way out before anything runs, where the shader compiler used to panic.
+#[test]
+fn bf16_is_refused_where_the_device_has_none() {
+    use burn::tensor::FloatDType;
+    use ferrotron::optim::mixed_precision::Precision;
+    let dir = tempfile::tempdir().unwrap();
+    assert!(
+        !device().supports_dtype(FloatDType::BF16),
+        "wgpu stores bf16 now"
+    );
+    let config = PretrainConfig {
+        precision: Precision::Bf16,
+        ..small_gpt(dir.path(), true, 1)
+    };
+    let err = pretrain(&config, &device()).unwrap_err().to_string();
+    assert!(err.contains("--bf16") && err.contains("--fp16"), "{err}");
 }
 
 /// The flat-buffer Adam on the GPU device against the composed per-parameter Adam on the CPU

@@ -40,6 +40,15 @@ impl Precision {
         }
     }
 
+    /// Megatron's flag for it (`fp32` for neither).
+    pub fn flag(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "fp32",
+            Precision::Bf16 => "bf16",
+            Precision::Fp16 => "fp16",
+        }
+    }
+
     /// Bytes per model parameter or activation element.
     pub fn bytes(self) -> usize {
         match self {

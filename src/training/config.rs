@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Result};
-use burn::tensor::Device;
+use burn::tensor::{Device, FloatDType};
 
 use super::batch_size_schedule::BatchSizeSchedule;
 use crate::checkpoint::megatron_torch_save::MegatronSaveOptions;
@@ -264,6 +264,19 @@ impl PretrainConfig {
                 "--global-batch-size {} is not a multiple of --micro-batch-size {}",
                 self.global_batch_size,
                 self.micro_batch_size
+            );
+        }
+        if !device.supports_dtype(self.precision.dtype()) {
+            // WGSL, the shader language of wgpu devices, has no bf16, for one.
+            bail!(
+                "--{}: this device cannot compute in {:?}; use {}",
+                self.precision.flag(),
+                self.precision.dtype(),
+                if self.precision == Precision::Bf16 && device.supports_dtype(FloatDType::F16) {
+                    "--fp16, or a device with bf16 (CUDA or the CPU)"
+                } else {
+                    "fp32 (neither --fp16 nor --bf16)"
+                }
             );
         }
         self.schedule.validate().map_err(anyhow::Error::msg)?;
