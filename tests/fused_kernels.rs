@@ -53,10 +53,10 @@ fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
 
 /// The cross-entropy's kernels (one rank) against the cross-entropy composed of burn ops on
 /// the same device: per-token losses and the logits' gradient of their mean, over a vocabulary
-/// wider than a cube's lanes, targets at both ends of it.
+/// wider than a cube's lanes, targets at both ends of it; f16 logits as if upcast first.
 #[test]
 fn fused_cross_entropy_matches_the_composed_ops_with_gradients() {
-    use burn::tensor::Int;
+    use burn::tensor::{DType, FloatDType, Int};
     use ferrotron::comm::Group;
     use ferrotron::parallel::cross_entropy::{
         composed_cross_entropy, vocab_parallel_cross_entropy,
@@ -80,6 +80,29 @@ fn fused_cross_entropy_matches_the_composed_ops_with_gradients() {
     let (fused, composed) = (run(true), run(false));
     assert_close("cross-entropy", &fused.0, &composed.0, 1e-6);
     assert_close("cross-entropy gradient", &fused.1, &composed.1, 1e-5);
+    // f16 logits go into the kernels as they are: the losses and the f16 gradient are, bit
+    // for bit, those of the logits upcast to f32 first (Megatron's `logits.float()`), whose
+    // backward rounds the f32 gradient to f16.
+    let half = |upcast: bool| {
+        let x = random([b, s, v], 12, 6.0, &d)
+            .inner()
+            .cast(FloatDType::F16)
+            .autodiff()
+            .require_grad();
+        let input = if upcast {
+            x.clone().cast(FloatDType::F32)
+        } else {
+            x.clone()
+        };
+        let loss = vocab_parallel_cross_entropy(input, labels.clone(), 0, &Group::single());
+        let grads = loss.clone().mean().backward();
+        let grad = x.grad(&grads).unwrap();
+        assert_eq!(grad.dtype(), DType::F16);
+        (values(loss), values(grad))
+    };
+    let (direct, upcast) = (half(false), half(true));
+    assert_eq!(direct.0, upcast.0, "losses of f16 logits");
+    assert_eq!(direct.1, upcast.1, "the f16 logits' gradient");
 }
 
 #[test]

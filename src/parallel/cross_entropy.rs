@@ -288,11 +288,21 @@ pub fn vocab_parallel_cross_entropy(
     group: &Group,
 ) -> Tensor<2> {
     // In fp32 whatever the model computes in (Megatron's `vocab_parallel_cross_entropy(
-    // logits.float(), ...)`): half-precision logsumexp over 50k columns loses the loss.
-    let logits = crate::util::device::at_least_f32(logits);
+    // logits.float(), ...)`): half-precision logsumexp over 50k columns loses the loss. The
+    // kernels (one rank on a CubeCL device) read half-precision logits as they are and
+    // compute in f32, which gives the numbers of logits upcast first (the conversion is
+    // exact; the gradient is rounded back to the logits' dtype, as the upcast's backward
+    // rounds it) without an fp32 copy of the `[tokens, vocabulary]` logits and of their
+    // gradient; the composed ops take the upcast.
+    let kernels = group.size() == 1 && !crate::util::device::is_flex(&logits.device());
+    let logits = if kernels {
+        logits
+    } else {
+        crate::util::device::at_least_f32(logits)
+    };
     let [b, s, v] = logits.dims();
     let labels = labels.reshape([b * s, 1]);
-    let (index, inside) = if group.size() == 1 && !crate::util::device::is_flex(&logits.device()) {
+    let (index, inside) = if kernels {
         // One rank on a CubeCL device: the labels are the columns, and the kernels skip a
         // target outside the row themselves (seven launches fewer than the shard index).
         let inside = Tensor::<2>::ones([b * s, 1], &logits.device());
