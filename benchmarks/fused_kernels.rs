@@ -9,7 +9,8 @@
 //! Shapes: softmax over 16 heads × 1024 × 1024 scores (batch 1), LayerNorm over 8192 × 1024,
 //! attention of 16 heads × 1024 positions × 64 (batch 1, dropout 0.1): the fused
 //! FlashAttention-style kernel against matmul → fused softmax → dropout → matmul, with the
-//! device memory the autodiff graph holds after the forward (what the backward keeps).
+//! device memory the autodiff graph holds after the forward (what the backward keeps); the
+//! cross-entropy of f16 logits `[512, 50304]` read as they are against upcast first.
 //! Reports the median milliseconds (fused and composed runs interleaved) for the forward alone
 //! (no autodiff) and for forward + backward (through autodiff, with a `Σ y ⊙ dy` loss around
 //! it that both versions share), the ratio, and the bytes the fused kernels move (each tensor
@@ -187,5 +188,55 @@ fn main() {
     );
     println!(
         "attention: device memory held after the forward: fused {held_fused:.1} MB, composed {held_composed:.1} MB"
+    );
+    half_logits_cross_entropy(&device, reps, in_use);
+}
+
+/// The cross-entropy kernels on f16 logits `[512, 50304]` read as they are, against the
+/// logits upcast to f32 first (the path before: a cast, and its backward's): forward +
+/// backward, and the device memory the graph holds after the forward.
+fn half_logits_cross_entropy(device: &Device, reps: usize, in_use: impl Fn() -> f64) {
+    use burn::tensor::{FloatDType, Int};
+    use ferrotron::comm::Group;
+    use ferrotron::parallel::cross_entropy::vocab_parallel_cross_entropy;
+    let (tokens, vocab) = (512, 50_304);
+    let logits = Tensor::<3>::random([1, tokens, vocab], Distribution::Normal(0.0, 2.0), device)
+        .inner()
+        .cast(FloatDType::F16);
+    let labels = Tensor::<2, Int>::from_data(
+        burn::tensor::TensorData::new(
+            (0..tokens as i64).map(|t| t * 97 % vocab as i64).collect(),
+            [1, tokens],
+        ),
+        device,
+    );
+    let held = [std::cell::Cell::new(0.0), std::cell::Cell::new(0.0)];
+    let both = |direct: bool| {
+        let x = logits.clone().autodiff().require_grad();
+        device.sync().expect("device sync");
+        let before = in_use();
+        let input = if direct {
+            x.clone()
+        } else {
+            x.clone().cast(FloatDType::F32)
+        };
+        let loss = vocab_parallel_cross_entropy(input, labels.clone(), 0, &Group::single());
+        device.sync().expect("device sync");
+        held[usize::from(!direct)].set(in_use() - before);
+        let grads = loss.mean().backward();
+        let _dx = x.grad(&grads).expect("gradient");
+        device.sync().expect("device sync");
+    };
+    let (f, c) = time_pair(both, reps);
+    // f16 logits read twice and their f16 gradient written once.
+    let mb = 3.0 * (tokens * vocab * 2) as f64 / 1e6;
+    println!(
+        "| cross-entropy of f16 logits 512×50304 (composed = upcast to f32 first), forward + backward | {f:.1} | {c:.1} | {:.2}x | {mb:.0} |",
+        c / f
+    );
+    println!(
+        "cross-entropy: device memory held after the forward: f16 logits read as they are {:.1} MB, upcast first {:.1} MB",
+        held[0].get(),
+        held[1].get()
     );
 }
