@@ -20,7 +20,7 @@ const REPS: usize = 3;
 /// Rounds per mode (alternating); the median is reported.
 const ROUNDS: usize = 3;
 
-const KERNELS: [&str; 14] = [
+const KERNELS: [&str; 15] = [
     "causal softmax 16×1024×1024, forward",
     "softmax backward",
     "layernorm 8192×1024, forward",
@@ -33,6 +33,7 @@ const KERNELS: [&str; 14] = [
     "flat Adam step in place, 33.5 M elements",
     "gradients copied into a flat buffer, 4 × 8.4 M",
     "bias-dropout-add 8192×1024",
+    "bias-dropout-add, as one sequence-parallel chunk (the draw index divided)",
     "rotary embedding 64×1024×128, halves",
     "gradient norm and clipping coefficient, 33.5 M",
 ];
@@ -177,6 +178,21 @@ fn timings(client: &Client, b: &Buffers) -> Vec<f64> {
         }),
         time(client, || {
             let slice = DrawSlice::whole(len);
+            bias_dropout_add::<f32>(
+                client,
+                [x, dy],
+                Some(bias),
+                out,
+                len,
+                hidden,
+                Some(draw),
+                slice,
+            )
+        }),
+        time(client, || {
+            // The same draw elements as the whole tensor's, through the general index
+            // `(i / own) · row + first + i % own` that a whole tensor skips.
+            let slice = DrawSlice::chunk(len, 1, 0);
             bias_dropout_add::<f32>(
                 client,
                 [x, dy],

@@ -981,7 +981,8 @@ pub struct DropoutDraw {
 pub struct DrawSlice {
     /// Elements per run.
     pub own: u32,
-    /// Draw elements per row (0 for a whole tensor: one run).
+    /// Draw elements per row; 0 for a whole tensor (one run: element `i` is draw element
+    /// `first + i`, with no division in the kernels).
     pub row: u32,
     /// The run's first element within its row.
     pub first: u32,
