@@ -20,9 +20,11 @@ const REPS: usize = 3;
 /// Rounds per mode (alternating); the median is reported.
 const ROUNDS: usize = 3;
 
-const KERNELS: [&str; 15] = [
+const KERNELS: [&str; 17] = [
     "causal softmax 16×1024×1024, forward",
     "softmax backward",
+    "causal softmax with the dropout of its output, one kernel",
+    "causal softmax, then the dropout kernel on its output",
     "layernorm 8192×1024, forward",
     "layernorm backward (dx, dγ, dβ)",
     "rmsnorm 8192×1024, forward",
@@ -113,6 +115,13 @@ fn timings(client: &Client, b: &Buffers) -> Vec<f64> {
         }),
         time(client, || {
             softmax_backward::<f32>(client, launch, out, dy, out2, scores.rows(), 1024, 0.125)
+        }),
+        time(client, || {
+            causal_softmax_dropout::<f32>(client, launch, x, out, out2, scores, 0.125, draw)
+        }),
+        time(client, || {
+            softmax_forward::<f32>(client, launch, x, SoftmaxMask::Causal, out, scores, 0.125);
+            dropout::<f32>(client, out, out2, scores.len(), draw)
         }),
         time(client, || {
             layer_norm_forward::<f32>(

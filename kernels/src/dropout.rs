@@ -53,7 +53,7 @@ fn slice_kept(
 /// [`slice_kept`] says for each.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn vector_kept<N: Size>(
+pub(crate) fn vector_kept<N: Size>(
     vector: usize,
     key_lo: u32,
     key_hi: u32,

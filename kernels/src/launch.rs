@@ -82,6 +82,8 @@ pub fn softmax_forward<F: Float + CubeElement>(
         SoftmaxMask::Padding(m) => (arg(m, shape.batch * shape.sq * shape.sk), false, true),
     };
     let vector = launch.vector_size::<F>(client, shape.sk);
+    // Never written without a draw: a buffer of one vector stands in.
+    let unused = client.empty(vector * std::mem::size_of::<F>());
     softmax::masked_softmax_forward::launch::<F, f32>(
         client,
         launch.cube_count(shape.rows()),
@@ -90,6 +92,11 @@ pub fn softmax_forward<F: Float + CubeElement>(
         arg(input, shape.len()),
         mask_arg,
         arg(output, shape.len()),
+        arg(&unused, vector),
+        0,
+        0,
+        0,
+        1.0,
         scale,
         shape.rows() as u32,
         shape.heads as u32,
@@ -97,6 +104,58 @@ pub fn softmax_forward<F: Float + CubeElement>(
         shape.sk as u32,
         causal,
         padded,
+        false,
+        launch.lanes,
+        launch.rows_per_cube,
+        launch.plane_reduce,
+    );
+}
+
+/// The causal softmax of `input` (`[batch, heads, sq, sk]`) into `output` and its dropout by
+/// `draw` (the whole tensor's draw) into `dropped`, in one kernel: `dropped` is what
+/// [`dropout_slice`] makes of `output`, bit for bit, without that launch and its pass over
+/// `output`.
+#[allow(clippy::too_many_arguments)]
+pub fn causal_softmax_dropout<F: Float + CubeElement>(
+    client: &Client,
+    launch: RowLaunch,
+    input: &Handle,
+    output: &Handle,
+    dropped: &Handle,
+    shape: ScoresShape,
+    scale: f32,
+    draw: DropoutDraw,
+) {
+    if shape.is_empty() {
+        return;
+    }
+    assert!(
+        shape.sq <= shape.sk && shape.len() <= u32::MAX as usize,
+        "causal softmax with dropout of {shape:?}"
+    );
+    let vector = launch.vector_size::<F>(client, shape.sk);
+    softmax::masked_softmax_forward::launch::<F, f32>(
+        client,
+        launch.cube_count(shape.rows()),
+        launch.cube_dim(),
+        vector,
+        arg(input, shape.len()),
+        // The causal kernel never reads the mask.
+        arg(input, 1),
+        arg(output, shape.len()),
+        arg(dropped, shape.len()),
+        draw.key_lo,
+        draw.key_hi,
+        draw.threshold,
+        draw.scale,
+        scale,
+        shape.rows() as u32,
+        shape.heads as u32,
+        shape.sq as u32,
+        shape.sk as u32,
+        true,
+        false,
+        true,
         launch.lanes,
         launch.rows_per_cube,
         launch.plane_reduce,

@@ -5,9 +5,14 @@
 //! row length works (Megatron's kernels stop at 4096). Masked positions get exactly 0 and
 //! fully masked rows are all 0 (Megatron's fill of −10000 gives the same zeros in f32 except
 //! for fully masked rows, which it leaves uniform).
+//!
+//! The forward can also write the attention dropout of its output: `dropout(y)` as the
+//! dropout kernel computes it from the stored `y` (the same bits), without that kernel's
+//! launch and its pass reading `y` back.
 
 use cubecl::prelude::*;
 
+use crate::dropout::vector_kept;
 use crate::reduce::{row_vector_max, row_vector_sum};
 use crate::rows::{row_index, row_length};
 use crate::vectors::positions;
@@ -30,12 +35,19 @@ fn kept<N: Size>(
 }
 
 /// Softmax of one row of `sk` (`width` vectors of `N`) over the columns `j` where `keep(j)`;
-/// writes `output`. `base` and `mask_base` count vectors.
+/// writes `output` and, with `drop`, its dropout into `dropped` (the draw `(key_lo, key_hi)`
+/// over the whole tensor, elements below `threshold` dropped, the others times
+/// `keep_scale`). `base` and `mask_base` count vectors.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn masked_row_softmax<F: Float, A: Float, N: Size>(
     input: &[Vector<F, N>],
     output: &mut [Vector<F, N>],
+    dropped: &mut [Vector<F, N>],
+    key_lo: u32,
+    key_hi: u32,
+    threshold: u32,
+    keep_scale: f32,
     mask: &[Vector<u32, N>],
     base: usize,
     mask_base: usize,
@@ -43,6 +55,7 @@ fn masked_row_softmax<F: Float, A: Float, N: Size>(
     scale: f32,
     width: usize,
     #[comptime] use_mask: bool,
+    #[comptime] drop: bool,
     #[comptime] lanes: u32,
     #[comptime] rows_per_cube: u32,
     #[comptime] plane_reduce: bool,
@@ -81,7 +94,15 @@ fn masked_row_softmax<F: Float, A: Float, N: Size>(
     while j < width {
         let keep = kept::<N>(mask, mask_base, j, causal_limit, use_mask);
         let e = Vector::exp(scale * Vector::<A, N>::cast_from(input[base + j]) - maxes);
-        output[base + j] = Vector::<F, N>::cast_from(select_many(keep, e * inv, zero));
+        let y = Vector::<F, N>::cast_from(select_many(keep, e * inv, zero));
+        output[base + j] = y;
+        if drop {
+            // As the dropout kernel computes it from the stored `y`: in `F`, with the draw
+            // index of the element in the whole tensor.
+            let kept = vector_kept::<N>(base + j, key_lo, key_hi, threshold, 1, 0, 0);
+            let factor = Vector::<F, N>::new(F::cast_from(keep_scale));
+            dropped[base + j] = select_many(kept, y * factor, Vector::new(F::new(0.0)));
+        }
         j += step;
     }
 }
@@ -92,13 +113,20 @@ fn masked_row_softmax<F: Float, A: Float, N: Size>(
 /// With `causal`, query `i` sees keys `j ≤ i + (sk − sq)` (Megatron's upper-triangular mask);
 /// with `padded`, `mask` `[batch, 1, sq, sk]` hides keys where it is non-zero (Megatron's
 /// padding mask; one mask row serves all heads). A kernel without `padded` never reads
-/// `mask` (its launcher binds any buffer there).
+/// `mask` (its launcher binds any buffer there). With `drop`, `dropped` gets the dropout of
+/// `output` (the draw `(key_lo, key_hi)`, elements below `threshold` dropped, the others
+/// times `keep_scale`); without, it is never written.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn masked_softmax_forward<F: Float, A: Float, N: Size>(
     input: &[Vector<F, N>],
     mask: &[Vector<u32, N>],
     output: &mut [Vector<F, N>],
+    dropped: &mut [Vector<F, N>],
+    key_lo: u32,
+    key_hi: u32,
+    threshold: u32,
+    keep_scale: f32,
     scale: f32,
     rows: u32,
     heads: u32,
@@ -106,6 +134,7 @@ pub fn masked_softmax_forward<F: Float, A: Float, N: Size>(
     sk: u32,
     #[comptime] causal: bool,
     #[comptime] padded: bool,
+    #[comptime] drop: bool,
     #[comptime] lanes: u32,
     #[comptime] rows_per_cube: u32,
     #[comptime] plane_reduce: bool,
@@ -123,6 +152,11 @@ pub fn masked_softmax_forward<F: Float, A: Float, N: Size>(
     masked_row_softmax::<F, A, N>(
         input,
         output,
+        dropped,
+        key_lo,
+        key_hi,
+        threshold,
+        keep_scale,
         mask,
         row * width,
         (batch * sq + query) * width,
@@ -130,6 +164,7 @@ pub fn masked_softmax_forward<F: Float, A: Float, N: Size>(
         scale,
         length,
         padded,
+        drop,
         lanes,
         rows_per_cube,
         plane_reduce,

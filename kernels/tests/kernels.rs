@@ -1904,6 +1904,66 @@ fn gradients_copied_to_offsets_land_there_and_nowhere_else() {
     }
 }
 
+/// The causal softmax with the dropout of its output in the same kernel: both outputs are, bit
+/// for bit, the softmax kernel's and the dropout kernel's on it (the whole tensor's draw), in
+/// f32 and each half type the device stores, for every launch shape, with rows in vectors and
+/// not, and with fewer queries than keys.
+#[test]
+fn softmax_with_its_dropout_is_the_softmax_and_dropout_kernels() {
+    let client = client();
+    let ran = [
+        softmax_dropout_matches::<f32>(&client),
+        softmax_dropout_matches::<half::f16>(&client),
+        softmax_dropout_matches::<half::bf16>(&client),
+    ];
+    assert!(ran[0] && ran[1..].iter().any(|&r| r), "{ran:?}");
+}
+
+fn softmax_dropout_matches<H: Storage>(client: &Client) -> bool {
+    if !client.properties().supports_type(H::cube_type()) {
+        return false;
+    }
+    let mut rng = Rng(23);
+    let draw = DropoutDraw {
+        key_lo: 0x1234_5678,
+        key_hi: 99,
+        threshold: (0.25f64 * 4294967296.0) as u32,
+        scale: 1.0 / 0.75,
+    };
+    for s in [shape(2, 3, 37, 37), shape(1, 2, 64, 64), shape(2, 1, 5, 12)] {
+        let x = rounded::<H>(&rng.vec(s.len(), -6.0, 6.0));
+        let input = upload_as::<H>(client, &x);
+        for launch in launches(client) {
+            let what = format!("{} {s:?} {launch:?}", H::NAME);
+            let [y, dropped, y_alone, dropped_alone] =
+                [0; 4].map(|_| poisoned_as::<H>(client, s.len()));
+            causal_softmax_dropout::<H>(client, launch, &input, &y, &dropped, s, 0.3, draw);
+            softmax_forward::<H>(
+                client,
+                launch,
+                &input,
+                SoftmaxMask::Causal,
+                &y_alone,
+                s,
+                0.3,
+            );
+            dropout::<H>(client, &y_alone, &dropped_alone, s.len(), draw);
+            let bits = |h: Handle| -> Vec<u32> {
+                download_as::<H>(client, h, s.len())
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect()
+            };
+            assert_eq!(bits(y), bits(y_alone), "softmax of {what}");
+            let (fused, alone) = (bits(dropped), bits(dropped_alone));
+            assert_eq!(fused, alone, "dropout of {what}");
+            let zeros = fused.iter().filter(|&&b| b == 0).count();
+            assert!(zeros > s.len() / 5, "{what}: {zeros} zeros of {}", s.len());
+        }
+    }
+    true
+}
+
 /// A half-precision model's gradients copied into the fp32 flat buffer with a scale (fp16's
 /// `1 / loss scale`): every element is the host's `f32(g) · scale`, bit for bit, infinities
 /// and NaN carried through (the overflow check reads them after the copy), pieces in vectors

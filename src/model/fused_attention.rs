@@ -6,8 +6,8 @@
 //! zeroed tensor of the rows' size and a slice-assignment, summed with two additions: eight
 //! launches per layer, plus the copies that turn the slices into per-head tensors. Here the
 //! split is one kernel forward and the merge one kernel backward, and the core between them
-//! runs the kernels the composed core runs (scores, causal softmax, dropout, product) or the
-//! fused attention, with its backward written out: the same products burn's autodiff would
+//! runs the kernels the composed core runs (scores, causal softmax with the dropout of its
+//! output in the same kernel, product) or the fused attention, with its backward written out: the same products burn's autodiff would
 //! form, through [`Gemm`] (cuBLAS on CUDA). With rotary embeddings (Llama) the queries and
 //! keys are rotated inside the op after the split and their gradients rotated back before the
 //! merge, by the rotary kernel.
@@ -102,10 +102,12 @@ pub fn forward<B: FusedKernels + Gemm>(
         (output, saved)
     } else {
         let scores = B::gemm(q.clone(), transposed::<B>(k.clone()));
-        let probs = B::causal_softmax_forward(scores, scale);
-        let dropped = match draw {
-            Some(draw) => B::dropout_apply(probs.clone(), draw, whole::<B>(&probs)),
-            None => probs.clone(),
+        let [probs, dropped] = match draw {
+            Some(draw) => B::causal_softmax_dropout_forward(scores, scale, draw),
+            None => {
+                let probs = B::causal_softmax_forward(scores, scale);
+                [probs.clone(), probs]
+            }
         };
         let output = B::gemm(dropped.clone(), v.clone());
         let saved = Saved::Composed {

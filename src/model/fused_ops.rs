@@ -33,6 +33,14 @@ pub trait FusedKernels: Backend {
     /// `softmax(scale · x)` over the last dimension of `[b, heads, sq, sk]`, keys after the
     /// query masked.
     fn causal_softmax_forward(x: FloatTensor<Self>, scale: f32) -> FloatTensor<Self>;
+    /// [`Self::causal_softmax_forward`] and the dropout of its output by `draw` over the
+    /// whole tensor (what [`Self::dropout_apply`] makes of it), from one kernel: `[y,
+    /// dropout(y)]`.
+    fn causal_softmax_dropout_forward(
+        x: FloatTensor<Self>,
+        scale: f32,
+        draw: DropoutDraw,
+    ) -> [FloatTensor<Self>; 2];
     /// `scale · y ⊙ (dy − Σ dy ⊙ y)` per row of the last dimension.
     fn softmax_backward(
         y: FloatTensor<Self>,
@@ -263,6 +271,17 @@ pub(super) fn dropout_draw(dropout: Option<(u64, f64)>) -> Option<DropoutDraw> {
     })
 }
 
+/// The scores shape of a `[b, heads, sq, sk]` tensor.
+fn scores_shape(shape: &Shape) -> ScoresShape {
+    let [batch, heads, sq, sk] = shape.dims::<4>();
+    ScoresShape {
+        batch,
+        heads,
+        sq,
+        sk,
+    }
+}
+
 /// Panics unless `other` is stored as `x` is (the kernels read both as one type).
 fn same_dtype(what: &str, x: &CubeTensor, other: &CubeTensor) {
     assert_eq!(other.dtype, x.dtype, "{what} is not stored as the input is");
@@ -272,14 +291,8 @@ impl FusedKernels for CubeBackend {
     fn causal_softmax_forward(x: CubeTensor, scale: f32) -> CubeTensor {
         let x = packed(x);
         let shape = x.shape();
-        let dims = shape.dims::<4>();
+        let scores = scores_shape(&shape);
         let out = empty_like(&x, shape, x.dtype);
-        let scores = ScoresShape {
-            batch: dims[0],
-            heads: dims[1],
-            sq: dims[2],
-            sk: dims[3],
-        };
         by_dtype!(
             x.dtype,
             softmax_forward,
@@ -292,6 +305,30 @@ impl FusedKernels for CubeBackend {
             scale
         );
         out
+    }
+
+    fn causal_softmax_dropout_forward(
+        x: CubeTensor,
+        scale: f32,
+        draw: DropoutDraw,
+    ) -> [CubeTensor; 2] {
+        let x = packed(x);
+        let shape = x.shape();
+        let scores = scores_shape(&shape);
+        let [y, dropped] = [0, 1].map(|_| empty_like(&x, shape.clone(), x.dtype));
+        by_dtype!(
+            x.dtype,
+            causal_softmax_dropout,
+            &x.client,
+            RowLaunch::for_client(&x.client),
+            &x.handle,
+            &y.handle,
+            &dropped.handle,
+            scores,
+            scale,
+            draw
+        );
+        [y, dropped]
     }
 
     fn softmax_backward(y: CubeTensor, dy: CubeTensor, scale: f32) -> CubeTensor {
