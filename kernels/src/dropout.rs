@@ -72,6 +72,29 @@ pub(crate) fn vector_kept<N: Size>(
     keep
 }
 
+/// [`vector_kept`] for a tensor holding the slice `(own, row, first)` of the draw, or with
+/// `whole` all of it: the slice's scalars are then constants of the compiled kernel, so its
+/// index takes neither a division nor a branch (on cubecl-cpu the lanes then compile to SIMD
+/// code; the same bits either way).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn tensor_kept<N: Size>(
+    vector: usize,
+    key_lo: u32,
+    key_hi: u32,
+    threshold: u32,
+    own: u32,
+    row: u32,
+    first: u32,
+    #[comptime] whole: bool,
+) -> Vector<bool, N> {
+    if whole {
+        vector_kept::<N>(vector, key_lo, key_hi, threshold, 1u32, 0u32, 0u32)
+    } else {
+        vector_kept::<N>(vector, key_lo, key_hi, threshold, own, row, first)
+    }
+}
+
 /// Units per cube of the element-wise kernels.
 pub const UNITS_PER_CUBE: u32 = 256;
 
@@ -82,7 +105,7 @@ pub const UNITS_PER_CUBE: u32 = 256;
 /// The tensor may be a slice of the draw (a sequence-parallel rank's chunk of the whole
 /// sequence): element `i` takes the bits of draw element `(i / own) · row + first + i % own`,
 /// i.e. runs of `own` elements starting at `first` in rows of `row`. A whole tensor is
-/// `own = len`, `row = 0`, `first = 0`.
+/// `own = len`, `row = 0`, `first = 0`, and is compiled with `whole`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn dropout<F: Float, N: Size>(
@@ -96,10 +119,11 @@ pub fn dropout<F: Float, N: Size>(
     own: u32,
     row: u32,
     first: u32,
+    #[comptime] whole: bool,
 ) {
     let i = cube_index() * UNITS_PER_CUBE as usize + UNIT_POS_X as usize;
     if i < len as usize / N::value() {
-        let keep = vector_kept::<N>(i, key_lo, key_hi, threshold, own, row, first);
+        let keep = tensor_kept::<N>(i, key_lo, key_hi, threshold, own, row, first, whole);
         let x = input[i];
         let zero = Vector::<F, N>::new(F::new(0.0));
         output[i] = select_many(keep, x * Vector::new(F::cast_from(scale)), zero);
@@ -130,6 +154,7 @@ pub fn bias_dropout_add<F: Float, N: Size>(
     first: u32,
     #[comptime] has_bias: bool,
     #[comptime] drop: bool,
+    #[comptime] whole: bool,
 ) {
     let i = cube_index() * UNITS_PER_CUBE as usize + UNIT_POS_X as usize;
     if i < len as usize / N::value() {
@@ -138,7 +163,7 @@ pub fn bias_dropout_add<F: Float, N: Size>(
             y += bias[i % (hidden as usize / N::value())];
         }
         if drop {
-            let keep = vector_kept::<N>(i, key_lo, key_hi, threshold, own, row, first);
+            let keep = tensor_kept::<N>(i, key_lo, key_hi, threshold, own, row, first, whole);
             let zero = Vector::<F, N>::new(F::new(0.0));
             y = select_many(keep, y * Vector::new(F::cast_from(scale)), zero);
         }

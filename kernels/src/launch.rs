@@ -686,6 +686,7 @@ pub fn bias_dropout_add<F: Float + CubeElement>(
         slice.first,
         bias.is_some(),
         draw.is_some(),
+        slice.is_whole(),
     );
 }
 
@@ -1057,6 +1058,12 @@ impl DrawSlice {
         }
     }
 
+    /// Whether the tensor is the whole draw from its start (element `i` is draw element `i`;
+    /// the kernels compile that case without the slice's arithmetic).
+    pub fn is_whole(&self) -> bool {
+        self.row == 0 && self.first == 0
+    }
+
     /// Chunk `rank` of `parts` equal chunks along dimension 1 of the draw's tensor, a chunk
     /// holding `own` elements of each row (its part of dimension 1 times the dimensions after
     /// it).
@@ -1118,6 +1125,7 @@ pub fn dropout_slice<F: Float + CubeElement>(
         slice.own,
         slice.row,
         slice.first,
+        slice.is_whole(),
     );
 }
 
