@@ -109,6 +109,12 @@ fn timings(client: &Client, b: &Buffers) -> Vec<f64> {
         scale: 1.0 / 0.9,
     };
     let (len, hidden) = (rows * cols, cols);
+    let bias_dropout_add_time = |slice| {
+        time(client, || {
+            let (inputs, draw) = ([x, dy], Some(draw));
+            bias_dropout_add::<f32>(client, inputs, Some(bias), out, len, hidden, draw, slice)
+        })
+    };
     vec![
         time(client, || {
             softmax_forward::<f32>(client, launch, x, SoftmaxMask::Causal, out, scores, 0.125)
@@ -185,34 +191,10 @@ fn timings(client: &Client, b: &Buffers) -> Vec<f64> {
             });
             copy_at_offsets::<f32, f32>(client, &pieces, out2, Buffers::LEN, 1.0)
         }),
-        time(client, || {
-            let slice = DrawSlice::whole(len);
-            bias_dropout_add::<f32>(
-                client,
-                [x, dy],
-                Some(bias),
-                out,
-                len,
-                hidden,
-                Some(draw),
-                slice,
-            )
-        }),
-        time(client, || {
-            // The same draw elements as the whole tensor's, through the general index
-            // `(i / own) · row + first + i % own` that a whole tensor skips.
-            let slice = DrawSlice::chunk(len, 1, 0);
-            bias_dropout_add::<f32>(
-                client,
-                [x, dy],
-                Some(bias),
-                out,
-                len,
-                hidden,
-                Some(draw),
-                slice,
-            )
-        }),
+        bias_dropout_add_time(DrawSlice::whole(len)),
+        // The same draw elements as the whole tensor's, through the general index
+        // `(i / own) · row + first + i % own` that a whole tensor is compiled without.
+        bias_dropout_add_time(DrawSlice::chunk(len, 1, 0)),
         time(client, || {
             let shape = AttentionShape {
                 heads: 64,

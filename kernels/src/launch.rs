@@ -75,40 +75,17 @@ pub fn softmax_forward<F: Float + CubeElement>(
             "causal softmax needs sq ≤ sk, got {shape:?}"
         );
     }
-    let (mask_arg, causal, padded) = match mask {
+    let mask = match mask {
         // The causal kernel never reads `mask`: bind the input's buffer in its place rather
         // than uploading a dummy on every call.
-        SoftmaxMask::Causal => (arg(input, 1), true, false),
-        SoftmaxMask::Padding(m) => (arg(m, shape.batch * shape.sq * shape.sk), false, true),
+        SoftmaxMask::Causal => (arg(input, 1), false),
+        SoftmaxMask::Padding(m) => (arg(m, shape.batch * shape.sq * shape.sk), true),
     };
-    let vector = launch.vector_size::<F>(client, shape.sk);
     // Never written without a draw: a buffer of one vector stands in.
+    let vector = launch.vector_size::<F>(client, shape.sk);
     let unused = client.empty(vector * std::mem::size_of::<F>());
-    softmax::masked_softmax_forward::launch::<F, f32>(
-        client,
-        launch.cube_count(shape.rows()),
-        launch.cube_dim(),
-        vector,
-        arg(input, shape.len()),
-        mask_arg,
-        arg(output, shape.len()),
-        arg(&unused, vector),
-        0,
-        0,
-        0,
-        1.0,
-        scale,
-        shape.rows() as u32,
-        shape.heads as u32,
-        shape.sq as u32,
-        shape.sk as u32,
-        causal,
-        padded,
-        false,
-        launch.lanes,
-        launch.rows_per_cube,
-        launch.plane_reduce,
-    );
+    let outputs = [arg(output, shape.len()), arg(&unused, vector)];
+    launch_softmax_forward::<F>(client, launch, input, mask, outputs, None, shape, scale);
 }
 
 /// The causal softmax of `input` (`[batch, heads, sq, sk]`) into `output` and its dropout by
@@ -133,29 +110,61 @@ pub fn causal_softmax_dropout<F: Float + CubeElement>(
         shape.sq <= shape.sk && shape.len() <= u32::MAX as usize,
         "causal softmax with dropout of {shape:?}"
     );
-    let vector = launch.vector_size::<F>(client, shape.sk);
+    let outputs = [arg(output, shape.len()), arg(dropped, shape.len())];
+    // The causal kernel never reads the mask.
+    let mask = (arg(input, 1), false);
+    launch_softmax_forward::<F>(
+        client,
+        launch,
+        input,
+        mask,
+        outputs,
+        Some(draw),
+        shape,
+        scale,
+    );
+}
+
+/// Launches [`softmax::masked_softmax_forward`]: causal unless a padding `mask` is bound,
+/// writing `[output, dropped]` (the second only with a `draw`).
+#[allow(clippy::too_many_arguments)]
+fn launch_softmax_forward<F: Float + CubeElement>(
+    client: &Client,
+    launch: RowLaunch,
+    input: &Handle,
+    (mask, padded): (BufferArg, bool),
+    [output, dropped]: [BufferArg; 2],
+    draw: Option<DropoutDraw>,
+    shape: ScoresShape,
+    scale: f32,
+) {
+    let d = draw.unwrap_or(DropoutDraw {
+        key_lo: 0,
+        key_hi: 0,
+        threshold: 0,
+        scale: 1.0,
+    });
     softmax::masked_softmax_forward::launch::<F, f32>(
         client,
         launch.cube_count(shape.rows()),
         launch.cube_dim(),
-        vector,
+        launch.vector_size::<F>(client, shape.sk),
         arg(input, shape.len()),
-        // The causal kernel never reads the mask.
-        arg(input, 1),
-        arg(output, shape.len()),
-        arg(dropped, shape.len()),
-        draw.key_lo,
-        draw.key_hi,
-        draw.threshold,
-        draw.scale,
+        mask,
+        output,
+        dropped,
+        d.key_lo,
+        d.key_hi,
+        d.threshold,
+        d.scale,
         scale,
         shape.rows() as u32,
         shape.heads as u32,
         shape.sq as u32,
         shape.sk as u32,
-        true,
-        false,
-        true,
+        !padded,
+        padded,
+        draw.is_some(),
         launch.lanes,
         launch.rows_per_cube,
         launch.plane_reduce,

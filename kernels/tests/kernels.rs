@@ -1857,6 +1857,17 @@ fn flat_adam_step_in_place_matches_float64_on_its_range_only() {
     }
 }
 
+/// The pieces copying each of `handles` (`lens[k]` elements) to `offsets[k]`.
+fn copy_pieces<'a>(handles: &'a [Handle], offsets: &[usize], lens: &[usize]) -> Vec<CopyPiece<'a>> {
+    let places = offsets.iter().zip(lens);
+    let piece = |(source, (&offset, &len))| CopyPiece {
+        source,
+        offset,
+        len,
+    };
+    handles.iter().zip(places).map(piece).collect()
+}
+
 /// Gradients copied into a flat buffer, four per launch: eleven pieces (two full launches and
 /// a partly used third), lengths from 0 to past one cube-count dimension's worth of cubes,
 /// land at their offsets and nowhere else. Then pieces whose offsets and lengths the device's
@@ -1883,15 +1894,7 @@ fn gradients_copied_to_offsets_land_there_and_nowhere_else() {
         }
         let values: Vec<Vec<f32>> = lens.iter().map(|&n| rng.vec(n, -1.0, 1.0)).collect();
         let handles: Vec<_> = values.iter().map(|v| upload(&client, v)).collect();
-        let pieces: Vec<CopyPiece> = handles
-            .iter()
-            .zip(offsets.iter().zip(lens))
-            .map(|(source, (&offset, &len))| CopyPiece {
-                source,
-                offset,
-                len,
-            })
-            .collect();
+        let pieces = copy_pieces(&handles, &offsets, lens);
         let flat = upload(&client, &vec![7.0; total]);
         copy_at_offsets::<f32, f32>(&client, &pieces, &flat, total, 1.0);
         let mut want = vec![7.0; total];
@@ -2008,15 +2011,7 @@ fn copy_half_into_fp32<H: Storage>(client: &Client) -> bool {
             })
             .collect();
         let handles: Vec<_> = values.iter().map(|v| upload_as::<H>(client, v)).collect();
-        let pieces: Vec<CopyPiece> = handles
-            .iter()
-            .zip(offsets.iter().zip(lens))
-            .map(|(source, (&offset, &len))| CopyPiece {
-                source,
-                offset,
-                len,
-            })
-            .collect();
+        let pieces = copy_pieces(&handles, &offsets, lens);
         let flat = upload(client, &vec![7.0; total]);
         copy_at_offsets::<H, f32>(client, &pieces, &flat, total, scale);
         let mut want = vec![7.0f32; total];
