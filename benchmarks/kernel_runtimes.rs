@@ -20,11 +20,13 @@ const REPS: usize = 3;
 /// Rounds per mode (alternating); the median is reported.
 const ROUNDS: usize = 3;
 
-const KERNELS: [&str; 17] = [
+const KERNELS: [&str; 19] = [
     "causal softmax 16×1024×1024, forward",
     "softmax backward",
     "causal softmax with the dropout of its output, one kernel",
     "causal softmax, then the dropout kernel on its output",
+    "softmax backward through its dropout, one kernel",
+    "the dropout kernel's backward, then the softmax backward",
     "layernorm 8192×1024, forward",
     "layernorm backward (dx, dγ, dβ)",
     "rmsnorm 8192×1024, forward",
@@ -128,6 +130,15 @@ fn timings(client: &Client, b: &Buffers) -> Vec<f64> {
         time(client, || {
             softmax_forward::<f32>(client, launch, x, SoftmaxMask::Causal, out, scores, 0.125);
             dropout::<f32>(client, out, out2, scores.len(), draw)
+        }),
+        time(client, || {
+            let (rows, sk) = (scores.rows(), scores.sk);
+            softmax_dropout_backward::<f32>(client, launch, out, dy, out2, rows, sk, 0.125, draw)
+        }),
+        time(client, || {
+            let (rows, sk) = (scores.rows(), scores.sk);
+            dropout::<f32>(client, dy, &b.out3, scores.len(), draw);
+            softmax_backward::<f32>(client, launch, out, &b.out3, out2, rows, sk, 0.125)
         }),
         time(client, || {
             layer_norm_forward::<f32>(

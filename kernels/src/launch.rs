@@ -138,12 +138,7 @@ fn launch_softmax_forward<F: Float + CubeElement>(
     shape: ScoresShape,
     scale: f32,
 ) {
-    let d = draw.unwrap_or(DropoutDraw {
-        key_lo: 0,
-        key_hi: 0,
-        threshold: 0,
-        scale: 1.0,
-    });
+    let d = draw.unwrap_or(NO_DRAW);
     softmax::masked_softmax_forward::launch::<F, f32>(
         client,
         launch.cube_count(shape.rows()),
@@ -183,9 +178,47 @@ pub fn softmax_backward<F: Float + CubeElement>(
     sk: usize,
     scale: f32,
 ) {
+    let buffers = [output, grad_output, grad_input];
+    launch_softmax_backward::<F>(client, launch, buffers, (rows, sk), scale, None);
+}
+
+/// The backward of [`causal_softmax_dropout`]: `grad_dropped`, the gradient of the dropped
+/// probabilities, taken back through the dropout by `draw` and the softmax of `output` in
+/// one kernel; bit for bit [`dropout_slice`] then [`softmax_backward`].
+#[allow(clippy::too_many_arguments)]
+pub fn softmax_dropout_backward<F: Float + CubeElement>(
+    client: &Client,
+    launch: RowLaunch,
+    output: &Handle,
+    grad_dropped: &Handle,
+    grad_input: &Handle,
+    rows: usize,
+    sk: usize,
+    scale: f32,
+    draw: DropoutDraw,
+) {
+    assert!(
+        rows * sk <= u32::MAX as usize,
+        "a draw of more than 2³² elements"
+    );
+    let buffers = [output, grad_dropped, grad_input];
+    launch_softmax_backward::<F>(client, launch, buffers, (rows, sk), scale, Some(draw));
+}
+
+/// Launches [`softmax::softmax_backward`] on `[output, grad_output, grad_input]` of `rows`
+/// rows of `sk`, through the dropout by `draw` where there is one.
+fn launch_softmax_backward<F: Float + CubeElement>(
+    client: &Client,
+    launch: RowLaunch,
+    [output, grad_output, grad_input]: [&Handle; 3],
+    (rows, sk): (usize, usize),
+    scale: f32,
+    draw: Option<DropoutDraw>,
+) {
     if rows * sk == 0 {
         return;
     }
+    let d = draw.unwrap_or(NO_DRAW);
     softmax::softmax_backward::launch::<F, f32>(
         client,
         launch.cube_count(rows),
@@ -194,9 +227,14 @@ pub fn softmax_backward<F: Float + CubeElement>(
         arg(output, rows * sk),
         arg(grad_output, rows * sk),
         arg(grad_input, rows * sk),
+        d.key_lo,
+        d.key_hi,
+        d.threshold,
+        d.scale,
         scale,
         rows as u32,
         sk as u32,
+        draw.is_some(),
         launch.lanes,
         launch.rows_per_cube,
         launch.plane_reduce,
@@ -666,13 +704,7 @@ pub fn bias_dropout_add<F: Float + CubeElement>(
         hidden > 0 && len.is_multiple_of(hidden),
         "{len} elements in rows of {hidden}"
     );
-    let no_draw = DropoutDraw {
-        key_lo: 0,
-        key_hi: 0,
-        threshold: 0,
-        scale: 1.0,
-    };
-    let d = draw.unwrap_or(no_draw);
+    let d = draw.unwrap_or(NO_DRAW);
     let vector = element_vector_size::<F>(client, hidden);
     dropout::bias_dropout_add::launch::<F>(
         client,
@@ -1042,6 +1074,14 @@ pub struct DropoutDraw {
     /// What kept elements are multiplied by (`1 / (1 − p)`).
     pub scale: f32,
 }
+
+/// The scalars a kernel without a draw is given (it never reads them).
+const NO_DRAW: DropoutDraw = DropoutDraw {
+    key_lo: 0,
+    key_hi: 0,
+    threshold: 0,
+    scale: 1.0,
+};
 
 /// Which elements of a draw a tensor holds: runs of `own` elements starting at `first` in
 /// rows of `row` (a sequence-parallel rank's chunk of the whole sequence's mask), or all of

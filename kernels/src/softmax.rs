@@ -171,16 +171,49 @@ pub fn masked_softmax_forward<F: Float, A: Float, N: Size>(
     );
 }
 
+/// The gradient reaching the softmax's output at the vector `at`: `grad_output` there, or
+/// with `drop`, the dropout backward of it (what the dropout kernel makes of it, in `F`, the
+/// draw index that of the element in the whole tensor).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn output_grad<F: Float, N: Size>(
+    grad_output: &[Vector<F, N>],
+    at: usize,
+    key_lo: u32,
+    key_hi: u32,
+    threshold: u32,
+    keep_scale: f32,
+    #[comptime] drop: bool,
+) -> Vector<F, N> {
+    let mut dy = grad_output[at];
+    if drop {
+        let kept = vector_kept::<N>(at, key_lo, key_hi, threshold, 1, 0, 0);
+        let factor = Vector::<F, N>::new(F::cast_from(keep_scale));
+        dy = select_many(kept, dy * factor, Vector::new(F::new(0.0)));
+    }
+    dy
+}
+
 /// Softmax backward for both masks: `dx = scale · y ⊙ (dy − Σ_j dy ⊙ y)` per row of `sk`
-/// (masked positions have `y = 0`, so they get 0).
+/// (masked positions have `y = 0`, so they get 0). With `drop`, `grad_output` is the gradient
+/// of the dropped output (the draw `(key_lo, key_hi)`, elements below `threshold` dropped,
+/// the others times `keep_scale`), taken back through the dropout on the way in: the mask is
+/// drawn in both passes over the row instead of a dropout kernel's pass writing `dy` and this
+/// one reading it.
 #[cube(launch)]
+#[allow(clippy::too_many_arguments)]
 pub fn softmax_backward<F: Float, A: Float, N: Size>(
     output: &[Vector<F, N>],
     grad_output: &[Vector<F, N>],
     grad_input: &mut [Vector<F, N>],
+    key_lo: u32,
+    key_hi: u32,
+    threshold: u32,
+    keep_scale: f32,
     scale: f32,
     rows: u32,
     sk: u32,
+    #[comptime] drop: bool,
     #[comptime] lanes: u32,
     #[comptime] rows_per_cube: u32,
     #[comptime] plane_reduce: bool,
@@ -191,11 +224,12 @@ pub fn softmax_backward<F: Float, A: Float, N: Size>(
     let u = UNIT_POS_X as usize;
     let step = lanes as usize;
     let base = row * width;
+    let (lo, hi) = (key_lo, key_hi);
     let mut local = Vector::<A, N>::new(A::new(0.0));
     let mut j = u;
     while j < length {
-        local += Vector::<A, N>::cast_from(grad_output[base + j])
-            * Vector::<A, N>::cast_from(output[base + j]);
+        let dy = output_grad::<F, N>(grad_output, base + j, lo, hi, threshold, keep_scale, drop);
+        local += Vector::<A, N>::cast_from(dy) * Vector::<A, N>::cast_from(output[base + j]);
         j += step;
     }
     let dot = Vector::<A, N>::new(row_vector_sum::<A, N>(
@@ -208,7 +242,8 @@ pub fn softmax_backward<F: Float, A: Float, N: Size>(
     j = u;
     while j < length {
         let y = Vector::<A, N>::cast_from(output[base + j]);
-        let dy = Vector::<A, N>::cast_from(grad_output[base + j]);
+        let dy = output_grad::<F, N>(grad_output, base + j, lo, hi, threshold, keep_scale, drop);
+        let dy = Vector::<A, N>::cast_from(dy);
         grad_input[base + j] = Vector::<F, N>::cast_from(scale * y * (dy - dot));
         j += step;
     }

@@ -1908,11 +1908,12 @@ fn gradients_copied_to_offsets_land_there_and_nowhere_else() {
 }
 
 /// The causal softmax with the dropout of its output in the same kernel: both outputs are, bit
-/// for bit, the softmax kernel's and the dropout kernel's on it (the whole tensor's draw), in
-/// f32 and each half type the device stores, for every launch shape, with rows in vectors and
-/// not, and with fewer queries than keys.
+/// for bit, the softmax kernel's and the dropout kernel's on it (the whole tensor's draw), and
+/// its backward the dropout kernel's then the softmax backward's, in f32 and each half type
+/// the device stores, for every launch shape, with rows in vectors and not, and with fewer
+/// queries than keys.
 #[test]
-fn softmax_with_its_dropout_is_the_softmax_and_dropout_kernels() {
+fn softmax_with_its_dropout_is_the_softmax_and_dropout_kernels_both_ways() {
     let client = client();
     let ran = [
         softmax_dropout_matches::<f32>(&client),
@@ -1957,11 +1958,22 @@ fn softmax_dropout_matches<H: Storage>(client: &Client) -> bool {
                     .map(|v| v.to_bits())
                     .collect()
             };
-            assert_eq!(bits(y), bits(y_alone), "softmax of {what}");
+            assert_eq!(bits(y), bits(y_alone.clone()), "softmax of {what}");
             let (fused, alone) = (bits(dropped), bits(dropped_alone));
             assert_eq!(fused, alone, "dropout of {what}");
             let zeros = fused.iter().filter(|&&b| b == 0).count();
             assert!(zeros > s.len() / 5, "{what}: {zeros} zeros of {}", s.len());
+            // The backward from the dropped output's gradient: the dropout kernel's backward
+            // (the same kernel) then the softmax backward, or one kernel.
+            let (rows, sk) = (s.rows(), s.sk);
+            let g = upload_as::<H>(client, &rounded::<H>(&rng.vec(s.len(), -1.0, 1.0)));
+            let [dx, dy_alone, dx_alone] = [0; 3].map(|_| poisoned_as::<H>(client, s.len()));
+            softmax_dropout_backward::<H>(client, launch, &y_alone, &g, &dx, rows, sk, 0.3, draw);
+            dropout::<H>(client, &g, &dy_alone, s.len(), draw);
+            softmax_backward::<H>(
+                client, launch, &y_alone, &dy_alone, &dx_alone, rows, sk, 0.3,
+            );
+            assert_eq!(bits(dx), bits(dx_alone), "backward of {what}");
         }
     }
     true

@@ -7,7 +7,7 @@
 //! launches per layer, plus the copies that turn the slices into per-head tensors. Here the
 //! split is one kernel forward and the merge one kernel backward, and the core between them
 //! runs the kernels the composed core runs (scores, causal softmax with the dropout of its
-//! output in the same kernel, product) or the fused attention, with its backward written out: the same products burn's autodiff would
+//! output in the same kernel both ways, product) or the fused attention, with its backward written out: the same products burn's autodiff would
 //! form, through [`Gemm`] (cuBLAS on CUDA). With rotary embeddings (Llama) the queries and
 //! keys are rotated inside the op after the split and their gradients rotated back before the
 //! merge, by the rotary kernel.
@@ -17,7 +17,7 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops};
 use burn::backend::tensor::FloatTensor;
 use burn::tensor::Shape;
-use ferrotron_kernels::launch::{DrawSlice, DropoutDraw, QkvLayout};
+use ferrotron_kernels::launch::{DropoutDraw, QkvLayout};
 
 use super::fused_ops::FusedKernels;
 use crate::util::matmul::extension::{transposed, Gemm};
@@ -147,11 +147,10 @@ fn backward<B: FusedKernels + Gemm>(
         } => {
             let d_dropped = B::gemm(grad.clone(), transposed::<B>(v));
             let dv = B::gemm(transposed::<B>(dropped), grad);
-            let d_probs = match draw {
-                Some(draw) => B::dropout_apply(d_dropped, draw, whole::<B>(&probs)),
-                None => d_dropped,
+            let d_scores = match draw {
+                Some(draw) => B::softmax_dropout_backward(probs, d_dropped, scale, draw),
+                None => B::softmax_backward(probs, d_dropped, scale),
             };
-            let d_scores = B::softmax_backward(probs, d_probs, scale);
             let dq = B::gemm(d_scores.clone(), k);
             let dk = B::gemm(transposed::<B>(d_scores), q);
             [dq, dk, dv]
@@ -162,12 +161,6 @@ fn backward<B: FusedKernels + Gemm>(
         grads = [rotation.apply(dq, true), rotation.apply(dk, true), dv];
     }
     B::qkv_merge(grads, layout)
-}
-
-/// The whole draw over a tensor of `like`'s size.
-fn whole<B: FusedKernels>(like: &FloatTensor<B>) -> DrawSlice {
-    use burn::backend::TensorMetadata;
-    DrawSlice::whole(like.shape().num_elements())
 }
 
 /// `[b, heads, s, head_dim]` → `[b, s, heads · head_dim]` (one copy).

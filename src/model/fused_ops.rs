@@ -47,6 +47,15 @@ pub trait FusedKernels: Backend {
         dy: FloatTensor<Self>,
         scale: f32,
     ) -> FloatTensor<Self>;
+    /// The backward of [`Self::causal_softmax_dropout_forward`] from the gradient of the
+    /// dropped output, in one kernel: [`Self::softmax_backward`] of [`Self::dropout_apply`]
+    /// of `d_dropped`.
+    fn softmax_dropout_backward(
+        y: FloatTensor<Self>,
+        d_dropped: FloatTensor<Self>,
+        scale: f32,
+        draw: DropoutDraw,
+    ) -> FloatTensor<Self>;
     /// LayerNorm over the last dimension: output, and the per-row mean and 1/σ.
     fn layer_norm_forward(
         x: FloatTensor<Self>,
@@ -329,6 +338,33 @@ impl FusedKernels for CubeBackend {
             draw
         );
         [y, dropped]
+    }
+
+    fn softmax_dropout_backward(
+        y: CubeTensor,
+        d_dropped: CubeTensor,
+        scale: f32,
+        draw: DropoutDraw,
+    ) -> CubeTensor {
+        let (y, d_dropped) = (packed(y), packed(d_dropped));
+        same_dtype("the dropped probabilities' gradient", &y, &d_dropped);
+        let shape = y.shape();
+        let (rows, cols) = rows_cols(&shape);
+        let dx = empty_like(&y, shape, y.dtype);
+        by_dtype!(
+            y.dtype,
+            softmax_dropout_backward,
+            &y.client,
+            RowLaunch::for_client(&y.client),
+            &y.handle,
+            &d_dropped.handle,
+            &dx.handle,
+            rows,
+            cols,
+            scale,
+            draw
+        );
+        dx
     }
 
     fn softmax_backward(y: CubeTensor, dy: CubeTensor, scale: f32) -> CubeTensor {
