@@ -280,6 +280,51 @@ pub(super) fn dropout_draw(dropout: Option<(u64, f64)>) -> Option<DropoutDraw> {
     })
 }
 
+/// The softmax backward of `y` from `dy`, taken back through `draw`'s dropout first where there
+/// is one (one kernel either way).
+fn softmax_grad(
+    y: CubeTensor,
+    dy: CubeTensor,
+    scale: f32,
+    draw: Option<DropoutDraw>,
+) -> CubeTensor {
+    let (y, dy) = (packed(y), packed(dy));
+    same_dtype("the softmax output's gradient", &y, &dy);
+    let shape = y.shape();
+    let (rows, cols) = rows_cols(&shape);
+    let dx = empty_like(&y, shape, y.dtype);
+    let (client, launch) = (&y.client, RowLaunch::for_client(&y.client));
+    let [output, grad_output, grad_input] = [&y.handle, &dy.handle, &dx.handle];
+    match draw {
+        Some(draw) => by_dtype!(
+            y.dtype,
+            softmax_dropout_backward,
+            client,
+            launch,
+            output,
+            grad_output,
+            grad_input,
+            rows,
+            cols,
+            scale,
+            draw
+        ),
+        None => by_dtype!(
+            y.dtype,
+            softmax_backward,
+            client,
+            launch,
+            output,
+            grad_output,
+            grad_input,
+            rows,
+            cols,
+            scale
+        ),
+    }
+    dx
+}
+
 /// The scores shape of a `[b, heads, sq, sk]` tensor.
 fn scores_shape(shape: &Shape) -> ScoresShape {
     let [batch, heads, sq, sk] = shape.dims::<4>();
@@ -346,45 +391,11 @@ impl FusedKernels for CubeBackend {
         scale: f32,
         draw: DropoutDraw,
     ) -> CubeTensor {
-        let (y, d_dropped) = (packed(y), packed(d_dropped));
-        same_dtype("the dropped probabilities' gradient", &y, &d_dropped);
-        let shape = y.shape();
-        let (rows, cols) = rows_cols(&shape);
-        let dx = empty_like(&y, shape, y.dtype);
-        by_dtype!(
-            y.dtype,
-            softmax_dropout_backward,
-            &y.client,
-            RowLaunch::for_client(&y.client),
-            &y.handle,
-            &d_dropped.handle,
-            &dx.handle,
-            rows,
-            cols,
-            scale,
-            draw
-        );
-        dx
+        softmax_grad(y, d_dropped, scale, Some(draw))
     }
 
     fn softmax_backward(y: CubeTensor, dy: CubeTensor, scale: f32) -> CubeTensor {
-        let (y, dy) = (packed(y), packed(dy));
-        let shape = y.shape();
-        let (rows, cols) = rows_cols(&shape);
-        let dx = empty_like(&y, shape, y.dtype);
-        by_dtype!(
-            y.dtype,
-            softmax_backward,
-            &y.client,
-            RowLaunch::for_client(&y.client),
-            &y.handle,
-            &dy.handle,
-            &dx.handle,
-            rows,
-            cols,
-            scale
-        );
-        dx
+        softmax_grad(y, dy, scale, None)
     }
 
     fn layer_norm_forward(
