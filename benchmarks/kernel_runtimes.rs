@@ -111,6 +111,7 @@ fn timings(client: &Client, b: &Buffers) -> Vec<f64> {
         scale: 1.0 / 0.9,
     };
     let (len, hidden) = (rows * cols, cols);
+    let causal = SoftmaxMask::Causal;
     let bias_dropout_add_time = |slice| {
         time(client, || {
             let (inputs, draw) = ([x, dy], Some(draw));
@@ -119,26 +120,37 @@ fn timings(client: &Client, b: &Buffers) -> Vec<f64> {
     };
     vec![
         time(client, || {
-            softmax_forward::<f32>(client, launch, x, SoftmaxMask::Causal, out, scores, 0.125)
+            softmax_forward::<f32>(client, launch, x, causal, out, None, scores, 0.125)
         }),
         time(client, || {
-            softmax_backward::<f32>(client, launch, out, dy, out2, scores.rows(), 1024, 0.125)
+            softmax_backward::<f32>(
+                client,
+                launch,
+                out,
+                dy,
+                out2,
+                scores.rows(),
+                1024,
+                0.125,
+                None,
+            )
         }),
         time(client, || {
-            causal_softmax_dropout::<f32>(client, launch, x, out, out2, scores, 0.125, draw)
+            let dropped = Some((draw, out2));
+            softmax_forward::<f32>(client, launch, x, causal, out, dropped, scores, 0.125)
         }),
         time(client, || {
-            softmax_forward::<f32>(client, launch, x, SoftmaxMask::Causal, out, scores, 0.125);
+            softmax_forward::<f32>(client, launch, x, causal, out, None, scores, 0.125);
             dropout::<f32>(client, out, out2, scores.len(), draw)
         }),
         time(client, || {
             let (rows, sk) = (scores.rows(), scores.sk);
-            softmax_dropout_backward::<f32>(client, launch, out, dy, out2, rows, sk, 0.125, draw)
+            softmax_backward::<f32>(client, launch, out, dy, out2, rows, sk, 0.125, Some(draw))
         }),
         time(client, || {
             let (rows, sk) = (scores.rows(), scores.sk);
             dropout::<f32>(client, dy, &b.out3, scores.len(), draw);
-            softmax_backward::<f32>(client, launch, out, &b.out3, out2, rows, sk, 0.125)
+            softmax_backward::<f32>(client, launch, out, &b.out3, out2, rows, sk, 0.125, None)
         }),
         time(client, || {
             layer_norm_forward::<f32>(

@@ -28,57 +28,26 @@ pub fn dropout_bits(key_lo: u32, key_hi: u32, index: u32) -> u32 {
     fmix32((fmix32(index ^ key_lo) + key_hi) ^ 0x9e37_79b9)
 }
 
-/// Whether element `i` of a tensor holding the slice `(own, row, first)` of the draw keyed
-/// `(key_lo, key_hi)` is kept: its draw index is `(i / own) · row + first + i % own`.
+/// The draw index of element `i` of a tensor holding the slice `(own, row, first)` of the
+/// draw: `(i / own) · row + first + i % own`; with `whole` (the tensor is all of the draw) it
+/// is `i`, compiled without the slice's arithmetic. An integer division by a runtime value
+/// costs a GPU twenty-odd instructions, two of them more than the hash itself; on cubecl-cpu
+/// the lanes of a whole draw compile to SIMD code.
 #[cube]
-fn slice_kept(
-    i: u32,
-    key_lo: u32,
-    key_hi: u32,
-    threshold: u32,
-    own: u32,
-    row: u32,
-    first: u32,
-) -> bool {
-    // A whole tensor (one run: `row` 0) takes no division: an integer division by a runtime
-    // value costs a GPU twenty-odd instructions, two of them more than the hash itself.
-    let mut index = first + i;
-    if row != 0 {
-        index = (i / own) * row + first + i % own;
+fn draw_index(i: u32, own: u32, row: u32, first: u32, #[comptime] whole: bool) -> u32 {
+    if whole {
+        i
+    } else {
+        (i / own) * row + first + i % own
     }
-    dropout_bits(key_lo, key_hi, index) >= threshold
 }
 
-/// Which elements of the vector at index `vector` (elements `vector · N + k`) are kept, as
-/// [`slice_kept`] says for each.
+/// Which elements of the vector at index `vector` (elements `vector · N + k`) of a tensor
+/// holding the slice `(own, row, first)` of the draw keyed `(key_lo, key_hi)` (or, with
+/// `whole`, all of it) are kept: those whose bits are at least `threshold`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn vector_kept<N: Size>(
-    vector: usize,
-    key_lo: u32,
-    key_hi: u32,
-    threshold: u32,
-    own: u32,
-    row: u32,
-    first: u32,
-) -> Vector<bool, N> {
-    let mut keep = Vector::<bool, N>::new(false);
-    let at = (vector * N::value()) as u32;
-    #[unroll]
-    for k in 0..N::value() {
-        let i = at + k as u32;
-        keep.insert(k, slice_kept(i, key_lo, key_hi, threshold, own, row, first));
-    }
-    keep
-}
-
-/// [`vector_kept`] for a tensor holding the slice `(own, row, first)` of the draw, or with
-/// `whole` all of it: the slice's scalars are then constants of the compiled kernel, so its
-/// index takes neither a division nor a branch (on cubecl-cpu the lanes then compile to SIMD
-/// code; the same bits either way).
-#[cube]
-#[allow(clippy::too_many_arguments)]
-fn tensor_kept<N: Size>(
+fn vector_kept<N: Size>(
     vector: usize,
     key_lo: u32,
     key_hi: u32,
@@ -88,11 +57,25 @@ fn tensor_kept<N: Size>(
     first: u32,
     #[comptime] whole: bool,
 ) -> Vector<bool, N> {
-    if whole {
-        vector_kept::<N>(vector, key_lo, key_hi, threshold, 1u32, 0u32, 0u32)
-    } else {
-        vector_kept::<N>(vector, key_lo, key_hi, threshold, own, row, first)
+    let mut keep = Vector::<bool, N>::new(false);
+    let at = (vector * N::value()) as u32;
+    #[unroll]
+    for k in 0..N::value() {
+        let index = draw_index(at + k as u32, own, row, first, whole);
+        keep.insert(k, dropout_bits(key_lo, key_hi, index) >= threshold);
     }
+    keep
+}
+
+/// [`vector_kept`] of a tensor that is the whole draw.
+#[cube]
+pub(crate) fn whole_kept<N: Size>(
+    vector: usize,
+    key_lo: u32,
+    key_hi: u32,
+    threshold: u32,
+) -> Vector<bool, N> {
+    vector_kept::<N>(vector, key_lo, key_hi, threshold, 1u32, 0u32, 0u32, true)
 }
 
 /// Units per cube of the element-wise kernels.
@@ -123,7 +106,7 @@ pub fn dropout<F: Float, N: Size>(
 ) {
     let i = cube_index() * UNITS_PER_CUBE as usize + UNIT_POS_X as usize;
     if i < len as usize / N::value() {
-        let keep = tensor_kept::<N>(i, key_lo, key_hi, threshold, own, row, first, whole);
+        let keep = vector_kept::<N>(i, key_lo, key_hi, threshold, own, row, first, whole);
         let x = input[i];
         let zero = Vector::<F, N>::new(F::new(0.0));
         output[i] = select_many(keep, x * Vector::new(F::cast_from(scale)), zero);
@@ -163,7 +146,7 @@ pub fn bias_dropout_add<F: Float, N: Size>(
             y += bias[i % (hidden as usize / N::value())];
         }
         if drop {
-            let keep = tensor_kept::<N>(i, key_lo, key_hi, threshold, own, row, first, whole);
+            let keep = vector_kept::<N>(i, key_lo, key_hi, threshold, own, row, first, whole);
             let zero = Vector::<F, N>::new(F::new(0.0));
             y = select_many(keep, y * Vector::new(F::cast_from(scale)), zero);
         }

@@ -56,89 +56,42 @@ pub enum SoftmaxMask<'a> {
     Padding(&'a Handle),
 }
 
-/// `output = softmax(scale · input)` with `mask` (Megatron's fused forward).
+/// `output = softmax(scale · input)` with `mask` (Megatron's fused forward) and, with
+/// `dropout = Some((draw, dropped))`, the attention dropout of `output` by `draw` (the whole
+/// tensor's draw) into `dropped` in the same kernel: bit for bit what [`dropout_slice`] makes
+/// of `output`, without that launch and its pass reading `output` back.
+#[allow(clippy::too_many_arguments)]
 pub fn softmax_forward<F: Float + CubeElement>(
     client: &Client,
     launch: RowLaunch,
     input: &Handle,
     mask: SoftmaxMask<'_>,
     output: &Handle,
+    dropout: Option<(DropoutDraw, &Handle)>,
     shape: ScoresShape,
     scale: f32,
 ) {
     if shape.is_empty() {
         return;
     }
+    assert!(
+        shape.len() <= u32::MAX as usize,
+        "a softmax of {shape:?}: more than 2³² elements"
+    );
     if matches!(mask, SoftmaxMask::Causal) {
         assert!(
             shape.sq <= shape.sk,
             "causal softmax needs sq ≤ sk, got {shape:?}"
         );
     }
-    let mask = match mask {
+    let (mask, padded) = match mask {
         // The causal kernel never reads `mask`: bind the input's buffer in its place rather
         // than uploading a dummy on every call.
         SoftmaxMask::Causal => (arg(input, 1), false),
         SoftmaxMask::Padding(m) => (arg(m, shape.batch * shape.sq * shape.sk), true),
     };
-    // Never written without a draw: a buffer of one vector stands in.
-    let vector = launch.vector_size::<F>(client, shape.sk);
-    let unused = client.empty(vector * std::mem::size_of::<F>());
-    let outputs = [arg(output, shape.len()), arg(&unused, vector)];
-    launch_softmax_forward::<F>(client, launch, input, mask, outputs, None, shape, scale);
-}
-
-/// The causal softmax of `input` (`[batch, heads, sq, sk]`) into `output` and its dropout by
-/// `draw` (the whole tensor's draw) into `dropped`, in one kernel: `dropped` is what
-/// [`dropout_slice`] makes of `output`, bit for bit, without that launch and its pass over
-/// `output`.
-#[allow(clippy::too_many_arguments)]
-pub fn causal_softmax_dropout<F: Float + CubeElement>(
-    client: &Client,
-    launch: RowLaunch,
-    input: &Handle,
-    output: &Handle,
-    dropped: &Handle,
-    shape: ScoresShape,
-    scale: f32,
-    draw: DropoutDraw,
-) {
-    if shape.is_empty() {
-        return;
-    }
-    assert!(
-        shape.sq <= shape.sk && shape.len() <= u32::MAX as usize,
-        "causal softmax with dropout of {shape:?}"
-    );
-    let outputs = [arg(output, shape.len()), arg(dropped, shape.len())];
-    // The causal kernel never reads the mask.
-    let mask = (arg(input, 1), false);
-    launch_softmax_forward::<F>(
-        client,
-        launch,
-        input,
-        mask,
-        outputs,
-        Some(draw),
-        shape,
-        scale,
-    );
-}
-
-/// Launches [`softmax::masked_softmax_forward`]: causal unless a padding `mask` is bound,
-/// writing `[output, dropped]` (the second only with a `draw`).
-#[allow(clippy::too_many_arguments)]
-fn launch_softmax_forward<F: Float + CubeElement>(
-    client: &Client,
-    launch: RowLaunch,
-    input: &Handle,
-    (mask, padded): (BufferArg, bool),
-    [output, dropped]: [BufferArg; 2],
-    draw: Option<DropoutDraw>,
-    shape: ScoresShape,
-    scale: f32,
-) {
-    let d = draw.unwrap_or(NO_DRAW);
+    // Without a draw `dropped` is never written: the output's buffer stands in.
+    let (draw, dropped) = dropout.map_or((NO_DRAW, output), |(d, h)| (d, h));
     softmax::masked_softmax_forward::launch::<F, f32>(
         client,
         launch.cube_count(shape.rows()),
@@ -146,12 +99,12 @@ fn launch_softmax_forward<F: Float + CubeElement>(
         launch.vector_size::<F>(client, shape.sk),
         arg(input, shape.len()),
         mask,
-        output,
-        dropped,
-        d.key_lo,
-        d.key_hi,
-        d.threshold,
-        d.scale,
+        arg(output, shape.len()),
+        arg(dropped, shape.len()),
+        draw.key_lo,
+        draw.key_hi,
+        draw.threshold,
+        draw.scale,
         scale,
         shape.rows() as u32,
         shape.heads as u32,
@@ -159,7 +112,7 @@ fn launch_softmax_forward<F: Float + CubeElement>(
         shape.sk as u32,
         !padded,
         padded,
-        draw.is_some(),
+        dropout.is_some(),
         launch.lanes,
         launch.rows_per_cube,
         launch.plane_reduce,
@@ -167,6 +120,8 @@ fn launch_softmax_forward<F: Float + CubeElement>(
 }
 
 /// `grad_input = scale · y ⊙ (dy − Σ dy ⊙ y)` per row of `sk` (both softmaxes' backward).
+/// With `dropout`, `grad_output` is the gradient of the dropped output, taken back through
+/// the dropout by that draw in the same kernel: bit for bit [`dropout_slice`] then this.
 #[allow(clippy::too_many_arguments)]
 pub fn softmax_backward<F: Float + CubeElement>(
     client: &Client,
@@ -177,48 +132,16 @@ pub fn softmax_backward<F: Float + CubeElement>(
     rows: usize,
     sk: usize,
     scale: f32,
-) {
-    let buffers = [output, grad_output, grad_input];
-    launch_softmax_backward::<F>(client, launch, buffers, (rows, sk), scale, None);
-}
-
-/// The backward of [`causal_softmax_dropout`]: `grad_dropped`, the gradient of the dropped
-/// probabilities, taken back through the dropout by `draw` and the softmax of `output` in
-/// one kernel; bit for bit [`dropout_slice`] then [`softmax_backward`].
-#[allow(clippy::too_many_arguments)]
-pub fn softmax_dropout_backward<F: Float + CubeElement>(
-    client: &Client,
-    launch: RowLaunch,
-    output: &Handle,
-    grad_dropped: &Handle,
-    grad_input: &Handle,
-    rows: usize,
-    sk: usize,
-    scale: f32,
-    draw: DropoutDraw,
-) {
-    assert!(
-        rows * sk <= u32::MAX as usize,
-        "a draw of more than 2³² elements"
-    );
-    let buffers = [output, grad_dropped, grad_input];
-    launch_softmax_backward::<F>(client, launch, buffers, (rows, sk), scale, Some(draw));
-}
-
-/// Launches [`softmax::softmax_backward`] on `[output, grad_output, grad_input]` of `rows`
-/// rows of `sk`, through the dropout by `draw` where there is one.
-fn launch_softmax_backward<F: Float + CubeElement>(
-    client: &Client,
-    launch: RowLaunch,
-    [output, grad_output, grad_input]: [&Handle; 3],
-    (rows, sk): (usize, usize),
-    scale: f32,
-    draw: Option<DropoutDraw>,
+    dropout: Option<DropoutDraw>,
 ) {
     if rows * sk == 0 {
         return;
     }
-    let d = draw.unwrap_or(NO_DRAW);
+    assert!(
+        rows * sk <= u32::MAX as usize,
+        "a softmax of more than 2³² elements"
+    );
+    let draw = dropout.unwrap_or(NO_DRAW);
     softmax::softmax_backward::launch::<F, f32>(
         client,
         launch.cube_count(rows),
@@ -227,14 +150,14 @@ fn launch_softmax_backward<F: Float + CubeElement>(
         arg(output, rows * sk),
         arg(grad_output, rows * sk),
         arg(grad_input, rows * sk),
-        d.key_lo,
-        d.key_hi,
-        d.threshold,
-        d.scale,
+        draw.key_lo,
+        draw.key_hi,
+        draw.threshold,
+        draw.scale,
         scale,
         rows as u32,
         sk as u32,
-        draw.is_some(),
+        dropout.is_some(),
         launch.lanes,
         launch.rows_per_cube,
         launch.plane_reduce,
@@ -1017,8 +940,8 @@ fn half_precision_instantiates(client: &Client, h: &Handle) {
             sk: 1,
         };
         let rows = RowLaunch::for_client(client);
-        softmax_forward::<F>(client, rows, h, SoftmaxMask::Causal, h, shape, 1.0);
-        softmax_backward::<F>(client, rows, h, h, h, 1, 1, 1.0);
+        softmax_forward::<F>(client, rows, h, SoftmaxMask::Causal, h, None, shape, 1.0);
+        softmax_backward::<F>(client, rows, h, h, h, 1, 1, 1.0, None);
         layer_norm_forward::<F>(client, rows, h, h, h, h, h, h, 1, 1, 1e-5);
         layer_norm_backward::<F>(client, rows, h, h, h, h, h, h, h, h, 1, 1);
         rms_norm_forward::<F>(client, rows, h, h, h, h, 1, 1, 1e-5);
@@ -1090,8 +1013,7 @@ const NO_DRAW: DropoutDraw = DropoutDraw {
 pub struct DrawSlice {
     /// Elements per run.
     pub own: u32,
-    /// Draw elements per row; 0 for a whole tensor (one run: element `i` is draw element
-    /// `first + i`, with no division in the kernels).
+    /// Draw elements per row (0 for a whole tensor: one run).
     pub row: u32,
     /// The run's first element within its row.
     pub first: u32,

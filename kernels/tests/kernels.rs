@@ -154,7 +154,7 @@ fn run_softmax(
         None => SoftmaxMask::Causal,
     };
     assert!(causal == mask.is_none());
-    softmax_forward::<f32>(client, launch, &input, kind, &output, shape, scale);
+    softmax_forward::<f32>(client, launch, &input, kind, &output, None, shape, scale);
     download(client, output, shape.len())
 }
 
@@ -172,7 +172,7 @@ fn run_softmax_backward(
         upload(client, dy),
         poisoned(client, y.len()),
     );
-    softmax_backward::<f32>(client, launch, &yh, &dyh, &dx, rows, sk, scale);
+    softmax_backward::<f32>(client, launch, &yh, &dyh, &dx, rows, sk, scale, None);
     download(client, dx, y.len())
 }
 
@@ -1235,6 +1235,7 @@ fn half_storage_matches_f32<H: Storage>(client: &Client) -> bool {
                 &input,
                 SoftmaxMask::Causal,
                 &output,
+                None,
                 s,
                 scale,
             );
@@ -1254,7 +1255,7 @@ fn half_storage_matches_f32<H: Storage>(client: &Client) -> bool {
         upload_as::<H>(client, &dy),
         poisoned_as::<H>(client, s.len()),
     );
-    softmax_backward::<H>(client, launch, &yh, &dyh, &dxh, s.rows(), s.sk, scale);
+    softmax_backward::<H>(client, launch, &yh, &dyh, &dxh, s.rows(), s.sk, scale, None);
     let dx_half = download_as::<H>(client, dxh, s.len());
     assert_within_an_ulp::<H>("softmax backward", &dx_half, &dx_f32, 0.0);
 
@@ -1941,16 +1942,10 @@ fn softmax_dropout_matches<H: Storage>(client: &Client) -> bool {
             let what = format!("{} {s:?} {launch:?}", H::NAME);
             let [y, dropped, y_alone, dropped_alone] =
                 [0; 4].map(|_| poisoned_as::<H>(client, s.len()));
-            causal_softmax_dropout::<H>(client, launch, &input, &y, &dropped, s, 0.3, draw);
-            softmax_forward::<H>(
-                client,
-                launch,
-                &input,
-                SoftmaxMask::Causal,
-                &y_alone,
-                s,
-                0.3,
-            );
+            let causal = SoftmaxMask::Causal;
+            let with_dropout = Some((draw, &dropped));
+            softmax_forward::<H>(client, launch, &input, causal, &y, with_dropout, s, 0.3);
+            softmax_forward::<H>(client, launch, &input, causal, &y_alone, None, s, 0.3);
             dropout::<H>(client, &y_alone, &dropped_alone, s.len(), draw);
             let bits = |h: Handle| -> Vec<u32> {
                 download_as::<H>(client, h, s.len())
@@ -1968,11 +1963,10 @@ fn softmax_dropout_matches<H: Storage>(client: &Client) -> bool {
             let (rows, sk) = (s.rows(), s.sk);
             let g = upload_as::<H>(client, &rounded::<H>(&rng.vec(s.len(), -1.0, 1.0)));
             let [dx, dy_alone, dx_alone] = [0; 3].map(|_| poisoned_as::<H>(client, s.len()));
-            softmax_dropout_backward::<H>(client, launch, &y_alone, &g, &dx, rows, sk, 0.3, draw);
+            let y = &y_alone;
+            softmax_backward::<H>(client, launch, y, &g, &dx, rows, sk, 0.3, Some(draw));
             dropout::<H>(client, &g, &dy_alone, s.len(), draw);
-            softmax_backward::<H>(
-                client, launch, &y_alone, &dy_alone, &dx_alone, rows, sk, 0.3,
-            );
+            softmax_backward::<H>(client, launch, y, &dy_alone, &dx_alone, rows, sk, 0.3, None);
             assert_eq!(bits(dx), bits(dx_alone), "backward of {what}");
         }
     }

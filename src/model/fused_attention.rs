@@ -102,13 +102,7 @@ pub fn forward<B: FusedKernels + Gemm>(
         (output, saved)
     } else {
         let scores = B::gemm(q.clone(), transposed::<B>(k.clone()));
-        let [probs, dropped] = match draw {
-            Some(draw) => B::causal_softmax_dropout_forward(scores, scale, draw),
-            None => {
-                let probs = B::causal_softmax_forward(scores, scale);
-                [probs.clone(), probs]
-            }
-        };
+        let [probs, dropped] = B::causal_softmax_forward(scores, scale, draw);
         let output = B::gemm(dropped.clone(), v.clone());
         let saved = Saved::Composed {
             qkv: [q, k, v],
@@ -147,10 +141,7 @@ fn backward<B: FusedKernels + Gemm>(
         } => {
             let d_dropped = B::gemm(grad.clone(), transposed::<B>(v));
             let dv = B::gemm(transposed::<B>(dropped), grad);
-            let d_scores = match draw {
-                Some(draw) => B::softmax_dropout_backward(probs, d_dropped, scale, draw),
-                None => B::softmax_backward(probs, d_dropped, scale),
-            };
+            let d_scores = B::softmax_backward(probs, d_dropped, scale, draw);
             let dq = B::gemm(d_scores.clone(), k);
             let dk = B::gemm(transposed::<B>(d_scores), q);
             [dq, dk, dv]

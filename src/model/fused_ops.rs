@@ -30,31 +30,22 @@ use crate::util::matmul::extension::Gemm;
 
 /// The kernels a backend runs for the fused ops.
 pub trait FusedKernels: Backend {
-    /// `softmax(scale · x)` over the last dimension of `[b, heads, sq, sk]`, keys after the
-    /// query masked.
-    fn causal_softmax_forward(x: FloatTensor<Self>, scale: f32) -> FloatTensor<Self>;
-    /// [`Self::causal_softmax_forward`] and the dropout of its output by `draw` over the
-    /// whole tensor (what [`Self::dropout_apply`] makes of it), from one kernel: `[y,
-    /// dropout(y)]`.
-    fn causal_softmax_dropout_forward(
+    /// `[y, dropout(y)]` for `y = softmax(scale · x)` over the last dimension of `[b, heads,
+    /// sq, sk]`, keys after the query masked, from one kernel: the dropout by `draw` over the
+    /// whole tensor (what [`Self::dropout_apply`] makes of `y`); without a draw both are `y`.
+    fn causal_softmax_forward(
         x: FloatTensor<Self>,
         scale: f32,
-        draw: DropoutDraw,
+        draw: Option<DropoutDraw>,
     ) -> [FloatTensor<Self>; 2];
-    /// `scale · y ⊙ (dy − Σ dy ⊙ y)` per row of the last dimension.
+    /// `scale · y ⊙ (dy − Σ dy ⊙ y)` per row of the last dimension; with a draw, `dy` is the
+    /// gradient of [`Self::causal_softmax_forward`]'s dropped output, taken back through the
+    /// dropout in the same kernel.
     fn softmax_backward(
         y: FloatTensor<Self>,
         dy: FloatTensor<Self>,
         scale: f32,
-    ) -> FloatTensor<Self>;
-    /// The backward of [`Self::causal_softmax_dropout_forward`] from the gradient of the
-    /// dropped output, in one kernel: [`Self::softmax_backward`] of [`Self::dropout_apply`]
-    /// of `d_dropped`.
-    fn softmax_dropout_backward(
-        y: FloatTensor<Self>,
-        d_dropped: FloatTensor<Self>,
-        scale: f32,
-        draw: DropoutDraw,
+        draw: Option<DropoutDraw>,
     ) -> FloatTensor<Self>;
     /// LayerNorm over the last dimension: output, and the per-row mean and 1/σ.
     fn layer_norm_forward(
@@ -280,51 +271,6 @@ pub(super) fn dropout_draw(dropout: Option<(u64, f64)>) -> Option<DropoutDraw> {
     })
 }
 
-/// The softmax backward of `y` from `dy`, taken back through `draw`'s dropout first where there
-/// is one (one kernel either way).
-fn softmax_grad(
-    y: CubeTensor,
-    dy: CubeTensor,
-    scale: f32,
-    draw: Option<DropoutDraw>,
-) -> CubeTensor {
-    let (y, dy) = (packed(y), packed(dy));
-    same_dtype("the softmax output's gradient", &y, &dy);
-    let shape = y.shape();
-    let (rows, cols) = rows_cols(&shape);
-    let dx = empty_like(&y, shape, y.dtype);
-    let (client, launch) = (&y.client, RowLaunch::for_client(&y.client));
-    let [output, grad_output, grad_input] = [&y.handle, &dy.handle, &dx.handle];
-    match draw {
-        Some(draw) => by_dtype!(
-            y.dtype,
-            softmax_dropout_backward,
-            client,
-            launch,
-            output,
-            grad_output,
-            grad_input,
-            rows,
-            cols,
-            scale,
-            draw
-        ),
-        None => by_dtype!(
-            y.dtype,
-            softmax_backward,
-            client,
-            launch,
-            output,
-            grad_output,
-            grad_input,
-            rows,
-            cols,
-            scale
-        ),
-    }
-    dx
-}
-
 /// The scores shape of a `[b, heads, sq, sk]` tensor.
 fn scores_shape(shape: &Shape) -> ScoresShape {
     let [batch, heads, sq, sk] = shape.dims::<4>();
@@ -342,11 +288,16 @@ fn same_dtype(what: &str, x: &CubeTensor, other: &CubeTensor) {
 }
 
 impl FusedKernels for CubeBackend {
-    fn causal_softmax_forward(x: CubeTensor, scale: f32) -> CubeTensor {
+    fn causal_softmax_forward(
+        x: CubeTensor,
+        scale: f32,
+        draw: Option<DropoutDraw>,
+    ) -> [CubeTensor; 2] {
         let x = packed(x);
         let shape = x.shape();
         let scores = scores_shape(&shape);
-        let out = empty_like(&x, shape, x.dtype);
+        let y = empty_like(&x, shape.clone(), x.dtype);
+        let dropped = draw.map(|draw| (draw, empty_like(&x, shape, x.dtype)));
         by_dtype!(
             x.dtype,
             softmax_forward,
@@ -354,48 +305,40 @@ impl FusedKernels for CubeBackend {
             RowLaunch::for_client(&x.client),
             &x.handle,
             SoftmaxMask::Causal,
-            &out.handle,
+            &y.handle,
+            dropped.as_ref().map(|(draw, d)| (*draw, &d.handle)),
             scores,
             scale
         );
-        out
-    }
-
-    fn causal_softmax_dropout_forward(
-        x: CubeTensor,
-        scale: f32,
-        draw: DropoutDraw,
-    ) -> [CubeTensor; 2] {
-        let x = packed(x);
-        let shape = x.shape();
-        let scores = scores_shape(&shape);
-        let [y, dropped] = [0, 1].map(|_| empty_like(&x, shape.clone(), x.dtype));
-        by_dtype!(
-            x.dtype,
-            causal_softmax_dropout,
-            &x.client,
-            RowLaunch::for_client(&x.client),
-            &x.handle,
-            &y.handle,
-            &dropped.handle,
-            scores,
-            scale,
-            draw
-        );
+        let dropped = dropped.map_or_else(|| y.clone(), |(_, d)| d);
         [y, dropped]
     }
 
-    fn softmax_dropout_backward(
+    fn softmax_backward(
         y: CubeTensor,
-        d_dropped: CubeTensor,
+        dy: CubeTensor,
         scale: f32,
-        draw: DropoutDraw,
+        draw: Option<DropoutDraw>,
     ) -> CubeTensor {
-        softmax_grad(y, d_dropped, scale, Some(draw))
-    }
-
-    fn softmax_backward(y: CubeTensor, dy: CubeTensor, scale: f32) -> CubeTensor {
-        softmax_grad(y, dy, scale, None)
+        let (y, dy) = (packed(y), packed(dy));
+        same_dtype("the softmax output's gradient", &y, &dy);
+        let shape = y.shape();
+        let (rows, cols) = rows_cols(&shape);
+        let dx = empty_like(&y, shape, y.dtype);
+        by_dtype!(
+            y.dtype,
+            softmax_backward,
+            &y.client,
+            RowLaunch::for_client(&y.client),
+            &y.handle,
+            &dy.handle,
+            &dx.handle,
+            rows,
+            cols,
+            scale,
+            draw
+        );
+        dx
     }
 
     fn layer_norm_forward(
@@ -867,7 +810,8 @@ impl FusedOps for CubeBackend {
     }
 
     fn fused_causal_softmax(x: CubeTensor, scale: f32) -> CubeTensor {
-        Self::causal_softmax_forward(x, scale)
+        let [y, _] = Self::causal_softmax_forward(x, scale, None);
+        y
     }
 
     fn fused_causal_attention(
@@ -960,7 +904,7 @@ impl<B: FusedKernels> Backward<B, 1> for SoftmaxBackward {
         let grad = grads.consume::<B>(&ops.node);
         if let Some(parent) = parent {
             let (y, scale) = ops.state;
-            grads.register::<B>(parent.id, B::softmax_backward(y, grad, scale));
+            grads.register::<B>(parent.id, B::softmax_backward(y, grad, scale, None));
         }
     }
 }
@@ -1261,10 +1205,13 @@ impl<B: FusedKernels + FusedOps + Gemm, C: CheckpointStrategy> FusedOps for Auto
             .stateful()
         {
             OpsKind::Tracked(prep) => {
-                let y = B::causal_softmax_forward(x, scale);
+                let [y, _] = B::causal_softmax_forward(x, scale, None);
                 prep.finish((y.clone(), scale), y)
             }
-            OpsKind::UnTracked(prep) => prep.finish(B::causal_softmax_forward(x, scale)),
+            OpsKind::UnTracked(prep) => {
+                let [y, _] = B::causal_softmax_forward(x, scale, None);
+                prep.finish(y)
+            }
         }
     }
 

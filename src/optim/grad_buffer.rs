@@ -8,10 +8,11 @@ use std::collections::{HashMap, HashSet};
 
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
-use burn::tensor::{FloatDType, Gradients, Tensor};
+use burn::tensor::{Gradients, Tensor};
 
 use crate::comm::CommError;
 use crate::comm::{Group, ReduceOp};
+use crate::util::device::at_least_f32;
 use crate::util::fixed_order_sum::fixed_order_sum;
 
 /// The global gradient norm of a step: already a host value, or a one-element device tensor
@@ -92,7 +93,7 @@ fn read_as(model_dtype: bool, g: Tensor<1>) -> Tensor<1> {
     if model_dtype {
         g
     } else {
-        g.cast(FloatDType::F32)
+        at_least_f32(g)
     }
 }
 
