@@ -507,12 +507,13 @@ fn fused_attention_matches_the_composed_attention_with_dropout_and_gradients() {
 /// and grouped-query layouts, the composed and the fused (flash) core, with dropout dropping
 /// the same probabilities, in f32 and f16; with rotary embeddings (halves and interleaved
 /// pairs, all or half of the channels) rotated inside the op against the per-head path's
-/// rotary op after the composed split.
+/// rotary op after the composed split. Keeping only its inputs (selective recomputation
+/// inside the op) gives the same bits as keeping the probabilities.
 #[test]
 fn attention_from_the_qkv_rows_matches_the_composed_split() {
     use burn::tensor::FloatDType;
     use ferrotron::comm::Group;
-    use ferrotron::model::attention::{CausalSelfAttention, CoreInputs};
+    use ferrotron::model::attention::{CausalSelfAttention, CoreInputs, CoreKeeps};
     use ferrotron::model::PositionEmbedding;
     use ferrotron::parallel::random::{enter_layer, seed_micro_batch};
     let d = device();
@@ -546,7 +547,7 @@ fn attention_from_the_qkv_rows_matches_the_composed_split() {
             let stored = |t: Tensor<3>| if half { t.cast(FloatDType::F16) } else { t };
             let rows = stored(random([b, s, width], 21, 1.5, &d));
             let weight = stored(random([b, s, heads * head_dim], 22, 1.0, &d));
-            let run = |fused_split: bool| {
+            let run = |fused_split: bool, keeps: CoreKeeps| {
                 let rows = rows.clone().require_grad();
                 let inputs = if fused_split {
                     CoreInputs::Rows(rows.clone())
@@ -555,12 +556,13 @@ fn attention_from_the_qkv_rows_matches_the_composed_split() {
                 };
                 seed_micro_batch(3, 1, 0, 0);
                 enter_layer(0);
-                let out = attention.core(inputs);
+                let out = attention.core(inputs, keeps);
                 let grads = (out.clone() * weight.clone()).sum().backward();
                 let grad = rows.grad(&grads).unwrap();
                 [out.cast(FloatDType::F32), grad.cast(FloatDType::F32)].map(values)
             };
-            let (fused, composed) = (run(true), run(false));
+            let fused = run(true, CoreKeeps::Everything);
+            let composed = run(false, CoreKeeps::Everything);
             // The same kernels in the same order, but a product may take another path for
             // other strides; f16 rounds the probabilities and products.
             let tol = if half { 1e-2 } else { 1e-5 };
@@ -571,6 +573,11 @@ fn attention_from_the_qkv_rows_matches_the_composed_split() {
                 &fused[1],
                 &composed[1],
                 tol,
+            );
+            let recomputed = run(true, CoreKeeps::Inputs);
+            assert!(
+                recomputed == fused,
+                "{what}: the core keeping only its inputs changed the context or the gradient"
             );
         }
     }
@@ -801,6 +808,12 @@ fn training_with_fused_attention_and_dropout_follows_the_composed_attention() {
     let fused = run(true, Recompute::None);
     let fused_recompute = run(true, Recompute::Selective);
     assert_eq!(fused_recompute, fused, "recomputation changed the losses");
+    // Selective recomputation inside the core from the rows (one graph per chunk).
+    let composed_recompute = run(false, Recompute::Selective);
+    assert_eq!(
+        composed_recompute, composed,
+        "recomputation changed the losses"
+    );
     for ((i, a), (_, b)) in fused.iter().zip(&composed) {
         let rel = (a - b).abs() / b.abs();
         println!("iteration {i}: fused attention {a:.7} composed {b:.7} (relative {rel:.1e})");

@@ -288,6 +288,12 @@ fn pretrain_cli_runs_the_seed_tutorial_flags_and_refuses_what_it_cannot_split() 
             "--loss-scale 0 must be a positive number",
         ),
         (&["--hysteresis", "0"][..], "--hysteresis of at least 1"),
+        // Megatron's --recompute-activations makes the granularity selective, over the
+        // legacy flag's full: the method is then an error, as in its arguments.py.
+        (
+            &["--recompute-activations"][..],
+            "--recompute-method is for --recompute-granularity full, not selective",
+        ),
     ] {
         let mut bad = args.to_vec();
         bad.extend_from_slice(extra);

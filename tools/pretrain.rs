@@ -287,6 +287,10 @@ struct Args {
     /// --recompute-method) or `selective` (the attention core only).
     #[arg(long)]
     recompute_granularity: Option<String>,
+    /// `--recompute-granularity selective`, whatever that flag says (as Megatron's
+    /// `arguments.py` sets it).
+    #[arg(long)]
+    recompute_activations: bool,
     /// With `full`: `uniform` (the layers in chunks of --recompute-num-layers, every chunk
     /// recomputed) or `block` (only the first --recompute-num-layers layers recomputed).
     #[arg(long)]
@@ -615,6 +619,9 @@ fn recompute(args: &Args) -> Result<Recompute> {
     if let Some(m) = &args.activations_checkpoint_method {
         granularity = Some("full".into());
         method = Some(m.clone());
+    }
+    if args.recompute_activations {
+        granularity = Some("selective".into());
     }
     let layers = args
         .recompute_num_layers

@@ -108,17 +108,30 @@ impl CausalSelfAttention {
         }
     }
 
-    /// What the attention core of `x` is computed from: on a CubeCL device, when nothing
-    /// comes between the projection and the core but a fused rotary embedding (no query/key
-    /// norms) and a fused core is on, the projection's rows (the core splits and rotates them
-    /// in one op); otherwise [`Self::query_key_value_heads`] at positions from 0.
-    pub fn core_inputs(&self, x: Tensor<3>) -> CoreInputs {
+    /// Whether the attention core of inputs on `device` is computed from the projection's
+    /// rows, in one op that splits and rotates them: on a CubeCL device, when nothing comes
+    /// between the projection and the core but a fused rotary embedding (no query/key norms)
+    /// and a fused core is on.
+    pub fn core_from_rows(&self, device: &Device) -> bool {
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
-        if self.q_layernorm.is_none()
+        let on_cube = crate::util::device::is_cube(device);
+        #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+        let on_cube = {
+            let _ = device;
+            false
+        };
+        on_cube
+            && self.q_layernorm.is_none()
             && self.rotary.as_ref().is_none_or(RotaryEmbedding::is_fused)
             && (self.flash_attention || self.masked_softmax_fusion)
-            && crate::util::device::is_cube(&x.device())
-        {
+    }
+
+    /// What the attention core of `x` is computed from: the projection's rows where
+    /// [`Self::core_from_rows`], otherwise [`Self::query_key_value_heads`] at positions
+    /// from 0.
+    pub fn core_inputs(&self, x: Tensor<3>) -> CoreInputs {
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        if self.core_from_rows(&x.device()) {
             return CoreInputs::Rows(self.query_key_value.forward(x));
         }
         CoreInputs::Heads(self.query_key_value_heads(x, 0))
@@ -186,13 +199,14 @@ impl CausalSelfAttention {
     /// The attention core (Megatron's `CoreAttention`) of `inputs`: the context `[batch,
     /// seq, local heads · head_dim]`, heads side by side as the output projection takes them.
     /// From the projection's rows it is one fused op (the rotary embedding inside, at
-    /// positions from 0); from per-head inputs,
-    /// [`Self::core_heads`] with the heads merged.
-    pub fn core(&self, inputs: CoreInputs) -> Tensor<3> {
+    /// positions from 0), which keeps for its backward what `keeps` says; from per-head
+    /// inputs, [`Self::core_heads`] with the heads merged, which keeps what its ops keep.
+    pub fn core(&self, inputs: CoreInputs, keeps: CoreKeeps) -> Tensor<3> {
         match inputs {
             CoreInputs::Heads([q, k, v]) => merge_heads(self.core_heads(q, k, v)),
             #[cfg(any(feature = "wgpu", feature = "cuda"))]
             CoreInputs::Rows(qkv) => {
+                use super::fused_attention::CoreKernels;
                 let scale = 1.0 / (self.head_dim as f64).sqrt();
                 let per_group = self.local_heads / self.local_groups;
                 let draw = self.attention_dropout.draw(qkv.is_autodiff());
@@ -200,13 +214,18 @@ impl CausalSelfAttention {
                     let seq = qkv.dims()[1];
                     rotary.for_rows(seq, &qkv.device())
                 });
+                let kernels = match (self.flash_attention, keeps) {
+                    (true, _) => CoreKernels::Flash,
+                    (false, CoreKeeps::Everything) => CoreKernels::Composed,
+                    (false, CoreKeeps::Inputs) => CoreKernels::Recomputed,
+                };
                 super::fused_ops::attention_from_qkv(
                     qkv,
                     self.local_groups,
                     per_group,
                     scale,
                     draw,
-                    self.flash_attention,
+                    kernels,
                     rotation,
                 )
             }
@@ -236,7 +255,8 @@ impl CausalSelfAttention {
 
     /// `[batch, seq, hidden]` → `[batch, seq, hidden]`.
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        self.project_out(self.core(self.core_inputs(x)))
+        let inputs = self.core_inputs(x);
+        self.project_out(self.core(inputs, CoreKeeps::Everything))
     }
 
     /// [`Self::forward`] for `x` = the positions after those in `past` (inference only, no
@@ -265,6 +285,20 @@ impl CausalSelfAttention {
         };
         self.project_out(merge_heads(probs.matmul(self.per_head(v))))
     }
+}
+
+/// What the attention core keeps for its backward.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CoreKeeps {
+    /// What its ops keep: the composed core's probabilities `[batch, heads, seq, seq]`
+    /// before and after dropout.
+    #[default]
+    Everything,
+    /// Only its inputs, the backward forming the probabilities again (selective
+    /// recomputation inside the op). Only the core from the projection's rows
+    /// ([`CausalSelfAttention::core_from_rows`]) can; from per-head inputs it is
+    /// [`Self::Everything`].
+    Inputs,
 }
 
 /// What the attention core is computed from.

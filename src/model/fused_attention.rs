@@ -7,10 +7,16 @@
 //! launches per layer, plus the copies that turn the slices into per-head tensors. Here the
 //! split is one kernel forward and the merge one kernel backward, and the core between them
 //! runs the kernels the composed core runs (scores, causal softmax with the dropout of its
-//! output in the same kernel both ways, product) or the fused attention, with its backward written out: the same products burn's autodiff would
-//! form, through [`Gemm`] (cuBLAS on CUDA). With rotary embeddings (Llama) the queries and
-//! keys are rotated inside the op after the split and their gradients rotated back before the
-//! merge, by the rotary kernel.
+//! output in the same kernel both ways, product) or the fused attention, with its backward
+//! written out: the same products burn's autodiff would form, through [`Gemm`] (cuBLAS on
+//! CUDA). With rotary embeddings (Llama) the queries and keys are rotated inside the op after
+//! the split and their gradients rotated back before the merge, by the rotary kernel.
+//!
+//! Under selective recomputation ([`CoreKernels::Recomputed`]) the op keeps only the queries,
+//! keys and values, as the fused attention does, and its backward forms the scores and the
+//! softmax again before the products: Megatron's recomputation of the core attention, without
+//! rerunning the split, the `p v` product and the merge, and without the three graphs per
+//! layer the model's recomputation of a core builds.
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::grads::Gradients;
@@ -22,8 +28,23 @@ use ferrotron_kernels::launch::{DropoutDraw, QkvLayout};
 use super::fused_ops::FusedKernels;
 use crate::util::matmul::extension::{transposed, Gemm};
 
+/// Which kernels the core runs between the split and the merge, and so what it keeps for
+/// its backward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CoreKernels {
+    /// Scores, causal softmax (writing its dropout), product: keeps the probabilities before
+    /// and after dropout, `2 · [b, heads, s, s]`.
+    Composed,
+    /// The same kernels, keeping only the queries, keys and values: the backward forms the
+    /// scores and the softmax again, the same bits (selective recomputation).
+    Recomputed,
+    /// The fused attention (`--use-flash-attn`): keeps its output and a log-sum-exp per row.
+    Flash,
+}
+
 /// What the backward needs: the per-head queries, keys and values, and either the fused
-/// attention's output and log-sum-exp per row, or the probabilities before and after dropout.
+/// attention's output and log-sum-exp per row, or the probabilities before and after
+/// dropout, or nothing more (they are formed again).
 #[derive(Clone, Debug)]
 pub enum Saved<B: FusedKernels> {
     /// The fused attention ran (`--use-flash-attn`).
@@ -38,6 +59,8 @@ pub enum Saved<B: FusedKernels> {
         probs: FloatTensor<B>,
         dropped: FloatTensor<B>,
     },
+    /// The scores, softmax and dropout are formed again in the backward.
+    Recomputed { qkv: [FloatTensor<B>; 3] },
 }
 
 /// The rotary embedding applied to the split queries and keys: the angle tables (f32, `[seq,
@@ -83,7 +106,7 @@ pub fn forward<B: FusedKernels + Gemm>(
     layout: QkvLayout,
     scale: f32,
     draw: Option<DropoutDraw>,
-    flash: bool,
+    kernels: CoreKernels,
     rotation: Option<&Rotation<B>>,
 ) -> (FloatTensor<B>, Saved<B>) {
     let [mut q, mut k, v] = B::qkv_split(mixed, layout);
@@ -91,27 +114,45 @@ pub fn forward<B: FusedKernels + Gemm>(
         q = rotation.apply(q, false);
         k = rotation.apply(k, false);
     }
-    let (heads, saved) = if flash {
-        let (output, logsumexp) =
-            B::flash_attention_forward(q.clone(), k.clone(), v.clone(), scale, draw);
-        let saved = Saved::Flash {
-            qkv: [q, k, v],
-            output: output.clone(),
-            logsumexp,
-        };
-        (output, saved)
-    } else {
-        let scores = B::gemm(q.clone(), transposed::<B>(k.clone()));
-        let [probs, dropped] = B::causal_softmax_forward(scores, scale, draw);
-        let output = B::gemm(dropped.clone(), v.clone());
-        let saved = Saved::Composed {
-            qkv: [q, k, v],
-            probs,
-            dropped,
-        };
-        (output, saved)
+    let qkv = [q.clone(), k.clone(), v.clone()];
+    let (heads, saved) = match kernels {
+        CoreKernels::Flash => {
+            let (output, logsumexp) = B::flash_attention_forward(q, k, v, scale, draw);
+            let saved = Saved::Flash {
+                qkv,
+                output: output.clone(),
+                logsumexp,
+            };
+            (output, saved)
+        }
+        CoreKernels::Composed | CoreKernels::Recomputed => {
+            let [probs, dropped] = probabilities::<B>(q, k, scale, draw);
+            let output = B::gemm(dropped.clone(), v);
+            let saved = match kernels {
+                CoreKernels::Recomputed => Saved::Recomputed { qkv },
+                _ => Saved::Composed {
+                    qkv,
+                    probs,
+                    dropped,
+                },
+            };
+            (output, saved)
+        }
     };
     (merge_heads::<B>(heads, layout), saved)
+}
+
+/// The attention probabilities `softmax(scale · q kᵀ)` under the causal mask, before and
+/// after dropout: one product and one kernel, deterministic, so the backward of
+/// [`CoreKernels::Recomputed`] forms the forward's bits again.
+fn probabilities<B: FusedKernels + Gemm>(
+    q: FloatTensor<B>,
+    k: FloatTensor<B>,
+    scale: f32,
+    draw: Option<DropoutDraw>,
+) -> [FloatTensor<B>; 2] {
+    let scores = B::gemm(q, transposed::<B>(k));
+    B::causal_softmax_forward(scores, scale, draw)
 }
 
 /// The rows' gradient from the context's gradient `grad`.
@@ -135,16 +176,13 @@ fn backward<B: FusedKernels + Gemm>(
             [dq, dk, dv]
         }
         Saved::Composed {
-            qkv: [q, k, v],
+            qkv,
             probs,
             dropped,
-        } => {
-            let d_dropped = B::gemm(grad.clone(), transposed::<B>(v));
-            let dv = B::gemm(transposed::<B>(dropped), grad);
-            let d_scores = B::softmax_backward(probs, d_dropped, scale, draw);
-            let dq = B::gemm(d_scores.clone(), k);
-            let dk = B::gemm(transposed::<B>(d_scores), q);
-            [dq, dk, dv]
+        } => composed_backward::<B>(qkv, [probs, dropped], grad, scale, draw),
+        Saved::Recomputed { qkv: [q, k, v] } => {
+            let probs = probabilities::<B>(q.clone(), k.clone(), scale, draw);
+            composed_backward::<B>([q, k, v], probs, grad, scale, draw)
         }
     };
     if let Some(rotation) = rotation {
@@ -152,6 +190,24 @@ fn backward<B: FusedKernels + Gemm>(
         grads = [rotation.apply(dq, true), rotation.apply(dk, true), dv];
     }
     B::qkv_merge(grads, layout)
+}
+
+/// The per-head `[dq, dk, dv]` of the composed core from the output's gradient `grad` and
+/// the probabilities before and after dropout: the products burn's autodiff would form, and
+/// the softmax backward taking the dropout back in the same kernel.
+fn composed_backward<B: FusedKernels + Gemm>(
+    [q, k, v]: [FloatTensor<B>; 3],
+    [probs, dropped]: [FloatTensor<B>; 2],
+    grad: FloatTensor<B>,
+    scale: f32,
+    draw: Option<DropoutDraw>,
+) -> [FloatTensor<B>; 3] {
+    let d_dropped = B::gemm(grad.clone(), transposed::<B>(v));
+    let dv = B::gemm(transposed::<B>(dropped), grad);
+    let d_scores = B::softmax_backward(probs, d_dropped, scale, draw);
+    let dq = B::gemm(d_scores.clone(), k);
+    let dk = B::gemm(transposed::<B>(d_scores), q);
+    [dq, dk, dv]
 }
 
 /// `[b, heads, s, head_dim]` → `[b, s, heads · head_dim]` (one copy).

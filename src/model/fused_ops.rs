@@ -24,7 +24,7 @@ use ferrotron_kernels::launch::{
     RotaryTables, RowLaunch, ScoresShape, SoftmaxMask,
 };
 
-use super::fused_attention::{self, MixedAttentionBackward, Rotation};
+use super::fused_attention::{self, CoreKernels, MixedAttentionBackward, Rotation};
 use super::fused_bias_dropout_add;
 use crate::util::matmul::extension::Gemm;
 
@@ -233,15 +233,15 @@ pub trait FusedOps: Backend {
     ) -> FloatTensor<Self>;
     /// The attention core from the fused QKV projection's rows `[b, s, groups · (per_group
     /// + 2) · head_dim]` to the context `[b, s, groups · per_group · head_dim]`: split,
-    /// causal attention (fused when `flash`, else scores, softmax, dropout and product
-    /// kernels), heads merged; dropout as [`Self::fused_causal_attention`]'s.
+    /// causal attention by `kernels`, heads merged; dropout as
+    /// [`Self::fused_causal_attention`]'s.
     fn fused_attention_from_qkv(
         mixed: FloatTensor<Self>,
         groups: u32,
         per_group: u32,
         scale: f32,
         draw: Option<DropoutDraw>,
-        flash: bool,
+        kernels: CoreKernels,
     ) -> FloatTensor<Self>;
     /// [`Self::fused_attention_from_qkv`] with the queries and keys rotated after the split
     /// by the angle tables `cos`, `sin` (f32, `[seq, rotary_dim / 2]`, positions from 0), as
@@ -256,7 +256,7 @@ pub trait FusedOps: Backend {
         per_group: u32,
         scale: f32,
         draw: Option<DropoutDraw>,
-        flash: bool,
+        kernels: CoreKernels,
     ) -> FloatTensor<Self>;
 }
 
@@ -830,10 +830,10 @@ impl FusedOps for CubeBackend {
         per_group: u32,
         scale: f32,
         draw: Option<DropoutDraw>,
-        flash: bool,
+        kernels: CoreKernels,
     ) -> CubeTensor {
         let layout = fused_attention::layout(&mixed.shape(), groups, per_group);
-        fused_attention::forward::<Self>(mixed, layout, scale, draw, flash, None).0
+        fused_attention::forward::<Self>(mixed, layout, scale, draw, kernels, None).0
     }
 
     fn fused_rotary_attention_from_qkv(
@@ -845,7 +845,7 @@ impl FusedOps for CubeBackend {
         per_group: u32,
         scale: f32,
         draw: Option<DropoutDraw>,
-        flash: bool,
+        kernels: CoreKernels,
     ) -> CubeTensor {
         let layout = fused_attention::layout(&mixed.shape(), groups, per_group);
         let rotation = Rotation {
@@ -853,7 +853,7 @@ impl FusedOps for CubeBackend {
             sin,
             interleaved,
         };
-        fused_attention::forward::<Self>(mixed, layout, scale, draw, flash, Some(&rotation)).0
+        fused_attention::forward::<Self>(mixed, layout, scale, draw, kernels, Some(&rotation)).0
     }
 
     fn fused_layer_norm(
@@ -1102,14 +1102,14 @@ impl<B: FusedKernels + FusedOps + Gemm, C: CheckpointStrategy> FusedOps for Auto
         per_group: u32,
         scale: f32,
         draw: Option<DropoutDraw>,
-        flash: bool,
+        kernels: CoreKernels,
     ) -> FloatTensor<Self> {
         let layout = fused_attention::layout(&mixed.shape(), groups, per_group);
         let op = MixedAttention::<B> {
             layout,
             scale,
             draw,
-            flash,
+            kernels,
             rotation: None,
         };
         op.tracked::<C>(mixed)
@@ -1124,7 +1124,7 @@ impl<B: FusedKernels + FusedOps + Gemm, C: CheckpointStrategy> FusedOps for Auto
         per_group: u32,
         scale: f32,
         draw: Option<DropoutDraw>,
-        flash: bool,
+        kernels: CoreKernels,
     ) -> FloatTensor<Self> {
         let layout = fused_attention::layout(&mixed.shape(), groups, per_group);
         // The tables are constants of the op: no gradient flows to them.
@@ -1137,7 +1137,7 @@ impl<B: FusedKernels + FusedOps + Gemm, C: CheckpointStrategy> FusedOps for Auto
             layout,
             scale,
             draw,
-            flash,
+            kernels,
             rotation: Some(rotation),
         };
         op.tracked::<C>(mixed)
@@ -1339,7 +1339,7 @@ struct MixedAttention<B: FusedKernels> {
     layout: QkvLayout,
     scale: f32,
     draw: Option<DropoutDraw>,
-    flash: bool,
+    kernels: CoreKernels,
     rotation: Option<Rotation<B>>,
 }
 
@@ -1354,11 +1354,11 @@ impl<B: FusedKernels + Gemm> MixedAttention<B> {
             layout,
             scale,
             draw,
-            flash,
+            kernels,
             rotation,
         } = self;
         let run = |mixed| {
-            fused_attention::forward::<B>(mixed, layout, scale, draw, flash, rotation.as_ref())
+            fused_attention::forward::<B>(mixed, layout, scale, draw, kernels, rotation.as_ref())
         };
         match MixedAttentionBackward
             .prepare::<C>([node])
@@ -1508,9 +1508,9 @@ pub fn causal_attention(
 /// The attention core from the fused QKV projection's rows `qkv` `[b, s, groups ·
 /// (per_group + 2) · head_dim]` (Megatron's per-group layout) to the context `[b, s, heads ·
 /// head_dim]`, as one differentiable op: its backward is one kernel into the rows' gradient,
-/// where the composed split's is eight launches. `flash` runs [`causal_attention`]'s kernel
-/// inside, otherwise the scores, causal softmax, dropout and product kernels the composed
-/// core runs; `dropout` as [`causal_attention`]'s. With `rotary` the queries and keys are
+/// where the composed split's is eight launches. `kernels` says which attention runs inside
+/// ([`CoreKernels::Flash`]: [`causal_attention`]'s kernel) and so what it keeps; `dropout` as
+/// [`causal_attention`]'s. With `rotary` the queries and keys are
 /// rotated after the split inside the op.
 pub fn attention_from_qkv(
     qkv: Tensor<3>,
@@ -1518,14 +1518,14 @@ pub fn attention_from_qkv(
     per_group: usize,
     scale: f64,
     dropout: Option<(u64, f64)>,
-    flash: bool,
+    kernels: CoreKernels,
     rotary: Option<RowRotation>,
 ) -> Tensor<3> {
     let (groups, per_group, scale) = (groups as u32, per_group as u32, scale as f32);
     let (qkv, draw) = (qkv.into_dispatch(), dropout_draw(dropout));
     Tensor::from_dispatch(match rotary {
         None => <Dispatch as FusedOps>::fused_attention_from_qkv(
-            qkv, groups, per_group, scale, draw, flash,
+            qkv, groups, per_group, scale, draw, kernels,
         ),
         Some(RowRotation {
             cos,
@@ -1540,7 +1540,7 @@ pub fn attention_from_qkv(
             per_group,
             scale,
             draw,
-            flash,
+            kernels,
         ),
     })
 }

@@ -3,6 +3,7 @@
 use burn::module::{Module, Param, ParamId};
 use burn::tensor::{Device, Int, Tensor};
 
+use super::attention::CoreKeeps;
 use super::dropout::Dropout;
 use super::kv_cache::KvCache;
 use super::norm::Norm;
@@ -192,15 +193,33 @@ impl Gpt {
         self.final_layernorm.is_some()
     }
 
-    /// Runs `layers` (a model chunk of this stage) on `x`.
-    pub fn run_layers(&self, layers: std::ops::Range<usize>, mut x: Tensor<3>) -> Tensor<3> {
+    /// Runs `layers` (a model chunk of this stage) on `x`, their attention cores keeping for
+    /// the backward what `keeps` says.
+    pub fn run_layers(
+        &self,
+        layers: std::ops::Range<usize>,
+        mut x: Tensor<3>,
+        keeps: CoreKeeps,
+    ) -> Tensor<3> {
         for i in layers {
-            let layer = self
-                .layer(i)
-                .unwrap_or_else(|| panic!("layer {i} is not on this pipeline stage"));
-            x = layer.forward(x);
+            x = self.held_layer(i).forward_keeping(x, keeps);
         }
         x
+    }
+
+    /// Whether every one of `layers` computes its attention core on `device` in the one op
+    /// from the projection's rows, which can keep only its inputs
+    /// ([`CoreKeeps::Inputs`]).
+    pub fn cores_from_rows(&self, layers: std::ops::Range<usize>, device: &Device) -> bool {
+        layers
+            .into_iter()
+            .all(|i| self.held_layer(i).self_attention.core_from_rows(device))
+    }
+
+    /// Layer `i`, which this stage must hold.
+    fn held_layer(&self, i: usize) -> &TransformerBlock {
+        self.layer(i)
+            .unwrap_or_else(|| panic!("layer {i} is not on this pipeline stage"))
     }
 
     /// The embedding block: token (+ learned position) embeddings, then dropout;
@@ -270,7 +289,7 @@ impl Gpt {
     /// ids `[batch, seq]`: Megatron's `parallel_lm_logits`, never gathered.
     pub fn forward(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
         let x = self.embed(tokens);
-        self.logits(self.run_layers(0..self.layers.len(), x))
+        self.logits(self.run_layers(0..self.layers.len(), x, CoreKeeps::Everything))
     }
 
     /// The LM loss of the last layer's output (the head of [`Self::lm_loss`]).

@@ -7,6 +7,9 @@
 //! the chunk one by one, the rest kept). `--recompute-granularity selective`: keep every
 //! layer's activations but those of the attention core (scores, softmax, dropout, `· v`), the
 //! largest per byte of compute, which is run again from the kept queries, keys and values.
+//! Where every core is the one fused op from the projection's rows (CubeCL devices), that op
+//! does it itself ([`CoreKeeps::Inputs`]): it keeps its inputs only and forms the
+//! probabilities again in its backward, and the chunk stays one graph.
 //! Megatron applies both per model chunk (each chunk is its own `TransformerBlock`), and so
 //! does [`ChunkForward`].
 //!
@@ -22,9 +25,9 @@
 use std::ops::Range;
 
 use burn::module::Module;
-use burn::tensor::{Gradients, Int, Tensor};
+use burn::tensor::{Device, Gradients, Int, Tensor};
 
-use super::attention::CoreInputs;
+use super::attention::{CoreInputs, CoreKeeps};
 use super::Gpt;
 use crate::parallel::random::{replaying, rng_state, RngState};
 
@@ -103,6 +106,16 @@ pub enum ChunkInput {
     Tokens(Tensor<2, Int>),
     /// The previous chunk's output `[batch, seq, hidden]`, without a graph.
     Activation(Tensor<3>),
+}
+
+impl ChunkInput {
+    /// The device the chunk runs on.
+    fn device(&self) -> Device {
+        match self {
+            Self::Tokens(tokens) => tokens.device(),
+            Self::Activation(x) => x.device(),
+        }
+    }
 }
 
 /// The labels and loss mask of the last chunk, which ends in the loss.
@@ -219,7 +232,10 @@ impl SelectiveLayer {
         let saved = attention_inputs.clone().detach();
         let rng = rng_state();
         // Without a graph: the core's inputs do not require gradients.
-        let context = block.self_attention.core(saved.clone()).require_grad();
+        let context = block
+            .self_attention
+            .core(saved.clone(), CoreKeeps::Everything)
+            .require_grad();
         let residual = x.detach().require_grad();
         let output = block.after_attention_core(residual.clone(), context.clone());
         let next = output.clone().detach();
@@ -244,7 +260,11 @@ impl SelectiveLayer {
         let g_residual = self.residual.grad(&grads).expect("the residual is used");
         on_grads(grads);
         let leaves = self.saved.require_grad();
-        let context = replaying(self.rng, || block.self_attention.core(leaves.clone()));
+        let context = replaying(self.rng, || {
+            block
+                .self_attention
+                .core(leaves.clone(), CoreKeeps::Everything)
+        });
         let grads = backward_through(context, g_context);
         // The residual's gradient joins the input's inside this backward pass, so autodiff
         // sums the input's three gradients (residual, and LayerNorm's two uses) in the order
@@ -266,7 +286,9 @@ impl Piece {
             Self::Kept { input, output } => (input, *output),
             Self::Recomputed { layers, input, rng } => {
                 let input = input.require_grad();
-                let output = replaying(rng, || model.run_layers(layers, input.clone()));
+                let output = replaying(rng, || {
+                    model.run_layers(layers, input.clone(), CoreKeeps::Everything)
+                });
                 (input, output)
             }
         };
@@ -282,7 +304,8 @@ impl Piece {
 /// The pieces of `plan`'s layers from `x` (no graph); returns them and the output.
 fn forward_pieces(model: &Gpt, plan: &ChunkPlan, mut x: Tensor<3>) -> (Vec<Piece>, Tensor<3>) {
     let mut pieces = Vec::new();
-    if plan.recompute == Recompute::Selective {
+    let keeps = plan.core_keeps(model, &x.device());
+    if plan.recompute == Recompute::Selective && keeps == CoreKeeps::Everything {
         for layer in plan.layers.clone() {
             let (kept, next) = SelectiveLayer::forward(model, layer, x);
             pieces.push(Piece::Selective(Box::new(kept)));
@@ -304,7 +327,7 @@ fn forward_pieces(model: &Gpt, plan: &ChunkPlan, mut x: Tensor<3>) -> (Vec<Piece
         let layers = start + range.start..start + range.end;
         let rng = rng_state();
         if recomputed {
-            let output = without_graph.run_layers(layers.clone(), x.clone());
+            let output = without_graph.run_layers(layers.clone(), x.clone(), keeps);
             pieces.push(Piece::Recomputed {
                 layers,
                 input: x,
@@ -313,7 +336,7 @@ fn forward_pieces(model: &Gpt, plan: &ChunkPlan, mut x: Tensor<3>) -> (Vec<Piece
             x = output;
         } else {
             let input = x.require_grad();
-            let output = model.run_layers(layers, input.clone());
+            let output = model.run_layers(layers, input.clone(), keeps);
             x = output.clone().detach();
             pieces.push(Piece::Kept {
                 input,
@@ -324,12 +347,31 @@ fn forward_pieces(model: &Gpt, plan: &ChunkPlan, mut x: Tensor<3>) -> (Vec<Piece
     (pieces, x)
 }
 
+impl ChunkPlan {
+    /// What the attention cores of the plan's layers keep: only their inputs under
+    /// selective recomputation when every core is the one op from the projection's rows,
+    /// which then forms its probabilities again in its own backward (no graph of its own,
+    /// nothing else run twice); otherwise everything, a selectively recomputed core being run
+    /// again by [`SelectiveLayer`].
+    fn core_keeps(&self, model: &Gpt, device: &Device) -> CoreKeeps {
+        if self.recompute == Recompute::Selective
+            && model.cores_from_rows(self.layers.clone(), device)
+        {
+            CoreKeeps::Inputs
+        } else {
+            CoreKeeps::Everything
+        }
+    }
+}
+
 impl ChunkForward {
     /// The chunk's forward on `model` (which builds graphs): from `input` through
     /// `plan.layers`, ending in the loss when `targets` are given.
     pub fn run(model: &Gpt, input: ChunkInput, plan: &ChunkPlan, targets: Option<Targets>) -> Self {
-        if plan.recompute == Recompute::None && !plan.layer_by_layer {
-            return Self::whole(model, input, plan, targets);
+        let keeps = plan.core_keeps(model, &input.device());
+        let in_one_graph = plan.recompute == Recompute::None || keeps == CoreKeeps::Inputs;
+        if in_one_graph && !plan.layer_by_layer {
+            return Self::whole(model, input, plan, targets, keeps);
         }
         let (embedded, x) = match input {
             ChunkInput::Tokens(tokens) => {
@@ -360,7 +402,13 @@ impl ChunkForward {
     }
 
     /// One graph through the whole chunk.
-    fn whole(model: &Gpt, input: ChunkInput, plan: &ChunkPlan, targets: Option<Targets>) -> Self {
+    fn whole(
+        model: &Gpt,
+        input: ChunkInput,
+        plan: &ChunkPlan,
+        targets: Option<Targets>,
+        keeps: CoreKeeps,
+    ) -> Self {
         let (leaf, x) = match input {
             ChunkInput::Tokens(tokens) => (None, model.embed(tokens)),
             ChunkInput::Activation(x) => {
@@ -368,7 +416,7 @@ impl ChunkForward {
                 (Some(leaf.clone()), leaf)
             }
         };
-        let y = model.run_layers(plan.layers.clone(), x);
+        let y = model.run_layers(plan.layers.clone(), x, keeps);
         let end = match targets {
             Some(t) => ChunkValue::Loss(model.head_loss(y, t.labels, t.loss_mask)),
             None => ChunkValue::Activation(y),
@@ -479,7 +527,7 @@ pub fn forward_only(
         ChunkInput::Tokens(tokens) => model.embed(tokens),
         ChunkInput::Activation(x) => x,
     };
-    let y = model.run_layers(layers, x);
+    let y = model.run_layers(layers, x, CoreKeeps::Everything);
     match targets {
         Some(t) => ChunkValue::Loss(model.head_loss(y, t.labels, t.loss_mask)),
         None => ChunkValue::Activation(y),

@@ -3,7 +3,7 @@
 use burn::module::Module;
 use burn::tensor::{Device, Tensor};
 
-use super::attention::{CausalSelfAttention, CoreInputs};
+use super::attention::{CausalSelfAttention, CoreInputs, CoreKeeps};
 use super::dropout::Dropout;
 use super::kv_cache::LayerKv;
 use super::mlp::Mlp;
@@ -81,8 +81,13 @@ impl TransformerBlock {
 
     /// `[batch, seq, hidden]` → `[batch, seq, hidden]`.
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        self.forward_keeping(x, CoreKeeps::Everything)
+    }
+
+    /// [`Self::forward`], the attention core keeping for its backward what `keeps` says.
+    pub fn forward_keeping(&self, x: Tensor<3>, keeps: CoreKeeps) -> Tensor<3> {
         let inputs = self.attention_inputs(x.clone());
-        let context = self.self_attention.core(inputs);
+        let context = self.self_attention.core(inputs, keeps);
         self.after_attention_core(x, context)
     }
 

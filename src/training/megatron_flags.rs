@@ -988,7 +988,6 @@ pub const MEGATRON_FLAGS: &[MegatronFlag] = &[
     refused_unless("--qk-pos-emb-head-dim", One, MLA, "64"),
     refused_unless("--query-in-block-prob", One, RETRIEVER, "0.1"),
     refused("--quick-geglu", Nothing, ACTIVATION),
-    ignored("--recompute-activations", Nothing),
     ignored("--recompute-modules", List),
     ignored("--record-memory-history", Nothing),
     ignored("--record-shapes", Nothing),
