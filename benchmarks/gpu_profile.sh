@@ -17,7 +17,8 @@
 # REPORT_DIR receives report.md (the numbers) and logs.tar.xz (every run's log).
 #
 # Steps: probe (nvidia-smi, driver, profilers); the model in bf16 with dropout, composed
-# attention (then the baseline build's), --use-flash-attn; PyTorch eager bf16 + SDPA beside;
+# attention (then the baseline build's), --use-flash-attn, --recompute-activations; PyTorch
+# eager bf16 + SDPA beside;
 # CubeCL's per-kernel profile of the composed bf16 step summed by class (iterations 3-5 of a
 # 5-iteration run, an iteration ending at its Adam launches; set PROFILE_FLAGS=--use-flash-attn
 # for the fused attention); the host floor (24 layers at hidden
@@ -150,17 +151,21 @@ fi
 FLASH=${FLASH:-1}
 # shellcheck disable=SC2086
 [ "$FLASH" = 1 ] && step bf16-flash 120 50 pretrain_model "$P" bf16-flash "$ITERS" --use-flash-attn $B && train_line bf16-flash
+# Selective recomputation (Megatron's --recompute-activations): the attention core keeps only
+# q, k, v and forms its probabilities again in its backward, as SDPA does; the memory run.
+# shellcheck disable=SC2086
+step bf16-recompute 150 60 pretrain_model "$P" bf16-recompute "$ITERS" --recompute-activations $B && train_line bf16-recompute
 if step torch-bf16-sdpa 90 40 with_memory "$WORK/logs/torch-bf16-sdpa.mem" "$PY" benchmarks/torch_gpu_gpt.py $T bf16-sdpa "$DROPOUT"; then
   say "| PyTorch eager bf16 + SDPA | $(tail -2 "$WORK/logs/torch-bf16-sdpa.log" | head -1) |"
   grep -o 'tokens/s: [0-9.]*' "$WORK/logs/torch-bf16-sdpa.log" | awk '{print $2}' > "$WORK/tps_torch"
 fi
-for run in bf16 bf16-baseline bf16-flash; do
+for run in bf16 bf16-baseline bf16-flash bf16-recompute; do
   [ -s "$WORK/tps_$run" ] && [ -s "$WORK/tps_torch" ] && say "ferrotron $run / PyTorch eager bf16+SDPA: $(awk -v a="$(cat "$WORK/tps_$run")" -v b="$(cat "$WORK/tps_torch")" 'BEGIN{printf "%.3fx", a/b}')"
 done
 [ -s "$WORK/tps_bf16" ] && [ -s "$WORK/tps_bf16-baseline" ] && say "ferrotron bf16 / baseline build bf16: $(awk -v a="$(cat "$WORK/tps_bf16")" -v b="$(cat "$WORK/tps_bf16-baseline")" 'BEGIN{printf "%.3fx", a/b}')"
 say ""
-say "lm loss by logged iteration (the same seed and data: a change of kernels shows as a change of losses):"
-for run in bf16 bf16-baseline; do
+say "lm loss by logged iteration (the same seed and data: a change of kernels shows as a change of losses; recomputation must change none):"
+for run in bf16 bf16-baseline bf16-recompute; do
   [ -f "$WORK/logs/$run.log" ] && say "- $run: $(grep -o 'lm loss: [0-9.E+-]*' "$WORK/logs/$run.log" | awk '{print $3}' | tr '\n' ' ')"
 done
 say ""
