@@ -23,7 +23,7 @@
 # 5-iteration run, an iteration ending at its Adam launches; set PROFILE_FLAGS=--use-flash-attn
 # for the fused attention); the host floor (24 layers at hidden
 # 64, seq 64: launch overhead) of both builds; the GPT's matmul shapes, CubeCL default vs
-# autotune vs cuBLAS; flash without dropout; fp32; torch.compile.
+# autotune vs cuBLAS; bf16 and flash without dropout; fp32; torch.compile.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN_DIR=$1 REPORT=$2 PY=${3:-python3}
@@ -211,6 +211,9 @@ say "## More training runs"
 say ""
 say "| run | tokens/s | ms/iteration | MFU | peak GPU memory GiB |"
 say "|---|---|---|---|---|"
+# The acceptance's dropout check: the composed bf16 step without dropout, against bf16 above.
+step bf16-no-dropout 100 50 pretrain_model "$P" bf16-no-dropout "$ITERS" --bf16 --hidden-dropout 0 --attention-dropout 0 &&
+  train_line bf16-no-dropout
 [ "$FLASH" = 1 ] && step bf16-flash-no-dropout 100 50 pretrain_model "$P" bf16-flash-no-dropout "$ITERS" --use-flash-attn --bf16 --hidden-dropout 0 --attention-dropout 0 &&
   train_line bf16-flash-no-dropout
 # shellcheck disable=SC2086
@@ -220,6 +223,7 @@ step fp32 100 50 pretrain_model "$P" fp32 "$ITERS" $D && train_line fp32
 for run in fp32 fp32-baseline; do
   [ -f "$WORK/logs/$run.log" ] && say "- lm loss, $run: $(grep -o 'lm loss: [0-9.E+-]*' "$WORK/logs/$run.log" | awk '{print $3}' | tr '\n' ' ')"
 done
+[ -s "$WORK/tps_bf16" ] && [ -s "$WORK/tps_bf16-no-dropout" ] && say "ferrotron bf16, dropout $DROPOUT / no dropout: $(awk -v a="$(cat "$WORK/tps_bf16")" -v b="$(cat "$WORK/tps_bf16-no-dropout")" 'BEGIN{printf "%.3fx", a/b}') (the target: at least 0.9x)"
 if step torch-bf16-compile 150 90 with_memory "$WORK/logs/torch-bf16-compile.mem" "$PY" benchmarks/torch_gpu_gpt.py $T bf16-compile "$DROPOUT"; then
   say "| PyTorch bf16 + SDPA + torch.compile | $(tail -2 "$WORK/logs/torch-bf16-compile.log" | head -1) |"
 fi
