@@ -231,6 +231,11 @@ pub fn report(
     }
     let mut options = vec![];
     let layers = plan.model.num_layers;
+    if recompute == Recompute::None {
+        // The attention scores first: the most memory for the least compute.
+        let t = n * estimate(plan, precision, Recompute::Selective).total();
+        options.push(format!("--recompute-activations (≈{:.0} MB)", mb(t)));
+    }
     if matches!(recompute, Recompute::None | Recompute::Selective)
         || matches!(recompute, Recompute::Block(k) if k < layers)
     {
@@ -300,7 +305,17 @@ mod tests {
         assert_eq!(full.weights_and_optimizer, p * 20.0);
         let lines = report(&plan, Precision::Fp32, Recompute::None, 1, Some(1e9));
         assert_eq!(lines.len(), 2, "{lines:?}");
-        assert!(lines[1].contains("--recompute-method uniform") && lines[1].contains("--bf16"));
+        assert!(
+            lines[1].contains("--recompute-activations")
+                && lines[1].contains("--recompute-method uniform")
+                && lines[1].contains("--bf16"),
+            "{lines:?}"
+        );
+        let selective = report(&plan, Precision::Fp32, Recompute::Selective, 1, Some(1e9));
+        assert!(
+            !selective[1].contains("--recompute-activations"),
+            "{selective:?}"
+        );
         let fits = report(&plan, Precision::Fp32, Recompute::None, 1, Some(1e12));
         assert_eq!(fits.len(), 1);
     }
