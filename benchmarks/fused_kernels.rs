@@ -165,7 +165,6 @@ fn main() {
         device.sync().expect("device sync");
     };
     let (f, c) = time_pair(both, reps);
-    let (held_fused, held_composed) = (held[0].get(), held[1].get());
     // A launch the device refused (too much shared memory for a forced block size) leaves
     // its output unwritten and the timing meaningless: the two sides must agree.
     let [fused_dq, composed_dq] = last_dq.map(|dq| {
@@ -186,9 +185,7 @@ fn main() {
         c,
         mb,
     );
-    println!(
-        "attention: device memory held after the forward: fused {held_fused:.1} MB, composed {held_composed:.1} MB"
-    );
+    print_held("attention", ["fused", "composed"], &held);
     half_logits_cross_entropy(&device, reps, in_use);
     core_from_rows_recomputed(&device, reps, in_use);
 }
@@ -254,9 +251,20 @@ fn core_from_rows_recomputed(device: &Device, reps: usize, in_use: impl Fn() -> 
         "| attention core from the QKV rows 16×1024×64, dropout 0.1, forward + backward: only q, k, v kept (fused column) against the probabilities (composed column) | {r:.1} | {k:.1} | {:.2}x | – |",
         k / r
     );
+    print_held(
+        "attention core from the QKV rows",
+        ["only q, k, v", "the probabilities"],
+        &held,
+    );
+}
+
+/// The device memory the two sides' graphs held after the forward.
+fn print_held(op: &str, sides: [&str; 2], held: &[std::cell::Cell<f64>; 2]) {
     println!(
-        "attention core from the QKV rows: device memory held after the forward: only q, k, v {:.1} MB, the probabilities {:.1} MB",
+        "{op}: device memory held after the forward: {} {:.1} MB, {} {:.1} MB",
+        sides[0],
         held[0].get(),
+        sides[1],
         held[1].get()
     );
 }
@@ -303,9 +311,9 @@ fn half_logits_cross_entropy(device: &Device, reps: usize, in_use: impl Fn() -> 
         "| cross-entropy of f16 logits 512×50304 (composed = upcast to f32 first), forward + backward | {f:.1} | {c:.1} | {:.2}x | {mb:.0} |",
         c / f
     );
-    println!(
-        "cross-entropy: device memory held after the forward: f16 logits read as they are {:.1} MB, upcast first {:.1} MB",
-        held[0].get(),
-        held[1].get()
+    print_held(
+        "cross-entropy",
+        ["f16 logits read as they are", "upcast first"],
+        &held,
     );
 }

@@ -202,6 +202,8 @@ impl CausalSelfAttention {
     /// positions from 0), which keeps for its backward what `keeps` says; from per-head
     /// inputs, [`Self::core_heads`] with the heads merged, which keeps what its ops keep.
     pub fn core(&self, inputs: CoreInputs, keeps: CoreKeeps) -> Tensor<3> {
+        #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+        let _ = keeps;
         match inputs {
             CoreInputs::Heads([q, k, v]) => merge_heads(self.core_heads(q, k, v)),
             #[cfg(any(feature = "wgpu", feature = "cuda"))]
