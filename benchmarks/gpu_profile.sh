@@ -151,14 +151,15 @@ fi
 FLASH=${FLASH:-1}
 # shellcheck disable=SC2086
 [ "$FLASH" = 1 ] && step bf16-flash 120 50 pretrain_model "$P" bf16-flash "$ITERS" --use-flash-attn $B && train_line bf16-flash
-# Selective recomputation (Megatron's --recompute-activations): the attention core keeps only
-# q, k, v and forms its probabilities again in its backward, as SDPA does; the memory run.
-# shellcheck disable=SC2086
-step bf16-recompute 150 60 pretrain_model "$P" bf16-recompute "$ITERS" --recompute-activations $B && train_line bf16-recompute
 if step torch-bf16-sdpa 90 40 with_memory "$WORK/logs/torch-bf16-sdpa.mem" "$PY" benchmarks/torch_gpu_gpt.py $T bf16-sdpa "$DROPOUT"; then
   say "| PyTorch eager bf16 + SDPA | $(tail -2 "$WORK/logs/torch-bf16-sdpa.log" | head -1) |"
   grep -o 'tokens/s: [0-9.]*' "$WORK/logs/torch-bf16-sdpa.log" | awk '{print $2}' > "$WORK/tps_torch"
 fi
+# Selective recomputation (Megatron's --recompute-activations): the attention core keeps only
+# q, k, v and forms its probabilities again in its backward, as SDPA does; the memory run
+# (after PyTorch's, which every ratio needs).
+# shellcheck disable=SC2086
+step bf16-recompute 150 60 pretrain_model "$P" bf16-recompute "$ITERS" --recompute-activations $B && train_line bf16-recompute
 for run in bf16 bf16-baseline bf16-flash bf16-recompute; do
   [ -s "$WORK/tps_$run" ] && [ -s "$WORK/tps_torch" ] && say "ferrotron $run / PyTorch eager bf16+SDPA: $(awk -v a="$(cat "$WORK/tps_$run")" -v b="$(cat "$WORK/tps_torch")" 'BEGIN{printf "%.3fx", a/b}')"
 done
