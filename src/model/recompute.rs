@@ -301,10 +301,15 @@ impl Piece {
     }
 }
 
-/// The pieces of `plan`'s layers from `x` (no graph); returns them and the output.
-fn forward_pieces(model: &Gpt, plan: &ChunkPlan, mut x: Tensor<3>) -> (Vec<Piece>, Tensor<3>) {
+/// The pieces of `plan`'s layers from `x` (no graph), their attention cores keeping what
+/// `keeps` says ([`ChunkPlan::core_keeps`]); returns them and the output.
+fn forward_pieces(
+    model: &Gpt,
+    plan: &ChunkPlan,
+    mut x: Tensor<3>,
+    keeps: CoreKeeps,
+) -> (Vec<Piece>, Tensor<3>) {
     let mut pieces = Vec::new();
-    let keeps = plan.core_keeps(model, &x.device());
     if plan.recompute == Recompute::Selective && keeps == CoreKeeps::Everything {
         for layer in plan.layers.clone() {
             let (kept, next) = SelectiveLayer::forward(model, layer, x);
@@ -381,7 +386,7 @@ impl ChunkForward {
             }
             ChunkInput::Activation(x) => (None, x),
         };
-        let (pieces, x) = forward_pieces(model, plan, x);
+        let (pieces, x) = forward_pieces(model, plan, x, keeps);
         let (head, value) = match targets {
             Some(t) => {
                 let last = x.require_grad();
