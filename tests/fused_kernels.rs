@@ -788,31 +788,39 @@ fn llama_style_training_with_and_without_fusion_gives_the_same_losses() {
 }
 
 /// Training with `--use-flash-attn` and dropout: the losses of the composed attention with
-/// the same seed (the same masks), with and without recomputation.
+/// the same seed (the same masks), with and without recomputation (selective recomputation
+/// also at TP = 2).
 #[test]
 fn training_with_fused_attention_and_dropout_follows_the_composed_attention() {
     use ferrotron::model::Recompute;
     let dir = tempfile::tempdir().unwrap();
-    let run = |flash: bool, recompute| {
+    let run_at = |tp: usize, flash: bool, recompute| {
         let config = PretrainConfig {
             model: GptConfig::new(2, 32, 4, 16, 512)
                 .with_hidden_dropout(0.1)
                 .with_attention_dropout(0.1)
                 .with_flash_attention(flash),
             recompute,
-            ..small_gpt(dir.path(), true, 1)
+            ..small_gpt(dir.path(), true, tp)
         };
         pretrain(&config, &device()).unwrap().losses
     };
+    let run = |flash: bool, recompute| run_at(1, flash, recompute);
     let composed = run(false, Recompute::None);
     let fused = run(true, Recompute::None);
     let fused_recompute = run(true, Recompute::Selective);
     assert_eq!(fused_recompute, fused, "recomputation changed the losses");
-    // Selective recomputation inside the core from the rows (one graph per chunk).
+    // Selective recomputation inside the core from the rows (one graph per chunk), also
+    // under tensor parallelism, where each rank's core draws its own masks.
     let composed_recompute = run(false, Recompute::Selective);
     assert_eq!(
         composed_recompute, composed,
         "recomputation changed the losses"
+    );
+    assert_eq!(
+        run_at(2, false, Recompute::Selective),
+        run_at(2, false, Recompute::None),
+        "recomputation changed the losses at TP = 2"
     );
     for ((i, a), (_, b)) in fused.iter().zip(&composed) {
         let rel = (a - b).abs() / b.abs();
