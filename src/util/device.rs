@@ -21,12 +21,12 @@ pub fn parse_device(spec: &str) -> Result<Device, String> {
     match spec {
         "cpu" => Ok(Device::flex()),
         #[cfg(feature = "cuda")]
-        "cuda" => Ok(Device::cuda(0usize)),
+        "cuda" => cuda_device(0),
         #[cfg(feature = "cuda")]
         s if s.starts_with("cuda:") => s["cuda:".len()..]
             .parse::<usize>()
-            .map(Device::cuda)
-            .map_err(|_| format!("--device {s}: expected cuda:N with N a GPU index")),
+            .map_err(|_| format!("--device {s}: expected cuda:N with N a GPU index"))
+            .and_then(cuda_device),
         #[cfg(feature = "wgpu")]
         "wgpu" => Ok(Device::wgpu(burn::tensor::DeviceKind::DefaultDevice)),
         #[cfg(feature = "wgpu")]
@@ -36,6 +36,36 @@ pub fn parse_device(spec: &str) -> Result<Device, String> {
             available_devices()
         )),
     }
+}
+
+/// CUDA GPU `index`, once the machine is known to run it: CubeCL would panic on the first
+/// kernel (from a thread of its own) where the driver library, the GPU or NVRTC, with which
+/// it compiles its kernels, is missing; here that is an error naming what is missing.
+#[cfg(feature = "cuda")]
+fn cuda_device(index: usize) -> Result<Device, String> {
+    let flag = format!("--device cuda:{index}");
+    // SAFETY: each check only tries to load the library.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(format!(
+            "{flag}: the CUDA driver library (libcuda.so) is not on this machine or not on \
+             LD_LIBRARY_PATH; does it have an NVIDIA GPU and its driver?"
+        ));
+    }
+    cudarc::driver::result::init()
+        .map_err(|e| format!("{flag}: the CUDA driver did not start: {e}"))?;
+    let count = cudarc::driver::result::device::get_count()
+        .map_err(|e| format!("{flag}: the CUDA driver cannot count its GPUs: {e}"))?;
+    if index >= count.max(0) as usize {
+        return Err(format!("{flag}: this machine has {count} CUDA GPU(s)"));
+    }
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(format!(
+            "{flag}: NVRTC (libnvrtc.so), which compiles the kernels, is not on \
+             LD_LIBRARY_PATH; install the CUDA toolkit or the nvidia-cuda-nvrtc wheel and add \
+             its lib directory"
+        ));
+    }
+    Ok(Device::cuda(index))
 }
 
 /// Whether `device` (autodiff or not) is a CubeCL backend (CUDA, wgpu), where the fused
