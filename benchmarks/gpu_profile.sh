@@ -97,6 +97,12 @@ with_memory() {
   return $rc
 }
 
+# The peak of a run's nvidia-smi samples in GiB: the figure ferrotron's rows give, which
+# counts what the process holds on the card (PyTorch's own figure counts its allocator's).
+smi_peak() {
+  awk '$1 > m { m = $1 } END { printf "%.1f", m / 1024 }' "$WORK/logs/$1.mem" 2>/dev/null || printf '?'
+}
+
 # ferrotron's log: the last interval's tokens/s and ms per iteration (warm-up excluded).
 train_line() {
   local name=$1 log="$WORK/logs/$1.log" mem="$WORK/logs/$1.mem"
@@ -152,7 +158,7 @@ FLASH=${FLASH:-1}
 # shellcheck disable=SC2086
 [ "$FLASH" = 1 ] && step bf16-flash 120 50 pretrain_model "$P" bf16-flash "$ITERS" --use-flash-attn $B && train_line bf16-flash
 if step torch-bf16-sdpa 90 40 with_memory "$WORK/logs/torch-bf16-sdpa.mem" "$PY" benchmarks/torch_gpu_gpt.py $T bf16-sdpa "$DROPOUT"; then
-  say "| PyTorch eager bf16 + SDPA | $(tail -2 "$WORK/logs/torch-bf16-sdpa.log" | head -1) |"
+  say "| PyTorch eager bf16 + SDPA | $(tail -2 "$WORK/logs/torch-bf16-sdpa.log" | head -1) (allocator), $(smi_peak torch-bf16-sdpa) GiB (nvidia-smi, as ferrotron's) |"
   grep -o 'tokens/s: [0-9.]*' "$WORK/logs/torch-bf16-sdpa.log" | awk '{print $2}' > "$WORK/tps_torch"
 fi
 # Selective recomputation (Megatron's --recompute-activations): the attention core keeps only
@@ -226,6 +232,6 @@ for run in fp32 fp32-baseline; do
 done
 [ -s "$WORK/tps_bf16" ] && [ -s "$WORK/tps_bf16-no-dropout" ] && say "ferrotron bf16, dropout $DROPOUT / no dropout: $(awk -v a="$(cat "$WORK/tps_bf16")" -v b="$(cat "$WORK/tps_bf16-no-dropout")" 'BEGIN{printf "%.3fx", a/b}') (the target: at least 0.9x)"
 if step torch-bf16-compile 150 90 with_memory "$WORK/logs/torch-bf16-compile.mem" "$PY" benchmarks/torch_gpu_gpt.py $T bf16-compile "$DROPOUT"; then
-  say "| PyTorch bf16 + SDPA + torch.compile | $(tail -2 "$WORK/logs/torch-bf16-compile.log" | head -1) |"
+  say "| PyTorch bf16 + SDPA + torch.compile | $(tail -2 "$WORK/logs/torch-bf16-compile.log" | head -1) (allocator), $(smi_peak torch-bf16-compile) GiB (nvidia-smi) |"
 fi
 say ""
