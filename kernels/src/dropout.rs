@@ -67,15 +67,35 @@ fn vector_kept<N: Size>(
     keep
 }
 
-/// [`vector_kept`] of a tensor that is the whole draw.
+/// `x` with the elements `keep` says are kept multiplied by `scale` and the others 0, in `F`:
+/// what every dropout here stores.
 #[cube]
-pub(crate) fn whole_kept<N: Size>(
+fn apply_mask<F: Float, N: Size>(
+    keep: Vector<bool, N>,
+    x: Vector<F, N>,
+    scale: f32,
+) -> Vector<F, N> {
+    select_many(
+        keep,
+        x * Vector::new(F::cast_from(scale)),
+        Vector::new(F::new(0.0)),
+    )
+}
+
+/// The dropout of `x`, the vector at index `vector` of a tensor that is the whole draw keyed
+/// `(key_lo, key_hi)` (elements below `threshold` dropped, the others times `scale`): what
+/// the dropout kernel stores there, for kernels that apply it on the way (the softmax's).
+#[cube]
+pub(crate) fn whole_dropout<F: Float, N: Size>(
+    x: Vector<F, N>,
     vector: usize,
     key_lo: u32,
     key_hi: u32,
     threshold: u32,
-) -> Vector<bool, N> {
-    vector_kept::<N>(vector, key_lo, key_hi, threshold, 1u32, 0u32, 0u32, true)
+    scale: f32,
+) -> Vector<F, N> {
+    let keep = vector_kept::<N>(vector, key_lo, key_hi, threshold, 1u32, 0u32, 0u32, true);
+    apply_mask::<F, N>(keep, x, scale)
 }
 
 /// Units per cube of the element-wise kernels.
@@ -107,9 +127,7 @@ pub fn dropout<F: Float, N: Size>(
     let i = cube_index() * UNITS_PER_CUBE as usize + UNIT_POS_X as usize;
     if i < len as usize / N::value() {
         let keep = vector_kept::<N>(i, key_lo, key_hi, threshold, own, row, first, whole);
-        let x = input[i];
-        let zero = Vector::<F, N>::new(F::new(0.0));
-        output[i] = select_many(keep, x * Vector::new(F::cast_from(scale)), zero);
+        output[i] = apply_mask::<F, N>(keep, input[i], scale);
     }
 }
 
@@ -147,8 +165,7 @@ pub fn bias_dropout_add<F: Float, N: Size>(
         }
         if drop {
             let keep = vector_kept::<N>(i, key_lo, key_hi, threshold, own, row, first, whole);
-            let zero = Vector::<F, N>::new(F::new(0.0));
-            y = select_many(keep, y * Vector::new(F::cast_from(scale)), zero);
+            y = apply_mask::<F, N>(keep, y, scale);
         }
         output[i] = residual[i] + y;
     }

@@ -74,10 +74,7 @@ pub fn softmax_forward<F: Float + CubeElement>(
     if shape.is_empty() {
         return;
     }
-    assert!(
-        shape.len() <= u32::MAX as usize,
-        "a softmax of {shape:?}: more than 2³² elements"
-    );
+    check_elements(shape.len(), "a softmax");
     if matches!(mask, SoftmaxMask::Causal) {
         assert!(
             shape.sq <= shape.sk,
@@ -91,7 +88,7 @@ pub fn softmax_forward<F: Float + CubeElement>(
         SoftmaxMask::Padding(m) => (arg(m, shape.batch * shape.sq * shape.sk), true),
     };
     // Without a draw `dropped` is never written: the output's buffer stands in.
-    let (draw, dropped) = dropout.map_or((NO_DRAW, output), |(d, h)| (d, h));
+    let (draw, dropped) = dropout.unwrap_or((NO_DRAW, output));
     softmax::masked_softmax_forward::launch::<F, f32>(
         client,
         launch.cube_count(shape.rows()),
@@ -137,10 +134,7 @@ pub fn softmax_backward<F: Float + CubeElement>(
     if rows * sk == 0 {
         return;
     }
-    assert!(
-        rows * sk <= u32::MAX as usize,
-        "a softmax of more than 2³² elements"
-    );
+    check_elements(rows * sk, "a softmax");
     let draw = dropout.unwrap_or(NO_DRAW);
     softmax::softmax_backward::launch::<F, f32>(
         client,

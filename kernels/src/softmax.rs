@@ -12,7 +12,7 @@
 
 use cubecl::prelude::*;
 
-use crate::dropout::whole_kept;
+use crate::dropout::whole_dropout;
 use crate::reduce::{row_vector_max, row_vector_sum};
 use crate::rows::{row_index, row_length};
 use crate::vectors::positions;
@@ -97,11 +97,9 @@ fn masked_row_softmax<F: Float, A: Float, N: Size>(
         let y = Vector::<F, N>::cast_from(select_many(keep, e * inv, zero));
         output[base + j] = y;
         if drop {
-            // As the dropout kernel computes it from the stored `y`: in `F`, with the draw
-            // index of the element in the whole tensor.
-            let kept = whole_kept::<N>(base + j, key_lo, key_hi, threshold);
-            let factor = Vector::<F, N>::new(F::cast_from(keep_scale));
-            dropped[base + j] = select_many(kept, y * factor, Vector::new(F::new(0.0)));
+            // As the dropout kernel computes it from the stored `y`.
+            dropped[base + j] =
+                whole_dropout::<F, N>(y, base + j, key_lo, key_hi, threshold, keep_scale);
         }
         j += step;
     }
@@ -187,9 +185,7 @@ fn output_grad<F: Float, N: Size>(
 ) -> Vector<F, N> {
     let mut dy = grad_output[at];
     if drop {
-        let kept = whole_kept::<N>(at, key_lo, key_hi, threshold);
-        let factor = Vector::<F, N>::new(F::cast_from(keep_scale));
-        dy = select_many(kept, dy * factor, Vector::new(F::new(0.0)));
+        dy = whole_dropout::<F, N>(dy, at, key_lo, key_hi, threshold, keep_scale);
     }
     dy
 }

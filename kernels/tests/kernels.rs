@@ -74,6 +74,16 @@ impl Rng {
     }
 }
 
+/// The draw keyed `(key_lo, key_hi)` that drops with probability `p`.
+fn test_draw(key_lo: u32, key_hi: u32, p: f64) -> DropoutDraw {
+    DropoutDraw {
+        key_lo,
+        key_hi,
+        threshold: (p * 4294967296.0) as u32,
+        scale: (1.0 / (1.0 - p)) as f32,
+    }
+}
+
 fn upload(client: &Client, values: &[f32]) -> Handle {
     client.create_from_slice(f32::as_bytes(values))
 }
@@ -1328,12 +1338,7 @@ fn half_storage_matches_f32<H: Storage>(client: &Client) -> bool {
     // Dropout: the same elements dropped, the kept ones scaled in f32 and rounded once.
     let n = 10_007;
     let x = rounded::<H>(&rng.vec(n, -2.0, 2.0));
-    let draw = DropoutDraw {
-        key_lo: 0x9e37_79b9,
-        key_hi: 7,
-        threshold: (0.1f64 * 4294967296.0) as u32,
-        scale: 1.0 / 0.9,
-    };
+    let draw = test_draw(0x9e37_79b9, 7, 0.1);
     let (xf, of) = (upload(client, &x), poisoned(client, n));
     dropout::<f32>(client, &xf, &of, n, draw);
     let out_f32 = download(client, of, n);
@@ -1656,12 +1661,7 @@ fn attention_launches(client: &Client, head_dim: usize) -> Vec<AttentionLaunch> 
 fn flash_attention_forward_and_backward_match_float64() {
     let client = client();
     let mut rng = Rng(11);
-    let draw = DropoutDraw {
-        key_lo: 0x1234_5678,
-        key_hi: 99,
-        threshold: (0.2f64 * 4294967296.0) as u32,
-        scale: 1.0 / 0.8,
-    };
+    let draw = test_draw(0x1234_5678, 99, 0.2);
     let shapes = [
         (1, 1, 1),
         (3, 17, 8),
@@ -1929,12 +1929,7 @@ fn softmax_dropout_matches<H: Storage>(client: &Client) -> bool {
         return false;
     }
     let mut rng = Rng(23);
-    let draw = DropoutDraw {
-        key_lo: 0x1234_5678,
-        key_hi: 99,
-        threshold: (0.25f64 * 4294967296.0) as u32,
-        scale: 1.0 / 0.75,
-    };
+    let draw = test_draw(0x1234_5678, 99, 0.25);
     for s in [shape(2, 3, 37, 37), shape(1, 2, 64, 64), shape(2, 1, 5, 12)] {
         let x = rounded::<H>(&rng.vec(s.len(), -6.0, 6.0));
         let input = upload_as::<H>(client, &x);
@@ -2210,12 +2205,7 @@ fn bias_dropout_add_matches_float64_with_the_host_dropout_bits() {
     let mut rng = Rng(29);
     let (rows, hidden) = (37, 24);
     let len = rows * hidden;
-    let draw = DropoutDraw {
-        key_lo: 0x1234_5678,
-        key_hi: 0x9abc_def0,
-        threshold: (0.3 * 4294967296.0) as u32,
-        scale: 1.0 / 0.7,
-    };
+    let draw = test_draw(0x1234_5678, 0x9abc_def0, 0.3);
     let residual = rng.vec(len, -1.0, 1.0);
     let input = rng.vec(len, -1.0, 1.0);
     let bias = rng.vec(hidden, -1.0, 1.0);

@@ -351,14 +351,13 @@ impl FlatAdamW {
         }
     }
 
-    /// The buffers, built from `module` at the first call; `None` for a module without
-    /// parameters.
-    fn buffers<M: Module>(&mut self, module: &M) -> Option<&FlatBuffers> {
+    /// Builds the buffers from `module` at the first call (none for a module without
+    /// parameters).
+    fn build_buffers<M: Module>(&mut self, module: &M) {
         if self.buffers.is_none() {
             self.buffers = FlatBuffers::build(module, &self.decoupled, &self.saved, &self.names);
             self.saved = Vec::new();
         }
-        self.buffers.as_ref()
     }
 
     /// The scalars of this step's Adam launch for one group.
@@ -390,10 +389,10 @@ impl<M: Module> Optimizer<M> for FlatAdamW {
     ) -> Result<(M, GradNorm), CommError> {
         let prepared = self.prepared.take();
         self.steps += 1;
-        if self.buffers(&module).is_none() {
+        self.build_buffers(&module);
+        let Some(b) = self.buffers.as_ref() else {
             return Ok((module, GradNorm::Read(0.0)));
-        }
-        let b = self.buffers.as_ref().expect("built above");
+        };
         let (flat_grads, norm, clip) = match prepared {
             Some(p) => (p.grads, GradNorm::Read(p.norm), p.clip),
             None => {
@@ -431,10 +430,10 @@ impl<M: Module> Optimizer<M> for FlatAdamW {
         grads: &mut GradientAccumulator,
         inv_scale: f64,
     ) -> Option<bool> {
-        let clip_grad = self.clip_grad;
-        let b = self.buffers(main)?;
+        self.build_buffers(main);
+        let b = self.buffers.as_ref()?;
         let flat_grads = b.gather(grads, inv_scale as f32);
-        let (norm, clip) = b.norm_and_clip(&flat_grads, clip_grad);
+        let (norm, clip) = b.norm_and_clip(&flat_grads, self.clip_grad);
         let norm = f64::from(tensor(&norm).into_scalar::<f32>());
         self.prepared = Some(Prepared {
             grads: flat_grads,
