@@ -208,7 +208,7 @@ impl CausalSelfAttention {
             CoreInputs::Heads([q, k, v]) => merge_heads(self.core_heads(q, k, v)),
             #[cfg(any(feature = "wgpu", feature = "cuda"))]
             CoreInputs::Rows(qkv) => {
-                use super::fused_attention::CoreKernels;
+                use super::fused::CoreKernels;
                 let scale = 1.0 / (self.head_dim as f64).sqrt();
                 let per_group = self.local_heads / self.local_groups;
                 let draw = self.attention_dropout.draw(qkv.is_autodiff());
@@ -221,7 +221,7 @@ impl CausalSelfAttention {
                     (false, CoreKeeps::Everything) => CoreKernels::Composed,
                     (false, CoreKeeps::Inputs) => CoreKernels::Recomputed,
                 };
-                super::fused_ops::attention_from_qkv(
+                super::fused::attention_from_qkv(
                     qkv,
                     self.local_groups,
                     per_group,
@@ -248,7 +248,7 @@ impl CausalSelfAttention {
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         if self.flash_attention && crate::util::device::is_cube(&q.device()) {
             let draw = self.attention_dropout.draw(q.is_autodiff());
-            return super::fused_ops::causal_attention(q, k, v, scale, draw);
+            return super::fused::causal_attention(q, k, v, scale, draw);
         }
         let scores = matmul(q, k.transpose());
         let probs = scaled_causal_masked_softmax(scores, scale, self.masked_softmax_fusion);

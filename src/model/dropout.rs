@@ -63,7 +63,7 @@ impl Dropout {
                 let own = x.dims()[1..].iter().product();
                 let slice =
                     ferrotron_kernels::launch::DrawSlice::chunk(own, group.size(), group.rank());
-                return super::fused_ops::dropout_slice(x, key, self.prob, slice);
+                return super::fused::dropout_slice(x, key, self.prob, slice);
             }
             let mask = self.chunk_mask(key, x.dims(), group, &x.device());
             return x.clone() * mask.cast(x.dtype());
@@ -71,7 +71,7 @@ impl Dropout {
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         if crate::util::device::is_cube(&x.device()) {
             // Generated on the device from the key, never stored; the backward re-derives it.
-            return super::fused_ops::dropout(x, key, self.prob);
+            return super::fused::dropout(x, key, self.prob);
         }
         let shape = x.dims();
         let n = shape.iter().product();
@@ -102,7 +102,7 @@ impl Dropout {
                 None => DrawSlice::whole(dims.iter().product()),
             };
             let draw = self.draw(y.is_autodiff());
-            return super::fused_bias_dropout_add::bias_dropout_add(residual, y, bias, draw, slice);
+            return super::fused::bias_dropout_add(residual, y, bias, draw, slice);
         }
         let _ = fused;
         let y = match bias {

@@ -12,11 +12,7 @@ pub mod attention;
 pub mod config;
 pub mod dropout;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
-pub mod fused_attention;
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-pub mod fused_bias_dropout_add;
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-pub mod fused_ops;
+pub mod fused;
 pub mod gpt;
 pub mod kv_cache;
 pub mod loss;

@@ -1,7 +1,7 @@
 //! The operations the fused kernels replace, each behind one function.
 //!
 //! With `fused` set and a CubeCL device (a GPU build on CUDA or wgpu), they run ferrotron's
-//! fused kernels ([`super::fused_ops`]); otherwise the reference implementations composed of
+//! fused kernels ([`super::fused`]); otherwise the reference implementations composed of
 //! plain burn tensor ops, which run on every backend (the CPU default).
 
 use crate::util::device::at_least_f32;
@@ -16,7 +16,7 @@ pub const MASKED_SCORE: f32 = -10000.0;
 pub fn scaled_causal_masked_softmax(x: Tensor<4>, scale: f64, fused: bool) -> Tensor<4> {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     if fused && crate::util::device::is_cube(&x.device()) {
-        return super::fused_ops::causal_softmax(x, scale);
+        return super::fused::causal_softmax(x, scale);
     }
     let _ = fused;
     offset_causal_masked_softmax(x, scale, 0)
@@ -52,7 +52,7 @@ pub fn layer_norm(
 ) -> Tensor<3> {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     if fused && crate::util::device::is_cube(&x.device()) {
-        return super::fused_ops::layer_norm(x, gamma, beta, epsilon);
+        return super::fused::layer_norm(x, gamma, beta, epsilon);
     }
     let _ = fused;
     let dtype = x.dtype();
@@ -71,7 +71,7 @@ pub fn layer_norm(
 pub fn rms_norm(x: Tensor<3>, gamma: Tensor<1>, epsilon: f64, fused: bool) -> Tensor<3> {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     if fused && crate::util::device::is_cube(&x.device()) {
-        return super::fused_ops::rms_norm(x, gamma, epsilon);
+        return super::fused::rms_norm(x, gamma, epsilon);
     }
     let _ = fused;
     let dtype = x.dtype();
@@ -92,7 +92,7 @@ pub fn rms_norm(x: Tensor<3>, gamma: Tensor<1>, epsilon: f64, fused: bool) -> Te
 pub fn gelu<const D: usize>(x: Tensor<D>, tanh: bool, fused: bool) -> Tensor<D> {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     if fused && crate::util::device::is_cube(&x.device()) {
-        return super::fused_ops::gelu(x, tanh);
+        return super::fused::gelu(x, tanh);
     }
     let _ = fused;
     if tanh {
@@ -114,8 +114,8 @@ pub fn bias_gelu<const D: usize>(
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     if fused && crate::util::device::is_cube(&x.device()) {
         return match bias {
-            Some(bias) => super::fused_ops::bias_gelu(x, bias, tanh),
-            None => super::fused_ops::gelu(x, tanh),
+            Some(bias) => super::fused::bias_gelu(x, bias, tanh),
+            None => super::fused::gelu(x, tanh),
         };
     }
     let _ = fused;
@@ -131,7 +131,7 @@ pub fn bias_gelu<const D: usize>(
 pub fn swiglu<const D: usize>(gate: Tensor<D>, up: Tensor<D>, fused: bool) -> Tensor<D> {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     if fused && crate::util::device::is_cube(&gate.device()) {
-        return super::fused_ops::swiglu(gate, up);
+        return super::fused::swiglu(gate, up);
     }
     let _ = fused;
     silu(gate) * up

@@ -3,7 +3,7 @@
 //! its position times the pair's frequency, so that the score of a query and a key depends on
 //! their distance only.
 //!
-//! On a CubeCL device the rotation is one fused kernel ([`super::fused_ops::rotary`]), forward
+//! On a CubeCL device the rotation is one fused kernel ([`super::fused::rotary`]), forward
 //! and backward (the rotation by the negative angle); elsewhere, or with fusion off, it is
 //! composed of burn ops. Both take their angles from the same float64 tables.
 
@@ -148,10 +148,10 @@ impl RotaryEmbedding {
     /// `0..seq` on `device` (the same float64 angle tables as [`Self::apply`]); `None` with
     /// the fused kernel off or nothing to rotate.
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
-    pub fn for_rows(&self, seq: usize, device: &Device) -> Option<super::fused_ops::RowRotation> {
+    pub fn for_rows(&self, seq: usize, device: &Device) -> Option<super::fused::RowRotation> {
         (self.is_fused() && seq > 0).then(|| {
             let [cos, sin] = self.pair_tables(0, seq, device);
-            super::fused_ops::RowRotation {
+            super::fused::RowRotation {
                 cos,
                 sin,
                 interleaved: self.interleaved,
@@ -169,9 +169,8 @@ impl RotaryEmbedding {
         let [cos, sin] = self.pair_tables(start, s, &device);
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         if self.fused && self.dim() > 0 && s > 0 && crate::util::device::is_cube(&device) {
-            return xs.map(|x| {
-                super::fused_ops::rotary(x, cos.clone(), sin.clone(), 0, self.interleaved)
-            });
+            return xs
+                .map(|x| super::fused::rotary(x, cos.clone(), sin.clone(), 0, self.interleaved));
         }
         let _ = self.fused;
         let (cos, sin) = (

@@ -1,32 +1,37 @@
-//! The attention core as one differentiable op from the fused QKV projection's rows to the
-//! merged context (GPU builds only).
+//! The attention core between the QKV split and the head merge, forward and backward, for
+//! the op from the rows ([`super::attention_from_rows`]): the kernels the composed core runs
+//! (scores, causal softmax with the dropout of its output in the same kernel both ways,
+//! product) or the fused attention, with the backward written out: the same products burn's
+//! autodiff would form, through [`Gemm`] (cuBLAS on CUDA). With rotary embeddings (Llama) the
+//! queries and keys are rotated after the split and their gradients rotated back before the
+//! merge, by the rotary kernel.
 //!
-//! Why one op: burn's autodiff has no op with several outputs, so splitting the projection's
-//! rows into queries, keys and values is three slices, and the backward of each slice is a
-//! zeroed tensor of the rows' size and a slice-assignment, summed with two additions: eight
-//! launches per layer, plus the copies that turn the slices into per-head tensors. Here the
-//! split is one kernel forward and the merge one kernel backward, and the core between them
-//! runs the kernels the composed core runs (scores, causal softmax with the dropout of its
-//! output in the same kernel both ways, product) or the fused attention, with its backward
-//! written out: the same products burn's autodiff would form, through [`Gemm`] (cuBLAS on
-//! CUDA). With rotary embeddings (Llama) the queries and keys are rotated inside the op after
-//! the split and their gradients rotated back before the merge, by the rotary kernel.
-//!
-//! Under selective recomputation ([`CoreKernels::Recomputed`]) the op keeps only the queries,
-//! keys and values, as the fused attention does, and its backward forms the scores and the
-//! softmax again before the products: Megatron's recomputation of the core attention, without
-//! rerunning the split, the `p v` product and the merge, and without the three graphs per
-//! layer the model's recomputation of a core builds.
+//! Under selective recomputation ([`CoreKernels::Recomputed`]) the core keeps only the
+//! queries, keys and values, as the fused attention does, and its backward forms the scores
+//! and the softmax again before the products: Megatron's recomputation of the core attention,
+//! without rerunning the split, the `p v` product and the merge, and without the three graphs
+//! per layer the model's recomputation of a core builds.
 
-use burn::backend::autodiff::checkpoint::base::Checkpointer;
-use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops};
 use burn::backend::tensor::FloatTensor;
-use burn::tensor::Shape;
 use ferrotron_kernels::launch::{DropoutDraw, QkvLayout};
 
-use super::fused_ops::FusedKernels;
+use super::flash_attention::FlashAttentionKernels;
+use super::qkv_rows::{merge_heads, split_heads, QkvKernels};
+use super::rotary::RotaryKernels;
+use super::softmax::SoftmaxKernels;
 use crate::util::matmul::extension::{transposed, Gemm};
+
+/// The kernels the core may run: the split and merge, the softmax, the fused attention, the
+/// rotary embedding, and the products.
+pub trait AttentionKernels:
+    QkvKernels + SoftmaxKernels + FlashAttentionKernels + RotaryKernels + Gemm
+{
+}
+
+impl<B: QkvKernels + SoftmaxKernels + FlashAttentionKernels + RotaryKernels + Gemm> AttentionKernels
+    for B
+{
+}
 
 /// Which kernels the core runs between the split and the merge, and so what it keeps for
 /// its backward.
@@ -46,7 +51,7 @@ pub enum CoreKernels {
 /// attention's output and log-sum-exp per row, or the probabilities before and after
 /// dropout, or nothing more (they are formed again).
 #[derive(Clone, Debug)]
-pub enum Saved<B: FusedKernels> {
+pub enum Saved<B: AttentionKernels> {
     /// The fused attention ran (`--use-flash-attn`).
     Flash {
         qkv: [FloatTensor<B>; 3],
@@ -66,7 +71,7 @@ pub enum Saved<B: FusedKernels> {
 /// The rotary embedding applied to the split queries and keys: the angle tables (f32, `[seq,
 /// rotary_dim / 2]`, positions from 0) and the pairing.
 #[derive(Clone, Debug)]
-pub struct Rotation<B: FusedKernels> {
+pub struct Rotation<B: AttentionKernels> {
     /// `cos` of each position's pair angles.
     pub cos: FloatTensor<B>,
     /// `sin` of each position's pair angles.
@@ -75,7 +80,7 @@ pub struct Rotation<B: FusedKernels> {
     pub interleaved: bool,
 }
 
-impl<B: FusedKernels> Rotation<B> {
+impl<B: AttentionKernels> Rotation<B> {
     /// `x` `[b, heads, s, head_dim]` rotated (or, with `inverse`, rotated back: the backward).
     fn apply(&self, x: FloatTensor<B>, inverse: bool) -> FloatTensor<B> {
         let (cos, sin) = (self.cos.clone(), self.sin.clone());
@@ -83,25 +88,8 @@ impl<B: FusedKernels> Rotation<B> {
     }
 }
 
-/// The layout of rows of shape `[b, s, groups · (per_group + 2) · head_dim]`.
-pub fn layout(shape: &Shape, groups: u32, per_group: u32) -> QkvLayout {
-    let [batch, seq, width] = shape.dims::<3>();
-    let (groups, per_group) = (groups as usize, per_group as usize);
-    assert!(
-        groups * per_group > 0 && width.is_multiple_of(groups * (per_group + 2)),
-        "QKV rows {width} wide for {groups} groups of {per_group} query heads"
-    );
-    QkvLayout {
-        batch,
-        seq,
-        groups,
-        per_group,
-        head_dim: width / (groups * (per_group + 2)),
-    }
-}
-
 /// The context `[b, s, heads · head_dim]` of the rows `mixed`, and what the backward needs.
-pub fn forward<B: FusedKernels + Gemm>(
+pub fn forward<B: AttentionKernels>(
     mixed: FloatTensor<B>,
     layout: QkvLayout,
     scale: f32,
@@ -145,7 +133,7 @@ pub fn forward<B: FusedKernels + Gemm>(
 /// The attention probabilities `softmax(scale · q kᵀ)` under the causal mask, before and
 /// after dropout: one product and one kernel, deterministic, so the backward of
 /// [`CoreKernels::Recomputed`] forms the forward's bits again.
-fn probabilities<B: FusedKernels + Gemm>(
+fn probabilities<B: AttentionKernels>(
     q: FloatTensor<B>,
     k: FloatTensor<B>,
     scale: f32,
@@ -156,7 +144,7 @@ fn probabilities<B: FusedKernels + Gemm>(
 }
 
 /// The rows' gradient from the context's gradient `grad`.
-fn backward<B: FusedKernels + Gemm>(
+pub fn backward<B: AttentionKernels>(
     saved: Saved<B>,
     grad: FloatTensor<B>,
     layout: QkvLayout,
@@ -195,7 +183,7 @@ fn backward<B: FusedKernels + Gemm>(
 /// The per-head `[dq, dk, dv]` of the composed core from the output's gradient `grad` and
 /// the probabilities before and after dropout: the products burn's autodiff would form, and
 /// the softmax backward taking the dropout back in the same kernel.
-fn composed_backward<B: FusedKernels + Gemm>(
+fn composed_backward<B: AttentionKernels>(
     [q, k, v]: [FloatTensor<B>; 3],
     [probs, dropped]: [FloatTensor<B>; 2],
     grad: FloatTensor<B>,
@@ -208,44 +196,4 @@ fn composed_backward<B: FusedKernels + Gemm>(
     let dq = B::gemm(d_scores.clone(), k);
     let dk = B::gemm(transposed::<B>(d_scores), q);
     [dq, dk, dv]
-}
-
-/// `[b, heads, s, head_dim]` → `[b, s, heads · head_dim]` (one copy).
-fn merge_heads<B: FusedKernels>(heads: FloatTensor<B>, l: QkvLayout) -> FloatTensor<B> {
-    let rows = B::contiguous(B::float_swap_dims(heads, 1, 2));
-    B::float_reshape(rows, Shape::new([l.batch, l.seq, l.heads() * l.head_dim]))
-}
-
-/// `[b, s, heads · head_dim]` → `[b, heads, s, head_dim]` (one copy).
-fn split_heads<B: FusedKernels>(rows: FloatTensor<B>, l: QkvLayout) -> FloatTensor<B> {
-    let rows = B::float_reshape(
-        B::contiguous(rows),
-        Shape::new([l.batch, l.seq, l.heads(), l.head_dim]),
-    );
-    B::contiguous(B::float_swap_dims(rows, 1, 2))
-}
-
-/// The backward of [`super::fused_ops::FusedOps::fused_attention_from_qkv`].
-#[derive(Debug)]
-pub struct MixedAttentionBackward;
-
-impl<B: FusedKernels + Gemm> Backward<B, 1> for MixedAttentionBackward {
-    /// What the forward saved, the layout, the scale, the dropout draw and the rotation.
-    type State = (
-        Saved<B>,
-        QkvLayout,
-        f32,
-        Option<DropoutDraw>,
-        Option<Rotation<B>>,
-    );
-
-    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let [parent] = ops.parents;
-        let grad = grads.consume::<B>(&ops.node);
-        if let Some(parent) = parent {
-            let (saved, layout, scale, draw, rotation) = ops.state;
-            let grad = backward::<B>(saved, grad, layout, scale, draw, rotation);
-            grads.register::<B>(parent.id, grad);
-        }
-    }
 }

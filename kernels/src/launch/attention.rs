@@ -1,0 +1,322 @@
+//! The fused attention's shapes and launch geometry, and its forward and backward launchers
+//! (the tiled layout on GPUs, the plane layout on lavapipe).
+
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+
+use super::dropout::DropoutDraw;
+use super::{arg, element_vector_size, gcd};
+use crate::rows::cube_count;
+use crate::{attention, attention_planes};
+
+/// The shape of fused attention's `[batch · heads, seq, head_dim]` tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionShape {
+    /// Batch × heads.
+    pub heads: usize,
+    /// Sequence length (queries and keys).
+    pub seq: usize,
+    /// Width of a head.
+    pub head_dim: usize,
+}
+
+impl AttentionShape {
+    /// Query (or key) rows in all.
+    pub fn rows(&self) -> usize {
+        self.heads * self.seq
+    }
+
+    /// Elements of one of q, k, v, o.
+    pub fn len(&self) -> usize {
+        self.rows() * self.head_dim
+    }
+
+    /// Whether there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn check(&self, dropout: Option<DropoutDraw>) {
+        assert!(
+            self.len() <= u32::MAX as usize,
+            "fused attention of more than 2³² elements: {self:?}"
+        );
+        if dropout.is_some() {
+            assert!(
+                self.rows() as u128 * self.seq as u128 <= u32::MAX as u128,
+                "dropout inside attention indexes the probabilities with 32 bits: {self:?}"
+            );
+        }
+    }
+}
+
+/// The query, key and value buffers of fused attention (`[batch · heads, seq, head_dim]`).
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionInputs<'a> {
+    /// Queries.
+    pub query: &'a Handle,
+    /// Keys.
+    pub key: &'a Handle,
+    /// Values.
+    pub value: &'a Handle,
+}
+
+/// Dropout's kernel arguments for an optional draw: key, threshold, scale, and whether to
+/// drop at all.
+fn draw_args(dropout: Option<DropoutDraw>) -> (u32, u32, u32, f32, bool) {
+    match dropout {
+        Some(d) => (d.key_lo, d.key_hi, d.threshold, d.scale, true),
+        None => (0, 0, 0, 1.0, false),
+    }
+}
+
+/// The launch shape of fused attention: `block` rows of one head per cube. With tiles
+/// ([`attention`], GPUs and cubecl-cpu) one unit per 4 × 4 micro-tile, walking the other side
+/// in tiles of `block` rows kept in shared memory; with planes ([`attention_planes`], lavapipe)
+/// one plane per cube, each unit holding `block / plane` rows, the other side's rows passed
+/// round the plane by broadcast.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionLaunch {
+    /// Rows per cube (and, with tiles, per tile).
+    pub block: u32,
+    /// Whether the tiled kernels' loops over a head row are unrolled, which keeps a unit's
+    /// rows in registers on a GPU. Not on CPU runtimes: there it multiplies the shader
+    /// compile time (≈ 21 s for a 128-wide head on lavapipe) for no measured gain.
+    pub unroll: bool,
+    /// The plane width of the plane layout (`block` a multiple of it), or `None` for tiles.
+    pub plane: Option<u32>,
+}
+
+impl AttentionLaunch {
+    /// The blocks tried, largest first: 64 rows (two warps) where shared memory allows.
+    const BLOCKS: [u32; 4] = [64, 32, 16, 8];
+
+    /// The widest head the plane layout is chosen for by default.
+    const PLANE_HEAD_DIM: usize = 64;
+
+    /// The largest block whose tiles fit `client`'s shared memory for heads of `head_dim`
+    /// (the smallest on runtimes without planes), unrolled on devices with warp-wide planes
+    /// (GPUs); on a CPU Vulkan device (lavapipe) the plane layout with two rows per unit,
+    /// for heads of up to 64.
+    /// `FERROTRON_ATTENTION_BLOCK` (8, 16, 32 or 64), `FERROTRON_ATTENTION_UNROLL` (0 or 1)
+    /// and `FERROTRON_ATTENTION_LAYOUT` (`tiles` or `planes`) override them, for tuning a
+    /// device.
+    pub fn for_client(client: &Client, head_dim: usize) -> Self {
+        let hardware = &client.properties().hardware;
+        let mut launch = Self::fitting(hardware.max_shared_memory_size, head_dim);
+        launch.unroll = hardware.plane_size_max >= 32;
+        // cubecl-cpu (no planes) runs a cube's units in lockstep at its barriers: 256 units
+        // took it 14 s for one position, 4 units 0.4 s.
+        if hardware.plane_size_max <= 1 {
+            launch.block = Self::BLOCKS[3];
+        }
+        let vector_unit = crate::rows::vector_unit_plane(client);
+        let env = |name: &str| std::env::var(name).ok();
+        let number = |name: &str| env(name).and_then(|v| v.parse::<u32>().ok());
+        // The plane kernels are unrolled over the head row: lavapipe compiles them in ≈ 22 s
+        // for heads of 64 (once per process) and ≈ 70 s for 128, so wider heads keep tiles.
+        let planes = match env("FERROTRON_ATTENTION_LAYOUT").as_deref() {
+            Some("tiles") => None,
+            Some("planes") => Some(hardware.plane_size_min.max(1)),
+            _ => vector_unit.filter(|_| head_dim <= Self::PLANE_HEAD_DIM),
+        };
+        if let Some(plane) = planes {
+            launch = Self::planes(plane, 2 * plane);
+        }
+        if let Some(block) =
+            number("FERROTRON_ATTENTION_BLOCK").filter(|b| Self::BLOCKS.contains(b))
+        {
+            // The plane layout's block is whole planes.
+            let plane = launch.plane.unwrap_or(1);
+            launch.block = (block / plane).max(1) * plane;
+        }
+        if let Some(unroll) = number("FERROTRON_ATTENTION_UNROLL") {
+            launch.unroll = unroll != 0;
+        }
+        launch
+    }
+
+    /// The plane layout: one plane of `plane` units per cube of `block` rows.
+    pub fn planes(plane: u32, block: u32) -> Self {
+        assert!(
+            plane > 0 && block.is_multiple_of(plane),
+            "attention block of {block} rows in planes of {plane}"
+        );
+        Self {
+            block,
+            unroll: false,
+            plane: Some(plane),
+        }
+    }
+
+    /// The largest block whose tiles take at most `shared_bytes` for heads of `head_dim`
+    /// (the smallest block where none does: the launch then fails with the runtime's error),
+    /// not unrolled.
+    pub fn fitting(shared_bytes: usize, head_dim: usize) -> Self {
+        let plain = |block| Self {
+            block,
+            unroll: false,
+            plane: None,
+        };
+        Self::BLOCKS
+            .map(plain)
+            .into_iter()
+            .find(|launch| launch.shared_bytes(head_dim) <= shared_bytes)
+            .unwrap_or(plain(Self::BLOCKS[3]))
+    }
+
+    /// Shared memory of the largest of the kernels (the key kernel's, f32 tiles): four
+    /// `block × head_dim` tiles and two `block × block` ones (rows of quads, padded by one
+    /// quad) and two row statistics.
+    pub fn shared_bytes(&self, head_dim: usize) -> usize {
+        let b = self.block as usize;
+        let row = 4 * (head_dim.div_ceil(4) + 1);
+        4 * (4 * b * row + 2 * b * (b + 4) + 2 * b)
+    }
+
+    /// Units per cube: one per 4 × 4 micro-tile of a `block × block` tile, or one plane.
+    pub fn units(&self) -> u32 {
+        match self.plane {
+            Some(plane) => plane,
+            None => (self.block / 4) * (self.block / 4),
+        }
+    }
+
+    fn cube_dim(&self) -> CubeDim {
+        CubeDim::new_1d(self.units())
+    }
+
+    fn cube_count(&self, shape: AttentionShape) -> CubeCount {
+        cube_count(shape.heads * shape.seq.div_ceil(self.block as usize))
+    }
+}
+
+/// Launches an attention kernel on `$buffers`, with the shape's, scale's and dropout draw's
+/// scalars after them: `$tiles` in the tiled layout, `$planes` in the plane layout (the two
+/// kernels take the same arguments but for the layout's own, the last ones).
+/// The vector size the attention kernels read and write head rows in: the widest the device
+/// loads in one instruction that divides `head_dim` and a quad of 4 (the tiles' unit), or 1
+/// with `FERROTRON_ROW_VECTORS=0`.
+fn attention_vector_size<F: CubeElement>(client: &Client, head_dim: usize) -> usize {
+    element_vector_size::<F>(client, gcd(head_dim, 4))
+}
+
+macro_rules! launch_attention {
+    ($client:expr, $launch:expr, $shape:expr, $scale:expr, $dropout:expr;
+     [$($buffer:expr),+ $(,)?], $tiles:path, $planes:path) => {{
+        let (key_lo, key_hi, threshold, keep_scale, drop) = draw_args($dropout);
+        macro_rules! with_layout {
+            ($kernel:path, $first:expr, $second:expr) => {{
+                use $kernel as kernel;
+                kernel::launch::<F, f32>(
+                    $client,
+                    $launch.cube_count($shape),
+                    $launch.cube_dim(),
+                    attention_vector_size::<F>($client, $shape.head_dim),
+                    $($buffer),+,
+                    $scale,
+                    $shape.heads as u32,
+                    $shape.seq as u32,
+                    key_lo,
+                    key_hi,
+                    threshold,
+                    keep_scale,
+                    $shape.head_dim as u32,
+                    drop,
+                    $first,
+                    $second,
+                )
+            }};
+        }
+        match $launch.plane {
+            None => with_layout!($tiles, $launch.block, $launch.unroll),
+            Some(plane) => with_layout!($planes, plane, $launch.block / plane),
+        }
+    }};
+}
+
+/// Fused causal attention forward: `output = dropout(softmax(scale · q kᵀ)) v` per head, and
+/// the per-row log-sum-exp of the scaled scores (`logsumexp`, f32, one per query row) that
+/// the backward needs. Nothing of size `seq × seq` is stored.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attention_forward<F: Float + CubeElement>(
+    client: &Client,
+    launch: AttentionLaunch,
+    inputs: AttentionInputs<'_>,
+    output: &Handle,
+    logsumexp: &Handle,
+    shape: AttentionShape,
+    scale: f32,
+    dropout: Option<DropoutDraw>,
+) {
+    if shape.is_empty() {
+        return;
+    }
+    shape.check(dropout);
+    let (n, rows) = (shape.len(), shape.rows());
+    let (q, k, v) = (inputs.query, inputs.key, inputs.value);
+    launch_attention!(
+        client, launch, shape, scale, dropout;
+        [arg(q, n), arg(k, n), arg(v, n), arg(output, n), arg(logsumexp, rows)],
+        attention::flash_attention_forward,
+        attention_planes::plane_attention_forward
+    );
+}
+
+/// Fused causal attention backward: `[grad_query, grad_key, grad_value]` from the forward's
+/// inputs, `output` and `logsumexp`, and `grad_output`; `delta` (f32, one per query row) is
+/// scratch. The same `dropout` draw as the forward re-derives its mask.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attention_backward<F: Float + CubeElement>(
+    client: &Client,
+    launch: AttentionLaunch,
+    inputs: AttentionInputs<'_>,
+    output: &Handle,
+    grad_output: &Handle,
+    logsumexp: &Handle,
+    grads: [&Handle; 3],
+    delta: &Handle,
+    shape: AttentionShape,
+    scale: f32,
+    dropout: Option<DropoutDraw>,
+) {
+    if shape.is_empty() {
+        return;
+    }
+    shape.check(dropout);
+    let (n, rows) = (shape.len(), shape.rows());
+    let [grad_query, grad_key, grad_value] = grads;
+    let (q, k, v) = (inputs.query, inputs.key, inputs.value);
+    // `delta` is written by the first kernel and read by the second (the same stream, in
+    // order).
+    launch_attention!(
+        client, launch, shape, scale, dropout;
+        [
+            arg(q, n),
+            arg(k, n),
+            arg(v, n),
+            arg(output, n),
+            arg(grad_output, n),
+            arg(logsumexp, rows),
+            arg(delta, rows),
+            arg(grad_query, n),
+        ],
+        attention::flash_attention_backward_query,
+        attention_planes::plane_attention_backward_query
+    );
+    launch_attention!(
+        client, launch, shape, scale, dropout;
+        [
+            arg(q, n),
+            arg(k, n),
+            arg(v, n),
+            arg(grad_output, n),
+            arg(logsumexp, rows),
+            arg(delta, rows),
+            arg(grad_key, n),
+            arg(grad_value, n),
+        ],
+        attention::flash_attention_backward_key_value,
+        attention_planes::plane_attention_backward_key_value
+    );
+}

@@ -1,0 +1,176 @@
+//! Dropout draws as the kernels take them, and the launchers of dropout and bias-dropout-add.
+
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+
+use super::{arg, element_vector_size};
+use crate::dropout;
+use crate::rows::cube_count;
+
+/// `output = residual + dropout(input + bias)` of `len` elements, the bias (`hidden`
+/// elements, broadcast over rows) optional, the draw optional (none: nothing dropped), the
+/// tensors holding `slice` of the draw ([`dropout_slice`]'s).
+#[allow(clippy::too_many_arguments)]
+pub fn bias_dropout_add<F: Float + CubeElement>(
+    client: &Client,
+    [residual, input]: [&Handle; 2],
+    bias: Option<&Handle>,
+    output: &Handle,
+    len: usize,
+    hidden: usize,
+    draw: Option<DropoutDraw>,
+    slice: DrawSlice,
+) {
+    if len == 0 {
+        return;
+    }
+    let rows = len.div_ceil(slice.own as usize) as u64;
+    assert!(
+        len <= u32::MAX as usize && rows * u64::from(slice.row.max(slice.own)) <= 1 << 32,
+        "dropout of a draw of more than 2³² elements"
+    );
+    assert!(
+        hidden > 0 && len.is_multiple_of(hidden),
+        "{len} elements in rows of {hidden}"
+    );
+    let d = draw.unwrap_or(NO_DRAW);
+    let vector = element_vector_size::<F>(client, hidden);
+    dropout::bias_dropout_add::launch::<F>(
+        client,
+        cube_count((len / vector).div_ceil(dropout::UNITS_PER_CUBE as usize)),
+        CubeDim::new_1d(dropout::UNITS_PER_CUBE),
+        vector,
+        arg(residual, len),
+        arg(input, len),
+        // Without a bias the kernel never reads it: bind the input in its place.
+        bias.map_or_else(|| arg(input, 1), |b| arg(b, hidden)),
+        arg(output, len),
+        d.key_lo,
+        d.key_hi,
+        d.threshold,
+        d.scale,
+        len as u32,
+        hidden as u32,
+        slice.own,
+        slice.row,
+        slice.first,
+        bias.is_some(),
+        draw.is_some(),
+        slice.is_whole(),
+    );
+}
+
+/// A dropout draw: its key and the drop probability, as the kernel takes them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DropoutDraw {
+    /// Low 32 bits of the draw's key.
+    pub key_lo: u32,
+    /// High 32 bits of the draw's key.
+    pub key_hi: u32,
+    /// Elements whose bits are below this are dropped (`p · 2³²`).
+    pub threshold: u32,
+    /// What kept elements are multiplied by (`1 / (1 − p)`).
+    pub scale: f32,
+}
+
+/// The scalars a kernel without a draw is given (it never reads them).
+pub(super) const NO_DRAW: DropoutDraw = DropoutDraw {
+    key_lo: 0,
+    key_hi: 0,
+    threshold: 0,
+    scale: 1.0,
+};
+
+/// Which elements of a draw a tensor holds: runs of `own` elements starting at `first` in
+/// rows of `row` (a sequence-parallel rank's chunk of the whole sequence's mask), or all of
+/// it ([`DrawSlice::whole`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DrawSlice {
+    /// Elements per run.
+    pub own: u32,
+    /// Draw elements per row (0 for a whole tensor: one run).
+    pub row: u32,
+    /// The run's first element within its row.
+    pub first: u32,
+}
+
+impl DrawSlice {
+    /// A tensor of `len` elements that is the whole draw.
+    pub fn whole(len: usize) -> Self {
+        Self {
+            own: len.clamp(1, u32::MAX as usize) as u32,
+            row: 0,
+            first: 0,
+        }
+    }
+
+    /// Whether the tensor is the whole draw from its start (element `i` is draw element `i`;
+    /// the kernels compile that case without the slice's arithmetic).
+    pub fn is_whole(&self) -> bool {
+        self.row == 0 && self.first == 0
+    }
+
+    /// Chunk `rank` of `parts` equal chunks along dimension 1 of the draw's tensor, a chunk
+    /// holding `own` elements of each row (its part of dimension 1 times the dimensions after
+    /// it).
+    pub fn chunk(own: usize, parts: usize, rank: usize) -> Self {
+        assert!(
+            own * parts <= u32::MAX as usize,
+            "a draw of more than 2³² elements"
+        );
+        Self {
+            own: own.max(1) as u32,
+            row: (own * parts) as u32,
+            first: (own * rank) as u32,
+        }
+    }
+}
+
+/// `output = input ⊙ mask` of `len` elements for `draw` (dropout's forward, and its
+/// backward on the output's gradient with the same draw).
+pub fn dropout<F: Float + CubeElement>(
+    client: &Client,
+    input: &Handle,
+    output: &Handle,
+    len: usize,
+    draw: DropoutDraw,
+) {
+    dropout_slice::<F>(client, input, output, len, draw, DrawSlice::whole(len));
+}
+
+/// [`dropout`] of a tensor that holds `slice` of the draw.
+pub fn dropout_slice<F: Float + CubeElement>(
+    client: &Client,
+    input: &Handle,
+    output: &Handle,
+    len: usize,
+    draw: DropoutDraw,
+    slice: DrawSlice,
+) {
+    if len == 0 {
+        return;
+    }
+    let rows = len.div_ceil(slice.own as usize) as u64;
+    assert!(
+        len <= u32::MAX as usize && rows * u64::from(slice.row.max(slice.own)) <= 1 << 32,
+        "dropout of a draw of more than 2³² elements"
+    );
+    let vector = element_vector_size::<F>(client, len);
+    dropout::dropout::launch::<F>(
+        client,
+        cube_count((len / vector).div_ceil(dropout::UNITS_PER_CUBE as usize)),
+        CubeDim::new_1d(dropout::UNITS_PER_CUBE),
+        vector,
+        arg(input, len),
+        arg(output, len),
+        draw.key_lo,
+        draw.key_hi,
+        draw.threshold,
+        draw.scale,
+        len as u32,
+        slice.own,
+        slice.row,
+        slice.first,
+        slice.is_whole(),
+    );
+}

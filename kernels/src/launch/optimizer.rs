@@ -1,0 +1,248 @@
+//! Launchers of the optimizer's kernels: the gradient norm and clipping coefficient, Adam (per
+//! parameter or in place over flat buffers), and the copies into the flat gradient buffer.
+
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+
+use super::{arg, check_elements, element_vector_size, gcd};
+use crate::rows::cube_count;
+use crate::rows::RowLaunch;
+use crate::{adam, grad_norm};
+
+/// Blocks of [`grad_norm_and_clip`]'s scratch for a buffer of `len` elements.
+pub fn grad_norm_blocks(len: usize) -> usize {
+    len.div_ceil(grad_norm::BLOCK).max(1)
+}
+
+/// The L2 norm of `len` f32 gradients into `norm` and the clipping coefficient `min(1,
+/// max_norm / (norm + 1e-6))` into `clip` (1 when `max_norm` is 0), through `partials`
+/// ([`grad_norm_blocks`] elements): two launches, an order fixed by `len` and the launch.
+pub fn grad_norm_and_clip(
+    client: &Client,
+    launch: RowLaunch,
+    grads: &Handle,
+    partials: &Handle,
+    [norm, clip]: [&Handle; 2],
+    len: usize,
+    max_norm: f32,
+) {
+    check_elements(len, "a gradient norm");
+    let blocks = grad_norm_blocks(len);
+    grad_norm::block_sums_of_squares::launch(
+        client,
+        cube_count(blocks),
+        CubeDim::new_1d(launch.lanes),
+        element_vector_size::<f32>(client, len.max(1)),
+        arg(grads, len.max(1)),
+        arg(partials, blocks),
+        len as u32,
+        launch.lanes,
+    );
+    grad_norm::norm_and_clip::launch(
+        client,
+        CubeCount::Static(1, 1, 1),
+        CubeDim::new_1d(launch.lanes),
+        arg(partials, blocks),
+        arg(norm, 1),
+        arg(clip, 1),
+        blocks as u32,
+        max_norm,
+        launch.lanes,
+    );
+}
+
+/// The scalars of one Adam step, rounded once to f32 from the optimizer's f64 values.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamScalars {
+    /// β₁.
+    pub beta1: f32,
+    /// 1 − β₁.
+    pub one_minus_beta1: f32,
+    /// β₂.
+    pub beta2: f32,
+    /// 1 − β₂.
+    pub one_minus_beta2: f32,
+    /// Bias correction of the first moment, 1 − β₁ᵗ.
+    pub correction1: f32,
+    /// Bias correction of the second moment, 1 − β₂ᵗ.
+    pub correction2: f32,
+    /// ε.
+    pub eps: f32,
+    /// What the parameter is multiplied by before the update: 1 − lr · weight decay.
+    pub keep: f32,
+    /// Learning rate.
+    pub lr: f32,
+}
+
+/// One Adam step of a parameter of `len` elements: `output` (`3 · len`) gets the new
+/// parameter, first moment and second moment end to end; `moments` is `None` on the first
+/// step.
+pub fn adam_step<F: Float + CubeElement>(
+    client: &Client,
+    param: &Handle,
+    grad: &Handle,
+    moments: Option<(&Handle, &Handle)>,
+    output: &Handle,
+    len: usize,
+    scalars: AdamScalars,
+) {
+    if len == 0 {
+        return;
+    }
+    assert!(
+        3 * len <= u32::MAX as usize,
+        "an Adam step of more than 2³² / 3 elements"
+    );
+    // Without moments the kernel never reads them: bind the gradient in their place.
+    let (m, v) = moments.unwrap_or((grad, grad));
+    let s = scalars;
+    let vector = element_vector_size::<F>(client, len);
+    adam::adam_step::launch::<F>(
+        client,
+        cube_count((len / vector).div_ceil(adam::UNITS_PER_CUBE as usize)),
+        CubeDim::new_1d(adam::UNITS_PER_CUBE),
+        vector,
+        arg(param, len),
+        arg(grad, len),
+        arg(m, len),
+        arg(v, len),
+        arg(output, 3 * len),
+        s.beta1,
+        s.one_minus_beta1,
+        s.beta2,
+        s.one_minus_beta2,
+        s.correction1,
+        s.correction2,
+        s.eps,
+        s.keep,
+        s.lr,
+        len as u32,
+        moments.is_none(),
+    );
+}
+
+/// One in-place Adam step of the elements `start .. start + len` of flat buffers of `total`
+/// elements (`param`, `m`, `v` overwritten), the gradient multiplied by the one-element
+/// `clip` first.
+#[allow(clippy::too_many_arguments)]
+pub fn adam_step_in_place<F: Float + CubeElement>(
+    client: &Client,
+    param: &Handle,
+    grad: &Handle,
+    (m, v): (&Handle, &Handle),
+    clip: &Handle,
+    total: usize,
+    (start, len): (usize, usize),
+    scalars: AdamScalars,
+) {
+    if len == 0 {
+        return;
+    }
+    assert!(
+        start + len <= total && total <= u32::MAX as usize,
+        "a flat Adam step of elements {start}..{} in a buffer of {total}",
+        start + len
+    );
+    let s = scalars;
+    // A vector that divides both ends of the range (a whole parameter group).
+    let vector = element_vector_size::<F>(client, gcd(start, len));
+    adam::adam_step_in_place::launch::<F>(
+        client,
+        cube_count((len / vector).div_ceil(adam::UNITS_PER_CUBE as usize)),
+        CubeDim::new_1d(adam::UNITS_PER_CUBE),
+        vector,
+        arg(param, total),
+        arg(grad, total),
+        arg(m, total),
+        arg(v, total),
+        arg(clip, 1),
+        s.beta1,
+        s.one_minus_beta1,
+        s.beta2,
+        s.one_minus_beta2,
+        s.correction1,
+        s.correction2,
+        s.eps,
+        s.keep,
+        s.lr,
+        start as u32,
+        len as u32,
+    );
+}
+
+/// One source of [`copy_at_offsets`]: `len` elements of `source` to `offset..offset + len`.
+#[derive(Clone, Copy, Debug)]
+pub struct CopyPiece<'a> {
+    /// The elements to copy (at least `len`).
+    pub source: &'a Handle,
+    /// Where they go in the destination.
+    pub offset: usize,
+    /// How many.
+    pub len: usize,
+}
+
+/// Copies every piece into its place in `destination` (`total` elements), four pieces per
+/// launch ([`adam::copy_at_offsets`]); the pieces must not overlap. The pieces hold `I`, the
+/// destination `O`, and every element is multiplied by `scale` in f32 on the way (exact for
+/// `scale` 1): a half-precision model's gradients go into the fp32 buffer, fp16's loss scale
+/// can come off in the same pass.
+pub fn copy_at_offsets<I: Float + CubeElement, O: Float + CubeElement>(
+    client: &Client,
+    pieces: &[CopyPiece<'_>],
+    destination: &Handle,
+    total: usize,
+    scale: f32,
+) {
+    assert!(
+        total <= u32::MAX as usize,
+        "a flat buffer of {total} elements"
+    );
+    for piece in pieces {
+        assert!(
+            piece.offset + piece.len <= total,
+            "a copy to elements {}..{} of a buffer of {total}",
+            piece.offset,
+            piece.offset + piece.len
+        );
+    }
+    for group in pieces.chunks(adam::COPY_SOURCES) {
+        if group.iter().all(|p| p.len == 0) {
+            continue;
+        }
+        let units = adam::UNITS_PER_CUBE as usize;
+        // An unused slot binds the first source with length 0.
+        let slot = |k: usize| {
+            group
+                .get(k)
+                .copied()
+                .unwrap_or(CopyPiece { len: 0, ..group[0] })
+        };
+        let [a, b, c, d] = [slot(0), slot(1), slot(2), slot(3)];
+        // A vector that divides every piece's offset and length.
+        let common = group.iter().fold(0, |g, p| gcd(gcd(g, p.offset), p.len));
+        // Both sides' vectors: the narrower of the widest each dtype moves in one load.
+        let v =
+            element_vector_size::<I>(client, common).min(element_vector_size::<O>(client, common));
+        let cubes: usize = group.iter().map(|p| (p.len / v).div_ceil(units)).sum();
+        adam::copy_at_offsets::launch::<I, O>(
+            client,
+            cube_count(cubes),
+            CubeDim::new_1d(adam::UNITS_PER_CUBE),
+            v,
+            arg(a.source, a.len),
+            arg(b.source, b.len),
+            arg(c.source, c.len),
+            arg(d.source, d.len),
+            arg(destination, total),
+            (a.offset / v) as u32,
+            (b.offset / v) as u32,
+            (c.offset / v) as u32,
+            (d.offset / v) as u32,
+            (a.len / v) as u32,
+            (b.len / v) as u32,
+            (c.len / v) as u32,
+            (d.len / v) as u32,
+            scale,
+        );
+    }
+}

@@ -1,0 +1,150 @@
+//! Launchers of the softmax kernels (causal or padding-masked scores, forward and backward).
+
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+
+use super::dropout::{DropoutDraw, NO_DRAW};
+use super::{arg, check_elements};
+use crate::rows::RowLaunch;
+use crate::softmax;
+
+/// The shape of an attention-score tensor `[batch, heads, sq, sk]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScoresShape {
+    /// Batch.
+    pub batch: usize,
+    /// Heads.
+    pub heads: usize,
+    /// Query positions.
+    pub sq: usize,
+    /// Key positions.
+    pub sk: usize,
+}
+
+impl ScoresShape {
+    /// Rows of `sk`.
+    pub fn rows(&self) -> usize {
+        self.batch * self.heads * self.sq
+    }
+
+    /// Elements.
+    pub fn len(&self) -> usize {
+        self.rows() * self.sk
+    }
+
+    /// Whether there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Which positions a softmax hides.
+#[derive(Clone, Copy, Debug)]
+pub enum SoftmaxMask<'a> {
+    /// Keys after the query (`ScaledUpperTriangMaskedSoftmax`).
+    Causal,
+    /// Keys where the `[batch, 1, sq, sk]` u32 mask is non-zero (`ScaledMaskedSoftmax`).
+    Padding(&'a Handle),
+}
+
+/// `output = softmax(scale · input)` with `mask` (Megatron's fused forward) and, with
+/// `dropout = Some((draw, dropped))`, the attention dropout of `output` by `draw` (the whole
+/// tensor's draw) into `dropped` in the same kernel: bit for bit what [`dropout_slice`] makes
+/// of `output`, without that launch and its pass reading `output` back.
+#[allow(clippy::too_many_arguments)]
+pub fn softmax_forward<F: Float + CubeElement>(
+    client: &Client,
+    launch: RowLaunch,
+    input: &Handle,
+    mask: SoftmaxMask<'_>,
+    output: &Handle,
+    dropout: Option<(DropoutDraw, &Handle)>,
+    shape: ScoresShape,
+    scale: f32,
+) {
+    if shape.is_empty() {
+        return;
+    }
+    check_elements(shape.len(), "a softmax");
+    if matches!(mask, SoftmaxMask::Causal) {
+        assert!(
+            shape.sq <= shape.sk,
+            "causal softmax needs sq ≤ sk, got {shape:?}"
+        );
+    }
+    let (mask, padded) = match mask {
+        // The causal kernel never reads `mask`: bind the input's buffer in its place rather
+        // than uploading a dummy on every call.
+        SoftmaxMask::Causal => (arg(input, 1), false),
+        SoftmaxMask::Padding(m) => (arg(m, shape.batch * shape.sq * shape.sk), true),
+    };
+    // Without a draw `dropped` is never written: the output's buffer stands in.
+    let (draw, dropped) = dropout.unwrap_or((NO_DRAW, output));
+    softmax::masked_softmax_forward::launch::<F, f32>(
+        client,
+        launch.cube_count(shape.rows()),
+        launch.cube_dim(),
+        launch.vector_size::<F>(client, shape.sk),
+        arg(input, shape.len()),
+        mask,
+        arg(output, shape.len()),
+        arg(dropped, shape.len()),
+        draw.key_lo,
+        draw.key_hi,
+        draw.threshold,
+        draw.scale,
+        scale,
+        shape.rows() as u32,
+        shape.heads as u32,
+        shape.sq as u32,
+        shape.sk as u32,
+        !padded,
+        padded,
+        dropout.is_some(),
+        launch.lanes,
+        launch.rows_per_cube,
+        launch.plane_reduce,
+    );
+}
+
+/// `grad_input = scale · y ⊙ (dy − Σ dy ⊙ y)` per row of `sk` (both softmaxes' backward).
+/// With `dropout`, `grad_output` is the gradient of the dropped output, taken back through
+/// the dropout by that draw in the same kernel: bit for bit [`dropout_slice`] then this.
+#[allow(clippy::too_many_arguments)]
+pub fn softmax_backward<F: Float + CubeElement>(
+    client: &Client,
+    launch: RowLaunch,
+    output: &Handle,
+    grad_output: &Handle,
+    grad_input: &Handle,
+    rows: usize,
+    sk: usize,
+    scale: f32,
+    dropout: Option<DropoutDraw>,
+) {
+    if rows * sk == 0 {
+        return;
+    }
+    check_elements(rows * sk, "a softmax");
+    let draw = dropout.unwrap_or(NO_DRAW);
+    softmax::softmax_backward::launch::<F, f32>(
+        client,
+        launch.cube_count(rows),
+        launch.cube_dim(),
+        launch.vector_size::<F>(client, sk),
+        arg(output, rows * sk),
+        arg(grad_output, rows * sk),
+        arg(grad_input, rows * sk),
+        draw.key_lo,
+        draw.key_hi,
+        draw.threshold,
+        draw.scale,
+        scale,
+        rows as u32,
+        sk as u32,
+        dropout.is_some(),
+        launch.lanes,
+        launch.rows_per_cube,
+        launch.plane_reduce,
+    );
+}

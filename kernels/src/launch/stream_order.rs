@@ -1,0 +1,45 @@
+//! Launchers ordering CubeCL's stream against another stream's work (see
+//! [`crate::stream_order`]).
+
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+
+use super::arg;
+use crate::stream_order;
+
+/// Raises the counter `slot` of `flags` (a buffer of two `u32`) to `value` once the work
+/// queued before on `client`'s stream has run ([`stream_order::signal`]).
+pub fn signal(client: &Client, flags: &Handle, slot: u32, value: u32) {
+    assert!(slot < 2, "two counters");
+    stream_order::signal::launch(
+        client,
+        CubeCount::Static(1, 1, 1),
+        CubeDim::new_1d(1),
+        arg(flags, 2),
+        slot,
+        value,
+    );
+}
+
+/// Holds `client`'s stream until the counter `slot` of `flags` reaches `value`
+/// ([`stream_order::wait_for`]); `written` (`len` elements of `F`) is the buffer the other
+/// stream fills.
+pub fn wait_for<F: Float + CubeElement>(
+    client: &Client,
+    flags: &Handle,
+    slot: u32,
+    value: u32,
+    written: &Handle,
+    len: usize,
+) {
+    assert!(slot < 2, "two counters");
+    stream_order::wait_for::launch::<F>(
+        client,
+        CubeCount::Static(1, 1, 1),
+        CubeDim::new_1d(1),
+        arg(flags, 2),
+        slot,
+        value,
+        arg(written, len.max(1)),
+    );
+}

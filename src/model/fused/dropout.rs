@@ -1,0 +1,386 @@
+//! Dropout on the device, and Megatron's bias-dropout-add, fused.
+//!
+//! Dropout: the mask is a pure function of the draw's key and the element index (32-bit
+//! integer hashing, derived again by the kernel for the backward), so no mask is uploaded or
+//! stored and device and host draw the same bits.
+//!
+//! Bias-dropout-add, `residual + dropout(y + bias)`: after each row-parallel layer (attention
+//! output, MLP output) the bias add, dropout and residual add are three launches and two
+//! intermediate tensors composed; fused they are one launch forward. The backward is what
+//! autodiff does for the composed ops: the residual gets the output's gradient as is, `y` the
+//! gradient dropped with the same mask (one launch), the bias its sum over rows (one
+//! reduction).
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::Autodiff;
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{backend_extension, Backend, Dispatch, TensorMetadata};
+use burn::tensor::Tensor;
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::CubeBackend;
+use ferrotron_kernels::launch::{DrawSlice, DropoutDraw};
+
+use super::{bias_grad, dropout_draw, same_dtype};
+use crate::util::cube_tensor::{by_dtype, empty_like, packed};
+
+/// The dropout kernels a backend runs.
+pub trait DropoutKernels: Backend {
+    /// `x ⊙ mask` of the dropout draw `draw`, `x` holding `slice` of it (forward; backward
+    /// on the gradient).
+    fn dropout_apply(
+        x: FloatTensor<Self>,
+        draw: DropoutDraw,
+        slice: DrawSlice,
+    ) -> FloatTensor<Self>;
+    /// `residual + dropout(y + bias)` (Megatron's bias-dropout-add), the bias broadcast over
+    /// the rows of the last dimension; `y` holds `slice` of the draw.
+    fn bias_dropout_add_apply(
+        residual: FloatTensor<Self>,
+        y: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        draw: Option<DropoutDraw>,
+        slice: DrawSlice,
+    ) -> FloatTensor<Self>;
+}
+
+/// The differentiable fused dropout and bias-dropout-add (a burn backend extension).
+#[backend_extension(Autodiff, Cube)]
+pub trait DropoutOps: Backend {
+    /// Dropout with the mask of the draw keyed `(key_lo, key_hi)`: elements whose bits are
+    /// below `threshold` dropped, the others multiplied by `scale`; `x` holds the slice
+    /// `(own, row, first)` of the draw ([`DrawSlice`]).
+    #[allow(clippy::too_many_arguments)]
+    fn fused_dropout(
+        x: FloatTensor<Self>,
+        key_lo: u32,
+        key_hi: u32,
+        threshold: u32,
+        scale: f32,
+        own: u32,
+        row: u32,
+        first: u32,
+    ) -> FloatTensor<Self>;
+    /// `residual + dropout(y + bias)`, the bias over the last dimension, `y` holding `slice`
+    /// of the draw (none: nothing dropped).
+    fn fused_bias_dropout_add(
+        residual: FloatTensor<Self>,
+        y: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        draw: Option<DropoutDraw>,
+        slice: DrawSlice,
+    ) -> FloatTensor<Self>;
+    /// `residual + dropout(y)` (a layer without biases).
+    fn fused_dropout_add(
+        residual: FloatTensor<Self>,
+        y: FloatTensor<Self>,
+        draw: Option<DropoutDraw>,
+        slice: DrawSlice,
+    ) -> FloatTensor<Self>;
+}
+
+impl DropoutKernels for CubeBackend {
+    fn dropout_apply(x: CubeTensor, draw: DropoutDraw, slice: DrawSlice) -> CubeTensor {
+        let x = packed(x);
+        let shape = x.shape();
+        let len = shape.num_elements();
+        let y = empty_like(&x, shape, x.dtype);
+        by_dtype!(
+            x.dtype,
+            dropout_slice,
+            &x.client,
+            &x.handle,
+            &y.handle,
+            len,
+            draw,
+            slice
+        );
+        y
+    }
+
+    fn bias_dropout_add_apply(
+        residual: CubeTensor,
+        y: CubeTensor,
+        bias: Option<CubeTensor>,
+        draw: Option<DropoutDraw>,
+        slice: DrawSlice,
+    ) -> CubeTensor {
+        let (residual, y, bias) = (packed(residual), packed(y), bias.map(packed));
+        same_dtype("the residual", &y, &residual);
+        if let Some(bias) = &bias {
+            same_dtype("the bias", &y, bias);
+        }
+        let shape = y.shape();
+        let (len, hidden) = (shape.num_elements(), shape[shape.num_dims() - 1]);
+        let output = empty_like(&y, shape, y.dtype);
+        by_dtype!(
+            y.dtype,
+            bias_dropout_add,
+            &y.client,
+            [&residual.handle, &y.handle],
+            bias.as_ref().map(|b| &b.handle),
+            &output.handle,
+            len,
+            hidden,
+            draw,
+            slice
+        );
+        output
+    }
+}
+
+impl DropoutOps for CubeBackend {
+    fn fused_dropout(
+        x: CubeTensor,
+        key_lo: u32,
+        key_hi: u32,
+        threshold: u32,
+        scale: f32,
+        own: u32,
+        row: u32,
+        first: u32,
+    ) -> CubeTensor {
+        let draw = DropoutDraw {
+            key_lo,
+            key_hi,
+            threshold,
+            scale,
+        };
+        Self::dropout_apply(x, draw, DrawSlice { own, row, first })
+    }
+
+    fn fused_bias_dropout_add(
+        residual: CubeTensor,
+        y: CubeTensor,
+        bias: CubeTensor,
+        draw: Option<DropoutDraw>,
+        slice: DrawSlice,
+    ) -> CubeTensor {
+        Self::bias_dropout_add_apply(residual, y, Some(bias), draw, slice)
+    }
+
+    fn fused_dropout_add(
+        residual: CubeTensor,
+        y: CubeTensor,
+        draw: Option<DropoutDraw>,
+        slice: DrawSlice,
+    ) -> CubeTensor {
+        Self::bias_dropout_add_apply(residual, y, None, draw, slice)
+    }
+}
+
+#[derive(Debug)]
+struct DropoutBackward;
+
+impl<B: DropoutKernels> Backward<B, 1> for DropoutBackward {
+    /// The draw and the tensor's slice of it: the backward derives the same mask.
+    type State = (DropoutDraw, DrawSlice);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [parent] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        if let Some(parent) = parent {
+            let (draw, slice) = ops.state;
+            grads.register::<B>(parent.id, B::dropout_apply(grad, draw, slice));
+        }
+    }
+}
+
+/// The backward of [`DropoutOps::fused_bias_dropout_add`] (3 parents: residual, y, bias) and
+/// [`DropoutOps::fused_dropout_add`] (2 parents: residual, y).
+#[derive(Debug)]
+struct BiasDropoutAddBackward;
+
+/// The draw and the slice of it `y` holds.
+type State = (Option<DropoutDraw>, DrawSlice);
+
+/// `y`'s gradient from the output's: dropped with the forward's mask.
+fn y_grad<B: DropoutKernels>(
+    grad: &FloatTensor<B>,
+    draw: Option<DropoutDraw>,
+    slice: DrawSlice,
+) -> FloatTensor<B> {
+    match draw {
+        Some(draw) => B::dropout_apply(grad.clone(), draw, slice),
+        None => grad.clone(),
+    }
+}
+
+impl<B: DropoutKernels> Backward<B, 3> for BiasDropoutAddBackward {
+    type State = State;
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [residual, y, bias] = ops.parents;
+        let (draw, slice) = ops.state;
+        let grad = grads.consume::<B>(&ops.node);
+        let grad_y = y_grad::<B>(&grad, draw, slice);
+        if let Some(bias) = bias {
+            let shape = grad_y.shape();
+            grads.register::<B>(bias.id, bias_grad::<B>(grad_y.clone(), &shape));
+        }
+        if let Some(y) = y {
+            grads.register::<B>(y.id, grad_y);
+        }
+        if let Some(residual) = residual {
+            grads.register::<B>(residual.id, grad);
+        }
+    }
+}
+
+impl<B: DropoutKernels> Backward<B, 2> for BiasDropoutAddBackward {
+    type State = State;
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [residual, y] = ops.parents;
+        let (draw, slice) = ops.state;
+        let grad = grads.consume::<B>(&ops.node);
+        let grad_y = y_grad::<B>(&grad, draw, slice);
+        if let Some(y) = y {
+            grads.register::<B>(y.id, grad_y);
+        }
+        if let Some(residual) = residual {
+            grads.register::<B>(residual.id, grad);
+        }
+    }
+}
+
+/// The autodiff forward of both ops from `[residual, y]` or `[residual, y, bias]`: the
+/// kernel, and the state when tracked.
+fn tracked<B: DropoutKernels, C: CheckpointStrategy, const N: usize>(
+    inputs: [FloatTensor<Autodiff<B, C>>; N],
+    draw: Option<DropoutDraw>,
+    slice: DrawSlice,
+) -> FloatTensor<Autodiff<B, C>>
+where
+    BiasDropoutAddBackward: Backward<B, N, State = State>,
+{
+    let mut primitives = Vec::with_capacity(N);
+    let nodes = inputs.map(|t| {
+        let (primitive, node) = t.into_parts();
+        primitives.push(primitive);
+        node
+    });
+    let mut primitives = primitives.into_iter();
+    let (residual, y) = (primitives.next().unwrap(), primitives.next().unwrap());
+    let bias = primitives.next();
+    match BiasDropoutAddBackward
+        .prepare::<C>(nodes)
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => {
+            let output = B::bias_dropout_add_apply(residual, y, bias, draw, slice);
+            prep.finish((draw, slice), output)
+        }
+        OpsKind::UnTracked(prep) => {
+            prep.finish(B::bias_dropout_add_apply(residual, y, bias, draw, slice))
+        }
+    }
+}
+
+impl<B: DropoutKernels + DropoutOps, C: CheckpointStrategy> DropoutOps for Autodiff<B, C> {
+    fn fused_dropout(
+        x: FloatTensor<Self>,
+        key_lo: u32,
+        key_hi: u32,
+        threshold: u32,
+        scale: f32,
+        own: u32,
+        row: u32,
+        first: u32,
+    ) -> FloatTensor<Self> {
+        let draw = DropoutDraw {
+            key_lo,
+            key_hi,
+            threshold,
+            scale,
+        };
+        let slice = DrawSlice { own, row, first };
+        let (x, node) = x.into_parts();
+        match DropoutBackward
+            .prepare::<C>([node])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish((draw, slice), B::dropout_apply(x, draw, slice)),
+            OpsKind::UnTracked(prep) => prep.finish(B::dropout_apply(x, draw, slice)),
+        }
+    }
+
+    fn fused_bias_dropout_add(
+        residual: FloatTensor<Self>,
+        y: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        draw: Option<DropoutDraw>,
+        slice: DrawSlice,
+    ) -> FloatTensor<Self> {
+        tracked::<B, C, 3>([residual, y, bias], draw, slice)
+    }
+
+    fn fused_dropout_add(
+        residual: FloatTensor<Self>,
+        y: FloatTensor<Self>,
+        draw: Option<DropoutDraw>,
+        slice: DrawSlice,
+    ) -> FloatTensor<Self> {
+        tracked::<B, C, 2>([residual, y], draw, slice)
+    }
+}
+
+/// Dropout of `x` with probability `p`, the mask derived on the device from the draw's `key`
+/// (the same mask as [`crate::parallel::random::dropout_mask_of`] on the host).
+pub fn dropout<const D: usize>(x: Tensor<D>, key: u64, p: f64) -> Tensor<D> {
+    let len = x.shape().num_elements();
+    dropout_slice(x, key, p, DrawSlice::whole(len))
+}
+
+/// [`dropout`] of `x` holding `slice` of the draw (a sequence-parallel rank's chunk: the mask
+/// of the whole sequence's draw, cut as [`DrawSlice::chunk`] says).
+pub fn dropout_slice<const D: usize>(
+    x: Tensor<D>,
+    key: u64,
+    p: f64,
+    slice: DrawSlice,
+) -> Tensor<D> {
+    Tensor::from_dispatch(<Dispatch as DropoutOps>::fused_dropout(
+        x.into_dispatch(),
+        key as u32,
+        (key >> 32) as u32,
+        crate::parallel::random::dropout_threshold(p),
+        (1.0 / (1.0 - p)) as f32,
+        slice.own,
+        slice.row,
+        slice.first,
+    ))
+}
+
+/// `residual + dropout(y + bias)` fused, the bias (if any) cast to `y`'s dtype and
+/// broadcast over `y`'s rows, `y` holding `slice` of the draw `dropout` (key, probability;
+/// none: nothing dropped).
+pub fn bias_dropout_add(
+    residual: Tensor<3>,
+    y: Tensor<3>,
+    bias: Option<Tensor<1>>,
+    dropout: Option<(u64, f64)>,
+    slice: DrawSlice,
+) -> Tensor<3> {
+    let draw = dropout_draw(dropout);
+    let residual = residual.cast(y.dtype());
+    Tensor::from_dispatch(match bias {
+        Some(bias) => <Dispatch as DropoutOps>::fused_bias_dropout_add(
+            residual.into_dispatch(),
+            y.clone().into_dispatch(),
+            bias.cast(y.dtype()).into_dispatch(),
+            draw,
+            slice,
+        ),
+        None => <Dispatch as DropoutOps>::fused_dropout_add(
+            residual.into_dispatch(),
+            y.into_dispatch(),
+            draw,
+            slice,
+        ),
+    })
+}

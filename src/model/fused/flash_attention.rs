@@ -1,0 +1,215 @@
+//! Causal attention as one FlashAttention-style kernel (`--use-flash-attn`): online softmax,
+//! dropout inside with the composed path's masks, and a backward that forms the probabilities
+//! again from a log-sum-exp saved per row, so no `[batch, heads, s, s]` tensor is stored.
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::Autodiff;
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{backend_extension, Backend, Dispatch, TensorMetadata};
+use burn::tensor::{DType, Shape, Tensor};
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::CubeBackend;
+use ferrotron_kernels::launch::{AttentionInputs, AttentionLaunch, DropoutDraw};
+
+use super::{attention_shape, dropout_draw};
+use crate::util::cube_tensor::{by_dtype, empty_like, packed};
+
+/// The fused attention kernels a backend runs.
+pub trait FlashAttentionKernels: Backend {
+    /// Causal attention of `[b, heads, s, head_dim]` queries, keys and values, dropout
+    /// inside: the output, and the per-row log-sum-exp of the scores (f32, `[b · heads · s]`).
+    fn flash_attention_forward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        scale: f32,
+        dropout: Option<DropoutDraw>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+    /// The attention's backward: dq, dk, dv from the forward's inputs, output and
+    /// log-sum-exp, the output's gradient and the same dropout draw.
+    #[allow(clippy::too_many_arguments)]
+    fn flash_attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        output: FloatTensor<Self>,
+        logsumexp: FloatTensor<Self>,
+        grad_output: FloatTensor<Self>,
+        scale: f32,
+        dropout: Option<DropoutDraw>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+}
+
+/// The differentiable fused attention (a burn backend extension).
+#[backend_extension(Autodiff, Cube)]
+pub trait FlashAttentionOps: Backend {
+    /// Causal attention `dropout(softmax(scale · q kᵀ)) v` without the `[s, s]` scores
+    /// (FlashAttention), the probabilities dropped by `draw` (none: nothing dropped).
+    fn fused_causal_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        scale: f32,
+        draw: Option<DropoutDraw>,
+    ) -> FloatTensor<Self>;
+}
+
+impl FlashAttentionKernels for CubeBackend {
+    fn flash_attention_forward(
+        q: CubeTensor,
+        k: CubeTensor,
+        v: CubeTensor,
+        scale: f32,
+        dropout: Option<DropoutDraw>,
+    ) -> (CubeTensor, CubeTensor) {
+        let (q, k, v) = (packed(q), packed(k), packed(v));
+        let shape = q.shape();
+        let attention = attention_shape(&shape);
+        let output = empty_like(&q, shape, q.dtype);
+        let logsumexp = empty_like(&q, Shape::new([attention.rows()]), DType::F32);
+        let inputs = AttentionInputs {
+            query: &q.handle,
+            key: &k.handle,
+            value: &v.handle,
+        };
+        by_dtype!(
+            q.dtype,
+            flash_attention_forward,
+            &q.client,
+            AttentionLaunch::for_client(&q.client, attention.head_dim),
+            inputs,
+            &output.handle,
+            &logsumexp.handle,
+            attention,
+            scale,
+            dropout
+        );
+        (output, logsumexp)
+    }
+
+    fn flash_attention_backward(
+        q: CubeTensor,
+        k: CubeTensor,
+        v: CubeTensor,
+        output: CubeTensor,
+        logsumexp: CubeTensor,
+        grad_output: CubeTensor,
+        scale: f32,
+        dropout: Option<DropoutDraw>,
+    ) -> (CubeTensor, CubeTensor, CubeTensor) {
+        let (q, k, v) = (packed(q), packed(k), packed(v));
+        let (output, grad_output) = (packed(output), packed(grad_output));
+        let shape = q.shape();
+        let attention = attention_shape(&shape);
+        let [dq, dk, dv] = [0; 3].map(|_| empty_like(&q, shape.clone(), q.dtype));
+        let delta = empty_like(&q, Shape::new([attention.rows()]), DType::F32);
+        let inputs = AttentionInputs {
+            query: &q.handle,
+            key: &k.handle,
+            value: &v.handle,
+        };
+        by_dtype!(
+            q.dtype,
+            flash_attention_backward,
+            &q.client,
+            AttentionLaunch::for_client(&q.client, attention.head_dim),
+            inputs,
+            &output.handle,
+            &grad_output.handle,
+            &logsumexp.handle,
+            [&dq.handle, &dk.handle, &dv.handle],
+            &delta.handle,
+            attention,
+            scale,
+            dropout
+        );
+        (dq, dk, dv)
+    }
+}
+
+impl FlashAttentionOps for CubeBackend {
+    fn fused_causal_attention(
+        q: CubeTensor,
+        k: CubeTensor,
+        v: CubeTensor,
+        scale: f32,
+        draw: Option<DropoutDraw>,
+    ) -> CubeTensor {
+        Self::flash_attention_forward(q, k, v, scale, draw).0
+    }
+}
+
+#[derive(Debug)]
+struct AttentionBackward;
+
+impl<B: FlashAttentionKernels> Backward<B, 3> for AttentionBackward {
+    /// q, k, v, the output and its log-sum-exp per row, the scale and the dropout draw:
+    /// `O(s · head_dim)` per head, no `[s, s]` tensor.
+    type State = ([FloatTensor<B>; 5], f32, Option<DropoutDraw>);
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [pq, pk, pv] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        let ([q, k, v, output, logsumexp], scale, draw) = ops.state;
+        let (dq, dk, dv) =
+            B::flash_attention_backward(q, k, v, output, logsumexp, grad, scale, draw);
+        for (parent, g) in [(pq, dq), (pk, dk), (pv, dv)] {
+            if let Some(p) = parent {
+                grads.register::<B>(p.id, g);
+            }
+        }
+    }
+}
+
+impl<B: FlashAttentionKernels + FlashAttentionOps, C: CheckpointStrategy> FlashAttentionOps
+    for Autodiff<B, C>
+{
+    fn fused_causal_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        scale: f32,
+        draw: Option<DropoutDraw>,
+    ) -> FloatTensor<Self> {
+        let (q, nq) = q.into_parts();
+        let (k, nk) = k.into_parts();
+        let (v, nv) = v.into_parts();
+        match AttentionBackward
+            .prepare::<C>([nq, nk, nv])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let (output, logsumexp) =
+                    B::flash_attention_forward(q.clone(), k.clone(), v.clone(), scale, draw);
+                prep.finish(([q, k, v, output.clone(), logsumexp], scale, draw), output)
+            }
+            OpsKind::UnTracked(prep) => {
+                prep.finish(B::flash_attention_forward(q, k, v, scale, draw).0)
+            }
+        }
+    }
+}
+
+/// Causal attention of `[b, heads, s, head_dim]` queries, keys and values fused
+/// (FlashAttention-style): `dropout(softmax(scale · q kᵀ)) v` with the `[s, s]` scores never
+/// stored. `dropout` is the draw's key and probability; it drops the same probabilities as
+/// [`dropout`] of that key on the materialised `[b, heads, s, s]` probabilities.
+pub fn causal_attention(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    scale: f64,
+    dropout: Option<(u64, f64)>,
+) -> Tensor<4> {
+    Tensor::from_dispatch(<Dispatch as FlashAttentionOps>::fused_causal_attention(
+        q.into_dispatch(),
+        k.into_dispatch(),
+        v.into_dispatch(),
+        scale as f32,
+        dropout_draw(dropout),
+    ))
+}

@@ -1,0 +1,69 @@
+//! The fused CubeCL kernels of `ferrotron-kernels` inside burn (GPU builds only).
+//!
+//! Each file is one fused op whole: the kernels a backend runs for it (a `…Kernels` trait:
+//! forward kernels that save what the backward needs, and the backward kernels), the
+//! differentiable op (a burn backend extension, `…Ops`, with a hand-written `Backward` for
+//! `Autodiff<B>` that calls the backward kernels), and the function the model calls.
+//! Implemented for burn's CubeCL backend, so the same code serves CUDA, wgpu (Vulkan, Metal,
+//! lavapipe) and the other CubeCL runtimes; other backends use the composed reference ops in
+//! [`super::ops`].
+
+mod activations;
+mod attention_core;
+mod attention_from_rows;
+mod dropout;
+mod flash_attention;
+mod norms;
+mod qkv_rows;
+mod rotary;
+mod softmax;
+
+pub use activations::{bias_gelu, gelu, swiglu};
+pub use attention_core::CoreKernels;
+pub use attention_from_rows::{attention_from_qkv, RowRotation};
+pub use dropout::{bias_dropout_add, dropout, dropout_slice};
+pub use flash_attention::causal_attention;
+pub use norms::{layer_norm, rms_norm};
+pub use rotary::rotary;
+pub use softmax::causal_softmax;
+
+use burn::backend::tensor::FloatTensor;
+use burn::backend::Backend;
+use burn::tensor::Shape;
+use burn_cubecl::tensor::CubeTensor;
+use ferrotron_kernels::launch::{AttentionShape, DropoutDraw};
+
+/// The kernels' draw of a dropout `(key, probability)`: elements whose bits are below
+/// `p · 2³²` dropped, the others scaled by `1 / (1 − p)` (none: nothing dropped).
+fn dropout_draw(dropout: Option<(u64, f64)>) -> Option<DropoutDraw> {
+    dropout.map(|(key, p)| DropoutDraw {
+        key_lo: key as u32,
+        key_hi: (key >> 32) as u32,
+        threshold: crate::parallel::random::dropout_threshold(p),
+        scale: (1.0 / (1.0 - p)) as f32,
+    })
+}
+
+/// The gradient of a bias added over the rows of a tensor of `shape` (its last dimension),
+/// from the sum's gradient `grad`: `grad` summed over the rows, as the composed add's.
+fn bias_grad<B: Backend>(grad: FloatTensor<B>, shape: &Shape) -> FloatTensor<B> {
+    let hidden = shape[shape.num_dims() - 1];
+    let rows = Shape::new([shape.num_elements() / hidden, hidden]);
+    let sum = B::float_sum_dim(B::float_reshape(grad, rows), 0);
+    B::float_reshape(sum, Shape::new([hidden]))
+}
+
+/// Panics unless `other` is stored as `x` is (the kernels read both as one type).
+fn same_dtype(what: &str, x: &CubeTensor, other: &CubeTensor) {
+    assert_eq!(other.dtype, x.dtype, "{what} is not stored as the input is");
+}
+
+/// The kernels' view of `[b, heads, s, head_dim]`.
+fn attention_shape(shape: &Shape) -> AttentionShape {
+    let [b, heads, seq, head_dim] = shape.dims::<4>();
+    AttentionShape {
+        heads: b * heads,
+        seq,
+        head_dim,
+    }
+}

@@ -1,0 +1,97 @@
+//! The fused QKV projection's rows `[b, s, groups · (per_group + 2) · head_dim]` (Megatron's
+//! per-group layout) split into per-head queries, keys and values, and their gradients merged
+//! back, one kernel each way (for grouped-query attention the split repeats a group's key and
+//! value for each of its query heads, and the merge sums the repeats' gradients in a fixed
+//! order); and the copies between the per-head layout and the rows'.
+
+use burn::backend::tensor::FloatTensor;
+use burn::backend::Backend;
+use burn::tensor::Shape;
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::CubeBackend;
+use ferrotron_kernels::launch::QkvLayout;
+
+use super::same_dtype;
+use crate::util::cube_tensor::{by_dtype, empty_like, packed};
+
+/// The split and merge kernels a backend runs.
+pub trait QkvKernels: Backend {
+    /// Queries, keys and values `[b, heads, s, head_dim]` (keys and values repeated for each
+    /// query head of their group) from the fused QKV projection's rows `[b, s, width]`.
+    fn qkv_split(mixed: FloatTensor<Self>, layout: QkvLayout) -> [FloatTensor<Self>; 3];
+    /// The rows' gradient from the gradients of [`Self::qkv_split`]'s three outputs.
+    fn qkv_merge(grads: [FloatTensor<Self>; 3], layout: QkvLayout) -> FloatTensor<Self>;
+    /// `x` stored contiguously, row-major (a copy only if it is not).
+    fn contiguous(x: FloatTensor<Self>) -> FloatTensor<Self>;
+}
+
+impl QkvKernels for CubeBackend {
+    fn qkv_split(mixed: CubeTensor, layout: QkvLayout) -> [CubeTensor; 3] {
+        let mixed = packed(mixed);
+        let shape = Shape::new([layout.batch, layout.heads(), layout.seq, layout.head_dim]);
+        let parts = [0; 3].map(|_| empty_like(&mixed, shape.clone(), mixed.dtype));
+        by_dtype!(
+            mixed.dtype,
+            qkv_split,
+            &mixed.client,
+            &mixed.handle,
+            [&parts[0].handle, &parts[1].handle, &parts[2].handle],
+            layout
+        );
+        parts
+    }
+
+    fn qkv_merge(grads: [CubeTensor; 3], layout: QkvLayout) -> CubeTensor {
+        let [dq, dk, dv] = grads.map(packed);
+        same_dtype("the key gradient", &dq, &dk);
+        same_dtype("the value gradient", &dq, &dv);
+        let width = layout.groups * (layout.per_group + 2) * layout.head_dim;
+        let shape = Shape::new([layout.batch, layout.seq, width]);
+        let merged = empty_like(&dq, shape, dq.dtype);
+        by_dtype!(
+            dq.dtype,
+            qkv_merge,
+            &dq.client,
+            [&dq.handle, &dk.handle, &dv.handle],
+            &merged.handle,
+            layout
+        );
+        merged
+    }
+
+    fn contiguous(x: CubeTensor) -> CubeTensor {
+        packed(x)
+    }
+}
+
+/// The layout of rows of shape `[b, s, groups · (per_group + 2) · head_dim]`.
+pub fn layout(shape: &Shape, groups: u32, per_group: u32) -> QkvLayout {
+    let [batch, seq, width] = shape.dims::<3>();
+    let (groups, per_group) = (groups as usize, per_group as usize);
+    assert!(
+        groups * per_group > 0 && width.is_multiple_of(groups * (per_group + 2)),
+        "QKV rows {width} wide for {groups} groups of {per_group} query heads"
+    );
+    QkvLayout {
+        batch,
+        seq,
+        groups,
+        per_group,
+        head_dim: width / (groups * (per_group + 2)),
+    }
+}
+
+/// `[b, heads, s, head_dim]` → `[b, s, heads · head_dim]` (one copy).
+pub fn merge_heads<B: QkvKernels>(heads: FloatTensor<B>, l: QkvLayout) -> FloatTensor<B> {
+    let rows = B::contiguous(B::float_swap_dims(heads, 1, 2));
+    B::float_reshape(rows, Shape::new([l.batch, l.seq, l.heads() * l.head_dim]))
+}
+
+/// `[b, s, heads · head_dim]` → `[b, heads, s, head_dim]` (one copy).
+pub fn split_heads<B: QkvKernels>(rows: FloatTensor<B>, l: QkvLayout) -> FloatTensor<B> {
+    let rows = B::float_reshape(
+        B::contiguous(rows),
+        Shape::new([l.batch, l.seq, l.heads(), l.head_dim]),
+    );
+    B::contiguous(B::float_swap_dims(rows, 1, 2))
+}

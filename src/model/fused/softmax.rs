@@ -1,0 +1,168 @@
+//! Megatron's scaled upper-triangular (causal) masked softmax, fused: one kernel forward, one
+//! backward, where burn's composed softmax takes a mask, a max, an exp, a sum and a division
+//! each way. The attention core from the QKV rows also calls its kernels with the attention
+//! dropout inside (both ways).
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::Autodiff;
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{backend_extension, Backend, Dispatch, TensorMetadata};
+use burn::tensor::{Shape, Tensor};
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::CubeBackend;
+use ferrotron_kernels::launch::{DropoutDraw, RowLaunch, ScoresShape, SoftmaxMask};
+
+use super::same_dtype;
+use crate::util::cube_tensor::{by_dtype, empty_like, packed, rows_cols};
+
+/// The softmax kernels a backend runs.
+pub trait SoftmaxKernels: Backend {
+    /// `[y, dropout(y)]` for `y = softmax(scale · x)` over the last dimension of `[b, heads,
+    /// sq, sk]`, keys after the query masked, from one kernel: the dropout by `draw` over the
+    /// whole tensor (what [`super::dropout::DropoutKernels::dropout_apply`] makes of `y`); without a draw both are `y`.
+    fn causal_softmax_forward(
+        x: FloatTensor<Self>,
+        scale: f32,
+        draw: Option<DropoutDraw>,
+    ) -> [FloatTensor<Self>; 2];
+    /// `scale · y ⊙ (dy − Σ dy ⊙ y)` per row of the last dimension; with a draw, `dy` is the
+    /// gradient of [`Self::causal_softmax_forward`]'s dropped output, taken back through the
+    /// dropout in the same kernel.
+    fn softmax_backward(
+        y: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+        scale: f32,
+        draw: Option<DropoutDraw>,
+    ) -> FloatTensor<Self>;
+}
+
+/// The differentiable fused softmax (a burn backend extension).
+#[backend_extension(Autodiff, Cube)]
+pub trait SoftmaxOps: Backend {
+    /// Megatron's scaled upper-triangular masked softmax.
+    fn fused_causal_softmax(x: FloatTensor<Self>, scale: f32) -> FloatTensor<Self>;
+}
+
+/// The scores shape of a `[b, heads, sq, sk]` tensor.
+fn scores_shape(shape: &Shape) -> ScoresShape {
+    let [batch, heads, sq, sk] = shape.dims::<4>();
+    ScoresShape {
+        batch,
+        heads,
+        sq,
+        sk,
+    }
+}
+
+impl SoftmaxKernels for CubeBackend {
+    fn causal_softmax_forward(
+        x: CubeTensor,
+        scale: f32,
+        draw: Option<DropoutDraw>,
+    ) -> [CubeTensor; 2] {
+        let x = packed(x);
+        let shape = x.shape();
+        let scores = scores_shape(&shape);
+        let y = empty_like(&x, shape.clone(), x.dtype);
+        let dropped = draw.map(|draw| (draw, empty_like(&x, shape, x.dtype)));
+        by_dtype!(
+            x.dtype,
+            softmax_forward,
+            &x.client,
+            RowLaunch::for_client(&x.client),
+            &x.handle,
+            SoftmaxMask::Causal,
+            &y.handle,
+            dropped.as_ref().map(|(draw, d)| (*draw, &d.handle)),
+            scores,
+            scale
+        );
+        let dropped = dropped.map_or_else(|| y.clone(), |(_, d)| d);
+        [y, dropped]
+    }
+
+    fn softmax_backward(
+        y: CubeTensor,
+        dy: CubeTensor,
+        scale: f32,
+        draw: Option<DropoutDraw>,
+    ) -> CubeTensor {
+        let (y, dy) = (packed(y), packed(dy));
+        same_dtype("the softmax output's gradient", &y, &dy);
+        let shape = y.shape();
+        let (rows, cols) = rows_cols(&shape);
+        let dx = empty_like(&y, shape, y.dtype);
+        by_dtype!(
+            y.dtype,
+            softmax_backward,
+            &y.client,
+            RowLaunch::for_client(&y.client),
+            &y.handle,
+            &dy.handle,
+            &dx.handle,
+            rows,
+            cols,
+            scale,
+            draw
+        );
+        dx
+    }
+}
+
+impl SoftmaxOps for CubeBackend {
+    fn fused_causal_softmax(x: CubeTensor, scale: f32) -> CubeTensor {
+        let [y, _] = Self::causal_softmax_forward(x, scale, None);
+        y
+    }
+}
+
+#[derive(Debug)]
+struct SoftmaxBackward;
+
+impl<B: SoftmaxKernels> Backward<B, 1> for SoftmaxBackward {
+    /// The softmax output and the scale.
+    type State = (FloatTensor<B>, f32);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [parent] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        if let Some(parent) = parent {
+            let (y, scale) = ops.state;
+            grads.register::<B>(parent.id, B::softmax_backward(y, grad, scale, None));
+        }
+    }
+}
+
+impl<B: SoftmaxKernels + SoftmaxOps, C: CheckpointStrategy> SoftmaxOps for Autodiff<B, C> {
+    fn fused_causal_softmax(x: FloatTensor<Self>, scale: f32) -> FloatTensor<Self> {
+        let (x, node) = x.into_parts();
+        match SoftmaxBackward
+            .prepare::<C>([node])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let [y, _] = B::causal_softmax_forward(x, scale, None);
+                prep.finish((y.clone(), scale), y)
+            }
+            OpsKind::UnTracked(prep) => {
+                let [y, _] = B::causal_softmax_forward(x, scale, None);
+                prep.finish(y)
+            }
+        }
+    }
+}
+
+/// The fused causal softmax of `[b, heads, s, s]` scores (square, as Megatron's kernel: query
+/// i sees keys 0..=i, the same mask as the composed reference).
+pub fn causal_softmax(x: Tensor<4>, scale: f64) -> Tensor<4> {
+    let [_, _, sq, sk] = x.dims();
+    assert_eq!(sq, sk, "the fused causal softmax takes square scores");
+    Tensor::from_dispatch(<Dispatch as SoftmaxOps>::fused_causal_softmax(
+        x.into_dispatch(),
+        scale as f32,
+    ))
+}
