@@ -20,11 +20,9 @@ pub fn signal(flags: &mut [Atomic<u32>], slot: u32, value: u32) {
     }
 }
 
-/// Returns once `flags[slot] ≥ value` (`flags` mutable: WGSL keeps atomics in read-write
-/// storage). `written` is the buffer the other stream fills: bound here so that CubeCL counts
-/// it as written on this stream by this launch.
-#[cube(launch)]
-pub fn wait_for<F: Float>(flags: &mut [Atomic<u32>], slot: u32, value: u32, written: &mut [F]) {
+/// Spins until `flags[slot] ≥ value` (one unit).
+#[cube]
+fn spin_until(flags: &mut [Atomic<u32>], slot: u32, value: u32) {
     if UNIT_POS == 0 {
         loop {
             if flags[slot as usize].load() >= value {
@@ -32,5 +30,28 @@ pub fn wait_for<F: Float>(flags: &mut [Atomic<u32>], slot: u32, value: u32, writ
             }
         }
     }
+}
+
+/// Returns once `flags[slot] ≥ value` (`flags` mutable: WGSL keeps atomics in read-write
+/// storage). `written` is the buffer the other stream fills: bound here so that CubeCL counts
+/// it as written on this stream by this launch.
+#[cube(launch)]
+pub fn wait_for<F: Float>(flags: &mut [Atomic<u32>], slot: u32, value: u32, written: &mut [F]) {
+    spin_until(flags, slot, value);
     let _ = written;
+}
+
+/// [`wait_for`] for two buffers the other stream fills in one ordering window (the two
+/// gradient products of a backward pass).
+#[cube(launch)]
+pub fn wait_for_both<F: Float>(
+    flags: &mut [Atomic<u32>],
+    slot: u32,
+    value: u32,
+    first: &mut [F],
+    second: &mut [F],
+) {
+    spin_until(flags, slot, value);
+    let _ = first;
+    let _ = second;
 }

@@ -2037,18 +2037,21 @@ fn copy_half_into_fp32<H: Storage>(client: &Client) -> bool {
 /// The stream-ordering counters: `signal` raises one counter and leaves the other; a
 /// `wait_for` of a value already reached returns (one that is never reached would hang, which
 /// is why the product that uses them raises its counter even when it fails), and leaves the
-/// buffer it is bound to as it was.
+/// buffers it is bound to (one, or two for a window of two products) as they were.
 #[test]
 fn stream_order_counters_are_raised_and_waited_for() {
     let client = client();
     let flags = client.create_from_slice(u32::as_bytes(&[3, 4]));
     signal(&client, &flags, 1, 9);
     let written = upload(&client, &[1.5, -2.0]);
-    wait_for::<f32>(&client, &flags, 1, 9, &written, 2);
-    wait_for::<f32>(&client, &flags, 0, 2, &written, 2);
+    let other = upload(&client, &[0.25, 7.0, -1.0]);
+    wait_for::<f32>(&client, &flags, 1, 9, &[(&written, 2)]);
+    wait_for::<f32>(&client, &flags, 0, 2, &[(&written, 2)]);
+    wait_for::<f32>(&client, &flags, 1, 8, &[(&written, 2), (&other, 3)]);
     let counters = u32::from_bytes(&client.read_one_unchecked(flags)).to_vec();
     assert_eq!(counters, vec![3, 9]);
     assert_eq!(download(&client, written, 2), vec![1.5, -2.0]);
+    assert_eq!(download(&client, other, 3), vec![0.25, 7.0, -1.0]);
 }
 
 /// Megatron's per-group QKV layout, read with nested loops: element `(b, i, g, part, c)` of

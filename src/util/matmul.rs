@@ -2,7 +2,8 @@
 //!
 //! burn's autodiff would differentiate a product through burn's own matmul, so on CUDA the
 //! product is a backend extension ([`GemmOps`]) whose backward pass is two more products of
-//! the same kind: `da = dc · bᵀ`, `db = aᵀ · dc` (transposes are strides, never copies).
+//! the same kind: `da = dc · bᵀ`, `db = aᵀ · dc` (transposes are strides, never copies), given
+//! to cuBLAS as one pair ([`extension::Gemm::gemm_pair`]: one ordering window for both).
 //! cuBLAS itself is in [`super::cublas`]; without the `cuda` feature, on other devices, for
 //! dtypes it does not take (f32 unless `FERROTRON_MATMUL=cublas`), or with
 //! `FERROTRON_MATMUL=cubecl`, [`matmul`] is exactly `a.matmul(b)`.
@@ -44,10 +45,19 @@ pub mod extension {
     use burn_cubecl::tensor::CubeTensor;
     use burn_cubecl::CubeBackend;
 
+    /// An operand pair `(a, b)` of a product `a · b`.
+    pub type Operands<B> = (FloatTensor<B>, FloatTensor<B>);
+
     /// The kernel-level product a backend runs (forward and backward).
     pub trait Gemm: Backend {
         /// `a · b` over the last two dimensions; either operand may be a transposed view.
         fn gemm(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self>;
+
+        /// `[a₁ · b₁, a₂ · b₂]`, neither reading the other's result: the two gradient products
+        /// of a backward pass, which cuBLAS runs in one ordering window (half the waits).
+        fn gemm_pair(first: Operands<Self>, second: Operands<Self>) -> [FloatTensor<Self>; 2] {
+            [Self::gemm(first.0, first.1), Self::gemm(second.0, second.1)]
+        }
     }
 
     impl Gemm for CubeBackend {
@@ -57,6 +67,16 @@ pub mod extension {
                 return c;
             }
             <CubeBackend as FloatTensorOps<CubeBackend>>::float_matmul(a, b)
+        }
+
+        fn gemm_pair(first: Operands<Self>, second: Operands<Self>) -> [CubeTensor; 2] {
+            #[cfg(feature = "cuda")]
+            if let Some(both) =
+                crate::util::cublas::matmul_pair((&first.0, &first.1), (&second.0, &second.1))
+            {
+                return both;
+            }
+            [Self::gemm(first.0, first.1), Self::gemm(second.0, second.1)]
         }
     }
 
@@ -90,11 +110,22 @@ pub mod extension {
             let [pa, pb] = ops.parents;
             let grad = grads.consume::<B>(&ops.node);
             let (a, b) = ops.state;
-            if let Some(p) = pa {
-                grads.register::<B>(p.id, B::gemm(grad.clone(), transposed::<B>(b)));
-            }
-            if let Some(p) = pb {
-                grads.register::<B>(p.id, B::gemm(transposed::<B>(a), grad));
+            match (pa, pb) {
+                (Some(pa), Some(pb)) => {
+                    let [da, db] = B::gemm_pair(
+                        (grad.clone(), transposed::<B>(b)),
+                        (transposed::<B>(a), grad),
+                    );
+                    grads.register::<B>(pa.id, da);
+                    grads.register::<B>(pb.id, db);
+                }
+                (Some(p), None) => {
+                    grads.register::<B>(p.id, B::gemm(grad, transposed::<B>(b)));
+                }
+                (None, Some(p)) => {
+                    grads.register::<B>(p.id, B::gemm(transposed::<B>(a), grad));
+                }
+                (None, None) => {}
             }
         }
     }

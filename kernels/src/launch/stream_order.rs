@@ -22,24 +22,39 @@ pub fn signal(client: &Client, flags: &Handle, slot: u32, value: u32) {
 }
 
 /// Holds `client`'s stream until the counter `slot` of `flags` reaches `value`
-/// ([`stream_order::wait_for`]); `written` (`len` elements of `F`) is the buffer the other
-/// stream fills.
+/// ([`stream_order::wait_for`]); `written` (one or two buffers, each with its length in
+/// elements of `F`) is what the other stream fills.
 pub fn wait_for<F: Float + CubeElement>(
     client: &Client,
     flags: &Handle,
     slot: u32,
     value: u32,
-    written: &Handle,
-    len: usize,
+    written: &[(&Handle, usize)],
 ) {
     assert!(slot < 2, "two counters");
-    stream_order::wait_for::launch::<F>(
-        client,
+    let (one, dim, flags) = (
         CubeCount::Static(1, 1, 1),
         CubeDim::new_1d(1),
         arg(flags, 2),
-        slot,
-        value,
-        arg(written, len.max(1)),
     );
+    let buffer = |(handle, len): (&Handle, usize)| arg(handle, len.max(1));
+    match *written {
+        [first] => {
+            stream_order::wait_for::launch::<F>(client, one, dim, flags, slot, value, buffer(first))
+        }
+        [first, second] => stream_order::wait_for_both::launch::<F>(
+            client,
+            one,
+            dim,
+            flags,
+            slot,
+            value,
+            buffer(first),
+            buffer(second),
+        ),
+        _ => panic!(
+            "a wait binds one or two written buffers, not {}",
+            written.len()
+        ),
+    }
 }

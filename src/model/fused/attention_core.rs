@@ -190,10 +190,11 @@ fn composed_backward<B: AttentionKernels>(
     scale: f32,
     draw: Option<DropoutDraw>,
 ) -> [FloatTensor<B>; 3] {
-    let d_dropped = B::gemm(grad.clone(), transposed::<B>(v));
-    let dv = B::gemm(transposed::<B>(dropped), grad);
+    let [d_dropped, dv] = B::gemm_pair(
+        (grad.clone(), transposed::<B>(v)),
+        (transposed::<B>(dropped), grad),
+    );
     let d_scores = B::softmax_backward(probs, d_dropped, scale, draw);
-    let dq = B::gemm(d_scores.clone(), k);
-    let dk = B::gemm(transposed::<B>(d_scores), q);
+    let [dq, dk] = B::gemm_pair((d_scores.clone(), k), (transposed::<B>(d_scores), q));
     [dq, dk, dv]
 }
