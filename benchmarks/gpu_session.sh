@@ -71,5 +71,7 @@ BUDGET_S=$((SESSION_S - ($(date +%s) - START))) FERROTRON_CUBLAS_ORDER=$ORDER BA
     echo '```'
   done
   echo
+  # The build's commit, where the packing step wrote it (docs/gpu.md).
+  [ -f "$BIN_DIR/BUILD" ] && echo "binaries built from: $(head -3 "$BIN_DIR/BUILD" | tr '\n' ' ')"
   echo "session wall time: $(($(date +%s) - START)) s of SESSION_S=$SESSION_S"
 } >> "$REPORT/report.md"
