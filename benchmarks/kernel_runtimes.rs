@@ -123,17 +123,7 @@ fn timings(client: &Client, b: &Buffers) -> Vec<f64> {
             softmax_forward::<f32>(client, launch, x, causal, out, None, scores, 0.125)
         }),
         time(client, || {
-            softmax_backward::<f32>(
-                client,
-                launch,
-                out,
-                dy,
-                out2,
-                scores.rows(),
-                1024,
-                0.125,
-                None,
-            )
+            softmax_backward::<f32>(client, launch, out, dy, out2, scores, true, 0.125, None)
         }),
         time(client, || {
             let dropped = Some((draw, out2));
@@ -144,13 +134,14 @@ fn timings(client: &Client, b: &Buffers) -> Vec<f64> {
             dropout::<f32>(client, out, out2, scores.len(), draw)
         }),
         time(client, || {
-            let (rows, sk) = (scores.rows(), scores.sk);
-            softmax_backward::<f32>(client, launch, out, dy, out2, rows, sk, 0.125, Some(draw))
+            let draw = Some(draw);
+            softmax_backward::<f32>(client, launch, out, dy, out2, scores, true, 0.125, draw)
         }),
         time(client, || {
-            let (rows, sk) = (scores.rows(), scores.sk);
             dropout::<f32>(client, dy, &b.out3, scores.len(), draw);
-            softmax_backward::<f32>(client, launch, out, &b.out3, out2, rows, sk, 0.125, None)
+            softmax_backward::<f32>(
+                client, launch, out, &b.out3, out2, scores, true, 0.125, None,
+            )
         }),
         time(client, || {
             layer_norm_forward::<f32>(

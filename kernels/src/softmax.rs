@@ -37,7 +37,9 @@ fn kept<N: Size>(
 /// Softmax of one row of `sk` (`width` vectors of `N`) over the columns `j` where `keep(j)`;
 /// writes `output` and, with `drop`, its dropout into `dropped` (the draw `(key_lo, key_hi)`
 /// over the whole tensor, elements below `threshold` dropped, the others times
-/// `keep_scale`). `base` and `mask_base` count vectors.
+/// `keep_scale`). `base` and `mask_base` count vectors. The vectors wholly past
+/// `causal_limit` are written as zeros without reading the input: half a causal softmax's
+/// reads and exponentials.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn masked_row_softmax<F: Float, A: Float, N: Size>(
@@ -67,10 +69,12 @@ fn masked_row_softmax<F: Float, A: Float, N: Size>(
         Vector::<A, N>::new(A::new(-3.0e38)),
         Vector::<A, N>::new(A::new(0.0)),
     );
+    // The vectors holding a key before the causal limit: those after it are never read.
+    let seen = min(width, causal_limit.div_ceil(N::value()));
 
     let mut local_max = lowest;
     let mut j = u;
-    while j < width {
+    while j < seen {
         let keep = kept::<N>(mask, mask_base, j, causal_limit, use_mask);
         let x = scale * Vector::<A, N>::cast_from(input[base + j]);
         local_max = max(local_max, select_many(keep, x, lowest));
@@ -81,7 +85,7 @@ fn masked_row_softmax<F: Float, A: Float, N: Size>(
 
     let mut local_sum = zero;
     j = u;
-    while j < width {
+    while j < seen {
         let keep = kept::<N>(mask, mask_base, j, causal_limit, use_mask);
         let e = Vector::exp(scale * Vector::<A, N>::cast_from(input[base + j]) - maxes);
         local_sum += select_many(keep, e, zero);
@@ -91,7 +95,7 @@ fn masked_row_softmax<F: Float, A: Float, N: Size>(
     let inv = Vector::<A, N>::new(select(sum > A::new(0.0), A::new(1.0) / sum, A::new(0.0)));
 
     j = u;
-    while j < width {
+    while j < seen {
         let keep = kept::<N>(mask, mask_base, j, causal_limit, use_mask);
         let e = Vector::exp(scale * Vector::<A, N>::cast_from(input[base + j]) - maxes);
         let y = Vector::<F, N>::cast_from(select_many(keep, e * inv, zero));
@@ -100,6 +104,15 @@ fn masked_row_softmax<F: Float, A: Float, N: Size>(
             // As the dropout kernel computes it from the stored `y`.
             dropped[base + j] =
                 whole_dropout::<F, N>(y, base + j, key_lo, key_hi, threshold, keep_scale);
+        }
+        j += step;
+    }
+    // Past the causal limit: zeros, as the loop above would write (and drop) them.
+    let none = Vector::<F, N>::new(F::new(0.0));
+    while j < width {
+        output[base + j] = none;
+        if drop {
+            dropped[base + j] = none;
         }
         j += step;
     }
@@ -191,7 +204,9 @@ fn output_grad<F: Float, N: Size>(
 }
 
 /// Softmax backward for both masks: `dx = scale · y ⊙ (dy − Σ_j dy ⊙ y)` per row of `sk`
-/// (masked positions have `y = 0`, so they get 0). With `drop`, `grad_output` is the gradient
+/// (masked positions have `y = 0`, so they get 0). With `causal` (rows of `[.., sq, sk]`
+/// scores, query `i` seeing keys `j ≤ i + sk − sq`) the vectors wholly after a row's last
+/// key get 0 without `y` or `dy` being read: half the reads of a causal softmax's backward. With `drop`, `grad_output` is the gradient
 /// of the dropped output (the draw `(key_lo, key_hi)`, elements below `threshold` dropped,
 /// the others times `keep_scale`), taken back through the dropout on the way in: the mask is
 /// drawn in both passes over the row instead of a dropout kernel's pass writing `dy` and this
@@ -208,7 +223,9 @@ pub fn softmax_backward<F: Float, A: Float, N: Size>(
     keep_scale: f32,
     scale: f32,
     rows: u32,
+    sq: u32,
     sk: u32,
+    #[comptime] causal: bool,
     #[comptime] drop: bool,
     #[comptime] lanes: u32,
     #[comptime] rows_per_cube: u32,
@@ -221,9 +238,15 @@ pub fn softmax_backward<F: Float, A: Float, N: Size>(
     let step = lanes as usize;
     let base = row * width;
     let (lo, hi) = (key_lo, key_hi);
+    // A causal row's keys after the query have y = 0: neither read nor summed.
+    let mut seen = length;
+    if causal {
+        let (sq, sk) = (sq as usize, sk as usize);
+        seen = min(length, (row % sq + 1 + sk - sq).div_ceil(N::value()));
+    }
     let mut local = Vector::<A, N>::new(A::new(0.0));
     let mut j = u;
-    while j < length {
+    while j < seen {
         let dy = output_grad::<F, N>(grad_output, base + j, lo, hi, threshold, keep_scale, drop);
         local += Vector::<A, N>::cast_from(dy) * Vector::<A, N>::cast_from(output[base + j]);
         j += step;
@@ -236,11 +259,16 @@ pub fn softmax_backward<F: Float, A: Float, N: Size>(
     ));
     let scale = Vector::<A, N>::new(A::cast_from(scale));
     j = u;
-    while j < length {
+    while j < seen {
         let y = Vector::<A, N>::cast_from(output[base + j]);
         let dy = output_grad::<F, N>(grad_output, base + j, lo, hi, threshold, keep_scale, drop);
         let dy = Vector::<A, N>::cast_from(dy);
         grad_input[base + j] = Vector::<F, N>::cast_from(scale * y * (dy - dot));
+        j += step;
+    }
+    let none = Vector::<F, N>::new(F::new(0.0));
+    while j < length {
+        grad_input[base + j] = none;
         j += step;
     }
 }

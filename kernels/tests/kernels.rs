@@ -88,6 +88,11 @@ fn upload(client: &Client, values: &[f32]) -> Handle {
     client.create_from_slice(f32::as_bytes(values))
 }
 
+/// The bit patterns of `v` (to compare results exactly, NaN and the sign of zero included).
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
 fn poisoned(client: &Client, n: usize) -> Handle {
     upload(client, &vec![f32::NAN; n.max(1)])
 }
@@ -168,13 +173,14 @@ fn run_softmax(
     download(client, output, shape.len())
 }
 
+/// The softmax backward kernel's `dx` (with `causal`, for a causal softmax's `y`).
 fn run_softmax_backward(
     client: &Client,
     launch: RowLaunch,
     y: &[f32],
     dy: &[f32],
-    rows: usize,
-    sk: usize,
+    s: ScoresShape,
+    causal: bool,
     scale: f32,
 ) -> Vec<f32> {
     let (yh, dyh, dx) = (
@@ -182,8 +188,19 @@ fn run_softmax_backward(
         upload(client, dy),
         poisoned(client, y.len()),
     );
-    softmax_backward::<f32>(client, launch, &yh, &dyh, &dx, rows, sk, scale, None);
+    softmax_backward::<f32>(client, launch, &yh, &dyh, &dx, s, causal, scale, None);
     download(client, dx, y.len())
+}
+
+/// `v` with NaN at the keys a causal softmax hides, in the vectors of `vector` wholly after
+/// each query's last key (a vector holding a visible key is read whole).
+fn poison_after_causal_limit(v: &[f32], s: ScoresShape, vector: usize) -> Vec<f32> {
+    let mut v = v.to_vec();
+    for (row, chunk) in v.chunks_mut(s.sk).enumerate() {
+        let limit = row % s.sq + 1 + s.sk - s.sq;
+        chunk[limit.div_ceil(vector) * vector..].fill(f32::NAN);
+    }
+    v
 }
 
 fn softmax_backward_reference(y: &[f32], dy: &[f32], sk: usize, scale: f64) -> Vec<f64> {
@@ -232,7 +249,7 @@ fn causal_softmax_forward_and_backward_match_float64() {
                 1e-5,
             );
             let dy = rng.vec(s.len(), -1.0, 1.0);
-            let dx = run_softmax_backward(&client, launch, &y, &dy, s.rows(), s.sk, scale);
+            let dx = run_softmax_backward(&client, launch, &y, &dy, s, true, scale);
             let want = softmax_backward_reference(&y, &dy, s.sk, scale as f64);
             assert_close(
                 &format!("causal backward {s:?} {launch:?}"),
@@ -240,6 +257,25 @@ fn causal_softmax_forward_and_backward_match_float64() {
                 &want,
                 1e-6,
                 1e-4,
+            );
+            // The hidden keys are never read: NaN there changes nothing, in either pass.
+            let vector = launch.vector_size::<f32>(&client, s.sk);
+            let x = poison_after_causal_limit(&x, s, vector);
+            let poisoned_y = run_softmax(&client, launch, &x, s, scale, true, None);
+            assert_eq!(
+                bits(&poisoned_y),
+                bits(&y),
+                "causal forward read a hidden key {s:?}"
+            );
+            let (y, dy) = (
+                poison_after_causal_limit(&y, s, vector),
+                poison_after_causal_limit(&dy, s, vector),
+            );
+            let poisoned_dx = run_softmax_backward(&client, launch, &y, &dy, s, true, scale);
+            assert_eq!(
+                bits(&poisoned_dx),
+                bits(&dx),
+                "causal backward read a hidden key {s:?}"
             );
         }
     }
@@ -284,7 +320,7 @@ fn padding_mask_softmax_matches_float64_and_zeroes_fully_masked_rows() {
                 }
             }
             let dy = rng.vec(s.len(), -1.0, 1.0);
-            let dx = run_softmax_backward(&client, launch, &y, &dy, s.rows(), s.sk, 0.5);
+            let dx = run_softmax_backward(&client, launch, &y, &dy, s, false, 0.5);
             let want = softmax_backward_reference(&y, &dy, s.sk, 0.5);
             assert_close(
                 &format!("masked backward {s:?} {launch:?}"),
@@ -312,7 +348,7 @@ fn softmax_backward_matches_finite_differences_of_the_forward_kernel() {
         y.iter().zip(&dy).map(|(&a, &b)| a as f64 * b as f64).sum()
     };
     let y = run_softmax(&client, launch, &x, s, scale, true, None);
-    let dx = run_softmax_backward(&client, launch, &y, &dy, s.rows(), s.sk, scale);
+    let dx = run_softmax_backward(&client, launch, &y, &dy, s, true, scale);
     let h = 1e-2f32;
     for i in 0..s.len() {
         let (mut plus, mut minus) = (x.clone(), x.clone());
@@ -1259,13 +1295,13 @@ fn half_storage_matches_f32<H: Storage>(client: &Client) -> bool {
 
     let y = rounded::<H>(&y_f32);
     let dy = rounded::<H>(&rng.vec(s.len(), -1.0, 1.0));
-    let dx_f32 = run_softmax_backward(client, launch, &y, &dy, s.rows(), s.sk, scale);
+    let dx_f32 = run_softmax_backward(client, launch, &y, &dy, s, true, scale);
     let (yh, dyh, dxh) = (
         upload_as::<H>(client, &y),
         upload_as::<H>(client, &dy),
         poisoned_as::<H>(client, s.len()),
     );
-    softmax_backward::<H>(client, launch, &yh, &dyh, &dxh, s.rows(), s.sk, scale, None);
+    softmax_backward::<H>(client, launch, &yh, &dyh, &dxh, s, true, scale, None);
     let dx_half = download_as::<H>(client, dxh, s.len());
     assert_within_an_ulp::<H>("softmax backward", &dx_half, &dx_f32, 0.0);
 
@@ -1955,13 +1991,12 @@ fn softmax_dropout_matches<H: Storage>(client: &Client) -> bool {
             assert!(zeros > s.len() / 5, "{what}: {zeros} zeros of {}", s.len());
             // The backward from the dropped output's gradient: the dropout kernel's backward
             // (the same kernel) then the softmax backward, or one kernel.
-            let (rows, sk) = (s.rows(), s.sk);
             let g = upload_as::<H>(client, &rounded::<H>(&rng.vec(s.len(), -1.0, 1.0)));
             let [dx, dy_alone, dx_alone] = [0; 3].map(|_| poisoned_as::<H>(client, s.len()));
             let y = &y_alone;
-            softmax_backward::<H>(client, launch, y, &g, &dx, rows, sk, 0.3, Some(draw));
+            softmax_backward::<H>(client, launch, y, &g, &dx, s, true, 0.3, Some(draw));
             dropout::<H>(client, &g, &dy_alone, s.len(), draw);
-            softmax_backward::<H>(client, launch, y, &dy_alone, &dx_alone, rows, sk, 0.3, None);
+            softmax_backward::<H>(client, launch, y, &dy_alone, &dx_alone, s, true, 0.3, None);
             assert_eq!(bits(dx), bits(dx_alone), "backward of {what}");
         }
     }

@@ -107,9 +107,11 @@ pub fn softmax_forward<F: Float + CubeElement>(
     );
 }
 
-/// `grad_input = scale · y ⊙ (dy − Σ dy ⊙ y)` per row of `sk` (both softmaxes' backward).
-/// With `dropout`, `grad_output` is the gradient of the dropped output, taken back through
-/// the dropout by that draw in the same kernel: bit for bit [`dropout_slice`] then this.
+/// `grad_input = scale · y ⊙ (dy − Σ dy ⊙ y)` per row of `shape.sk` (both softmaxes'
+/// backward). With `causal`, `output` is a causal softmax's: each row's keys after its query
+/// (zeros there) are not read, and their gradient is 0. With `dropout`, `grad_output` is the
+/// gradient of the dropped output, taken back through the dropout by that draw in the same
+/// kernel: bit for bit [`dropout_slice`] then this.
 #[allow(clippy::too_many_arguments)]
 pub fn softmax_backward<F: Float + CubeElement>(
     client: &Client,
@@ -117,31 +119,40 @@ pub fn softmax_backward<F: Float + CubeElement>(
     output: &Handle,
     grad_output: &Handle,
     grad_input: &Handle,
-    rows: usize,
-    sk: usize,
+    shape: ScoresShape,
+    causal: bool,
     scale: f32,
     dropout: Option<DropoutDraw>,
 ) {
-    if rows * sk == 0 {
+    if shape.is_empty() {
         return;
     }
-    check_elements(rows * sk, "a softmax");
+    let (rows, sk, len) = (shape.rows(), shape.sk, shape.len());
+    check_elements(len, "a softmax");
+    if causal {
+        assert!(
+            shape.sq <= shape.sk,
+            "causal softmax needs sq ≤ sk, got {shape:?}"
+        );
+    }
     let draw = dropout.unwrap_or(NO_DRAW);
     softmax::softmax_backward::launch::<F, f32>(
         client,
         launch.cube_count(rows),
         launch.cube_dim(),
         launch.vector_size::<F>(client, sk),
-        arg(output, rows * sk),
-        arg(grad_output, rows * sk),
-        arg(grad_input, rows * sk),
+        arg(output, len),
+        arg(grad_output, len),
+        arg(grad_input, len),
         draw.key_lo,
         draw.key_hi,
         draw.threshold,
         draw.scale,
         scale,
         rows as u32,
+        shape.sq as u32,
         sk as u32,
+        causal,
         dropout.is_some(),
         launch.lanes,
         launch.rows_per_cube,

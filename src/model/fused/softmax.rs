@@ -16,7 +16,7 @@ use burn_cubecl::CubeBackend;
 use ferrotron_kernels::launch::{DropoutDraw, RowLaunch, ScoresShape, SoftmaxMask};
 
 use super::same_dtype;
-use crate::util::cube_tensor::{by_dtype, empty_like, packed, rows_cols};
+use crate::util::cube_tensor::{by_dtype, empty_like, packed};
 
 /// The softmax kernels a backend runs.
 pub trait SoftmaxKernels: Backend {
@@ -28,9 +28,10 @@ pub trait SoftmaxKernels: Backend {
         scale: f32,
         draw: Option<DropoutDraw>,
     ) -> [FloatTensor<Self>; 2];
-    /// `scale · y ⊙ (dy − Σ dy ⊙ y)` per row of the last dimension; with a draw, `dy` is the
-    /// gradient of [`Self::causal_softmax_forward`]'s dropped output, taken back through the
-    /// dropout in the same kernel.
+    /// The backward of [`Self::causal_softmax_forward`] from its output `y` `[b, heads, sq,
+    /// sk]`: `scale · y ⊙ (dy − Σ dy ⊙ y)` per row, the keys after each query neither read
+    /// nor summed (their gradient is 0); with a draw, `dy` is the gradient of the dropped
+    /// output, taken back through the dropout in the same kernel.
     fn softmax_backward(
         y: FloatTensor<Self>,
         dy: FloatTensor<Self>,
@@ -93,7 +94,7 @@ impl SoftmaxKernels for CubeBackend {
         let (y, dy) = (packed(y), packed(dy));
         same_dtype("the softmax output's gradient", &y, &dy);
         let shape = y.shape();
-        let (rows, cols) = rows_cols(&shape);
+        let scores = scores_shape(&shape);
         let dx = empty_like(&y, shape, y.dtype);
         by_dtype!(
             y.dtype,
@@ -103,8 +104,8 @@ impl SoftmaxKernels for CubeBackend {
             &y.handle,
             &dy.handle,
             &dx.handle,
-            rows,
-            cols,
+            scores,
+            true,
             scale,
             draw
         );
