@@ -20,10 +20,11 @@ const REPS: usize = 3;
 /// Rounds per mode (alternating); the median is reported.
 const ROUNDS: usize = 3;
 
-const KERNELS: [&str; 19] = [
+const KERNELS: [&str; 20] = [
     "causal softmax 16×1024×1024, forward",
     "softmax backward",
     "causal softmax with the dropout of its output, one kernel",
+    "the dropout of the causal softmax alone (no probabilities written)",
     "causal softmax, then the dropout kernel on its output",
     "softmax backward through its dropout, one kernel",
     "the dropout kernel's backward, then the softmax backward",
@@ -128,6 +129,9 @@ fn timings(client: &Client, b: &Buffers) -> Vec<f64> {
         time(client, || {
             let dropped = Some((draw, out2));
             softmax_forward::<f32>(client, launch, x, causal, out, dropped, scores, 0.125)
+        }),
+        time(client, || {
+            causal_softmax_dropped::<f32>(client, launch, x, out2, draw, scores, 0.125)
         }),
         time(client, || {
             softmax_forward::<f32>(client, launch, x, causal, out, None, scores, 0.125);

@@ -37,7 +37,8 @@ fn kept<N: Size>(
 /// Softmax of one row of `sk` (`width` vectors of `N`) over the columns `j` where `keep(j)`;
 /// writes `output` and, with `drop`, its dropout into `dropped` (the draw `(key_lo, key_hi)`
 /// over the whole tensor, elements below `threshold` dropped, the others times
-/// `keep_scale`). `base` and `mask_base` count vectors. The vectors wholly past
+/// `keep_scale`; without `keep_output` only `dropped` is written). `base` and `mask_base`
+/// count vectors. The vectors wholly past
 /// `causal_limit` are written as zeros without reading the input: half a causal softmax's
 /// reads and exponentials.
 #[cube]
@@ -58,6 +59,7 @@ fn masked_row_softmax<F: Float, A: Float, N: Size>(
     width: usize,
     #[comptime] use_mask: bool,
     #[comptime] drop: bool,
+    #[comptime] keep_output: bool,
     #[comptime] lanes: u32,
     #[comptime] rows_per_cube: u32,
     #[comptime] plane_reduce: bool,
@@ -99,7 +101,9 @@ fn masked_row_softmax<F: Float, A: Float, N: Size>(
         let keep = kept::<N>(mask, mask_base, j, causal_limit, use_mask);
         let e = Vector::exp(scale * Vector::<A, N>::cast_from(input[base + j]) - maxes);
         let y = Vector::<F, N>::cast_from(select_many(keep, e * inv, zero));
-        output[base + j] = y;
+        if keep_output {
+            output[base + j] = y;
+        }
         if drop {
             // As the dropout kernel computes it from the stored `y`.
             dropped[base + j] =
@@ -110,7 +114,9 @@ fn masked_row_softmax<F: Float, A: Float, N: Size>(
     // Past the causal limit: zeros, as the loop above would write (and drop) them.
     let none = Vector::<F, N>::new(F::new(0.0));
     while j < width {
-        output[base + j] = none;
+        if keep_output {
+            output[base + j] = none;
+        }
         if drop {
             dropped[base + j] = none;
         }
@@ -126,7 +132,9 @@ fn masked_row_softmax<F: Float, A: Float, N: Size>(
 /// padding mask; one mask row serves all heads). A kernel without `padded` never reads
 /// `mask` (its launcher binds any buffer there). With `drop`, `dropped` gets the dropout of
 /// `output` (the draw `(key_lo, key_hi)`, elements below `threshold` dropped, the others
-/// times `keep_scale`); without, it is never written.
+/// times `keep_scale`); without, it is never written. Without `keep_output` (and with
+/// `drop`) only `dropped` is written: the probabilities a selectively recomputed attention
+/// core does not keep.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn masked_softmax_forward<F: Float, A: Float, N: Size>(
@@ -146,6 +154,7 @@ pub fn masked_softmax_forward<F: Float, A: Float, N: Size>(
     #[comptime] causal: bool,
     #[comptime] padded: bool,
     #[comptime] drop: bool,
+    #[comptime] keep_output: bool,
     #[comptime] lanes: u32,
     #[comptime] rows_per_cube: u32,
     #[comptime] plane_reduce: bool,
@@ -176,6 +185,7 @@ pub fn masked_softmax_forward<F: Float, A: Float, N: Size>(
         length,
         padded,
         drop,
+        keep_output,
         lanes,
         rows_per_cube,
         plane_reduce,

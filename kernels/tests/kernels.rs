@@ -1971,13 +1971,14 @@ fn softmax_dropout_matches<H: Storage>(client: &Client) -> bool {
         let input = upload_as::<H>(client, &x);
         for launch in launches(client) {
             let what = format!("{} {s:?} {launch:?}", H::NAME);
-            let [y, dropped, y_alone, dropped_alone] =
-                [0; 4].map(|_| poisoned_as::<H>(client, s.len()));
+            let [y, dropped, y_alone, dropped_alone, dropped_only] =
+                [0; 5].map(|_| poisoned_as::<H>(client, s.len()));
             let causal = SoftmaxMask::Causal;
             let with_dropout = Some((draw, &dropped));
             softmax_forward::<H>(client, launch, &input, causal, &y, with_dropout, s, 0.3);
             softmax_forward::<H>(client, launch, &input, causal, &y_alone, None, s, 0.3);
             dropout::<H>(client, &y_alone, &dropped_alone, s.len(), draw);
+            causal_softmax_dropped::<H>(client, launch, &input, &dropped_only, draw, s, 0.3);
             let bits = |h: Handle| -> Vec<u32> {
                 download_as::<H>(client, h, s.len())
                     .iter()
@@ -1987,6 +1988,8 @@ fn softmax_dropout_matches<H: Storage>(client: &Client) -> bool {
             assert_eq!(bits(y), bits(y_alone.clone()), "softmax of {what}");
             let (fused, alone) = (bits(dropped), bits(dropped_alone));
             assert_eq!(fused, alone, "dropout of {what}");
+            // Without the probabilities: the same dropped bits.
+            assert_eq!(bits(dropped_only), alone, "dropout alone of {what}");
             let zeros = fused.iter().filter(|&&b| b == 0).count();
             assert!(zeros > s.len() / 5, "{what}: {zeros} zeros of {}", s.len());
             // The backward from the dropped output's gradient: the dropout kernel's backward

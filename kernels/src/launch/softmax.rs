@@ -62,6 +62,57 @@ pub fn softmax_forward<F: Float + CubeElement>(
     shape: ScoresShape,
     scale: f32,
 ) {
+    let outputs = match dropout {
+        Some((draw, dropped)) => Outputs::Both(output, draw, dropped),
+        None => Outputs::Probabilities(output),
+    };
+    launch_forward::<F>(client, launch, input, mask, outputs, shape, scale);
+}
+
+/// Only the dropout of [`softmax_forward`]'s output, causal, into `dropped`: the same bits,
+/// without writing the probabilities (half the kernel's writes). For an attention core that
+/// forms them again in its backward and keeps neither.
+pub fn causal_softmax_dropped<F: Float + CubeElement>(
+    client: &Client,
+    launch: RowLaunch,
+    input: &Handle,
+    dropped: &Handle,
+    draw: DropoutDraw,
+    shape: ScoresShape,
+    scale: f32,
+) {
+    let outputs = Outputs::Dropped(draw, dropped);
+    launch_forward::<F>(
+        client,
+        launch,
+        input,
+        SoftmaxMask::Causal,
+        outputs,
+        shape,
+        scale,
+    );
+}
+
+/// What a softmax forward writes.
+#[derive(Clone, Copy)]
+enum Outputs<'a> {
+    /// The probabilities.
+    Probabilities(&'a Handle),
+    /// The probabilities, and their dropout by the draw.
+    Both(&'a Handle, DropoutDraw, &'a Handle),
+    /// Only the probabilities' dropout by the draw.
+    Dropped(DropoutDraw, &'a Handle),
+}
+
+fn launch_forward<F: Float + CubeElement>(
+    client: &Client,
+    launch: RowLaunch,
+    input: &Handle,
+    mask: SoftmaxMask<'_>,
+    outputs: Outputs<'_>,
+    shape: ScoresShape,
+    scale: f32,
+) {
     if shape.is_empty() {
         return;
     }
@@ -78,8 +129,12 @@ pub fn softmax_forward<F: Float + CubeElement>(
         SoftmaxMask::Causal => (arg(input, 1), false),
         SoftmaxMask::Padding(m) => (arg(m, shape.batch * shape.sq * shape.sk), true),
     };
-    // Without a draw `dropped` is never written: the output's buffer stands in.
-    let (draw, dropped) = dropout.unwrap_or((NO_DRAW, output));
+    // A buffer the kernel never writes is bound to the other one's.
+    let (output, draw, dropped, drop, keep_output) = match outputs {
+        Outputs::Probabilities(y) => (y, NO_DRAW, y, false, true),
+        Outputs::Both(y, draw, d) => (y, draw, d, true, true),
+        Outputs::Dropped(draw, d) => (d, draw, d, true, false),
+    };
     softmax::masked_softmax_forward::launch::<F, f32>(
         client,
         launch.cube_count(shape.rows()),
@@ -100,7 +155,8 @@ pub fn softmax_forward<F: Float + CubeElement>(
         shape.sk as u32,
         !padded,
         padded,
-        dropout.is_some(),
+        drop,
+        keep_output,
         launch.lanes,
         launch.rows_per_cube,
         launch.plane_reduce,

@@ -7,8 +7,9 @@
 //! merge, by the rotary kernel.
 //!
 //! Under selective recomputation ([`CoreKernels::Recomputed`]) the core keeps only the
-//! queries, keys and values, as the fused attention does, and its backward forms the scores
-//! and the softmax again before the products: Megatron's recomputation of the core attention,
+//! queries, keys and values, as the fused attention does (its softmax writes only the dropped
+//! probabilities), and its backward forms the scores and the softmax again before the
+//! products: Megatron's recomputation of the core attention,
 //! without rerunning the split, the `p v` product and the merge, and without the three graphs
 //! per layer the model's recomputation of a core builds.
 
@@ -113,18 +114,22 @@ pub fn forward<B: AttentionKernels>(
             };
             (output, saved)
         }
-        CoreKernels::Composed | CoreKernels::Recomputed => {
+        CoreKernels::Composed => {
             let [probs, dropped] = probabilities::<B>(q, k, scale, draw);
             let output = B::gemm(dropped.clone(), v);
-            let saved = match kernels {
-                CoreKernels::Recomputed => Saved::Recomputed { qkv },
-                _ => Saved::Composed {
-                    qkv,
-                    probs,
-                    dropped,
-                },
+            let saved = Saved::Composed {
+                qkv,
+                probs,
+                dropped,
             };
             (output, saved)
+        }
+        CoreKernels::Recomputed => {
+            // Neither set of probabilities is kept: the softmax writes only the dropped ones
+            // (the bits `probabilities` forms again in the backward).
+            let scores = B::gemm(q, transposed::<B>(k));
+            let dropped = B::causal_softmax_dropped(scores, scale, draw);
+            (B::gemm(dropped, v), Saved::Recomputed { qkv })
         }
     };
     (merge_heads::<B>(heads, layout), saved)

@@ -28,6 +28,14 @@ pub trait SoftmaxKernels: Backend {
         scale: f32,
         draw: Option<DropoutDraw>,
     ) -> [FloatTensor<Self>; 2];
+    /// `dropout(softmax(scale · x))` alone, causal, as [`Self::causal_softmax_forward`]
+    /// computes its second output (the same bits), without writing the probabilities; without
+    /// a draw, the probabilities.
+    fn causal_softmax_dropped(
+        x: FloatTensor<Self>,
+        scale: f32,
+        draw: Option<DropoutDraw>,
+    ) -> FloatTensor<Self>;
     /// The backward of [`Self::causal_softmax_forward`] from its output `y` `[b, heads, sq,
     /// sk]`: `scale · y ⊙ (dy − Σ dy ⊙ y)` per row, the keys after each query neither read
     /// nor summed (their gradient is 0); with a draw, `dy` is the gradient of the dropped
@@ -83,6 +91,29 @@ impl SoftmaxKernels for CubeBackend {
         );
         let dropped = dropped.map_or_else(|| y.clone(), |(_, d)| d);
         [y, dropped]
+    }
+
+    fn causal_softmax_dropped(x: CubeTensor, scale: f32, draw: Option<DropoutDraw>) -> CubeTensor {
+        let Some(draw) = draw else {
+            let [y, _] = Self::causal_softmax_forward(x, scale, None);
+            return y;
+        };
+        let x = packed(x);
+        let shape = x.shape();
+        let scores = scores_shape(&shape);
+        let dropped = empty_like(&x, shape, x.dtype);
+        by_dtype!(
+            x.dtype,
+            causal_softmax_dropped,
+            &x.client,
+            RowLaunch::for_client(&x.client),
+            &x.handle,
+            &dropped.handle,
+            draw,
+            scores,
+            scale
+        );
+        dropped
     }
 
     fn softmax_backward(
