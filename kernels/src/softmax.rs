@@ -38,9 +38,8 @@ fn kept<N: Size>(
 /// writes `output` and, with `drop`, its dropout into `dropped` (the draw `(key_lo, key_hi)`
 /// over the whole tensor, elements below `threshold` dropped, the others times
 /// `keep_scale`; without `keep_output` only `dropped` is written). `base` and `mask_base`
-/// count vectors. The vectors wholly past
-/// `causal_limit` are written as zeros without reading the input: half a causal softmax's
-/// reads and exponentials.
+/// count vectors. The vectors wholly past `causal_limit` are written as zeros without
+/// reading the input: half a causal softmax's reads and exponentials.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn masked_row_softmax<F: Float, A: Float, N: Size>(
