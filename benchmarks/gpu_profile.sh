@@ -16,14 +16,14 @@
 # each possibly xz-compressed (NAME.xz), or together in BIN_DIR/bins.tar.xz. PYTHON: a Python with CUDA PyTorch (default python3).
 # REPORT_DIR receives report.md (the numbers) and logs.tar.xz (every run's log).
 #
-# Steps: probe (nvidia-smi, driver, profilers); the model in bf16 with dropout, composed
-# attention (then the baseline build's), --use-flash-attn, --recompute-activations; PyTorch
-# eager bf16 + SDPA beside;
-# CubeCL's per-kernel profile of the composed bf16 step summed by class (iterations 3-5 of a
-# 5-iteration run, an iteration ending at its Adam launches; set PROFILE_FLAGS=--use-flash-attn
-# for the fused attention); the host floor (24 layers at hidden
-# 64, seq 64: launch overhead) of both builds; the GPT's matmul shapes, CubeCL default vs
-# autotune vs cuBLAS; bf16 and flash without dropout; fp32; torch.compile.
+# Steps, the acceptance's first: probe (nvidia-smi, driver, profilers); the model in bf16 with
+# dropout, composed attention (then the baseline build's), PyTorch eager bf16 + SDPA beside,
+# --recompute-activations, and bf16 without dropout; CubeCL's per-kernel profile of the composed
+# bf16 step summed by class (iterations 3-5 of a 5-iteration run, an iteration ending at its
+# Adam launches; set PROFILE_FLAGS=--use-flash-attn for the fused attention); --use-flash-attn;
+# the host floor (24 layers at hidden 64, seq 64: launch overhead) of both builds; the GPT's
+# matmul shapes, CubeCL default vs autotune vs cuBLAS; flash without dropout; fp32;
+# torch.compile.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN_DIR=$1 REPORT=$2 PY=${3:-python3}
@@ -153,10 +153,6 @@ if [ -x "$BASE" ]; then
   # shellcheck disable=SC2086
   step bf16-baseline 150 60 pretrain_model "$BASE" bf16-baseline "$ITERS" $B && train_line bf16-baseline
 fi
-# FLASH=0 leaves out the fused-attention runs.
-FLASH=${FLASH:-1}
-# shellcheck disable=SC2086
-[ "$FLASH" = 1 ] && step bf16-flash 120 50 pretrain_model "$P" bf16-flash "$ITERS" --use-flash-attn $B && train_line bf16-flash
 if step torch-bf16-sdpa 90 40 with_memory "$WORK/logs/torch-bf16-sdpa.mem" "$PY" benchmarks/torch_gpu_gpt.py $T bf16-sdpa "$DROPOUT"; then
   say "| PyTorch eager bf16 + SDPA | $(tail -2 "$WORK/logs/torch-bf16-sdpa.log" | head -1) (allocator), $(smi_peak torch-bf16-sdpa) GiB (nvidia-smi, as ferrotron's) |"
   grep -o 'tokens/s: [0-9.]*' "$WORK/logs/torch-bf16-sdpa.log" | awk '{print $2}' > "$WORK/tps_torch"
@@ -166,7 +162,11 @@ fi
 # (after PyTorch's, which every ratio needs).
 # shellcheck disable=SC2086
 step bf16-recompute 150 60 pretrain_model "$P" bf16-recompute "$ITERS" --recompute-activations $B && train_line bf16-recompute
-for run in bf16 bf16-baseline bf16-flash bf16-recompute; do
+# The acceptance's dropout check: the composed bf16 step without dropout, against bf16 above.
+step bf16-no-dropout 100 50 pretrain_model "$P" bf16-no-dropout "$ITERS" --bf16 --hidden-dropout 0 --attention-dropout 0 &&
+  train_line bf16-no-dropout
+[ -s "$WORK/tps_bf16" ] && [ -s "$WORK/tps_bf16-no-dropout" ] && say "ferrotron bf16, dropout $DROPOUT / no dropout: $(awk -v a="$(cat "$WORK/tps_bf16")" -v b="$(cat "$WORK/tps_bf16-no-dropout")" 'BEGIN{printf "%.3fx", a/b}') (the target: at least 0.9x)"
+for run in bf16 bf16-baseline bf16-recompute; do
   [ -s "$WORK/tps_$run" ] && [ -s "$WORK/tps_torch" ] && say "ferrotron $run / PyTorch eager bf16+SDPA: $(awk -v a="$(cat "$WORK/tps_$run")" -v b="$(cat "$WORK/tps_torch")" 'BEGIN{printf "%.3fx", a/b}')"
 done
 [ -s "$WORK/tps_bf16" ] && [ -s "$WORK/tps_bf16-baseline" ] && say "ferrotron bf16 / baseline build bf16: $(awk -v a="$(cat "$WORK/tps_bf16")" -v b="$(cat "$WORK/tps_bf16-baseline")" 'BEGIN{printf "%.3fx", a/b}')"
@@ -189,6 +189,20 @@ if CUBECL_DEBUG_OPTION=profile CUBECL_DEBUG_LOG="$WORK/logs/prof5.txt" step prof
 fi
 say '```'
 say ""
+
+# The fused attention (FLASH=0 leaves out its runs): after the acceptance's runs and the
+# profile, its kernels being CUDA-core products (no tensor cores yet, docs/gpu.md).
+FLASH=${FLASH:-1}
+if [ "$FLASH" = 1 ]; then
+  say "## Fused attention (--use-flash-attn): $MODEL, bf16, dropout $DROPOUT"
+  say ""
+  say "| run | tokens/s | ms/iteration | MFU | peak GPU memory GiB |"
+  say "|---|---|---|---|---|"
+  # shellcheck disable=SC2086
+  step bf16-flash 120 50 pretrain_model "$P" bf16-flash "$ITERS" --use-flash-attn $B && train_line bf16-flash
+  [ -s "$WORK/tps_bf16-flash" ] && [ -s "$WORK/tps_torch" ] && say "ferrotron bf16-flash / PyTorch eager bf16+SDPA: $(awk -v a="$(cat "$WORK/tps_bf16-flash")" -v b="$(cat "$WORK/tps_torch")" 'BEGIN{printf "%.3fx", a/b}')"
+  say ""
+fi
 
 say "## Host floor: 24 layers, hidden 64, 4 heads, seq 64, micro-batch 4 (the step is launch overhead)"
 floor() {
@@ -218,9 +232,6 @@ say "## More training runs"
 say ""
 say "| run | tokens/s | ms/iteration | MFU | peak GPU memory GiB |"
 say "|---|---|---|---|---|"
-# The acceptance's dropout check: the composed bf16 step without dropout, against bf16 above.
-step bf16-no-dropout 100 50 pretrain_model "$P" bf16-no-dropout "$ITERS" --bf16 --hidden-dropout 0 --attention-dropout 0 &&
-  train_line bf16-no-dropout
 [ "$FLASH" = 1 ] && step bf16-flash-no-dropout 100 50 pretrain_model "$P" bf16-flash-no-dropout "$ITERS" --use-flash-attn --bf16 --hidden-dropout 0 --attention-dropout 0 &&
   train_line bf16-flash-no-dropout
 # shellcheck disable=SC2086
@@ -230,7 +241,6 @@ step fp32 100 50 pretrain_model "$P" fp32 "$ITERS" $D && train_line fp32
 for run in fp32 fp32-baseline; do
   [ -f "$WORK/logs/$run.log" ] && say "- lm loss, $run: $(grep -o 'lm loss: [0-9.E+-]*' "$WORK/logs/$run.log" | awk '{print $3}' | tr '\n' ' ')"
 done
-[ -s "$WORK/tps_bf16" ] && [ -s "$WORK/tps_bf16-no-dropout" ] && say "ferrotron bf16, dropout $DROPOUT / no dropout: $(awk -v a="$(cat "$WORK/tps_bf16")" -v b="$(cat "$WORK/tps_bf16-no-dropout")" 'BEGIN{printf "%.3fx", a/b}') (the target: at least 0.9x)"
 if step torch-bf16-compile 150 90 with_memory "$WORK/logs/torch-bf16-compile.mem" "$PY" benchmarks/torch_gpu_gpt.py $T bf16-compile "$DROPOUT"; then
   say "| PyTorch bf16 + SDPA + torch.compile | $(tail -2 "$WORK/logs/torch-bf16-compile.log" | head -1) (allocator), $(smi_peak torch-bf16-compile) GiB (nvidia-smi) |"
 fi
