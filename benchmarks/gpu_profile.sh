@@ -50,14 +50,8 @@ finish() {
 }
 trap finish EXIT
 
-# Binaries: unpack what is there (bins.tar.xz: all of them in one archive, which compresses
-# the two pretrain builds against each other).
-[ -f "$BIN_DIR/bins.tar.xz" ] && tar -C "$WORK/bin" -xJf "$BIN_DIR/bins.tar.xz"
-for name in pretrain pretrain-baseline matmul_shapes; do
-  if [ -f "$WORK/bin/$name" ]; then chmod +x "$WORK/bin/$name"
-  elif [ -f "$BIN_DIR/$name.xz" ]; then xz -dc "$BIN_DIR/$name.xz" > "$WORK/bin/$name"; chmod +x "$WORK/bin/$name"
-  elif [ -f "$BIN_DIR/$name" ]; then cp "$BIN_DIR/$name" "$WORK/bin/$name"; chmod +x "$WORK/bin/$name"; fi
-done
+# Binaries: unpack what is there.
+benchmarks/unpack_bins.sh "$BIN_DIR" "$WORK/bin"
 P="$WORK/bin/pretrain"
 export P
 if [ ! -f "$WORK/bin/pretrain-baseline" ] && [ -n "${BASELINE_ENV:-}" ]; then
@@ -71,6 +65,11 @@ if [ -n "$NV" ]; then
 fi
 
 left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
+# ratio A B: the tokens/s of run A over run B's ("1.234x"), nothing unless both ran.
+ratio() {
+  [ -s "$WORK/tps_$1" ] && [ -s "$WORK/tps_$2" ] &&
+    awk -v a="$(cat "$WORK/tps_$1")" -v b="$(cat "$WORK/tps_$2")" 'BEGIN{printf "%.3fx", a/b}'
+}
 # step NAME MAX_SECONDS MIN_SECONDS command...: runs the command with its output in
 # logs/NAME.log, under min(MAX, time left); skipped when less than MIN is left.
 step() {
@@ -165,11 +164,11 @@ step bf16-recompute 150 60 pretrain_model "$P" bf16-recompute "$ITERS" --recompu
 # The acceptance's dropout check: the composed bf16 step without dropout, against bf16 above.
 step bf16-no-dropout 100 50 pretrain_model "$P" bf16-no-dropout "$ITERS" --bf16 --hidden-dropout 0 --attention-dropout 0 &&
   train_line bf16-no-dropout
-[ -s "$WORK/tps_bf16" ] && [ -s "$WORK/tps_bf16-no-dropout" ] && say "ferrotron bf16, dropout $DROPOUT / no dropout: $(awk -v a="$(cat "$WORK/tps_bf16")" -v b="$(cat "$WORK/tps_bf16-no-dropout")" 'BEGIN{printf "%.3fx", a/b}') (the target: at least 0.9x)"
+r=$(ratio bf16 bf16-no-dropout) && say "ferrotron bf16, dropout $DROPOUT / no dropout: $r (the target: at least 0.9x)"
 for run in bf16 bf16-baseline bf16-recompute; do
-  [ -s "$WORK/tps_$run" ] && [ -s "$WORK/tps_torch" ] && say "ferrotron $run / PyTorch eager bf16+SDPA: $(awk -v a="$(cat "$WORK/tps_$run")" -v b="$(cat "$WORK/tps_torch")" 'BEGIN{printf "%.3fx", a/b}')"
+  r=$(ratio "$run" torch) && say "ferrotron $run / PyTorch eager bf16+SDPA: $r"
 done
-[ -s "$WORK/tps_bf16" ] && [ -s "$WORK/tps_bf16-baseline" ] && say "ferrotron bf16 / baseline build bf16: $(awk -v a="$(cat "$WORK/tps_bf16")" -v b="$(cat "$WORK/tps_bf16-baseline")" 'BEGIN{printf "%.3fx", a/b}')"
+r=$(ratio bf16 bf16-baseline) && say "ferrotron bf16 / baseline build bf16: $r"
 say ""
 say "lm loss by logged iteration (the same seed and data: a change of kernels shows as a change of losses; recomputation must change none):"
 for run in bf16 bf16-baseline bf16-recompute; do
@@ -200,7 +199,7 @@ if [ "$FLASH" = 1 ]; then
   say "|---|---|---|---|---|"
   # shellcheck disable=SC2086
   step bf16-flash 120 50 pretrain_model "$P" bf16-flash "$ITERS" --use-flash-attn $B && train_line bf16-flash
-  [ -s "$WORK/tps_bf16-flash" ] && [ -s "$WORK/tps_torch" ] && say "ferrotron bf16-flash / PyTorch eager bf16+SDPA: $(awk -v a="$(cat "$WORK/tps_bf16-flash")" -v b="$(cat "$WORK/tps_torch")" 'BEGIN{printf "%.3fx", a/b}')"
+  r=$(ratio bf16-flash torch) && say "ferrotron bf16-flash / PyTorch eager bf16+SDPA: $r"
   say ""
 fi
 

@@ -25,13 +25,7 @@ SESSION_S=${SESSION_S:-570}
 START=$(date +%s)
 mkdir -p "$REPORT"
 BIN=$(mktemp -d)
-if [ -f "$BIN_DIR/bins.tar.xz" ]; then
-  tar -C "$BIN" -xJf "$BIN_DIR/bins.tar.xz" || { echo "gpu_session: cannot unpack $BIN_DIR/bins.tar.xz"; exit 1; }
-else
-  cp -L "$BIN_DIR"/* "$BIN"/ 2>/dev/null
-  for f in "$BIN"/*.xz; do [ -f "$f" ] && xz -d "$f"; done
-fi
-chmod +x "$BIN"/* 2>/dev/null
+benchmarks/unpack_bins.sh "$BIN_DIR" "$BIN" || exit 1
 [ -x "$BIN/pretrain" ] || { echo "gpu_session: no pretrain binary in $BIN_DIR"; exit 1; }
 
 # bf16 only: the half-precision products are the ones cuBLAS takes by default.

@@ -17,6 +17,13 @@ use crate::reduce::{row_vector_max, row_vector_sum};
 use crate::rows::{row_index, row_length};
 use crate::vectors::positions;
 
+/// How many keys query `query` of `[.., sq, sk]` scores sees under the causal mask: keys
+/// `j ≤ query + sk − sq` (Megatron's upper-triangular mask).
+#[cube]
+fn causal_limit(query: usize, sq: usize, sk: usize) -> usize {
+    query + 1 + sk - sq
+}
+
 /// Which elements of the vector at index `j` of a row are kept: those before
 /// `causal_limit` and, with `use_mask`, where the mask is 0.
 #[cube]
@@ -165,7 +172,7 @@ pub fn masked_softmax_forward<F: Float, A: Float, N: Size>(
     let query = row % sq;
     let mut limit = sk;
     if causal {
-        limit = query + 1 + sk - sq;
+        limit = causal_limit(query, sq, sk);
     }
     let batch = row / (sq * heads as usize);
     masked_row_softmax::<F, A, N>(
@@ -251,7 +258,7 @@ pub fn softmax_backward<F: Float, A: Float, N: Size>(
     let mut seen = length;
     if causal {
         let (sq, sk) = (sq as usize, sk as usize);
-        seen = min(length, (row % sq + 1 + sk - sq).div_ceil(N::value()));
+        seen = min(length, causal_limit(row % sq, sq, sk).div_ceil(N::value()));
     }
     let mut local = Vector::<A, N>::new(A::new(0.0));
     let mut j = u;

@@ -127,8 +127,7 @@ pub fn forward<B: AttentionKernels>(
         CoreKernels::Recomputed => {
             // Neither set of probabilities is kept: the softmax writes only the dropped ones
             // (the bits `probabilities` forms again in the backward).
-            let scores = B::gemm(q, transposed::<B>(k));
-            let dropped = B::causal_softmax_dropped(scores, scale, draw);
+            let dropped = B::causal_softmax_dropped(scores::<B>(q, k), scale, draw);
             (B::gemm(dropped, v), Saved::Recomputed { qkv })
         }
     };
@@ -144,8 +143,12 @@ fn probabilities<B: AttentionKernels>(
     scale: f32,
     draw: Option<DropoutDraw>,
 ) -> [FloatTensor<B>; 2] {
-    let scores = B::gemm(q, transposed::<B>(k));
-    B::causal_softmax_forward(scores, scale, draw)
+    B::causal_softmax_forward(scores::<B>(q, k), scale, draw)
+}
+
+/// The attention scores `q kᵀ` (unscaled: the softmax kernels scale them).
+fn scores<B: AttentionKernels>(q: FloatTensor<B>, k: FloatTensor<B>) -> FloatTensor<B> {
+    B::gemm(q, transposed::<B>(k))
 }
 
 /// The rows' gradient from the context's gradient `grad`.
