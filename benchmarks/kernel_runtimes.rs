@@ -20,13 +20,14 @@ const REPS: usize = 3;
 /// Rounds per mode (alternating); the median is reported.
 const ROUNDS: usize = 3;
 
-const KERNELS: [&str; 20] = [
+const KERNELS: [&str; 21] = [
     "causal softmax 16×1024×1024, forward",
     "softmax backward",
     "causal softmax with the dropout of its output, one kernel",
     "the dropout of the causal softmax alone (no probabilities written)",
     "causal softmax, then the dropout kernel on its output",
     "softmax backward through its dropout, one kernel",
+    "the same, writing the dropped probabilities again (the forward keeps only the probabilities)",
     "the dropout kernel's backward, then the softmax backward",
     "layernorm 8192×1024, forward",
     "layernorm backward (dx, dγ, dβ)",
@@ -124,7 +125,9 @@ fn timings(client: &Client, b: &Buffers) -> Vec<f64> {
             softmax_forward::<f32>(client, launch, x, causal, out, None, scores, 0.125)
         }),
         time(client, || {
-            softmax_backward::<f32>(client, launch, out, dy, out2, scores, true, 0.125, None)
+            softmax_backward::<f32>(
+                client, launch, out, dy, out2, scores, true, 0.125, None, None,
+            )
         }),
         time(client, || {
             let dropped = Some((draw, out2));
@@ -139,12 +142,20 @@ fn timings(client: &Client, b: &Buffers) -> Vec<f64> {
         }),
         time(client, || {
             let draw = Some(draw);
-            softmax_backward::<f32>(client, launch, out, dy, out2, scores, true, 0.125, draw)
+            softmax_backward::<f32>(
+                client, launch, out, dy, out2, scores, true, 0.125, draw, None,
+            )
+        }),
+        time(client, || {
+            let (draw, again) = (Some(draw), Some(&b.out3));
+            softmax_backward::<f32>(
+                client, launch, out, dy, out2, scores, true, 0.125, draw, again,
+            )
         }),
         time(client, || {
             dropout::<f32>(client, dy, &b.out3, scores.len(), draw);
             softmax_backward::<f32>(
-                client, launch, out, &b.out3, out2, scores, true, 0.125, None,
+                client, launch, out, &b.out3, out2, scores, true, 0.125, None, None,
             )
         }),
         time(client, || {

@@ -226,13 +226,17 @@ fn output_grad<F: Float, N: Size>(
 /// of the dropped output (the draw `(key_lo, key_hi)`, elements below `threshold` dropped,
 /// the others times `keep_scale`), taken back through the dropout on the way in: the mask is
 /// drawn in both passes over the row instead of a dropout kernel's pass writing `dy` and this
-/// one reading it.
+/// one reading it. With `redrop` (and `drop`) it also writes `dropped = dropout(y)`, the
+/// forward's dropped probabilities bit for bit, for the `p v` product's gradient: the forward
+/// then need not keep them (half the memory a composed attention core holds per layer).
+/// Without `redrop`, `dropped` is never written.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn softmax_backward<F: Float, A: Float, N: Size>(
     output: &[Vector<F, N>],
     grad_output: &[Vector<F, N>],
     grad_input: &mut [Vector<F, N>],
+    dropped: &mut [Vector<F, N>],
     key_lo: u32,
     key_hi: u32,
     threshold: u32,
@@ -243,6 +247,7 @@ pub fn softmax_backward<F: Float, A: Float, N: Size>(
     sk: u32,
     #[comptime] causal: bool,
     #[comptime] drop: bool,
+    #[comptime] redrop: bool,
     #[comptime] lanes: u32,
     #[comptime] rows_per_cube: u32,
     #[comptime] plane_reduce: bool,
@@ -276,15 +281,24 @@ pub fn softmax_backward<F: Float, A: Float, N: Size>(
     let scale = Vector::<A, N>::new(A::cast_from(scale));
     j = u;
     while j < seen {
-        let y = Vector::<A, N>::cast_from(output[base + j]);
+        let stored = output[base + j];
+        let y = Vector::<A, N>::cast_from(stored);
         let dy = output_grad::<F, N>(grad_output, base + j, lo, hi, threshold, keep_scale, drop);
         let dy = Vector::<A, N>::cast_from(dy);
         grad_input[base + j] = Vector::<F, N>::cast_from(scale * y * (dy - dot));
+        if drop && redrop {
+            // As the forward drew it from the same stored `y`.
+            dropped[base + j] =
+                whole_dropout::<F, N>(stored, base + j, lo, hi, threshold, keep_scale);
+        }
         j += step;
     }
     let none = Vector::<F, N>::new(F::new(0.0));
     while j < length {
         grad_input[base + j] = none;
+        if drop && redrop {
+            dropped[base + j] = none;
+        }
         j += step;
     }
 }

@@ -55,3 +55,20 @@ pub fn wait_for_both<F: Float>(
     let _ = first;
     let _ = second;
 }
+
+/// [`wait_for`] for three buffers the other stream fills in one ordering window (the composed
+/// attention core's three last gradient products).
+#[cube(launch)]
+pub fn wait_for_three<F: Float>(
+    flags: &mut [Atomic<u32>],
+    slot: u32,
+    value: u32,
+    first: &mut [F],
+    second: &mut [F],
+    third: &mut [F],
+) {
+    spin_until(flags, slot, value);
+    let _ = first;
+    let _ = second;
+    let _ = third;
+}

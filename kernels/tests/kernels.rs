@@ -188,7 +188,7 @@ fn run_softmax_backward(
         upload(client, dy),
         poisoned(client, y.len()),
     );
-    softmax_backward::<f32>(client, launch, &yh, &dyh, &dx, s, causal, scale, None);
+    softmax_backward::<f32>(client, launch, &yh, &dyh, &dx, s, causal, scale, None, None);
     download(client, dx, y.len())
 }
 
@@ -1301,7 +1301,7 @@ fn half_storage_matches_f32<H: Storage>(client: &Client) -> bool {
         upload_as::<H>(client, &dy),
         poisoned_as::<H>(client, s.len()),
     );
-    softmax_backward::<H>(client, launch, &yh, &dyh, &dxh, s, true, scale, None);
+    softmax_backward::<H>(client, launch, &yh, &dyh, &dxh, s, true, scale, None, None);
     let dx_half = download_as::<H>(client, dxh, s.len());
     assert_within_an_ulp::<H>("softmax backward", &dx_half, &dx_f32, 0.0);
 
@@ -1946,7 +1946,8 @@ fn gradients_copied_to_offsets_land_there_and_nowhere_else() {
 
 /// The causal softmax with the dropout of its output in the same kernel: both outputs are, bit
 /// for bit, the softmax kernel's and the dropout kernel's on it (the whole tensor's draw), and
-/// its backward the dropout kernel's then the softmax backward's, in f32 and each half type
+/// its backward the dropout kernel's then the softmax backward's (also when it writes the
+/// dropped probabilities again, which must be the forward's), in f32 and each half type
 /// the device stores, for every launch shape, with rows in vectors and not, and with fewer
 /// queries than keys.
 #[test]
@@ -1995,12 +1996,30 @@ fn softmax_dropout_matches<H: Storage>(client: &Client) -> bool {
             // The backward from the dropped output's gradient: the dropout kernel's backward
             // (the same kernel) then the softmax backward, or one kernel.
             let g = upload_as::<H>(client, &rounded::<H>(&rng.vec(s.len(), -1.0, 1.0)));
-            let [dx, dy_alone, dx_alone] = [0; 3].map(|_| poisoned_as::<H>(client, s.len()));
+            let [dx, dy_alone, dx_alone, dx_redropping, redropped] =
+                [0; 5].map(|_| poisoned_as::<H>(client, s.len()));
             let y = &y_alone;
-            softmax_backward::<H>(client, launch, y, &g, &dx, s, true, 0.3, Some(draw));
             dropout::<H>(client, &g, &dy_alone, s.len(), draw);
-            softmax_backward::<H>(client, launch, y, &dy_alone, &dx_alone, s, true, 0.3, None);
-            assert_eq!(bits(dx), bits(dx_alone), "backward of {what}");
+            let draw = Some(draw);
+            softmax_backward::<H>(client, launch, y, &g, &dx, s, true, 0.3, draw, None);
+            let (dy, dx2) = (&dy_alone, &dx_alone);
+            softmax_backward::<H>(client, launch, y, dy, dx2, s, true, 0.3, None, None);
+            // Writing the dropped probabilities again as well: the forward's bits, and the
+            // same gradient.
+            let (dx3, again) = (&dx_redropping, Some(&redropped));
+            softmax_backward::<H>(client, launch, y, &g, dx3, s, true, 0.3, draw, again);
+            let dx = bits(dx);
+            assert_eq!(dx, bits(dx_alone), "backward of {what}");
+            assert_eq!(
+                dx,
+                bits(dx_redropping),
+                "backward writing the dropped of {what}"
+            );
+            assert_eq!(
+                bits(redropped),
+                alone,
+                "the dropped again in the backward of {what}"
+            );
         }
     }
     true
@@ -2075,7 +2094,7 @@ fn copy_half_into_fp32<H: Storage>(client: &Client) -> bool {
 /// The stream-ordering counters: `signal` raises one counter and leaves the other; a
 /// `wait_for` of a value already reached returns (one that is never reached would hang, which
 /// is why the product that uses them raises its counter even when it fails), and leaves the
-/// buffers it is bound to (one, or two for a window of two products) as they were.
+/// buffers it is bound to (one to three: a window's products) as they were.
 #[test]
 fn stream_order_counters_are_raised_and_waited_for() {
     let client = client();
@@ -2086,10 +2105,14 @@ fn stream_order_counters_are_raised_and_waited_for() {
     wait_for::<f32>(&client, &flags, 1, 9, &[(&written, 2)]);
     wait_for::<f32>(&client, &flags, 0, 2, &[(&written, 2)]);
     wait_for::<f32>(&client, &flags, 1, 8, &[(&written, 2), (&other, 3)]);
+    let third = upload(&client, &[4.0]);
+    let all = [(&written, 2), (&other, 3), (&third, 1)];
+    wait_for::<f32>(&client, &flags, 1, 9, &all);
     let counters = u32::from_bytes(&client.read_one_unchecked(flags)).to_vec();
     assert_eq!(counters, vec![3, 9]);
     assert_eq!(download(&client, written, 2), vec![1.5, -2.0]);
     assert_eq!(download(&client, other, 3), vec![0.25, 7.0, -1.0]);
+    assert_eq!(download(&client, third, 1), vec![4.0]);
 }
 
 /// Megatron's per-group QKV layout, read with nested loops: element `(b, i, g, part, c)` of

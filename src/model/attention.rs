@@ -292,8 +292,9 @@ impl CausalSelfAttention {
 /// What the attention core keeps for its backward.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum CoreKeeps {
-    /// What its ops keep: the composed core's probabilities `[batch, heads, seq, seq]`
-    /// before and after dropout.
+    /// What its ops keep: the composed core's probabilities `[batch, heads, seq, seq]` (the
+    /// core from the projection's rows keeps them before dropout only; the per-head core's
+    /// autodiff graph, after dropout too).
     #[default]
     Everything,
     /// Only its inputs, the backward forming the probabilities again (selective

@@ -21,7 +21,8 @@
 //!
 //! Either way the ordering is per window, not per product: a backward pass's two gradient
 //! products, which read the same output gradient and not each other's results, share one
-//! ([`matmul_pair`]), so GPT-2 345M's 435 products per step take 290 windows.
+//! ([`matmul_independent`]), so GPT-2 345M's 435 products per step take 290 windows; the
+//! composed attention core's backward runs its three last products in one.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -301,28 +302,35 @@ pub fn matmul(a: &CubeTensor, b: &CubeTensor) -> Option<CubeTensor> {
     Some(c)
 }
 
-/// `[a₁ · b₁, a₂ · b₂]` as [`matmul`] computes each, in one ordering window: CubeCL's work is
-/// waited for once before both and cuBLAS's once after (where each product alone costs two
-/// host waits, or two ordering kernels). For the two gradient products of a backward pass,
-/// which read the same output gradient and nothing the other writes. `None` where either
-/// product does not apply; `FERROTRON_CUBLAS_PAIRS=0` gives each its own window.
-pub fn matmul_pair(
-    (a1, b1): (&CubeTensor, &CubeTensor),
-    (a2, b2): (&CubeTensor, &CubeTensor),
-) -> Option<[CubeTensor; 2]> {
-    let (first, second) = (plan(a1, b1)?, plan(a2, b2)?);
-    if !pairs_on()
-        || first.a.dtype != second.a.dtype
-        || cuda_index(&first.a) != cuda_index(&second.a)
-    {
-        let [c1] = window([first])?;
-        let [c2] = window([second])?;
-        return Some([c1, c2]);
+/// `[a₁ · b₁, …, a_N · b_N]` as [`matmul`] computes each, in one ordering window: CubeCL's
+/// work is waited for once before all of them and cuBLAS's once after (where each product
+/// alone costs two host waits, or two ordering kernels). For a backward pass's gradient
+/// products, which read the same output gradient and none of each other's results. `None`
+/// where any product does not apply; `FERROTRON_CUBLAS_PAIRS=0` gives each its own window.
+pub fn matmul_independent<const N: usize>(
+    products: [(&CubeTensor, &CubeTensor); N],
+) -> Option<[CubeTensor; N]> {
+    let planned: Vec<Planned> = products
+        .iter()
+        .map(|(a, b)| plan(a, b))
+        .collect::<Option<_>>()?;
+    let first = planned.first()?;
+    let shared = pairs_on()
+        && planned
+            .iter()
+            .all(|p| p.a.dtype == first.a.dtype && cuda_index(&p.a) == cuda_index(&first.a));
+    if shared {
+        return window::<N>(planned.try_into().ok()?);
     }
-    window([first, second])
+    let mut outs = Vec::with_capacity(N);
+    for product in planned {
+        let [c] = window([product])?;
+        outs.push(c);
+    }
+    outs.try_into().ok()
 }
 
-/// Whether [`matmul_pair`] shares one window (`FERROTRON_CUBLAS_PAIRS=0`: no).
+/// Whether [`matmul_independent`] shares one window (`FERROTRON_CUBLAS_PAIRS=0`: no).
 fn pairs_on() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| std::env::var("FERROTRON_CUBLAS_PAIRS").as_deref() != Ok("0"))

@@ -3,7 +3,7 @@
 //! burn's autodiff would differentiate a product through burn's own matmul, so on CUDA the
 //! product is a backend extension ([`GemmOps`]) whose backward pass is two more products of
 //! the same kind: `da = dc · bᵀ`, `db = aᵀ · dc` (transposes are strides, never copies), given
-//! to cuBLAS as one pair ([`extension::Gemm::gemm_pair`]: one ordering window for both).
+//! to cuBLAS together ([`extension::Gemm::gemm_independent`]: one ordering window for both).
 //! cuBLAS itself is in [`super::cublas`]; without the `cuda` feature, on other devices, for
 //! dtypes it does not take (f32 unless `FERROTRON_MATMUL=cublas`), or with
 //! `FERROTRON_MATMUL=cubecl`, [`matmul`] is exactly `a.matmul(b)`.
@@ -53,10 +53,13 @@ pub mod extension {
         /// `a · b` over the last two dimensions; either operand may be a transposed view.
         fn gemm(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self>;
 
-        /// `[a₁ · b₁, a₂ · b₂]`, neither reading the other's result: the two gradient products
-        /// of a backward pass, which cuBLAS runs in one ordering window (half the waits).
-        fn gemm_pair(first: Operands<Self>, second: Operands<Self>) -> [FloatTensor<Self>; 2] {
-            [Self::gemm(first.0, first.1), Self::gemm(second.0, second.1)]
+        /// `[a₁ · b₁, …, a_N · b_N]`, none reading another's result (a backward pass's
+        /// gradient products), which cuBLAS runs in one ordering window: one wait each way
+        /// for all of them instead of one per product.
+        fn gemm_independent<const N: usize>(
+            products: [Operands<Self>; N],
+        ) -> [FloatTensor<Self>; N] {
+            products.map(|(a, b)| Self::gemm(a, b))
         }
     }
 
@@ -69,14 +72,14 @@ pub mod extension {
             <CubeBackend as FloatTensorOps<CubeBackend>>::float_matmul(a, b)
         }
 
-        fn gemm_pair(first: Operands<Self>, second: Operands<Self>) -> [CubeTensor; 2] {
+        fn gemm_independent<const N: usize>(products: [Operands<Self>; N]) -> [CubeTensor; N] {
             #[cfg(feature = "cuda")]
-            if let Some(both) =
-                crate::util::cublas::matmul_pair((&first.0, &first.1), (&second.0, &second.1))
+            if let Some(all) =
+                crate::util::cublas::matmul_independent(products.each_ref().map(|(a, b)| (a, b)))
             {
-                return both;
+                return all;
             }
-            [Self::gemm(first.0, first.1), Self::gemm(second.0, second.1)]
+            products.map(|(a, b)| Self::gemm(a, b))
         }
     }
 
@@ -112,10 +115,10 @@ pub mod extension {
             let (a, b) = ops.state;
             match (pa, pb) {
                 (Some(pa), Some(pb)) => {
-                    let [da, db] = B::gemm_pair(
+                    let [da, db] = B::gemm_independent([
                         (grad.clone(), transposed::<B>(b)),
                         (transposed::<B>(a), grad),
-                    );
+                    ]);
                     grads.register::<B>(pa.id, da);
                     grads.register::<B>(pb.id, db);
                 }

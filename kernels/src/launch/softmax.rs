@@ -167,7 +167,10 @@ fn launch_forward<F: Float + CubeElement>(
 /// backward). With `causal`, `output` is a causal softmax's: each row's keys after its query
 /// (zeros there) are not read, and their gradient is 0. With `dropout`, `grad_output` is the
 /// gradient of the dropped output, taken back through the dropout by that draw in the same
-/// kernel: bit for bit [`dropout_slice`] then this.
+/// kernel: bit for bit [`dropout_slice`] then this. With `redropped` as well, the dropout of
+/// `output` by that draw goes into it: the forward's dropped probabilities, bit for bit
+/// ([`softmax_forward`]'s), formed again where the `p v` product's gradient needs them
+/// instead of kept from the forward.
 #[allow(clippy::too_many_arguments)]
 pub fn softmax_backward<F: Float + CubeElement>(
     client: &Client,
@@ -179,6 +182,7 @@ pub fn softmax_backward<F: Float + CubeElement>(
     causal: bool,
     scale: f32,
     dropout: Option<DropoutDraw>,
+    redropped: Option<&Handle>,
 ) {
     if shape.is_empty() {
         return;
@@ -191,6 +195,10 @@ pub fn softmax_backward<F: Float + CubeElement>(
             "causal softmax needs sq ≤ sk, got {shape:?}"
         );
     }
+    assert!(
+        dropout.is_some() || redropped.is_none(),
+        "the dropped probabilities need the forward's draw"
+    );
     let draw = dropout.unwrap_or(NO_DRAW);
     softmax::softmax_backward::launch::<F, f32>(
         client,
@@ -200,6 +208,8 @@ pub fn softmax_backward<F: Float + CubeElement>(
         arg(output, len),
         arg(grad_output, len),
         arg(grad_input, len),
+        // Never written without `redropped`: bound to the gradient's buffer in its place.
+        arg(redropped.unwrap_or(grad_input), len),
         draw.key_lo,
         draw.key_hi,
         draw.threshold,
@@ -210,6 +220,7 @@ pub fn softmax_backward<F: Float + CubeElement>(
         sk as u32,
         causal,
         dropout.is_some(),
+        redropped.is_some(),
         launch.lanes,
         launch.rows_per_cube,
         launch.plane_reduce,

@@ -22,7 +22,7 @@ pub fn signal(client: &Client, flags: &Handle, slot: u32, value: u32) {
 }
 
 /// Holds `client`'s stream until the counter `slot` of `flags` reaches `value`
-/// ([`stream_order::wait_for`]); `written` (one or two buffers, each with its length in
+/// ([`stream_order::wait_for`]); `written` (one to three buffers, each with its length in
 /// elements of `F`) is what the other stream fills.
 pub fn wait_for<F: Float + CubeElement>(
     client: &Client,
@@ -52,8 +52,19 @@ pub fn wait_for<F: Float + CubeElement>(
             buffer(first),
             buffer(second),
         ),
+        [first, second, third] => stream_order::wait_for_three::launch::<F>(
+            client,
+            one,
+            dim,
+            flags,
+            slot,
+            value,
+            buffer(first),
+            buffer(second),
+            buffer(third),
+        ),
         _ => panic!(
-            "a wait binds one or two written buffers, not {}",
+            "a wait binds one to three written buffers, not {}",
             written.len()
         ),
     }

@@ -38,8 +38,9 @@ impl<B: QkvKernels + SoftmaxKernels + FlashAttentionKernels + RotaryKernels + Ge
 /// its backward.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CoreKernels {
-    /// Scores, causal softmax (writing its dropout), product: keeps the probabilities before
-    /// and after dropout, `2 · [b, heads, s, s]`.
+    /// Scores, causal softmax (writing its dropout), product: keeps the probabilities
+    /// `[b, heads, s, s]` (the backward's softmax kernel writes their dropout again, the same
+    /// bits, for the `p v` product's gradient).
     Composed,
     /// The same kernels, keeping only the queries, keys and values: the backward forms the
     /// scores and the softmax again, the same bits (selective recomputation).
@@ -49,8 +50,8 @@ pub enum CoreKernels {
 }
 
 /// What the backward needs: the per-head queries, keys and values, and either the fused
-/// attention's output and log-sum-exp per row, or the probabilities before and after
-/// dropout, or nothing more (they are formed again).
+/// attention's output and log-sum-exp per row, or the probabilities (before dropout), or
+/// nothing more (they are formed again).
 #[derive(Clone, Debug)]
 pub enum Saved<B: AttentionKernels> {
     /// The fused attention ran (`--use-flash-attn`).
@@ -63,7 +64,6 @@ pub enum Saved<B: AttentionKernels> {
     Composed {
         qkv: [FloatTensor<B>; 3],
         probs: FloatTensor<B>,
-        dropped: FloatTensor<B>,
     },
     /// The scores, softmax and dropout are formed again in the backward.
     Recomputed { qkv: [FloatTensor<B>; 3] },
@@ -115,14 +115,8 @@ pub fn forward<B: AttentionKernels>(
             (output, saved)
         }
         CoreKernels::Composed => {
-            let [probs, dropped] = probabilities::<B>(q, k, scale, draw);
-            let output = B::gemm(dropped.clone(), v);
-            let saved = Saved::Composed {
-                qkv,
-                probs,
-                dropped,
-            };
-            (output, saved)
+            let [probs, dropped] = B::causal_softmax_forward(scores::<B>(q, k), scale, draw);
+            (B::gemm(dropped, v), Saved::Composed { qkv, probs })
         }
         CoreKernels::Recomputed => {
             // Neither set of probabilities is kept: the softmax writes only the dropped ones
@@ -132,18 +126,6 @@ pub fn forward<B: AttentionKernels>(
         }
     };
     (merge_heads::<B>(heads, layout), saved)
-}
-
-/// The attention probabilities `softmax(scale · q kᵀ)` under the causal mask, before and
-/// after dropout: one product and one kernel, deterministic, so the backward of
-/// [`CoreKernels::Recomputed`] forms the forward's bits again.
-fn probabilities<B: AttentionKernels>(
-    q: FloatTensor<B>,
-    k: FloatTensor<B>,
-    scale: f32,
-    draw: Option<DropoutDraw>,
-) -> [FloatTensor<B>; 2] {
-    B::causal_softmax_forward(scores::<B>(q, k), scale, draw)
 }
 
 /// The attention scores `q kᵀ` (unscaled: the softmax kernels scale them).
@@ -171,13 +153,13 @@ pub fn backward<B: AttentionKernels>(
                 B::flash_attention_backward(q, k, v, output, logsumexp, grad, scale, draw);
             [dq, dk, dv]
         }
-        Saved::Composed {
-            qkv,
-            probs,
-            dropped,
-        } => composed_backward::<B>(qkv, [probs, dropped], grad, scale, draw),
+        Saved::Composed { qkv, probs } => composed_backward::<B>(qkv, probs, grad, scale, draw),
         Saved::Recomputed { qkv: [q, k, v] } => {
-            let probs = probabilities::<B>(q.clone(), k.clone(), scale, draw);
+            // The forward's probabilities again (one product and one deterministic kernel:
+            // the same bits); their dropout comes from the backward's kernel as for
+            // `Composed`.
+            let scores = scores::<B>(q.clone(), k.clone());
+            let [probs, _] = B::causal_softmax_forward(scores, scale, None);
             composed_backward::<B>([q, k, v], probs, grad, scale, draw)
         }
     };
@@ -189,20 +171,32 @@ pub fn backward<B: AttentionKernels>(
 }
 
 /// The per-head `[dq, dk, dv]` of the composed core from the output's gradient `grad` and
-/// the probabilities before and after dropout: the products burn's autodiff would form, and
-/// the softmax backward taking the dropout back in the same kernel.
+/// the probabilities `probs`: the products burn's autodiff would form, and the softmax
+/// backward taking the dropout back in the same kernel and writing the dropped probabilities
+/// (the forward's bits) that `dv` reads. Two ordering windows of cuBLAS products: `d_dropped`
+/// alone, then `dv`, `dq`, `dk` together.
 fn composed_backward<B: AttentionKernels>(
     [q, k, v]: [FloatTensor<B>; 3],
-    [probs, dropped]: [FloatTensor<B>; 2],
+    probs: FloatTensor<B>,
     grad: FloatTensor<B>,
     scale: f32,
     draw: Option<DropoutDraw>,
 ) -> [FloatTensor<B>; 3] {
-    let [d_dropped, dv] = B::gemm_pair(
-        (grad.clone(), transposed::<B>(v)),
+    let d_dropped = B::gemm(grad.clone(), transposed::<B>(v));
+    let (d_scores, dropped) = match draw {
+        Some(draw) => {
+            let [d_scores, dropped] = B::softmax_backward_redropping(probs, d_dropped, scale, draw);
+            (d_scores, dropped)
+        }
+        None => (
+            B::softmax_backward(probs.clone(), d_dropped, scale, None),
+            probs,
+        ),
+    };
+    let [dv, dq, dk] = B::gemm_independent([
         (transposed::<B>(dropped), grad),
-    );
-    let d_scores = B::softmax_backward(probs, d_dropped, scale, draw);
-    let [dq, dk] = B::gemm_pair((d_scores.clone(), k), (transposed::<B>(d_scores), q));
+        (d_scores.clone(), k),
+        (transposed::<B>(d_scores), q),
+    ]);
     [dq, dk, dv]
 }

@@ -46,6 +46,16 @@ pub trait SoftmaxKernels: Backend {
         scale: f32,
         draw: Option<DropoutDraw>,
     ) -> FloatTensor<Self>;
+    /// `[dx, dropout(y)]`: [`Self::softmax_backward`] of a causal softmax through its
+    /// dropout by `draw`, and the forward's dropped probabilities again (the same bits as
+    /// [`Self::causal_softmax_forward`]'s second output) from the same kernel, so that an
+    /// attention core keeps only `y` for the `p v` product's gradient.
+    fn softmax_backward_redropping(
+        y: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+        scale: f32,
+        draw: DropoutDraw,
+    ) -> [FloatTensor<Self>; 2];
 }
 
 /// The differentiable fused softmax (a burn backend extension).
@@ -122,26 +132,50 @@ impl SoftmaxKernels for CubeBackend {
         scale: f32,
         draw: Option<DropoutDraw>,
     ) -> CubeTensor {
-        let (y, dy) = (packed(y), packed(dy));
-        same_dtype("the softmax output's gradient", &y, &dy);
-        let shape = y.shape();
-        let scores = scores_shape(&shape);
-        let dx = empty_like(&y, shape, y.dtype);
-        by_dtype!(
-            y.dtype,
-            softmax_backward,
-            &y.client,
-            RowLaunch::for_client(&y.client),
-            &y.handle,
-            &dy.handle,
-            &dx.handle,
-            scores,
-            true,
-            scale,
-            draw
-        );
-        dx
+        causal_backward(y, dy, scale, draw, false).0
     }
+
+    fn softmax_backward_redropping(
+        y: CubeTensor,
+        dy: CubeTensor,
+        scale: f32,
+        draw: DropoutDraw,
+    ) -> [CubeTensor; 2] {
+        let (dx, dropped) = causal_backward(y, dy, scale, Some(draw), true);
+        [dx, dropped.expect("written with the draw")]
+    }
+}
+
+/// The causal softmax backward (through the dropout by `draw`, if any) and, with
+/// `redropping`, the dropout of `y` by the draw from the same kernel.
+fn causal_backward(
+    y: CubeTensor,
+    dy: CubeTensor,
+    scale: f32,
+    draw: Option<DropoutDraw>,
+    redropping: bool,
+) -> (CubeTensor, Option<CubeTensor>) {
+    let (y, dy) = (packed(y), packed(dy));
+    same_dtype("the softmax output's gradient", &y, &dy);
+    let shape = y.shape();
+    let scores = scores_shape(&shape);
+    let dx = empty_like(&y, shape.clone(), y.dtype);
+    let dropped = (redropping && draw.is_some()).then(|| empty_like(&y, shape, y.dtype));
+    by_dtype!(
+        y.dtype,
+        softmax_backward,
+        &y.client,
+        RowLaunch::for_client(&y.client),
+        &y.handle,
+        &dy.handle,
+        &dx.handle,
+        scores,
+        true,
+        scale,
+        draw,
+        dropped.as_ref().map(|d| &d.handle)
+    );
+    (dx, dropped)
 }
 
 impl SoftmaxOps for CubeBackend {
