@@ -13,6 +13,8 @@
 #                       build, the baseline is `pretrain` itself under those variables.
 #   matmul_shapes       cargo build --release --features cuda --example matmul_shapes
 #                       (target/release/examples/matmul_shapes; optional)
+#   step_graph          cargo build --release --features cuda --example step_graph
+#                       (optional: the forward + backward replayed from a captured graph)
 # each possibly xz-compressed (NAME.xz), or together in BIN_DIR/bins.tar.xz. PYTHON: a Python with CUDA PyTorch (default python3).
 # REPORT_DIR receives report.md (the numbers) and logs.tar.xz (every run's log).
 #
@@ -20,7 +22,8 @@
 # dropout, composed attention (then the baseline build's), PyTorch eager bf16 + SDPA beside,
 # --recompute-activations, and bf16 without dropout; CubeCL's per-kernel profile of the composed
 # bf16 step summed by class (iterations 3-5 of a 5-iteration run, an iteration ending at its
-# Adam launches; set PROFILE_FLAGS=--use-flash-attn for the fused attention); --use-flash-attn;
+# Adam launches; set PROFILE_FLAGS=--use-flash-attn for the fused attention); the forward +
+# backward captured as a CUDA graph and replayed, against eager; --use-flash-attn;
 # the host floor (24 layers at hidden 64, seq 64: launch overhead) of both builds; the GPT's
 # matmul shapes, CubeCL default vs autotune vs cuBLAS; flash without dropout; fp32;
 # torch.compile.
@@ -188,6 +191,23 @@ if CUBECL_DEBUG_OPTION=profile CUBECL_DEBUG_LOG="$WORK/logs/prof5.txt" step prof
 fi
 say '```'
 say ""
+
+# The step captured as a graph and replayed (one launch for the host) against the same step
+# eager: the forward + backward alone (benchmarks/step_graph.rs), CubeCL's matmuls in both
+# (cuBLAS's stream is outside the capture), and the eager step with cuBLAS's beside them.
+if [ -x "$WORK/bin/step_graph" ]; then
+  say "## Captured step: forward + backward replayed from a CUDA graph against eager (bf16, dropout 0.1)"
+  say '```'
+  SG="$WORK/bin/step_graph"
+  step graph-floor 90 30 env FERROTRON_MATMUL=cubecl "$SG" "$DEVICE" 24 64 4 64 4 10 &&
+    tee -a "$R" < "$WORK/logs/graph-floor.log" > /dev/null
+  step graph-model 150 60 env FERROTRON_MATMUL=cubecl "$SG" "$DEVICE" "$LAYERS" "$HIDDEN" "$HEADS" "$SEQ" "$MBS" 5 &&
+    tee -a "$R" < "$WORK/logs/graph-model.log" > /dev/null
+  step graph-model-cublas 90 40 "$SG" "$DEVICE" "$LAYERS" "$HIDDEN" "$HEADS" "$SEQ" "$MBS" 5 eager &&
+    { echo "with cuBLAS's products:"; cat "$WORK/logs/graph-model-cublas.log"; } | tee -a "$R" > /dev/null
+  say '```'
+  say ""
+fi
 
 # The fused attention (FLASH=0 leaves out its runs): after the acceptance's runs and the
 # profile, its kernels being CUDA-core products (no tensor cores yet, docs/gpu.md).

@@ -10,7 +10,7 @@ mkdir -p "$DEST"
 if [ -f "$BIN_DIR/bins.tar.xz" ]; then
   tar -C "$DEST" -xJf "$BIN_DIR/bins.tar.xz" || { echo "unpack_bins: cannot unpack $BIN_DIR/bins.tar.xz"; exit 1; }
 fi
-for name in pretrain pretrain-baseline matmul_shapes; do
+for name in pretrain pretrain-baseline matmul_shapes step_graph; do
   if [ -f "$DEST/$name" ]; then :
   elif [ -f "$BIN_DIR/$name.xz" ]; then xz -dc "$BIN_DIR/$name.xz" > "$DEST/$name"
   elif [ -f "$BIN_DIR/$name" ]; then cp "$BIN_DIR/$name" "$DEST/$name"

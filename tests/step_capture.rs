@@ -1,0 +1,97 @@
+//! The GPT's forward and backward captured as a graph on a CubeCL device (CubeCL's graph
+//! capture; lavapipe here, where it records a software graph, one CUDA graph on CUDA) and
+//! replayed: the replay must give the eager step's loss and gradients bit for bit. That holds
+//! only while the step neither writes to nor reads from the device between its launches (a
+//! host upload or a host read inside it fails the capture), which a captured training step —
+//! one launch for the host where the eager step makes about 1,200 — needs
+//! (docs/gpu.md, "Captured steps").
+//!
+//! A file of its own: a capture holds its device stream, and other tests' reads on a stream
+//! folded onto the same one would be refused while it records.
+#![cfg(feature = "wgpu")]
+
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::optim::GradientsParams;
+use burn::tensor::{Int, Tensor, TensorData};
+use burn_cubecl::CubeBackend;
+use ferrotron::model::GptConfig;
+use ferrotron::optim::Precision;
+use ferrotron::parallel::random::seed_micro_batch;
+use ferrotron::util::device::parse_device;
+
+/// Every parameter's gradient, flattened, in the module's order.
+fn flat_gradients<M: Module>(module: &M, grads: GradientsParams) -> Vec<Tensor<1>> {
+    struct Flat(GradientsParams, Vec<Tensor<1>>);
+    impl ModuleVisitor for Flat {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            if let Some(g) = self.0.remove::<D>(param.id) {
+                let n = g.shape().num_elements();
+                self.1.push(g.reshape([n]));
+            }
+        }
+    }
+    let mut flat = Flat(grads, Vec::new());
+    module.visit(&mut flat);
+    flat.1
+}
+
+fn read(loss: Tensor<1>, grads: Vec<Tensor<1>>) -> (Vec<f32>, Vec<Vec<f32>>) {
+    let f32s = |t: Tensor<1>| t.try_into_vec_as::<f32>().unwrap();
+    (f32s(loss), grads.into_iter().map(f32s).collect())
+}
+
+/// Two layers in f16 (the working copy cast inside the step, as training does) with dropout,
+/// the fused kernels and the attention core from the QKV rows: the replay equals the eager
+/// step, and a second replay equals the first (the graph keeps no state of its own).
+#[test]
+fn a_captured_forward_and_backward_replays_the_eager_step() {
+    let base = parse_device("wgpu-cpu").unwrap();
+    let device = base.clone().autodiff();
+    let client = Tensor::<1>::zeros([1], &base)
+        .try_into_primitive::<CubeBackend>()
+        .unwrap_or_else(|_| panic!("not a CubeCL tensor"))
+        .client
+        .clone();
+    let (b, s, vocab) = (2, 16, 96);
+    let main = GptConfig::new(2, 32, 4, s, vocab).init(5, &device).unwrap();
+    let ids = |shift: i64| {
+        let v: Vec<i64> = (0..(b * s) as i64)
+            .map(|i| (i * 7 + shift) % vocab as i64)
+            .collect();
+        Tensor::<2, Int>::from_data(TensorData::new(v, [b, s]), &device)
+    };
+    let (tokens, labels) = (ids(0), ids(1));
+    let mask = Tensor::<2>::ones([b, s], &device);
+    let step = || {
+        seed_micro_batch(3, 1, 0, 0);
+        let model = Precision::Fp16.working_copy(&main);
+        let loss = model.lm_loss(tokens.clone(), labels.clone(), mask.clone());
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        (loss.detach().inner(), flat_gradients(&model, grads))
+    };
+    let (loss, grads) = step();
+    let eager = read(loss, grads);
+    assert!(
+        eager.0[0].is_finite() && eager.1.len() == 28,
+        "{:?}",
+        eager.0
+    );
+
+    client.graph_prepare().expect("graph_prepare");
+    drop(step());
+    client.start_capture().expect("start_capture");
+    let (loss, grads) = step();
+    let graph = client.stop_capture().expect("stop_capture");
+    for replay in 0..2 {
+        // SAFETY: every buffer the graph touches stays allocated (the weights, the inputs and
+        // the outputs held here), and nothing else runs on the device in between.
+        unsafe { graph.replay().expect("replay") };
+        let replayed = read(loss.clone(), grads.clone());
+        assert!(
+            replayed == eager,
+            "replay {replay}: loss {:?} against the eager {:?}, or a gradient differs",
+            replayed.0,
+            eager.0
+        );
+    }
+}
