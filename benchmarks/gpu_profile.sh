@@ -179,6 +179,35 @@ for run in bf16 bf16-baseline bf16-recompute; do
 done
 say ""
 
+# The step captured as a graph and replayed (one launch for the host) against the same step
+# eager: the forward + backward alone (benchmarks/step_graph.rs), CubeCL's matmuls in both
+# (cuBLAS's stream is outside the capture). First at the host floor's sizes, where the step
+# is launch overhead (30 s); the model's sizes, with the eager step on cuBLAS's products
+# beside, after the profile.
+SG="$WORK/bin/step_graph"
+# GRAPH_DEVICE: a CubeCL device for these runs where DEVICE is not one (a dry run: wgpu-cpu).
+GD=${GRAPH_DEVICE:-$DEVICE}
+graph_section() {
+  [ -x "$SG" ] || return 0
+  say "## Captured step ($1): forward + backward replayed from a CUDA graph against eager (bf16, dropout 0.1)"
+  say '```'
+  shift
+  "$@"
+  say '```'
+  say ""
+}
+graph_floor() {
+  step graph-floor 90 30 env FERROTRON_MATMUL=cubecl "$SG" "$GD" 24 64 4 64 4 10 &&
+    tee -a "$R" < "$WORK/logs/graph-floor.log" > /dev/null
+}
+graph_model() {
+  step graph-model 150 60 env FERROTRON_MATMUL=cubecl "$SG" "$GD" "$LAYERS" "$HIDDEN" "$HEADS" "$SEQ" "$MBS" 5 &&
+    tee -a "$R" < "$WORK/logs/graph-model.log" > /dev/null
+  step graph-model-cublas 90 40 "$SG" "$GD" "$LAYERS" "$HIDDEN" "$HEADS" "$SEQ" "$MBS" 5 eager &&
+    { echo "with cuBLAS's products:"; cat "$WORK/logs/graph-model-cublas.log"; } | tee -a "$R" > /dev/null
+}
+graph_section "host floor: 24 layers, hidden 64, 4 heads, seq 64, micro-batch 4" graph_floor
+
 PROFILE_FLAGS=${PROFILE_FLAGS:-}
 # One 5-iteration run, read by iteration: the launches after iteration 2's Adam step up to the
 # last one (an autotuning build logs its tuning and CubeCL's device probes in amounts that vary
@@ -192,22 +221,7 @@ fi
 say '```'
 say ""
 
-# The step captured as a graph and replayed (one launch for the host) against the same step
-# eager: the forward + backward alone (benchmarks/step_graph.rs), CubeCL's matmuls in both
-# (cuBLAS's stream is outside the capture), and the eager step with cuBLAS's beside them.
-if [ -x "$WORK/bin/step_graph" ]; then
-  say "## Captured step: forward + backward replayed from a CUDA graph against eager (bf16, dropout 0.1)"
-  say '```'
-  SG="$WORK/bin/step_graph"
-  step graph-floor 90 30 env FERROTRON_MATMUL=cubecl "$SG" "$DEVICE" 24 64 4 64 4 10 &&
-    tee -a "$R" < "$WORK/logs/graph-floor.log" > /dev/null
-  step graph-model 150 60 env FERROTRON_MATMUL=cubecl "$SG" "$DEVICE" "$LAYERS" "$HIDDEN" "$HEADS" "$SEQ" "$MBS" 5 &&
-    tee -a "$R" < "$WORK/logs/graph-model.log" > /dev/null
-  step graph-model-cublas 90 40 "$SG" "$DEVICE" "$LAYERS" "$HIDDEN" "$HEADS" "$SEQ" "$MBS" 5 eager &&
-    { echo "with cuBLAS's products:"; cat "$WORK/logs/graph-model-cublas.log"; } | tee -a "$R" > /dev/null
-  say '```'
-  say ""
-fi
+graph_section "$MODEL" graph_model
 
 # The fused attention (FLASH=0 leaves out its runs): after the acceptance's runs and the
 # profile, its kernels being CUDA-core products (no tensor cores yet, docs/gpu.md).
