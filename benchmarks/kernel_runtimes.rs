@@ -109,6 +109,7 @@ fn timings(client: &Client, b: &Buffers) -> Vec<f64> {
     let draw = DropoutDraw {
         key_lo: 1,
         key_hi: 2,
+        salt: 3,
         threshold: u32::MAX / 10,
         scale: 1.0 / 0.9,
     };

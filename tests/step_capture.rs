@@ -16,8 +16,9 @@ use burn::tensor::{Int, Tensor, TensorData};
 use burn_cubecl::CubeBackend;
 use ferrotron::model::GptConfig;
 use ferrotron::optim::Precision;
-use ferrotron::parallel::random::seed_micro_batch;
+use ferrotron::parallel::random::{dropout_salt, seed_micro_batch};
 use ferrotron::util::device::parse_device;
+use ferrotron_kernels::launch::set_dropout_salt;
 
 /// Every parameter's gradient, flattened, in the module's order.
 fn flat_gradients<M: Module>(module: &M, grads: GradientsParams) -> Vec<Tensor<1>> {
@@ -42,7 +43,9 @@ fn read(loss: Tensor<1>, grads: Vec<Tensor<1>>) -> (Vec<f32>, Vec<Vec<f32>>) {
 
 /// Two layers in f16 (the working copy cast inside the step, as training does) with dropout,
 /// the fused kernels and the attention core from the QKV rows: the replay equals the eager
-/// step, and a second replay equals the first (the graph keeps no state of its own).
+/// step, a second replay equals the first (the graph keeps no state of its own), and with
+/// another iteration's dropout salt written between replays the replay equals that
+/// iteration's eager step (the masks' only per-step input is that salt).
 #[test]
 fn a_captured_forward_and_backward_replays_the_eager_step() {
     let base = parse_device("wgpu-cpu").unwrap();
@@ -62,13 +65,14 @@ fn a_captured_forward_and_backward_replays_the_eager_step() {
     };
     let (tokens, labels) = (ids(0), ids(1));
     let mask = Tensor::<2>::ones([b, s], &device);
-    let step = || {
-        seed_micro_batch(3, 1, 0, 0);
+    let step_of = |iteration| {
+        seed_micro_batch(3, iteration, 0, 0);
         let model = Precision::Fp16.working_copy(&main);
         let loss = model.lm_loss(tokens.clone(), labels.clone(), mask.clone());
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         (loss.detach().inner(), flat_gradients(&model, grads))
     };
+    let step = || step_of(1);
     let (loss, grads) = step();
     let eager = read(loss, grads);
     assert!(
@@ -82,16 +86,36 @@ fn a_captured_forward_and_backward_replays_the_eager_step() {
     client.start_capture().expect("start_capture");
     let (loss, grads) = step();
     let graph = client.stop_capture().expect("stop_capture");
-    for replay in 0..2 {
-        // SAFETY: every buffer the graph touches stays allocated (the weights, the inputs and
-        // the outputs held here), and nothing else runs on the device in between.
-        unsafe { graph.replay().expect("replay") };
+    // SAFETY: every buffer the graph touches stays allocated (the weights, the inputs and the
+    // outputs held here), and what runs on the device between replays (the eager step below)
+    // holds no buffer past its end.
+    let replay = || unsafe { graph.replay().expect("replay") };
+    for replay_index in 0..2 {
+        replay();
         let replayed = read(loss.clone(), grads.clone());
         assert!(
             replayed == eager,
-            "replay {replay}: loss {:?} against the eager {:?}, or a gradient differs",
+            "replay {replay_index}: loss {:?} against the eager {:?}, or a gradient differs",
             replayed.0,
             eager.0
+        );
+    }
+
+    // Another iteration: the eager step draws other masks; the graph replays them once that
+    // micro-batch's dropout salt is written into the buffer its launches read.
+    let (loss_2, grads_2) = step_of(2);
+    let eager_2 = read(loss_2, grads_2);
+    assert!(eager_2 != eager, "another iteration drew the same masks");
+    for (iteration, want) in [(2, &eager_2), (1, &eager), (2, &eager_2)] {
+        seed_micro_batch(3, iteration, 0, 0);
+        set_dropout_salt(&client, dropout_salt());
+        replay();
+        let replayed = read(loss.clone(), grads.clone());
+        assert!(
+            &replayed == want,
+            "the replay with iteration {iteration}'s salt: loss {:?} against the eager {:?}",
+            replayed.0,
+            want.0
         );
     }
 }

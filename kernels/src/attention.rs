@@ -28,7 +28,7 @@
 
 use cubecl::prelude::*;
 
-use crate::dropout::dropout_bits;
+use crate::dropout::{dropout_bits, salted};
 use crate::rows::cube_index;
 
 /// Rows of a micro-tile: each unit owns 4 rows of a tile's products.
@@ -745,6 +745,7 @@ pub fn flash_attention_forward<F: Float, A: Float, N: Size>(
     scale: f32,
     heads: u32,
     seq: u32,
+    salt: &[u32],
     key_lo: u32,
     key_hi: u32,
     threshold: u32,
@@ -754,6 +755,8 @@ pub fn flash_attention_forward<F: Float, A: Float, N: Size>(
     #[comptime] block: u32,
     #[comptime] unroll: bool,
 ) {
+    let key_lo = salted(key_lo, salt, 0usize, dropout);
+    let key_hi = salted(key_hi, salt, 1usize, dropout);
     let (s, b) = (seq as usize, block as usize);
     let tile = comptime!(TileShape {
         block,
@@ -878,6 +881,7 @@ pub fn flash_attention_backward_query<F: Float, A: Float, N: Size>(
     scale: f32,
     heads: u32,
     seq: u32,
+    salt: &[u32],
     key_lo: u32,
     key_hi: u32,
     threshold: u32,
@@ -887,6 +891,8 @@ pub fn flash_attention_backward_query<F: Float, A: Float, N: Size>(
     #[comptime] block: u32,
     #[comptime] unroll: bool,
 ) {
+    let key_lo = salted(key_lo, salt, 0usize, dropout);
+    let key_hi = salted(key_hi, salt, 1usize, dropout);
     let (s, b) = (seq as usize, block as usize);
     let tile = comptime!(TileShape {
         block,
@@ -977,6 +983,7 @@ pub fn flash_attention_backward_key_value<F: Float, A: Float, N: Size>(
     scale: f32,
     heads: u32,
     seq: u32,
+    salt: &[u32],
     key_lo: u32,
     key_hi: u32,
     threshold: u32,
@@ -986,6 +993,8 @@ pub fn flash_attention_backward_key_value<F: Float, A: Float, N: Size>(
     #[comptime] block: u32,
     #[comptime] unroll: bool,
 ) {
+    let key_lo = salted(key_lo, salt, 0usize, dropout);
+    let key_hi = salted(key_hi, salt, 1usize, dropout);
     let (s, b) = (seq as usize, block as usize);
     let tile = comptime!(TileShape {
         block,

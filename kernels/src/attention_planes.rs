@@ -15,6 +15,7 @@ use crate::attention::{
     cube_block, dropout_args, kept, probability_and_gradient, quad_sum, quads, read_quad,
     write_quad, DropoutArgs, Quad, RowStats,
 };
+use crate::dropout::salted;
 
 /// Row `row` of a `[rows, head_dim]` tensor as [`Quad`]s into `target` from quad `at` (zeros
 /// past `head_dim`, and all zeros where `active` is false).
@@ -336,6 +337,7 @@ pub fn plane_attention_forward<F: Float, A: Float, N: Size>(
     scale: f32,
     heads: u32,
     seq: u32,
+    salt: &[u32],
     key_lo: u32,
     key_hi: u32,
     threshold: u32,
@@ -345,6 +347,8 @@ pub fn plane_attention_forward<F: Float, A: Float, N: Size>(
     #[comptime] plane: u32,
     #[comptime] rows: u32,
 ) {
+    let key_lo = salted(key_lo, salt, 0usize, dropout);
+    let key_hi = salted(key_hi, salt, 1usize, dropout);
     let shape = comptime!(PlaneShape {
         head_dim,
         plane,
@@ -458,6 +462,7 @@ pub fn plane_attention_backward_query<F: Float, A: Float, N: Size>(
     scale: f32,
     heads: u32,
     seq: u32,
+    salt: &[u32],
     key_lo: u32,
     key_hi: u32,
     threshold: u32,
@@ -467,6 +472,8 @@ pub fn plane_attention_backward_query<F: Float, A: Float, N: Size>(
     #[comptime] plane: u32,
     #[comptime] rows: u32,
 ) {
+    let key_lo = salted(key_lo, salt, 0usize, dropout);
+    let key_hi = salted(key_hi, salt, 1usize, dropout);
     let shape = comptime!(PlaneShape {
         head_dim,
         plane,
@@ -543,6 +550,7 @@ pub fn plane_attention_backward_key_value<F: Float, A: Float, N: Size>(
     scale: f32,
     heads: u32,
     seq: u32,
+    salt: &[u32],
     key_lo: u32,
     key_hi: u32,
     threshold: u32,
@@ -552,6 +560,8 @@ pub fn plane_attention_backward_key_value<F: Float, A: Float, N: Size>(
     #[comptime] plane: u32,
     #[comptime] rows: u32,
 ) {
+    let key_lo = salted(key_lo, salt, 0usize, dropout);
+    let key_hi = salted(key_hi, salt, 1usize, dropout);
     let shape = comptime!(PlaneShape {
         head_dim,
         plane,

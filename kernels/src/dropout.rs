@@ -28,6 +28,19 @@ pub fn dropout_bits(key_lo: u32, key_hi: u32, index: u32) -> u32 {
     fmix32((fmix32(index ^ key_lo) + key_hi) ^ 0x9e37_79b9)
 }
 
+/// One word of a draw's key: the constant the launch carries, XOR the same word of the salt
+/// of the micro-batch it runs for (`salt`, two words in device memory, low first), so that a
+/// captured graph replays with the masks of whatever micro-batch's salt is written into that
+/// buffer between replays. Without `drop` the salt is not read (its binding may be any buffer).
+#[cube]
+pub fn salted(key: u32, salt: &[u32], #[comptime] word: usize, #[comptime] drop: bool) -> u32 {
+    let mut k = key;
+    if drop {
+        k = key ^ salt[word];
+    }
+    k
+}
+
 /// The draw index of element `i` of a tensor holding the slice `(own, row, first)` of the
 /// draw: `(i / own) · row + first + i % own`; with `whole` (the tensor is all of the draw) it
 /// is `i`, compiled without the slice's arithmetic. An integer division by a runtime value
@@ -102,7 +115,8 @@ pub(crate) fn whole_dropout<F: Float, N: Size>(
 pub const UNITS_PER_CUBE: u32 = 256;
 
 /// `output[i] = input[i] · scale` where element `i` is kept, 0 where dropped, for
-/// `i < len`: dropout's forward, and with the same key its backward (dropout is linear).
+/// `i < len`: dropout's forward, and with the same key its backward (dropout is linear). The
+/// key is `(key_lo, key_hi)` salted by `salt` ([`salted`]).
 /// Elements go in vectors of `N` (which divides `len`).
 ///
 /// The tensor may be a slice of the draw (a sequence-parallel rank's chunk of the whole
@@ -114,6 +128,7 @@ pub const UNITS_PER_CUBE: u32 = 256;
 pub fn dropout<F: Float, N: Size>(
     input: &[Vector<F, N>],
     output: &mut [Vector<F, N>],
+    salt: &[u32],
     key_lo: u32,
     key_hi: u32,
     threshold: u32,
@@ -126,7 +141,11 @@ pub fn dropout<F: Float, N: Size>(
 ) {
     let i = cube_index() * UNITS_PER_CUBE as usize + UNIT_POS_X as usize;
     if i < len as usize / N::value() {
-        let keep = vector_kept::<N>(i, key_lo, key_hi, threshold, own, row, first, whole);
+        let (lo, hi) = (
+            salted(key_lo, salt, 0usize, true),
+            salted(key_hi, salt, 1usize, true),
+        );
+        let keep = vector_kept::<N>(i, lo, hi, threshold, own, row, first, whole);
         output[i] = apply_mask::<F, N>(keep, input[i], scale);
     }
 }
@@ -144,6 +163,7 @@ pub fn bias_dropout_add<F: Float, N: Size>(
     input: &[Vector<F, N>],
     bias: &[Vector<F, N>],
     output: &mut [Vector<F, N>],
+    salt: &[u32],
     key_lo: u32,
     key_hi: u32,
     threshold: u32,
@@ -164,7 +184,11 @@ pub fn bias_dropout_add<F: Float, N: Size>(
             y += bias[i % (hidden as usize / N::value())];
         }
         if drop {
-            let keep = vector_kept::<N>(i, key_lo, key_hi, threshold, own, row, first, whole);
+            let (lo, hi) = (
+                salted(key_lo, salt, 0usize, true),
+                salted(key_hi, salt, 1usize, true),
+            );
+            let keep = vector_kept::<N>(i, lo, hi, threshold, own, row, first, whole);
             y = apply_mask::<F, N>(keep, y, scale);
         }
         output[i] = residual[i] + y;

@@ -12,7 +12,7 @@
 
 use cubecl::prelude::*;
 
-use crate::dropout::whole_dropout;
+use crate::dropout::{salted, whole_dropout};
 use crate::reduce::{row_vector_max, row_vector_sum};
 use crate::rows::{row_index, row_length};
 use crate::vectors::positions;
@@ -137,7 +137,7 @@ fn masked_row_softmax<F: Float, A: Float, N: Size>(
 /// with `padded`, `mask` `[batch, 1, sq, sk]` hides keys where it is non-zero (Megatron's
 /// padding mask; one mask row serves all heads). A kernel without `padded` never reads
 /// `mask` (its launcher binds any buffer there). With `drop`, `dropped` gets the dropout of
-/// `output` (the draw `(key_lo, key_hi)`, elements below `threshold` dropped, the others
+/// `output` (the draw `(key_lo, key_hi)` salted by `salt`, elements below `threshold` dropped, the others
 /// times `keep_scale`); without, it is never written. Without `keep_output` (and with
 /// `drop`) only `dropped` is written: the probabilities a selectively recomputed attention
 /// core does not keep.
@@ -148,6 +148,7 @@ pub fn masked_softmax_forward<F: Float, A: Float, N: Size>(
     mask: &[Vector<u32, N>],
     output: &mut [Vector<F, N>],
     dropped: &mut [Vector<F, N>],
+    salt: &[u32],
     key_lo: u32,
     key_hi: u32,
     threshold: u32,
@@ -179,8 +180,8 @@ pub fn masked_softmax_forward<F: Float, A: Float, N: Size>(
         input,
         output,
         dropped,
-        key_lo,
-        key_hi,
+        salted(key_lo, salt, 0usize, drop),
+        salted(key_hi, salt, 1usize, drop),
         threshold,
         keep_scale,
         mask,
@@ -223,7 +224,7 @@ fn output_grad<F: Float, N: Size>(
 /// (masked positions have `y = 0`, so they get 0). With `causal` (rows of `[.., sq, sk]`
 /// scores, query `i` seeing keys `j ≤ i + sk − sq`) the vectors wholly after a row's last
 /// key get 0 without `y` or `dy` being read: half the reads of a causal softmax's backward. With `drop`, `grad_output` is the gradient
-/// of the dropped output (the draw `(key_lo, key_hi)`, elements below `threshold` dropped,
+/// of the dropped output (the draw `(key_lo, key_hi)` salted by `salt`, elements below `threshold` dropped,
 /// the others times `keep_scale`), taken back through the dropout on the way in: the mask is
 /// drawn in both passes over the row instead of a dropout kernel's pass writing `dy` and this
 /// one reading it. With `redrop` (and `drop`) it also writes `dropped = dropout(y)`, the
@@ -237,6 +238,7 @@ pub fn softmax_backward<F: Float, A: Float, N: Size>(
     grad_output: &[Vector<F, N>],
     grad_input: &mut [Vector<F, N>],
     dropped: &mut [Vector<F, N>],
+    salt: &[u32],
     key_lo: u32,
     key_hi: u32,
     threshold: u32,
@@ -258,7 +260,10 @@ pub fn softmax_backward<F: Float, A: Float, N: Size>(
     let u = UNIT_POS_X as usize;
     let step = lanes as usize;
     let base = row * width;
-    let (lo, hi) = (key_lo, key_hi);
+    let (lo, hi) = (
+        salted(key_lo, salt, 0usize, drop),
+        salted(key_hi, salt, 1usize, drop),
+    );
     // A causal row's keys after the query have y = 0: neither read nor summed.
     let mut seen = length;
     if causal {

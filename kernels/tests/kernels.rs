@@ -74,11 +74,15 @@ impl Rng {
     }
 }
 
-/// The draw keyed `(key_lo, key_hi)` that drops with probability `p`.
+/// The draw keyed `(key_lo, key_hi)` that drops with probability `p`: a constant and a salt
+/// whose XOR is that key, so that every kernel's masks also check that it reads the salt
+/// from device memory and applies it.
 fn test_draw(key_lo: u32, key_hi: u32, p: f64) -> DropoutDraw {
+    let salt = 0x9E37_79B9_7F4A_7C15u64 ^ u64::from(key_lo.rotate_left(7));
     DropoutDraw {
-        key_lo,
-        key_hi,
+        key_lo: key_lo ^ salt as u32,
+        key_hi: key_hi ^ (salt >> 32) as u32,
+        salt,
         threshold: (p * 4294967296.0) as u32,
         scale: (1.0 / (1.0 - p)) as f32,
     }
@@ -1625,7 +1629,8 @@ fn attention_reference(
             let z: Vec<f64> = (0..=i)
                 .map(|j| match dropout {
                     Some(dr) => {
-                        let bits = host_dropout_bits(dr.key_lo, dr.key_hi, (row(i) * s + j) as u32);
+                        let (lo, hi) = dr.key();
+                        let bits = host_dropout_bits(lo, hi, (row(i) * s + j) as u32);
                         if bits >= dr.threshold {
                             dr.scale as f64
                         } else {
@@ -2307,8 +2312,8 @@ fn bias_dropout_add_matches_float64_with_the_host_dropout_bits() {
                             let own = slice.own as usize;
                             let index =
                                 (i / own) * slice.row as usize + slice.first as usize + i % own;
-                            let kept =
-                                host_dropout_bits(d.key_lo, d.key_hi, index as u32) >= d.threshold;
+                            let kept = host_dropout_bits(d.key().0, d.key().1, index as u32)
+                                >= d.threshold;
                             y = if kept { y * d.scale as f64 } else { 0.0 };
                         }
                         residual[i] as f64 + y

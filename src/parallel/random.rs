@@ -3,11 +3,15 @@
 //! rank, dropout in parallel regions (attention probabilities of the rank's own heads) draws
 //! from a stream offset by the rank, as Megatron's `seed + 2718 + tp_rank`.
 //!
-//! Each dropout call takes the next key of its stream (seeded per iteration, micro-batch and
-//! layer); its mask is a counter-based function of the key and the element index, computed
-//! on the host for the CPU and in the kernel on GPUs, so masks are the same on every backend,
-//! after a resume, under recomputation, and whatever threads run the other ranks (each rank is
-//! a thread here; the state is thread-local, like Megatron's per-process state).
+//! Each dropout call takes the next key of its stream (seeded per layer, the draws counted
+//! within it) XOR the micro-batch's salt (from the iteration and the micro-batch's place in
+//! the global batch); its mask is a counter-based function of the key and the element index,
+//! computed on the host for the CPU and in the kernel on GPUs, so masks are the same on every
+//! backend, after a resume, under recomputation, and whatever threads run the other ranks
+//! (each rank is a thread here; the state is thread-local, like Megatron's per-process
+//! state). The salt enters by XOR alone so that a device launch can carry the rest of the key
+//! and read the salt from device memory: a captured step then replays with any micro-batch's
+//! masks (`ferrotron_kernels::launch::dropout_salt_buffer`).
 
 use std::cell::RefCell;
 
@@ -26,10 +30,12 @@ const MODEL_PARALLEL_OFFSET: u64 = 2718;
 
 #[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
 struct Tracker {
-    /// The micro-batch's streams, from which each layer's are derived.
+    /// The rank's streams, from which each layer's are derived.
     base: [u64; 2],
     seeds: [u64; 2],
     draws: [u64; 2],
+    /// The micro-batch's salt, XORed into every key.
+    salt: u64,
 }
 
 thread_local! {
@@ -51,15 +57,22 @@ fn splitmix64(mut z: u64) -> u64 {
 /// same samples, so the two train the same model.
 pub fn seed_micro_batch(seed: u64, iteration: u64, micro_batch: u64, tp_rank: usize) {
     let step = splitmix64(iteration) ^ splitmix64(micro_batch.wrapping_add(0x5EED));
-    let base = splitmix64(seed ^ step);
-    let parallel = splitmix64(seed.wrapping_add(MODEL_PARALLEL_OFFSET + tp_rank as u64) ^ step);
+    let base = splitmix64(seed);
+    let parallel = splitmix64(seed.wrapping_add(MODEL_PARALLEL_OFFSET + tp_rank as u64));
     TRACKER.with(|t| {
         *t.borrow_mut() = Tracker {
             base: [base, parallel],
             seeds: [base, parallel],
             draws: [0, 0],
+            salt: splitmix64(seed ^ step),
         }
     });
+}
+
+/// The current micro-batch's salt: the part of every key that changes from one micro-batch
+/// (or iteration) to the next, XORed into the rest ([`next_dropout_key`]).
+pub fn dropout_salt() -> u64 {
+    TRACKER.with(|t| t.borrow().salt)
 }
 
 /// Switches this thread's streams to those of transformer layer `layer` (numbered in the
@@ -115,7 +128,7 @@ pub fn next_dropout_key(region: RngRegion) -> u64 {
     TRACKER.with(|t| {
         let mut t = t.borrow_mut();
         t.draws[stream] += 1;
-        splitmix64(t.seeds[stream] ^ splitmix64(t.draws[stream]))
+        splitmix64(t.seeds[stream] ^ splitmix64(t.draws[stream])) ^ t.salt
     })
 }
 
@@ -188,6 +201,23 @@ mod tests {
         // Another micro-batch of the same iteration draws other masks too.
         seed_micro_batch(1234, 7, 1, 0);
         assert_ne!(dropout_mask(100_000, 0.1, RngRegion::Replicated), a);
+    }
+
+    /// A key without its micro-batch's salt is the same in every micro-batch and iteration
+    /// (what a device launch carries, fixed in a captured step), and the salt differs.
+    #[test]
+    fn keys_differ_across_micro_batches_by_their_salt_alone() {
+        let unsalted = |iteration, micro_batch| {
+            seed_micro_batch(5, iteration, micro_batch, 1);
+            enter_layer(3);
+            next_dropout_key(RngRegion::Replicated);
+            let second = next_dropout_key(RngRegion::ModelParallel);
+            (second ^ dropout_salt(), dropout_salt())
+        };
+        let (a, salt_a) = unsalted(7, 0);
+        let (b, salt_b) = unsalted(8, 2);
+        assert_eq!(a, b);
+        assert_ne!(salt_a, salt_b);
     }
 
     #[test]

@@ -5,6 +5,7 @@ use cubecl::prelude::*;
 use cubecl::server::Handle;
 
 use super::dropout::DropoutDraw;
+use super::salt::{current_salt_buffer, salt_arg};
 use super::{arg, element_vector_size, gcd};
 use crate::rows::cube_count;
 use crate::{attention, attention_planes};
@@ -68,6 +69,12 @@ fn draw_args(dropout: Option<DropoutDraw>) -> (u32, u32, u32, f32, bool) {
         Some(d) => (d.key_lo, d.key_hi, d.threshold, d.scale, true),
         None => (0, 0, 0, 1.0, false),
     }
+}
+
+/// The salt's binding of an attention launch (see [`salt_arg`]): without a draw, the salt's
+/// buffer as it is (never read; the launch has no buffer handle of its own to lend).
+fn salt_binding(client: &Client, dropout: Option<DropoutDraw>) -> BufferArg {
+    salt_arg(client, dropout, &current_salt_buffer(client))
 }
 
 /// The launch shape of fused attention: `block` rows of one head per cube. With tiles
@@ -205,6 +212,7 @@ macro_rules! launch_attention {
     ($client:expr, $launch:expr, $shape:expr, $scale:expr, $dropout:expr;
      [$($buffer:expr),+ $(,)?], $tiles:path, $planes:path) => {{
         let (key_lo, key_hi, threshold, keep_scale, drop) = draw_args($dropout);
+        let salt = salt_binding($client, $dropout);
         macro_rules! with_layout {
             ($kernel:path, $first:expr, $second:expr) => {{
                 use $kernel as kernel;
@@ -217,6 +225,7 @@ macro_rules! launch_attention {
                     $scale,
                     $shape.heads as u32,
                     $shape.seq as u32,
+                    salt,
                     key_lo,
                     key_hi,
                     threshold,

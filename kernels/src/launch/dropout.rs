@@ -3,6 +3,7 @@
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
+use super::salt::salt_arg;
 use super::{arg, element_vector_size};
 use crate::dropout;
 use crate::rows::cube_count;
@@ -45,6 +46,7 @@ pub fn bias_dropout_add<F: Float + CubeElement>(
         // Without a bias the kernel never reads it: bind the input in its place.
         bias.map_or_else(|| arg(input, 1), |b| arg(b, hidden)),
         arg(output, len),
+        salt_arg(client, draw, input),
         d.key_lo,
         d.key_hi,
         d.threshold,
@@ -60,23 +62,39 @@ pub fn bias_dropout_add<F: Float + CubeElement>(
     );
 }
 
-/// A dropout draw: its key and the drop probability, as the kernel takes them.
+/// A dropout draw: its key and the drop probability, as the kernel takes them. The key is
+/// `(key_lo, key_hi)` XOR `salt`: the constant part travels with the launch, the salt (the
+/// micro-batch's) through device memory ([`super::dropout_salt_buffer`]), so that a captured
+/// graph can replay with another micro-batch's masks.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct DropoutDraw {
-    /// Low 32 bits of the draw's key.
+    /// Low 32 bits of the draw's constant.
     pub key_lo: u32,
-    /// High 32 bits of the draw's key.
+    /// High 32 bits of the draw's constant.
     pub key_hi: u32,
+    /// The micro-batch's salt: the key is the constant XOR this.
+    pub salt: u64,
     /// Elements whose bits are below this are dropped (`p · 2³²`).
     pub threshold: u32,
     /// What kept elements are multiplied by (`1 / (1 − p)`).
     pub scale: f32,
 }
 
+impl DropoutDraw {
+    /// The draw's key as the kernels use it, `(low, high)` words: the constant XOR the salt.
+    pub fn key(&self) -> (u32, u32) {
+        (
+            self.key_lo ^ self.salt as u32,
+            self.key_hi ^ (self.salt >> 32) as u32,
+        )
+    }
+}
+
 /// The scalars a kernel without a draw is given (it never reads them).
 pub(super) const NO_DRAW: DropoutDraw = DropoutDraw {
     key_lo: 0,
     key_hi: 0,
+    salt: 0,
     threshold: 0,
     scale: 1.0,
 };
@@ -163,6 +181,7 @@ pub fn dropout_slice<F: Float + CubeElement>(
         vector,
         arg(input, len),
         arg(output, len),
+        salt_arg(client, Some(draw), input),
         draw.key_lo,
         draw.key_hi,
         draw.threshold,

@@ -13,6 +13,7 @@ mod loss;
 mod norms;
 mod optimizer;
 mod rotary;
+mod salt;
 mod softmax;
 mod stream_order;
 
@@ -25,6 +26,7 @@ pub use loss::*;
 pub use norms::*;
 pub use optimizer::*;
 pub use rotary::*;
+pub use salt::{dropout_salt_buffer, set_dropout_salt};
 pub use softmax::*;
 pub use stream_order::*;
 

@@ -4,6 +4,7 @@ use cubecl::prelude::*;
 use cubecl::server::Handle;
 
 use super::dropout::{DropoutDraw, NO_DRAW};
+use super::salt::salt_arg;
 use super::{arg, check_elements};
 use crate::rows::RowLaunch;
 use crate::softmax;
@@ -144,6 +145,7 @@ fn launch_forward<F: Float + CubeElement>(
         mask,
         arg(output, shape.len()),
         arg(dropped, shape.len()),
+        salt_arg(client, drop.then_some(draw), input),
         draw.key_lo,
         draw.key_hi,
         draw.threshold,
@@ -210,6 +212,7 @@ pub fn softmax_backward<F: Float + CubeElement>(
         arg(grad_input, len),
         // Never written without `redropped`: bound to the gradient's buffer in its place.
         arg(redropped.unwrap_or(grad_input), len),
+        salt_arg(client, dropout, output),
         draw.key_lo,
         draw.key_hi,
         draw.threshold,

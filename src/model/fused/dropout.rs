@@ -57,6 +57,7 @@ pub trait DropoutOps: Backend {
         x: FloatTensor<Self>,
         key_lo: u32,
         key_hi: u32,
+        salt: u64,
         threshold: u32,
         scale: f32,
         own: u32,
@@ -136,6 +137,7 @@ impl DropoutOps for CubeBackend {
         x: CubeTensor,
         key_lo: u32,
         key_hi: u32,
+        salt: u64,
         threshold: u32,
         scale: f32,
         own: u32,
@@ -145,6 +147,7 @@ impl DropoutOps for CubeBackend {
         let draw = DropoutDraw {
             key_lo,
             key_hi,
+            salt,
             threshold,
             scale,
         };
@@ -285,6 +288,7 @@ impl<B: DropoutKernels + DropoutOps, C: CheckpointStrategy> DropoutOps for Autod
         x: FloatTensor<Self>,
         key_lo: u32,
         key_hi: u32,
+        salt: u64,
         threshold: u32,
         scale: f32,
         own: u32,
@@ -294,6 +298,7 @@ impl<B: DropoutKernels + DropoutOps, C: CheckpointStrategy> DropoutOps for Autod
         let draw = DropoutDraw {
             key_lo,
             key_hi,
+            salt,
             threshold,
             scale,
         };
@@ -344,12 +349,14 @@ pub fn dropout_slice<const D: usize>(
     p: f64,
     slice: DrawSlice,
 ) -> Tensor<D> {
+    let draw = dropout_draw(Some((key, p))).expect("a draw");
     Tensor::from_dispatch(<Dispatch as DropoutOps>::fused_dropout(
         x.into_dispatch(),
-        key as u32,
-        (key >> 32) as u32,
-        crate::parallel::random::dropout_threshold(p),
-        (1.0 / (1.0 - p)) as f32,
+        draw.key_lo,
+        draw.key_hi,
+        draw.salt,
+        draw.threshold,
+        draw.scale,
         slice.own,
         slice.row,
         slice.first,

@@ -33,14 +33,23 @@ use burn::tensor::Shape;
 use burn_cubecl::tensor::CubeTensor;
 use ferrotron_kernels::launch::{AttentionShape, DropoutDraw};
 
-/// The kernels' draw of a dropout `(key, probability)`: elements whose bits are below
-/// `p · 2³²` dropped, the others scaled by `1 / (1 − p)` (none: nothing dropped).
+/// The kernels' draw of a dropout `(key, probability)` taken now: elements whose bits are
+/// below `p · 2³²` dropped, the others scaled by `1 / (1 − p)` (none: nothing dropped). The
+/// key is split into the micro-batch's salt ([`crate::parallel::random::dropout_salt`]), which
+/// reaches the kernels through device memory, and the rest, which the launch carries: the
+/// same for every micro-batch at this point of the step, so a captured step replays with the
+/// masks of the salt written before the replay.
 fn dropout_draw(dropout: Option<(u64, f64)>) -> Option<DropoutDraw> {
-    dropout.map(|(key, p)| DropoutDraw {
-        key_lo: key as u32,
-        key_hi: (key >> 32) as u32,
-        threshold: crate::parallel::random::dropout_threshold(p),
-        scale: (1.0 / (1.0 - p)) as f32,
+    dropout.map(|(key, p)| {
+        let salt = crate::parallel::random::dropout_salt();
+        let constant = key ^ salt;
+        DropoutDraw {
+            key_lo: constant as u32,
+            key_hi: (constant >> 32) as u32,
+            salt,
+            threshold: crate::parallel::random::dropout_threshold(p),
+            scale: (1.0 / (1.0 - p)) as f32,
+        }
     })
 }
 
