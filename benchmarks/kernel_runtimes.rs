@@ -207,6 +207,7 @@ fn timings(client: &Client, b: &Buffers) -> Vec<f64> {
                 x,
                 (out, &b.out3),
                 &b.row[3],
+                (&b.row[2], 0),
                 Buffers::LEN,
                 range,
                 scalars,

@@ -1,12 +1,12 @@
-//! A GPT forward + backward replayed from a captured graph (CubeCL's graph capture: one CUDA
-//! graph launch on CUDA, prebuilt dispatches on wgpu) against the same step run eagerly, on
-//! the same device in the same process.
+//! A GPT training step replayed from a captured graph (CubeCL's graph capture: one CUDA graph
+//! launch on CUDA, prebuilt dispatches on wgpu) against the same step run eagerly, on the
+//! same device in the same process.
 //!
 //! Why: on an H200 the host spends ≈ 26 µs per kernel launch, and GPT-2 345M's step makes
-//! about 1,200 of them (docs/benchmarks.md, "Launches per iteration"): the host, not the GPU,
-//! bounds the step. A captured step costs the host one launch. This measures what that
-//! would give before the training loop is made capturable (its per-step scalars — dropout
-//! keys, learning rate, loss scale — are kernel arguments today, fixed in a graph).
+//! about 1,200 of them (docs/benchmarks.md, "Kernel launches per step"): the host, not the
+//! GPU, bounds the step. A captured step costs the host one launch and two small writes (the
+//! dropout salt, Adam's learning rate and bias corrections). This measures what that gives
+//! before the training loop captures its steps.
 //!
 //! ```text
 //! cargo run --release --example step_graph -- [DEVICE] [LAYERS] [HIDDEN] [HEADS] [SEQ] [MBS] [REPS] [eager]
@@ -14,14 +14,15 @@
 //! ```
 //!
 //! Defaults: wgpu-cpu (lavapipe), 24 layers, hidden 64, 4 heads, seq 64, micro-batch 4 (the
-//! "host floor" of `benchmarks/gpu_profile.sh`), 10 repetitions. The step: the half-precision
-//! working copy of the weights (bf16; f16 on wgpu, which has no bf16), the LM loss with
-//! dropout 0.1 (the same draws each time: the seeds are the graph's), its backward. Checks
-//! that the replay gives the eager step's loss and gradients bit for bit, then prints the
-//! milliseconds per step of each, `REPS` steps queued before one wait, after a warm-up. On
-//! CUDA run it with `FERROTRON_MATMUL=cubecl`: cuBLAS's products run on a stream of their own,
-//! outside CubeCL's capture. With `eager` last, only the eager step is timed (so that the
-//! default cuBLAS products can be measured beside a replay with CubeCL's).
+//! "host floor" of `benchmarks/gpu_profile.sh`), 10 repetitions. The step: the LM loss of the
+//! half-precision working copy (bf16; f16 on wgpu, which has no bf16) with dropout 0.1, its
+//! backward, the flat-buffer AdamW (clipping at 1.0, a learning rate that changes every
+//! step) and the working copy cast in place. It checks that the replayed steps give an eager
+//! run's losses and weights bit for bit, then prints milliseconds per step of each, `REPS`
+//! steps queued before one wait (the replays with their per-step values written before
+//! each). On CUDA run it with `FERROTRON_MATMUL=cubecl`: cuBLAS's products run on a stream
+//! of their own, outside CubeCL's capture. With `eager` last, only the eager step is timed
+//! (so that the default cuBLAS products can be measured beside a replay with CubeCL's).
 
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 fn main() {
@@ -38,23 +39,98 @@ fn main() {
 mod capture {
     use std::time::Instant;
 
-    use burn::module::{Module, ModuleVisitor, Param};
-    use burn::optim::GradientsParams;
-    use burn::tensor::{Distribution, Int, Tensor};
+    use burn::tensor::{Device, Distribution, FloatDType, Int, Tensor};
     use burn_cubecl::CubeBackend;
-    use ferrotron::model::GptConfig;
-    use ferrotron::optim::Precision;
-    use ferrotron::parallel::random::seed_micro_batch;
+    use ferrotron::model::named_parameters::named_parameters;
+    use ferrotron::model::{Gpt, GptConfig};
+    use ferrotron::optim::{
+        AdamWConfig, FlatAdamW, GradientAccumulator, LearningRates, Optimizer, OptimizerSetup,
+        Precision,
+    };
+    use ferrotron::parallel::random::{dropout_salt, seed_micro_batch};
     use ferrotron::util::device::parse_device;
-
-    /// The step's outputs read back: the loss and every parameter's gradient, as f32.
-    type Readout = (Vec<f32>, Vec<Vec<f32>>);
+    use ferrotron_kernels::launch::set_dropout_salt;
 
     fn arg(args: &[String], i: usize, default: usize) -> usize {
         args.get(i).map_or(default, |s| {
             s.parse()
                 .unwrap_or_else(|_| panic!("argument {i}: a number, not {s}"))
         })
+    }
+
+    /// A model, its half-precision working copy and the flat-buffer AdamW.
+    struct Training {
+        main: Gpt,
+        working: Gpt,
+        adam: FlatAdamW,
+        dtype: FloatDType,
+    }
+
+    /// The step's inputs: tokens, labels, loss mask.
+    struct Batch {
+        tokens: Tensor<2, Int>,
+        labels: Tensor<2, Int>,
+        mask: Tensor<2>,
+    }
+
+    /// A learning rate that changes every step (as a warm-up's does).
+    fn learning_rates(iteration: u64) -> LearningRates {
+        let base = 1e-5 * iteration as f64;
+        LearningRates {
+            base,
+            decoupled: base,
+        }
+    }
+
+    impl Training {
+        fn new(config: &GptConfig, precision: Precision, device: &Device) -> Self {
+            let main = config.init(7, device).expect("model");
+            let params = named_parameters(&main);
+            let setup = OptimizerSetup {
+                adam: AdamWConfig {
+                    beta1: 0.9,
+                    beta2: 0.95,
+                    eps: 1e-8,
+                    weight_decay: 0.1,
+                },
+                clip_grad: 1.0,
+                names: params.iter().map(|p| (p.id, p.name.clone())).collect(),
+                not_counted: Default::default(),
+                decoupled_lr: Default::default(),
+                count_zeros: false,
+            };
+            Self {
+                working: precision.working_copy(&main),
+                main,
+                adam: FlatAdamW::new(setup, None),
+                dtype: precision.dtype(),
+            }
+        }
+
+        /// One step of iteration `iteration`; its loss, on the device.
+        fn step(&mut self, iteration: u64, batch: &Batch) -> Tensor<1> {
+            seed_micro_batch(1, iteration, 0, 0);
+            let loss = self.working.lm_loss(
+                batch.tokens.clone(),
+                batch.labels.clone(),
+                batch.mask.clone(),
+            );
+            let mut grads = GradientAccumulator::default();
+            grads.add(&self.working, loss.backward());
+            let lr = learning_rates(iteration);
+            let (main, _norm) = self.adam.step(self.main.clone(), &mut grads, lr).unwrap();
+            self.working = self.adam.working_copy(&main, self.dtype).expect("flat");
+            self.main = main;
+            loss.detach().inner()
+        }
+
+        /// The main weights, read.
+        fn weights(&self) -> Vec<Vec<f32>> {
+            named_parameters(&self.main)
+                .into_iter()
+                .map(|p| p.values)
+                .collect()
+        }
     }
 
     pub fn run() {
@@ -78,89 +154,89 @@ mod capture {
         };
         let vocab = 50304;
         let config = GptConfig::new(layers, hidden, heads, seq, vocab);
-        let main = config.init(7, &device).expect("model");
-        let tokens = |salt: f64| {
+        let tokens = |low: f64| {
             Tensor::<2, Int>::random(
                 [batch, seq],
-                Distribution::Uniform(salt, vocab as f64),
+                Distribution::Uniform(low, vocab as f64),
                 &device,
             )
         };
-        let (input, labels) = (tokens(0.0), tokens(1.0));
-        let mask = Tensor::<2>::ones([batch, seq], &device);
-        let step = || {
-            seed_micro_batch(1, 1, 0, 0);
-            let model = precision.working_copy(&main);
-            let loss = model.lm_loss(input.clone(), labels.clone(), mask.clone());
-            let grads = loss.backward();
-            let grads = GradientsParams::from_grads(grads, &model);
-            (loss.detach().inner(), flat_gradients(&model, grads))
+        let inputs = Batch {
+            tokens: tokens(0.0),
+            labels: tokens(1.0),
+            mask: Tensor::<2>::ones([batch, seq], &device),
         };
         println!(
             "step_graph: {name}, {layers} layers, hidden {hidden}, {heads} heads, seq {seq}, \
-             micro-batch {batch}, {}, dropout 0.1, {reps} steps queued per timing",
+             micro-batch {batch}, {}, dropout 0.1, AdamW on flat buffers, {reps} steps queued \
+             per timing",
             precision.flag()
         );
         let sync = || burn_cubecl::cubecl::future::block_on(client.sync()).expect("sync");
-        let time = |f: &dyn Fn()| {
-            f();
+        let time = |f: &mut dyn FnMut(u64)| {
+            f(0);
             sync();
             let t = Instant::now();
-            for _ in 0..reps {
-                f();
+            for k in 1..=reps as u64 {
+                f(k);
             }
             sync();
             t.elapsed().as_secs_f64() * 1e3 / reps as f64
         };
-        let eager = read(step());
+
+        let mut eager = Training::new(&config, precision, &device);
         if eager_only {
-            println!("ms per step: eager {:.2}", time(&|| drop(step())));
+            let ms = time(&mut |k| drop(eager.step(10 + k, &inputs)));
+            println!("ms per step: eager {ms:.2}");
             return;
         }
+        // The eager run's steps 1–3, the reference of the replayed step 3.
+        let mut want = (Vec::new(), Vec::new());
+        for iteration in 1..=3 {
+            want.0 = eager.step(iteration, &inputs).try_into_vec_as::<f32>().unwrap();
+        }
+        want.1 = eager.weights();
+
+        let mut captured = Training::new(&config, precision, &device);
+        drop(captured.step(1, &inputs));
         // The warm-up after `graph_prepare` sizes the pools the recording allocates from.
         client.graph_prepare().expect("graph_prepare");
-        drop(step());
+        drop(captured.step(2, &inputs));
+        // What the recorded step would write itself, written before it (and each replay).
+        let prepare = |training: &Training, iteration: u64| {
+            seed_micro_batch(1, iteration, 0, 0);
+            set_dropout_salt(&client, dropout_salt());
+            training.adam.write_next_step_values(learning_rates(iteration));
+        };
+        prepare(&captured, 3);
         client.start_capture().expect("start_capture");
-        let (loss, grads) = step();
+        let loss = captured.step(3, &inputs);
         let graph = client.stop_capture().expect("stop_capture");
-        // SAFETY: every buffer the graph reads or writes stays allocated (the model, the
-        // inputs, and the outputs held here; nothing else allocates between replays).
+        // SAFETY: every buffer the graph reads or writes stays allocated (the models, the
+        // optimizers' buffers, the inputs, the loss held here), and what runs in between (the
+        // eager steps) holds no buffer past its end.
         let replay = || unsafe { graph.replay().expect("replay") };
         replay();
-        let replayed = read((loss.clone(), grads.clone()));
-        let same = eager == replayed;
+        let got = (loss.clone().try_into_vec_as::<f32>().unwrap(), captured.weights());
+        let same = got == want;
         println!(
-            "replay equals the eager step bit for bit: {same} (loss {:?}, {} gradients)",
-            eager.0,
-            eager.1.len()
+            "replayed step 3 equals the eager step 3 bit for bit (loss and weights): {same} \
+             (loss {:?})",
+            want.0
         );
         assert!(same, "the replayed step differs from the eager one");
-        let eager_ms = time(&|| drop(step()));
-        let replay_ms = time(&|| replay());
+        // Both runs go on from step 4; a replay does not advance the optimizer's own count,
+        // so its bias corrections stay those of step 4 (the time is the same).
+        let eager_ms = time(&mut |k| drop(eager.step(4 + k, &inputs)));
+        let replay_ms = time(&mut |k| {
+            seed_micro_batch(1, 4 + k, 0, 0);
+            set_dropout_salt(&client, dropout_salt());
+            captured.adam.write_next_step_values(learning_rates(4 + k));
+            replay();
+        });
         println!(
             "ms per step: eager {eager_ms:.2}, replayed {replay_ms:.2}, eager / replayed {:.2}x",
             eager_ms / replay_ms
         );
-    }
-
-    /// Every parameter's gradient, flattened, in the module's order.
-    fn flat_gradients<M: Module>(module: &M, grads: GradientsParams) -> Vec<Tensor<1>> {
-        struct Flat(GradientsParams, Vec<Tensor<1>>);
-        impl ModuleVisitor for Flat {
-            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-                if let Some(g) = self.0.remove::<D>(param.id) {
-                    let n = g.shape().num_elements();
-                    self.1.push(g.reshape([n]));
-                }
-            }
-        }
-        let mut flat = Flat(grads, Vec::new());
-        module.visit(&mut flat);
-        flat.1
-    }
-
-    fn read((loss, grads): (Tensor<1>, Vec<Tensor<1>>)) -> Readout {
-        let f32s = |t: Tensor<1>| t.try_into_vec_as::<f32>().expect("read");
-        (f32s(loss), grads.into_iter().map(f32s).collect())
     }
 }

@@ -48,6 +48,7 @@ fn read(loss: Tensor<1>, grads: Vec<Tensor<1>>) -> (Vec<f32>, Vec<Vec<f32>>) {
 /// iteration's eager step (the masks' only per-step input is that salt).
 #[test]
 fn a_captured_forward_and_backward_replays_the_eager_step() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let base = parse_device("wgpu-cpu").unwrap();
     let device = base.clone().autodiff();
     let client = Tensor::<1>::zeros([1], &base)
@@ -117,5 +118,145 @@ fn a_captured_forward_and_backward_replays_the_eager_step() {
             replayed.0,
             want.0
         );
+    }
+}
+
+/// The tests of this file one at a time: a capture holds the device's stream.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// A model, its f16 working copy and the flat-buffer Adam: what a training step changes.
+struct Training {
+    main: ferrotron::model::Gpt,
+    working: ferrotron::model::Gpt,
+    adam: ferrotron::optim::FlatAdamW,
+}
+
+impl Training {
+    fn new(device: &burn::tensor::Device) -> Self {
+        use ferrotron::model::named_parameters::named_parameters;
+        use ferrotron::optim::{AdamWConfig, FlatAdamW, OptimizerSetup};
+        let main = GptConfig::new(2, 32, 4, 16, 96).init(5, device).unwrap();
+        let params = named_parameters(&main);
+        let setup = OptimizerSetup {
+            adam: AdamWConfig {
+                beta1: 0.9,
+                beta2: 0.95,
+                eps: 1e-8,
+                weight_decay: 0.1,
+            },
+            clip_grad: 1.0,
+            names: params.iter().map(|p| (p.id, p.name.clone())).collect(),
+            not_counted: Default::default(),
+            decoupled_lr: Default::default(),
+            count_zeros: false,
+        };
+        Self {
+            working: Precision::Fp16.working_copy(&main),
+            main,
+            adam: FlatAdamW::new(setup, None),
+        }
+    }
+
+    /// One step of iteration `iteration` (forward, backward, flat Adam, the working copy cast
+    /// in place): its loss, on the device.
+    fn step(&mut self, iteration: u64, batch: &[Tensor<2, Int>; 2], mask: &Tensor<2>) -> Tensor<1> {
+        use ferrotron::optim::{GradientAccumulator, Optimizer};
+        seed_micro_batch(3, iteration, 0, 0);
+        let loss = self
+            .working
+            .lm_loss(batch[0].clone(), batch[1].clone(), mask.clone());
+        let mut grads = GradientAccumulator::default();
+        grads.add(&self.working, loss.backward());
+        let (main, _norm) = self
+            .adam
+            .step(self.main.clone(), &mut grads, learning_rates(iteration))
+            .unwrap();
+        self.working = self
+            .adam
+            .working_copy(&main, burn::tensor::FloatDType::F16)
+            .expect("a flat working copy");
+        self.main = main;
+        loss.detach().inner()
+    }
+
+    /// The fp32 main weights, read.
+    fn weights(&self) -> Vec<Vec<f32>> {
+        ferrotron::model::named_parameters::named_parameters(&self.main)
+            .into_iter()
+            .map(|p| p.values)
+            .collect()
+    }
+}
+
+/// A learning rate that changes every step (as a warm-up's does).
+fn learning_rates(iteration: u64) -> ferrotron::optim::LearningRates {
+    let base = 1e-3 * iteration as f64;
+    ferrotron::optim::LearningRates {
+        base,
+        decoupled: base,
+    }
+}
+
+/// Whole training steps — forward, backward, the flat-buffer Adam and the f16 working copy
+/// cast in place — captured once and replayed: steps 3 and 4 replayed (each with its
+/// iteration's dropout salt and its learning rate and bias corrections written before the
+/// replay) give the eager run's losses and weights bit for bit.
+#[test]
+fn captured_training_steps_replay_the_eager_steps() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let base = parse_device("wgpu-cpu").unwrap();
+    let device = base.clone().autodiff();
+    let client = Tensor::<1>::zeros([1], &base)
+        .try_into_primitive::<CubeBackend>()
+        .unwrap_or_else(|_| panic!("not a CubeCL tensor"))
+        .client
+        .clone();
+    let (b, s, vocab) = (2, 16, 96);
+    let ids = |shift: i64| {
+        let v: Vec<i64> = (0..(b * s) as i64)
+            .map(|i| (i * 5 + shift) % vocab as i64)
+            .collect();
+        Tensor::<2, Int>::from_data(TensorData::new(v, [b, s]), &device)
+    };
+    let batch = [ids(0), ids(1)];
+    let mask = Tensor::<2>::ones([b, s], &device);
+
+    let mut eager = Training::new(&device);
+    let mut want = Vec::new();
+    for iteration in 1..=4 {
+        let loss = eager.step(iteration, &batch, &mask);
+        want.push((loss.try_into_vec_as::<f32>().unwrap(), eager.weights()));
+    }
+
+    let mut captured = Training::new(&device);
+    drop(captured.step(1, &batch, &mask));
+    client.graph_prepare().expect("graph_prepare");
+    drop(captured.step(2, &batch, &mask));
+    // What the recorded step would write itself, written before it.
+    let prepare = |training: &Training, iteration: u64| {
+        seed_micro_batch(3, iteration, 0, 0);
+        set_dropout_salt(&client, dropout_salt());
+        training
+            .adam
+            .write_next_step_values(learning_rates(iteration));
+    };
+    prepare(&captured, 3);
+    client.start_capture().expect("start_capture");
+    let loss = captured.step(3, &batch, &mask);
+    let graph = client.stop_capture().expect("stop_capture");
+    for iteration in 3..=4 {
+        if iteration > 3 {
+            prepare(&captured, iteration);
+        }
+        // SAFETY: the graph's buffers stay allocated (the model, the optimizer's buffers, the
+        // inputs, the loss held here) and nothing else runs on the device in between.
+        unsafe { graph.replay().expect("replay") };
+        let got = (
+            loss.clone().try_into_vec_as::<f32>().unwrap(),
+            captured.weights(),
+        );
+        let expected = &want[iteration as usize - 1];
+        assert_eq!(got.0, expected.0, "step {iteration}: the loss");
+        assert!(got.1 == expected.1, "step {iteration}: the weights differ");
     }
 }

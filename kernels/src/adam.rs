@@ -89,7 +89,10 @@ pub fn adam_step<F: Float, N: Size>(
 /// so that the step needs no host read. Moments start as zeros, and `β₁ · 0 + x` is `x`
 /// exactly, so the first step needs no flag. The arithmetic is [`adam_step`]'s (the parameter
 /// update is the same [`adam_parameter`]). In vectors of `N` (which divides `start` and
-/// `len`).
+/// `len`). The values that change from step to step — `1 − β₁ᵗ`, `1 − β₂ᵗ`, `1 − lr · wd`
+/// and `lr` — are read from `per_step[4 · slot ..]` on the device rather than taken as
+/// arguments, so that a captured step replays with each step's values written between
+/// replays.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn adam_step_in_place<F: Float, N: Size>(
@@ -98,20 +101,21 @@ pub fn adam_step_in_place<F: Float, N: Size>(
     m: &mut [Vector<F, N>],
     v: &mut [Vector<F, N>],
     clip: &[F],
+    per_step: &[f32],
+    slot: u32,
     beta1: f32,
     one_minus_beta1: f32,
     beta2: f32,
     one_minus_beta2: f32,
-    correction1: f32,
-    correction2: f32,
     eps: f32,
-    keep: f32,
-    lr: f32,
     start: u32,
     len: u32,
 ) {
     let i = cube_index() * UNITS_PER_CUBE as usize + UNIT_POS_X as usize;
     if i < len as usize / N::value() {
+        let at = slot as usize * 4;
+        let (correction1, correction2) = (per_step[at], per_step[at + 1]);
+        let (keep, lr) = (per_step[at + 2], per_step[at + 3]);
         let j = start as usize / N::value() + i;
         let g = grad[j] * Vector::new(clip[0]);
         let m_new = m[j] * spread::<F, N>(beta1) + g * spread::<F, N>(one_minus_beta1);

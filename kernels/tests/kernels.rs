@@ -1844,8 +1844,8 @@ fn adam_step_matches_float64() {
 }
 
 /// The in-place flat Adam step against float64: only the elements of its range change, the
-/// gradient is clipped by the device coefficient first, and zero moments give the first
-/// step's values.
+/// gradient is clipped by the device coefficient first, the step's values are read from
+/// their slot of the device buffer, and zero moments give the first step's values.
 #[test]
 fn flat_adam_step_in_place_matches_float64_on_its_range_only() {
     let client = client();
@@ -1867,8 +1867,15 @@ fn flat_adam_step_in_place_matches_float64_on_its_range_only() {
         let scalars = adam_scalars(beta1, beta2, eps, lr, decay, t);
         let [ph, gh, mh, vh] = [&p, &g, &m, &v].map(|x| upload(&client, x));
         let ch = upload(&client, &[clip]);
+        // The step's values in the second slot, the first one a wrong step's.
+        let mut per_step = vec![9.0f32; 4];
+        per_step.extend(scalars.per_step());
+        let per_step = (&upload(&client, &per_step), 1);
         let range = (start, len);
-        adam_step_in_place::<f32>(&client, &ph, &gh, (&mh, &vh), &ch, total, range, scalars);
+        let moments = (&mh, &vh);
+        adam_step_in_place::<f32>(
+            &client, &ph, &gh, moments, &ch, per_step, total, range, scalars,
+        );
         let mut want = [p.clone(), m.clone(), v.clone()]
             .map(|x| x.iter().map(|&x| x as f64).collect::<Vec<f64>>());
         for i in start..start + len {

@@ -20,10 +20,12 @@
 //! a parameter without a gradient in a step is stepped with a zero gradient, as Megatron's
 //! buffers do (its moments decay, its weight decays).
 
+use std::cell::{OnceCell, RefCell};
 use std::collections::{HashMap, HashSet};
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::{DType, Device, FloatDType, Shape, Tensor, TensorData};
+use burn_cubecl::cubecl::bytes::Bytes;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
 use ferrotron_kernels::half::{bf16, f16};
@@ -58,6 +60,14 @@ struct FlatBuffers {
     params: CubeTensor,
     m: CubeTensor,
     v: CubeTensor,
+    /// The Adam launches' per-step values, four f32 per group ([`AdamScalars::per_step`]),
+    /// and what was last written there: rewritten only when they change, so a step whose
+    /// values were written before it (a captured step's replay) writes nothing itself.
+    per_step: CubeTensor,
+    per_step_written: RefCell<Vec<f32>>,
+    /// The half-precision working copy of `params`, cast into in place each step (a captured
+    /// step's forward reads the buffer the previous replay's cast wrote).
+    half: OnceCell<CubeTensor>,
 }
 
 /// Adam with decoupled weight decay over flat buffers (see the module's docs), replicated on
@@ -172,17 +182,21 @@ impl FlatBuffers {
             });
             total += len.div_ceil(pad) * pad;
         }
-        let zeros = || cube_f32(Tensor::<1>::zeros([total], &device), "a flat buffer");
+        let zeros = |n| cube_f32(Tensor::<1>::zeros([n], &device), "a flat buffer");
         let [m, v] = Self::upload_moments(&segments, total, saved, names, &device);
+        let per_step = zeros(4 * groups.len());
         let buffers = Self {
             by_id: segments
                 .iter()
                 .enumerate()
                 .map(|(k, s)| (s.id, k))
                 .collect(),
-            params: zeros(),
+            params: zeros(total),
             m,
             v,
+            per_step,
+            per_step_written: RefCell::new(Vec::new()),
+            half: OnceCell::new(),
             segments,
             groups,
             total,
@@ -300,6 +314,44 @@ impl FlatBuffers {
         (norm, clip)
     }
 
+    /// Writes the Adam launches' per-step values (one [`AdamScalars`] per group) into their
+    /// device buffer, if they are not what it holds.
+    fn write_per_step(&self, scalars: &[AdamScalars]) {
+        let values: Vec<f32> = scalars.iter().flat_map(AdamScalars::per_step).collect();
+        let mut written = self.per_step_written.borrow_mut();
+        if *written != values {
+            let bytes = values.iter().flat_map(|x| x.to_le_bytes()).collect();
+            let client = &self.per_step.client;
+            client.write(&self.per_step.handle, Bytes::from_bytes_vec(bytes));
+            *written = values;
+        }
+    }
+
+    /// The main weights cast to `dtype` (f16 or bf16) into the kept half-precision buffer, in
+    /// place (one launch); `None` for another dtype.
+    fn cast_into_half(&self, dtype: FloatDType) -> Option<&CubeTensor> {
+        let dtype = match dtype {
+            FloatDType::F16 => DType::F16,
+            FloatDType::BF16 => DType::BF16,
+            _ => return None,
+        };
+        let half = self
+            .half
+            .get_or_init(|| empty_like(&self.params, Shape::new([self.total]), dtype));
+        assert_eq!(half.dtype, dtype, "the working copy's dtype changed");
+        let piece = [CopyPiece {
+            source: &self.params.handle,
+            offset: 0,
+            len: self.total,
+        }];
+        let (client, into, total) = (&self.params.client, &half.handle, self.total);
+        match dtype {
+            DType::F16 => kernels::copy_at_offsets::<f32, f16>(client, &piece, into, total, 1.0),
+            _ => kernels::copy_at_offsets::<f32, bf16>(client, &piece, into, total, 1.0),
+        }
+        Some(half)
+    }
+
     /// `module` with every parameter a view of `source` (the main weights, or their cast),
     /// keeping ids and, on an autodiff device, being a leaf that requires a gradient.
     fn views<M: Module>(&self, module: M, source: &Tensor<1>) -> M {
@@ -351,6 +403,20 @@ impl FlatAdamW {
         }
     }
 
+    /// Writes the next step's per-step values (its learning rates and bias corrections) into
+    /// the Adam launches' device buffer, where [`Optimizer::step`] would write them: before
+    /// a captured step is recorded or replayed, so that the step itself writes nothing. A
+    /// replay does not advance [`Optimizer::steps`].
+    pub fn write_next_step_values(&self, lr: LearningRates) {
+        let Some(b) = self.buffers.as_ref() else {
+            return;
+        };
+        let next = self.steps + 1;
+        let scalars: Vec<AdamScalars> =
+            b.groups.iter().map(|g| self.scalars(g, lr, next)).collect();
+        b.write_per_step(&scalars);
+    }
+
     /// Builds the buffers from `module` at the first call (none for a module without
     /// parameters).
     fn build_buffers<M: Module>(&mut self, module: &M) {
@@ -360,8 +426,8 @@ impl FlatAdamW {
         }
     }
 
-    /// The scalars of this step's Adam launch for one group.
-    fn scalars(&self, group: &Group, lr: LearningRates) -> AdamScalars {
+    /// The scalars of step `step`'s Adam launch for one group.
+    fn scalars(&self, group: &Group, lr: LearningRates, step: u64) -> AdamScalars {
         let lr = if group.decoupled {
             lr.decoupled
         } else {
@@ -372,7 +438,7 @@ impl FlatAdamW {
         } else {
             0.0
         };
-        super::fused_adam::adam_scalars(&self.config, self.steps, lr, decay)
+        super::fused_adam::adam_scalars(&self.config, step, lr, decay)
     }
 }
 
@@ -402,16 +468,21 @@ impl<M: Module> Optimizer<M> for FlatAdamW {
                 (flat_grads, norm, clip)
             }
         };
-        for group in &b.groups {
+        let step = self.steps;
+        let scalars: Vec<AdamScalars> =
+            b.groups.iter().map(|g| self.scalars(g, lr, step)).collect();
+        b.write_per_step(&scalars);
+        for (slot, (group, scalars)) in b.groups.iter().zip(scalars).enumerate() {
             kernels::adam_step_in_place::<f32>(
                 &b.params.client,
                 &b.params.handle,
                 &flat_grads.handle,
                 (&b.m.handle, &b.v.handle),
                 &clip.handle,
+                (&b.per_step.handle, slot),
                 b.total,
                 (group.start, group.len),
-                self.scalars(group, lr),
+                scalars,
             );
         }
         let module = b.views(module, &tensor(&b.params));
@@ -449,7 +520,7 @@ impl<M: Module> Optimizer<M> for FlatAdamW {
 
     fn working_copy(&self, main: &M, dtype: FloatDType) -> Option<M> {
         let b = self.buffers.as_ref()?;
-        Some(b.views(main.clone(), &tensor(&b.params).cast(dtype)))
+        Some(b.views(main.clone(), &tensor(b.cast_into_half(dtype)?)))
     }
 
     fn steps(&self) -> u64 {

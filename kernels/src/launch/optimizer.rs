@@ -121,9 +121,19 @@ pub fn adam_step<F: Float + CubeElement>(
     );
 }
 
+impl AdamScalars {
+    /// The values of [`adam_step_in_place`]'s `per_step` slot: `[1 − β₁ᵗ, 1 − β₂ᵗ, 1 − lr ·
+    /// wd, lr]`.
+    pub fn per_step(&self) -> [f32; 4] {
+        [self.correction1, self.correction2, self.keep, self.lr]
+    }
+}
+
 /// One in-place Adam step of the elements `start .. start + len` of flat buffers of `total`
 /// elements (`param`, `m`, `v` overwritten), the gradient multiplied by the one-element
-/// `clip` first.
+/// `clip` first. β₁, β₂ and ε come from `scalars`; the values that change from step to step
+/// from slot `slot` of `per_step` ([`AdamScalars::per_step`], four f32 a slot), written there
+/// by the caller: device memory, so that a captured step replays with new ones.
 #[allow(clippy::too_many_arguments)]
 pub fn adam_step_in_place<F: Float + CubeElement>(
     client: &Client,
@@ -131,6 +141,7 @@ pub fn adam_step_in_place<F: Float + CubeElement>(
     grad: &Handle,
     (m, v): (&Handle, &Handle),
     clip: &Handle,
+    (per_step, slot): (&Handle, usize),
     total: usize,
     (start, len): (usize, usize),
     scalars: AdamScalars,
@@ -156,15 +167,13 @@ pub fn adam_step_in_place<F: Float + CubeElement>(
         arg(m, total),
         arg(v, total),
         arg(clip, 1),
+        arg(per_step, 4 * (slot + 1)),
+        slot as u32,
         s.beta1,
         s.one_minus_beta1,
         s.beta2,
         s.one_minus_beta2,
-        s.correction1,
-        s.correction2,
         s.eps,
-        s.keep,
-        s.lr,
         start as u32,
         len as u32,
     );
