@@ -193,7 +193,10 @@ mod capture {
         // The eager run's steps 1–3, the reference of the replayed step 3.
         let mut want = (Vec::new(), Vec::new());
         for iteration in 1..=3 {
-            want.0 = eager.step(iteration, &inputs).try_into_vec_as::<f32>().unwrap();
+            want.0 = eager
+                .step(iteration, &inputs)
+                .try_into_vec_as::<f32>()
+                .unwrap();
         }
         want.1 = eager.weights();
 
@@ -206,7 +209,9 @@ mod capture {
         let prepare = |training: &Training, iteration: u64| {
             seed_micro_batch(1, iteration, 0, 0);
             set_dropout_salt(&client, dropout_salt());
-            training.adam.write_next_step_values(learning_rates(iteration));
+            training
+                .adam
+                .write_next_step_values(learning_rates(iteration));
         };
         prepare(&captured, 3);
         client.start_capture().expect("start_capture");
@@ -217,7 +222,10 @@ mod capture {
         // eager steps) holds no buffer past its end.
         let replay = || unsafe { graph.replay().expect("replay") };
         replay();
-        let got = (loss.clone().try_into_vec_as::<f32>().unwrap(), captured.weights());
+        let got = (
+            loss.clone().try_into_vec_as::<f32>().unwrap(),
+            captured.weights(),
+        );
         let same = got == want;
         println!(
             "replayed step 3 equals the eager step 3 bit for bit (loss and weights): {same} \

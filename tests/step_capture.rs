@@ -260,3 +260,79 @@ fn captured_training_steps_replay_the_eager_steps() {
         assert!(got.1 == expected.1, "step {iteration}: the weights differ");
     }
 }
+
+/// A small GPT trained through `pretrain` (fp32 on lavapipe, dropout, one micro-batch per
+/// step, a warm-up then cosine learning rate, clipping, weight decay), `iters` iterations,
+/// saving to `save` and resuming from `load`, the step captured after two warm-up steps when
+/// `graph`.
+fn small_run(
+    cache: &std::path::Path,
+    iters: u64,
+    graph: bool,
+    (save, load): (Option<&std::path::Path>, Option<&std::path::Path>),
+) -> ferrotron::training::PretrainOutcome {
+    use std::sync::Arc;
+
+    use ferrotron::data::{DataSources, MockDocuments};
+    use ferrotron::training::{pretrain, LrDecayStyle, LrSchedule, PretrainConfig};
+    let cfg = PretrainConfig {
+        seq_length: 16,
+        micro_batch_size: 2,
+        global_batch_size: 2,
+        train_iters: iters,
+        schedule: LrSchedule {
+            max_lr: 2e-3,
+            min_lr: 1e-4,
+            warmup_steps: 3.0,
+            decay_steps: 9.0,
+            style: LrDecayStyle::Cosine,
+            ..Default::default()
+        },
+        split: "100,0,0".into(),
+        data_cache_path: Some(cache.to_path_buf()),
+        log_interval: 1,
+        eval_interval: 0,
+        eval_iters: 0,
+        save: save.map(|p| p.to_path_buf()),
+        save_interval: save.map(|_| iters),
+        load: load.map(|p| p.to_path_buf()),
+        cuda_graph_warmup_steps: graph.then_some(2),
+        ..PretrainConfig::new(
+            GptConfig::new(2, 32, 4, 16, 512)
+                .with_hidden_dropout(0.1)
+                .with_attention_dropout(0.1),
+            DataSources::Mock(Arc::new(MockDocuments::new(512, 511))),
+        )
+    };
+    pretrain(&cfg, &parse_device("wgpu-cpu").unwrap().autodiff()).unwrap()
+}
+
+/// `pretrain` with `--cuda-graph-impl local --cuda-graph-scope full_iteration`: the steps after
+/// the warm-up are replays of one captured step, and the run logs the eager run's losses and
+/// gradient norms bit for bit; its checkpoint (weights, Adam's moments and step count) resumes
+/// into the eager run's next iterations.
+#[test]
+fn pretrain_with_a_captured_step_trains_as_the_eager_run() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let (cache, saved) = (dir.path().join("cache"), dir.path().join("checkpoint"));
+    let eager = small_run(&cache, 9, false, (None, None));
+    let graph = small_run(&cache, 6, true, (Some(&saved), None));
+    assert_eq!(
+        graph.replayed_iterations, 4,
+        "iterations 3-6 replay the captured step"
+    );
+    assert_eq!(eager.replayed_iterations, 0);
+    assert_eq!(graph.losses, eager.losses[..6], "the captured run's losses");
+    assert_eq!(
+        graph.grad_norms,
+        eager.grad_norms[..6],
+        "its gradient norms"
+    );
+    let resumed = small_run(&cache, 9, false, (None, Some(&saved)));
+    assert_eq!(
+        resumed.losses,
+        eager.losses[6..],
+        "the run resumed from its checkpoint"
+    );
+}

@@ -196,6 +196,18 @@ struct Args {
     #[arg(long, default_value = "SIGTERM")]
     exit_signal: String,
 
+    /// CUDA graphs (Megatron's): `local` with `--cuda-graph-scope full_iteration` captures the
+    /// whole training step once and replays it (CubeCL devices, one rank, one micro-batch per
+    /// step, no fp16 loss scaler; on CUDA with FERROTRON_MATMUL=cubecl); `none` (default).
+    #[arg(long, default_value = "none")]
+    cuda_graph_impl: String,
+    /// What `--cuda-graph-impl local` captures: ferrotron captures `full_iteration` only.
+    #[arg(long, num_args = 1..)]
+    cuda_graph_scope: Vec<String>,
+    /// Eager steps before the step is captured.
+    #[arg(long, default_value_t = 3)]
+    cuda_graph_warmup_steps: u64,
+
     /// Write TensorBoard scalars (loss, learning rate, grad norm, batch size, iteration time,
     /// tokens/s, validation loss and perplexity) to this directory.
     #[arg(long)]
@@ -344,6 +356,26 @@ struct Args {
 static ALLOCATOR: ferrotron::util::allocator::TrainingAllocator =
     ferrotron::util::allocator::TrainingAllocator;
 
+/// `--cuda-graph-impl` and `--cuda-graph-scope`: the warm-up steps before the whole
+/// iteration is captured, or `None` without graphs.
+fn cuda_graph(args: &Args) -> Result<Option<u64>> {
+    match args.cuda_graph_impl.as_str() {
+        "none" => Ok(None),
+        "local" if args.cuda_graph_scope.iter().any(|s| s == "full_iteration") => {
+            Ok(Some(args.cuda_graph_warmup_steps))
+        }
+        "local" => bail!(
+            "--cuda-graph-impl local: ferrotron captures the whole iteration only; add \
+             --cuda-graph-scope full_iteration (got {:?})",
+            args.cuda_graph_scope
+        ),
+        other => bail!(
+            "--cuda-graph-impl {other}: ferrotron has `local` (with --cuda-graph-scope \
+             full_iteration) and `none`"
+        ),
+    }
+}
+
 fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
     // Features that would change results: refuse.
     if args.optimizer != "adam" {
@@ -414,6 +446,7 @@ fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
         exit_interval: args.exit_interval,
         exit_duration_in_mins: args.exit_duration_in_mins,
         exit_signal_handler: args.exit_signal_handler,
+        cuda_graph_warmup_steps: cuda_graph(args)?,
         tensor_model_parallel_size: args.tensor_model_parallel_size,
         pipeline_model_parallel_size: args.pipeline_model_parallel_size,
         num_layers_per_virtual_pipeline_stage: args.num_layers_per_virtual_pipeline_stage,

@@ -406,7 +406,8 @@ impl FlatAdamW {
     /// Writes the next step's per-step values (its learning rates and bias corrections) into
     /// the Adam launches' device buffer, where [`Optimizer::step`] would write them: before
     /// a captured step is recorded or replayed, so that the step itself writes nothing. A
-    /// replay does not advance [`Optimizer::steps`].
+    /// replay does not advance [`Optimizer::steps`] ([`Optimizer::count_replayed_step`]
+    /// does).
     pub fn write_next_step_values(&self, lr: LearningRates) {
         let Some(b) = self.buffers.as_ref() else {
             return;
@@ -521,6 +522,18 @@ impl<M: Module> Optimizer<M> for FlatAdamW {
     fn working_copy(&self, main: &M, dtype: FloatDType) -> Option<M> {
         let b = self.buffers.as_ref()?;
         Some(b.views(main.clone(), &tensor(b.cast_into_half(dtype)?)))
+    }
+
+    fn replayable(&self) -> bool {
+        true
+    }
+
+    fn write_next_step_values(&self, lr: LearningRates) {
+        FlatAdamW::write_next_step_values(self, lr);
+    }
+
+    fn count_replayed_step(&mut self) {
+        self.steps += 1;
     }
 
     fn steps(&self) -> u64 {

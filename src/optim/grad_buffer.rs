@@ -17,6 +17,7 @@ use crate::util::fixed_order_sum::fixed_order_sum;
 
 /// The global gradient norm of a step: already a host value, or a one-element device tensor
 /// still to be read (see [`GradientAccumulator::clip_global_norm_deferred`]).
+#[derive(Clone)]
 pub enum GradNorm {
     /// Read already (it went through a host collective).
     Read(f64),

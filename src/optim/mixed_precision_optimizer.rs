@@ -89,6 +89,22 @@ impl<M: Module> MixedPrecisionOptimizer<M> {
         self.inner.set_weight_decay(weight_decay);
     }
 
+    /// Whether a step can be captured as a graph and replayed: no loss scaler (it reads the
+    /// gradients' norm on the host to skip a step) and a replayable inner optimizer.
+    pub fn replayable(&self) -> bool {
+        self.scaler.is_none() && self.inner.replayable()
+    }
+
+    /// Writes the next step's per-step values where the step reads them on the device.
+    pub fn write_next_step_values(&self, lr: LearningRates) {
+        self.inner.write_next_step_values(lr);
+    }
+
+    /// Counts a step a replay took.
+    pub fn count_replayed_step(&mut self) {
+        self.inner.count_replayed_step();
+    }
+
     /// Steps the inner optimizer took.
     pub fn steps(&self) -> u64 {
         self.inner.steps()

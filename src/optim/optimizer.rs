@@ -57,6 +57,21 @@ pub trait Optimizer<M: Module> {
         None
     }
 
+    /// Whether a step of this optimizer can be captured as a graph and replayed: it reads
+    /// nothing from the device, writes its per-step values only where
+    /// [`Self::write_next_step_values`] wrote them already, and updates its buffers in place
+    /// (the flat-buffer Adam on a CubeCL device).
+    fn replayable(&self) -> bool {
+        false
+    }
+
+    /// Writes the next step's per-step values (learning rates, bias corrections) where the
+    /// step reads them on the device, before a captured step is recorded or replayed.
+    fn write_next_step_values(&self, _lr: LearningRates) {}
+
+    /// Counts a step a replay took (a replay runs none of the step's host code).
+    fn count_replayed_step(&mut self) {}
+
     /// Steps taken.
     fn steps(&self) -> u64;
 

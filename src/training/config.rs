@@ -95,6 +95,10 @@ pub struct PretrainConfig {
     /// `--exit-signal-handler`: save and exit after the iteration during which a stop signal
     /// arrived (the tool installs the handler: [`crate::util::exit_signal`]).
     pub exit_signal_handler: bool,
+    /// `--cuda-graph-impl local --cuda-graph-scope full_iteration`: capture the training step
+    /// as one graph after this many eager warm-up steps (`--cuda-graph-warmup-steps`) and
+    /// replay it ([`super::step_graph`]); `None`: every step eager.
+    pub cuda_graph_warmup_steps: Option<u64>,
     /// `--tensor-model-parallel-size`: ranks the model is split over (threads of this
     /// process, or MPI ranks under a launcher).
     pub tensor_model_parallel_size: usize,
@@ -183,6 +187,7 @@ impl PretrainConfig {
             exit_interval: None,
             exit_duration_in_mins: None,
             exit_signal_handler: false,
+            cuda_graph_warmup_steps: None,
             tensor_model_parallel_size: 1,
             pipeline_model_parallel_size: 1,
             num_layers_per_virtual_pipeline_stage: None,

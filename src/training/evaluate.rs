@@ -66,6 +66,7 @@ pub fn evaluate(
         iteration: 0,
         tp_rank: place.parallel.tensor.rank(),
         device: &inner,
+        resident: None,
     };
     let losses = forward_only_losses(&inputs, batches, place.parallel.layout.pp)?;
     let local: f64 = losses

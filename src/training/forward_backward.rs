@@ -20,6 +20,7 @@ use anyhow::{Context, Result};
 use burn::module::ParamId;
 use burn::tensor::{DType, Device, Gradients, Tensor, TensorData};
 
+use super::step_graph::ResidentBatch;
 use crate::comm::Group;
 use crate::data::loader::MicroBatch;
 use crate::model::recompute::{
@@ -89,6 +90,9 @@ pub struct StepInputs<'a> {
     pub tp_rank: usize,
     /// The device.
     pub device: &'a Device,
+    /// The one micro-batch's inputs kept on the device, read instead of uploading the
+    /// batch's (a captured step's: [`super::step_graph`]).
+    pub resident: Option<&'a ResidentBatch>,
 }
 
 /// `--overlap-grad-reduce`: the data-parallel group and the bucket size.
@@ -225,17 +229,20 @@ impl<'a> GptStage<'a> {
     fn chunk_input(&self, microbatch: usize, input: Option<TensorData>) -> ChunkInput {
         match input {
             Some(data) => ChunkInput::Activation(self.upload(data)),
-            None => {
-                ChunkInput::Tokens(self.batches[microbatch].tokens_to_tensor(self.inputs.device))
-            }
+            None => ChunkInput::Tokens(match self.inputs.resident {
+                Some(resident) => resident.tokens.clone(),
+                None => self.batches[microbatch].tokens_to_tensor(self.inputs.device),
+            }),
         }
     }
 
     /// The labels and mask on the last virtual stage.
     fn targets(&self, microbatch: usize, chunk: usize) -> Option<Targets> {
         self.inputs.p2p.is_last(chunk).then(|| {
-            let (labels, loss_mask) =
-                self.batches[microbatch].targets_to_tensors(self.inputs.device);
+            let (labels, loss_mask) = match self.inputs.resident {
+                Some(r) => (r.labels.clone(), r.loss_mask.clone()),
+                None => self.batches[microbatch].targets_to_tensors(self.inputs.device),
+            };
             Targets { labels, loss_mask }
         })
     }

@@ -327,10 +327,7 @@ pub const MEGATRON_FLAGS: &[MegatronFlag] = &[
     ignored("--create-all-gather-group", Nothing),
     ignored("--cross-entropy-fusion-impl", One),
     ignored("--cross-entropy-loss-fusion", Nothing),
-    ignored("--cuda-graph-impl", One),
     ignored("--cuda-graph-modules", List),
-    ignored("--cuda-graph-scope", List),
-    ignored("--cuda-graph-warmup-steps", One),
     refused(
         "--data-parallel-random-init",
         Nothing,

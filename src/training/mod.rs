@@ -17,6 +17,7 @@ pub mod param_stats;
 pub mod pretrain;
 pub mod schedule_args;
 pub mod setup;
+pub mod step_graph;
 pub mod train_step;
 
 pub use crate::optim::{

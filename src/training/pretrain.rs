@@ -10,6 +10,7 @@ use super::config::{BatchPlan, PretrainConfig};
 use super::evaluate::{evaluate, EvaluationPlace};
 use super::param_stats::params_l2_norm;
 use super::setup::{build_datasets, print_memory_estimate, set_up_rank, Datasets, RankSetup};
+use super::step_graph::StepGraph;
 use super::train_step::{overlaps_grad_reduce, train_step, StepReport};
 use crate::checkpoint::megatron_optimizer_save::MegatronAdamSettings;
 use crate::checkpoint::megatron_torch_save::{
@@ -47,6 +48,9 @@ pub struct PretrainOutcome {
     pub num_zeros_in_grad: Vec<(u64, u64)>,
     /// The iterations skipped for overflowing gradients.
     pub skipped_iterations: Vec<u64>,
+    /// Iterations run by replaying the captured step (`--cuda-graph-impl local
+    /// --cuda-graph-scope full_iteration`).
+    pub replayed_iterations: u64,
     /// The gradient norm before clipping of every iteration that updated the weights (the
     /// log's `grad norm`).
     pub grad_norms: Vec<(u64, f64)>,
@@ -169,6 +173,22 @@ struct Trainer<'a> {
 }
 
 impl Trainer<'_> {
+    /// The step graph `--cuda-graph-impl local --cuda-graph-scope full_iteration` asks for,
+    /// or `None` (saying why on rank 0 when it was asked for but cannot be).
+    fn step_graph(&self) -> Option<StepGraph> {
+        let cfg = self.cfg;
+        cfg.cuda_graph_warmup_steps?;
+        match StepGraph::new(cfg, self.parallel, &self.setup, self.device) {
+            Ok(graph) => Some(graph),
+            Err(why) => {
+                if self.parallel.is_world_rank0() {
+                    eprintln!("warning: --cuda-graph-impl local: steps run eagerly: {why}");
+                }
+                None
+            }
+        }
+    }
+
     /// The training loop (Megatron's `train`), then the final checkpoint, the loss plot and
     /// the end-of-training evaluations.
     fn run(mut self) -> Result<PretrainOutcome> {
@@ -176,23 +196,33 @@ impl Trainer<'_> {
         let mut metrics = self.open_metrics()?;
         let loader = self.loader();
         let mut outcome = PretrainOutcome::default();
+        let mut step_graph = self.step_graph();
         while self.setup.state.iteration < cfg.train_iters {
             let state = &self.setup.state;
             let iteration = state.iteration + 1;
             let plan = self.setup.plan.after(cfg, state.consumed_train_samples)?;
             let lr = self.set_weight_decay_and_get_lr();
-            let batches = (0..plan.micro_batches_per_rank())
+            let batches: Vec<_> = (0..plan.micro_batches_per_rank())
                 .map(|_| loader.next_batch())
                 .collect();
-            let report = train_step(
-                cfg,
-                &mut self.setup,
-                (self.parallel, plan),
-                batches,
-                (iteration, lr),
-                self.device,
-            )?;
+            let step = (iteration, lr);
+            let report = match step_graph.as_mut() {
+                Some(graph) => {
+                    let batch = batches.into_iter().next().expect("one micro-batch");
+                    let parallel = (self.parallel, plan);
+                    graph.step(cfg, &mut self.setup, parallel, batch, step, self.device)?
+                }
+                None => train_step(
+                    cfg,
+                    &mut self.setup,
+                    (self.parallel, plan),
+                    batches,
+                    step,
+                    self.device,
+                )?,
+            };
             self.advance(&report, iteration, plan.global_batch_size, &mut outcome);
+            outcome.replayed_iterations = step_graph.as_ref().map_or(0, StepGraph::replayed);
             outcome.schedule.push(ScheduledValues {
                 iteration,
                 lr: lr.base,

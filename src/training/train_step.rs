@@ -2,17 +2,18 @@
 //! passes, the gradients finalised, the optimizer's step, and what the step reports.
 
 use anyhow::Result;
-use burn::tensor::Device;
+use burn::tensor::{Device, Tensor};
 
 use super::config::{BatchPlan, PretrainConfig};
 use super::finalize_grads::{finalize_model_grads, DataParallelReduce};
 use super::forward_backward::{forward_backward, training_schedule, OverlapGradReduce, StepInputs};
 use super::param_stats::count_zero_grads;
 use super::setup::RankSetup;
+use super::step_graph::ResidentBatch;
 use crate::comm::ReduceOp;
 use crate::data::loader::MicroBatch;
 use crate::optim::mixed_precision_optimizer::read_step_values;
-use crate::optim::{LearningRates, StepResult};
+use crate::optim::{GradNorm, LearningRates, StepResult};
 use crate::parallel::state::ParallelState;
 
 /// What one step did.
@@ -49,6 +50,21 @@ pub fn overlaps_grad_reduce(
         && !setup.optimizer.reduces_data_parallel_grads()
 }
 
+/// What a step leaves to report, some of it still on the device: reading it is
+/// [`report_step`]'s, apart from the step, so that a captured step (which may not read the
+/// device) is reported after its replay.
+#[derive(Clone)]
+pub struct StepOutputs {
+    /// This rank's micro-batches' losses.
+    losses: Vec<Tensor<1>>,
+    /// The gradient norm (`None` for a skipped step).
+    norm: Option<GradNorm>,
+    skipped: bool,
+    pipeline_idle: Option<Vec<f64>>,
+    exposed: Option<std::time::Duration>,
+    num_zeros_in_grad: Option<u64>,
+}
+
 /// Trains on `batches` (this rank's micro-batches of the global batch `plan` describes) at
 /// iteration `iteration` with learning rates `lr`.
 pub fn train_step(
@@ -59,6 +75,23 @@ pub fn train_step(
     (iteration, lr): (u64, LearningRates),
     device: &Device,
 ) -> Result<StepReport> {
+    let step = (iteration, lr);
+    let outputs = run_step(cfg, setup, (parallel, plan), batches, step, device, None)?;
+    report_step(outputs, setup, (parallel, plan))
+}
+
+/// [`train_step`] without reading anything from the device: the schedule, the gradients
+/// finalised and the optimizer's step. With `resident`, the one micro-batch's inputs are
+/// read from those tensors (a captured step's; see [`super::step_graph`]).
+pub fn run_step(
+    cfg: &PretrainConfig,
+    setup: &mut RankSetup,
+    (parallel, plan): (&ParallelState, BatchPlan),
+    batches: Vec<MicroBatch>,
+    (iteration, lr): (u64, LearningRates),
+    device: &Device,
+    resident: Option<&ResidentBatch>,
+) -> Result<StepOutputs> {
     let pp = parallel.layout.pp;
     let global_index = |k: usize| plan.global_micro_batch(k);
     let steps = training_schedule(
@@ -80,6 +113,7 @@ pub fn train_step(
         iteration,
         tp_rank: parallel.tensor.rank(),
         device,
+        resident,
     };
     let divisor = plan.loss_divisor(setup.optimizer.loss_scale());
     let mut out = forward_backward(&inputs, batches, &steps, cfg.recompute, divisor, overlap)?;
@@ -124,9 +158,25 @@ pub fn train_step(
     } else {
         counted_before_step.or_else(|| setup.optimizer.num_zeros_in_grad())
     };
-    // One read of the device per step: the micro-batches' losses and, unless it went
-    // through a host collective already, the gradient norm.
-    let (local_loss, grad_norm) = read_step_values(out.losses, norm);
+    Ok(StepOutputs {
+        losses: out.losses,
+        norm,
+        skipped,
+        pipeline_idle,
+        exposed,
+        num_zeros_in_grad,
+    })
+}
+
+/// The report of a step from what it left: one read of the device (the micro-batches'
+/// losses and, unless it went through a host collective already, the gradient norm) and the
+/// losses summed over the pipeline stages and data-parallel ranks.
+pub fn report_step(
+    outputs: StepOutputs,
+    setup: &RankSetup,
+    (parallel, plan): (&ParallelState, BatchPlan),
+) -> Result<StepReport> {
+    let (local_loss, grad_norm) = read_step_values(outputs.losses, outputs.norm);
     // Only the last stage has losses: the pipeline sum brings them to every stage.
     let stages = parallel
         .pipeline
@@ -135,10 +185,10 @@ pub fn train_step(
     Ok(StepReport {
         lm_loss: loss_sum / plan.micro_batches() as f64,
         grad_norm,
-        skipped,
+        skipped: outputs.skipped,
         loss_scale: setup.optimizer.loss_scale(),
-        pipeline_idle,
-        grad_reduce_exposed_seconds: exposed.map(|d| d.as_secs_f64()),
-        num_zeros_in_grad,
+        pipeline_idle: outputs.pipeline_idle,
+        grad_reduce_exposed_seconds: outputs.exposed.map(|d| d.as_secs_f64()),
+        num_zeros_in_grad: outputs.num_zeros_in_grad,
     })
 }

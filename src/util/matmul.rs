@@ -20,6 +20,27 @@ pub fn matmul<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> Tensor<D> {
     a.matmul(b)
 }
 
+/// Whether some products on `device` go to cuBLAS (a CUDA device, unless
+/// `FERROTRON_MATMUL=cubecl` or cuBLAS is missing): they run on a stream of their own.
+pub fn uses_cublas(device: &burn::tensor::Device) -> bool {
+    #[cfg(feature = "cuda")]
+    {
+        use burn::tensor::DType;
+        let cuda = matches!(
+            device.clone().inner().as_dispatch(),
+            burn::backend::DispatchDevice::Cube(burn_cubecl::cubecl::device::Device::Cuda(_))
+        );
+        cuda && [DType::F32, DType::F16, DType::BF16]
+            .into_iter()
+            .any(super::cublas::takes)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = device;
+        false
+    }
+}
+
 /// Whether [`matmul`] takes the extension: a CUDA tensor of a dtype cuBLAS takes.
 #[cfg(feature = "cuda")]
 fn uses_extension<const D: usize>(a: &Tensor<D>) -> bool {

@@ -1,0 +1,370 @@
+//! Training steps captured as one graph and replayed (Megatron's `--cuda-graph-impl local
+//! --cuda-graph-scope full_iteration`): on a GPU the eager step is bound by the host's cost
+//! per kernel launch (≈ 26 µs on an H200, about 1,200 launches per GPT-2 345M step), and a
+//! replayed step costs the host one graph launch and a few small writes.
+//!
+//! A step is captured with CubeCL's graph capture after warm-up steps, and every later step
+//! replays it. A replay runs none of the step's host code, so everything that changes from
+//! step to step reaches its kernels through device memory written before the replay: the
+//! batch (into the resident input tensors the step reads), the dropout salt, and the
+//! optimizer's learning rates and bias corrections; the step's report is read after it.
+//!
+//! Where a step cannot be captured (one rank with one micro-batch per step, no loss scaler, the
+//! flat-buffer Adam on a CubeCL device, and on CUDA CubeCL's matmuls: cuBLAS runs on a stream
+//! of its own) the run says why and steps eagerly.
+
+use anyhow::{bail, Result};
+use burn::tensor::{Device, Int, Tensor, TensorData};
+
+use super::config::{BatchPlan, PretrainConfig};
+use super::setup::RankSetup;
+use super::train_step::{report_step, run_step, StepOutputs, StepReport};
+use crate::data::loader::MicroBatch;
+use crate::optim::LearningRates;
+use crate::parallel::state::ParallelState;
+
+/// The step's inputs kept on the device: each step's batch is written into them, so a
+/// captured step reads the batch of the step it replays.
+#[derive(Clone)]
+pub struct ResidentBatch {
+    /// Input ids `[batch, seq]`.
+    pub tokens: Tensor<2, Int>,
+    /// Target ids.
+    pub labels: Tensor<2, Int>,
+    /// Loss mask.
+    pub loss_mask: Tensor<2>,
+}
+
+/// Captures and replays the training step (see the module's doc).
+pub struct StepGraph {
+    warmup_steps: u64,
+    steps: u64,
+    /// Steps run by replaying the captured graph (the captured one included).
+    replayed: u64,
+    resident: Option<ResidentBatch>,
+    captured: Option<Captured>,
+}
+
+/// The captured step: its graph and what it leaves to report, in buffers every replay
+/// rewrites.
+struct Captured {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    graph: burn_cubecl::cubecl::client::Graph,
+    outputs: StepOutputs,
+}
+
+impl StepGraph {
+    /// The step graph of `--cuda-graph-impl local --cuda-graph-scope full_iteration` with
+    /// `warmup_steps` eager steps before the capture, or `None` with the reason where this
+    /// run's steps cannot be captured.
+    pub fn new(
+        cfg: &PretrainConfig,
+        parallel: &ParallelState,
+        setup: &RankSetup,
+        device: &Device,
+    ) -> std::result::Result<Self, String> {
+        let Some(warmup_steps) = cfg.cuda_graph_warmup_steps else {
+            return Err("not asked for".into());
+        };
+        let layout = parallel.layout;
+        if layout.pp * layout.tp * layout.dp > 1 {
+            return Err("one rank only (the step's collectives run on the host)".into());
+        }
+        if setup.plan.micro_batches_per_rank() != 1 {
+            return Err("one micro-batch per step only".into());
+        }
+        if !setup.optimizer.replayable() {
+            return Err(
+                "the flat-buffer Adam on a CubeCL device, without a loss scaler (fp16's reads \
+                 the gradients' norm on the host), only"
+                    .into(),
+            );
+        }
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        let cube = crate::util::device::is_cube(device);
+        #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+        let cube = false;
+        if !cube {
+            return Err("a CubeCL device only".into());
+        }
+        if crate::util::matmul::uses_cublas(device) {
+            return Err(
+                "cuBLAS's products run on a stream of their own, outside the capture \
+                 (FERROTRON_MATMUL=cubecl captures CubeCL's)"
+                    .into(),
+            );
+        }
+        Ok(Self {
+            warmup_steps: warmup_steps.max(1),
+            steps: 0,
+            replayed: 0,
+            resident: None,
+            captured: None,
+        })
+    }
+
+    /// One training step: eager during the warm-up, then captured once, then replayed.
+    pub fn step(
+        &mut self,
+        cfg: &PretrainConfig,
+        setup: &mut RankSetup,
+        (parallel, plan): (&ParallelState, BatchPlan),
+        batch: MicroBatch,
+        (iteration, lr): (u64, LearningRates),
+        device: &Device,
+    ) -> Result<StepReport> {
+        self.steps += 1;
+        let resident = self.write_batch(&batch, device)?.cloned();
+        let resident = resident.as_ref();
+        if let Some(captured) = &self.captured {
+            prepare_replay(cfg, setup, plan, (iteration, lr), device);
+            captured.replay()?;
+            self.replayed += 1;
+            setup.optimizer.count_replayed_step();
+            return report_step(captured.outputs.clone(), setup, (parallel, plan));
+        }
+        let step = (iteration, lr);
+        if self.steps <= self.warmup_steps {
+            if self.steps == self.warmup_steps {
+                // The last warm-up step sizes the pools the recording allocates from.
+                Captured::prepare(device)?;
+            }
+            let outputs = run_step(
+                cfg,
+                setup,
+                (parallel, plan),
+                vec![batch],
+                step,
+                device,
+                resident,
+            )?;
+            return report_step(outputs, setup, (parallel, plan));
+        }
+        prepare_replay(cfg, setup, plan, step, device);
+        let captured = Captured::record(device, || {
+            run_step(
+                cfg,
+                setup,
+                (parallel, plan),
+                vec![batch],
+                step,
+                device,
+                resident,
+            )
+        })?;
+        captured.replay()?;
+        self.replayed += 1;
+        println!(
+            " captured the training step at iteration {iteration}: later iterations replay it"
+        );
+        let report = report_step(captured.outputs.clone(), setup, (parallel, plan));
+        self.captured = Some(captured);
+        report
+    }
+
+    /// Steps run by replaying the captured graph (the captured one included).
+    pub fn replayed(&self) -> u64 {
+        self.replayed
+    }
+
+    /// Writes `batch` into the resident inputs (creating them at the first step).
+    fn write_batch(
+        &mut self,
+        batch: &MicroBatch,
+        device: &Device,
+    ) -> Result<Option<&ResidentBatch>> {
+        let shape = [batch.batch_size, batch.seq_length];
+        let ids = |ids: &[u32]| ids.iter().map(|&x| x as i64).collect::<Vec<i64>>();
+        match &self.resident {
+            None => {
+                self.resident = Some(ResidentBatch {
+                    tokens: Tensor::from_data(TensorData::new(ids(&batch.tokens), shape), device),
+                    labels: Tensor::from_data(TensorData::new(ids(&batch.labels), shape), device),
+                    loss_mask: Tensor::from_data(
+                        TensorData::new(batch.loss_mask.clone(), shape),
+                        device,
+                    ),
+                });
+            }
+            Some(resident) => {
+                if resident.tokens.dims() != shape {
+                    bail!(
+                        "a captured step takes batches of one shape: {shape:?} after {:?}",
+                        resident.tokens.dims()
+                    );
+                }
+                write_ids(&resident.tokens, &batch.tokens)?;
+                write_ids(&resident.labels, &batch.labels)?;
+                write_floats(&resident.loss_mask, &batch.loss_mask)?;
+            }
+        }
+        Ok(self.resident.as_ref())
+    }
+}
+
+/// Writes what the step would write itself before it runs: the micro-batch's dropout salt and
+/// the optimizer's per-step values.
+fn prepare_replay(
+    cfg: &PretrainConfig,
+    setup: &RankSetup,
+    plan: BatchPlan,
+    (iteration, lr): (u64, LearningRates),
+    device: &Device,
+) {
+    crate::parallel::random::seed_micro_batch(cfg.seed, iteration, plan.global_micro_batch(0), 0);
+    write_dropout_salt(device);
+    setup.optimizer.write_next_step_values(lr);
+}
+
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod device {
+    //! The CubeCL side: the device's client, the capture, and writes into tensors.
+
+    use anyhow::{anyhow, Context, Result};
+    use burn::tensor::{DType, Device, Int, Tensor};
+    use burn_cubecl::cubecl::bytes::Bytes;
+    use burn_cubecl::cubecl::client::Client;
+    use burn_cubecl::tensor::CubeTensor;
+    use burn_cubecl::CubeBackend;
+
+    use super::{Captured, StepOutputs};
+
+    /// The CubeCL client of `device` (the stream of this thread).
+    fn client(device: &Device) -> Result<Client> {
+        let probe = Tensor::<1>::zeros([1], &device.clone().inner());
+        let cube = probe
+            .try_into_primitive::<CubeBackend>()
+            .map_err(|_| anyhow!("not a CubeCL device"))?;
+        Ok(cube.client)
+    }
+
+    impl Captured {
+        /// Readies the device's stream for a capture: the next step is the warm-up whose
+        /// allocations the recording reuses.
+        pub(super) fn prepare(device: &Device) -> Result<()> {
+            client(device)?
+                .graph_prepare()
+                .map_err(|e| anyhow!("preparing the step's capture: {e:?}"))
+        }
+
+        /// Records `step` (which runs its host code, its launches recorded, not executed).
+        pub(super) fn record(
+            device: &Device,
+            step: impl FnOnce() -> Result<StepOutputs>,
+        ) -> Result<Self> {
+            let client = client(device)?;
+            client
+                .start_capture()
+                .map_err(|e| anyhow!("starting the step's capture: {e:?}"))?;
+            let outputs = step();
+            let graph = client.stop_capture();
+            let outputs = outputs.context("the captured step")?;
+            let graph = graph.map_err(|e| {
+                anyhow!(
+                    "the training step could not be captured ({e:?}); run without \
+                     --cuda-graph-impl"
+                )
+            })?;
+            Ok(Self { graph, outputs })
+        }
+
+        /// Runs the captured step again on the device.
+        pub(super) fn replay(&self) -> Result<()> {
+            // SAFETY: every buffer the graph reads or writes stays allocated: the model's
+            // and the optimizer's buffers (updated in place), the resident inputs and the
+            // outputs held in `self`; what runs between replays (evaluation, logging) holds
+            // no buffer past its end.
+            unsafe { self.graph.replay() }.map_err(|e| anyhow!("replaying the step: {e:?}"))
+        }
+    }
+
+    /// Writes the ids into the resident id tensor `t` (its dtype's integers).
+    pub(super) fn write_ids(t: &Tensor<2, Int>, ids: &[u32]) -> Result<()> {
+        // Ids on an autodiff device are the inner backend's ids.
+        let ids_on = t.clone();
+        let cube = if ids_on.is_autodiff() {
+            ids_on.try_into_primitive::<burn::backend::Autodiff<CubeBackend>>()
+        } else {
+            ids_on.try_into_primitive::<CubeBackend>()
+        }
+        .map_err(|_| anyhow!("the resident ids are not on a CubeCL device"))?;
+        let bytes: Vec<u8> = match cube.dtype {
+            DType::I64 => ids
+                .iter()
+                .flat_map(|&x| i64::from(x).to_le_bytes())
+                .collect(),
+            DType::I32 => ids.iter().flat_map(|&x| (x as i32).to_le_bytes()).collect(),
+            other => return Err(anyhow!("resident ids stored as {other:?}")),
+        };
+        write(&cube, bytes)
+    }
+
+    /// Writes `values` into the resident f32 tensor `t`.
+    pub(super) fn write_floats(t: &Tensor<2>, values: &[f32]) -> Result<()> {
+        let cube = t
+            .clone()
+            .inner()
+            .try_into_primitive::<CubeBackend>()
+            .map_err(|_| anyhow!("the resident mask is not on a CubeCL device"))?;
+        if cube.dtype != DType::F32 {
+            return Err(anyhow!("a resident mask stored as {:?}", cube.dtype));
+        }
+        write(&cube, values.iter().flat_map(|x| x.to_le_bytes()).collect())
+    }
+
+    fn write(cube: &CubeTensor, bytes: Vec<u8>) -> Result<()> {
+        if !cube.is_contiguous() || bytes.len() != cube.handle.size() as usize {
+            return Err(anyhow!(
+                "a resident input that is not one contiguous buffer"
+            ));
+        }
+        cube.client
+            .write(&cube.handle, Bytes::from_bytes_vec(bytes));
+        Ok(())
+    }
+
+    /// Writes the current micro-batch's dropout salt where the kernels read it.
+    pub(super) fn write_dropout_salt(device: &Device) {
+        if let Ok(client) = client(device) {
+            ferrotron_kernels::launch::set_dropout_salt(
+                &client,
+                crate::parallel::random::dropout_salt(),
+            );
+        }
+    }
+}
+
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+use device::{write_dropout_salt, write_floats, write_ids};
+
+#[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+mod device {
+    //! Builds without a CubeCL backend never capture ([`super::StepGraph::new`] says so).
+
+    use anyhow::{bail, Result};
+    use burn::tensor::{Device, Int, Tensor};
+
+    use super::{Captured, StepOutputs};
+
+    impl Captured {
+        pub(super) fn prepare(_: &Device) -> Result<()> {
+            bail!("no CubeCL backend in this build")
+        }
+        pub(super) fn record(_: &Device, _: impl FnOnce() -> Result<StepOutputs>) -> Result<Self> {
+            bail!("no CubeCL backend in this build")
+        }
+        pub(super) fn replay(&self) -> Result<()> {
+            bail!("no CubeCL backend in this build")
+        }
+    }
+    pub(super) fn write_ids(_: &Tensor<2, Int>, _: &[u32]) -> Result<()> {
+        bail!("no CubeCL backend in this build")
+    }
+    pub(super) fn write_floats(_: &Tensor<2>, _: &[f32]) -> Result<()> {
+        bail!("no CubeCL backend in this build")
+    }
+    pub(super) fn write_dropout_salt(_: &Device) {}
+}
+
+#[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+use device::{write_dropout_salt, write_floats, write_ids};
