@@ -20,7 +20,8 @@
 #
 # Steps, the acceptance's first: probe (nvidia-smi, driver, profilers); the model in bf16 with
 # dropout, composed attention (then the baseline build's), PyTorch eager bf16 + SDPA beside,
-# --recompute-activations, and bf16 without dropout; CubeCL's per-kernel profile of the composed
+# the step captured and replayed (--cuda-graph-impl local), --recompute-activations, and bf16
+# without dropout; CubeCL's per-kernel profile of the composed
 # bf16 step summed by class (iterations 3-5 of a 5-iteration run, an iteration ending at its
 # Adam launches; set PROFILE_FLAGS=--use-flash-attn for the fused attention); the forward +
 # backward captured as a CUDA graph and replayed, against eager; --use-flash-attn;
@@ -159,6 +160,12 @@ if step torch-bf16-sdpa 90 40 with_memory "$WORK/logs/torch-bf16-sdpa.mem" "$PY"
   say "| PyTorch eager bf16 + SDPA | $(tail -2 "$WORK/logs/torch-bf16-sdpa.log" | head -1) (allocator), $(smi_peak torch-bf16-sdpa) GiB (nvidia-smi, as ferrotron's) |"
   grep -o 'tokens/s: [0-9.]*' "$WORK/logs/torch-bf16-sdpa.log" | awk '{print $2}' > "$WORK/tps_torch"
 fi
+# The same step captured once and replayed (--cuda-graph-impl local --cuda-graph-scope
+# full_iteration, after 3 eager warm-up steps; the last 4 iterations timed are replays), on
+# CubeCL's matmuls: cuBLAS's stream is outside the capture (docs/gpu.md, "Captured steps").
+G="--cuda-graph-impl local --cuda-graph-scope full_iteration"
+# shellcheck disable=SC2086
+FERROTRON_MATMUL=cubecl step bf16-graph 150 60 pretrain_model "$P" bf16-graph "$ITERS" $G $B && train_line bf16-graph
 # Selective recomputation (Megatron's --recompute-activations): the attention core keeps only
 # q, k, v and forms its probabilities again in its backward, as SDPA does; the memory run
 # (after PyTorch's, which every ratio needs).
@@ -168,13 +175,14 @@ step bf16-recompute 150 60 pretrain_model "$P" bf16-recompute "$ITERS" --recompu
 step bf16-no-dropout 100 50 pretrain_model "$P" bf16-no-dropout "$ITERS" --bf16 --hidden-dropout 0 --attention-dropout 0 &&
   train_line bf16-no-dropout
 r=$(ratio bf16 bf16-no-dropout) && say "ferrotron bf16, dropout $DROPOUT / no dropout: $r (the target: at least 0.9x)"
-for run in bf16 bf16-baseline bf16-recompute; do
+for run in bf16 bf16-baseline bf16-graph bf16-recompute; do
   r=$(ratio "$run" torch) && say "ferrotron $run / PyTorch eager bf16+SDPA: $r"
 done
+r=$(ratio bf16-graph bf16) && say "ferrotron bf16, captured step / eager: $r"
 r=$(ratio bf16 bf16-baseline) && say "ferrotron bf16 / baseline build bf16: $r"
 say ""
 say "lm loss by logged iteration (the same seed and data: a change of kernels shows as a change of losses; recomputation must change none):"
-for run in bf16 bf16-baseline bf16-recompute; do
+for run in bf16 bf16-baseline bf16-graph bf16-recompute; do
   [ -f "$WORK/logs/$run.log" ] && say "- $run: $(grep -o 'lm loss: [0-9.E+-]*' "$WORK/logs/$run.log" | awk '{print $3}' | tr '\n' ' ')"
 done
 say ""
@@ -189,7 +197,7 @@ SG="$WORK/bin/step_graph"
 GD=${GRAPH_DEVICE:-$DEVICE}
 graph_section() {
   [ -x "$SG" ] || return 0
-  say "## Captured step ($1): forward + backward replayed from a CUDA graph against eager (bf16, dropout 0.1)"
+  say "## Captured step ($1): the training step (forward, backward, AdamW) replayed from a CUDA graph against eager (bf16, dropout 0.1)"
   say '```'
   shift
   "$@"
@@ -248,6 +256,9 @@ floor() {
 export -f floor
 step floor 60 20 floor "$P" --hidden-dropout 0.1 --attention-dropout 0.1 &&
   say "ms/iteration (last 5): $(grep -o 'elapsed time per iteration (ms): [0-9.]*' "$WORK/logs/floor.log" | tail -1 | awk '{print $NF}')"
+# shellcheck disable=SC2086
+FERROTRON_MATMUL=cubecl step floor-graph 60 20 floor "$P" --hidden-dropout 0.1 --attention-dropout 0.1 $G &&
+  say "the step captured and replayed ($G, CubeCL's matmuls), ms/iteration (last 5): $(grep -o 'elapsed time per iteration (ms): [0-9.]*' "$WORK/logs/floor-graph.log" | tail -1 | awk '{print $NF}')"
 [ -x "$BASE" ] && step floor-baseline 60 20 floor "$BASE" --hidden-dropout 0.1 --attention-dropout 0.1 &&
   say "baseline build, ms/iteration (last 5): $(grep -o 'elapsed time per iteration (ms): [0-9.]*' "$WORK/logs/floor-baseline.log" | tail -1 | awk '{print $NF}')"
 say ""
