@@ -262,7 +262,8 @@ fn captured_training_steps_replay_the_eager_steps() {
 }
 
 /// A small GPT trained through `pretrain` (fp32 on lavapipe, dropout, one micro-batch per
-/// step, a warm-up then cosine learning rate, clipping, weight decay), `iters` iterations,
+/// step, a warm-up then cosine learning rate, clipping, weight decay, a validation every
+/// 4 iterations), `iters` iterations,
 /// saving to `save` and resuming from `load`, the step captured after two warm-up steps when
 /// `graph`.
 fn small_run(
@@ -288,11 +289,11 @@ fn small_run(
             style: LrDecayStyle::Cosine,
             ..Default::default()
         },
-        split: "100,0,0".into(),
+        split: "90,10,0".into(),
         data_cache_path: Some(cache.to_path_buf()),
         log_interval: 1,
-        eval_interval: 0,
-        eval_iters: 0,
+        eval_interval: 4,
+        eval_iters: 1,
         save: save.map(|p| p.to_path_buf()),
         save_interval: save.map(|_| iters),
         load: load.map(|p| p.to_path_buf()),
@@ -308,9 +309,10 @@ fn small_run(
 }
 
 /// `pretrain` with `--cuda-graph-impl local --cuda-graph-scope full_iteration`: the steps after
-/// the warm-up are replays of one captured step, and the run logs the eager run's losses and
-/// gradient norms bit for bit; its checkpoint (weights, Adam's moments and step count) resumes
-/// into the eager run's next iterations.
+/// the warm-up are replays of one captured step, and the run logs the eager run's losses,
+/// gradient norms and validation loss (evaluated between two replays) bit for bit; its
+/// checkpoint (weights, Adam's moments and step count) resumes into the eager run's next
+/// iterations.
 #[test]
 fn pretrain_with_a_captured_step_trains_as_the_eager_run() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -328,6 +330,12 @@ fn pretrain_with_a_captured_step_trains_as_the_eager_run() {
         graph.grad_norms,
         eager.grad_norms[..6],
         "its gradient norms"
+    );
+    // Evaluation runs eagerly between two replays, on the weights the replays updated.
+    assert_eq!(
+        graph.validation[..1],
+        eager.validation[..1],
+        "the validation at iteration 4"
     );
     let resumed = small_run(&cache, 9, false, (None, Some(&saved)));
     assert_eq!(
