@@ -10,8 +10,11 @@
 //! cast): 2,000 of a 345M GPT's 4,300 launches. Here a step is one copy per four parameters
 //! (their gradients into the flat buffer), two launches for the global norm and the clipping
 //! coefficient (read on the device, so nothing waits for the host), one in-place Adam launch per
-//! parameter group (learning rate × weight decay: at most four) and one cast for the
-//! half-precision working copy. The gradient buffer lives only through the step (kept, it
+//! parameter group (learning rate × weight decay: at most four; the values that change from
+//! step to step read from device memory) and one cast for the half-precision working copy,
+//! into one kept buffer in place. Nothing is read from the host and every kept buffer is
+//! updated in place, so a step can be captured as a graph and replayed
+//! (`crate::training::step_graph`). The gradient buffer lives only through the step (kept, it
 //! would add its size to the backward pass's activation peak), the norm's scratch is one
 //! number per 16,384 gradients, and the per-parameter gradients are freed once copied.
 //!

@@ -202,15 +202,14 @@ impl Trainer<'_> {
             let iteration = state.iteration + 1;
             let plan = self.setup.plan.after(cfg, state.consumed_train_samples)?;
             let lr = self.set_weight_decay_and_get_lr();
-            let batches: Vec<_> = (0..plan.micro_batches_per_rank())
+            let batches = (0..plan.micro_batches_per_rank())
                 .map(|_| loader.next_batch())
                 .collect();
             let step = (iteration, lr);
             let report = match step_graph.as_mut() {
                 Some(graph) => {
-                    let batch = batches.into_iter().next().expect("one micro-batch");
                     let parallel = (self.parallel, plan);
-                    graph.step(cfg, &mut self.setup, parallel, batch, step, self.device)?
+                    graph.step(cfg, &mut self.setup, parallel, batches, step, self.device)?
                 }
                 None => train_step(
                     cfg,

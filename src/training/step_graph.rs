@@ -9,13 +9,14 @@
 //! batch (into the resident input tensors the step reads), the dropout salt, and the
 //! optimizer's learning rates and bias corrections; the step's report is read after it.
 //!
-//! Where a step cannot be captured (one rank with one micro-batch per step, no loss scaler, the
-//! flat-buffer Adam on a CubeCL device, and on CUDA CubeCL's matmuls: cuBLAS runs on a stream
-//! of its own) the run says why and steps eagerly.
+//! A step is captured where it runs on one rank with one micro-batch, the flat-buffer Adam on
+//! a CubeCL device without a loss scaler, and on CUDA CubeCL's matmuls (cuBLAS runs on a
+//! stream of its own); elsewhere the run says why and steps eagerly.
 
 use anyhow::{bail, Result};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
+use super::batch_size_schedule::BatchSizeSchedule;
 use super::config::{BatchPlan, PretrainConfig};
 use super::setup::RankSetup;
 use super::train_step::{report_step, run_step, StepOutputs, StepReport};
@@ -54,9 +55,9 @@ struct Captured {
 }
 
 impl StepGraph {
-    /// The step graph of `--cuda-graph-impl local --cuda-graph-scope full_iteration` with
-    /// `warmup_steps` eager steps before the capture, or `None` with the reason where this
-    /// run's steps cannot be captured.
+    /// The step graph of `--cuda-graph-impl local --cuda-graph-scope full_iteration`
+    /// (`--cuda-graph-warmup-steps` eager steps before the capture), or why this run's steps
+    /// cannot be captured.
     pub fn new(
         cfg: &PretrainConfig,
         parallel: &ParallelState,
@@ -70,13 +71,17 @@ impl StepGraph {
         if layout.pp * layout.tp * layout.dp > 1 {
             return Err("one rank only (the step's collectives run on the host)".into());
         }
-        if setup.plan.micro_batches_per_rank() != 1 {
-            return Err("one micro-batch per step only".into());
+        let fixed_batch = matches!(cfg.batch_size_schedule, BatchSizeSchedule::Constant);
+        if setup.plan.micro_batches_per_rank() != 1 || !fixed_batch {
+            return Err("one micro-batch per step only, and a fixed global batch size".into());
+        }
+        if cfg.log_options.num_zeros_in_grad {
+            return Err("--log-num-zeros-in-grad counts on the host inside the step".into());
         }
         if !setup.optimizer.replayable() {
             return Err(
-                "the flat-buffer Adam on a CubeCL device, without a loss scaler (fp16's reads \
-                 the gradients' norm on the host), only"
+                "the flat-buffer Adam on a CubeCL device without a loss scaler only (fp16's \
+                 scaler reads the gradients' norm on the host)"
                     .into(),
             );
         }
@@ -109,10 +114,13 @@ impl StepGraph {
         cfg: &PretrainConfig,
         setup: &mut RankSetup,
         (parallel, plan): (&ParallelState, BatchPlan),
-        batch: MicroBatch,
+        batches: Vec<MicroBatch>,
         (iteration, lr): (u64, LearningRates),
         device: &Device,
     ) -> Result<StepReport> {
+        let [batch]: [MicroBatch; 1] = batches.try_into().map_err(|b: Vec<_>| {
+            anyhow::anyhow!("a captured step takes one micro-batch, not {}", b.len())
+        })?;
         self.steps += 1;
         let resident = self.write_batch(&batch, device)?.cloned();
         let resident = resident.as_ref();
@@ -202,8 +210,8 @@ impl StepGraph {
     }
 }
 
-/// Writes what the step would write itself before it runs: the micro-batch's dropout salt and
-/// the optimizer's per-step values.
+/// Writes what the step would write itself before it runs: the micro-batch's dropout salt
+/// (tensor-parallel rank 0: the step runs on one rank) and the optimizer's per-step values.
 fn prepare_replay(
     cfg: &PretrainConfig,
     setup: &RankSetup,
