@@ -85,20 +85,13 @@ mod capture {
     impl Training {
         fn new(config: &GptConfig, precision: Precision, device: &Device) -> Self {
             let main = config.init(7, device).expect("model");
-            let params = named_parameters(&main);
-            let setup = OptimizerSetup {
-                adam: AdamWConfig {
-                    beta1: 0.9,
-                    beta2: 0.95,
-                    eps: 1e-8,
-                    weight_decay: 0.1,
-                },
-                clip_grad: 1.0,
-                names: params.iter().map(|p| (p.id, p.name.clone())).collect(),
-                not_counted: Default::default(),
-                decoupled_lr: Default::default(),
-                count_zeros: false,
+            let adam = AdamWConfig {
+                beta1: 0.9,
+                beta2: 0.95,
+                eps: 1e-8,
+                weight_decay: 0.1,
             };
+            let setup = OptimizerSetup::for_module(&main, adam, 1.0);
             Self {
                 working: precision.working_copy(&main),
                 main,

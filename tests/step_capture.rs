@@ -36,6 +36,14 @@ fn flat_gradients<M: Module>(module: &M, grads: GradientsParams) -> Vec<Tensor<1
     flat.1
 }
 
+/// The CubeCL client of `device` (a device without autodiff).
+fn cube_client(device: &burn::tensor::Device) -> burn_cubecl::cubecl::client::Client {
+    Tensor::<1>::zeros([1], device)
+        .try_into_primitive::<CubeBackend>()
+        .unwrap_or_else(|_| panic!("not a CubeCL tensor"))
+        .client
+}
+
 fn read(loss: Tensor<1>, grads: Vec<Tensor<1>>) -> (Vec<f32>, Vec<Vec<f32>>) {
     let f32s = |t: Tensor<1>| t.try_into_vec_as::<f32>().unwrap();
     (f32s(loss), grads.into_iter().map(f32s).collect())
@@ -51,11 +59,7 @@ fn a_captured_forward_and_backward_replays_the_eager_step() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let base = parse_device("wgpu-cpu").unwrap();
     let device = base.clone().autodiff();
-    let client = Tensor::<1>::zeros([1], &base)
-        .try_into_primitive::<CubeBackend>()
-        .unwrap_or_else(|_| panic!("not a CubeCL tensor"))
-        .client
-        .clone();
+    let client = cube_client(&base);
     let (b, s, vocab) = (2, 16, 96);
     let main = GptConfig::new(2, 32, 4, s, vocab).init(5, &device).unwrap();
     let ids = |shift: i64| {
@@ -133,23 +137,15 @@ struct Training {
 
 impl Training {
     fn new(device: &burn::tensor::Device) -> Self {
-        use ferrotron::model::named_parameters::named_parameters;
         use ferrotron::optim::{AdamWConfig, FlatAdamW, OptimizerSetup};
         let main = GptConfig::new(2, 32, 4, 16, 96).init(5, device).unwrap();
-        let params = named_parameters(&main);
-        let setup = OptimizerSetup {
-            adam: AdamWConfig {
-                beta1: 0.9,
-                beta2: 0.95,
-                eps: 1e-8,
-                weight_decay: 0.1,
-            },
-            clip_grad: 1.0,
-            names: params.iter().map(|p| (p.id, p.name.clone())).collect(),
-            not_counted: Default::default(),
-            decoupled_lr: Default::default(),
-            count_zeros: false,
+        let adam = AdamWConfig {
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
         };
+        let setup = OptimizerSetup::for_module(&main, adam, 1.0);
         Self {
             working: Precision::Fp16.working_copy(&main),
             main,
@@ -206,11 +202,7 @@ fn captured_training_steps_replay_the_eager_steps() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let base = parse_device("wgpu-cpu").unwrap();
     let device = base.clone().autodiff();
-    let client = Tensor::<1>::zeros([1], &base)
-        .try_into_primitive::<CubeBackend>()
-        .unwrap_or_else(|_| panic!("not a CubeCL tensor"))
-        .client
-        .clone();
+    let client = cube_client(&base);
     let (b, s, vocab) = (2, 16, 96);
     let ids = |shift: i64| {
         let v: Vec<i64> = (0..(b * s) as i64)

@@ -114,6 +114,25 @@ pub struct OptimizerSetup {
     pub count_zeros: bool,
 }
 
+impl OptimizerSetup {
+    /// Adam over all of `module`'s parameters on one rank, clipping the global norm at
+    /// `clip_grad`: no decoupled learning rate, no zero counting.
+    pub fn for_module<M: Module>(module: &M, adam: AdamWConfig, clip_grad: f64) -> Self {
+        let names = crate::model::named_parameters::parameter_names(module)
+            .into_iter()
+            .map(|p| (p.id, p.name))
+            .collect();
+        Self {
+            adam,
+            clip_grad,
+            names,
+            not_counted: HashSet::new(),
+            decoupled_lr: HashSet::new(),
+            count_zeros: false,
+        }
+    }
+}
+
 /// Adam replicated on every data-parallel rank: the gradients arrive summed; the global norm
 /// is summed over the ranks of one model replica (`model_group`: tensor × pipeline).
 pub struct ReplicatedAdamW {

@@ -132,34 +132,28 @@ impl StepGraph {
             return report_step(captured.outputs.clone(), setup, (parallel, plan));
         }
         let step = (iteration, lr);
+        let run = |setup: &mut RankSetup| {
+            let batches = vec![batch];
+            run_step(
+                cfg,
+                setup,
+                (parallel, plan),
+                batches,
+                step,
+                device,
+                resident,
+            )
+        };
         if self.steps <= self.warmup_steps {
             if self.steps == self.warmup_steps {
                 // The last warm-up step sizes the pools the recording allocates from.
                 Captured::prepare(device)?;
             }
-            let outputs = run_step(
-                cfg,
-                setup,
-                (parallel, plan),
-                vec![batch],
-                step,
-                device,
-                resident,
-            )?;
+            let outputs = run(setup)?;
             return report_step(outputs, setup, (parallel, plan));
         }
         prepare_replay(cfg, setup, plan, step, device);
-        let captured = Captured::record(device, || {
-            run_step(
-                cfg,
-                setup,
-                (parallel, plan),
-                vec![batch],
-                step,
-                device,
-                resident,
-            )
-        })?;
+        let captured = Captured::record(device, || run(setup))?;
         captured.replay()?;
         self.replayed += 1;
         println!(
