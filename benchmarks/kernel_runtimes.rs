@@ -110,6 +110,7 @@ fn timings(client: &Client, b: &Buffers) -> Vec<f64> {
         key_lo: 1,
         key_hi: 2,
         salt: 3,
+        salt_slot: 0,
         threshold: u32::MAX / 10,
         scale: 1.0 / 0.9,
     };

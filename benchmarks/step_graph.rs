@@ -201,7 +201,8 @@ mod capture {
         // What the recorded step would write itself, written before it (and each replay).
         let prepare = |training: &Training, iteration: u64| {
             seed_micro_batch(1, iteration, 0, 0);
-            set_dropout_salt(&client, dropout_salt());
+            let salt = dropout_salt();
+            set_dropout_salt(&client, salt.slot, salt.value);
             training
                 .adam
                 .write_next_step_values(learning_rates(iteration));
@@ -231,7 +232,8 @@ mod capture {
         let eager_ms = time(&mut |k| drop(eager.step(4 + k, &inputs)));
         let replay_ms = time(&mut |k| {
             seed_micro_batch(1, 4 + k, 0, 0);
-            set_dropout_salt(&client, dropout_salt());
+            let salt = dropout_salt();
+            set_dropout_salt(&client, salt.slot, salt.value);
             captured.adam.write_next_step_values(learning_rates(4 + k));
             replay();
         });

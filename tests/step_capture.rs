@@ -113,7 +113,8 @@ fn a_captured_forward_and_backward_replays_the_eager_step() {
     assert!(eager_2 != eager, "another iteration drew the same masks");
     for (iteration, want) in [(2, &eager_2), (1, &eager), (2, &eager_2)] {
         seed_micro_batch(3, iteration, 0, 0);
-        set_dropout_salt(&client, dropout_salt());
+        let salt = dropout_salt();
+        set_dropout_salt(&client, salt.slot, salt.value);
         replay();
         let replayed = read(loss.clone(), grads.clone());
         assert!(
@@ -227,7 +228,8 @@ fn captured_training_steps_replay_the_eager_steps() {
     // What the recorded step would write itself, written before it.
     let prepare = |training: &Training, iteration: u64| {
         seed_micro_batch(3, iteration, 0, 0);
-        set_dropout_salt(&client, dropout_salt());
+        let salt = dropout_salt();
+        set_dropout_salt(&client, salt.slot, salt.value);
         training
             .adam
             .write_next_step_values(learning_rates(iteration));
@@ -253,7 +255,7 @@ fn captured_training_steps_replay_the_eager_steps() {
     }
 }
 
-/// A small GPT trained through `pretrain` (fp32 on lavapipe, dropout, one micro-batch per
+/// A small GPT trained through `pretrain` (fp32 on lavapipe, dropout, two micro-batches per
 /// step, a warm-up then cosine learning rate, clipping, weight decay, a validation every
 /// 4 iterations), `iters` iterations,
 /// saving to `save` and resuming from `load`, the step captured after two warm-up steps when
@@ -271,7 +273,7 @@ fn small_run(
     let cfg = PretrainConfig {
         seq_length: 16,
         micro_batch_size: 2,
-        global_batch_size: 2,
+        global_batch_size: 4,
         train_iters: iters,
         schedule: LrSchedule {
             max_lr: 2e-3,
@@ -301,7 +303,8 @@ fn small_run(
 }
 
 /// `pretrain` with `--cuda-graph-impl local --cuda-graph-scope full_iteration`: the steps after
-/// the warm-up are replays of one captured step, and the run logs the eager run's losses,
+/// the warm-up are replays of one captured step (both micro-batches and their gradients' sum
+/// in it), and the run logs the eager run's losses,
 /// gradient norms and validation loss (evaluated between two replays) bit for bit; its
 /// checkpoint (weights, Adam's moments and step count) resumes into the eager run's next
 /// iterations.

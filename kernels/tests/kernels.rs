@@ -83,6 +83,7 @@ fn test_draw(key_lo: u32, key_hi: u32, p: f64) -> DropoutDraw {
         key_lo: key_lo ^ salt as u32,
         key_hi: key_hi ^ (salt >> 32) as u32,
         salt,
+        salt_slot: u64::from(key_hi % 3),
         threshold: (p * 4294967296.0) as u32,
         scale: (1.0 / (1.0 - p)) as f32,
     }

@@ -36,6 +36,8 @@ struct Tracker {
     draws: [u64; 2],
     /// The micro-batch's salt, XORed into every key.
     salt: u64,
+    /// The micro-batch's index in the global batch.
+    micro_batch: u64,
 }
 
 thread_local! {
@@ -65,14 +67,31 @@ pub fn seed_micro_batch(seed: u64, iteration: u64, micro_batch: u64, tp_rank: us
             seeds: [base, parallel],
             draws: [0, 0],
             salt: splitmix64(seed ^ step),
+            micro_batch,
         }
     });
 }
 
-/// The current micro-batch's salt: the part of every key that changes from one micro-batch
-/// (or iteration) to the next, XORed into the rest ([`next_dropout_key`]).
-pub fn dropout_salt() -> u64 {
-    TRACKER.with(|t| t.borrow().salt)
+/// A micro-batch's dropout salt and where a device keeps it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DropoutSalt {
+    /// The part of every key that changes from one micro-batch (or iteration) to the next,
+    /// XORed into the rest ([`next_dropout_key`]).
+    pub value: u64,
+    /// The micro-batch's index in the global batch: which of the device's salt buffers its
+    /// launches read (a captured step of several micro-batches reads one each).
+    pub slot: u64,
+}
+
+/// The current micro-batch's salt.
+pub fn dropout_salt() -> DropoutSalt {
+    TRACKER.with(|t| {
+        let t = t.borrow();
+        DropoutSalt {
+            value: t.salt,
+            slot: t.micro_batch,
+        }
+    })
 }
 
 /// Switches this thread's streams to those of transformer layer `layer` (numbered in the
@@ -212,7 +231,7 @@ mod tests {
             enter_layer(3);
             next_dropout_key(RngRegion::Replicated);
             let second = next_dropout_key(RngRegion::ModelParallel);
-            (second ^ dropout_salt(), dropout_salt())
+            (second ^ dropout_salt().value, dropout_salt().value)
         };
         let (a, salt_a) = unsalted(7, 0);
         let (b, salt_b) = unsalted(8, 2);

@@ -90,9 +90,9 @@ pub struct StepInputs<'a> {
     pub tp_rank: usize,
     /// The device.
     pub device: &'a Device,
-    /// The one micro-batch's inputs kept on the device, read instead of uploading the
-    /// batch's (a captured step's: [`super::step_graph`]).
-    pub resident: Option<&'a ResidentBatch>,
+    /// Each micro-batch's inputs kept on the device, read instead of uploading the batch's
+    /// (a captured step's: [`super::step_graph`]).
+    pub resident: Option<&'a [ResidentBatch]>,
 }
 
 /// `--overlap-grad-reduce`: the data-parallel group and the bucket size.
@@ -230,7 +230,7 @@ impl<'a> GptStage<'a> {
         match input {
             Some(data) => ChunkInput::Activation(self.upload(data)),
             None => ChunkInput::Tokens(match self.inputs.resident {
-                Some(resident) => resident.tokens.clone(),
+                Some(resident) => resident[microbatch].tokens.clone(),
                 None => self.batches[microbatch].tokens_to_tensor(self.inputs.device),
             }),
         }
@@ -240,7 +240,10 @@ impl<'a> GptStage<'a> {
     fn targets(&self, microbatch: usize, chunk: usize) -> Option<Targets> {
         self.inputs.p2p.is_last(chunk).then(|| {
             let (labels, loss_mask) = match self.inputs.resident {
-                Some(r) => (r.labels.clone(), r.loss_mask.clone()),
+                Some(r) => (
+                    r[microbatch].labels.clone(),
+                    r[microbatch].loss_mask.clone(),
+                ),
                 None => self.batches[microbatch].targets_to_tensors(self.inputs.device),
             };
             Targets { labels, loss_mask }

@@ -9,9 +9,10 @@
 //! batch (into the resident input tensors the step reads), the dropout salt, and the
 //! optimizer's learning rates and bias corrections; the step's report is read after it.
 //!
-//! A step is captured where it runs on one rank with one micro-batch, the flat-buffer Adam on
-//! a CubeCL device without a loss scaler, and on CUDA CubeCL's matmuls (cuBLAS runs on a
-//! stream of its own); elsewhere the run says why and steps eagerly.
+//! A step is captured where it runs on one rank with a fixed number of micro-batches (all of
+//! them in the one graph, each reading its own resident inputs and dropout salt), the
+//! flat-buffer Adam on a CubeCL device without a loss scaler, and on CUDA CubeCL's matmuls
+//! (cuBLAS runs on a stream of its own); elsewhere the run says why and steps eagerly.
 
 use anyhow::{bail, Result};
 use burn::tensor::{Device, Int, Tensor, TensorData};
@@ -24,7 +25,7 @@ use crate::data::loader::MicroBatch;
 use crate::optim::LearningRates;
 use crate::parallel::state::ParallelState;
 
-/// The step's inputs kept on the device: each step's batch is written into them, so a
+/// One micro-batch's inputs kept on the device: each step's batch is written into them, so a
 /// captured step reads the batch of the step it replays.
 #[derive(Clone)]
 pub struct ResidentBatch {
@@ -42,7 +43,8 @@ pub struct StepGraph {
     steps: u64,
     /// Steps run by replaying the captured graph (the captured one included).
     replayed: u64,
-    resident: Option<ResidentBatch>,
+    /// One set of inputs per micro-batch of the step.
+    resident: Vec<ResidentBatch>,
     captured: Option<Captured>,
 }
 
@@ -71,9 +73,10 @@ impl StepGraph {
         if layout.pp * layout.tp * layout.dp > 1 {
             return Err("one rank only (the step's collectives run on the host)".into());
         }
-        let fixed_batch = matches!(cfg.batch_size_schedule, BatchSizeSchedule::Constant);
-        if setup.plan.micro_batches_per_rank() != 1 || !fixed_batch {
-            return Err("one micro-batch per step only, and a fixed global batch size".into());
+        if !matches!(cfg.batch_size_schedule, BatchSizeSchedule::Constant) {
+            return Err(
+                "a fixed global batch size only (the step's micro-batches are fixed)".into(),
+            );
         }
         if cfg.log_options.num_zeros_in_grad {
             return Err("--log-num-zeros-in-grad counts on the host inside the step".into());
@@ -103,7 +106,7 @@ impl StepGraph {
             warmup_steps: warmup_steps.max(1),
             steps: 0,
             replayed: 0,
-            resident: None,
+            resident: Vec::new(),
             captured: None,
         })
     }
@@ -118,12 +121,10 @@ impl StepGraph {
         (iteration, lr): (u64, LearningRates),
         device: &Device,
     ) -> Result<StepReport> {
-        let [batch]: [MicroBatch; 1] = batches.try_into().map_err(|b: Vec<_>| {
-            anyhow::anyhow!("a captured step takes one micro-batch, not {}", b.len())
-        })?;
         self.steps += 1;
-        let resident = self.write_batch(&batch, device)?.cloned();
-        let resident = resident.as_ref();
+        self.write_batches(&batches, device)?;
+        let resident = self.resident.clone();
+        let resident = Some(resident.as_slice());
         if let Some(captured) = &self.captured {
             prepare_replay(cfg, setup, plan, (iteration, lr), device);
             captured.replay()?;
@@ -133,7 +134,6 @@ impl StepGraph {
         }
         let step = (iteration, lr);
         let run = |setup: &mut RankSetup| {
-            let batches = vec![batch];
             run_step(
                 cfg,
                 setup,
@@ -169,42 +169,51 @@ impl StepGraph {
         self.replayed
     }
 
-    /// Writes `batch` into the resident inputs (creating them at the first step).
-    fn write_batch(
-        &mut self,
-        batch: &MicroBatch,
-        device: &Device,
-    ) -> Result<Option<&ResidentBatch>> {
-        let shape = [batch.batch_size, batch.seq_length];
-        let ids = |ids: &[u32]| ids.iter().map(|&x| x as i64).collect::<Vec<i64>>();
-        match &self.resident {
-            None => {
-                self.resident = Some(ResidentBatch {
-                    tokens: Tensor::from_data(TensorData::new(ids(&batch.tokens), shape), device),
-                    labels: Tensor::from_data(TensorData::new(ids(&batch.labels), shape), device),
-                    loss_mask: Tensor::from_data(
-                        TensorData::new(batch.loss_mask.clone(), shape),
-                        device,
-                    ),
-                });
-            }
-            Some(resident) => {
-                if resident.tokens.dims() != shape {
-                    bail!(
-                        "a captured step takes batches of one shape: {shape:?} after {:?}",
-                        resident.tokens.dims()
-                    );
-                }
-                write_ids(&resident.tokens, &batch.tokens)?;
-                write_ids(&resident.labels, &batch.labels)?;
-                write_floats(&resident.loss_mask, &batch.loss_mask)?;
-            }
+    /// Writes the step's micro-batches into the resident inputs (creating them at the first
+    /// step): one set per micro-batch, of one shape throughout.
+    fn write_batches(&mut self, batches: &[MicroBatch], device: &Device) -> Result<()> {
+        if self.resident.is_empty() {
+            self.resident = batches.iter().map(|b| resident(b, device)).collect();
+            return Ok(());
         }
-        Ok(self.resident.as_ref())
+        if batches.len() != self.resident.len() {
+            bail!(
+                "a captured step takes {} micro-batches, not {}",
+                self.resident.len(),
+                batches.len()
+            );
+        }
+        for (batch, resident) in batches.iter().zip(&self.resident) {
+            let shape = [batch.batch_size, batch.seq_length];
+            if resident.tokens.dims() != shape {
+                bail!(
+                    "a captured step takes micro-batches of one shape: {shape:?} after {:?}",
+                    resident.tokens.dims()
+                );
+            }
+            write_ids(&resident.tokens, &batch.tokens)?;
+            write_ids(&resident.labels, &batch.labels)?;
+            write_floats(&resident.loss_mask, &batch.loss_mask)?;
+        }
+        Ok(())
     }
 }
 
-/// Writes what the step would write itself before it runs: the micro-batch's dropout salt
+/// `batch` uploaded as resident inputs.
+fn resident(batch: &MicroBatch, device: &Device) -> ResidentBatch {
+    let shape = [batch.batch_size, batch.seq_length];
+    let ids = |ids: &[u32]| {
+        let ids: Vec<i64> = ids.iter().map(|&x| x as i64).collect();
+        Tensor::from_data(TensorData::new(ids, shape), device)
+    };
+    ResidentBatch {
+        tokens: ids(&batch.tokens),
+        labels: ids(&batch.labels),
+        loss_mask: Tensor::from_data(TensorData::new(batch.loss_mask.clone(), shape), device),
+    }
+}
+
+/// Writes what the step would write itself before it runs: each micro-batch's dropout salt
 /// (tensor-parallel rank 0: the step runs on one rank) and the optimizer's per-step values.
 fn prepare_replay(
     cfg: &PretrainConfig,
@@ -213,8 +222,11 @@ fn prepare_replay(
     (iteration, lr): (u64, LearningRates),
     device: &Device,
 ) {
-    crate::parallel::random::seed_micro_batch(cfg.seed, iteration, plan.global_micro_batch(0), 0);
-    write_dropout_salt(device);
+    for k in 0..plan.micro_batches_per_rank() {
+        let micro_batch = plan.global_micro_batch(k);
+        crate::parallel::random::seed_micro_batch(cfg.seed, iteration, micro_batch, 0);
+        write_dropout_salt(device);
+    }
     setup.optimizer.write_next_step_values(lr);
 }
 
@@ -345,10 +357,8 @@ mod device {
     /// Writes the current micro-batch's dropout salt where the kernels read it.
     pub(super) fn write_dropout_salt(device: &Device) {
         if let Ok(client) = client(device) {
-            ferrotron_kernels::launch::set_dropout_salt(
-                &client,
-                crate::parallel::random::dropout_salt(),
-            );
+            let salt = crate::parallel::random::dropout_salt();
+            ferrotron_kernels::launch::set_dropout_salt(&client, salt.slot, salt.value);
         }
     }
 }

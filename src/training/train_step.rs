@@ -81,8 +81,8 @@ pub fn train_step(
 }
 
 /// [`train_step`] without reading anything from the device: the schedule, the gradients
-/// finalised and the optimizer's step. With `resident`, the one micro-batch's inputs are
-/// read from those tensors (a captured step's; see [`super::step_graph`]).
+/// finalised and the optimizer's step. With `resident`, micro-batch `k`'s inputs are read
+/// from `resident[k]` (a captured step's; see [`super::step_graph`]).
 pub fn run_step(
     cfg: &PretrainConfig,
     setup: &mut RankSetup,
@@ -90,7 +90,7 @@ pub fn run_step(
     batches: Vec<MicroBatch>,
     (iteration, lr): (u64, LearningRates),
     device: &Device,
-    resident: Option<&ResidentBatch>,
+    resident: Option<&[ResidentBatch]>,
 ) -> Result<StepOutputs> {
     let pp = parallel.layout.pp;
     let global_index = |k: usize| plan.global_micro_batch(k);

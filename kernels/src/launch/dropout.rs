@@ -74,6 +74,8 @@ pub struct DropoutDraw {
     pub key_hi: u32,
     /// The micro-batch's salt: the key is the constant XOR this.
     pub salt: u64,
+    /// Which of the step's salt buffers holds it (the micro-batch's place in the step).
+    pub salt_slot: u64,
     /// Elements whose bits are below this are dropped (`p · 2³²`).
     pub threshold: u32,
     /// What kept elements are multiplied by (`1 / (1 − p)`).
@@ -95,6 +97,7 @@ pub(super) const NO_DRAW: DropoutDraw = DropoutDraw {
     key_lo: 0,
     key_hi: 0,
     salt: 0,
+    salt_slot: 0,
     threshold: 0,
     scale: 1.0,
 };

@@ -42,11 +42,12 @@ use ferrotron_kernels::launch::{AttentionShape, DropoutDraw};
 fn dropout_draw(dropout: Option<(u64, f64)>) -> Option<DropoutDraw> {
     dropout.map(|(key, p)| {
         let salt = crate::parallel::random::dropout_salt();
-        let constant = key ^ salt;
+        let constant = key ^ salt.value;
         DropoutDraw {
             key_lo: constant as u32,
             key_hi: (constant >> 32) as u32,
-            salt,
+            salt: salt.value,
+            salt_slot: salt.slot,
             threshold: crate::parallel::random::dropout_threshold(p),
             scale: (1.0 / (1.0 - p)) as f32,
         }
