@@ -266,11 +266,22 @@ fn small_run(
     graph: bool,
     (save, load): (Option<&std::path::Path>, Option<&std::path::Path>),
 ) -> ferrotron::training::PretrainOutcome {
+    let cfg = small_config(cache, iters, graph, (save, load));
+    ferrotron::training::pretrain(&cfg, &parse_device("wgpu-cpu").unwrap().autodiff()).unwrap()
+}
+
+/// [`small_run`]'s configuration.
+fn small_config(
+    cache: &std::path::Path,
+    iters: u64,
+    graph: bool,
+    (save, load): (Option<&std::path::Path>, Option<&std::path::Path>),
+) -> ferrotron::training::PretrainConfig {
     use std::sync::Arc;
 
     use ferrotron::data::{DataSources, MockDocuments};
-    use ferrotron::training::{pretrain, LrDecayStyle, LrSchedule, PretrainConfig};
-    let cfg = PretrainConfig {
+    use ferrotron::training::{LrDecayStyle, LrSchedule, PretrainConfig};
+    PretrainConfig {
         seq_length: 16,
         micro_batch_size: 2,
         global_batch_size: 4,
@@ -298,8 +309,7 @@ fn small_run(
                 .with_attention_dropout(0.1),
             DataSources::Mock(Arc::new(MockDocuments::new(512, 511))),
         )
-    };
-    pretrain(&cfg, &parse_device("wgpu-cpu").unwrap().autodiff()).unwrap()
+    }
 }
 
 /// `pretrain` with `--cuda-graph-impl local --cuda-graph-scope full_iteration`: the steps after
@@ -338,4 +348,52 @@ fn pretrain_with_a_captured_step_trains_as_the_eager_run() {
         eager.losses[6..],
         "the run resumed from its checkpoint"
     );
+}
+
+/// A change to [`small_config`]'s run.
+type Variant = dyn Fn(&mut ferrotron::training::PretrainConfig);
+
+/// The captured step with the model's other paths: the fused attention, selective and full
+/// recomputation, and a Llama-style model (rotary embeddings, RMSNorm, SwiGLU, grouped-query
+/// attention, an untied output layer, no biases): each run captures its step and logs the
+/// eager run's losses bit for bit.
+#[test]
+fn captured_steps_cover_flash_attention_recomputation_and_llama_models() {
+    use ferrotron::model::{Normalization, PositionEmbedding, Recompute};
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let device = parse_device("wgpu-cpu").unwrap().autodiff();
+    let variants: [(&str, &Variant); 3] = [
+        ("flash attention, selective recomputation", &|c| {
+            c.model = c.model.clone().with_flash_attention(true);
+            c.recompute = Recompute::Selective;
+        }),
+        ("full uniform recomputation", &|c| {
+            c.recompute = Recompute::Uniform(1)
+        }),
+        ("Llama-style", &|c| {
+            c.model = c
+                .model
+                .clone()
+                .with_position_embedding_type(PositionEmbedding::Rope)
+                .with_normalization(Normalization::RmsNorm)
+                .with_swiglu(true)
+                .with_num_query_groups(Some(2))
+                .with_untie_embeddings_and_output_weights(true)
+                .with_add_bias_linear(false);
+        }),
+    ];
+    for (what, variant) in variants {
+        let run = |graph: bool| {
+            let mut cfg = small_config(dir.path(), 5, graph, (None, None));
+            variant(&mut cfg);
+            ferrotron::training::pretrain(&cfg, &device).unwrap()
+        };
+        let (eager, captured) = (run(false), run(true));
+        assert_eq!(
+            captured.replayed_iterations, 3,
+            "{what}: iterations 3-5 replayed"
+        );
+        assert_eq!(captured.losses, eager.losses, "{what}: the losses");
+    }
 }
