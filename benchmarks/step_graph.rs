@@ -40,7 +40,6 @@ mod capture {
     use std::time::Instant;
 
     use burn::tensor::{Device, Distribution, FloatDType, Int, Tensor};
-    use burn_cubecl::CubeBackend;
     use ferrotron::model::named_parameters::named_parameters;
     use ferrotron::model::{Gpt, GptConfig};
     use ferrotron::optim::{
@@ -48,7 +47,7 @@ mod capture {
         Precision,
     };
     use ferrotron::parallel::random::{dropout_salt, seed_micro_batch};
-    use ferrotron::util::device::parse_device;
+    use ferrotron::util::device::{cube_client, parse_device};
     use ferrotron_kernels::launch::set_dropout_salt;
 
     fn arg(args: &[String], i: usize, default: usize) -> usize {
@@ -134,11 +133,7 @@ mod capture {
         let eager_only = args.get(7).is_some_and(|a| a == "eager");
         let base = parse_device(&name).expect("device");
         let device = base.clone().autodiff();
-        let client = Tensor::<1>::zeros([1], &base)
-            .try_into_primitive::<CubeBackend>()
-            .unwrap_or_else(|_| panic!("{name} is not a CubeCL device"))
-            .client
-            .clone();
+        let client = cube_client(&base).unwrap_or_else(|| panic!("{name} is not a CubeCL device"));
         // WGSL has no bf16 (docs/gpu.md): half precision on wgpu is f16.
         let precision = if name.starts_with("wgpu") {
             Precision::Fp16

@@ -13,11 +13,10 @@
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{Int, Tensor, TensorData};
-use burn_cubecl::CubeBackend;
 use ferrotron::model::GptConfig;
 use ferrotron::optim::Precision;
 use ferrotron::parallel::random::{dropout_salt, seed_micro_batch};
-use ferrotron::util::device::parse_device;
+use ferrotron::util::device::{cube_client, parse_device};
 use ferrotron_kernels::launch::set_dropout_salt;
 
 /// Every parameter's gradient, flattened, in the module's order.
@@ -36,14 +35,6 @@ fn flat_gradients<M: Module>(module: &M, grads: GradientsParams) -> Vec<Tensor<1
     flat.1
 }
 
-/// The CubeCL client of `device` (a device without autodiff).
-fn cube_client(device: &burn::tensor::Device) -> burn_cubecl::cubecl::client::Client {
-    Tensor::<1>::zeros([1], device)
-        .try_into_primitive::<CubeBackend>()
-        .unwrap_or_else(|_| panic!("not a CubeCL tensor"))
-        .client
-}
-
 fn read(loss: Tensor<1>, grads: Vec<Tensor<1>>) -> (Vec<f32>, Vec<Vec<f32>>) {
     let f32s = |t: Tensor<1>| t.try_into_vec_as::<f32>().unwrap();
     (f32s(loss), grads.into_iter().map(f32s).collect())
@@ -59,7 +50,7 @@ fn a_captured_forward_and_backward_replays_the_eager_step() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let base = parse_device("wgpu-cpu").unwrap();
     let device = base.clone().autodiff();
-    let client = cube_client(&base);
+    let client = cube_client(&base).expect("a CubeCL device");
     let (b, s, vocab) = (2, 16, 96);
     let main = GptConfig::new(2, 32, 4, s, vocab).init(5, &device).unwrap();
     let ids = |shift: i64| {
@@ -203,7 +194,7 @@ fn captured_training_steps_replay_the_eager_steps() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let base = parse_device("wgpu-cpu").unwrap();
     let device = base.clone().autodiff();
-    let client = cube_client(&base);
+    let client = cube_client(&base).expect("a CubeCL device");
     let (b, s, vocab) = (2, 16, 96);
     let ids = |shift: i64| {
         let v: Vec<i64> = (0..(b * s) as i64)

@@ -29,6 +29,7 @@ use std::collections::{HashMap, HashSet};
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::{DType, Device, FloatDType, Shape, Tensor, TensorData};
 use burn_cubecl::cubecl::bytes::Bytes;
+use burn_cubecl::cubecl::prelude::CubeElement;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
 use ferrotron_kernels::half::{bf16, f16};
@@ -323,7 +324,7 @@ impl FlatBuffers {
         let values: Vec<f32> = scalars.iter().flat_map(AdamScalars::per_step).collect();
         let mut written = self.per_step_written.borrow_mut();
         if *written != values {
-            let bytes = values.iter().flat_map(|x| x.to_le_bytes()).collect();
+            let bytes = f32::as_bytes(&values).to_vec();
             let client = &self.per_step.client;
             client.write(&self.per_step.handle, Bytes::from_bytes_vec(bytes));
             *written = values;

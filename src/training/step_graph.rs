@@ -123,8 +123,7 @@ impl StepGraph {
     ) -> Result<StepReport> {
         self.steps += 1;
         self.write_batches(&batches, device)?;
-        let resident = self.resident.clone();
-        let resident = Some(resident.as_slice());
+        let resident = Some(self.resident.as_slice());
         if let Some(captured) = &self.captured {
             prepare_replay(cfg, setup, plan, (iteration, lr), device);
             captured.replay()?;
@@ -243,30 +242,9 @@ mod device {
 
     use super::{Captured, StepOutputs};
 
-    thread_local! {
-        /// The last device asked for and its client: found once, not with a probe tensor's
-        /// allocation and launch before every replay.
-        static CLIENT: std::cell::RefCell<Option<(Device, Client)>> =
-            const { std::cell::RefCell::new(None) };
-    }
-
     /// The CubeCL client of `device` (the stream of this thread).
     fn client(device: &Device) -> Result<Client> {
-        let cached = CLIENT.with(|c| {
-            let c = c.borrow();
-            c.as_ref()
-                .filter(|(d, _)| d == device)
-                .map(|(_, client)| client.clone())
-        });
-        if let Some(client) = cached {
-            return Ok(client);
-        }
-        let probe = Tensor::<1>::zeros([1], &device.clone().inner());
-        let cube = probe
-            .try_into_primitive::<CubeBackend>()
-            .map_err(|_| anyhow!("not a CubeCL device"))?;
-        CLIENT.with(|c| *c.borrow_mut() = Some((device.clone(), cube.client.clone())));
-        Ok(cube.client)
+        crate::util::device::cube_client(device).ok_or_else(|| anyhow!("not a CubeCL device"))
     }
 
     impl Captured {

@@ -78,6 +78,36 @@ pub fn is_cube(device: &Device) -> bool {
     )
 }
 
+thread_local! {
+    /// The last device [`cube_client`] was asked for, and its client.
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    static CUBE_CLIENT: std::cell::RefCell<Option<(Device, burn_cubecl::cubecl::client::Client)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// The CubeCL client of `device` (autodiff or not), which launches on this thread's stream,
+/// or `None` off CubeCL: found with a probe tensor (an allocation and a launch) once per
+/// thread and device, then kept.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub fn cube_client(device: &Device) -> Option<burn_cubecl::cubecl::client::Client> {
+    let cached = CUBE_CLIENT.with(|c| {
+        let c = c.borrow();
+        c.as_ref()
+            .filter(|(d, _)| d == device)
+            .map(|(_, client)| client.clone())
+    });
+    if cached.is_some() {
+        return cached;
+    }
+    let probe = Tensor::<1>::zeros([1], &device.clone().inner());
+    let client = probe
+        .try_into_primitive::<burn_cubecl::CubeBackend>()
+        .ok()?
+        .client;
+    CUBE_CLIENT.with(|c| *c.borrow_mut() = Some((device.clone(), client.clone())));
+    Some(client)
+}
+
 /// Whether `device` (autodiff or not) is the Flex CPU backend.
 pub fn is_flex(device: &Device) -> bool {
     matches!(

@@ -26,13 +26,10 @@ pub fn uses_cublas(device: &burn::tensor::Device) -> bool {
     #[cfg(feature = "cuda")]
     {
         use burn::tensor::DType;
-        let cuda = matches!(
-            device.clone().inner().as_dispatch(),
-            burn::backend::DispatchDevice::Cube(burn_cubecl::cubecl::device::Device::Cuda(_))
-        );
-        cuda && [DType::F32, DType::F16, DType::BF16]
-            .into_iter()
-            .any(super::cublas::takes)
+        on_cuda(device)
+            && [DType::F32, DType::F16, DType::BF16]
+                .into_iter()
+                .any(super::cublas::takes)
     }
     #[cfg(not(feature = "cuda"))]
     {
@@ -44,10 +41,16 @@ pub fn uses_cublas(device: &burn::tensor::Device) -> bool {
 /// Whether [`matmul`] takes the extension: a CUDA tensor of a dtype cuBLAS takes.
 #[cfg(feature = "cuda")]
 fn uses_extension<const D: usize>(a: &Tensor<D>) -> bool {
+    on_cuda(&a.device()) && super::cublas::takes(a.dtype())
+}
+
+/// Whether `device` (autodiff or not) is a CUDA device.
+#[cfg(feature = "cuda")]
+fn on_cuda(device: &burn::tensor::Device) -> bool {
     matches!(
-        a.device().inner().as_dispatch(),
+        device.clone().inner().as_dispatch(),
         burn::backend::DispatchDevice::Cube(burn_cubecl::cubecl::device::Device::Cuda(_))
-    ) && super::cublas::takes(a.dtype())
+    )
 }
 
 #[cfg(any(feature = "wgpu", feature = "cuda"))]

@@ -5,7 +5,7 @@ use cubecl::prelude::*;
 use cubecl::server::Handle;
 
 use super::dropout::DropoutDraw;
-use super::salt::{current_salt_buffer, salt_arg};
+use super::salt::{current_salt_buffer, drawn_salt_arg, salt_arg};
 use super::{arg, element_vector_size, gcd};
 use crate::rows::cube_count;
 use crate::{attention, attention_planes};
@@ -72,9 +72,13 @@ fn draw_args(dropout: Option<DropoutDraw>) -> (u32, u32, u32, f32, bool) {
 }
 
 /// The salt's binding of an attention launch (see [`salt_arg`]): without a draw, the salt's
-/// buffer as it is (never read; the launch has no buffer handle of its own to lend).
+/// buffer as it is (never read; the launch has no buffer handle of its own to lend), looked
+/// up only then.
 fn salt_binding(client: &Client, dropout: Option<DropoutDraw>) -> BufferArg {
-    salt_arg(client, dropout, &current_salt_buffer(client))
+    match dropout {
+        Some(draw) => drawn_salt_arg(client, draw),
+        None => salt_arg(client, None, &current_salt_buffer(client)),
+    }
 }
 
 /// The launch shape of fused attention: `block` rows of one head per cube. With tiles

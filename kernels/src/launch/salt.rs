@@ -76,7 +76,12 @@ pub fn set_dropout_salt(client: &Client, slot: u64, salt: u64) {
 /// without a draw never reads it; binding another buffer spares the write).
 pub(super) fn salt_arg(client: &Client, draw: Option<DropoutDraw>, unread: &Handle) -> BufferArg {
     match draw {
-        Some(draw) => arg(&dropout_salt_buffer(client, draw.salt_slot, draw.salt), 2),
+        Some(draw) => drawn_salt_arg(client, draw),
         None => arg(unread, 1),
     }
+}
+
+/// The binding of `draw`'s salt buffer (written first if it holds another salt).
+pub(super) fn drawn_salt_arg(client: &Client, draw: DropoutDraw) -> BufferArg {
+    arg(&dropout_salt_buffer(client, draw.salt_slot, draw.salt), 2)
 }

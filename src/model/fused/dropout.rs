@@ -49,21 +49,11 @@ pub trait DropoutKernels: Backend {
 /// The differentiable fused dropout and bias-dropout-add (a burn backend extension).
 #[backend_extension(Autodiff, Cube)]
 pub trait DropoutOps: Backend {
-    /// Dropout with the mask of the draw keyed `(key_lo, key_hi)`: elements whose bits are
-    /// below `threshold` dropped, the others multiplied by `scale`; `x` holds the slice
-    /// `(own, row, first)` of the draw ([`DrawSlice`]).
-    #[allow(clippy::too_many_arguments)]
+    /// Dropout with the mask of `draw`, `x` holding `slice` of it.
     fn fused_dropout(
         x: FloatTensor<Self>,
-        key_lo: u32,
-        key_hi: u32,
-        salt: u64,
-        salt_slot: u64,
-        threshold: u32,
-        scale: f32,
-        own: u32,
-        row: u32,
-        first: u32,
+        draw: DropoutDraw,
+        slice: DrawSlice,
     ) -> FloatTensor<Self>;
     /// `residual + dropout(y + bias)`, the bias over the last dimension, `y` holding `slice`
     /// of the draw (none: nothing dropped).
@@ -134,27 +124,8 @@ impl DropoutKernels for CubeBackend {
 }
 
 impl DropoutOps for CubeBackend {
-    fn fused_dropout(
-        x: CubeTensor,
-        key_lo: u32,
-        key_hi: u32,
-        salt: u64,
-        salt_slot: u64,
-        threshold: u32,
-        scale: f32,
-        own: u32,
-        row: u32,
-        first: u32,
-    ) -> CubeTensor {
-        let draw = DropoutDraw {
-            key_lo,
-            key_hi,
-            salt,
-            salt_slot,
-            threshold,
-            scale,
-        };
-        Self::dropout_apply(x, draw, DrawSlice { own, row, first })
+    fn fused_dropout(x: CubeTensor, draw: DropoutDraw, slice: DrawSlice) -> CubeTensor {
+        Self::dropout_apply(x, draw, slice)
     }
 
     fn fused_bias_dropout_add(
@@ -289,25 +260,9 @@ where
 impl<B: DropoutKernels + DropoutOps, C: CheckpointStrategy> DropoutOps for Autodiff<B, C> {
     fn fused_dropout(
         x: FloatTensor<Self>,
-        key_lo: u32,
-        key_hi: u32,
-        salt: u64,
-        salt_slot: u64,
-        threshold: u32,
-        scale: f32,
-        own: u32,
-        row: u32,
-        first: u32,
+        draw: DropoutDraw,
+        slice: DrawSlice,
     ) -> FloatTensor<Self> {
-        let draw = DropoutDraw {
-            key_lo,
-            key_hi,
-            salt,
-            salt_slot,
-            threshold,
-            scale,
-        };
-        let slice = DrawSlice { own, row, first };
         let (x, node) = x.into_parts();
         match DropoutBackward
             .prepare::<C>([node])
@@ -355,18 +310,8 @@ pub fn dropout_slice<const D: usize>(
     slice: DrawSlice,
 ) -> Tensor<D> {
     let draw = dropout_draw(Some((key, p))).expect("a draw");
-    Tensor::from_dispatch(<Dispatch as DropoutOps>::fused_dropout(
-        x.into_dispatch(),
-        draw.key_lo,
-        draw.key_hi,
-        draw.salt,
-        draw.salt_slot,
-        draw.threshold,
-        draw.scale,
-        slice.own,
-        slice.row,
-        slice.first,
-    ))
+    let x = x.into_dispatch();
+    Tensor::from_dispatch(<Dispatch as DropoutOps>::fused_dropout(x, draw, slice))
 }
 
 /// `residual + dropout(y + bias)` fused, the bias (if any) cast to `y`'s dtype and
