@@ -25,11 +25,7 @@ pub fn bias_dropout_add<F: Float + CubeElement>(
     if len == 0 {
         return;
     }
-    let rows = len.div_ceil(slice.own as usize) as u64;
-    assert!(
-        len <= u32::MAX as usize && rows * u64::from(slice.row.max(slice.own)) <= 1 << 32,
-        "dropout of a draw of more than 2³² elements"
-    );
+    slice.check_holds(len);
     assert!(
         hidden > 0 && len.is_multiple_of(hidden),
         "{len} elements in rows of {hidden}"
@@ -125,6 +121,16 @@ impl DrawSlice {
         }
     }
 
+    /// Panics unless a tensor of `len` elements holding this slice indexes its draw in 32
+    /// bits (what the kernels compute the draw index in).
+    fn check_holds(&self, len: usize) {
+        let rows = len.div_ceil(self.own as usize) as u64;
+        assert!(
+            len <= u32::MAX as usize && rows * u64::from(self.row.max(self.own)) <= 1 << 32,
+            "dropout of a draw of more than 2³² elements"
+        );
+    }
+
     /// Whether the tensor is the whole draw from its start (element `i` is draw element `i`;
     /// the kernels compile that case without the slice's arithmetic).
     pub fn is_whole(&self) -> bool {
@@ -171,11 +177,7 @@ pub fn dropout_slice<F: Float + CubeElement>(
     if len == 0 {
         return;
     }
-    let rows = len.div_ceil(slice.own as usize) as u64;
-    assert!(
-        len <= u32::MAX as usize && rows * u64::from(slice.row.max(slice.own)) <= 1 << 32,
-        "dropout of a draw of more than 2³² elements"
-    );
+    slice.check_holds(len);
     let vector = element_vector_size::<F>(client, len);
     dropout::dropout::launch::<F>(
         client,
