@@ -161,11 +161,13 @@ if step torch-bf16-sdpa 90 40 with_memory "$WORK/logs/torch-bf16-sdpa.mem" "$PY"
   grep -o 'tokens/s: [0-9.]*' "$WORK/logs/torch-bf16-sdpa.log" | awk '{print $2}' > "$WORK/tps_torch"
 fi
 # The same step captured once and replayed (--cuda-graph-impl local --cuda-graph-scope
-# full_iteration, after 3 eager warm-up steps; the last 4 iterations timed are replays), on
-# CubeCL's matmuls: cuBLAS's stream is outside the capture (docs/gpu.md, "Captured steps").
+# full_iteration, after 3 eager warm-up steps; the last 4 iterations timed are replays), the
+# cuBLAS products queued after each replay (docs/gpu.md, "Captured steps"). GRAPH=0 leaves
+# the captured runs out (gpu_session.sh sets it when the smoke check's capture failed).
 G="--cuda-graph-impl local --cuda-graph-scope full_iteration"
+GRAPH=${GRAPH:-1}
 # shellcheck disable=SC2086
-FERROTRON_MATMUL=cubecl step bf16-graph 150 60 pretrain_model "$P" bf16-graph "$ITERS" $G $B && train_line bf16-graph
+[ "$GRAPH" = 1 ] && step bf16-graph 150 60 pretrain_model "$P" bf16-graph "$ITERS" $G $B && train_line bf16-graph
 # Selective recomputation (Megatron's --recompute-activations): the attention core keeps only
 # q, k, v and forms its probabilities again in its backward, as SDPA does; the memory run
 # (after PyTorch's, which every ratio needs).
@@ -187,11 +189,11 @@ for run in bf16 bf16-baseline bf16-graph bf16-recompute; do
 done
 say ""
 
-# The step captured as a graph and replayed (one launch for the host) against the same step
-# eager: the forward + backward alone (benchmarks/step_graph.rs), CubeCL's matmuls in both
-# (cuBLAS's stream is outside the capture). First at the host floor's sizes, where the step
-# is launch overhead (30 s); the model's sizes, with the eager step on cuBLAS's products
-# beside, after the profile.
+# The step captured as a graph and replayed (one launch for the host, then the recorded
+# cuBLAS products) against the same step eager, in one process (benchmarks/step_graph.rs,
+# optional: pretrain's bf16-graph and floor-graph runs measure the same through the training
+# loop). First at the host floor's sizes, where the step is launch overhead (30 s); the
+# model's sizes after the profile.
 SG="$WORK/bin/step_graph"
 # GRAPH_DEVICE: a CubeCL device for these runs where DEVICE is not one (a dry run: wgpu-cpu).
 GD=${GRAPH_DEVICE:-$DEVICE}
@@ -205,14 +207,12 @@ graph_section() {
   say ""
 }
 graph_floor() {
-  step graph-floor 90 30 env FERROTRON_MATMUL=cubecl "$SG" "$GD" 24 64 4 64 4 10 &&
+  step graph-floor 90 30 "$SG" "$GD" 24 64 4 64 4 10 &&
     tee -a "$R" < "$WORK/logs/graph-floor.log" > /dev/null
 }
 graph_model() {
-  step graph-model 150 60 env FERROTRON_MATMUL=cubecl "$SG" "$GD" "$LAYERS" "$HIDDEN" "$HEADS" "$SEQ" "$MBS" 5 &&
+  step graph-model 150 60 "$SG" "$GD" "$LAYERS" "$HIDDEN" "$HEADS" "$SEQ" "$MBS" 5 &&
     tee -a "$R" < "$WORK/logs/graph-model.log" > /dev/null
-  step graph-model-cublas 90 40 "$SG" "$GD" "$LAYERS" "$HIDDEN" "$HEADS" "$SEQ" "$MBS" 5 eager &&
-    { echo "with cuBLAS's products:"; cat "$WORK/logs/graph-model-cublas.log"; } | tee -a "$R" > /dev/null
 }
 graph_section "host floor: 24 layers, hidden 64, 4 heads, seq 64, micro-batch 4" graph_floor
 
@@ -257,8 +257,8 @@ export -f floor
 step floor 60 20 floor "$P" --hidden-dropout 0.1 --attention-dropout 0.1 &&
   say "ms/iteration (last 5): $(grep -o 'elapsed time per iteration (ms): [0-9.]*' "$WORK/logs/floor.log" | tail -1 | awk '{print $NF}')"
 # shellcheck disable=SC2086
-FERROTRON_MATMUL=cubecl step floor-graph 60 20 floor "$P" --hidden-dropout 0.1 --attention-dropout 0.1 $G &&
-  say "the step captured and replayed ($G, CubeCL's matmuls), ms/iteration (last 5): $(grep -o 'elapsed time per iteration (ms): [0-9.]*' "$WORK/logs/floor-graph.log" | tail -1 | awk '{print $NF}')"
+[ "$GRAPH" = 1 ] && step floor-graph 60 20 floor "$P" --hidden-dropout 0.1 --attention-dropout 0.1 $G &&
+  say "the step captured and replayed ($G), ms/iteration (last 5): $(grep -o 'elapsed time per iteration (ms): [0-9.]*' "$WORK/logs/floor-graph.log" | tail -1 | awk '{print $NF}')"
 [ -x "$BASE" ] && step floor-baseline 60 20 floor "$BASE" --hidden-dropout 0.1 --attention-dropout 0.1 &&
   say "baseline build, ms/iteration (last 5): $(grep -o 'elapsed time per iteration (ms): [0-9.]*' "$WORK/logs/floor-baseline.log" | tail -1 | awk '{print $NF}')"
 say ""

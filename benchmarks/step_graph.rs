@@ -10,7 +10,7 @@
 //!
 //! ```text
 //! cargo run --release --example step_graph -- [DEVICE] [LAYERS] [HIDDEN] [HEADS] [SEQ] [MBS] [REPS] [eager]
-//! FERROTRON_MATMUL=cubecl target/release/examples/step_graph cuda 24 1024 16 1024 4 10
+//! target/release/examples/step_graph cuda 24 1024 16 1024 4 10
 //! ```
 //!
 //! Defaults: wgpu-cpu (lavapipe), 24 layers, hidden 64, 4 heads, seq 64, micro-batch 4 (the
@@ -20,9 +20,10 @@
 //! step) and the working copy cast in place. It checks that the replayed steps give an eager
 //! run's losses and weights bit for bit, then prints milliseconds per step of each, `REPS`
 //! steps queued before one wait (the replays with their per-step values written before
-//! each). On CUDA run it with `FERROTRON_MATMUL=cubecl`: cuBLAS's products run on a stream
-//! of their own, outside CubeCL's capture. With `eager` last, only the eager step is timed
-//! (so that the default cuBLAS products can be measured beside a replay with CubeCL's).
+//! each). On CUDA the half-precision products run on cuBLAS in both, as in training (the
+//! replay queues the recorded products after the graph, `ferrotron::util::cublas`);
+//! `FERROTRON_MATMUL=cubecl` captures CubeCL's instead. With `eager` last, only the eager
+//! step is timed.
 
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 fn main() {
@@ -204,12 +205,26 @@ mod capture {
         };
         prepare(&captured, 3);
         client.start_capture().expect("start_capture");
+        // cuBLAS's side of the step's products, queued after each replay (as training does).
+        #[cfg(feature = "cuda")]
+        let (loss, products) = ferrotron::util::cublas::recording(
+            ferrotron::util::matmul::cuda_index(&device).unwrap_or(usize::MAX),
+            || captured.step(3, &inputs),
+        );
+        #[cfg(not(feature = "cuda"))]
         let loss = captured.step(3, &inputs);
         let graph = client.stop_capture().expect("stop_capture");
-        // SAFETY: every buffer the graph reads or writes stays allocated (the models, the
-        // optimizers' buffers, the inputs, the loss held here), and what runs in between (the
-        // eager steps) holds no buffer past its end.
-        let replay = || unsafe { graph.replay().expect("replay") };
+        let replay = || {
+            // SAFETY: every buffer the graph reads or writes stays allocated (the models, the
+            // optimizers' buffers, the inputs, the loss held here), and what runs in between
+            // (the eager steps) holds no buffer past its end.
+            unsafe { graph.replay().expect("replay") };
+            #[cfg(feature = "cuda")]
+            if !products.is_empty() {
+                client.flush().expect("flush");
+                products.queue().expect("the step's cuBLAS products");
+            }
+        };
         replay();
         let got = (
             loss.clone().try_into_vec_as::<f32>().unwrap(),

@@ -3,55 +3,58 @@
 //! Why: a product computed by cuBLAS on its own CUDA stream has to start after the CubeCL
 //! kernels that wrote its operands, and CubeCL's next kernels after it; CubeCL does not lend
 //! its stream, and two host waits per product cost ≈ 50 µs each. With a pair of counters in
-//! device memory: [`signal`] (on CubeCL's stream) raises `flags[slot]` once everything before
-//! it has run, which the other stream waits for (`cuStreamWaitValue32`); the other stream
-//! raises another counter when its work is done (`cuStreamWriteValue32`, fenced), and
-//! [`wait_for`] (on CubeCL's stream) holds the stream until it sees that value. One unit
-//! spins in `wait_for`; the rest of the device stays free for the other stream's kernels.
-//! Counters only grow, so a wait is "at least this value".
+//! device memory: [`signal`] (on CubeCL's stream) adds one to `flags[0]` once everything
+//! before it has run, which the other stream waits for (`cuStreamWaitValue32`, "at least");
+//! the other stream writes that count to `flags[1]` when its work is done
+//! (`cuStreamWriteValue32`, fenced), and [`wait_for`] (on CubeCL's stream) holds the stream
+//! until `flags[1]` has caught up with `flags[0]`. One unit spins in `wait_for`; the rest of
+//! the device stays free for the other stream's kernels.
+//!
+//! No launch carries a count: the kernels compare the two counters with each other. So a
+//! step captured into a graph orders itself the same way on every replay, the host only
+//! counting the signals to tell the other stream which value to wait for. Counters wrap
+//! (2³² windows), and so does the comparison: CUDA's wait compares as `(int32) (a − b) ≥ 0`,
+//! and so does [`wait_for`].
 
 use cubecl::prelude::*;
 
-/// `flags[slot] = value`.
+/// `flags[0] += 1`: one more window's operands are written.
 #[cube(launch)]
-pub fn signal(flags: &mut [Atomic<u32>], slot: u32, value: u32) {
+pub fn signal(flags: &mut [Atomic<u32>]) {
     if UNIT_POS == 0 {
-        flags[slot as usize].store(value);
+        flags[0].fetch_add(1);
     }
 }
 
-/// Spins until `flags[slot] ≥ value` (one unit).
+/// Spins until `flags[1]` has caught up with `flags[0]` (one unit).
 #[cube]
-fn spin_until(flags: &mut [Atomic<u32>], slot: u32, value: u32) {
+fn spin_until_caught_up(flags: &mut [Atomic<u32>]) {
     if UNIT_POS == 0 {
+        let raised = flags[0].load();
         loop {
-            if flags[slot as usize].load() >= value {
+            // `done − raised`, wrapping, below 2³¹: `done` is at or past `raised`.
+            let ahead = flags[1].load() - raised;
+            if ahead < 0x8000_0000u32 {
                 break;
             }
         }
     }
 }
 
-/// Returns once `flags[slot] ≥ value` (`flags` mutable: WGSL keeps atomics in read-write
-/// storage). `written` is the buffer the other stream fills: bound here so that CubeCL counts
-/// it as written on this stream by this launch.
+/// Returns once `flags[1]` has caught up with `flags[0]` (`flags` mutable: WGSL keeps atomics
+/// in read-write storage). `written` is the buffer the other stream fills: bound here so that
+/// CubeCL counts it as written on this stream by this launch.
 #[cube(launch)]
-pub fn wait_for<F: Float>(flags: &mut [Atomic<u32>], slot: u32, value: u32, written: &mut [F]) {
-    spin_until(flags, slot, value);
+pub fn wait_for<F: Float>(flags: &mut [Atomic<u32>], written: &mut [F]) {
+    spin_until_caught_up(flags);
     let _ = written;
 }
 
 /// [`wait_for`] for two buffers the other stream fills in one ordering window (the two
 /// gradient products of a backward pass).
 #[cube(launch)]
-pub fn wait_for_both<F: Float>(
-    flags: &mut [Atomic<u32>],
-    slot: u32,
-    value: u32,
-    first: &mut [F],
-    second: &mut [F],
-) {
-    spin_until(flags, slot, value);
+pub fn wait_for_both<F: Float>(flags: &mut [Atomic<u32>], first: &mut [F], second: &mut [F]) {
+    spin_until_caught_up(flags);
     let _ = first;
     let _ = second;
 }
@@ -61,13 +64,11 @@ pub fn wait_for_both<F: Float>(
 #[cube(launch)]
 pub fn wait_for_three<F: Float>(
     flags: &mut [Atomic<u32>],
-    slot: u32,
-    value: u32,
     first: &mut [F],
     second: &mut [F],
     third: &mut [F],
 ) {
-    spin_until(flags, slot, value);
+    spin_until_caught_up(flags);
     let _ = first;
     let _ = second;
     let _ = third;

@@ -2104,25 +2104,38 @@ fn copy_half_into_fp32<H: Storage>(client: &Client) -> bool {
     true
 }
 
-/// The stream-ordering counters: `signal` raises one counter and leaves the other; a
-/// `wait_for` of a value already reached returns (one that is never reached would hang, which
-/// is why the product that uses them raises its counter even when it fails), and leaves the
-/// buffers it is bound to (one to three: a window's products) as they were.
+/// The stream-ordering counters: `signal` adds one to the first counter and leaves the second;
+/// a `wait_for` whose second counter has caught up with the first returns (one that has not
+/// would hang, which is why the product that uses them writes its counter even when it fails),
+/// also across the counters' wrap and when the second is ahead, and leaves the buffers it is
+/// bound to (one to three: a window's products) as they were.
 #[test]
 fn stream_order_counters_are_raised_and_waited_for() {
     let client = client();
     let flags = client.create_from_slice(u32::as_bytes(&[3, 4]));
-    signal(&client, &flags, 1, 9);
+    signal(&client, &flags);
     let written = upload(&client, &[1.5, -2.0]);
     let other = upload(&client, &[0.25, 7.0, -1.0]);
-    wait_for::<f32>(&client, &flags, 1, 9, &[(&written, 2)]);
-    wait_for::<f32>(&client, &flags, 0, 2, &[(&written, 2)]);
-    wait_for::<f32>(&client, &flags, 1, 8, &[(&written, 2), (&other, 3)]);
+    wait_for::<f32>(&client, &flags, &[(&written, 2)]);
+    signal(&client, &flags);
+    let counters = u32::from_bytes(&client.read_one_unchecked(flags.clone())).to_vec();
+    assert_eq!(counters, vec![5, 4]);
+    // The other stream's write, done here by the host.
+    let flags = client.create_from_slice(u32::as_bytes(&[5, 5]));
+    wait_for::<f32>(&client, &flags, &[(&written, 2), (&other, 3)]);
+    // Across the wrap: the first counter goes from 2³² − 1 to 0, the second is at 0 (caught
+    // up) and then at 1 (ahead, as after a window the host counted but did not signal).
+    let flags = client.create_from_slice(u32::as_bytes(&[u32::MAX, 0]));
+    signal(&client, &flags);
     let third = upload(&client, &[4.0]);
     let all = [(&written, 2), (&other, 3), (&third, 1)];
-    wait_for::<f32>(&client, &flags, 1, 9, &all);
+    wait_for::<f32>(&client, &flags, &all);
     let counters = u32::from_bytes(&client.read_one_unchecked(flags)).to_vec();
-    assert_eq!(counters, vec![3, 9]);
+    assert_eq!(counters, vec![0, 0]);
+    let flags = client.create_from_slice(u32::as_bytes(&[u32::MAX, 1]));
+    wait_for::<f32>(&client, &flags, &[(&third, 1)]);
+    let counters = u32::from_bytes(&client.read_one_unchecked(flags)).to_vec();
+    assert_eq!(counters, vec![u32::MAX, 1]);
     assert_eq!(download(&client, written, 2), vec![1.5, -2.0]);
     assert_eq!(download(&client, other, 3), vec![0.25, 7.0, -1.0]);
     assert_eq!(download(&client, third, 1), vec![4.0]);

@@ -11,8 +11,10 @@
 //!
 //! A step is captured where it runs on one rank with a fixed number of micro-batches (all of
 //! them in the one graph, each reading its own resident inputs and dropout salt), the
-//! flat-buffer Adam on a CubeCL device without a loss scaler, and on CUDA CubeCL's matmuls
-//! (cuBLAS runs on a stream of its own); elsewhere the run says why and steps eagerly.
+//! flat-buffer Adam on a CubeCL device without a loss scaler, and on CUDA with cuBLAS's
+//! products ordered on the device (the default): the graph holds CubeCL's side of each
+//! product's ordering, and the host queues the recorded products on cuBLAS's stream after each
+//! replay (`crate::util::cublas`); elsewhere the run says why and steps eagerly.
 
 use anyhow::{bail, Result};
 use burn::tensor::{Device, Int, Tensor, TensorData};
@@ -53,6 +55,12 @@ pub struct StepGraph {
 struct Captured {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     graph: burn_cubecl::cubecl::client::Graph,
+    /// cuBLAS's products of the step, queued after each replay of `graph`.
+    #[cfg(feature = "cuda")]
+    products: crate::util::cublas::RecordedWindows,
+    /// The client the graph was captured on, flushed before cuBLAS's products are queued.
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    client: burn_cubecl::cubecl::client::Client,
     outputs: StepOutputs,
 }
 
@@ -95,10 +103,11 @@ impl StepGraph {
         if !cube {
             return Err("a CubeCL device only".into());
         }
-        if crate::util::matmul::uses_cublas(device) {
+        #[cfg(feature = "cuda")]
+        if crate::util::matmul::uses_cublas(device) && !crate::util::cublas::capturable() {
             return Err(
-                "cuBLAS's products run on a stream of their own, outside the capture \
-                 (FERROTRON_MATMUL=cubecl captures CubeCL's)"
+                "cuBLAS's products ordered by the host (FERROTRON_CUBLAS_ORDER=host) cannot be \
+                 replayed: a replay does not come back to the host between products"
                     .into(),
             );
         }
@@ -265,6 +274,14 @@ mod device {
             client
                 .start_capture()
                 .map_err(|e| anyhow!("starting the step's capture: {e:?}"))?;
+            // cuBLAS's side of the step's products recorded for the replays (taken whatever
+            // happens: a failed capture leaves none for the next one).
+            #[cfg(feature = "cuda")]
+            let (outputs, products) = crate::util::cublas::recording(
+                crate::util::matmul::cuda_index(device).unwrap_or(usize::MAX),
+                step,
+            );
+            #[cfg(not(feature = "cuda"))]
             let outputs = step();
             let graph = client.stop_capture();
             let outputs = outputs.context("the captured step")?;
@@ -274,7 +291,13 @@ mod device {
                      --cuda-graph-impl"
                 )
             })?;
-            Ok(Self { graph, outputs })
+            Ok(Self {
+                graph,
+                #[cfg(feature = "cuda")]
+                products,
+                client,
+                outputs,
+            })
         }
 
         /// Runs the captured step again on the device.
@@ -283,7 +306,19 @@ mod device {
             // and the optimizer's buffers (updated in place), the resident inputs and the
             // outputs held in `self`; what runs between replays (evaluation, logging) holds
             // no buffer past its end.
-            unsafe { self.graph.replay() }.map_err(|e| anyhow!("replaying the step: {e:?}"))
+            unsafe { self.graph.replay() }.map_err(|e| anyhow!("replaying the step: {e:?}"))?;
+            #[cfg(feature = "cuda")]
+            if !self.products.is_empty() {
+                // The replay on the device before cuBLAS's stream waits for its counts (as
+                // for an eager window, see `crate::util::cublas`).
+                self.client
+                    .flush()
+                    .map_err(|e| anyhow!("flushing the replayed step: {e:?}"))?;
+                self.products
+                    .queue()
+                    .map_err(|e| anyhow!("replaying the step's cuBLAS products: {e}"))?;
+            }
+            Ok(())
         }
     }
 

@@ -5,19 +5,28 @@
 //! matmuls were half of a training step's GPU time. cuBLAS is opened at run time (as NCCL
 //! is): a machine without it falls back to CubeCL's kernels with one warning.
 //!
-//! cuBLAS runs on a stream of its own (CubeCL does not lend its stream). By default the host
-//! orders the two: it waits for CubeCL's work before a product and for cuBLAS's after it (two
-//! waits per product, measured on an H200: 1.07× CubeCL's autotuned matmuls for GPT-2 345M in
-//! bf16). `FERROTRON_CUBLAS_ORDER=device` (experimental, not yet run on a GPU in this form)
-//! orders them on the device instead: a CubeCL kernel raises a counter once the operands are
-//! written, the cuBLAS stream waits for it (`cuStreamWaitValue32`), computes, and raises a
-//! second counter that a CubeCL kernel waits for before anything after the product runs
-//! (`ferrotron_kernels::stream_order`). CubeCL launches through a runner thread, so the
-//! counter's kernel is flushed to the device before cuBLAS's stream is made to wait for it: a
-//! first version without that flush hung on the H200 (a device-wide wait in the runner, queued
-//! before the kernel, waited for cuBLAS's stream, which waited for the kernel). Both streams
-//! are in the device's primary context (CubeCL's and cudarc's), so the device pointers are
-//! valid in either.
+//! cuBLAS runs on a stream of its own (CubeCL does not lend its stream), ordered against
+//! CubeCL's on the device: a CubeCL kernel counts a window once its operands are written, the
+//! cuBLAS stream waits for that count (`cuStreamWaitValue32`), computes, and writes the count
+//! to a second counter that a CubeCL kernel waits for before anything after the products runs
+//! (`ferrotron_kernels::stream_order`). Measured on an H200 (GPT-2 345M, bf16): 68.5 ms per
+//! step against 88.8 with the host waiting for each stream in turn (two waits per window,
+//! `FERROTRON_CUBLAS_ORDER=host`, the fallback where a driver refuses stream memory
+//! operations). CubeCL launches through a runner thread, so the counting kernel is flushed to
+//! the device before cuBLAS's stream is made to wait for it: a first version without that
+//! flush hung on the H200 (a device-wide wait in the runner, queued before the kernel, waited
+//! for cuBLAS's stream, which waited for the kernel). Both streams are in the device's primary
+//! context (CubeCL's and cudarc's), so the device pointers are valid in either.
+//!
+//! A captured step (`src/training/step_graph.rs`) records CubeCL's side of each window (the
+//! two ordering kernels) into its graph and cuBLAS's side here ([`RecordedWindows`]: the
+//! products' shapes and device addresses); after each replay the host queues the recorded
+//! products on cuBLAS's stream, each window waiting for its count. The kernels compare the
+//! counters with each other, not with a count baked into a launch, so every replay orders
+//! itself. The addresses stay valid because the graph guards every page its launches touch,
+//! and every operand and result of a product is touched by one: the results by the wait
+//! kernel, the operands by the kernels that wrote them in the step (or, for weights, by the
+//! step's update).
 //!
 //! Either way the ordering is per window, not per product: a backward pass's two gradient
 //! products, which read the same output gradient and not each other's results, share one
@@ -53,18 +62,43 @@ struct Blas {
     context: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     handle: sys::cublasHandle_t,
-    /// Two `u32` counters in CubeCL's memory: `[0]` raised on CubeCL's stream before a
-    /// product, `[1]` on cuBLAS's after it.
+    /// Two `u32` counters in CubeCL's memory: `[0]` counted on CubeCL's stream before a
+    /// window, `[1]` written on cuBLAS's after it.
     flags: Handle,
     /// Their device address (the allocation is pinned for the process).
     flags_address: u64,
-    /// Products queued so far: the counters' latest value.
-    products: u32,
+    /// Windows counted on CubeCL's stream so far (wrapping), eager and replayed: the value
+    /// the next window's count follows.
+    windows: u32,
     /// Whether the device orders the two streams (else the host waits for each).
     device_ordered: bool,
     /// The operands and results of products cuBLAS may still be running, pinned in place
     /// until its stream is idle.
     in_flight: Vec<Box<dyn Send>>,
+    /// cuBLAS's side of the windows of a step being captured, in order.
+    recorded: Vec<RecordedWindow>,
+}
+
+/// One product as cuBLAS runs it: its shape, the operands' layouts and every device address.
+#[derive(Clone, Copy)]
+struct Product {
+    shape: GemmShape,
+    a: (Operand, u64),
+    b: (Operand, u64),
+    c: u64,
+}
+
+/// cuBLAS's side of one ordering window of a captured step: its products.
+#[derive(Clone)]
+struct RecordedWindow {
+    products: Vec<Product>,
+}
+
+/// The cuBLAS products of a captured step, window by window, to be queued after each replay
+/// of its graph ([`RecordedWindows::queue`]).
+pub struct RecordedWindows {
+    index: usize,
+    windows: Vec<RecordedWindow>,
 }
 
 // The handle is used by one thread at a time: every use goes through the mutex below.
@@ -151,10 +185,114 @@ fn start(like: &CubeTensor, index: usize) -> Result<Blas, String> {
         handle,
         flags,
         flags_address,
-        products: 0,
-        device_ordered: std::env::var("FERROTRON_CUBLAS_ORDER").as_deref() == Ok("device"),
+        windows: 0,
+        device_ordered: device_order_asked(),
         in_flight: Vec::new(),
+        recorded: Vec::new(),
     })
+}
+
+/// Whether the device is to order cuBLAS's stream against CubeCL's (the default), or the host
+/// (`FERROTRON_CUBLAS_ORDER=host`).
+fn device_order_asked() -> bool {
+    static DEVICE: OnceLock<bool> = OnceLock::new();
+    *DEVICE.get_or_init(
+        || match std::env::var("FERROTRON_CUBLAS_ORDER").as_deref() {
+            Ok("host") => false,
+            Ok("device") | Ok("") | Err(_) => true,
+            Ok(other) => {
+                eprintln!(
+                    "warning: FERROTRON_CUBLAS_ORDER={other} is neither `device` nor `host`; the \
+                 device orders cuBLAS's products"
+                );
+                true
+            }
+        },
+    )
+}
+
+/// Whether a step making cuBLAS products can be captured into a graph: the device orders
+/// them (a replay cannot wait on the host), on every GPU where cuBLAS has run so far.
+pub fn capturable() -> bool {
+    let handles = handles().lock().unwrap_or_else(|e| e.into_inner());
+    device_order_asked()
+        && handles
+            .values()
+            .all(|blas| blas.as_ref().is_none_or(|b| b.device_ordered))
+}
+
+thread_local! {
+    /// Whether this thread's products are being recorded ([`recording`]).
+    static RECORDING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `step`, a step being captured on this thread's CubeCL stream, with cuBLAS's side of
+/// its windows on GPU `index` recorded instead of run, and returns them with its result.
+///
+/// A flag of its own, not CubeCL's `is_capturing`: that is true from `graph_prepare` on, so
+/// also during the warm-up step that sizes the pools, whose products must run.
+pub fn recording<T>(index: usize, step: impl FnOnce() -> T) -> (T, RecordedWindows) {
+    /// Ends the recording however `step` ends (a panic included).
+    struct Stop;
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            RECORDING.with(|r| r.set(false));
+        }
+    }
+    // What the warm-up's products pinned goes back to the pools the recording allocates
+    // from (the recording pins nothing).
+    if let Some(Some(blas)) = handles()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_mut(&index)
+    {
+        let _ = blas.stream.synchronize();
+        blas.in_flight.clear();
+    }
+    RECORDING.with(|r| r.set(true));
+    let stop = Stop;
+    let result = step();
+    drop(stop);
+    let mut handles = handles().lock().unwrap_or_else(|e| e.into_inner());
+    let windows = match handles.get_mut(&index) {
+        Some(Some(blas)) => std::mem::take(&mut blas.recorded),
+        _ => Vec::new(),
+    };
+    (result, RecordedWindows { index, windows })
+}
+
+impl RecordedWindows {
+    /// Whether the captured step made no cuBLAS product.
+    pub fn is_empty(&self) -> bool {
+        self.windows.is_empty()
+    }
+
+    /// Queues the recorded products on cuBLAS's stream, each window after CubeCL's count of
+    /// it: to be called right after each replay of the graph they were recorded with, once
+    /// the replay is flushed to the device (see the module's doc).
+    pub fn queue(&self) -> Result<(), String> {
+        if self.windows.is_empty() {
+            return Ok(());
+        }
+        let mut handles = handles().lock().unwrap_or_else(|e| e.into_inner());
+        let Some(Some(blas)) = handles.get_mut(&self.index) else {
+            return Err(format!("cuBLAS is not running on GPU {}", self.index));
+        };
+        blas.context
+            .bind_to_thread()
+            .map_err(|e| format!("CUDA context: {e}"))?;
+        for window in &self.windows {
+            let count = blas.windows.wrapping_add(1);
+            blas.windows = count;
+            match blas.queue_window(&window.products, count) {
+                Ok(()) => {}
+                Err(WindowError::Refused(e) | WindowError::Product(e)) => {
+                    return Err(format!("a replayed cuBLAS window: {e}"))
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Blas {
@@ -174,62 +312,84 @@ impl Blas {
         self.in_flight.clear();
     }
 
-    /// Makes cuBLAS's stream wait for the work queued on CubeCL's before this product;
-    /// `false` where the driver refuses stream memory operations (the host waits instead).
-    fn wait_for_cubecl(&mut self, client_of: &CubeTensor, product: u32) -> bool {
-        kernels::signal(&client_of.client, &self.flags, 0, product);
+    /// Counts a window on CubeCL's stream once the work queued before it has run, and flushes
+    /// that to the device; `false` where the flush fails (the host orders instead).
+    fn count_on_cubecl(&mut self, client_of: &CubeTensor) -> bool {
+        kernels::signal(&client_of.client, &self.flags);
+        self.windows = self.windows.wrapping_add(1);
         // On the device before cuBLAS's stream waits for it (see the module's doc).
         if client_of.client.flush().is_err() {
-            self.device_ordered = false;
-            return false;
-        }
-        // SAFETY: the counters are pinned device memory of this context.
-        let waited = unsafe {
-            driver::cuStreamWaitValue32_v2(
-                self.stream.cu_stream(),
-                self.flags_address,
-                product,
-                driver::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
-            )
-        };
-        if waited != driver::CUresult::CUDA_SUCCESS {
-            eprintln!(
-                "warning: this driver refuses stream memory operations ({waited:?}); cuBLAS \
-                 products are ordered by host waits"
-            );
             self.device_ordered = false;
         }
         self.device_ordered
     }
 
-    /// Holds CubeCL's stream until this window's products (queued on cuBLAS's) are done;
-    /// `outs` are their results, all of one dtype.
-    fn release_cubecl(&mut self, outs: &[&CubeTensor], product: u32) {
+    /// cuBLAS's side of a window: waits for CubeCL's count `count`, queues the products, and
+    /// writes `count` once they are done. Every product is queued and the count written even
+    /// when one fails (CubeCL's stream must never wait forever); the first failure is
+    /// returned. `Err` before anything is queued where the driver refuses stream memory
+    /// operations.
+    fn queue_window(&mut self, products: &[Product], count: u32) -> Result<(), WindowError> {
+        // SAFETY: the counters are pinned device memory of this context.
+        let waited = unsafe {
+            driver::cuStreamWaitValue32_v2(
+                self.stream.cu_stream(),
+                self.flags_address,
+                count,
+                driver::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
+            )
+        };
+        if waited != driver::CUresult::CUDA_SUCCESS {
+            return Err(WindowError::Refused(format!(
+                "the driver refuses stream memory operations ({waited:?})"
+            )));
+        }
+        let statuses: Vec<_> = products
+            .iter()
+            // SAFETY: the caller keeps the addresses valid until cuBLAS's stream has run the
+            // products (held resources, or the captured graph's guarded pages).
+            .map(|p| unsafe { gemm(self.handle, p.shape, p.a, p.b, p.c) })
+            .collect();
         // SAFETY: as above; the write is fenced after the products (the default flags).
-        let raised = unsafe {
+        let written = unsafe {
             driver::cuStreamWriteValue32_v2(
                 self.stream.cu_stream(),
                 self.flags_address + 4,
-                product,
+                count,
                 driver::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
             )
         };
         assert_eq!(
-            raised,
+            written,
             driver::CUresult::CUDA_SUCCESS,
             "cuStreamWriteValue32 after a cuBLAS product"
         );
-        let written: Vec<_> = outs
-            .iter()
-            .map(|out| (&out.handle, out.meta.shape().num_elements()))
-            .collect();
-        let wait = match outs[0].dtype {
-            DType::BF16 => kernels::wait_for::<bf16>,
-            DType::F16 => kernels::wait_for::<f16>,
-            _ => kernels::wait_for::<f32>,
-        };
-        wait(&outs[0].client, &self.flags, 1, product, &written);
+        for (p, status) in products.iter().zip(statuses) {
+            if let Err(e) = status {
+                let s = p.shape;
+                return Err(WindowError::Product(format!(
+                    "cuBLAS gemm of [{}, {}] · [{}, {}] × {}: {e:?}",
+                    s.m, s.k, s.k, s.n, s.batch
+                )));
+            }
+        }
+        Ok(())
     }
+}
+
+/// Holds CubeCL's stream until cuBLAS's count has caught up with CubeCL's, i.e. until this
+/// window's products are done; `outs` are their results, all of one dtype.
+fn wait_on_cubecl(flags: &Handle, outs: &[&CubeTensor]) {
+    let written: Vec<_> = outs
+        .iter()
+        .map(|out| (&out.handle, out.meta.shape().num_elements()))
+        .collect();
+    let wait = match outs[0].dtype {
+        DType::BF16 => kernels::wait_for::<bf16>,
+        DType::F16 => kernels::wait_for::<f16>,
+        _ => kernels::wait_for::<f32>,
+    };
+    wait(&outs[0].client, flags, &written);
 }
 
 /// How cuBLAS reads one operand: the batch stride, the leading dimension, and whether it is
@@ -397,10 +557,13 @@ fn plan(a: &CubeTensor, b: &CubeTensor) -> Option<Planned> {
 }
 
 /// Runs planned products of one GPU and dtype on cuBLAS in one ordering window: after the
-/// CubeCL work queued before them, and before any queued after (see the module's doc).
+/// CubeCL work queued before them, and before any queued after (see the module's doc). While
+/// CubeCL's stream is being captured, the window's ordering kernels are recorded into the
+/// graph and its products here, for [`RecordedWindows::queue`] to run after each replay.
 fn window<const N: usize>(products: [Planned; N]) -> Option<[CubeTensor; N]> {
     let first = &products[0];
     let index = cuda_index(&first.a)?;
+    let capturing = RECORDING.with(|r| r.get());
     let mut blas = handles().lock().unwrap_or_else(|e| e.into_inner());
     let blas = blas
         .entry(index)
@@ -412,58 +575,82 @@ fn window<const N: usize>(products: [Planned; N]) -> Option<[CubeTensor; N]> {
                 .ok()
         })
         .as_mut()?;
-    blas.release_finished();
+    if capturing && !blas.device_ordered {
+        // A replay cannot wait on the host: CubeCL's matmul is captured instead.
+        return None;
+    }
+    if !capturing {
+        blas.release_finished();
+    }
     let resource = |t: &CubeTensor| t.client.get_resource::<CudaServer>(t.handle.clone()).ok();
     let mut held = Vec::with_capacity(N);
     for p in &products {
         held.push((resource(&p.a)?, resource(&p.b)?, resource(&p.out)?));
     }
-    blas.products = blas.products.wrapping_add(1);
-    let product = blas.products;
-    let device_ordered = blas.device_ordered && blas.wait_for_cubecl(&first.a, product);
-    if !device_ordered {
-        CubeBackend::sync(&first.a.device).ok()?;
-    }
-    blas.context.bind_to_thread().ok()?;
-    let statuses: Vec<_> = products
+    let queued: Vec<Product> = products
         .iter()
         .zip(&held)
-        .map(|(p, (ra, rb, rc))| {
-            let pointers = [ra.resource().ptr, rb.resource().ptr, rc.resource().ptr];
-            // SAFETY: the pointers stay pinned (held resources) until cuBLAS's stream has run
-            // the product; shapes, leading dimensions and batch strides were checked against
-            // the tensors.
-            unsafe {
-                gemm(
-                    blas.handle,
-                    p.shape,
-                    (p.oa, pointers[0]),
-                    (p.ob, pointers[1]),
-                    pointers[2],
-                )
-            }
+        .map(|(p, (ra, rb, rc))| Product {
+            shape: p.shape,
+            a: (p.oa, ra.resource().ptr),
+            b: (p.ob, rb.resource().ptr),
+            c: rc.resource().ptr,
         })
         .collect();
-    if device_ordered {
-        // Raised even when a product failed: CubeCL's stream must never wait forever.
-        let outs: Vec<&CubeTensor> = products.iter().map(|p| &p.out).collect();
-        blas.release_cubecl(&outs, product);
-        blas.in_flight.push(Box::new(held));
-    } else {
-        blas.stream
-            .synchronize()
-            .unwrap_or_else(|e| panic!("cuBLAS gemm: {e}"));
+    let outs: Vec<&CubeTensor> = products.iter().map(|p| &p.out).collect();
+    if capturing {
+        kernels::signal(&first.a.client, &blas.flags);
+        blas.recorded.push(RecordedWindow { products: queued });
+        wait_on_cubecl(&blas.flags, &outs);
+        // The graph guards the pages (see the module's doc): nothing to hold.
+        return Some(products.map(|p| p.out));
     }
-    for (p, status) in products.iter().zip(statuses) {
+    if blas.device_ordered && blas.count_on_cubecl(&first.a) {
+        blas.context.bind_to_thread().ok()?;
+        match blas.queue_window(&queued, blas.windows) {
+            Ok(()) => {
+                wait_on_cubecl(&blas.flags, &outs);
+                blas.in_flight.push(Box::new(held));
+                return Some(products.map(|p| p.out));
+            }
+            Err(WindowError::Refused(e)) => {
+                eprintln!("warning: {e}; cuBLAS products are ordered by host waits");
+                blas.device_ordered = false;
+            }
+            Err(WindowError::Product(e)) => panic!("{e} ({:?})", first.a.dtype),
+        }
+    }
+    CubeBackend::sync(&first.a.device).ok()?;
+    blas.context.bind_to_thread().ok()?;
+    let statuses: Vec<_> = queued
+        .iter()
+        // SAFETY: the pointers stay pinned (held resources) until cuBLAS's stream has run the
+        // product, waited for below; shapes, leading dimensions and batch strides were
+        // checked against the tensors.
+        .map(|p| unsafe { gemm(blas.handle, p.shape, p.a, p.b, p.c) })
+        .collect();
+    blas.stream
+        .synchronize()
+        .unwrap_or_else(|e| panic!("cuBLAS gemm: {e}"));
+    for (p, status) in queued.iter().zip(statuses) {
         if let Err(e) = status {
             let s = p.shape;
             panic!(
                 "cuBLAS gemm of [{}, {}] · [{}, {}] × {} ({:?}): {e:?}",
-                s.m, s.k, s.k, s.n, s.batch, p.a.dtype
+                s.m, s.k, s.k, s.n, s.batch, first.a.dtype
             );
         }
     }
+    drop(held);
     Some(products.map(|p| p.out))
+}
+
+/// Why cuBLAS's side of a window failed.
+enum WindowError {
+    /// The driver refused to make cuBLAS's stream wait (nothing was queued).
+    Refused(String),
+    /// A product failed (the window's count was written all the same).
+    Product(String),
 }
 
 /// A batch of row-major products `[m, k] · [k, n]` of one cuBLAS element type.

@@ -47,10 +47,18 @@ fn uses_extension<const D: usize>(a: &Tensor<D>) -> bool {
 /// Whether `device` (autodiff or not) is a CUDA device.
 #[cfg(feature = "cuda")]
 fn on_cuda(device: &burn::tensor::Device) -> bool {
-    matches!(
-        device.clone().inner().as_dispatch(),
-        burn::backend::DispatchDevice::Cube(burn_cubecl::cubecl::device::Device::Cuda(_))
-    )
+    cuda_index(device).is_some()
+}
+
+/// The GPU index of `device` (autodiff or not), if it is a CUDA device.
+#[cfg(feature = "cuda")]
+pub fn cuda_index(device: &burn::tensor::Device) -> Option<usize> {
+    match device.clone().inner().as_dispatch() {
+        burn::backend::DispatchDevice::Cube(burn_cubecl::cubecl::device::Device::Cuda(d)) => {
+            Some(d.index)
+        }
+        _ => None,
+    }
 }
 
 #[cfg(any(feature = "wgpu", feature = "cuda"))]

@@ -7,31 +7,25 @@ use cubecl::server::Handle;
 use super::arg;
 use crate::stream_order;
 
-/// Raises the counter `slot` of `flags` (a buffer of two `u32`) to `value` once the work
-/// queued before on `client`'s stream has run ([`stream_order::signal`]).
-pub fn signal(client: &Client, flags: &Handle, slot: u32, value: u32) {
-    assert!(slot < 2, "two counters");
+/// Adds one to the first counter of `flags` (a buffer of two `u32`) once the work queued
+/// before on `client`'s stream has run ([`stream_order::signal`]).
+pub fn signal(client: &Client, flags: &Handle) {
     stream_order::signal::launch(
         client,
         CubeCount::Static(1, 1, 1),
         CubeDim::new_1d(1),
         arg(flags, 2),
-        slot,
-        value,
     );
 }
 
-/// Holds `client`'s stream until the counter `slot` of `flags` reaches `value`
+/// Holds `client`'s stream until the second counter of `flags` has caught up with the first
 /// ([`stream_order::wait_for`]); `written` (one to three buffers, each with its length in
 /// elements of `F`) is what the other stream fills.
 pub fn wait_for<F: Float + CubeElement>(
     client: &Client,
     flags: &Handle,
-    slot: u32,
-    value: u32,
     written: &[(&Handle, usize)],
 ) {
-    assert!(slot < 2, "two counters");
     let (one, dim, flags) = (
         CubeCount::Static(1, 1, 1),
         CubeDim::new_1d(1),
@@ -39,16 +33,12 @@ pub fn wait_for<F: Float + CubeElement>(
     );
     let buffer = |(handle, len): (&Handle, usize)| arg(handle, len.max(1));
     match *written {
-        [first] => {
-            stream_order::wait_for::launch::<F>(client, one, dim, flags, slot, value, buffer(first))
-        }
+        [first] => stream_order::wait_for::launch::<F>(client, one, dim, flags, buffer(first)),
         [first, second] => stream_order::wait_for_both::launch::<F>(
             client,
             one,
             dim,
             flags,
-            slot,
-            value,
             buffer(first),
             buffer(second),
         ),
@@ -57,8 +47,6 @@ pub fn wait_for<F: Float + CubeElement>(
             one,
             dim,
             flags,
-            slot,
-            value,
             buffer(first),
             buffer(second),
             buffer(third),
