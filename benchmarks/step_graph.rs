@@ -204,13 +204,15 @@ mod capture {
                 .write_next_step_values(learning_rates(iteration));
         };
         prepare(&captured, 3);
+        #[cfg(feature = "cuda")]
+        let index = ferrotron::util::matmul::cuda_index(&device).unwrap_or(usize::MAX);
+        #[cfg(feature = "cuda")]
+        ferrotron::util::cublas::settle(index);
         client.start_capture().expect("start_capture");
         // cuBLAS's side of the step's products, queued after each replay (as training does).
         #[cfg(feature = "cuda")]
-        let (loss, products) = ferrotron::util::cublas::recording(
-            ferrotron::util::matmul::cuda_index(&device).unwrap_or(usize::MAX),
-            || captured.step(3, &inputs),
-        );
+        let (loss, products) =
+            ferrotron::util::cublas::recording(index, || captured.step(3, &inputs));
         #[cfg(not(feature = "cuda"))]
         let loss = captured.step(3, &inputs);
         let graph = client.stop_capture().expect("stop_capture");

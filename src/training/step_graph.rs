@@ -271,16 +271,17 @@ mod device {
             step: impl FnOnce() -> Result<StepOutputs>,
         ) -> Result<Self> {
             let client = client(device)?;
+            #[cfg(feature = "cuda")]
+            let index = crate::util::matmul::cuda_index(device).unwrap_or(usize::MAX);
+            #[cfg(feature = "cuda")]
+            crate::util::cublas::settle(index);
             client
                 .start_capture()
                 .map_err(|e| anyhow!("starting the step's capture: {e:?}"))?;
             // cuBLAS's side of the step's products recorded for the replays (taken whatever
             // happens: a failed capture leaves none for the next one).
             #[cfg(feature = "cuda")]
-            let (outputs, products) = crate::util::cublas::recording(
-                crate::util::matmul::cuda_index(device).unwrap_or(usize::MAX),
-                step,
-            );
+            let (outputs, products) = crate::util::cublas::recording(index, step);
             #[cfg(not(feature = "cuda"))]
             let outputs = step();
             let graph = client.stop_capture();

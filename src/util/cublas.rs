@@ -221,6 +221,18 @@ pub fn capturable() -> bool {
             .all(|blas| blas.as_ref().is_none_or(|b| b.device_ordered))
 }
 
+/// Waits for cuBLAS's stream on GPU `index` and unpins what its products held. To be called
+/// before a capture opens: no host wait may happen inside one (CUDA's global capture mode
+/// refuses them from every thread), and the recording allocates from pools these pins would
+/// otherwise keep (the recording pins nothing).
+pub fn settle(index: usize) {
+    let mut handles = handles().lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(Some(blas)) = handles.get_mut(&index) {
+        let _ = blas.stream.synchronize();
+        blas.in_flight.clear();
+    }
+}
+
 thread_local! {
     /// Whether this thread's products are being recorded ([`recording`]).
     static RECORDING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
@@ -238,16 +250,6 @@ pub fn recording<T>(index: usize, step: impl FnOnce() -> T) -> (T, RecordedWindo
         fn drop(&mut self) {
             RECORDING.with(|r| r.set(false));
         }
-    }
-    // What the warm-up's products pinned goes back to the pools the recording allocates
-    // from (the recording pins nothing).
-    if let Some(Some(blas)) = handles()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get_mut(&index)
-    {
-        let _ = blas.stream.synchronize();
-        blas.in_flight.clear();
     }
     RECORDING.with(|r| r.set(true));
     let stop = Stop;
