@@ -173,18 +173,22 @@ GRAPH=${GRAPH:-1}
 # (after PyTorch's, which every ratio needs).
 # shellcheck disable=SC2086
 step bf16-recompute 150 60 pretrain_model "$P" bf16-recompute "$ITERS" --recompute-activations $B && train_line bf16-recompute
+# Both: the candidate for speed and memory at once.
+# shellcheck disable=SC2086
+[ "$GRAPH" = 1 ] && step bf16-recompute-graph 150 60 pretrain_model "$P" bf16-recompute-graph "$ITERS" --recompute-activations $G $B &&
+  train_line bf16-recompute-graph
 # The acceptance's dropout check: the composed bf16 step without dropout, against bf16 above.
 step bf16-no-dropout 100 50 pretrain_model "$P" bf16-no-dropout "$ITERS" --bf16 --hidden-dropout 0 --attention-dropout 0 &&
   train_line bf16-no-dropout
 r=$(ratio bf16 bf16-no-dropout) && say "ferrotron bf16, dropout $DROPOUT / no dropout: $r (the target: at least 0.9x)"
-for run in bf16 bf16-baseline bf16-graph bf16-recompute; do
+for run in bf16 bf16-baseline bf16-graph bf16-recompute bf16-recompute-graph; do
   r=$(ratio "$run" torch) && say "ferrotron $run / PyTorch eager bf16+SDPA: $r"
 done
 r=$(ratio bf16-graph bf16) && say "ferrotron bf16, captured step / eager: $r"
 r=$(ratio bf16 bf16-baseline) && say "ferrotron bf16 / baseline build bf16: $r"
 say ""
 say "lm loss by logged iteration (the same seed and data: a change of kernels shows as a change of losses; recomputation must change none):"
-for run in bf16 bf16-baseline bf16-graph bf16-recompute; do
+for run in bf16 bf16-baseline bf16-graph bf16-recompute bf16-recompute-graph; do
   [ -f "$WORK/logs/$run.log" ] && say "- $run: $(grep -o 'lm loss: [0-9.E+-]*' "$WORK/logs/$run.log" | awk '{print $3}' | tr '\n' ' ')"
 done
 say ""
