@@ -16,7 +16,9 @@
 //! the device before cuBLAS's stream is made to wait for it: a first version without that
 //! flush hung on the H200 (a device-wide wait in the runner, queued before the kernel, waited
 //! for cuBLAS's stream, which waited for the kernel). Both streams are in the device's primary
-//! context (CubeCL's and cudarc's), so the device pointers are valid in either.
+//! context (CubeCL's and cudarc's), so the device pointers are valid in either. Each thread's
+//! CubeCL stream has its own pair of counters: the ranks of a threaded tensor-parallel run may
+//! share a GPU, and with one pair a stream's count could release another stream's products.
 //!
 //! A captured step (`src/training/step_graph.rs`) records CubeCL's side of each window (the
 //! two ordering kernels) into its graph and cuBLAS's side here ([`RecordedWindows`]: the
@@ -62,14 +64,10 @@ struct Blas {
     context: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     handle: sys::cublasHandle_t,
-    /// Two `u32` counters in CubeCL's memory: `[0]` counted on CubeCL's stream before a
-    /// window, `[1]` written on cuBLAS's after it.
-    flags: Handle,
-    /// Their device address (the allocation is pinned for the process).
-    flags_address: u64,
-    /// Windows counted on CubeCL's stream so far (wrapping), eager and replayed: the value
-    /// the next window's count follows.
-    windows: u32,
+    /// The ordering counters of each thread's CubeCL stream (one stream per thread: the
+    /// threads of a tensor-parallel run may share a GPU, and one pair of counters for two
+    /// streams would let one stream's count release the other's products).
+    counters: HashMap<std::thread::ThreadId, Counters>,
     /// Whether the device orders the two streams (else the host waits for each).
     device_ordered: bool,
     /// The operands and results of products cuBLAS may still be running, pinned in place
@@ -77,6 +75,36 @@ struct Blas {
     in_flight: Vec<Box<dyn Send>>,
     /// cuBLAS's side of the windows of a step being captured, in order.
     recorded: Vec<RecordedWindow>,
+}
+
+/// The two `u32` counters ordering one CubeCL stream against cuBLAS's: `[0]` counted on
+/// CubeCL's stream before a window, `[1]` written on cuBLAS's after it.
+struct Counters {
+    flags: Handle,
+    /// Their device address (the allocation is pinned for the process).
+    address: u64,
+    /// Windows counted on the CubeCL stream so far (wrapping), eager and replayed: the value
+    /// the next window's count follows.
+    windows: u32,
+}
+
+impl Counters {
+    /// A pair at zero on `like`'s stream (this thread's).
+    fn new(like: &CubeTensor) -> Result<Self, String> {
+        let flags = like.client.create_from_slice(&[0u8; 8]);
+        let pinned = like
+            .client
+            .get_resource::<CudaServer>(flags.clone())
+            .map_err(|e| format!("the counters' address: {e:?}"))?;
+        let address = pinned.resource().ptr;
+        // Pinned for the process: cuBLAS's stream keeps reading and writing the counters.
+        std::mem::forget(pinned);
+        Ok(Self {
+            flags,
+            address,
+            windows: 0,
+        })
+    }
 }
 
 /// One product as cuBLAS runs it: its shape, the operands' layouts and every device address.
@@ -171,21 +199,12 @@ fn start(like: &CubeTensor, index: usize) -> Result<Blas, String> {
     // SAFETY: a live handle and a live stream of the same context.
     unsafe { result::set_stream(handle, stream.cu_stream() as sys::cudaStream_t) }
         .map_err(|e| format!("cublasSetStream: {e:?}"))?;
-    let flags = like.client.create_from_slice(&[0u8; 8]);
-    let pinned = like
-        .client
-        .get_resource::<CudaServer>(flags.clone())
-        .map_err(|e| format!("the counters' address: {e:?}"))?;
-    let flags_address = pinned.resource().ptr;
-    // Pinned for the process: cuBLAS's stream keeps reading and writing the counters.
-    std::mem::forget(pinned);
+    let counters = HashMap::from([(std::thread::current().id(), Counters::new(like)?)]);
     Ok(Blas {
         context,
         stream,
         handle,
-        flags,
-        flags_address,
-        windows: 0,
+        counters,
         device_ordered: device_order_asked(),
         in_flight: Vec::new(),
         recorded: Vec::new(),
@@ -283,10 +302,19 @@ impl RecordedWindows {
         blas.context
             .bind_to_thread()
             .map_err(|e| format!("CUDA context: {e}"))?;
+        let Some(counters) = blas.counters.get_mut(&std::thread::current().id()) else {
+            return Err("the step's products were recorded on another thread".into());
+        };
+        let address = counters.address;
         for window in &self.windows {
-            let count = blas.windows.wrapping_add(1);
-            blas.windows = count;
-            match blas.queue_window(&window.products, count) {
+            counters.windows = counters.windows.wrapping_add(1);
+            let count = counters.windows;
+            match queue_window(
+                blas.handle,
+                &blas.stream,
+                &window.products,
+                (address, count),
+            ) {
                 Ok(()) => {}
                 Err(WindowError::Refused(e) | WindowError::Product(e)) => {
                     return Err(format!("a replayed cuBLAS window: {e}"))
@@ -313,70 +341,75 @@ impl Blas {
         }
         self.in_flight.clear();
     }
+}
 
-    /// Counts a window on CubeCL's stream once the work queued before it has run, and flushes
-    /// that to the device; `false` where the flush fails (the host orders instead).
+impl Counters {
+    /// Counts a window on `client_of`'s stream (this thread's) once the work queued before it
+    /// has run, and flushes that to the device; `false` where the flush fails (the host
+    /// orders instead).
     fn count_on_cubecl(&mut self, client_of: &CubeTensor) -> bool {
         kernels::signal(&client_of.client, &self.flags);
         self.windows = self.windows.wrapping_add(1);
         // On the device before cuBLAS's stream waits for it (see the module's doc).
-        if client_of.client.flush().is_err() {
-            self.device_ordered = false;
-        }
-        self.device_ordered
+        client_of.client.flush().is_ok()
     }
+}
 
-    /// cuBLAS's side of a window: waits for CubeCL's count `count`, queues the products, and
-    /// writes `count` once they are done. Every product is queued and the count written even
-    /// when one fails (CubeCL's stream must never wait forever); the first failure is
-    /// returned. `Err` before anything is queued where the driver refuses stream memory
-    /// operations.
-    fn queue_window(&mut self, products: &[Product], count: u32) -> Result<(), WindowError> {
-        // SAFETY: the counters are pinned device memory of this context.
-        let waited = unsafe {
-            driver::cuStreamWaitValue32_v2(
-                self.stream.cu_stream(),
-                self.flags_address,
-                count,
-                driver::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
-            )
-        };
-        if waited != driver::CUresult::CUDA_SUCCESS {
-            return Err(WindowError::Refused(format!(
-                "the driver refuses stream memory operations ({waited:?})"
+/// cuBLAS's side of a window, on `stream` (`handle`'s): waits until the counter at `address`
+/// reaches `count`, queues the products, and writes `count` to the counter after it once they
+/// are done. Every product is queued and the count written even when one fails (CubeCL's
+/// stream must never wait forever); the first failure is returned. `Err` before anything is
+/// queued where the driver refuses stream memory operations.
+fn queue_window(
+    handle: sys::cublasHandle_t,
+    stream: &CudaStream,
+    products: &[Product],
+    (address, count): (u64, u32),
+) -> Result<(), WindowError> {
+    // SAFETY: the counters are pinned device memory of this context.
+    let waited = unsafe {
+        driver::cuStreamWaitValue32_v2(
+            stream.cu_stream(),
+            address,
+            count,
+            driver::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
+        )
+    };
+    if waited != driver::CUresult::CUDA_SUCCESS {
+        return Err(WindowError::Refused(format!(
+            "the driver refuses stream memory operations ({waited:?})"
+        )));
+    }
+    let statuses: Vec<_> = products
+        .iter()
+        // SAFETY: the caller keeps the addresses valid until cuBLAS's stream has run the
+        // products (held resources, or the captured graph's guarded pages).
+        .map(|p| unsafe { gemm(handle, p.shape, p.a, p.b, p.c) })
+        .collect();
+    // SAFETY: as above; the write is fenced after the products (the default flags).
+    let written = unsafe {
+        driver::cuStreamWriteValue32_v2(
+            stream.cu_stream(),
+            address + 4,
+            count,
+            driver::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
+        )
+    };
+    assert_eq!(
+        written,
+        driver::CUresult::CUDA_SUCCESS,
+        "cuStreamWriteValue32 after a cuBLAS product"
+    );
+    for (p, status) in products.iter().zip(statuses) {
+        if let Err(e) = status {
+            let s = p.shape;
+            return Err(WindowError::Product(format!(
+                "cuBLAS gemm of [{}, {}] · [{}, {}] × {}: {e:?}",
+                s.m, s.k, s.k, s.n, s.batch
             )));
         }
-        let statuses: Vec<_> = products
-            .iter()
-            // SAFETY: the caller keeps the addresses valid until cuBLAS's stream has run the
-            // products (held resources, or the captured graph's guarded pages).
-            .map(|p| unsafe { gemm(self.handle, p.shape, p.a, p.b, p.c) })
-            .collect();
-        // SAFETY: as above; the write is fenced after the products (the default flags).
-        let written = unsafe {
-            driver::cuStreamWriteValue32_v2(
-                self.stream.cu_stream(),
-                self.flags_address + 4,
-                count,
-                driver::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
-            )
-        };
-        assert_eq!(
-            written,
-            driver::CUresult::CUDA_SUCCESS,
-            "cuStreamWriteValue32 after a cuBLAS product"
-        );
-        for (p, status) in products.iter().zip(statuses) {
-            if let Err(e) = status {
-                let s = p.shape;
-                return Err(WindowError::Product(format!(
-                    "cuBLAS gemm of [{}, {}] · [{}, {}] × {}: {e:?}",
-                    s.m, s.k, s.k, s.n, s.batch
-                )));
-            }
-        }
-        Ok(())
     }
+    Ok(())
 }
 
 /// Holds CubeCL's stream until cuBLAS's count has caught up with CubeCL's, i.e. until this
@@ -600,51 +633,78 @@ fn window<const N: usize>(products: [Planned; N]) -> Option<[CubeTensor; N]> {
         })
         .collect();
     let outs: Vec<&CubeTensor> = products.iter().map(|p| &p.out).collect();
+    let counters = thread_counters(&mut blas.counters, &first.a)?;
     if capturing {
-        kernels::signal(&first.a.client, &blas.flags);
+        kernels::signal(&first.a.client, &counters.flags);
         blas.recorded.push(RecordedWindow { products: queued });
-        wait_on_cubecl(&blas.flags, &outs);
+        wait_on_cubecl(&counters.flags, &outs);
         // The graph guards the pages (see the module's doc): nothing to hold.
         return Some(products.map(|p| p.out));
     }
-    if blas.device_ordered && blas.count_on_cubecl(&first.a) {
-        blas.context.bind_to_thread().ok()?;
-        match blas.queue_window(&queued, blas.windows) {
-            Ok(()) => {
-                wait_on_cubecl(&blas.flags, &outs);
-                blas.in_flight.push(Box::new(held));
-                return Some(products.map(|p| p.out));
+    if blas.device_ordered {
+        if counters.count_on_cubecl(&first.a) {
+            blas.context.bind_to_thread().ok()?;
+            let at = (counters.address, counters.windows);
+            match queue_window(blas.handle, &blas.stream, &queued, at) {
+                Ok(()) => {
+                    wait_on_cubecl(&counters.flags, &outs);
+                    blas.in_flight.push(Box::new(held));
+                    return Some(products.map(|p| p.out));
+                }
+                Err(WindowError::Refused(e)) => {
+                    eprintln!("warning: {e}; cuBLAS products are ordered by host waits")
+                }
+                Err(WindowError::Product(e)) => panic!("{e} ({:?})", first.a.dtype),
             }
-            Err(WindowError::Refused(e)) => {
-                eprintln!("warning: {e}; cuBLAS products are ordered by host waits");
-                blas.device_ordered = false;
-            }
-            Err(WindowError::Product(e)) => panic!("{e} ({:?})", first.a.dtype),
         }
+        blas.device_ordered = false;
     }
     CubeBackend::sync(&first.a.device).ok()?;
     blas.context.bind_to_thread().ok()?;
-    let statuses: Vec<_> = queued
+    run_host_ordered(blas, &queued, first.a.dtype);
+    drop(held);
+    Some(products.map(|p| p.out))
+}
+
+/// This thread's ordering counters (created at its first window: one pair per CubeCL
+/// stream); `None` where they cannot be made.
+fn thread_counters<'a>(
+    counters: &'a mut HashMap<std::thread::ThreadId, Counters>,
+    like: &CubeTensor,
+) -> Option<&'a mut Counters> {
+    match counters.entry(std::thread::current().id()) {
+        std::collections::hash_map::Entry::Occupied(slot) => Some(slot.into_mut()),
+        std::collections::hash_map::Entry::Vacant(slot) => match Counters::new(like) {
+            Ok(made) => Some(slot.insert(made)),
+            Err(e) => {
+                eprintln!("warning: cuBLAS's ordering counters ({e}); using CubeCL's matmul");
+                None
+            }
+        },
+    }
+}
+
+/// Runs `products` on cuBLAS's stream and waits for it (CubeCL's work already waited for).
+fn run_host_ordered(blas: &Blas, products: &[Product], dtype: DType) {
+    let statuses: Vec<_> = products
         .iter()
-        // SAFETY: the pointers stay pinned (held resources) until cuBLAS's stream has run the
-        // product, waited for below; shapes, leading dimensions and batch strides were
+        // SAFETY: the caller holds the pointers pinned until this returns, after cuBLAS's
+        // stream has run the products; shapes, leading dimensions and batch strides were
         // checked against the tensors.
         .map(|p| unsafe { gemm(blas.handle, p.shape, p.a, p.b, p.c) })
         .collect();
     blas.stream
         .synchronize()
         .unwrap_or_else(|e| panic!("cuBLAS gemm: {e}"));
-    for (p, status) in queued.iter().zip(statuses) {
+    for (p, status) in products.iter().zip(statuses) {
         if let Err(e) = status {
             let s = p.shape;
             panic!(
-                "cuBLAS gemm of [{}, {}] · [{}, {}] × {} ({:?}): {e:?}",
-                s.m, s.k, s.k, s.n, s.batch, first.a.dtype
+                "cuBLAS gemm of [{}, {}] · [{}, {}] × {} ({dtype:?}): {e:?}",
+                s.m, s.k, s.k, s.n, s.batch
             );
         }
     }
-    drop(held);
-    Some(products.map(|p| p.out))
 }
 
 /// Why cuBLAS's side of a window failed.
