@@ -6,7 +6,7 @@
 
 use cubecl::prelude::*;
 
-use crate::reduce::row_vector_sum;
+use crate::reduce::{column_sum, row_vector_sum};
 use crate::rows::{cube_index, row_index, row_length};
 
 /// `y = x · r · γ` per row of `cols`, `r = 1 / √(mean(x²) + ε)` (one pass for the mean of
@@ -106,7 +106,9 @@ pub fn rms_norm_backward_input<F: Float, A: Float, N: Size>(
 }
 
 /// Stage 1 of dγ: cube `b` sums `dy ⊙ x̂` over rows `b·block .. (b+1)·block` into
-/// `partial_gamma[b, :]` (units stride over the columns, a vector of `N` columns each).
+/// `partial_gamma[b, :]` (units stride over the columns, a vector of `N` columns each); four
+/// rows at a time into four accumulators added in a fixed order, as LayerNorm's (for the
+/// loads' latency).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn rms_norm_backward_gamma_partial<F: Float, A: Float, N: Size>(
@@ -131,18 +133,38 @@ pub fn rms_norm_backward_gamma_partial<F: Float, A: Float, N: Size>(
     }
     let mut j = UNIT_POS as usize;
     while j < width {
-        let mut dg = Vector::<A, N>::new(A::new(0.0));
+        let zero = Vector::<A, N>::new(A::new(0.0));
+        let (mut dg0, mut dg1, mut dg2, mut dg3) = (zero, zero, zero, zero);
         let mut row = first;
+        while row + 4 <= last {
+            dg0 += scaled_term::<F, A, N>(input, grad_output, rstd, row, width, j);
+            dg1 += scaled_term::<F, A, N>(input, grad_output, rstd, row + 1, width, j);
+            dg2 += scaled_term::<F, A, N>(input, grad_output, rstd, row + 2, width, j);
+            dg3 += scaled_term::<F, A, N>(input, grad_output, rstd, row + 3, width, j);
+            row += 4;
+        }
         while row < last {
-            let dy = Vector::<A, N>::cast_from(grad_output[row * width + j]);
-            let x_hat =
-                Vector::<A, N>::cast_from(input[row * width + j]) * Vector::<A, N>::new(rstd[row]);
-            dg += dy * x_hat;
+            dg0 += scaled_term::<F, A, N>(input, grad_output, rstd, row, width, j);
             row += 1;
         }
-        partial_gamma[b * width + j] = dg;
+        partial_gamma[b * width + j] = (dg0 + dg1) + (dg2 + dg3);
         j += units as usize;
     }
+}
+
+/// `dy ⊙ x · r` of row `row`'s column vector `j`.
+#[cube]
+fn scaled_term<F: Float, A: Float, N: Size>(
+    input: &[Vector<F, N>],
+    grad_output: &[Vector<F, N>],
+    rstd: &[A],
+    row: usize,
+    width: usize,
+    j: usize,
+) -> Vector<A, N> {
+    let at = row * width + j;
+    Vector::<A, N>::cast_from(grad_output[at])
+        * (Vector::<A, N>::cast_from(input[at]) * Vector::<A, N>::new(rstd[row]))
 }
 
 /// Stage 2 of dγ: column vector `j` (one unit each) sums the `blocks` partial rows.
@@ -158,11 +180,6 @@ pub fn rms_norm_backward_gamma_final<F: Float, A: Float, N: Size>(
     if j >= width {
         terminate!();
     }
-    let mut dg = Vector::<A, N>::new(A::new(0.0));
-    let mut b = 0usize;
-    while b < blocks as usize {
-        dg += partial_gamma[b * width + j];
-        b += 1;
-    }
-    grad_gamma[j] = Vector::<F, N>::cast_from(dg);
+    grad_gamma[j] =
+        Vector::<F, N>::cast_from(column_sum::<A, N>(partial_gamma, blocks as usize, width, j));
 }
