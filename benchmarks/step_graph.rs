@@ -49,6 +49,7 @@ mod capture {
     };
     use ferrotron::parallel::random::{dropout_salt, seed_micro_batch};
     use ferrotron::util::device::{cube_client, parse_device};
+    use ferrotron::util::graph::CapturedGraph;
     use ferrotron_kernels::launch::set_dropout_salt;
 
     fn arg(args: &[String], i: usize, default: usize) -> usize {
@@ -191,8 +192,8 @@ mod capture {
 
         let mut captured = Training::new(&config, precision, &device);
         drop(captured.step(1, &inputs));
-        // The warm-up after `graph_prepare` sizes the pools the recording allocates from.
-        client.graph_prepare().expect("graph_prepare");
+        // The warm-up after `prepare` sizes the pools the recording allocates from.
+        CapturedGraph::prepare(&device).expect("prepare the capture");
         drop(captured.step(2, &inputs));
         // What the recorded step would write itself, written before it (and each replay).
         let prepare = |training: &Training, iteration: u64| {
@@ -204,29 +205,14 @@ mod capture {
                 .write_next_step_values(learning_rates(iteration));
         };
         prepare(&captured, 3);
-        #[cfg(feature = "cuda")]
-        let index = ferrotron::util::matmul::cuda_index(&device).unwrap_or(usize::MAX);
-        #[cfg(feature = "cuda")]
-        ferrotron::util::cublas::settle(index);
-        client.start_capture().expect("start_capture");
-        // cuBLAS's side of the step's products, queued after each replay (as training does).
-        #[cfg(feature = "cuda")]
-        let (loss, products) =
-            ferrotron::util::cublas::recording(index, || captured.step(3, &inputs));
-        #[cfg(not(feature = "cuda"))]
-        let loss = captured.step(3, &inputs);
-        let graph = client.stop_capture().expect("stop_capture");
-        let replay = || {
-            // SAFETY: every buffer the graph reads or writes stays allocated (the models, the
-            // optimizers' buffers, the inputs, the loss held here), and what runs in between
-            // (the eager steps) holds no buffer past its end.
-            unsafe { graph.replay().expect("replay") };
-            #[cfg(feature = "cuda")]
-            if !products.is_empty() {
-                client.flush().expect("flush");
-                products.queue().expect("the step's cuBLAS products");
-            }
-        };
+        // cuBLAS's products included on CUDA (as training does).
+        let (loss, graph) =
+            CapturedGraph::record(&device, || captured.step(3, &inputs)).expect("start_capture");
+        let graph = graph.expect("stop_capture");
+        // SAFETY: every buffer the graph reads or writes stays allocated (the models, the
+        // optimizers' buffers, the inputs, the loss held here), and what runs in between (the
+        // eager steps) holds no buffer past its end.
+        let replay = || unsafe { graph.replay().expect("replay") };
         replay();
         let got = (
             loss.clone().try_into_vec_as::<f32>().unwrap(),

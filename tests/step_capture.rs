@@ -17,6 +17,7 @@ use ferrotron::model::GptConfig;
 use ferrotron::optim::Precision;
 use ferrotron::parallel::random::{dropout_salt, seed_micro_batch};
 use ferrotron::util::device::{cube_client, parse_device};
+use ferrotron::util::graph::CapturedGraph;
 use ferrotron_kernels::launch::set_dropout_salt;
 
 /// Every parameter's gradient, flattened, in the module's order.
@@ -77,11 +78,10 @@ fn a_captured_forward_and_backward_replays_the_eager_step() {
         eager.0
     );
 
-    client.graph_prepare().expect("graph_prepare");
+    CapturedGraph::prepare(&device).expect("prepare the capture");
     drop(step());
-    client.start_capture().expect("start_capture");
-    let (loss, grads) = step();
-    let graph = client.stop_capture().expect("stop_capture");
+    let ((loss, grads), graph) = CapturedGraph::record(&device, step).expect("start_capture");
+    let graph = graph.expect("stop_capture");
     // SAFETY: every buffer the graph touches stays allocated (the weights, the inputs and the
     // outputs held here), and what runs on the device between replays (the eager step below)
     // holds no buffer past its end.
@@ -214,7 +214,7 @@ fn captured_training_steps_replay_the_eager_steps() {
 
     let mut captured = Training::new(&device);
     drop(captured.step(1, &batch, &mask));
-    client.graph_prepare().expect("graph_prepare");
+    CapturedGraph::prepare(&device).expect("prepare the capture");
     drop(captured.step(2, &batch, &mask));
     // What the recorded step would write itself, written before it.
     let prepare = |training: &Training, iteration: u64| {
@@ -226,9 +226,9 @@ fn captured_training_steps_replay_the_eager_steps() {
             .write_next_step_values(learning_rates(iteration));
     };
     prepare(&captured, 3);
-    client.start_capture().expect("start_capture");
-    let loss = captured.step(3, &batch, &mask);
-    let graph = client.stop_capture().expect("stop_capture");
+    let (loss, graph) =
+        CapturedGraph::record(&device, || captured.step(3, &batch, &mask)).expect("start_capture");
+    let graph = graph.expect("stop_capture");
     for iteration in 3..=4 {
         if iteration > 3 {
             prepare(&captured, iteration);

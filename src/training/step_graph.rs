@@ -54,13 +54,7 @@ pub struct StepGraph {
 /// rewrites.
 struct Captured {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
-    graph: burn_cubecl::cubecl::client::Graph,
-    /// cuBLAS's products of the step, queued after each replay of `graph`.
-    #[cfg(feature = "cuda")]
-    products: crate::util::cublas::RecordedWindows,
-    /// The client the graph was captured on, flushed before cuBLAS's products are queued.
-    #[cfg(any(feature = "wgpu", feature = "cuda"))]
-    client: burn_cubecl::cubecl::client::Client,
+    graph: crate::util::graph::CapturedGraph,
     outputs: StepOutputs,
 }
 
@@ -99,7 +93,10 @@ impl StepGraph {
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         let cube = crate::util::device::is_cube(device);
         #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
-        let cube = false;
+        let cube = {
+            let _ = device;
+            false
+        };
         if !cube {
             return Err("a CubeCL device only".into());
         }
@@ -250,6 +247,7 @@ mod device {
     use burn_cubecl::CubeBackend;
 
     use super::{Captured, StepOutputs};
+    use crate::util::graph::CapturedGraph;
 
     /// The CubeCL client of `device` (the stream of this thread).
     fn client(device: &Device) -> Result<Client> {
@@ -260,9 +258,7 @@ mod device {
         /// Readies the device's stream for a capture: the next step is the warm-up whose
         /// allocations the recording reuses.
         pub(super) fn prepare(device: &Device) -> Result<()> {
-            client(device)?
-                .graph_prepare()
-                .map_err(|e| anyhow!("preparing the step's capture: {e:?}"))
+            CapturedGraph::prepare(device).context("preparing the step's capture")
         }
 
         /// Records `step` (which runs its host code, its launches recorded, not executed).
@@ -270,35 +266,16 @@ mod device {
             device: &Device,
             step: impl FnOnce() -> Result<StepOutputs>,
         ) -> Result<Self> {
-            let client = client(device)?;
-            #[cfg(feature = "cuda")]
-            let index = crate::util::matmul::cuda_index(device).unwrap_or(usize::MAX);
-            #[cfg(feature = "cuda")]
-            crate::util::cublas::settle(index);
-            client
-                .start_capture()
-                .map_err(|e| anyhow!("starting the step's capture: {e:?}"))?;
-            // cuBLAS's side of the step's products recorded for the replays (taken whatever
-            // happens: a failed capture leaves none for the next one).
-            #[cfg(feature = "cuda")]
-            let (outputs, products) = crate::util::cublas::recording(index, step);
-            #[cfg(not(feature = "cuda"))]
-            let outputs = step();
-            let graph = client.stop_capture();
+            let (outputs, graph) =
+                CapturedGraph::record(device, step).context("starting the step's capture")?;
             let outputs = outputs.context("the captured step")?;
             let graph = graph.map_err(|e| {
                 anyhow!(
-                    "the training step could not be captured ({e:?}); run without \
+                    "the training step could not be captured ({e}); run without \
                      --cuda-graph-impl"
                 )
             })?;
-            Ok(Self {
-                graph,
-                #[cfg(feature = "cuda")]
-                products,
-                client,
-                outputs,
-            })
+            Ok(Self { graph, outputs })
         }
 
         /// Runs the captured step again on the device.
@@ -307,19 +284,7 @@ mod device {
             // and the optimizer's buffers (updated in place), the resident inputs and the
             // outputs held in `self`; what runs between replays (evaluation, logging) holds
             // no buffer past its end.
-            unsafe { self.graph.replay() }.map_err(|e| anyhow!("replaying the step: {e:?}"))?;
-            #[cfg(feature = "cuda")]
-            if !self.products.is_empty() {
-                // The replay on the device before cuBLAS's stream waits for its counts (as
-                // for an eager window, see `crate::util::cublas`).
-                self.client
-                    .flush()
-                    .map_err(|e| anyhow!("flushing the replayed step: {e:?}"))?;
-                self.products
-                    .queue()
-                    .map_err(|e| anyhow!("replaying the step's cuBLAS products: {e}"))?;
-            }
-            Ok(())
+            unsafe { self.graph.replay() }.context("replaying the step")
         }
     }
 

@@ -13,6 +13,8 @@ pub mod cublas;
 pub mod device;
 pub mod exit_signal;
 pub mod fixed_order_sum;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod graph;
 pub mod host_tensor;
 pub mod init;
 pub mod masked_mean;
