@@ -47,10 +47,10 @@ mod capture {
         AdamWConfig, FlatAdamW, GradientAccumulator, LearningRates, Optimizer, OptimizerSetup,
         Precision,
     };
-    use ferrotron::parallel::random::{dropout_salt, seed_micro_batch};
+    use ferrotron::parallel::random::seed_micro_batch;
+    use ferrotron::training::step_graph::write_dropout_salt;
     use ferrotron::util::device::{cube_client, parse_device};
     use ferrotron::util::graph::CapturedGraph;
-    use ferrotron_kernels::launch::set_dropout_salt;
 
     fn arg(args: &[String], i: usize, default: usize) -> usize {
         args.get(i).map_or(default, |s| {
@@ -198,8 +198,7 @@ mod capture {
         // What the recorded step would write itself, written before it (and each replay).
         let prepare = |training: &Training, iteration: u64| {
             seed_micro_batch(1, iteration, 0, 0);
-            let salt = dropout_salt();
-            set_dropout_salt(&client, salt.slot, salt.value);
+            write_dropout_salt(&device);
             training
                 .adam
                 .write_next_step_values(learning_rates(iteration));
@@ -230,8 +229,7 @@ mod capture {
         let eager_ms = time(&mut |k| drop(eager.step(4 + k, &inputs)));
         let replay_ms = time(&mut |k| {
             seed_micro_batch(1, 4 + k, 0, 0);
-            let salt = dropout_salt();
-            set_dropout_salt(&client, salt.slot, salt.value);
+            write_dropout_salt(&device);
             captured.adam.write_next_step_values(learning_rates(4 + k));
             replay();
         });

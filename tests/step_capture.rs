@@ -15,10 +15,10 @@ use burn::optim::GradientsParams;
 use burn::tensor::{Int, Tensor, TensorData};
 use ferrotron::model::GptConfig;
 use ferrotron::optim::Precision;
-use ferrotron::parallel::random::{dropout_salt, seed_micro_batch};
-use ferrotron::util::device::{cube_client, parse_device};
+use ferrotron::parallel::random::seed_micro_batch;
+use ferrotron::training::step_graph::write_dropout_salt;
+use ferrotron::util::device::parse_device;
 use ferrotron::util::graph::CapturedGraph;
-use ferrotron_kernels::launch::set_dropout_salt;
 
 /// Every parameter's gradient, flattened, in the module's order.
 fn flat_gradients<M: Module>(module: &M, grads: GradientsParams) -> Vec<Tensor<1>> {
@@ -51,7 +51,6 @@ fn a_captured_forward_and_backward_replays_the_eager_step() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let base = parse_device("wgpu-cpu").unwrap();
     let device = base.clone().autodiff();
-    let client = cube_client(&base).expect("a CubeCL device");
     let (b, s, vocab) = (2, 16, 96);
     let main = GptConfig::new(2, 32, 4, s, vocab).init(5, &device).unwrap();
     let ids = |shift: i64| {
@@ -104,8 +103,7 @@ fn a_captured_forward_and_backward_replays_the_eager_step() {
     assert!(eager_2 != eager, "another iteration drew the same masks");
     for (iteration, want) in [(2, &eager_2), (1, &eager), (2, &eager_2)] {
         seed_micro_batch(3, iteration, 0, 0);
-        let salt = dropout_salt();
-        set_dropout_salt(&client, salt.slot, salt.value);
+        write_dropout_salt(&device);
         replay();
         let replayed = read(loss.clone(), grads.clone());
         assert!(
@@ -194,7 +192,6 @@ fn captured_training_steps_replay_the_eager_steps() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let base = parse_device("wgpu-cpu").unwrap();
     let device = base.clone().autodiff();
-    let client = cube_client(&base).expect("a CubeCL device");
     let (b, s, vocab) = (2, 16, 96);
     let ids = |shift: i64| {
         let v: Vec<i64> = (0..(b * s) as i64)
@@ -219,8 +216,7 @@ fn captured_training_steps_replay_the_eager_steps() {
     // What the recorded step would write itself, written before it.
     let prepare = |training: &Training, iteration: u64| {
         seed_micro_batch(3, iteration, 0, 0);
-        let salt = dropout_salt();
-        set_dropout_salt(&client, salt.slot, salt.value);
+        write_dropout_salt(&device);
         training
             .adam
             .write_next_step_values(learning_rates(iteration));

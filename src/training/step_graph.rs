@@ -334,8 +334,10 @@ mod device {
         Ok(())
     }
 
-    /// Writes the current micro-batch's dropout salt where the kernels read it.
-    pub(super) fn write_dropout_salt(device: &Device) {
+    /// Writes the current micro-batch's dropout salt (`parallel::random::seed_micro_batch`)
+    /// where `device`'s kernels read it: what an eager step writes itself, written before a
+    /// replay.
+    pub fn write_dropout_salt(device: &Device) {
         if let Ok(client) = client(device) {
             let salt = crate::parallel::random::dropout_salt();
             ferrotron_kernels::launch::set_dropout_salt(&client, salt.slot, salt.value);
@@ -344,7 +346,9 @@ mod device {
 }
 
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
-use device::{write_dropout_salt, write_floats, write_ids};
+pub use device::write_dropout_salt;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+use device::{write_floats, write_ids};
 
 #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
 mod device {
@@ -372,8 +376,10 @@ mod device {
     pub(super) fn write_floats(_: &Tensor<2>, _: &[f32]) -> Result<()> {
         bail!("no CubeCL backend in this build")
     }
-    pub(super) fn write_dropout_salt(_: &Device) {}
+    pub fn write_dropout_salt(_: &Device) {}
 }
 
 #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
-use device::{write_dropout_salt, write_floats, write_ids};
+pub use device::write_dropout_salt;
+#[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+use device::{write_floats, write_ids};
