@@ -21,6 +21,8 @@
 //! - [`attention`]: causal attention fused FlashAttention-2-style (tiles of keys and queries
 //!   in shared memory, products in 4-row micro-tiles, online softmax, dropout inside, no
 //!   `seq × seq` tensor), forward and backward;
+//! - [`attention_mma`]: the same attention's forward with its products on matrix units
+//!   (tensor cores; CubeCL's `cmma`) where the device has them for the storage type;
 //! - [`attention_planes`]: the same attention for CPU Vulkan devices (lavapipe), one plane per
 //!   cube with rows in registers and plane broadcasts in place of shared-memory tiles;
 //! - [`grad_norm`]: the global norm of a flat gradient buffer and the clipping coefficient
@@ -45,6 +47,7 @@
 
 pub mod adam;
 pub mod attention;
+pub mod attention_mma;
 pub mod attention_planes;
 #[cfg(feature = "cpu")]
 pub mod cpu_runtime;

@@ -1680,6 +1680,7 @@ fn attention_launches(client: &Client, head_dim: usize) -> Vec<AttentionLaunch> 
         block: 8,
         unroll: false,
         plane: None,
+        matrix_units: false,
     };
     add(tiles);
     // One row per unit only for narrow heads: the plane kernels are unrolled over the head
@@ -2373,4 +2374,134 @@ fn lavapipe_reduces_rows_and_runs_attention_in_its_planes() {
     let narrow = AttentionLaunch::for_client(&client, 64);
     assert_eq!(narrow.plane, Some(8), "{narrow:?}");
     assert_eq!(AttentionLaunch::for_client(&client, 128).plane, None);
+}
+
+/// The attention forward on matrix units (f16 in, f32 accumulated; a `spirv` build on a
+/// device with cooperative matrices, e.g. Mesa 26's lavapipe: see docs/testing.md) against
+/// float64 on the same f16 inputs, with and without dropout, for one, two and four planes per
+/// cube (those that fit the device's shared memory): heads of one position, sequences that
+/// end inside a block, head widths 8 to 128. The
+/// tolerance is the probabilities' rounding to f16 before `p̃ v` (≤ 2⁻¹¹ of each term, the
+/// terms summing to at most `keep_scale · max |v|`) plus the output's own rounding. Its
+/// log-sum-exp is exact to f32 rounding, and the tiled backward fed this forward's output and
+/// log-sum-exp gives float64's gradients.
+#[cfg(feature = "spirv")]
+#[test]
+fn mma_attention_forward_matches_float64_and_feeds_the_backward() {
+    let client = client();
+    let mut rng = Rng(23);
+    let draw = test_draw(0x0bad_cafe, 7, 0.2);
+    let shapes = [
+        (1, 1, 8),
+        (3, 17, 8),
+        (2, 64, 16),
+        (1, 41, 64),
+        (2, 70, 64),
+        (1, 33, 128),
+    ];
+    for (heads, seq, head_dim) in shapes {
+        let shape = AttentionShape {
+            heads,
+            seq,
+            head_dim,
+        };
+        let own = MmaAttention::for_client::<half::f16>(&client, head_dim)
+            .expect("this device has no f16 matrix units (cooperative matrices) for these heads");
+        let n = shape.len();
+        let [q, k, v, dout] = [0; 4].map(|_| rounded::<half::f16>(&rng.vec(n, -1.5, 1.5)));
+        let scale = 1.0 / (head_dim as f64).sqrt();
+        for dropout in [None, Some(draw)] {
+            let want = attention_reference([&q, &k, &v, &dout], shape, scale, dropout);
+            let lse = attention_logsumexp(&q, &k, shape, scale);
+            let keep = dropout.map_or(1.0, |d| d.scale as f64);
+            let output_tolerance = 1.5 * keep / 2048.0 + 1.5 / 2048.0;
+            let shared = client.properties().hardware.max_shared_memory_size;
+            let fits = |l: &MmaAttention| l.shared_bytes(head_dim, 2) <= shared;
+            for launch in [1, 2, 4].map(|planes| MmaAttention { planes, ..own }) {
+                if !fits(&launch) {
+                    continue;
+                }
+                let what = format!("{shape:?}, {launch:?}, dropout {}", dropout.is_some());
+                let [qh, kh, vh, dh] =
+                    [&q, &k, &v, &dout].map(|x| upload_as::<half::f16>(&client, x));
+                let inputs = AttentionInputs {
+                    query: &qh,
+                    key: &kh,
+                    value: &vh,
+                };
+                let (oh, lh) = (
+                    poisoned_as::<half::f16>(&client, n),
+                    poisoned(&client, shape.rows()),
+                );
+                mma_attention_forward::<half::f16>(
+                    &client,
+                    launch,
+                    inputs,
+                    &oh,
+                    &lh,
+                    shape,
+                    scale as f32,
+                    dropout,
+                );
+                let got_o = download_as::<half::f16>(&client, oh.clone(), n);
+                assert_close(
+                    &format!("{what}: output"),
+                    &got_o,
+                    &want[0],
+                    output_tolerance,
+                    0.0,
+                );
+                let got_lse = download(&client, lh.clone(), shape.rows());
+                assert_close(&format!("{what}: log-sum-exp"), &got_lse, &lse, 1e-5, 1e-6);
+
+                let tiles = AttentionLaunch::fitting(usize::MAX, head_dim);
+                let grads = [0; 3].map(|_| poisoned_as::<half::f16>(&client, n));
+                let delta = poisoned(&client, shape.rows());
+                flash_attention_backward::<half::f16>(
+                    &client,
+                    AttentionLaunch { block: 8, ..tiles },
+                    inputs,
+                    &oh,
+                    &dh,
+                    &lh,
+                    [&grads[0], &grads[1], &grads[2]],
+                    &delta,
+                    shape,
+                    scale as f32,
+                    dropout,
+                );
+                for (name, grad, want) in [
+                    ("dq", 0, &want[1]),
+                    ("dk", 1, &want[2]),
+                    ("dv", 2, &want[3]),
+                ] {
+                    let got = download_as::<half::f16>(&client, grads[grad].clone(), n);
+                    assert_close(&format!("{what}: {name}"), &got, want, 1e-2, 4e-3);
+                }
+            }
+        }
+    }
+}
+
+/// The log-sum-exp of each query row's scaled causal scores, in float64.
+#[cfg(feature = "spirv")]
+fn attention_logsumexp(q: &[f32], k: &[f32], shape: AttentionShape, scale: f64) -> Vec<f64> {
+    let (s, d) = (shape.seq, shape.head_dim);
+    let mut out = Vec::with_capacity(shape.rows());
+    for h in 0..shape.heads {
+        for i in 0..s {
+            let scores: Vec<f64> = (0..=i)
+                .map(|j| {
+                    let (a, b) = ((h * s + i) * d, (h * s + j) * d);
+                    scale
+                        * (0..d)
+                            .map(|c| q[a + c] as f64 * k[b + c] as f64)
+                            .sum::<f64>()
+                })
+                .collect();
+            let max = scores.iter().cloned().fold(f64::MIN, f64::max);
+            out.push(max + scores.iter().map(|x| (x - max).exp()).sum::<f64>().ln());
+        }
+    }
+    out
 }

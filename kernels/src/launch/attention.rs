@@ -37,7 +37,7 @@ impl AttentionShape {
         self.len() == 0
     }
 
-    fn check(&self, dropout: Option<DropoutDraw>) {
+    pub(super) fn check(&self, dropout: Option<DropoutDraw>) {
         assert!(
             self.len() <= u32::MAX as usize,
             "fused attention of more than 2³² elements: {self:?}"
@@ -64,7 +64,7 @@ pub struct AttentionInputs<'a> {
 
 /// Dropout's kernel arguments for an optional draw: key, threshold, scale, and whether to
 /// drop at all.
-fn draw_args(dropout: Option<DropoutDraw>) -> (u32, u32, u32, f32, bool) {
+pub(super) fn draw_args(dropout: Option<DropoutDraw>) -> (u32, u32, u32, f32, bool) {
     match dropout {
         Some(d) => (d.key_lo, d.key_hi, d.threshold, d.scale, true),
         None => (0, 0, 0, 1.0, false),
@@ -74,7 +74,7 @@ fn draw_args(dropout: Option<DropoutDraw>) -> (u32, u32, u32, f32, bool) {
 /// The salt's binding of an attention launch (see [`salt_arg`]): without a draw, the salt's
 /// buffer as it is (never read; the launch has no buffer handle of its own to lend), looked
 /// up only then.
-fn salt_binding(client: &Client, dropout: Option<DropoutDraw>) -> BufferArg {
+pub(super) fn salt_binding(client: &Client, dropout: Option<DropoutDraw>) -> BufferArg {
     match dropout {
         Some(draw) => drawn_salt_arg(client, draw),
         None => salt_arg(client, None, &current_salt_buffer(client)),
@@ -96,6 +96,9 @@ pub struct AttentionLaunch {
     pub unroll: bool,
     /// The plane width of the plane layout (`block` a multiple of it), or `None` for tiles.
     pub plane: Option<u32>,
+    /// Whether the forward runs on the device's matrix units where it has them for the
+    /// storage type ([`super::MmaAttention`]); the backward runs in this launch's layout.
+    pub matrix_units: bool,
 }
 
 impl AttentionLaunch {
@@ -116,6 +119,7 @@ impl AttentionLaunch {
         let hardware = &client.properties().hardware;
         let mut launch = Self::fitting(hardware.max_shared_memory_size, head_dim);
         launch.unroll = hardware.plane_size_max >= 32;
+        launch.matrix_units = true;
         // cubecl-cpu (no planes) runs a cube's units in lockstep at its barriers: 256 units
         // took it 14 s for one position, 4 units 0.4 s.
         if hardware.plane_size_max <= 1 {
@@ -132,7 +136,10 @@ impl AttentionLaunch {
             _ => vector_unit.filter(|_| head_dim <= Self::PLANE_HEAD_DIM),
         };
         if let Some(plane) = planes {
-            launch = Self::planes(plane, 2 * plane);
+            launch = Self {
+                matrix_units: launch.matrix_units,
+                ..Self::planes(plane, 2 * plane)
+            };
         }
         if let Some(block) =
             number("FERROTRON_ATTENTION_BLOCK").filter(|b| Self::BLOCKS.contains(b))
@@ -157,6 +164,7 @@ impl AttentionLaunch {
             block,
             unroll: false,
             plane: Some(plane),
+            matrix_units: false,
         }
     }
 
@@ -168,6 +176,7 @@ impl AttentionLaunch {
             block,
             unroll: false,
             plane: None,
+            matrix_units: false,
         };
         Self::BLOCKS
             .map(plain)
@@ -250,7 +259,8 @@ macro_rules! launch_attention {
 
 /// Fused causal attention forward: `output = dropout(softmax(scale · q kᵀ)) v` per head, and
 /// the per-row log-sum-exp of the scaled scores (`logsumexp`, f32, one per query row) that
-/// the backward needs. Nothing of size `seq × seq` is stored.
+/// the backward needs. Nothing of size `seq × seq` is stored. On the device's matrix units
+/// ([`super::mma_attention_forward`]) where `launch` allows it and the device has them.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attention_forward<F: Float + CubeElement>(
     client: &Client,
@@ -264,6 +274,15 @@ pub fn flash_attention_forward<F: Float + CubeElement>(
 ) {
     if shape.is_empty() {
         return;
+    }
+    if let Some(mma) = launch
+        .matrix_units
+        .then(|| super::MmaAttention::for_client::<F>(client, shape.head_dim))
+        .flatten()
+    {
+        return super::mma_attention_forward::<F>(
+            client, mma, inputs, output, logsumexp, shape, scale, dropout,
+        );
     }
     shape.check(dropout);
     let (n, rows) = (shape.len(), shape.rows());

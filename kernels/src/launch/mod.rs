@@ -7,6 +7,7 @@ use cubecl::server::Handle;
 
 mod activations;
 mod attention;
+mod attention_mma;
 mod dropout;
 mod heads;
 mod loss;
@@ -20,6 +21,7 @@ mod stream_order;
 pub use crate::rows::RowLaunch;
 pub use activations::*;
 pub use attention::*;
+pub use attention_mma::*;
 pub use dropout::*;
 pub use heads::*;
 pub use loss::*;

@@ -1,0 +1,147 @@
+//! The launch shape and launcher of the fused attention forward on matrix units
+//! ([`crate::attention_mma`]), and when a device gets it.
+
+use cubecl::features::MmaConfig;
+use cubecl::ir::{ElemType, FloatKind};
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+
+use super::arg;
+use super::attention::{AttentionInputs, AttentionShape};
+use super::dropout::DropoutDraw;
+use crate::attention_mma;
+use crate::rows::cube_count;
+
+/// The launch shape of [`mma_attention_forward`]: `planes` planes of `plane` units per cube,
+/// each plane owning `tile` query rows, the matrix unit's `tile × tile × tile` products.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MmaAttention {
+    /// The matrix unit's `m = n = k` (16 on NVIDIA's tensor cores, 8 on Mesa's lavapipe).
+    pub tile: u32,
+    /// Planes per cube: the block of query rows (and of keys per tile) is `planes · tile`.
+    pub planes: u32,
+    /// Units per plane.
+    pub plane: u32,
+}
+
+impl MmaAttention {
+    /// The tiles tried, largest first.
+    const TILES: [u32; 2] = [16, 8];
+    /// Planes per cube tried, most first (64 query rows of 16 on a GPU).
+    const PLANES: [u32; 3] = [4, 2, 1];
+
+    /// The launch for heads of `head_dim` stored as `F`, if `client`'s device multiplies `F`
+    /// into f32 on matrix units in square tiles that divide `head_dim`, has planes of a
+    /// fixed width, and has the shared memory for one plane at least; `None` otherwise (the
+    /// tiled or plane forward then runs). `FERROTRON_ATTENTION_MMA=0` turns it off.
+    pub fn for_client<F: Float>(client: &Client, head_dim: usize) -> Option<Self> {
+        if std::env::var("FERROTRON_ATTENTION_MMA").as_deref() == Ok("0") {
+            return None;
+        }
+        let properties = client.properties();
+        let hardware = &properties.hardware;
+        let plane = hardware.plane_size_max;
+        if plane == 0 || hardware.plane_size_min != plane {
+            return None;
+        }
+        let storage = F::elem_type_native();
+        let accumulator = ElemType::Float(FloatKind::F32);
+        let tile = Self::TILES.into_iter().find(|&t| {
+            head_dim.is_multiple_of(t as usize)
+                && properties.features.matmul.cmma.contains(&MmaConfig {
+                    a_type: storage,
+                    b_type: storage,
+                    cd_type: accumulator,
+                    m: t,
+                    n: t,
+                    k: t,
+                })
+        })?;
+        let storage_bytes = storage.size();
+        Self::PLANES
+            .into_iter()
+            .map(|planes| Self {
+                tile,
+                planes,
+                plane,
+            })
+            .find(|launch| {
+                launch.shared_bytes(head_dim, storage_bytes) <= hardware.max_shared_memory_size
+            })
+    }
+
+    /// Query rows per cube (and keys per tile).
+    pub fn block(&self) -> u32 {
+        self.tile * self.planes
+    }
+
+    /// The kernel's shared memory: the query, key and value tiles (`block × head_dim` of the
+    /// storage type), the scores (f32) and probabilities (storage) of `block × block`, the
+    /// running output (f32) and two f32 row statistics.
+    pub fn shared_bytes(&self, head_dim: usize, storage_bytes: usize) -> usize {
+        let b = self.block() as usize;
+        3 * b * head_dim * storage_bytes
+            + b * b * (4 + storage_bytes)
+            + 4 * b * head_dim
+            + 2 * 4 * b
+    }
+
+    fn cube_dim(&self) -> CubeDim {
+        CubeDim::new_1d(self.planes * self.plane)
+    }
+
+    fn cube_count(&self, shape: AttentionShape) -> CubeCount {
+        cube_count(shape.heads * shape.seq.div_ceil(self.block() as usize))
+    }
+}
+
+/// Fused causal attention forward on matrix units: what
+/// [`super::flash_attention_forward`] computes (`output`, and the f32 `logsumexp` per query
+/// row the backward reads), with `launch` from [`MmaAttention::for_client`] for `F`.
+#[allow(clippy::too_many_arguments)]
+pub fn mma_attention_forward<F: Float + CubeElement>(
+    client: &Client,
+    launch: MmaAttention,
+    inputs: AttentionInputs<'_>,
+    output: &Handle,
+    logsumexp: &Handle,
+    shape: AttentionShape,
+    scale: f32,
+    dropout: Option<DropoutDraw>,
+) {
+    if shape.is_empty() {
+        return;
+    }
+    assert!(
+        shape.head_dim.is_multiple_of(launch.tile as usize),
+        "attention heads of {} on matrix tiles of {}",
+        shape.head_dim,
+        launch.tile
+    );
+    shape.check(dropout);
+    let (n, rows) = (shape.len(), shape.rows());
+    let (key_lo, key_hi, threshold, keep_scale, drop) = super::attention::draw_args(dropout);
+    let salt = super::attention::salt_binding(client, dropout);
+    attention_mma::mma_attention_forward::launch::<F, f32>(
+        client,
+        launch.cube_count(shape),
+        launch.cube_dim(),
+        arg(inputs.query, n),
+        arg(inputs.key, n),
+        arg(inputs.value, n),
+        arg(output, n),
+        arg(logsumexp, rows),
+        scale,
+        shape.heads as u32,
+        shape.seq as u32,
+        salt,
+        key_lo,
+        key_hi,
+        threshold,
+        keep_scale,
+        shape.head_dim as u32,
+        drop,
+        launch.tile,
+        launch.planes,
+    );
+}
