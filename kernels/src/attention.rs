@@ -181,7 +181,7 @@ pub(crate) fn quad_sum<A: Float>(x: Quad<A>) -> A {
 /// Entries `first..first + block` of a per-row statistic of the head at `head_row` into
 /// `tile` (zeros past the head's end).
 #[cube]
-fn load_row_values<A: Float>(
+pub(crate) fn load_row_values<A: Float>(
     source: &[A],
     tile: &mut Shared<[A]>,
     head_row: usize,

@@ -2376,18 +2376,19 @@ fn lavapipe_reduces_rows_and_runs_attention_in_its_planes() {
     assert_eq!(AttentionLaunch::for_client(&client, 128).plane, None);
 }
 
-/// The attention forward on matrix units (f16 in, f32 accumulated; a `spirv` build on a
-/// device with cooperative matrices, e.g. Mesa 26's lavapipe: see docs/testing.md) against
-/// float64 on the same f16 inputs, with and without dropout, for one, two and four planes per
-/// cube (those that fit the device's shared memory): heads of one position, sequences that
-/// end inside a block, head widths 8 to 128. The
-/// tolerance is the probabilities' rounding to f16 before `p̃ v` (≤ 2⁻¹¹ of each term, the
-/// terms summing to at most `keep_scale · max |v|`) plus the output's own rounding. Its
-/// log-sum-exp is exact to f32 rounding, and the tiled backward fed this forward's output and
-/// log-sum-exp gives float64's gradients.
+/// Fused attention on matrix units (f16 in, f32 accumulated; a `spirv` build on a device
+/// with cooperative matrices, e.g. Mesa 26's lavapipe: see docs/testing.md) against float64
+/// on the same f16 inputs, with and without dropout, for one, two and four planes per cube
+/// (those that fit the device's shared memory): heads of one position, sequences that end
+/// inside a block, head widths 8 to 128. The forward's tolerance is the probabilities'
+/// rounding to f16 before `p̃ v` (≤ 2⁻¹¹ of each term, the terms summing to at most
+/// `keep_scale · max |v|`) plus the output's own rounding; its log-sum-exp is exact to f32
+/// rounding. The backward on matrix units, and the tiled backward fed the matrix units'
+/// forward, give float64's gradients within the f16 rounding of the score gradients and
+/// probabilities they multiply.
 #[cfg(feature = "spirv")]
 #[test]
-fn mma_attention_forward_matches_float64_and_feeds_the_backward() {
+fn mma_attention_forward_and_backward_match_float64() {
     let client = client();
     let mut rng = Rng(23);
     let draw = test_draw(0x0bad_cafe, 7, 0.2);
@@ -2429,10 +2430,8 @@ fn mma_attention_forward_matches_float64_and_feeds_the_backward() {
                     key: &kh,
                     value: &vh,
                 };
-                let (oh, lh) = (
-                    poisoned_as::<half::f16>(&client, n),
-                    poisoned(&client, shape.rows()),
-                );
+                let oh = poisoned_as::<half::f16>(&client, n);
+                let lh = poisoned(&client, shape.rows());
                 mma_attention_forward::<half::f16>(
                     &client,
                     launch,
@@ -2444,39 +2443,59 @@ fn mma_attention_forward_matches_float64_and_feeds_the_backward() {
                     dropout,
                 );
                 let got_o = download_as::<half::f16>(&client, oh.clone(), n);
-                assert_close(
-                    &format!("{what}: output"),
-                    &got_o,
-                    &want[0],
-                    output_tolerance,
-                    0.0,
-                );
+                let tolerance = output_tolerance;
+                assert_close(&format!("{what}: output"), &got_o, &want[0], tolerance, 0.0);
                 let got_lse = download(&client, lh.clone(), shape.rows());
                 assert_close(&format!("{what}: log-sum-exp"), &got_lse, &lse, 1e-5, 1e-6);
 
                 let tiles = AttentionLaunch::fitting(usize::MAX, head_dim);
-                let grads = [0; 3].map(|_| poisoned_as::<half::f16>(&client, n));
-                let delta = poisoned(&client, shape.rows());
-                flash_attention_backward::<half::f16>(
-                    &client,
-                    AttentionLaunch { block: 8, ..tiles },
-                    inputs,
-                    &oh,
-                    &dh,
-                    &lh,
-                    [&grads[0], &grads[1], &grads[2]],
-                    &delta,
-                    shape,
-                    scale as f32,
-                    dropout,
-                );
-                for (name, grad, want) in [
-                    ("dq", 0, &want[1]),
-                    ("dk", 1, &want[2]),
-                    ("dv", 2, &want[3]),
+                let tiled = |client: &Client, grads: [&Handle; 3], delta: &Handle| {
+                    let launch = AttentionLaunch { block: 8, ..tiles };
+                    flash_attention_backward::<half::f16>(
+                        client,
+                        launch,
+                        inputs,
+                        &oh,
+                        &dh,
+                        &lh,
+                        grads,
+                        delta,
+                        shape,
+                        scale as f32,
+                        dropout,
+                    )
+                };
+                let matrix = |client: &Client, grads: [&Handle; 3], delta: &Handle| {
+                    mma_attention_backward::<half::f16>(
+                        client,
+                        launch,
+                        inputs,
+                        &oh,
+                        &dh,
+                        &lh,
+                        grads,
+                        delta,
+                        shape,
+                        scale as f32,
+                        dropout,
+                    )
+                };
+                for (name, backward) in [
+                    (
+                        "matrix-unit",
+                        &matrix as &dyn Fn(&Client, [&Handle; 3], &Handle),
+                    ),
+                    ("tiled", &tiled),
                 ] {
-                    let got = download_as::<half::f16>(&client, grads[grad].clone(), n);
-                    assert_close(&format!("{what}: {name}"), &got, want, 1e-2, 4e-3);
+                    let grads = [0; 3].map(|_| poisoned_as::<half::f16>(&client, n));
+                    let delta = poisoned(&client, shape.rows());
+                    backward(&client, [&grads[0], &grads[1], &grads[2]], &delta);
+                    let parts = [("dq", &want[1]), ("dk", &want[2]), ("dv", &want[3])];
+                    for ((part, want), grad) in parts.into_iter().zip(grads) {
+                        let got = download_as::<half::f16>(&client, grad, n);
+                        let what = format!("{what}: {name} backward, {part}");
+                        assert_close(&what, &got, want, 1e-2, 4e-3);
+                    }
                 }
             }
         }

@@ -96,8 +96,8 @@ pub struct AttentionLaunch {
     pub unroll: bool,
     /// The plane width of the plane layout (`block` a multiple of it), or `None` for tiles.
     pub plane: Option<u32>,
-    /// Whether the forward runs on the device's matrix units where it has them for the
-    /// storage type ([`super::MmaAttention`]); the backward runs in this launch's layout.
+    /// Whether the kernels run on the device's matrix units where it has them for the
+    /// storage type ([`super::MmaAttention`]) instead of in this launch's layout.
     pub matrix_units: bool,
 }
 
@@ -275,11 +275,7 @@ pub fn flash_attention_forward<F: Float + CubeElement>(
     if shape.is_empty() {
         return;
     }
-    if let Some(mma) = launch
-        .matrix_units
-        .then(|| super::MmaAttention::for_client::<F>(client, shape.head_dim))
-        .flatten()
-    {
+    if let Some(mma) = matrix_units::<F>(client, launch, shape) {
         return super::mma_attention_forward::<F>(
             client, mma, inputs, output, logsumexp, shape, scale, dropout,
         );
@@ -295,9 +291,23 @@ pub fn flash_attention_forward<F: Float + CubeElement>(
     );
 }
 
+/// The matrix-unit launch for `F` when `launch` allows it and the device has one.
+fn matrix_units<F: Float>(
+    client: &Client,
+    launch: AttentionLaunch,
+    shape: AttentionShape,
+) -> Option<super::MmaAttention> {
+    launch
+        .matrix_units
+        .then(|| super::MmaAttention::for_client::<F>(client, shape.head_dim))
+        .flatten()
+}
+
 /// Fused causal attention backward: `[grad_query, grad_key, grad_value]` from the forward's
 /// inputs, `output` and `logsumexp`, and `grad_output`; `delta` (f32, one per query row) is
-/// scratch. The same `dropout` draw as the forward re-derives its mask.
+/// scratch. The same `dropout` draw as the forward re-derives its mask. On the device's
+/// matrix units ([`super::mma_attention_backward`]) where `launch` allows it and the device
+/// has them.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attention_backward<F: Float + CubeElement>(
     client: &Client,
@@ -314,6 +324,12 @@ pub fn flash_attention_backward<F: Float + CubeElement>(
 ) {
     if shape.is_empty() {
         return;
+    }
+    if let Some(mma) = matrix_units::<F>(client, launch, shape) {
+        let (o, dout, lse) = (output, grad_output, logsumexp);
+        return super::mma_attention_backward::<F>(
+            client, mma, inputs, o, dout, lse, grads, delta, shape, scale, dropout,
+        );
     }
     shape.check(dropout);
     let (n, rows) = (shape.len(), shape.rows());

@@ -12,7 +12,7 @@ use super::dropout::DropoutDraw;
 use crate::attention_mma;
 use crate::rows::cube_count;
 
-/// The launch shape of [`mma_attention_forward`]: `planes` planes of `plane` units per cube,
+/// The launch shape of [`mma_attention_forward`] and [`mma_attention_backward`]: `planes` planes of `plane` units per cube,
 /// each plane owning `tile` query rows, the matrix unit's `tile × tile × tile` products.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MmaAttention {
@@ -33,7 +33,7 @@ impl MmaAttention {
     /// The launch for heads of `head_dim` stored as `F`, if `client`'s device multiplies `F`
     /// into f32 on matrix units in square tiles that divide `head_dim`, has planes of a
     /// fixed width, and has the shared memory for one plane at least; `None` otherwise (the
-    /// tiled or plane forward then runs). `FERROTRON_ATTENTION_MMA=0` turns it off.
+    /// tiled or plane kernels then run). `FERROTRON_ATTENTION_MMA=0` turns it off.
     pub fn for_client<F: Float>(client: &Client, head_dim: usize) -> Option<Self> {
         if std::env::var("FERROTRON_ATTENTION_MMA").as_deref() == Ok("0") {
             return None;
@@ -75,15 +75,25 @@ impl MmaAttention {
         self.tile * self.planes
     }
 
-    /// The kernel's shared memory: the query, key and value tiles (`block × head_dim` of the
-    /// storage type), the scores (f32) and probabilities (storage) of `block × block`, the
-    /// running output (f32) and two f32 row statistics.
+    /// Shared memory of the largest of the kernels, the key kernel's: four `block ×
+    /// head_dim` tiles of the storage type (keys, values, queries, output gradients), two
+    /// `block × block` products in f32 and two in the storage type, two running `block ×
+    /// head_dim` rows in f32 and two f32 row statistics.
     pub fn shared_bytes(&self, head_dim: usize, storage_bytes: usize) -> usize {
         let b = self.block() as usize;
-        3 * b * head_dim * storage_bytes
-            + b * b * (4 + storage_bytes)
-            + 4 * b * head_dim
+        4 * b * head_dim * storage_bytes
+            + 2 * b * b * (4 + storage_bytes)
+            + 2 * 4 * b * head_dim
             + 2 * 4 * b
+    }
+
+    fn check(&self, shape: AttentionShape) {
+        assert!(
+            shape.head_dim.is_multiple_of(self.tile as usize),
+            "attention heads of {} on matrix tiles of {}",
+            shape.head_dim,
+            self.tile
+        );
     }
 
     fn cube_dim(&self) -> CubeDim {
@@ -112,12 +122,7 @@ pub fn mma_attention_forward<F: Float + CubeElement>(
     if shape.is_empty() {
         return;
     }
-    assert!(
-        shape.head_dim.is_multiple_of(launch.tile as usize),
-        "attention heads of {} on matrix tiles of {}",
-        shape.head_dim,
-        launch.tile
-    );
+    launch.check(shape);
     shape.check(dropout);
     let (n, rows) = (shape.len(), shape.rows());
     let (key_lo, key_hi, threshold, keep_scale, drop) = super::attention::draw_args(dropout);
@@ -135,6 +140,85 @@ pub fn mma_attention_forward<F: Float + CubeElement>(
         shape.heads as u32,
         shape.seq as u32,
         salt,
+        key_lo,
+        key_hi,
+        threshold,
+        keep_scale,
+        shape.head_dim as u32,
+        drop,
+        launch.tile,
+        launch.planes,
+    );
+}
+
+/// Fused causal attention backward on matrix units: what [`super::flash_attention_backward`]
+/// computes (`[grad_query, grad_key, grad_value]`; `delta`, f32 per query row, is scratch),
+/// with `launch` from [`MmaAttention::for_client`] for `F`.
+#[allow(clippy::too_many_arguments)]
+pub fn mma_attention_backward<F: Float + CubeElement>(
+    client: &Client,
+    launch: MmaAttention,
+    inputs: AttentionInputs<'_>,
+    output: &Handle,
+    grad_output: &Handle,
+    logsumexp: &Handle,
+    grads: [&Handle; 3],
+    delta: &Handle,
+    shape: AttentionShape,
+    scale: f32,
+    dropout: Option<DropoutDraw>,
+) {
+    if shape.is_empty() {
+        return;
+    }
+    launch.check(shape);
+    shape.check(dropout);
+    let (n, rows) = (shape.len(), shape.rows());
+    let [grad_query, grad_key, grad_value] = grads;
+    let (key_lo, key_hi, threshold, keep_scale, drop) = super::attention::draw_args(dropout);
+    // `delta` is written by the first kernel and read by the second (the same stream, in
+    // order).
+    attention_mma::mma_attention_backward_query::launch::<F, f32>(
+        client,
+        launch.cube_count(shape),
+        launch.cube_dim(),
+        arg(inputs.query, n),
+        arg(inputs.key, n),
+        arg(inputs.value, n),
+        arg(output, n),
+        arg(grad_output, n),
+        arg(logsumexp, rows),
+        arg(delta, rows),
+        arg(grad_query, n),
+        scale,
+        shape.heads as u32,
+        shape.seq as u32,
+        super::attention::salt_binding(client, dropout),
+        key_lo,
+        key_hi,
+        threshold,
+        keep_scale,
+        shape.head_dim as u32,
+        drop,
+        launch.tile,
+        launch.planes,
+    );
+    attention_mma::mma_attention_backward_key_value::launch::<F, f32>(
+        client,
+        launch.cube_count(shape),
+        launch.cube_dim(),
+        arg(inputs.query, n),
+        arg(inputs.key, n),
+        arg(inputs.value, n),
+        arg(grad_output, n),
+        arg(logsumexp, rows),
+        arg(delta, rows),
+        arg(grad_key, n),
+        arg(grad_value, n),
+        scale,
+        shape.heads as u32,
+        shape.seq as u32,
+        super::attention::salt_binding(client, dropout),
         key_lo,
         key_hi,
         threshold,

@@ -1,178 +1,10 @@
-//! Fused causal attention's forward with its two products on matrix units (tensor cores):
-//! CubeCL's `cmma`, one plane (warp) per `tile` query rows.
-//!
-//! Why: the tiled forward ([`crate::attention`]) multiplies on the GPU's ordinary
-//! floating-point units; on an H200 that made `--use-flash-attn` slower than the composed
-//! attention on cuBLAS. Here `q kᵀ` and `p̃ v` are `tile × tile × tile` matrix
-//! multiply-accumulates of the storage type (f16/bf16) into f32, as FlashAttention-2 does
-//! them.
-//!
-//! The math and its outputs are [`crate::attention::flash_attention_forward`]'s (the same
-//! `output` and f32 `logsumexp`, the same dropout bits, so the tiled backward runs on them);
-//! what differs is rounding: the dropped probabilities are rounded to the storage type
-//! before `p̃ v`, as the composed attention's stored probabilities are, and the products sum
-//! in the matrix unit's order.
-//!
-//! Layout: a cube of `planes` planes takes `block = planes · tile` query rows of one head and
-//! walks the keys `0 ..= its last row` in tiles of `block` rows, loaded into shared memory by
-//! the whole cube. Plane `p` owns query rows `p · tile ..`: it forms its `tile × block`
-//! scores with the matrix unit, its units turn them into dropped probabilities with the
-//! online softmax (a running maximum and sum per row) and rescale the plane's running output
-//! rows, and the matrix unit adds `p̃ v` to them. The scores, probabilities and running
-//! output pass through shared memory, because a matrix fragment's elements are not
-//! addressable by row.
+//! The forward: `output` and the log-sum-exp per query row.
 
 use cubecl::prelude::*;
 
+use super::{accumulate_rows_times, fill_shared, load_rows, rows_times_transposed};
 use crate::attention::{cube_block, kept};
 use crate::dropout::salted;
-
-/// Rows `first..first + block` of the head starting at row `head_row` into `tile`
-/// (`[block, head_dim]`, row-major), zeros past the head's end. The cube's units load
-/// consecutive elements (coalesced); every unit must take part.
-#[cube]
-fn load_rows<F: Float>(
-    source: &[F],
-    tile: &mut Shared<[F]>,
-    head_row: usize,
-    first: usize,
-    seq: usize,
-    #[comptime] block: u32,
-    #[comptime] head_dim: u32,
-) {
-    let d = head_dim as usize;
-    let rows = seq - first;
-    let start = (head_row + first) * d;
-    let mut e = UNIT_POS as usize;
-    while e < comptime!((block * head_dim) as usize) {
-        let mut x = F::new(0.0);
-        if e / d < rows {
-            x = source[start + e];
-        }
-        tile[e] = x;
-        e += CUBE_DIM as usize;
-    }
-}
-
-/// Every element of `values` set to `value` by the cube's units.
-#[cube]
-fn fill_shared<A: Float>(values: &mut Shared<[A]>, value: A, #[comptime] len: usize) {
-    let mut e = UNIT_POS as usize;
-    while e < len {
-        values[e] = value;
-        e += CUBE_DIM as usize;
-    }
-}
-
-/// The plane's `tile × block` scores `q kᵀ` (unscaled, f32) into its rows of `scores`
-/// (`[block, block]`): for each key sub-tile, `head_dim / tile` products of a query tile
-/// (row-major) and a key tile read as `kᵀ` (column-major).
-#[cube]
-fn plane_scores<F: Float, A: Float>(
-    queries: &Shared<[F]>,
-    keys: &Shared<[F]>,
-    scores: &mut Shared<[A]>,
-    plane: usize,
-    #[comptime] tile: u32,
-    #[comptime] planes: u32,
-    #[comptime] head_dim: u32,
-) {
-    let (t, d) = (tile as usize, head_dim as usize);
-    let b = comptime!((tile * planes) as usize);
-    let rows = plane * t;
-    for c in 0..comptime!(planes as usize) {
-        let acc = cmma::Matrix::<A>::from_value(
-            cmma::MatrixIdent::Accumulator,
-            t,
-            t,
-            t,
-            cmma::MatrixLayout::Undefined,
-            A::new(0.0),
-        );
-        for kk in 0..comptime!((head_dim / tile) as usize) {
-            let q = cmma::Matrix::<F>::from_slice(
-                cmma::MatrixIdent::A,
-                t,
-                t,
-                t,
-                cmma::MatrixLayout::RowMajor,
-                &queries[rows * d + kk * t..],
-                head_dim,
-            );
-            let k = cmma::Matrix::<F>::from_slice(
-                cmma::MatrixIdent::B,
-                t,
-                t,
-                t,
-                cmma::MatrixLayout::ColMajor,
-                &keys[c * t * d + kk * t..],
-                head_dim,
-            );
-            cmma::execute(&q, &k, &acc, &acc);
-        }
-        cmma::store(
-            &mut scores[rows * b + c * t..],
-            &acc,
-            comptime!(tile * planes),
-            cmma::MatrixLayout::RowMajor,
-        );
-    }
-}
-
-/// The plane's running output rows (`[block, head_dim]` f32 in shared memory) plus its
-/// dropped probabilities (`[block, block]`, the storage type) times the value tile.
-#[cube]
-fn plane_accumulate<F: Float, A: Float>(
-    probs: &Shared<[F]>,
-    values: &Shared<[F]>,
-    out: &mut Shared<[A]>,
-    plane: usize,
-    #[comptime] tile: u32,
-    #[comptime] planes: u32,
-    #[comptime] head_dim: u32,
-) {
-    let (t, d) = (tile as usize, head_dim as usize);
-    let b = comptime!((tile * planes) as usize);
-    let rows = plane * t;
-    for j in 0..comptime!((head_dim / tile) as usize) {
-        let acc = cmma::Matrix::<A>::from_slice(
-            cmma::MatrixIdent::Accumulator,
-            t,
-            t,
-            t,
-            cmma::MatrixLayout::RowMajor,
-            &out[rows * d + j * t..],
-            head_dim,
-        );
-        for c in 0..comptime!(planes as usize) {
-            let p = cmma::Matrix::<F>::from_slice(
-                cmma::MatrixIdent::A,
-                t,
-                t,
-                t,
-                cmma::MatrixLayout::RowMajor,
-                &probs[rows * b + c * t..],
-                comptime!(tile * planes),
-            );
-            let v = cmma::Matrix::<F>::from_slice(
-                cmma::MatrixIdent::B,
-                t,
-                t,
-                t,
-                cmma::MatrixLayout::RowMajor,
-                &values[c * t * d + j * t..],
-                head_dim,
-            );
-            cmma::execute(&p, &v, &acc, &acc);
-        }
-        cmma::store(
-            &mut out[rows * d + j * t..],
-            &acc,
-            head_dim,
-            cmma::MatrixLayout::RowMajor,
-        );
-    }
-}
 
 /// Where a key tile sits: the head's first row, the query block's first position, the tile's
 /// first key, the sequence length.
@@ -346,7 +178,7 @@ pub fn mma_attention_forward<F: Float, A: Float>(
         load_rows::<F>(key, &mut keys, head_row, first, s, block, head_dim);
         load_rows::<F>(value, &mut values, head_row, first, s, block, head_dim);
         sync_cube();
-        plane_scores::<F, A>(&queries, &keys, &mut scores, plane, tile, planes, head_dim);
+        rows_times_transposed::<F, A>(&queries, &keys, &mut scores, plane, tile, planes, head_dim);
         sync_cube();
         let at = KeyTile {
             head_row,
@@ -370,7 +202,7 @@ pub fn mma_attention_forward<F: Float, A: Float>(
             dropout,
         );
         sync_cube();
-        plane_accumulate::<F, A>(&probs, &values, &mut out, plane, tile, planes, head_dim);
+        accumulate_rows_times::<F, A>(&probs, &values, &mut out, plane, tile, planes, head_dim);
         sync_cube();
     }
     if cube_active {

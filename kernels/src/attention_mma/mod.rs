@@ -1,0 +1,183 @@
+//! Fused causal attention with its products on matrix units (tensor cores): CubeCL's `cmma`,
+//! one plane (warp) per `tile` rows of a block.
+//!
+//! Why: the tiled kernels ([`crate::attention`]) multiply on the GPU's ordinary
+//! floating-point units; on an H200 that made `--use-flash-attn` slower than the composed
+//! attention on cuBLAS. Here every product — `q kᵀ` and `p̃ v` forward; `q kᵀ`, `do vᵀ` and
+//! `ds k` for `dq`; `k qᵀ`, `v doᵀ`, `p̃ᵀ do` and `dsᵀ q` for `dk`, `dv` — is a run of
+//! `tile × tile × tile` matrix multiply-accumulates of the storage type (f16/bf16) into f32,
+//! as FlashAttention-2 does them.
+//!
+//! The math, the kernels' split and their outputs are the tiled kernels' (the same `output`,
+//! f32 `logsumexp` and `delta`, the same dropout bits; one kernel per query block for `dq`,
+//! one per key block for `dk`/`dv`, so no two cubes write a gradient row: no atomics);
+//! what differs is rounding: the dropped probabilities and the score gradients are rounded to
+//! the storage type before they are multiplied, as the composed attention's stored
+//! probabilities are, and the products sum in the matrix unit's order.
+//!
+//! Layout: a cube of `planes` planes takes `block = planes · tile` rows of one head (queries,
+//! or keys for `dk`/`dv`) and walks the other side in tiles of `block` rows (only those on or
+//! below the causal diagonal), loaded into shared memory by the whole cube. Plane `p` owns
+//! rows `p · tile ..`: it forms its `tile × block` products with the matrix unit, its units
+//! turn them element by element into probabilities (the forward's online softmax: a running
+//! maximum and sum per row) or score gradients, and the matrix unit adds their products to
+//! the plane's running rows. Products, probabilities and running rows pass through shared
+//! memory, because a matrix fragment's elements are not addressable by row.
+
+use cubecl::prelude::*;
+
+mod backward;
+mod forward;
+
+pub use backward::*;
+pub use forward::*;
+
+/// Rows `first..first + block` of the head starting at row `head_row` into `tile`
+/// (`[block, head_dim]`, row-major), zeros past the head's end. The cube's units load
+/// consecutive elements (coalesced); every unit must take part.
+#[cube]
+pub(crate) fn load_rows<F: Float>(
+    source: &[F],
+    tile: &mut Shared<[F]>,
+    head_row: usize,
+    first: usize,
+    seq: usize,
+    #[comptime] block: u32,
+    #[comptime] head_dim: u32,
+) {
+    let d = head_dim as usize;
+    let rows = seq - first;
+    let start = (head_row + first) * d;
+    let mut e = UNIT_POS as usize;
+    while e < comptime!((block * head_dim) as usize) {
+        let mut x = F::new(0.0);
+        if e / d < rows {
+            x = source[start + e];
+        }
+        tile[e] = x;
+        e += CUBE_DIM as usize;
+    }
+}
+
+/// Every element of `values` set to `value` by the cube's units.
+#[cube]
+pub(crate) fn fill_shared<A: Float>(values: &mut Shared<[A]>, value: A, #[comptime] len: usize) {
+    let mut e = UNIT_POS as usize;
+    while e < len {
+        values[e] = value;
+        e += CUBE_DIM as usize;
+    }
+}
+
+/// `out = a bᵀ` for the plane's `tile` rows of `a` (`[block, head_dim]`, row-major) and all of
+/// `b` (`[block, head_dim]`, read column-major as `bᵀ`), into the plane's rows of `out`
+/// (`[block, block]`, f32): the scores `q kᵀ` (unscaled), `do vᵀ`, and in the key kernel
+/// `k qᵀ` and `v doᵀ`. For each sub-tile of `b`'s rows, `head_dim / tile` matrix products.
+#[cube]
+pub(crate) fn rows_times_transposed<F: Float, A: Float>(
+    a: &Shared<[F]>,
+    b: &Shared<[F]>,
+    out: &mut Shared<[A]>,
+    plane: usize,
+    #[comptime] tile: u32,
+    #[comptime] planes: u32,
+    #[comptime] head_dim: u32,
+) {
+    let (t, d) = (tile as usize, head_dim as usize);
+    let w = comptime!((tile * planes) as usize);
+    let rows = plane * t;
+    for c in 0..comptime!(planes as usize) {
+        let acc = cmma::Matrix::<A>::from_value(
+            cmma::MatrixIdent::Accumulator,
+            t,
+            t,
+            t,
+            cmma::MatrixLayout::Undefined,
+            A::new(0.0),
+        );
+        for kk in 0..comptime!((head_dim / tile) as usize) {
+            let x = cmma::Matrix::<F>::from_slice(
+                cmma::MatrixIdent::A,
+                t,
+                t,
+                t,
+                cmma::MatrixLayout::RowMajor,
+                &a[rows * d + kk * t..],
+                head_dim,
+            );
+            let y = cmma::Matrix::<F>::from_slice(
+                cmma::MatrixIdent::B,
+                t,
+                t,
+                t,
+                cmma::MatrixLayout::ColMajor,
+                &b[c * t * d + kk * t..],
+                head_dim,
+            );
+            cmma::execute(&x, &y, &acc, &acc);
+        }
+        cmma::store(
+            &mut out[rows * w + c * t..],
+            &acc,
+            comptime!(tile * planes),
+            cmma::MatrixLayout::RowMajor,
+        );
+    }
+}
+
+/// `out += a b` for the plane's `tile` rows of `a` (`[block, block]`, the storage type) and
+/// all of `b` (`[block, head_dim]`, row-major), the plane's rows of `out` (`[block,
+/// head_dim]`, f32) read into the matrix unit's accumulators and written back: `o += p̃ v`,
+/// `dq += ds k`, `dv += p̃ᵀ do`, `dk += dsᵀ q`.
+#[cube]
+pub(crate) fn accumulate_rows_times<F: Float, A: Float>(
+    a: &Shared<[F]>,
+    b: &Shared<[F]>,
+    out: &mut Shared<[A]>,
+    plane: usize,
+    #[comptime] tile: u32,
+    #[comptime] planes: u32,
+    #[comptime] head_dim: u32,
+) {
+    let (t, d) = (tile as usize, head_dim as usize);
+    let w = comptime!((tile * planes) as usize);
+    let rows = plane * t;
+    for j in 0..comptime!((head_dim / tile) as usize) {
+        let acc = cmma::Matrix::<A>::from_slice(
+            cmma::MatrixIdent::Accumulator,
+            t,
+            t,
+            t,
+            cmma::MatrixLayout::RowMajor,
+            &out[rows * d + j * t..],
+            head_dim,
+        );
+        for c in 0..comptime!(planes as usize) {
+            let x = cmma::Matrix::<F>::from_slice(
+                cmma::MatrixIdent::A,
+                t,
+                t,
+                t,
+                cmma::MatrixLayout::RowMajor,
+                &a[rows * w + c * t..],
+                comptime!(tile * planes),
+            );
+            let y = cmma::Matrix::<F>::from_slice(
+                cmma::MatrixIdent::B,
+                t,
+                t,
+                t,
+                cmma::MatrixLayout::RowMajor,
+                &b[c * t * d + j * t..],
+                head_dim,
+            );
+            cmma::execute(&x, &y, &acc, &acc);
+        }
+        cmma::store(
+            &mut out[rows * d + j * t..],
+            &acc,
+            head_dim,
+            cmma::MatrixLayout::RowMajor,
+        );
+    }
+}
