@@ -16,19 +16,65 @@ struct KeyTile {
     seq: usize,
 }
 
-/// The online softmax over the plane's rows of one key tile, one unit per row: each row's
-/// scaled scores of the keys it sees become its dropped probabilities in `probs` (zeros for
-/// the keys it does not see), its running maximum and sum are updated, and its running
-/// output row is multiplied by the correction for a new maximum. The same arithmetic as the
-/// tiled kernel's online softmax.
+/// The row statistics the online softmax keeps in shared memory: per row its running maximum
+/// and sum and this tile's correction of the running output; per row and column group the
+/// group's partial maximum and sum.
+#[derive(CubeType)]
+struct RowStatistics<A: Float> {
+    maxima: Shared<[A]>,
+    sums: Shared<[A]>,
+    corrections: Shared<[A]>,
+    partial_maxima: Shared<[A]>,
+    partial_sums: Shared<[A]>,
+}
+
+#[cube]
+impl<A: Float> RowStatistics<A> {
+    /// For a block of `block` rows whose keys are shared among `groups` units per row;
+    /// every row's running maximum −3·10³⁸ and sum 0.
+    fn new(#[comptime] block: u32, #[comptime] groups: u32) -> RowStatistics<A> {
+        let (b, g) = (block as usize, groups as usize);
+        let mut stats = RowStatistics::<A> {
+            maxima: Shared::<[A]>::new_slice(b),
+            sums: Shared::<[A]>::new_slice(b),
+            corrections: Shared::<[A]>::new_slice(b),
+            partial_maxima: Shared::<[A]>::new_slice(b * g),
+            partial_sums: Shared::<[A]>::new_slice(b * g),
+        };
+        fill_shared::<A>(&mut stats.maxima, A::new(-3.0e38), b);
+        fill_shared::<A>(&mut stats.sums, A::new(0.0), b);
+        stats
+    }
+}
+
+/// How many keys of a tile query row `r` of the block sees (0 past the head's end).
+#[cube]
+fn seen_keys(at: &KeyTile, r: usize, #[comptime] block: u32) -> usize {
+    let position = at.start + r;
+    let mut seen = 0usize;
+    if position < at.seq {
+        seen = position + 1 - at.first;
+        if seen > block as usize {
+            seen = block as usize;
+        }
+    }
+    seen
+}
+
+/// The online softmax over the plane's rows of one key tile: each row's scaled scores of the
+/// keys it sees become its dropped probabilities in `probs` (zeros for the keys it does not
+/// see), its running maximum and sum are updated, and its running output row is multiplied by
+/// the correction for a new maximum. Each row's keys are shared among `groups` units (key `j`
+/// to group `j mod groups`), whose partial maxima and sums meet in shared memory, so that a
+/// plane wider than its rows keeps every unit busy (two per row on a GPU's warp of 32 with
+/// tiles of 16); the running output is rescaled element by element by all the plane's units.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn plane_softmax<F: Float, A: Float>(
     scores: &Shared<[A]>,
     probs: &mut Shared<[F]>,
     out: &mut Shared<[A]>,
-    maxima: &mut Shared<[A]>,
-    sums: &mut Shared<[A]>,
+    stats: &mut RowStatistics<A>,
     plane: usize,
     at: KeyTile,
     scale: A,
@@ -36,30 +82,40 @@ fn plane_softmax<F: Float, A: Float>(
     #[comptime] tile: u32,
     #[comptime] planes: u32,
     #[comptime] head_dim: u32,
+    #[comptime] groups: u32,
     #[comptime] dropout: bool,
 ) {
     let b = comptime!((tile * planes) as usize);
-    let d = head_dim as usize;
-    let mut i = UNIT_POS_PLANE as usize;
-    while i < tile as usize {
-        let r = plane * tile as usize + i;
-        let position = at.start + r;
-        let mut seen = 0usize;
-        if position < at.seq {
-            seen = position + 1 - at.first;
-            if seen > b {
-                seen = b;
-            }
-        }
-        let old_max = maxima[r];
-        let mut max = old_max;
-        for j in 0..seen {
+    let (t, d, g) = (tile as usize, head_dim as usize, groups as usize);
+    let rows = plane * t;
+    // Each group's maximum of its keys.
+    let mut pair = UNIT_POS_PLANE as usize;
+    while pair < t * g {
+        let (r, group) = (rows + pair / g, pair % g);
+        let seen = seen_keys(&at, r, comptime!(tile * planes));
+        let mut max = A::new(-3.0e38);
+        let mut j = group;
+        while j < seen {
             max = A::max(max, scores[r * b + j] * scale);
+            j += g;
         }
-        let correction = A::exp(old_max - max);
-        let mut sum = sums[r] * correction;
-        let row = at.head_row + position;
-        for j in 0..b {
+        stats.partial_maxima[r * g + group] = max;
+        pair += PLANE_DIM as usize;
+    }
+    sync_cube();
+    // The row's new maximum; each group's probabilities and their sum.
+    pair = UNIT_POS_PLANE as usize;
+    while pair < t * g {
+        let (r, group) = (rows + pair / g, pair % g);
+        let seen = seen_keys(&at, r, comptime!(tile * planes));
+        let mut max = stats.maxima[r];
+        for x in 0..g {
+            max = A::max(max, stats.partial_maxima[r * g + x]);
+        }
+        let row = at.head_row + at.start + r;
+        let mut sum = A::new(0.0);
+        let mut j = group;
+        while j < b {
             let p = select(
                 j < seen,
                 A::exp(scores[r * b + j] * scale - max),
@@ -75,13 +131,35 @@ fn plane_softmax<F: Float, A: Float>(
                 dropout,
             );
             probs[r * b + j] = F::cast_from(p * keep);
+            j += g;
         }
-        maxima[r] = max;
-        sums[r] = sum;
-        for c in 0..d {
-            out[r * d + c] *= correction;
+        stats.partial_sums[r * g + group] = sum;
+        pair += PLANE_DIM as usize;
+    }
+    sync_cube();
+    // The row's running maximum and sum, and its correction.
+    let mut i = UNIT_POS_PLANE as usize;
+    while i < t {
+        let r = rows + i;
+        let old_max = stats.maxima[r];
+        let mut max = old_max;
+        let mut sum = A::new(0.0);
+        for x in 0..g {
+            max = A::max(max, stats.partial_maxima[r * g + x]);
+            sum += stats.partial_sums[r * g + x];
         }
+        let correction = A::exp(old_max - max);
+        stats.maxima[r] = max;
+        stats.sums[r] = stats.sums[r] * correction + sum;
+        stats.corrections[r] = correction;
         i += PLANE_DIM as usize;
+    }
+    sync_cube();
+    let mut e = UNIT_POS_PLANE as usize;
+    while e < t * d {
+        let r = rows + e / d;
+        out[rows * d + e] *= stats.corrections[r];
+        e += PLANE_DIM as usize;
     }
 }
 
@@ -124,7 +202,8 @@ fn store_block<F: Float, A: Float>(
 
 /// Forward: `output` and the per-row `logsumexp` of the scaled scores, for `heads` heads
 /// (batch × heads) of `seq` rows; `tile` is the matrix unit's `m = n = k` and divides
-/// `head_dim`, and the cube has `planes` planes.
+/// `head_dim`, the cube has `planes` planes, and the softmax shares each row's keys among
+/// `groups` units.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn mma_attention_forward<F: Float, A: Float>(
@@ -145,6 +224,7 @@ pub fn mma_attention_forward<F: Float, A: Float>(
     #[comptime] dropout: bool,
     #[comptime] tile: u32,
     #[comptime] planes: u32,
+    #[comptime] groups: u32,
 ) {
     let key_lo = salted(key_lo, salt, 0usize, dropout);
     let key_hi = salted(key_hi, salt, 1usize, dropout);
@@ -161,12 +241,9 @@ pub fn mma_attention_forward<F: Float, A: Float>(
     let mut scores = Shared::<[A]>::new_slice(comptime!((block * block) as usize));
     let mut probs = Shared::<[F]>::new_slice(comptime!((block * block) as usize));
     let mut out = Shared::<[A]>::new_slice(tile_len);
-    let mut maxima = Shared::<[A]>::new_slice(b);
-    let mut sums = Shared::<[A]>::new_slice(b);
+    let mut stats = RowStatistics::<A>::new(block, groups);
 
     fill_shared::<A>(&mut out, A::new(0.0), tile_len);
-    fill_shared::<A>(&mut maxima, A::new(-3.0e38), b);
-    fill_shared::<A>(&mut sums, A::new(0.0), b);
     let mut tiles = 0usize;
     if cube_active {
         load_rows::<F>(query, &mut queries, head_row, start, s, block, head_dim);
@@ -190,8 +267,7 @@ pub fn mma_attention_forward<F: Float, A: Float>(
             &scores,
             &mut probs,
             &mut out,
-            &mut maxima,
-            &mut sums,
+            &mut stats,
             plane,
             at,
             scale,
@@ -199,6 +275,7 @@ pub fn mma_attention_forward<F: Float, A: Float>(
             tile,
             planes,
             head_dim,
+            groups,
             dropout,
         );
         sync_cube();
@@ -207,7 +284,16 @@ pub fn mma_attention_forward<F: Float, A: Float>(
     }
     if cube_active {
         store_block::<F, A>(
-            &out, &maxima, &sums, output, logsumexp, head_row, start, s, block, head_dim,
+            &out,
+            &stats.maxima,
+            &stats.sums,
+            output,
+            logsumexp,
+            head_row,
+            start,
+            s,
+            block,
+            head_dim,
         );
     }
 }

@@ -22,6 +22,9 @@ pub struct MmaAttention {
     pub planes: u32,
     /// Units per plane.
     pub plane: u32,
+    /// Units sharing a query row's keys in the forward's softmax: a plane's units over its
+    /// rows (`plane / tile`, at least 1), so that none idles.
+    pub groups: u32,
 }
 
 impl MmaAttention {
@@ -64,6 +67,7 @@ impl MmaAttention {
                 tile,
                 planes,
                 plane,
+                groups: (plane / tile).max(1),
             })
             .find(|launch| {
                 launch.shared_bytes(head_dim, storage_bytes) <= hardware.max_shared_memory_size
@@ -148,6 +152,7 @@ pub fn mma_attention_forward<F: Float + CubeElement>(
         drop,
         launch.tile,
         launch.planes,
+        launch.groups,
     );
 }
 
