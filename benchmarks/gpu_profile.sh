@@ -236,7 +236,8 @@ say ""
 graph_section "$MODEL" graph_model
 
 # The fused attention (FLASH=0 leaves out its runs): after the acceptance's runs and the
-# profile, its kernels being CUDA-core products (no tensor cores yet, docs/gpu.md).
+# profile. Its kernels run on tensor cores (cmma) where the device has them for bf16; the
+# same binary with FERROTRON_ATTENTION_MMA=0 runs the tiled CUDA-core kernels beside them.
 FLASH=${FLASH:-1}
 if [ "$FLASH" = 1 ]; then
   say "## Fused attention (--use-flash-attn): $MODEL, bf16, dropout $DROPOUT"
@@ -245,7 +246,17 @@ if [ "$FLASH" = 1 ]; then
   say "|---|---|---|---|---|"
   # shellcheck disable=SC2086
   step bf16-flash 120 50 pretrain_model "$P" bf16-flash "$ITERS" --use-flash-attn $B && train_line bf16-flash
+  # shellcheck disable=SC2086
+  FERROTRON_ATTENTION_MMA=0 step bf16-flash-cuda-cores 120 50 pretrain_model "$P" bf16-flash-cuda-cores "$ITERS" --use-flash-attn $B &&
+    train_line bf16-flash-cuda-cores
   r=$(ratio bf16-flash torch) && say "ferrotron bf16-flash / PyTorch eager bf16+SDPA: $r"
+  r=$(ratio bf16-flash bf16-flash-cuda-cores) && say "ferrotron bf16-flash, tensor cores / CUDA cores: $r"
+  r=$(ratio bf16-flash bf16) && say "ferrotron bf16-flash / bf16 (composed attention on cuBLAS): $r"
+  say ""
+  say "lm loss by logged iteration (tensor cores round the probabilities to bf16 before p·v; expect the first digits to agree):"
+  for n in bf16 bf16-flash bf16-flash-cuda-cores; do
+    [ -s "$WORK/logs/$n.log" ] && say "- $n: $(grep -o 'lm loss: [0-9.E+-]*' "$WORK/logs/$n.log" | awk '{printf "%s ", $3}')"
+  done
   say ""
 fi
 

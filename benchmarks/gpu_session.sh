@@ -48,6 +48,16 @@ else
   ORDER=host BASELINE=
   VERDICT="device ordering FAILED the smoke check (smoke-device.txt); the profile runs with host ordering (measured on H200s before), no baseline and no captured step"
 fi
+# The fused attention on tensor cores (cmma; never run on a GPU before) against the same
+# binary's CUDA-core kernels: the two differ by rounding only (the probabilities and score
+# gradients rounded to bf16 before their products), so the losses agree to well under 0.5 %.
+# Informational: the profile runs --use-flash-attn both ways whatever this finds.
+if TEST_FLAGS=--use-flash-attn REFERENCE=FERROTRON_ATTENTION_MMA=0 REFERENCE_FLAGS=--use-flash-attn \
+  TOLERANCE=5e-3 PRECISIONS=bf16 benchmarks/gpu_smoke.sh "$BIN/pretrain" "$PY" > "$REPORT/smoke-flash.txt" 2>&1; then
+  VERDICT="$VERDICT; the fused attention on tensor cores gave the CUDA-core kernels' losses (smoke-flash.txt)"
+else
+  VERDICT="$VERDICT; the fused attention on tensor cores FAILED its check against the CUDA-core kernels (smoke-flash.txt)"
+fi
 echo "gpu_session: $VERDICT"
 
 BUDGET_S=$((SESSION_S - ($(date +%s) - START))) FERROTRON_CUBLAS_ORDER=$ORDER BASELINE_ENV=$BASELINE GRAPH=$GRAPH \
