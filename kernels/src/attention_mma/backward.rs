@@ -2,7 +2,7 @@
 
 use cubecl::prelude::*;
 
-use super::{accumulate_rows_times, fill_shared, load_rows, rows_times_transposed};
+use super::{accumulate_rows_times, fill_shared, load_rows, rows_times_transposed, store_rows};
 use crate::attention::{
     cube_block, dropout_args, load_row_values, probability_and_gradient, DropoutArgs, RowStats,
 };
@@ -13,9 +13,9 @@ use crate::dropout::salted;
 /// head's end).
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn store_deltas<F: Float, A: Float>(
+fn store_deltas<F: Float, A: Float, N: Size>(
     grads: &Shared<[F]>,
-    output: &[F],
+    output: &[Vector<F, N>],
     delta: &mut [A],
     deltas: &mut Shared<[A]>,
     head_row: usize,
@@ -25,14 +25,20 @@ fn store_deltas<F: Float, A: Float>(
     #[comptime] block: u32,
     #[comptime] head_dim: u32,
 ) {
+    let n = N::value().comptime();
     let d = head_dim as usize;
     let mut i = UNIT_POS as usize;
     while i < block as usize {
         let mut row_delta = A::new(0.0);
         if cube_active && start + i < seq {
             let row = head_row + start + i;
-            for c in 0..d {
-                row_delta += A::cast_from(grads[i * d + c]) * A::cast_from(output[row * d + c]);
+            for c in 0..comptime!(head_dim as usize / n) {
+                let o = output[(row * d) / n + c];
+                #[unroll]
+                for k in 0..n {
+                    let g = A::cast_from(grads[i * d + c * n + k]);
+                    row_delta += g * A::cast_from(o.extract(k));
+                }
             }
             delta[row] = row_delta;
         }
@@ -148,44 +154,19 @@ fn key_tiles<F: Float, A: Float>(
     }
 }
 
-/// `rows` (`[block, head_dim]`, f32) times `factor` into the head's rows `start..`, those
-/// before its end, by all the cube's units.
-#[cube]
-#[allow(clippy::too_many_arguments)]
-fn store_rows<F: Float, A: Float>(
-    rows: &Shared<[A]>,
-    factor: A,
-    target: &mut [F],
-    head_row: usize,
-    start: usize,
-    seq: usize,
-    #[comptime] block: u32,
-    #[comptime] head_dim: u32,
-) {
-    let d = head_dim as usize;
-    let count = seq - start;
-    let mut e = UNIT_POS as usize;
-    while e < comptime!((block * head_dim) as usize) {
-        if e / d < count {
-            target[(head_row + start) * d + e] = F::cast_from(rows[e] * factor);
-        }
-        e += CUBE_DIM as usize;
-    }
-}
-
 /// Backward, per block of query rows: `delta = Σ do ⊙ o` (saved for
 /// [`mma_attention_backward_key_value`]) and `grad_query = scale Σ_j ds k_j`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn mma_attention_backward_query<F: Float, A: Float>(
-    query: &[F],
-    key: &[F],
-    value: &[F],
-    output: &[F],
-    grad_output: &[F],
+pub fn mma_attention_backward_query<F: Float, A: Float, N: Size>(
+    query: &[Vector<F, N>],
+    key: &[Vector<F, N>],
+    value: &[Vector<F, N>],
+    output: &[Vector<F, N>],
+    grad_output: &[Vector<F, N>],
     logsumexp: &[A],
     delta: &mut [A],
-    grad_query: &mut [F],
+    grad_query: &mut [Vector<F, N>],
     scale: f32,
     heads: u32,
     seq: u32,
@@ -223,13 +204,13 @@ pub fn mma_attention_backward_query<F: Float, A: Float>(
     fill_shared::<A>(&mut acc, A::new(0.0), tile_len);
     let mut tiles = 0usize;
     if cube_active {
-        load_rows::<F>(query, &mut queries, head_row, start, s, block, head_dim);
-        load_rows::<F>(grad_output, &mut grads, head_row, start, s, block, head_dim);
+        load_rows::<F, N>(query, &mut queries, head_row, start, s, block, head_dim);
+        load_rows::<F, N>(grad_output, &mut grads, head_row, start, s, block, head_dim);
         load_row_values::<A>(logsumexp, &mut lse, head_row, start, s, block);
         tiles = start / b + 1;
     }
     sync_cube();
-    store_deltas::<F, A>(
+    store_deltas::<F, A, N>(
         &grads,
         output,
         delta,
@@ -243,8 +224,8 @@ pub fn mma_attention_backward_query<F: Float, A: Float>(
     );
     for t in 0..tiles {
         let first = t * b;
-        load_rows::<F>(key, &mut keys, head_row, first, s, block, head_dim);
-        load_rows::<F>(value, &mut values, head_row, first, s, block, head_dim);
+        load_rows::<F, N>(key, &mut keys, head_row, first, s, block, head_dim);
+        load_rows::<F, N>(value, &mut values, head_row, first, s, block, head_dim);
         sync_cube();
         rows_times_transposed::<F, A>(&queries, &keys, &mut scores, plane, tile, planes, head_dim);
         rows_times_transposed::<F, A>(&grads, &values, &mut dprobs, plane, tile, planes, head_dim);
@@ -274,7 +255,7 @@ pub fn mma_attention_backward_query<F: Float, A: Float>(
         sync_cube();
     }
     if cube_active {
-        store_rows::<F, A>(&acc, scale, grad_query, head_row, start, s, block, head_dim);
+        store_rows::<F, A, N>(&acc, scale, grad_query, head_row, start, s, block, head_dim);
     }
 }
 
@@ -283,15 +264,15 @@ pub fn mma_attention_backward_query<F: Float, A: Float>(
 /// `logsumexp` and `delta`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn mma_attention_backward_key_value<F: Float, A: Float>(
-    query: &[F],
-    key: &[F],
-    value: &[F],
-    grad_output: &[F],
+pub fn mma_attention_backward_key_value<F: Float, A: Float, N: Size>(
+    query: &[Vector<F, N>],
+    key: &[Vector<F, N>],
+    value: &[Vector<F, N>],
+    grad_output: &[Vector<F, N>],
     logsumexp: &[A],
     delta: &[A],
-    grad_key: &mut [F],
-    grad_value: &mut [F],
+    grad_key: &mut [Vector<F, N>],
+    grad_value: &mut [Vector<F, N>],
     scale: f32,
     heads: u32,
     seq: u32,
@@ -335,14 +316,14 @@ pub fn mma_attention_backward_key_value<F: Float, A: Float>(
     let blocks = s.div_ceil(b);
     let mut first_tile = blocks;
     if cube_active {
-        load_rows::<F>(key, &mut keys, head_row, start, s, block, head_dim);
-        load_rows::<F>(value, &mut values, head_row, start, s, block, head_dim);
+        load_rows::<F, N>(key, &mut keys, head_row, start, s, block, head_dim);
+        load_rows::<F, N>(value, &mut values, head_row, start, s, block, head_dim);
         first_tile = start / b;
     }
     for t in first_tile..blocks {
         let first = t * b;
-        load_rows::<F>(query, &mut queries, head_row, first, s, block, head_dim);
-        load_rows::<F>(grad_output, &mut grads, head_row, first, s, block, head_dim);
+        load_rows::<F, N>(query, &mut queries, head_row, first, s, block, head_dim);
+        load_rows::<F, N>(grad_output, &mut grads, head_row, first, s, block, head_dim);
         load_row_values::<A>(logsumexp, &mut lse, head_row, first, s, block);
         load_row_values::<A>(delta, &mut deltas, head_row, first, s, block);
         sync_cube();
@@ -384,8 +365,8 @@ pub fn mma_attention_backward_key_value<F: Float, A: Float>(
         sync_cube();
     }
     if cube_active {
-        store_rows::<F, A>(&dk, scale, grad_key, head_row, start, s, block, head_dim);
-        store_rows::<F, A>(
+        store_rows::<F, A, N>(&dk, scale, grad_key, head_row, start, s, block, head_dim);
+        store_rows::<F, A, N>(
             &dv,
             A::new(1.0),
             grad_value,

@@ -2,7 +2,7 @@
 
 use cubecl::prelude::*;
 
-use super::{accumulate_rows_times, fill_shared, load_rows, rows_times_transposed};
+use super::{accumulate_rows_times, fill_shared, load_rows, rows_times_transposed, store_rows};
 use crate::attention::{cube_block, kept};
 use crate::dropout::salted;
 
@@ -163,15 +163,15 @@ fn plane_softmax<F: Float, A: Float>(
     }
 }
 
-/// The block's output rows (the running output over the row's sum; 0 for a row without any)
-/// and log-sum-exp, those before the head's end, by all the cube's units.
+/// The block's running output rows divided by their sums (0 for a row without any), in
+/// place, and their log-sum-exp into `logsumexp`, those before the head's end; by all the
+/// cube's units.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn store_block<F: Float, A: Float>(
-    out: &Shared<[A]>,
+fn finish_rows<A: Float>(
+    out: &mut Shared<[A]>,
     maxima: &Shared<[A]>,
     sums: &Shared<[A]>,
-    output: &mut [F],
     logsumexp: &mut [A],
     head_row: usize,
     start: usize,
@@ -180,17 +180,13 @@ fn store_block<F: Float, A: Float>(
     #[comptime] head_dim: u32,
 ) {
     let d = head_dim as usize;
-    let rows = seq - start;
     let mut e = UNIT_POS as usize;
     while e < comptime!((block * head_dim) as usize) {
-        let r = e / d;
-        if r < rows {
-            let sum = sums[r];
-            let inv = select(sum > A::new(0.0), A::new(1.0) / sum, A::new(0.0));
-            output[(head_row + start) * d + e] = F::cast_from(out[e] * inv);
-        }
+        let sum = sums[e / d];
+        out[e] *= select(sum > A::new(0.0), A::new(1.0) / sum, A::new(0.0));
         e += CUBE_DIM as usize;
     }
+    let rows = seq - start;
     let mut r = UNIT_POS as usize;
     while r < block as usize {
         if r < rows {
@@ -206,11 +202,11 @@ fn store_block<F: Float, A: Float>(
 /// `groups` units.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn mma_attention_forward<F: Float, A: Float>(
-    query: &[F],
-    key: &[F],
-    value: &[F],
-    output: &mut [F],
+pub fn mma_attention_forward<F: Float, A: Float, N: Size>(
+    query: &[Vector<F, N>],
+    key: &[Vector<F, N>],
+    value: &[Vector<F, N>],
+    output: &mut [Vector<F, N>],
     logsumexp: &mut [A],
     scale: f32,
     heads: u32,
@@ -246,14 +242,14 @@ pub fn mma_attention_forward<F: Float, A: Float>(
     fill_shared::<A>(&mut out, A::new(0.0), tile_len);
     let mut tiles = 0usize;
     if cube_active {
-        load_rows::<F>(query, &mut queries, head_row, start, s, block, head_dim);
+        load_rows::<F, N>(query, &mut queries, head_row, start, s, block, head_dim);
         // Key tiles 0 ..= this block's: the tiles above the causal diagonal are skipped.
         tiles = start / b + 1;
     }
     for t in 0..tiles {
         let first = t * b;
-        load_rows::<F>(key, &mut keys, head_row, first, s, block, head_dim);
-        load_rows::<F>(value, &mut values, head_row, first, s, block, head_dim);
+        load_rows::<F, N>(key, &mut keys, head_row, first, s, block, head_dim);
+        load_rows::<F, N>(value, &mut values, head_row, first, s, block, head_dim);
         sync_cube();
         rows_times_transposed::<F, A>(&queries, &keys, &mut scores, plane, tile, planes, head_dim);
         sync_cube();
@@ -283,12 +279,17 @@ pub fn mma_attention_forward<F: Float, A: Float>(
         sync_cube();
     }
     if cube_active {
-        store_block::<F, A>(
+        let (maxima, sums) = (&stats.maxima, &stats.sums);
+        finish_rows::<A>(
+            &mut out, maxima, sums, logsumexp, head_row, start, s, block, head_dim,
+        );
+    }
+    sync_cube();
+    if cube_active {
+        store_rows::<F, A, N>(
             &out,
-            &stats.maxima,
-            &stats.sums,
+            A::new(1.0),
             output,
-            logsumexp,
             head_row,
             start,
             s,

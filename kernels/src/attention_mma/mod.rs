@@ -34,10 +34,11 @@ pub use forward::*;
 
 /// Rows `first..first + block` of the head starting at row `head_row` into `tile`
 /// (`[block, head_dim]`, row-major), zeros past the head's end. The cube's units load
-/// consecutive elements (coalesced); every unit must take part.
+/// consecutive vectors of `N` (coalesced; `N` divides `head_dim`, so a vector stays in its
+/// row); every unit must take part.
 #[cube]
-pub(crate) fn load_rows<F: Float>(
-    source: &[F],
+pub(crate) fn load_rows<F: Float, N: Size>(
+    source: &[Vector<F, N>],
     tile: &mut Shared<[F]>,
     head_row: usize,
     first: usize,
@@ -45,17 +46,52 @@ pub(crate) fn load_rows<F: Float>(
     #[comptime] block: u32,
     #[comptime] head_dim: u32,
 ) {
+    let n = N::value().comptime();
     let d = head_dim as usize;
     let rows = seq - first;
     let start = (head_row + first) * d;
-    let mut e = UNIT_POS as usize;
-    while e < comptime!((block * head_dim) as usize) {
-        let mut x = F::new(0.0);
-        if e / d < rows {
-            x = source[start + e];
+    let mut x = UNIT_POS as usize * n;
+    while x < comptime!((block * head_dim) as usize) {
+        let mut v = Vector::<F, N>::new(F::new(0.0));
+        if x / d < rows {
+            v = source[(start + x) / n];
         }
-        tile[e] = x;
-        e += CUBE_DIM as usize;
+        #[unroll]
+        for k in 0..n {
+            tile[x + k] = v.extract(k);
+        }
+        x += CUBE_DIM as usize * n;
+    }
+}
+
+/// `rows` (`[block, head_dim]`, f32) times `factor` into the head's rows `start..` of
+/// `target` in vectors of `N`, those before the head's end, by all the cube's units.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn store_rows<F: Float, A: Float, N: Size>(
+    rows: &Shared<[A]>,
+    factor: A,
+    target: &mut [Vector<F, N>],
+    head_row: usize,
+    start: usize,
+    seq: usize,
+    #[comptime] block: u32,
+    #[comptime] head_dim: u32,
+) {
+    let n = N::value().comptime();
+    let d = head_dim as usize;
+    let count = seq - start;
+    let mut x = UNIT_POS as usize * n;
+    while x < comptime!((block * head_dim) as usize) {
+        if x / d < count {
+            let mut v = Vector::<F, N>::new(F::new(0.0));
+            #[unroll]
+            for k in 0..n {
+                v.insert(k, F::cast_from(rows[x + k] * factor));
+            }
+            target[((head_row + start) * d + x) / n] = v;
+        }
+        x += CUBE_DIM as usize * n;
     }
 }
 

@@ -6,9 +6,9 @@ use cubecl::ir::{ElemType, FloatKind};
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
-use super::arg;
 use super::attention::{AttentionInputs, AttentionShape};
 use super::dropout::DropoutDraw;
+use super::{arg, element_vector_size};
 use crate::attention_mma;
 use crate::rows::cube_count;
 
@@ -131,10 +131,12 @@ pub fn mma_attention_forward<F: Float + CubeElement>(
     let (n, rows) = (shape.len(), shape.rows());
     let (key_lo, key_hi, threshold, keep_scale, drop) = super::attention::draw_args(dropout);
     let salt = super::attention::salt_binding(client, dropout);
+    let vectors = element_vector_size::<F>(client, shape.head_dim);
     attention_mma::mma_attention_forward::launch::<F, f32>(
         client,
         launch.cube_count(shape),
         launch.cube_dim(),
+        vectors,
         arg(inputs.query, n),
         arg(inputs.key, n),
         arg(inputs.value, n),
@@ -181,12 +183,14 @@ pub fn mma_attention_backward<F: Float + CubeElement>(
     let (n, rows) = (shape.len(), shape.rows());
     let [grad_query, grad_key, grad_value] = grads;
     let (key_lo, key_hi, threshold, keep_scale, drop) = super::attention::draw_args(dropout);
+    let vectors = element_vector_size::<F>(client, shape.head_dim);
     // `delta` is written by the first kernel and read by the second (the same stream, in
     // order).
     attention_mma::mma_attention_backward_query::launch::<F, f32>(
         client,
         launch.cube_count(shape),
         launch.cube_dim(),
+        vectors,
         arg(inputs.query, n),
         arg(inputs.key, n),
         arg(inputs.value, n),
@@ -212,6 +216,7 @@ pub fn mma_attention_backward<F: Float + CubeElement>(
         client,
         launch.cube_count(shape),
         launch.cube_dim(),
+        vectors,
         arg(inputs.query, n),
         arg(inputs.key, n),
         arg(inputs.value, n),
