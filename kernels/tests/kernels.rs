@@ -2378,15 +2378,16 @@ fn lavapipe_reduces_rows_and_runs_attention_in_its_planes() {
 
 /// Fused attention on matrix units (f16 in, f32 accumulated; a `spirv` build on a device
 /// with cooperative matrices, e.g. Mesa 26's lavapipe: see docs/testing.md) against float64
-/// on the same f16 inputs, with and without dropout, for one, two and four planes per cube
-/// (those that fit the device's shared memory) and one to three units sharing a row's keys in
-/// the softmax: heads of one position, sequences that end
-/// inside a block, head widths 8 to 128. The forward's tolerance is the probabilities'
-/// rounding to f16 before `p̃ v` (≤ 2⁻¹¹ of each term, the terms summing to at most
-/// `keep_scale · max |v|`) plus the output's own rounding; its log-sum-exp is exact to f32
-/// rounding. The backward on matrix units, and the tiled backward fed the matrix units'
-/// forward, give float64's gradients within the f16 rounding of the score gradients and
-/// probabilities they multiply.
+/// on the same f16 inputs: heads of one position, sequences that end inside a block, head
+/// widths 8 to 128; one, two and four planes per cube (those that fit the device's shared
+/// memory) with one to three units sharing a row's keys in the softmax, each with dropout,
+/// and the first launch of a shape also without. The forward's tolerance is the
+/// probabilities' rounding to f16 before `p̃ v` (≤ 2⁻¹¹ of each term, the terms summing to at
+/// most `keep_scale · max |v|`) plus the output's own rounding; its log-sum-exp is exact to
+/// f32 rounding. The backward on matrix units gives float64's gradients within the f16
+/// rounding of the score gradients and probabilities it multiplies; so does the CUDA-core
+/// backward fed the matrix units' forward (first launch of a shape). Each kernel variant is
+/// compiled by lavapipe on first use (≈ 2 min for these cold), hence not every combination.
 #[cfg(feature = "spirv")]
 #[test]
 fn mma_attention_forward_and_backward_match_float64() {
@@ -2410,101 +2411,92 @@ fn mma_attention_forward_and_backward_match_float64() {
         let own = MmaAttention::for_client::<half::f16>(&client, head_dim)
             .expect("this device has no f16 matrix units (cooperative matrices) for these heads");
         let n = shape.len();
-        let [q, k, v, dout] = [0; 4].map(|_| rounded::<half::f16>(&rng.vec(n, -1.5, 1.5)));
-        let scale = 1.0 / (head_dim as f64).sqrt();
-        for dropout in [None, Some(draw)] {
-            let want = attention_reference([&q, &k, &v, &dout], shape, scale, dropout);
-            let lse = attention_logsumexp(&q, &k, shape, scale);
-            let keep = dropout.map_or(1.0, |d| d.scale as f64);
-            let output_tolerance = 1.5 * keep / 2048.0 + 1.5 / 2048.0;
-            let shared = client.properties().hardware.max_shared_memory_size;
-            let fits = |l: &MmaAttention| l.shared_bytes(head_dim, 2) <= shared;
-            let launches = [(1, 1), (2, 3), (4, 2)];
-            for (planes, groups) in launches {
-                let launch = MmaAttention {
-                    planes,
-                    groups,
-                    ..own
-                };
-                if !fits(&launch) {
-                    continue;
-                }
-                let what = format!("{shape:?}, {launch:?}, dropout {}", dropout.is_some());
-                let [qh, kh, vh, dh] =
-                    [&q, &k, &v, &dout].map(|x| upload_as::<half::f16>(&client, x));
-                let inputs = AttentionInputs {
-                    query: &qh,
-                    key: &kh,
-                    value: &vh,
-                };
-                let oh = poisoned_as::<half::f16>(&client, n);
-                let lh = poisoned(&client, shape.rows());
-                mma_attention_forward::<half::f16>(
-                    &client,
-                    launch,
-                    inputs,
-                    &oh,
-                    &lh,
-                    shape,
-                    scale as f32,
-                    dropout,
-                );
-                let got_o = download_as::<half::f16>(&client, oh.clone(), n);
-                let tolerance = output_tolerance;
-                assert_close(&format!("{what}: output"), &got_o, &want[0], tolerance, 0.0);
-                let got_lse = download(&client, lh.clone(), shape.rows());
-                assert_close(&format!("{what}: log-sum-exp"), &got_lse, &lse, 1e-5, 1e-6);
-
-                let tiles = AttentionLaunch::fitting(usize::MAX, head_dim);
-                let tiled = |client: &Client, grads: [&Handle; 3], delta: &Handle| {
-                    let launch = AttentionLaunch { block: 8, ..tiles };
-                    flash_attention_backward::<half::f16>(
-                        client,
-                        launch,
-                        inputs,
-                        &oh,
-                        &dh,
-                        &lh,
-                        grads,
-                        delta,
-                        shape,
-                        scale as f32,
-                        dropout,
-                    )
-                };
-                let matrix = |client: &Client, grads: [&Handle; 3], delta: &Handle| {
-                    mma_attention_backward::<half::f16>(
-                        client,
-                        launch,
-                        inputs,
-                        &oh,
-                        &dh,
-                        &lh,
-                        grads,
-                        delta,
-                        shape,
-                        scale as f32,
-                        dropout,
-                    )
-                };
-                for (name, backward) in [
-                    (
-                        "matrix-unit",
-                        &matrix as &dyn Fn(&Client, [&Handle; 3], &Handle),
-                    ),
-                    ("tiled", &tiled),
-                ] {
-                    let grads = [0; 3].map(|_| poisoned_as::<half::f16>(&client, n));
-                    let delta = poisoned(&client, shape.rows());
-                    backward(&client, [&grads[0], &grads[1], &grads[2]], &delta);
-                    let parts = [("dq", &want[1]), ("dk", &want[2]), ("dv", &want[3])];
-                    for ((part, want), grad) in parts.into_iter().zip(grads) {
-                        let got = download_as::<half::f16>(&client, grad, n);
-                        let what = format!("{what}: {name} backward, {part}");
-                        assert_close(&what, &got, want, 1e-2, 4e-3);
-                    }
-                }
+        let inputs = [0; 4].map(|_| rounded::<half::f16>(&rng.vec(n, -1.5, 1.5)));
+        let shared = client.properties().hardware.max_shared_memory_size;
+        let launches = [(1, 1), (2, 3), (4, 2)]
+            .map(|(planes, groups)| MmaAttention {
+                planes,
+                groups,
+                ..own
+            })
+            .into_iter()
+            .filter(|l| l.shared_bytes(head_dim, 2) <= shared);
+        for (i, launch) in launches.enumerate() {
+            let dropouts: &[Option<DropoutDraw>] = if i == 0 {
+                &[Some(draw), None]
+            } else {
+                &[Some(draw)]
+            };
+            for &dropout in dropouts {
+                check_mma_attention(&client, launch, &inputs, shape, dropout, i == 0);
             }
+        }
+    }
+}
+
+/// One case of [`mma_attention_forward_and_backward_match_float64`]: `launch`'s forward and
+/// backward (and with `tiled`, the CUDA-core backward fed its forward) on `[q, k, v, do]`.
+#[cfg(feature = "spirv")]
+fn check_mma_attention(
+    client: &Client,
+    launch: MmaAttention,
+    inputs: &[Vec<f32>; 4],
+    shape: AttentionShape,
+    dropout: Option<DropoutDraw>,
+    tiled: bool,
+) {
+    let [q, k, v, dout] = inputs;
+    let (n, head_dim) = (shape.len(), shape.head_dim);
+    let scale = 1.0 / (head_dim as f64).sqrt();
+    let want = attention_reference([q, k, v, dout], shape, scale, dropout);
+    let lse = attention_logsumexp(q, k, shape, scale);
+    let keep = dropout.map_or(1.0, |d| d.scale as f64);
+    let what = format!("{shape:?}, {launch:?}, dropout {}", dropout.is_some());
+    let [qh, kh, vh, dh] = [q, k, v, dout].map(|x| upload_as::<half::f16>(client, x));
+    let handles = AttentionInputs {
+        query: &qh,
+        key: &kh,
+        value: &vh,
+    };
+    let oh = poisoned_as::<half::f16>(client, n);
+    let lh = poisoned(client, shape.rows());
+    let scale = scale as f32;
+    mma_attention_forward::<half::f16>(client, launch, handles, &oh, &lh, shape, scale, dropout);
+    let got_o = download_as::<half::f16>(client, oh.clone(), n);
+    let tolerance = 1.5 * keep / 2048.0 + 1.5 / 2048.0;
+    assert_close(&format!("{what}: output"), &got_o, &want[0], tolerance, 0.0);
+    let got_lse = download(client, lh.clone(), shape.rows());
+    assert_close(&format!("{what}: log-sum-exp"), &got_lse, &lse, 1e-5, 1e-6);
+
+    let mut backwards = vec!["matrix-unit"];
+    if tiled {
+        backwards.push("tiled");
+    }
+    for name in backwards {
+        let grads = [0; 3].map(|_| poisoned_as::<half::f16>(client, n));
+        let delta = poisoned(client, shape.rows());
+        let refs = [&grads[0], &grads[1], &grads[2]];
+        if name == "tiled" {
+            let tiles = AttentionLaunch::fitting(usize::MAX, head_dim);
+            let tiles = AttentionLaunch { block: 8, ..tiles };
+            flash_attention_backward::<half::f16>(
+                client, tiles, handles, &oh, &dh, &lh, refs, &delta, shape, scale, dropout,
+            );
+        } else {
+            mma_attention_backward::<half::f16>(
+                client, launch, handles, &oh, &dh, &lh, refs, &delta, shape, scale, dropout,
+            );
+        }
+        let parts = [("dq", &want[1]), ("dk", &want[2]), ("dv", &want[3])];
+        for ((part, want), grad) in parts.into_iter().zip(grads) {
+            let got = download_as::<half::f16>(client, grad, n);
+            assert_close(
+                &format!("{what}: {name} backward, {part}"),
+                &got,
+                want,
+                1e-2,
+                4e-3,
+            );
         }
     }
 }
