@@ -57,9 +57,59 @@ struct Tiles {
     seq: usize,
 }
 
-/// The dq kernel's score gradients of the plane's rows (queries `start + r`, keys `first +
-/// j`) into `score_grads` (the storage type), element by element, from the unscaled scores,
-/// `do vᵀ` and the rows' statistics; zeros where the query does not see the key.
+/// The dropped probability and the score gradient `(p̃, ds)` of element `e` of the plane's
+/// rows of a `[block, block]` tile, from the unscaled score, `do·v` and the query's
+/// statistics; both zero where the query does not see the key. The rows are queries
+/// (`start + r`) and the columns keys (`first + c`) in the dq kernel, the other way round
+/// with `by_key` (the dk/dv kernel).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn tile_element<A: Float>(
+    scores: &Shared<[A]>,
+    dprobs: &Shared<[A]>,
+    lse: &Shared<[A]>,
+    deltas: &Shared<[A]>,
+    plane: usize,
+    e: usize,
+    at: &Tiles,
+    scale: A,
+    draw: &DropoutArgs,
+    #[comptime] tile: u32,
+    #[comptime] planes: u32,
+    #[comptime] by_key: bool,
+    #[comptime] dropout: bool,
+) -> (A, A) {
+    let b = comptime!((tile * planes) as usize);
+    let (r, c) = (plane * tile as usize + e / b, e % b);
+    let (own, other) = (at.start + r, at.first + c);
+    let mut query = r;
+    let (mut position, mut key_position) = (own, other);
+    if by_key {
+        query = c;
+        position = other;
+        key_position = own;
+    }
+    let stats = RowStats::<A> {
+        lse: lse[query],
+        delta: deltas[query],
+    };
+    let at_element = plane * tile as usize * b + e;
+    probability_and_gradient::<A>(
+        scores[at_element] * scale,
+        dprobs[at_element],
+        stats,
+        (at.head_row + position) * at.seq + key_position,
+        position < at.seq && key_position <= position,
+        draw.key_lo,
+        draw.key_hi,
+        draw.threshold,
+        draw.keep_scale,
+        dropout,
+    )
+}
+
+/// The dq kernel's score gradients of the plane's rows (queries) into `score_grads` (the
+/// storage type), element by element over all the plane's units.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn query_score_grads<F: Float, A: Float>(
@@ -76,38 +126,20 @@ fn query_score_grads<F: Float, A: Float>(
     #[comptime] planes: u32,
     #[comptime] dropout: bool,
 ) {
-    let b = comptime!((tile * planes) as usize);
-    let base = plane * tile as usize * b;
+    let base = plane * comptime!((tile * tile * planes) as usize);
     let mut e = UNIT_POS_PLANE as usize;
     while e < comptime!((tile * tile * planes) as usize) {
-        let (r, j) = (plane * tile as usize + e / b, e % b);
-        let position = at.start + r;
-        let key_position = at.first + j;
-        let stats = RowStats::<A> {
-            lse: lse[r],
-            delta: deltas[r],
-        };
-        let (_, ds) = probability_and_gradient::<A>(
-            scores[base + e] * scale,
-            dprobs[base + e],
-            stats,
-            (at.head_row + position) * at.seq + key_position,
-            position < at.seq && key_position <= position,
-            draw.key_lo,
-            draw.key_hi,
-            draw.threshold,
-            draw.keep_scale,
-            dropout,
+        let (_, ds) = tile_element::<A>(
+            scores, dprobs, lse, deltas, plane, e, &at, scale, &draw, tile, planes, false, dropout,
         );
         score_grads[base + e] = F::cast_from(ds);
         e += PLANE_DIM as usize;
     }
 }
 
-/// The key kernel's dropped probabilities and score gradients of the plane's rows (keys
-/// `start + r`, queries `first + i`: `[key, query]`) into `kept_probs` and `score_grads`
-/// (the storage type), element by element, from `k qᵀ`, `v doᵀ` and the queries'
-/// statistics; zeros where the query does not see the key.
+/// The dk/dv kernel's dropped probabilities and score gradients of the plane's rows (keys;
+/// `[key, query]`) into `kept_probs` and `score_grads` (the storage type), element by element
+/// over all the plane's units.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn key_tiles<F: Float, A: Float>(
@@ -125,28 +157,11 @@ fn key_tiles<F: Float, A: Float>(
     #[comptime] planes: u32,
     #[comptime] dropout: bool,
 ) {
-    let b = comptime!((tile * planes) as usize);
-    let base = plane * tile as usize * b;
+    let base = plane * comptime!((tile * tile * planes) as usize);
     let mut e = UNIT_POS_PLANE as usize;
     while e < comptime!((tile * tile * planes) as usize) {
-        let (r, i) = (plane * tile as usize + e / b, e % b);
-        let key_position = at.start + r;
-        let position = at.first + i;
-        let stats = RowStats::<A> {
-            lse: lse[i],
-            delta: deltas[i],
-        };
-        let (p_kept, ds) = probability_and_gradient::<A>(
-            scores[base + e] * scale,
-            dprobs[base + e],
-            stats,
-            (at.head_row + position) * at.seq + key_position,
-            position < at.seq && key_position <= position,
-            draw.key_lo,
-            draw.key_hi,
-            draw.threshold,
-            draw.keep_scale,
-            dropout,
+        let (p_kept, ds) = tile_element::<A>(
+            scores, dprobs, lse, deltas, plane, e, &at, scale, &draw, tile, planes, true, dropout,
         );
         kept_probs[base + e] = F::cast_from(p_kept);
         score_grads[base + e] = F::cast_from(ds);

@@ -32,6 +32,13 @@ mod forward;
 pub use backward::*;
 pub use forward::*;
 
+const OPERAND_A: cmma::MatrixIdent = cmma::MatrixIdent::A;
+const OPERAND_B: cmma::MatrixIdent = cmma::MatrixIdent::B;
+const ACCUMULATOR: cmma::MatrixIdent = cmma::MatrixIdent::Accumulator;
+const ROW_MAJOR: cmma::MatrixLayout = cmma::MatrixLayout::RowMajor;
+const COL_MAJOR: cmma::MatrixLayout = cmma::MatrixLayout::ColMajor;
+const UNDEFINED: cmma::MatrixLayout = cmma::MatrixLayout::Undefined;
+
 /// Rows `first..first + block` of the head starting at row `head_row` into `tile`
 /// (`[block, head_dim]`, row-major), zeros past the head's end. The cube's units load
 /// consecutive vectors of `N` (coalesced; `N` divides `head_dim`, so a vector stays in its
@@ -105,6 +112,20 @@ pub(crate) fn fill_shared<A: Float>(values: &mut Shared<[A]>, value: A, #[compti
     }
 }
 
+/// A `tile × tile` operand (`ident` A or B) of the matrix unit, read from `values` with rows
+/// (or, column-major, columns) `stride` apart.
+#[cube]
+fn operand<F: Float>(
+    #[comptime] ident: cmma::MatrixIdent,
+    #[comptime] tile: u32,
+    #[comptime] layout: cmma::MatrixLayout,
+    values: &[F],
+    stride: u32,
+) -> cmma::Matrix<F> {
+    let t = tile as usize;
+    cmma::Matrix::<F>::from_slice(ident, t, t, t, layout, values, stride)
+}
+
 /// `out = a bᵀ` for the plane's `tile` rows of `a` (`[block, head_dim]`, row-major) and all of
 /// `b` (`[block, head_dim]`, read column-major as `bᵀ`), into the plane's rows of `out`
 /// (`[block, block]`, f32): the scores `q kᵀ` (unscaled), `do vᵀ`, and in the key kernel
@@ -123,30 +144,20 @@ pub(crate) fn rows_times_transposed<F: Float, A: Float>(
     let w = comptime!((tile * planes) as usize);
     let rows = plane * t;
     for c in 0..comptime!(planes as usize) {
-        let acc = cmma::Matrix::<A>::from_value(
-            cmma::MatrixIdent::Accumulator,
-            t,
-            t,
-            t,
-            cmma::MatrixLayout::Undefined,
-            A::new(0.0),
-        );
+        let zero = A::new(0.0);
+        let acc = cmma::Matrix::<A>::from_value(ACCUMULATOR, t, t, t, UNDEFINED, zero);
         for kk in 0..comptime!((head_dim / tile) as usize) {
-            let x = cmma::Matrix::<F>::from_slice(
-                cmma::MatrixIdent::A,
-                t,
-                t,
-                t,
-                cmma::MatrixLayout::RowMajor,
+            let x = operand::<F>(
+                OPERAND_A,
+                tile,
+                ROW_MAJOR,
                 &a[rows * d + kk * t..],
                 head_dim,
             );
-            let y = cmma::Matrix::<F>::from_slice(
-                cmma::MatrixIdent::B,
-                t,
-                t,
-                t,
-                cmma::MatrixLayout::ColMajor,
+            let y = operand::<F>(
+                OPERAND_B,
+                tile,
+                COL_MAJOR,
                 &b[c * t * d + kk * t..],
                 head_dim,
             );
@@ -156,7 +167,7 @@ pub(crate) fn rows_times_transposed<F: Float, A: Float>(
             &mut out[rows * w + c * t..],
             &acc,
             comptime!(tile * planes),
-            cmma::MatrixLayout::RowMajor,
+            ROW_MAJOR,
         );
     }
 }
@@ -179,41 +190,21 @@ pub(crate) fn accumulate_rows_times<F: Float, A: Float>(
     let w = comptime!((tile * planes) as usize);
     let rows = plane * t;
     for j in 0..comptime!((head_dim / tile) as usize) {
-        let acc = cmma::Matrix::<A>::from_slice(
-            cmma::MatrixIdent::Accumulator,
-            t,
-            t,
-            t,
-            cmma::MatrixLayout::RowMajor,
-            &out[rows * d + j * t..],
-            head_dim,
-        );
+        let at = rows * d + j * t;
+        let acc =
+            cmma::Matrix::<A>::from_slice(ACCUMULATOR, t, t, t, ROW_MAJOR, &out[at..], head_dim);
         for c in 0..comptime!(planes as usize) {
-            let x = cmma::Matrix::<F>::from_slice(
-                cmma::MatrixIdent::A,
-                t,
-                t,
-                t,
-                cmma::MatrixLayout::RowMajor,
-                &a[rows * w + c * t..],
-                comptime!(tile * planes),
-            );
-            let y = cmma::Matrix::<F>::from_slice(
-                cmma::MatrixIdent::B,
-                t,
-                t,
-                t,
-                cmma::MatrixLayout::RowMajor,
+            let width = comptime!(tile * planes);
+            let x = operand::<F>(OPERAND_A, tile, ROW_MAJOR, &a[rows * w + c * t..], width);
+            let y = operand::<F>(
+                OPERAND_B,
+                tile,
+                ROW_MAJOR,
                 &b[c * t * d + j * t..],
                 head_dim,
             );
             cmma::execute(&x, &y, &acc, &acc);
         }
-        cmma::store(
-            &mut out[rows * d + j * t..],
-            &acc,
-            head_dim,
-            cmma::MatrixLayout::RowMajor,
-        );
+        cmma::store(&mut out[at..], &acc, head_dim, ROW_MAJOR);
     }
 }
