@@ -2,7 +2,9 @@
 
 use cubecl::prelude::*;
 
-use super::{accumulate_rows_times, fill_shared, load_rows, rows_times_transposed, store_rows};
+use super::{
+    accumulate_rows_times, fill_shared, load_rows, rows_times_transposed, store_rows, Tiles,
+};
 use crate::attention::{
     cube_block, dropout_args, load_row_values, probability_and_gradient, DropoutArgs, RowStats,
 };
@@ -45,16 +47,6 @@ fn store_deltas<F: Float, A: Float, N: Size>(
         deltas[i] = row_delta;
         i += CUBE_DIM as usize;
     }
-}
-
-/// Where a tile of the other side sits against the cube's own block: the head's first row,
-/// the block's first position, the tile's first position, the sequence length.
-#[derive(CubeType, Clone, Copy)]
-struct Tiles {
-    head_row: usize,
-    start: usize,
-    first: usize,
-    seq: usize,
 }
 
 /// The dropped probability and the score gradient `(p̃, ds)` of element `e` of the plane's

@@ -2,19 +2,11 @@
 
 use cubecl::prelude::*;
 
-use super::{accumulate_rows_times, fill_shared, load_rows, rows_times_transposed, store_rows};
+use super::{
+    accumulate_rows_times, fill_shared, load_rows, rows_times_transposed, store_rows, Tiles,
+};
 use crate::attention::{cube_block, kept};
 use crate::dropout::salted;
-
-/// Where a key tile sits: the head's first row, the query block's first position, the tile's
-/// first key, the sequence length.
-#[derive(CubeType, Clone, Copy)]
-struct KeyTile {
-    head_row: usize,
-    start: usize,
-    first: usize,
-    seq: usize,
-}
 
 /// The row statistics the online softmax keeps in shared memory: per row its running maximum
 /// and sum and this tile's correction of the running output; per row and column group the
@@ -49,7 +41,7 @@ impl<A: Float> RowStatistics<A> {
 
 /// How many keys of a tile query row `r` of the block sees (0 past the head's end).
 #[cube]
-fn seen_keys(at: &KeyTile, r: usize, #[comptime] block: u32) -> usize {
+fn seen_keys(at: &Tiles, r: usize, #[comptime] block: u32) -> usize {
     let position = at.start + r;
     let mut seen = 0usize;
     if position < at.seq {
@@ -76,7 +68,7 @@ fn plane_softmax<F: Float, A: Float>(
     out: &mut Shared<[A]>,
     stats: &mut RowStatistics<A>,
     plane: usize,
-    at: KeyTile,
+    at: Tiles,
     scale: A,
     draw: crate::attention::DropoutArgs,
     #[comptime] tile: u32,
@@ -253,7 +245,7 @@ pub fn mma_attention_forward<F: Float, A: Float, N: Size>(
         sync_cube();
         rows_times_transposed::<F, A>(&queries, &keys, &mut scores, plane, tile, planes, head_dim);
         sync_cube();
-        let at = KeyTile {
+        let at = Tiles {
             head_row,
             start,
             first,

@@ -39,6 +39,16 @@ const ROW_MAJOR: cmma::MatrixLayout = cmma::MatrixLayout::RowMajor;
 const COL_MAJOR: cmma::MatrixLayout = cmma::MatrixLayout::ColMajor;
 const UNDEFINED: cmma::MatrixLayout = cmma::MatrixLayout::Undefined;
 
+/// Where a tile of the other side sits against the cube's own block: the head's first row,
+/// the block's first position, the tile's first position, the sequence length.
+#[derive(CubeType, Clone, Copy)]
+pub(crate) struct Tiles {
+    pub(crate) head_row: usize,
+    pub(crate) start: usize,
+    pub(crate) first: usize,
+    pub(crate) seq: usize,
+}
+
 /// Rows `first..first + block` of the head starting at row `head_row` into `tile`
 /// (`[block, head_dim]`, row-major), zeros past the head's end. The cube's units load
 /// consecutive vectors of `N` (coalesced; `N` divides `head_dim`, so a vector stays in its
