@@ -74,6 +74,14 @@ ratio() {
   [ -s "$WORK/tps_$1" ] && [ -s "$WORK/tps_$2" ] &&
     awk -v a="$(cat "$WORK/tps_$1")" -v b="$(cat "$WORK/tps_$2")" 'BEGIN{printf "%.3fx", a/b}'
 }
+# say_losses RUN...: a line per run that has a log, its lm loss at each logged iteration.
+say_losses() {
+  local run
+  for run in "$@"; do
+    [ -f "$WORK/logs/$run.log" ] && say "- $run: $(grep -o 'lm loss: [0-9.E+-]*' "$WORK/logs/$run.log" | awk '{print $3}' | tr '\n' ' ')"
+  done
+  return 0
+}
 # step NAME MAX_SECONDS MIN_SECONDS command...: runs the command with its output in
 # logs/NAME.log, under min(MAX, time left); skipped when less than MIN is left.
 step() {
@@ -188,9 +196,7 @@ r=$(ratio bf16-graph bf16) && say "ferrotron bf16, captured step / eager: $r"
 r=$(ratio bf16 bf16-baseline) && say "ferrotron bf16 / baseline build bf16: $r"
 say ""
 say "lm loss by logged iteration (the same seed and data: a change of kernels shows as a change of losses; recomputation must change none):"
-for run in bf16 bf16-baseline bf16-graph bf16-recompute bf16-recompute-graph; do
-  [ -f "$WORK/logs/$run.log" ] && say "- $run: $(grep -o 'lm loss: [0-9.E+-]*' "$WORK/logs/$run.log" | awk '{print $3}' | tr '\n' ' ')"
-done
+say_losses bf16 bf16-baseline bf16-graph bf16-recompute bf16-recompute-graph
 say ""
 
 # The step captured as a graph and replayed (one launch for the host, then the recorded
@@ -254,9 +260,7 @@ if [ "$FLASH" = 1 ]; then
   r=$(ratio bf16-flash bf16) && say "ferrotron bf16-flash / bf16 (composed attention on cuBLAS): $r"
   say ""
   say "lm loss by logged iteration (tensor cores round the probabilities to bf16 before p·v; expect the first digits to agree):"
-  for n in bf16 bf16-flash bf16-flash-cuda-cores; do
-    [ -s "$WORK/logs/$n.log" ] && say "- $n: $(grep -o 'lm loss: [0-9.E+-]*' "$WORK/logs/$n.log" | awk '{printf "%s ", $3}')"
-  done
+  say_losses bf16 bf16-flash bf16-flash-cuda-cores
   say ""
 fi
 

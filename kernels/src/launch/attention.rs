@@ -119,7 +119,6 @@ impl AttentionLaunch {
         let hardware = &client.properties().hardware;
         let mut launch = Self::fitting(hardware.max_shared_memory_size, head_dim);
         launch.unroll = hardware.plane_size_max >= 32;
-        launch.matrix_units = true;
         // cubecl-cpu (no planes) runs a cube's units in lockstep at its barriers: 256 units
         // took it 14 s for one position, 4 units 0.4 s.
         if hardware.plane_size_max <= 1 {
@@ -136,10 +135,7 @@ impl AttentionLaunch {
             _ => vector_unit.filter(|_| head_dim <= Self::PLANE_HEAD_DIM),
         };
         if let Some(plane) = planes {
-            launch = Self {
-                matrix_units: launch.matrix_units,
-                ..Self::planes(plane, 2 * plane)
-            };
+            launch = Self::planes(plane, 2 * plane);
         }
         if let Some(block) =
             number("FERROTRON_ATTENTION_BLOCK").filter(|b| Self::BLOCKS.contains(b))
@@ -151,6 +147,7 @@ impl AttentionLaunch {
         if let Some(unroll) = number("FERROTRON_ATTENTION_UNROLL") {
             launch.unroll = unroll != 0;
         }
+        launch.matrix_units = true;
         launch
     }
 

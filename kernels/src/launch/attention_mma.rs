@@ -1,5 +1,7 @@
-//! The launch shape and launcher of the fused attention forward on matrix units
-//! ([`crate::attention_mma`]), and when a device gets it.
+//! The launch shape and launchers of the fused attention on matrix units
+//! ([`crate::attention_mma`]), and when a device gets them.
+
+use std::sync::OnceLock;
 
 use cubecl::features::MmaConfig;
 use cubecl::ir::{ElemType, FloatKind};
@@ -12,8 +14,9 @@ use super::{arg, element_vector_size};
 use crate::attention_mma;
 use crate::rows::cube_count;
 
-/// The launch shape of [`mma_attention_forward`] and [`mma_attention_backward`]: `planes` planes of `plane` units per cube,
-/// each plane owning `tile` query rows, the matrix unit's `tile × tile × tile` products.
+/// The launch shape of [`mma_attention_forward`] and [`mma_attention_backward`]: `planes`
+/// planes of `plane` units per cube, each plane owning `tile` rows, the matrix unit's
+/// `tile × tile × tile` products.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MmaAttention {
     /// The matrix unit's `m = n = k` (16 on NVIDIA's tensor cores, 8 on Mesa's lavapipe).
@@ -38,7 +41,7 @@ impl MmaAttention {
     /// fixed width, and has the shared memory for one plane at least; `None` otherwise (the
     /// tiled or plane kernels then run). `FERROTRON_ATTENTION_MMA=0` turns it off.
     pub fn for_client<F: Float>(client: &Client, head_dim: usize) -> Option<Self> {
-        if std::env::var("FERROTRON_ATTENTION_MMA").as_deref() == Ok("0") {
+        if !matrix_units_on() {
             return None;
         }
         let properties = client.properties();
@@ -107,6 +110,13 @@ impl MmaAttention {
     fn cube_count(&self, shape: AttentionShape) -> CubeCount {
         cube_count(shape.heads * shape.seq.div_ceil(self.block() as usize))
     }
+}
+
+/// Whether the attention may run on matrix units: unless `FERROTRON_ATTENTION_MMA=0`, read
+/// once per process (the launchers ask on every attention launch).
+fn matrix_units_on() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("FERROTRON_ATTENTION_MMA").as_deref() != Ok("0"))
 }
 
 /// Fused causal attention forward on matrix units: what
