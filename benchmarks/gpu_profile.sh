@@ -19,10 +19,11 @@
 # REPORT_DIR receives report.md (the numbers) and logs.tar.xz (every run's log).
 #
 # Steps, the acceptance's first: probe (nvidia-smi, driver, profilers); the model in bf16 with
-# dropout, composed attention (then the baseline build's), PyTorch eager bf16 + SDPA beside,
-# the step captured and replayed (--cuda-graph-impl local), --recompute-activations, and bf16
-# without dropout; CubeCL's per-kernel profile of the composed
-# bf16 step summed by class (iterations 3-5 of a 5-iteration run, an iteration ending at its
+# dropout, the default attention (--attention-backend auto: on CUDA in bf16 the composed core
+# on cuBLAS keeping only q, k, v; then the baseline build's), PyTorch eager bf16 + SDPA beside,
+# the step captured and replayed (--cuda-graph-impl local), --attention-backend unfused (the
+# core keeping its probabilities), and bf16 without dropout; CubeCL's per-kernel profile of the
+# default bf16 step summed by class (iterations 3-5 of a 5-iteration run, an iteration ending at its
 # Adam launches; set PROFILE_FLAGS=--use-flash-attn for the fused attention); the forward +
 # backward captured as a CUDA graph and replayed, against eager; --use-flash-attn;
 # the host floor (24 layers at hidden 64, seq 64: launch overhead) of both builds; the GPT's
@@ -176,27 +177,25 @@ G="--cuda-graph-impl local --cuda-graph-scope full_iteration"
 GRAPH=${GRAPH:-1}
 # shellcheck disable=SC2086
 [ "$GRAPH" = 1 ] && step bf16-graph 150 60 pretrain_model "$P" bf16-graph "$ITERS" $G $B && train_line bf16-graph
-# Selective recomputation (Megatron's --recompute-activations): the attention core keeps only
-# q, k, v and forms its probabilities again in its backward, as SDPA does; the memory run
-# (after PyTorch's, which every ratio needs).
+# The default on CUDA in bf16 (--attention-backend auto) is the composed attention core keeping
+# only q, k, v and forming its probabilities again in its backward (Megatron's selective
+# recomputation), as SDPA keeps none; `unfused` keeps them: 4 GiB more for GPT-2 345M, for the
+# speed of not forming them twice (after PyTorch's run, which every ratio needs).
 # shellcheck disable=SC2086
-step bf16-recompute 150 60 pretrain_model "$P" bf16-recompute "$ITERS" --recompute-activations $B && train_line bf16-recompute
-# Both: the candidate for speed and memory at once.
-# shellcheck disable=SC2086
-[ "$GRAPH" = 1 ] && step bf16-recompute-graph 150 60 pretrain_model "$P" bf16-recompute-graph "$ITERS" --recompute-activations $G $B &&
-  train_line bf16-recompute-graph
+step bf16-unfused 150 60 pretrain_model "$P" bf16-unfused "$ITERS" --attention-backend unfused $B && train_line bf16-unfused
 # The acceptance's dropout check: the composed bf16 step without dropout, against bf16 above.
 step bf16-no-dropout 100 50 pretrain_model "$P" bf16-no-dropout "$ITERS" --bf16 --hidden-dropout 0 --attention-dropout 0 &&
   train_line bf16-no-dropout
 r=$(ratio bf16 bf16-no-dropout) && say "ferrotron bf16, dropout $DROPOUT / no dropout: $r (the target: at least 0.9x)"
-for run in bf16 bf16-baseline bf16-graph bf16-recompute bf16-recompute-graph; do
+for run in bf16 bf16-baseline bf16-graph bf16-unfused; do
   r=$(ratio "$run" torch) && say "ferrotron $run / PyTorch eager bf16+SDPA: $r"
 done
 r=$(ratio bf16-graph bf16) && say "ferrotron bf16, captured step / eager: $r"
 r=$(ratio bf16 bf16-baseline) && say "ferrotron bf16 / baseline build bf16: $r"
+r=$(ratio bf16 bf16-unfused) && say "ferrotron bf16 (auto: probabilities formed again) / unfused (kept): $r"
 say ""
 say "lm loss by logged iteration (the same seed and data: a change of kernels shows as a change of losses; recomputation must change none):"
-say_losses bf16 bf16-baseline bf16-graph bf16-recompute bf16-recompute-graph
+say_losses bf16 bf16-baseline bf16-graph bf16-unfused
 say ""
 
 # The step captured as a graph and replayed (one launch for the host, then the recorded
@@ -230,7 +229,7 @@ PROFILE_FLAGS=${PROFILE_FLAGS:-}
 # One 5-iteration run, read by iteration: the launches after iteration 2's Adam step up to the
 # last one (an autotuning build logs its tuning and CubeCL's device probes in amounts that vary
 # from run to run, so subtracting a shorter run's log does not cancel them).
-say "## Per-kernel GPU time (CubeCL profile, bf16 with dropout, ${PROFILE_FLAGS:-composed attention}; iterations 3-5 of a 5-iteration run)"
+say "## Per-kernel GPU time (CubeCL profile, bf16 with dropout, ${PROFILE_FLAGS:-default attention}; iterations 3-5 of a 5-iteration run)"
 say '```'
 # shellcheck disable=SC2086
 if CUBECL_DEBUG_OPTION=profile CUBECL_DEBUG_LOG="$WORK/logs/prof5.txt" step profile-5 90 40 pretrain_model "$P" profile-5 5 $PROFILE_FLAGS $B; then

@@ -752,7 +752,7 @@ fn megatrons_llama3_8b_script_runs_as_written_on_mock_data() {
     let err = stderr(&out);
     assert!(out.status.success(), "{err}\n{stdout}");
     assert!(
-        err.contains("--use-mcore-models --attention-backend --grad-reduce-in-bf16"),
+        err.contains("--use-mcore-models --grad-reduce-in-bf16"),
         "{err}"
     );
     assert!(

@@ -294,6 +294,14 @@ fn pretrain_cli_runs_the_seed_tutorial_flags_and_refuses_what_it_cannot_split() 
             &["--recompute-activations"][..],
             "--recompute-method is for --recompute-granularity full, not selective",
         ),
+        (
+            &["--attention-backend", "sdpa"][..],
+            "--attention-backend sdpa: expected flash, fused, unfused, local or auto",
+        ),
+        (
+            &["--use-flash-attn", "--attention-backend", "unfused"][..],
+            "--use-flash-attn asks for the flash backend and --attention-backend for unfused",
+        ),
     ] {
         let mut bad = args.to_vec();
         bad.extend_from_slice(extra);

@@ -16,6 +16,7 @@ use ferrotron::checkpoint::megatron_torch_save::{LayerSpec, MegatronSaveOptions}
 use ferrotron::checkpoint::saved_model;
 use ferrotron::comm::world::World;
 use ferrotron::data::{Blend, DataSources, MockDocuments};
+use ferrotron::model::attention_backend::{AttentionBackend, AttentionChoice};
 use ferrotron::model::vocab::{padded_vocab_log_line, padded_vocab_size};
 use ferrotron::model::{GptConfig, Recompute};
 use ferrotron::optim::grad_scaler::DynamicGradScalerConfig;
@@ -349,6 +350,12 @@ struct Args {
     /// attention (the same math).
     #[arg(long)]
     use_flash_attn: bool,
+    /// Megatron's attention backend: `flash` (the fused kernels, as `--use-flash-attn`),
+    /// `fused` (the composed core keeping only its inputs: selective recomputation),
+    /// `unfused` or `local` (the composed core keeping its probabilities), `auto` (`fused` on
+    /// CUDA in bf16/fp16, `unfused` elsewhere). See docs/gpu.md.
+    #[arg(long, default_value = "auto")]
+    attention_backend: String,
 }
 
 // Why this allocator: see `ferrotron::util::allocator`.
@@ -392,13 +399,13 @@ fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
     let precision = Precision::from_flags(args.fp16, args.bf16).map_err(anyhow::Error::msg)?;
     let dynamic_loss_scale = loss_scaling(args)?;
     // Features whose absence does not change the math: say so.
-    let recompute = recompute(args)?;
+    let attention = attention(args, precision, verbose)?;
     if let Some(ddp) = &args.ddp_impl {
         if ddp != "local" && ddp != "torch" {
             bail!("--DDP-impl {ddp}: expected local or torch");
         }
     }
-    let (model, eod, seq_length) = model_config(args, &tokenizer, verbose)?;
+    let (model, eod, seq_length) = model_config(args, &tokenizer, attention.flash, verbose)?;
     let schedule = args
         .schedule
         .resolve(seq_length)
@@ -463,7 +470,7 @@ fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
             params_norm: args.log_params_norm,
             num_zeros_in_grad: args.log_num_zeros_in_grad,
         },
-        recompute,
+        recompute: attention.recompute,
     })
 }
 
@@ -533,6 +540,7 @@ fn megatron_save_options(args: &Args, verbose: bool) -> Result<Option<MegatronSa
 fn model_config(
     args: &Args,
     tokenizer: &TextTokenizer,
+    flash_attention: bool,
     verbose: bool,
 ) -> Result<(GptConfig, u32, usize)> {
     let vocab = tokenizer.vocab_size();
@@ -590,7 +598,7 @@ fn model_config(
     .with_bias_swiglu_fusion(!args.no_bias_swiglu_fusion)
     .with_bias_gelu_fusion(!args.no_bias_gelu_fusion)
     .with_bias_dropout_fusion(!args.no_bias_dropout_fusion)
-    .with_flash_attention(args.use_flash_attn);
+    .with_flash_attention(flash_attention);
     let mut model = args.architecture.apply(model).map_err(anyhow::Error::msg)?;
     if let Some((saved, _)) = &saved {
         model = model.with_architecture_of(saved);
@@ -599,11 +607,11 @@ fn model_config(
     }
     let model = model.with_sequence_parallel(args.sequence_parallel);
     if verbose
-        && args.use_flash_attn
+        && flash_attention
         && !args.device.starts_with("cuda")
         && !args.device.starts_with("wgpu")
     {
-        println!("note: --use-flash-attn: the fused attention kernel runs on --device cuda or wgpu; on {} the composed attention runs (the same math)", args.device);
+        println!("note: the flash attention backend: the fused attention kernel runs on --device cuda or wgpu; on {} the composed attention runs (the same math)", args.device);
     }
     model
         .validate_parallel(args.tensor_model_parallel_size)
@@ -642,6 +650,28 @@ fn checkpoint_model(args: &Args, verbose: bool) -> Result<Option<(GptConfig, Opt
 }
 
 /// Megatron's recompute flags, the legacy ones mapped as its `arguments.py` maps them.
+/// `--attention-backend` (and `--use-flash-attn`) resolved for the run's device and
+/// precision, with the recomputation the flags ask for (see
+/// `ferrotron::model::attention_backend`).
+fn attention(args: &Args, precision: Precision, verbose: bool) -> Result<AttentionChoice> {
+    let backend: AttentionBackend = args.attention_backend.parse().map_err(anyhow::Error::msg)?;
+    let cuda_in_half_precision = args.device.starts_with("cuda") && precision != Precision::Fp32;
+    let asked = recompute(args)?;
+    let choice = backend
+        .resolve(args.use_flash_attn, asked, cuda_in_half_precision)
+        .map_err(anyhow::Error::msg)?;
+    if verbose && backend == AttentionBackend::Auto && choice.recompute != asked {
+        println!(
+            "note: --attention-backend auto on {} in half precision: the attention core keeps \
+             only q, k, v and forms its probabilities again in its backward (as \
+             --attention-backend fused, Megatron's selective recomputation; the same losses); \
+             --attention-backend unfused keeps them",
+            args.device
+        );
+    }
+    Ok(choice)
+}
+
 fn recompute(args: &Args) -> Result<Recompute> {
     let mut granularity = args.recompute_granularity.clone();
     let mut method = args.recompute_method.clone();

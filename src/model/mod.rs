@@ -9,6 +9,7 @@
 
 pub mod architecture;
 pub mod attention;
+pub mod attention_backend;
 pub mod config;
 pub mod dropout;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]

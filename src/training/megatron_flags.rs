@@ -286,7 +286,6 @@ pub const MEGATRON_FLAGS: &[MegatronFlag] = &[
     ignored("--async-ckpt-use-cpu-shm", Nothing),
     ignored("--async-save", Nothing),
     ignored("--async-strategy", One),
-    ignored("--attention-backend", One),
     refused("--attention-output-gate", Nothing, ATTENTION_OUTPUT_GATE),
     ignored("--auto-detect-ckpt-format", Nothing),
     ignored("--batch-invariant-backend", One),

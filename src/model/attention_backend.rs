@@ -1,0 +1,184 @@
+//! Megatron's `--attention-backend` (`flash`, `fused`, `unfused`, `local`, `auto`), as
+//! ferrotron's attention cores.
+//!
+//! In Megatron-Core the flag chooses Transformer Engine's kernel: FlashAttention (`flash`),
+//! cuDNN's fused attention (`fused`), TE's composed attention (`unfused`) or Megatron's own
+//! `DotProductAttention` (`local`); `auto`, the default, lets TE choose, which on a recent GPU
+//! is flash or fused. What a user gets from those two, besides speed, is that the `[batch,
+//! heads, seq, seq]` probabilities are never kept for the backward pass; that is most of the
+//! difference in peak memory between a composed core and a fused one (GPT-2 345M at micro-batch
+//! 4: 3 GiB of bf16 probabilities).
+//!
+//! ferrotron's cores, and which flag value gets which:
+//! - `flash`: the fused FlashAttention-2 kernels (what `--use-flash-attn` turns on), on CubeCL
+//!   devices; the CPU backend keeps the composed core (the same math).
+//! - `fused`: the composed core (its products on cuBLAS on CUDA) keeping only its inputs and
+//!   forming its probabilities again in its backward pass: Megatron's selective recomputation,
+//!   which is what it is ([`Recompute::Selective`]), bit for bit the losses of `unfused`.
+//! - `unfused`, `local`: the composed core keeping its probabilities.
+//! - `auto`: `fused` on CUDA in half precision, where it was measured at the speed of `unfused`
+//!   with 4 GiB less (H200, GPT-2 345M bf16: 68.9 against 68.5 ms per step, 12.5 against 16.5
+//!   GiB, PyTorch with SDPA 13.1; docs/gpu.md); `unfused` elsewhere, where memory is plentiful
+//!   and the recomputation is not free (the CPU backend, lavapipe).
+
+use std::str::FromStr;
+
+use super::Recompute;
+
+/// A value of `--attention-backend`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AttentionBackend {
+    /// Megatron's default: the best core for the device (see the module's doc).
+    #[default]
+    Auto,
+    /// The fused FlashAttention-2 kernels.
+    Flash,
+    /// The composed core keeping only its inputs.
+    Fused,
+    /// The composed core keeping its probabilities.
+    Unfused,
+    /// Megatron's own core: here the same as `unfused`.
+    Local,
+}
+
+impl FromStr for AttentionBackend {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "flash" => Ok(Self::Flash),
+            "fused" => Ok(Self::Fused),
+            "unfused" => Ok(Self::Unfused),
+            "local" => Ok(Self::Local),
+            other => Err(format!(
+                "--attention-backend {other}: expected flash, fused, unfused, local or auto"
+            )),
+        }
+    }
+}
+
+/// What the attention of a run is, once the backend is resolved for its device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionChoice {
+    /// The fused FlashAttention-2 kernels (`GptConfig::flash_attention`).
+    pub flash: bool,
+    /// The run's recomputation, made selective where the core keeps only its inputs and the
+    /// flags asked for none.
+    pub recompute: Recompute,
+}
+
+impl AttentionBackend {
+    /// The attention of a run with this backend, `--use-flash-attn` (Megatron's older spelling
+    /// of `flash`), the recomputation the flags asked for, and whether the run is on CUDA in
+    /// bf16 or fp16 (where `auto` is `fused`). A full recomputation stays as it is: its layers
+    /// keep no probabilities anyway.
+    pub fn resolve(
+        self,
+        use_flash_attn: bool,
+        recompute: Recompute,
+        cuda_in_half_precision: bool,
+    ) -> Result<AttentionChoice, String> {
+        let backend = match (self, use_flash_attn) {
+            (Self::Auto | Self::Flash, true) => Self::Flash,
+            (other, true) => {
+                return Err(format!(
+                    "--use-flash-attn asks for the flash backend and --attention-backend for \
+                     {}: give one of them",
+                    other.name()
+                ))
+            }
+            (Self::Auto, false) if cuda_in_half_precision => Self::Fused,
+            (Self::Auto, false) => Self::Unfused,
+            (other, false) => other,
+        };
+        let recompute = match (backend, recompute) {
+            (Self::Fused, Recompute::None) => Recompute::Selective,
+            (_, recompute) => recompute,
+        };
+        Ok(AttentionChoice {
+            flash: backend == Self::Flash,
+            recompute,
+        })
+    }
+
+    /// The flag's value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Flash => "flash",
+            Self::Fused => "fused",
+            Self::Unfused => "unfused",
+            Self::Local => "local",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resolved(
+        flag: &str,
+        flash_attn: bool,
+        recompute: Recompute,
+        cuda_half: bool,
+    ) -> Result<(bool, Recompute), String> {
+        let choice = flag
+            .parse::<AttentionBackend>()?
+            .resolve(flash_attn, recompute, cuda_half)?;
+        Ok((choice.flash, choice.recompute))
+    }
+
+    #[test]
+    fn each_backend_is_a_core_and_auto_keeps_no_probabilities_on_cuda_in_half_precision() {
+        use Recompute::{Block, None as Kept, Selective, Uniform};
+        for cuda_half in [false, true] {
+            assert_eq!(resolved("flash", false, Kept, cuda_half), Ok((true, Kept)));
+            assert_eq!(
+                resolved("fused", false, Kept, cuda_half),
+                Ok((false, Selective))
+            );
+            assert_eq!(
+                resolved("unfused", false, Kept, cuda_half),
+                Ok((false, Kept))
+            );
+            assert_eq!(resolved("local", false, Kept, cuda_half), Ok((false, Kept)));
+            // --use-flash-attn is the flash backend, under auto or flash.
+            assert_eq!(resolved("auto", true, Kept, cuda_half), Ok((true, Kept)));
+            assert_eq!(resolved("flash", true, Kept, cuda_half), Ok((true, Kept)));
+            // A full recomputation is left as the flags give it.
+            assert_eq!(
+                resolved("fused", false, Uniform(2), cuda_half),
+                Ok((false, Uniform(2)))
+            );
+            assert_eq!(
+                resolved("auto", false, Block(1), cuda_half),
+                Ok((false, Block(1)))
+            );
+            assert_eq!(
+                resolved("unfused", false, Selective, cuda_half),
+                Ok((false, Selective))
+            );
+        }
+        assert_eq!(resolved("auto", false, Kept, true), Ok((false, Selective)));
+        assert_eq!(resolved("auto", false, Kept, false), Ok((false, Kept)));
+        assert_eq!(AttentionBackend::default(), AttentionBackend::Auto);
+    }
+
+    #[test]
+    fn unknown_values_and_contradicting_flags_are_refused() {
+        let err = resolved("sdpa", false, Recompute::None, true).unwrap_err();
+        assert!(
+            err.contains("--attention-backend sdpa: expected flash, fused"),
+            "{err}"
+        );
+        for other in ["fused", "unfused", "local"] {
+            let err = resolved(other, true, Recompute::None, false).unwrap_err();
+            assert!(
+                err.contains("--use-flash-attn") && err.contains(other),
+                "{err}"
+            );
+        }
+    }
+}
