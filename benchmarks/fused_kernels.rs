@@ -231,7 +231,11 @@ fn core_from_rows_recomputed(device: &Device, reps: usize, in_use: impl Fn() -> 
         let x = rows.clone().require_grad();
         device.sync().expect("device sync");
         let before = in_use();
-        let y = attention.core(CoreInputs::Rows(x.clone()), keeps);
+        let inputs = CoreInputs::Rows {
+            rows: x.clone(),
+            bias: None,
+        };
+        let y = attention.core(inputs, keeps);
         device.sync().expect("device sync");
         held[side].set(in_use() - before);
         let g = (y * dy.clone()).sum().backward();

@@ -547,33 +547,60 @@ fn attention_from_the_qkv_rows_matches_the_composed_split() {
             let stored = |t: Tensor<3>| if half { t.cast(FloatDType::F16) } else { t };
             let rows = stored(random([b, s, width], 21, 1.5, &d));
             let weight = stored(random([b, s, heads * head_dim], 22, 1.0, &d));
+            // The projection's bias (GPT-2 has one, Llama none): the fused split adds it, the
+            // composed path adds it to the rows before splitting them.
+            let bias = (b == 2).then(|| {
+                let bias = random([width], 23, 1.0, &d);
+                if half {
+                    bias.cast(FloatDType::F16)
+                } else {
+                    bias
+                }
+            });
             let run = |fused_split: bool, keeps: CoreKeeps| {
                 let rows = rows.clone().require_grad();
+                let bias = bias.clone().map(|b| b.require_grad());
                 let inputs = if fused_split {
-                    CoreInputs::Rows(rows.clone())
+                    CoreInputs::Rows {
+                        rows: rows.clone(),
+                        bias: bias.clone(),
+                    }
                 } else {
-                    CoreInputs::Heads(attention.heads_of(rows.clone(), 0))
+                    let biased = match &bias {
+                        Some(bias) => rows.clone() + bias.clone().unsqueeze(),
+                        None => rows.clone(),
+                    };
+                    CoreInputs::Heads(attention.heads_of(biased, 0))
                 };
                 seed_micro_batch(3, 1, 0, 0);
                 enter_layer(0);
                 let out = attention.core(inputs, keeps);
                 let grads = (out.clone() * weight.clone()).sum().backward();
                 let grad = rows.grad(&grads).unwrap();
-                [out.cast(FloatDType::F32), grad.cast(FloatDType::F32)].map(values)
+                let bias_grad = bias.map(|b| values(b.grad(&grads).unwrap().cast(FloatDType::F32)));
+                let [out, grad] =
+                    [out.cast(FloatDType::F32), grad.cast(FloatDType::F32)].map(values);
+                (out, grad, bias_grad)
             };
             let fused = run(true, CoreKeeps::Everything);
             let composed = run(false, CoreKeeps::Everything);
             // The same kernels in the same order, but a product may take another path for
             // other strides; f16 rounds the probabilities and products.
             let tol = if half { 1e-2 } else { 1e-5 };
-            let what = format!("[{b}, {heads} heads, {groups} groups, {s}, {head_dim}], p {p}, rotary {rotary:?}, flash {flash}, f16 {half}");
-            assert_close(&format!("{what}: context"), &fused[0], &composed[0], tol);
+            let what = format!("[{b}, {heads} heads, {groups} groups, {s}, {head_dim}], p {p}, rotary {rotary:?}, flash {flash}, f16 {half}, bias {}", bias.is_some());
+            assert_close(&format!("{what}: context"), &fused.0, &composed.0, tol);
             assert_close(
                 &format!("{what}: rows gradient"),
-                &fused[1],
-                &composed[1],
+                &fused.1,
+                &composed.1,
                 tol,
             );
+            assert_eq!(fused.2.is_some(), bias.is_some(), "{what}");
+            if let (Some(fused), Some(composed)) = (&fused.2, &composed.2) {
+                // Summed over b · s rows: f16 sums the rounded row gradients.
+                let tol = if half { 5e-2 } else { 1e-4 };
+                assert_close(&format!("{what}: bias gradient"), fused, composed, tol);
+            }
             let recomputed = run(true, CoreKeeps::Inputs);
             assert!(
                 recomputed == fused,

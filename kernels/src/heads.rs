@@ -21,10 +21,15 @@ pub const UNITS_PER_CUBE: u32 = 256;
 
 /// Queries, keys and values `[batch, groups · per_group, seq, head_dim]` from the mixed rows
 /// `[batch, seq, groups · (per_group + 2) · head_dim]`; `len` is the vectors of one output.
+///
+/// With `has_bias` the projection's bias (one mixed row's width) is added on the way, in the
+/// storage type as the composed bias add rounds it: the projection's product leaves the bias
+/// out (Megatron's `skip_bias_add`), and its add is not a launch and a pass of its own.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn qkv_split<F: Float, N: Size>(
     mixed: &[Vector<F, N>],
+    bias: &[Vector<F, N>],
     query: &mut [Vector<F, N>],
     key: &mut [Vector<F, N>],
     value: &mut [Vector<F, N>],
@@ -33,6 +38,7 @@ pub fn qkv_split<F: Float, N: Size>(
     heads: u32,
     per_group: u32,
     head_dim: u32,
+    #[comptime] has_bias: bool,
 ) {
     let t = cube_index() * UNITS_PER_CUBE as usize + UNIT_POS_X as usize;
     if t < len as usize {
@@ -43,10 +49,21 @@ pub fn qkv_split<F: Float, N: Size>(
         let batch = t / (d * seq as usize * heads as usize);
         let (p, group) = (per_group as usize, head / per_group as usize);
         let width = (heads as usize / p) * (p + 2) * d;
-        let base = (batch * seq as usize + position) * width + group * (p + 2) * d + c;
-        query[t] = mixed[base + (head % p) * d];
-        key[t] = mixed[base + p * d];
-        value[t] = mixed[base + (p + 1) * d];
+        // Where the group's heads start in a row, plus the unit's vector in a head.
+        let column = group * (p + 2) * d + c;
+        let base = (batch * seq as usize + position) * width + column;
+        let (q_at, k_at, v_at) = ((head % p) * d, p * d, (p + 1) * d);
+        let mut q = mixed[base + q_at];
+        let mut k = mixed[base + k_at];
+        let mut v = mixed[base + v_at];
+        if has_bias {
+            q += bias[column + q_at];
+            k += bias[column + k_at];
+            v += bias[column + v_at];
+        }
+        query[t] = q;
+        key[t] = k;
+        value[t] = v;
     }
 }
 

@@ -2171,10 +2171,16 @@ fn qkv_split_and_merge_follow_megatrons_group_layout() {
         };
         let what = format!("{l:?}");
         let mixed = rng.vec(l.mixed_len(), -1.0, 1.0);
-        let parts = [0; 3].map(|_| poisoned(&client, l.head_len()));
         let input = upload(&client, &mixed);
-        qkv_split::<f32>(&client, &input, [&parts[0], &parts[1], &parts[2]], l);
-        let got = parts.map(|h| download(&client, h, l.head_len()));
+        let split = |bias: Option<&Handle>| {
+            let parts = [0; 3].map(|_| poisoned(&client, l.head_len()));
+            qkv_split::<f32>(&client, &input, bias, [&parts[0], &parts[1], &parts[2]], l);
+            parts.map(|h| download(&client, h, l.head_len()))
+        };
+        let got = split(None);
+        // The projection's bias (one row's width), added to each element on the way.
+        let bias = rng.vec(l.row_width(), -1.0, 1.0);
+        let biased = split(Some(&upload(&client, &bias)));
         let grads = [0; 3].map(|_| rng.vec(l.head_len(), -1.0, 1.0));
         let handles = grads.clone().map(|g| upload(&client, &g));
         let merged = poisoned(&client, l.mixed_len());
@@ -2192,6 +2198,11 @@ fn qkv_split_and_merge_follow_megatrons_group_layout() {
                             for (part, &source) in sources.iter().enumerate() {
                                 let m = mixed_index(&l, b, i, g, source, c);
                                 assert_eq!(got[part][at], mixed[m], "{what}: part {part} at {at}");
+                                let with_bias = mixed[m] + bias[m % l.row_width()];
+                                assert_eq!(
+                                    biased[part][at], with_bias,
+                                    "{what}: part {part} at {at}, with the bias"
+                                );
                                 want_merged[m] += grads[part][at] as f64;
                             }
                         }

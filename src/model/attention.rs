@@ -132,7 +132,9 @@ impl CausalSelfAttention {
     pub fn core_inputs(&self, x: Tensor<3>) -> CoreInputs {
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         if self.core_from_rows(&x.device()) {
-            return CoreInputs::Rows(self.query_key_value.forward(x));
+            // The bias is added by the core's split kernel, not by a launch of its own.
+            let (rows, bias) = self.query_key_value.forward_skip_bias(x);
+            return CoreInputs::Rows { rows, bias };
         }
         CoreInputs::Heads(self.query_key_value_heads(x, 0))
     }
@@ -207,7 +209,7 @@ impl CausalSelfAttention {
         match inputs {
             CoreInputs::Heads([q, k, v]) => merge_heads(self.core_heads(q, k, v)),
             #[cfg(any(feature = "wgpu", feature = "cuda"))]
-            CoreInputs::Rows(qkv) => {
+            CoreInputs::Rows { rows: qkv, bias } => {
                 use super::fused::CoreKernels;
                 let scale = 1.0 / (self.head_dim as f64).sqrt();
                 let per_group = self.local_heads / self.local_groups;
@@ -223,6 +225,7 @@ impl CausalSelfAttention {
                 };
                 super::fused::attention_from_qkv(
                     qkv,
+                    bias,
                     self.local_groups,
                     per_group,
                     scale,
@@ -311,9 +314,15 @@ pub enum CoreKeeps {
 pub enum CoreInputs {
     /// Queries, keys and values per head, after the query/key norms and rotary embedding.
     Heads([Tensor<4>; 3]),
-    /// The fused QKV projection's rows `[batch, seq, width]` (GPU builds).
+    /// The fused QKV projection's rows `[batch, seq, width]` without its bias, and the bias
+    /// `[width]` the core adds (GPU builds).
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
-    Rows(Tensor<3>),
+    Rows {
+        /// The projection's product.
+        rows: Tensor<3>,
+        /// Its bias, if it has one.
+        bias: Option<Tensor<1>>,
+    },
 }
 
 impl CoreInputs {
@@ -322,7 +331,10 @@ impl CoreInputs {
         match self {
             Self::Heads(heads) => Self::Heads(heads.map(|t| t.detach())),
             #[cfg(any(feature = "wgpu", feature = "cuda"))]
-            Self::Rows(rows) => Self::Rows(rows.detach()),
+            Self::Rows { rows, bias } => Self::Rows {
+                rows: rows.detach(),
+                bias: bias.map(|b| b.detach()),
+            },
         }
     }
 
@@ -331,7 +343,10 @@ impl CoreInputs {
         match self {
             Self::Heads(heads) => Self::Heads(heads.map(|t| t.require_grad())),
             #[cfg(any(feature = "wgpu", feature = "cuda"))]
-            Self::Rows(rows) => Self::Rows(rows.require_grad()),
+            Self::Rows { rows, bias } => Self::Rows {
+                rows: rows.require_grad(),
+                bias: bias.map(|b| b.require_grad()),
+            },
         }
     }
 
@@ -344,9 +359,22 @@ impl CoreInputs {
                 (q * grad(lq)).sum() + (k * grad(lk)).sum() + (v * grad(lv)).sum()
             }
             #[cfg(any(feature = "wgpu", feature = "cuda"))]
-            (Self::Rows(rows), Self::Rows(leaf)) => {
+            (
+                Self::Rows { rows, bias },
+                Self::Rows {
+                    rows: leaf,
+                    bias: leaf_bias,
+                },
+            ) => {
                 let g = leaf.grad(grads).expect("the rows are used").autodiff();
-                (rows * g).sum()
+                let weighted = (rows * g).sum();
+                match (bias, leaf_bias) {
+                    (Some(bias), Some(leaf)) => {
+                        let g = leaf.grad(grads).expect("the bias is used").autodiff();
+                        weighted + (bias * g).sum()
+                    }
+                    _ => weighted,
+                }
             }
             #[cfg(any(feature = "wgpu", feature = "cuda"))]
             _ => panic!("core inputs of two kinds"),

@@ -4,7 +4,7 @@
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
-use super::{arg, check_elements, element_vector_size};
+use super::{arg, bias_arg, check_elements, element_vector_size};
 use crate::heads;
 use crate::rows::cube_count;
 
@@ -36,17 +36,24 @@ impl QkvLayout {
         self.batch * self.heads() * self.seq * self.head_dim
     }
 
+    /// Elements of one mixed row (and of the projection's bias).
+    pub fn row_width(&self) -> usize {
+        self.groups * (self.per_group + 2) * self.head_dim
+    }
+
     /// Elements of the mixed rows.
     pub fn mixed_len(&self) -> usize {
-        self.batch * self.seq * self.groups * (self.per_group + 2) * self.head_dim
+        self.batch * self.seq * self.row_width()
     }
 }
 
 /// Queries, keys and values (`[query, key, value]`, each [`QkvLayout::head_len`]) from the
-/// fused projection's `mixed` rows, keys and values repeated per query head.
+/// fused projection's `mixed` rows, keys and values repeated per query head; with `bias`
+/// ([`QkvLayout::row_width`] elements) the projection's bias added to them.
 pub fn qkv_split<F: Float + CubeElement>(
     client: &Client,
     mixed: &Handle,
+    bias: Option<&Handle>,
     [query, key, value]: [&Handle; 3],
     layout: QkvLayout,
 ) {
@@ -56,12 +63,18 @@ pub fn qkv_split<F: Float + CubeElement>(
     }
     check_elements(layout.mixed_len(), "QKV split");
     let vector = element_vector_size::<F>(client, layout.head_dim);
+    let (bias_arg, _) = bias_arg(
+        mixed,
+        bias.map(|b| (b, layout.row_width())),
+        layout.mixed_len(),
+    );
     heads::qkv_split::launch::<F>(
         client,
         cube_count((len / vector).div_ceil(heads::UNITS_PER_CUBE as usize)),
         CubeDim::new_1d(heads::UNITS_PER_CUBE),
         vector,
         arg(mixed, layout.mixed_len()),
+        bias_arg,
         arg(query, len),
         arg(key, len),
         arg(value, len),
@@ -70,6 +83,7 @@ pub fn qkv_split<F: Float + CubeElement>(
         layout.heads() as u32,
         layout.per_group as u32,
         (layout.head_dim / vector) as u32,
+        bias.is_some(),
     );
 }
 

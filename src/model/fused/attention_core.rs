@@ -89,16 +89,18 @@ impl<B: AttentionKernels> Rotation<B> {
     }
 }
 
-/// The context `[b, s, heads · head_dim]` of the rows `mixed`, and what the backward needs.
+/// The context `[b, s, heads · head_dim]` of the rows `mixed` (the projection's `bias` added
+/// by the split), and what the backward needs.
 pub fn forward<B: AttentionKernels>(
     mixed: FloatTensor<B>,
+    bias: Option<FloatTensor<B>>,
     layout: QkvLayout,
     scale: f32,
     draw: Option<DropoutDraw>,
     kernels: CoreKernels,
     rotation: Option<&Rotation<B>>,
 ) -> (FloatTensor<B>, Saved<B>) {
-    let [mut q, mut k, v] = B::qkv_split(mixed, layout);
+    let [mut q, mut k, v] = B::qkv_split(mixed, bias, layout);
     if let Some(rotation) = rotation {
         q = rotation.apply(q, false);
         k = rotation.apply(k, false);

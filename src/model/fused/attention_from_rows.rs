@@ -16,58 +16,93 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::autodiff::Autodiff;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{backend_extension, Backend, Dispatch, TensorMetadata};
-use burn::tensor::{FloatDType, Tensor};
+use burn::tensor::{FloatDType, Shape, Tensor};
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
 use ferrotron_kernels::launch::{DropoutDraw, QkvLayout};
 
 use super::attention_core::{self, AttentionKernels, CoreKernels, Rotation, Saved};
-use super::dropout_draw;
 use super::qkv_rows::layout;
+use super::{bias_grad, dropout_draw};
 
-/// The differentiable attention core from the rows (a burn backend extension).
+/// The settings of the core from the rows besides its tensors: the layout's groups, the
+/// scale, the dropout draw and which kernels run.
+#[derive(Clone, Copy, Debug)]
+pub struct RowsCore {
+    /// Key/value heads (query groups) on this rank.
+    pub groups: u32,
+    /// Query heads per group.
+    pub per_group: u32,
+    /// The scores' scale, `1/√head_dim`.
+    pub scale: f32,
+    /// The attention dropout's draw, if any.
+    pub draw: Option<DropoutDraw>,
+    /// Which kernels run between the split and the merge.
+    pub kernels: CoreKernels,
+}
+
+/// The differentiable attention core from the rows (a burn backend extension). burn's
+/// extensions take no optional tensors, so the projection's bias and the rotary tables make
+/// four spellings of the one op.
 #[backend_extension(Autodiff, Cube)]
 pub trait RowsAttentionOps: Backend {
     /// The attention core from the fused QKV projection's rows `[b, s, groups · (per_group
     /// + 2) · head_dim]` to the context `[b, s, groups · per_group · head_dim]`: split,
-    /// causal attention by `kernels`, heads merged; dropout as
+    /// causal attention by `core.kernels`, heads merged; dropout as
     /// [`Self::fused_causal_attention`]'s.
-    fn fused_attention_from_qkv(
+    fn fused_attention_from_qkv(mixed: FloatTensor<Self>, core: RowsCore) -> FloatTensor<Self>;
+    /// [`Self::fused_attention_from_qkv`] of the projection's product `mixed` without its
+    /// `bias` `[width]`, which the split adds.
+    fn fused_biased_attention_from_qkv(
         mixed: FloatTensor<Self>,
-        groups: u32,
-        per_group: u32,
-        scale: f32,
-        draw: Option<DropoutDraw>,
-        kernels: CoreKernels,
+        bias: FloatTensor<Self>,
+        core: RowsCore,
     ) -> FloatTensor<Self>;
     /// [`Self::fused_attention_from_qkv`] with the queries and keys rotated after the split
     /// by the angle tables `cos`, `sin` (f32, `[seq, rotary_dim / 2]`, positions from 0), as
     /// [`Self::fused_rotary`] with `interleaved`.
-    #[allow(clippy::too_many_arguments)]
     fn fused_rotary_attention_from_qkv(
         mixed: FloatTensor<Self>,
         cos: FloatTensor<Self>,
         sin: FloatTensor<Self>,
         interleaved: bool,
-        groups: u32,
-        per_group: u32,
-        scale: f32,
-        draw: Option<DropoutDraw>,
-        kernels: CoreKernels,
+        core: RowsCore,
+    ) -> FloatTensor<Self>;
+    /// [`Self::fused_rotary_attention_from_qkv`] with the projection's bias added by the
+    /// split, as [`Self::fused_biased_attention_from_qkv`].
+    fn fused_biased_rotary_attention_from_qkv(
+        mixed: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        interleaved: bool,
+        core: RowsCore,
     ) -> FloatTensor<Self>;
 }
 
+/// The core on the inner backend (no graph): the context.
+fn cube_core(
+    mixed: CubeTensor,
+    bias: Option<CubeTensor>,
+    rotation: Option<Rotation<CubeBackend>>,
+    core: RowsCore,
+) -> CubeTensor {
+    MixedAttention::new(&mixed.shape(), core, rotation)
+        .run(mixed, bias)
+        .0
+}
+
 impl RowsAttentionOps for CubeBackend {
-    fn fused_attention_from_qkv(
+    fn fused_attention_from_qkv(mixed: CubeTensor, core: RowsCore) -> CubeTensor {
+        cube_core(mixed, None, None, core)
+    }
+
+    fn fused_biased_attention_from_qkv(
         mixed: CubeTensor,
-        groups: u32,
-        per_group: u32,
-        scale: f32,
-        draw: Option<DropoutDraw>,
-        kernels: CoreKernels,
+        bias: CubeTensor,
+        core: RowsCore,
     ) -> CubeTensor {
-        let layout = layout(&mixed.shape(), groups, per_group);
-        attention_core::forward::<Self>(mixed, layout, scale, draw, kernels, None).0
+        cube_core(mixed, Some(bias), None, core)
     }
 
     fn fused_rotary_attention_from_qkv(
@@ -75,19 +110,30 @@ impl RowsAttentionOps for CubeBackend {
         cos: CubeTensor,
         sin: CubeTensor,
         interleaved: bool,
-        groups: u32,
-        per_group: u32,
-        scale: f32,
-        draw: Option<DropoutDraw>,
-        kernels: CoreKernels,
+        core: RowsCore,
     ) -> CubeTensor {
-        let layout = layout(&mixed.shape(), groups, per_group);
         let rotation = Rotation {
             cos,
             sin,
             interleaved,
         };
-        attention_core::forward::<Self>(mixed, layout, scale, draw, kernels, Some(&rotation)).0
+        cube_core(mixed, None, Some(rotation), core)
+    }
+
+    fn fused_biased_rotary_attention_from_qkv(
+        mixed: CubeTensor,
+        bias: CubeTensor,
+        cos: CubeTensor,
+        sin: CubeTensor,
+        interleaved: bool,
+        core: RowsCore,
+    ) -> CubeTensor {
+        let rotation = Rotation {
+            cos,
+            sin,
+            interleaved,
+        };
+        cube_core(mixed, Some(bias), Some(rotation), core)
     }
 }
 
@@ -101,12 +147,58 @@ struct MixedAttention<B: AttentionKernels> {
 }
 
 impl<B: AttentionKernels> MixedAttention<B> {
-    /// The context of the rows `mixed`, its backward recorded when they are tracked.
+    /// The op on rows of `shape`.
+    fn new(shape: &Shape, core: RowsCore, rotation: Option<Rotation<B>>) -> Self {
+        Self {
+            layout: layout(shape, core.groups, core.per_group),
+            scale: core.scale,
+            draw: core.draw,
+            kernels: core.kernels,
+            rotation,
+        }
+    }
+
+    /// The context of the rows `mixed` (and the projection's `bias`), its backward recorded
+    /// when they are tracked.
     fn tracked<C: CheckpointStrategy>(
         self,
         mixed: FloatTensor<Autodiff<B, C>>,
+        bias: Option<FloatTensor<Autodiff<B, C>>>,
     ) -> FloatTensor<Autodiff<B, C>> {
         let (mixed, node) = mixed.into_parts();
+        let Some(bias) = bias else {
+            return match MixedAttentionBackward
+                .prepare::<C>([node])
+                .compute_bound()
+                .stateful()
+            {
+                OpsKind::Tracked(prep) => {
+                    let (context, state) = self.run(mixed, None);
+                    prep.finish(state, context)
+                }
+                OpsKind::UnTracked(prep) => prep.finish(self.run(mixed, None).0),
+            };
+        };
+        let (bias, bias_node) = bias.into_parts();
+        match MixedAttentionBackward
+            .prepare::<C>([node, bias_node])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let (context, state) = self.run(mixed, Some(bias));
+                prep.finish(state, context)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(self.run(mixed, Some(bias)).0),
+        }
+    }
+
+    /// The forward on the inner backend: the context, and what the backward needs.
+    fn run(
+        self,
+        mixed: FloatTensor<B>,
+        bias: Option<FloatTensor<B>>,
+    ) -> (FloatTensor<B>, RowsState<B>) {
         let Self {
             layout,
             scale,
@@ -114,44 +206,62 @@ impl<B: AttentionKernels> MixedAttention<B> {
             kernels,
             rotation,
         } = self;
-        let run = |mixed| {
-            attention_core::forward::<B>(mixed, layout, scale, draw, kernels, rotation.as_ref())
-        };
-        match MixedAttentionBackward
-            .prepare::<C>([node])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                let (context, saved) = run(mixed);
-                prep.finish((saved, layout, scale, draw, rotation), context)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(run(mixed).0),
-        }
+        let forward = attention_core::forward::<B>;
+        let (context, saved) =
+            forward(mixed, bias, layout, scale, draw, kernels, rotation.as_ref());
+        (context, (saved, layout, scale, draw, rotation))
     }
 }
 
-/// The backward of [`RowsAttentionOps::fused_attention_from_qkv`].
+/// What the forward saved, the layout, the scale, the dropout draw and the rotation.
+type RowsState<B> = (
+    Saved<B>,
+    QkvLayout,
+    f32,
+    Option<DropoutDraw>,
+    Option<Rotation<B>>,
+);
+
+/// The rows' gradient from the context's gradient `grad`.
+fn rows_grad<B: AttentionKernels>(state: RowsState<B>, grad: FloatTensor<B>) -> FloatTensor<B> {
+    let (saved, layout, scale, draw, rotation) = state;
+    attention_core::backward::<B>(saved, grad, layout, scale, draw, rotation)
+}
+
+/// The backward of [`RowsAttentionOps::fused_attention_from_qkv`]: into the rows, and (with
+/// a bias) into the bias, the rows' gradient summed over the rows as the bias add's backward
+/// sums it.
 #[derive(Debug)]
 pub struct MixedAttentionBackward;
 
 impl<B: AttentionKernels> Backward<B, 1> for MixedAttentionBackward {
-    /// What the forward saved, the layout, the scale, the dropout draw and the rotation.
-    type State = (
-        Saved<B>,
-        QkvLayout,
-        f32,
-        Option<DropoutDraw>,
-        Option<Rotation<B>>,
-    );
+    type State = RowsState<B>;
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let [parent] = ops.parents;
         let grad = grads.consume::<B>(&ops.node);
         if let Some(parent) = parent {
-            let (saved, layout, scale, draw, rotation) = ops.state;
-            let grad = attention_core::backward::<B>(saved, grad, layout, scale, draw, rotation);
-            grads.register::<B>(parent.id, grad);
+            grads.register::<B>(parent.id, rows_grad::<B>(ops.state, grad));
+        }
+    }
+}
+
+impl<B: AttentionKernels> Backward<B, 2> for MixedAttentionBackward {
+    type State = RowsState<B>;
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [rows, bias] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        if rows.is_none() && bias.is_none() {
+            return;
+        }
+        let grad = rows_grad::<B>(ops.state, grad);
+        if let Some(bias) = bias {
+            let summed = bias_grad::<B>(grad.clone(), &grad.shape());
+            grads.register::<B>(bias.id, summed);
+        }
+        if let Some(rows) = rows {
+            grads.register::<B>(rows.id, grad);
         }
     }
 }
@@ -159,23 +269,16 @@ impl<B: AttentionKernels> Backward<B, 1> for MixedAttentionBackward {
 impl<B: AttentionKernels + RowsAttentionOps, C: CheckpointStrategy> RowsAttentionOps
     for Autodiff<B, C>
 {
-    fn fused_attention_from_qkv(
+    fn fused_attention_from_qkv(mixed: FloatTensor<Self>, core: RowsCore) -> FloatTensor<Self> {
+        MixedAttention::<B>::new(&mixed.shape(), core, None).tracked::<C>(mixed, None)
+    }
+
+    fn fused_biased_attention_from_qkv(
         mixed: FloatTensor<Self>,
-        groups: u32,
-        per_group: u32,
-        scale: f32,
-        draw: Option<DropoutDraw>,
-        kernels: CoreKernels,
+        bias: FloatTensor<Self>,
+        core: RowsCore,
     ) -> FloatTensor<Self> {
-        let layout = layout(&mixed.shape(), groups, per_group);
-        let op = MixedAttention::<B> {
-            layout,
-            scale,
-            draw,
-            kernels,
-            rotation: None,
-        };
-        op.tracked::<C>(mixed)
+        MixedAttention::<B>::new(&mixed.shape(), core, None).tracked::<C>(mixed, Some(bias))
     }
 
     fn fused_rotary_attention_from_qkv(
@@ -183,27 +286,39 @@ impl<B: AttentionKernels + RowsAttentionOps, C: CheckpointStrategy> RowsAttentio
         cos: FloatTensor<Self>,
         sin: FloatTensor<Self>,
         interleaved: bool,
-        groups: u32,
-        per_group: u32,
-        scale: f32,
-        draw: Option<DropoutDraw>,
-        kernels: CoreKernels,
+        core: RowsCore,
     ) -> FloatTensor<Self> {
-        let layout = layout(&mixed.shape(), groups, per_group);
-        // The tables are constants of the op: no gradient flows to them.
-        let rotation = Rotation {
+        let rotation = Rotation::<B>::constant::<C>(cos, sin, interleaved);
+        MixedAttention::<B>::new(&mixed.shape(), core, Some(rotation)).tracked::<C>(mixed, None)
+    }
+
+    fn fused_biased_rotary_attention_from_qkv(
+        mixed: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        interleaved: bool,
+        core: RowsCore,
+    ) -> FloatTensor<Self> {
+        let rotation = Rotation::<B>::constant::<C>(cos, sin, interleaved);
+        MixedAttention::<B>::new(&mixed.shape(), core, Some(rotation))
+            .tracked::<C>(mixed, Some(bias))
+    }
+}
+
+impl<B: AttentionKernels> Rotation<B> {
+    /// The rotation by angle tables of the autodiff backend: constants of the op, no gradient
+    /// flows to them.
+    fn constant<C: CheckpointStrategy>(
+        cos: FloatTensor<Autodiff<B, C>>,
+        sin: FloatTensor<Autodiff<B, C>>,
+        interleaved: bool,
+    ) -> Self {
+        Rotation {
             cos: cos.into_primitive(),
             sin: sin.into_primitive(),
             interleaved,
-        };
-        let op = MixedAttention::<B> {
-            layout,
-            scale,
-            draw,
-            kernels,
-            rotation: Some(rotation),
-        };
-        op.tracked::<C>(mixed)
+        }
     }
 }
 
@@ -212,10 +327,13 @@ impl<B: AttentionKernels + RowsAttentionOps, C: CheckpointStrategy> RowsAttentio
 /// head_dim]`, as one differentiable op: its backward is one kernel into the rows' gradient,
 /// where the composed split's is eight launches. `kernels` says which attention runs inside
 /// ([`CoreKernels::Flash`]: [`causal_attention`]'s kernel) and so what it keeps; `dropout` as
-/// [`causal_attention`]'s. With `rotary` the queries and keys are
-/// rotated after the split inside the op.
+/// [`causal_attention`]'s. With `rotary` the queries and keys are rotated after the split
+/// inside the op. The projection's `bias` (if any, `[width]`) is added by the split: `qkv` is
+/// the projection's product without it.
+#[allow(clippy::too_many_arguments)]
 pub fn attention_from_qkv(
     qkv: Tensor<3>,
+    bias: Option<Tensor<1>>,
     groups: usize,
     per_group: usize,
     scale: f64,
@@ -223,27 +341,43 @@ pub fn attention_from_qkv(
     kernels: CoreKernels,
     rotary: Option<RowRotation>,
 ) -> Tensor<3> {
-    let (groups, per_group, scale) = (groups as u32, per_group as u32, scale as f32);
-    let (qkv, draw) = (qkv.into_dispatch(), dropout_draw(dropout));
-    Tensor::from_dispatch(match rotary {
-        None => <Dispatch as RowsAttentionOps>::fused_attention_from_qkv(
-            qkv, groups, per_group, scale, draw, kernels,
-        ),
-        Some(RowRotation {
-            cos,
-            sin,
-            interleaved,
-        }) => <Dispatch as RowsAttentionOps>::fused_rotary_attention_from_qkv(
-            qkv,
-            cos.cast(FloatDType::F32).into_dispatch(),
-            sin.cast(FloatDType::F32).into_dispatch(),
-            interleaved,
-            groups,
-            per_group,
-            scale,
-            draw,
-            kernels,
-        ),
+    let core = RowsCore {
+        groups: groups as u32,
+        per_group: per_group as u32,
+        scale: scale as f32,
+        draw: dropout_draw(dropout),
+        kernels,
+    };
+    let bias = bias.map(|b| b.cast(qkv.dtype()).into_dispatch());
+    let qkv = qkv.into_dispatch();
+    type D = Dispatch;
+    Tensor::from_dispatch(match (rotary, bias) {
+        (None, None) => <D as RowsAttentionOps>::fused_attention_from_qkv(qkv, core),
+        (None, Some(bias)) => {
+            <D as RowsAttentionOps>::fused_biased_attention_from_qkv(qkv, bias, core)
+        }
+        (Some(rotation), bias) => {
+            let cos = rotation.cos.cast(FloatDType::F32).into_dispatch();
+            let sin = rotation.sin.cast(FloatDType::F32).into_dispatch();
+            let interleaved = rotation.interleaved;
+            match bias {
+                None => <D as RowsAttentionOps>::fused_rotary_attention_from_qkv(
+                    qkv,
+                    cos,
+                    sin,
+                    interleaved,
+                    core,
+                ),
+                Some(bias) => <D as RowsAttentionOps>::fused_biased_rotary_attention_from_qkv(
+                    qkv,
+                    bias,
+                    cos,
+                    sin,
+                    interleaved,
+                    core,
+                ),
+            }
+        }
     })
 }
 

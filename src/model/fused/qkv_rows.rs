@@ -17,8 +17,13 @@ use crate::util::cube_tensor::{by_dtype, empty_like, packed};
 /// The split and merge kernels a backend runs.
 pub trait QkvKernels: Backend {
     /// Queries, keys and values `[b, heads, s, head_dim]` (keys and values repeated for each
-    /// query head of their group) from the fused QKV projection's rows `[b, s, width]`.
-    fn qkv_split(mixed: FloatTensor<Self>, layout: QkvLayout) -> [FloatTensor<Self>; 3];
+    /// query head of their group) from the fused QKV projection's rows `[b, s, width]`, the
+    /// projection's `bias` `[width]` (if any) added on the way.
+    fn qkv_split(
+        mixed: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        layout: QkvLayout,
+    ) -> [FloatTensor<Self>; 3];
     /// The rows' gradient from the gradients of [`Self::qkv_split`]'s three outputs.
     fn qkv_merge(grads: [FloatTensor<Self>; 3], layout: QkvLayout) -> FloatTensor<Self>;
     /// `x` stored contiguously, row-major (a copy only if it is not).
@@ -26,8 +31,15 @@ pub trait QkvKernels: Backend {
 }
 
 impl QkvKernels for CubeBackend {
-    fn qkv_split(mixed: CubeTensor, layout: QkvLayout) -> [CubeTensor; 3] {
-        let mixed = packed(mixed);
+    fn qkv_split(
+        mixed: CubeTensor,
+        bias: Option<CubeTensor>,
+        layout: QkvLayout,
+    ) -> [CubeTensor; 3] {
+        let (mixed, bias) = (packed(mixed), bias.map(packed));
+        if let Some(bias) = &bias {
+            same_dtype("the QKV bias", &mixed, bias);
+        }
         let shape = Shape::new([layout.batch, layout.heads(), layout.seq, layout.head_dim]);
         let parts = [0; 3].map(|_| empty_like(&mixed, shape.clone(), mixed.dtype));
         by_dtype!(
@@ -35,6 +47,7 @@ impl QkvKernels for CubeBackend {
             qkv_split,
             &mixed.client,
             &mixed.handle,
+            bias.as_ref().map(|b| &b.handle),
             [&parts[0].handle, &parts[1].handle, &parts[2].handle],
             layout
         );
