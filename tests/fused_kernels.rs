@@ -514,6 +514,7 @@ fn attention_from_the_qkv_rows_matches_the_composed_split() {
     use burn::tensor::FloatDType;
     use ferrotron::comm::Group;
     use ferrotron::model::attention::{CausalSelfAttention, CoreInputs, CoreKeeps};
+    use ferrotron::model::fused::CoreKernels;
     use ferrotron::model::PositionEmbedding;
     use ferrotron::parallel::random::{enter_layer, seed_micro_batch};
     let d = device();
@@ -605,6 +606,33 @@ fn attention_from_the_qkv_rows_matches_the_composed_split() {
             assert!(
                 recomputed == fused,
                 "{what}: the core keeping only its inputs changed the context or the gradient"
+            );
+            // What each request runs: the model's switch (`--attention-backend fused`, `auto`
+            // on CUDA in half precision) keeps only the inputs whatever the chunk asks.
+            let only_inputs = CausalSelfAttention {
+                core_keeps_only_inputs: true,
+                ..attention.clone()
+            };
+            let kernels = |a: &CausalSelfAttention, keeps| a.core_kernels(keeps);
+            let (want_kept, want_inputs) = if flash {
+                (CoreKernels::Flash, CoreKernels::Flash)
+            } else {
+                (CoreKernels::Composed, CoreKernels::Recomputed)
+            };
+            assert_eq!(
+                kernels(&attention, CoreKeeps::Everything),
+                want_kept,
+                "{what}"
+            );
+            assert_eq!(
+                kernels(&attention, CoreKeeps::Inputs),
+                want_inputs,
+                "{what}"
+            );
+            assert_eq!(
+                kernels(&only_inputs, CoreKeeps::Everything),
+                want_inputs,
+                "{what}"
             );
         }
     }
@@ -821,17 +849,19 @@ fn llama_style_training_with_and_without_fusion_gives_the_same_losses() {
 fn training_with_fused_attention_and_dropout_follows_the_composed_attention() {
     use ferrotron::model::Recompute;
     let dir = tempfile::tempdir().unwrap();
-    let run_at = |tp: usize, flash: bool, recompute| {
+    let run_keeping = |tp: usize, flash: bool, recompute, only_inputs: bool| {
         let config = PretrainConfig {
             model: GptConfig::new(2, 32, 4, 16, 512)
                 .with_hidden_dropout(0.1)
                 .with_attention_dropout(0.1)
-                .with_flash_attention(flash),
+                .with_flash_attention(flash)
+                .with_core_keeps_only_inputs(only_inputs),
             recompute,
             ..small_gpt(dir.path(), true, tp)
         };
         pretrain(&config, &device()).unwrap().losses
     };
+    let run_at = |tp: usize, flash: bool, recompute| run_keeping(tp, flash, recompute, false);
     let run = |flash: bool, recompute| run_at(1, flash, recompute);
     let composed = run(false, Recompute::None);
     let fused = run(true, Recompute::None);
@@ -848,6 +878,13 @@ fn training_with_fused_attention_and_dropout_follows_the_composed_attention() {
         run_at(2, false, Recompute::Selective),
         run_at(2, false, Recompute::None),
         "recomputation changed the losses at TP = 2"
+    );
+    // The core keeping only its inputs without recomputation asked for (the `fused` backend,
+    // and `auto` on CUDA in half precision).
+    assert_eq!(
+        run_keeping(1, false, Recompute::None, true),
+        composed,
+        "the core keeping only its inputs changed the losses"
     );
     for ((i, a), (_, b)) in fused.iter().zip(&composed) {
         let rel = (a - b).abs() / b.abs();

@@ -352,8 +352,9 @@ struct Args {
     use_flash_attn: bool,
     /// Megatron's attention backend: `flash` (the fused kernels, as `--use-flash-attn`),
     /// `fused` (the composed core keeping only its inputs: selective recomputation),
-    /// `unfused` or `local` (the composed core keeping its probabilities), `auto` (`fused` on
-    /// CUDA in bf16/fp16, `unfused` elsewhere). See docs/gpu.md.
+    /// `unfused` or `local` (the composed core keeping its probabilities), `auto` (on CUDA in
+    /// bf16/fp16 the core from the QKV rows keeping only q, k, v; `unfused` elsewhere). See
+    /// docs/gpu.md.
     #[arg(long, default_value = "auto")]
     attention_backend: String,
 }
@@ -405,7 +406,7 @@ fn build_config(args: &Args, verbose: bool) -> Result<PretrainConfig> {
             bail!("--DDP-impl {ddp}: expected local or torch");
         }
     }
-    let (model, eod, seq_length) = model_config(args, &tokenizer, attention.flash, verbose)?;
+    let (model, eod, seq_length) = model_config(args, &tokenizer, &attention, verbose)?;
     let schedule = args
         .schedule
         .resolve(seq_length)
@@ -540,7 +541,7 @@ fn megatron_save_options(args: &Args, verbose: bool) -> Result<Option<MegatronSa
 fn model_config(
     args: &Args,
     tokenizer: &TextTokenizer,
-    flash_attention: bool,
+    attention: &AttentionChoice,
     verbose: bool,
 ) -> Result<(GptConfig, u32, usize)> {
     let vocab = tokenizer.vocab_size();
@@ -598,7 +599,8 @@ fn model_config(
     .with_bias_swiglu_fusion(!args.no_bias_swiglu_fusion)
     .with_bias_gelu_fusion(!args.no_bias_gelu_fusion)
     .with_bias_dropout_fusion(!args.no_bias_dropout_fusion)
-    .with_flash_attention(flash_attention);
+    .with_flash_attention(attention.flash)
+    .with_core_keeps_only_inputs(attention.core_keeps_only_inputs);
     let mut model = args.architecture.apply(model).map_err(anyhow::Error::msg)?;
     if let Some((saved, _)) = &saved {
         model = model.with_architecture_of(saved);
@@ -607,7 +609,7 @@ fn model_config(
     }
     let model = model.with_sequence_parallel(args.sequence_parallel);
     if verbose
-        && flash_attention
+        && attention.flash
         && !args.device.starts_with("cuda")
         && !args.device.starts_with("wgpu")
     {
@@ -660,11 +662,11 @@ fn attention(args: &Args, precision: Precision, verbose: bool) -> Result<Attenti
     let choice = backend
         .resolve(args.use_flash_attn, asked, cuda_in_half_precision)
         .map_err(anyhow::Error::msg)?;
-    if verbose && backend == AttentionBackend::Auto && choice.recompute != asked {
+    if verbose && backend == AttentionBackend::Auto && choice.core_keeps_only_inputs {
         println!(
-            "note: --attention-backend auto on {} in half precision: the attention core keeps \
-             only q, k, v and forms its probabilities again in its backward (as \
-             --attention-backend fused, Megatron's selective recomputation; the same losses); \
+            "note: --attention-backend auto on {} in half precision: the attention core from \
+             the QKV rows keeps only q, k, v and forms its probabilities again in its backward \
+             (as Megatron's selective recomputation does; the same losses); \
              --attention-backend unfused keeps them",
             args.device
         );

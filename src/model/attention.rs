@@ -48,6 +48,9 @@ pub struct CausalSelfAttention {
     /// Use the fused (FlashAttention-style) attention kernel where the backend has it
     /// (`--use-flash-attn`).
     pub flash_attention: bool,
+    /// The core from the projection's rows keeps only q, k, v
+    /// (`GptConfig::core_keeps_only_inputs`).
+    pub core_keeps_only_inputs: bool,
 }
 
 impl CausalSelfAttention {
@@ -105,6 +108,7 @@ impl CausalSelfAttention {
             rotary: rope.then(|| RotaryEmbedding::new(config)),
             masked_softmax_fusion: config.masked_softmax_fusion,
             flash_attention: config.flash_attention,
+            core_keeps_only_inputs: config.core_keeps_only_inputs,
         }
     }
 
@@ -210,7 +214,6 @@ impl CausalSelfAttention {
             CoreInputs::Heads([q, k, v]) => merge_heads(self.core_heads(q, k, v)),
             #[cfg(any(feature = "wgpu", feature = "cuda"))]
             CoreInputs::Rows { rows: qkv, bias } => {
-                use super::fused::CoreKernels;
                 let scale = 1.0 / (self.head_dim as f64).sqrt();
                 let per_group = self.local_heads / self.local_groups;
                 let draw = self.attention_dropout.draw(qkv.is_autodiff());
@@ -218,11 +221,7 @@ impl CausalSelfAttention {
                     let seq = qkv.dims()[1];
                     rotary.for_rows(seq, &qkv.device())
                 });
-                let kernels = match (self.flash_attention, keeps) {
-                    (true, _) => CoreKernels::Flash,
-                    (false, CoreKeeps::Everything) => CoreKernels::Composed,
-                    (false, CoreKeeps::Inputs) => CoreKernels::Recomputed,
-                };
+                let kernels = self.core_kernels(keeps);
                 super::fused::attention_from_qkv(
                     qkv,
                     bias,
@@ -234,6 +233,20 @@ impl CausalSelfAttention {
                     rotation,
                 )
             }
+        }
+    }
+
+    /// The kernels the core from the projection's rows runs when the chunk asks it to keep
+    /// `keeps`: the fused attention, or the composed kernels keeping their probabilities, or
+    /// keeping only q, k, v (selective recomputation, or `core_keeps_only_inputs`).
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    pub fn core_kernels(&self, keeps: CoreKeeps) -> super::fused::CoreKernels {
+        use super::fused::CoreKernels;
+        let only_inputs = keeps == CoreKeeps::Inputs || self.core_keeps_only_inputs;
+        match (self.flash_attention, only_inputs) {
+            (true, _) => CoreKernels::Flash,
+            (false, false) => CoreKernels::Composed,
+            (false, true) => CoreKernels::Recomputed,
         }
     }
 

@@ -16,10 +16,13 @@
 //!   forming its probabilities again in its backward pass: Megatron's selective recomputation,
 //!   which is what it is ([`Recompute::Selective`]), bit for bit the losses of `unfused`.
 //! - `unfused`, `local`: the composed core keeping its probabilities.
-//! - `auto`: `fused` on CUDA in half precision, where it was measured at the speed of `unfused`
-//!   with 4 GiB less (H200, GPT-2 345M bf16: 68.9 against 68.5 ms per step, 12.5 against 16.5
-//!   GiB, PyTorch with SDPA 13.1; docs/gpu.md); `unfused` elsewhere, where memory is plentiful
-//!   and the recomputation is not free (the CPU backend, lavapipe).
+//! - `auto`: on CUDA in half precision, the core keeping only its inputs wherever it is the one
+//!   op from the projection's rows (where that costs one product and one softmax kernel per
+//!   layer more, inside the op), and `unfused` where it is not (query/key norms, an unfused
+//!   rotary embedding: there selective recomputation would run the core again from outside, in
+//!   three graphs per layer). Measured on an H200, GPT-2 345M bf16: 68.9 against 68.5 ms per
+//!   step, 12.5 against 16.5 GiB (PyTorch with SDPA 13.1; docs/gpu.md). Elsewhere `unfused`:
+//!   memory is plentiful and the recomputation is not free (the CPU backend, lavapipe).
 
 use std::str::FromStr;
 
@@ -63,16 +66,19 @@ impl FromStr for AttentionBackend {
 pub struct AttentionChoice {
     /// The fused FlashAttention-2 kernels (`GptConfig::flash_attention`).
     pub flash: bool,
-    /// The run's recomputation, made selective where the core keeps only its inputs and the
-    /// flags asked for none.
+    /// The core from the projection's rows keeps only q, k, v
+    /// (`GptConfig::core_keeps_only_inputs`).
+    pub core_keeps_only_inputs: bool,
+    /// The run's recomputation: selective under `fused` where the flags asked for none (so
+    /// that a core that is not the op from the rows keeps no probabilities either).
     pub recompute: Recompute,
 }
 
 impl AttentionBackend {
     /// The attention of a run with this backend, `--use-flash-attn` (Megatron's older spelling
     /// of `flash`), the recomputation the flags asked for, and whether the run is on CUDA in
-    /// bf16 or fp16 (where `auto` is `fused`). A full recomputation stays as it is: its layers
-    /// keep no probabilities anyway.
+    /// bf16 or fp16 (where `auto` keeps only the inputs of the cores from the rows). A full
+    /// recomputation stays as it is: its layers keep no probabilities anyway.
     pub fn resolve(
         self,
         use_flash_attn: bool,
@@ -88,8 +94,6 @@ impl AttentionBackend {
                     other.name()
                 ))
             }
-            (Self::Auto, false) if cuda_in_half_precision => Self::Fused,
-            (Self::Auto, false) => Self::Unfused,
             (other, false) => other,
         };
         let recompute = match (backend, recompute) {
@@ -98,6 +102,8 @@ impl AttentionBackend {
         };
         Ok(AttentionChoice {
             flash: backend == Self::Flash,
+            core_keeps_only_inputs: backend == Self::Fused
+                || (backend == Self::Auto && cuda_in_half_precision),
             recompute,
         })
     }
@@ -118,51 +124,45 @@ impl AttentionBackend {
 mod tests {
     use super::*;
 
+    /// (flash, the core keeping only its inputs, recomputation).
     fn resolved(
         flag: &str,
         flash_attn: bool,
         recompute: Recompute,
         cuda_half: bool,
-    ) -> Result<(bool, Recompute), String> {
+    ) -> Result<(bool, bool, Recompute), String> {
         let choice = flag
             .parse::<AttentionBackend>()?
             .resolve(flash_attn, recompute, cuda_half)?;
-        Ok((choice.flash, choice.recompute))
+        Ok((
+            choice.flash,
+            choice.core_keeps_only_inputs,
+            choice.recompute,
+        ))
     }
 
     #[test]
     fn each_backend_is_a_core_and_auto_keeps_no_probabilities_on_cuda_in_half_precision() {
         use Recompute::{Block, None as Kept, Selective, Uniform};
         for cuda_half in [false, true] {
-            assert_eq!(resolved("flash", false, Kept, cuda_half), Ok((true, Kept)));
-            assert_eq!(
-                resolved("fused", false, Kept, cuda_half),
-                Ok((false, Selective))
-            );
-            assert_eq!(
-                resolved("unfused", false, Kept, cuda_half),
-                Ok((false, Kept))
-            );
-            assert_eq!(resolved("local", false, Kept, cuda_half), Ok((false, Kept)));
+            let r = |flag, flash_attn, recompute| resolved(flag, flash_attn, recompute, cuda_half);
+            assert_eq!(r("flash", false, Kept), Ok((true, false, Kept)));
+            assert_eq!(r("fused", false, Kept), Ok((false, true, Selective)));
+            assert_eq!(r("unfused", false, Kept), Ok((false, false, Kept)));
+            assert_eq!(r("local", false, Kept), Ok((false, false, Kept)));
             // --use-flash-attn is the flash backend, under auto or flash.
-            assert_eq!(resolved("auto", true, Kept, cuda_half), Ok((true, Kept)));
-            assert_eq!(resolved("flash", true, Kept, cuda_half), Ok((true, Kept)));
+            assert_eq!(r("auto", true, Kept), Ok((true, false, Kept)));
+            assert_eq!(r("flash", true, Kept), Ok((true, false, Kept)));
             // A full recomputation is left as the flags give it.
+            assert_eq!(r("fused", false, Uniform(2)), Ok((false, true, Uniform(2))));
             assert_eq!(
-                resolved("fused", false, Uniform(2), cuda_half),
-                Ok((false, Uniform(2)))
+                r("unfused", false, Selective),
+                Ok((false, false, Selective))
             );
-            assert_eq!(
-                resolved("auto", false, Block(1), cuda_half),
-                Ok((false, Block(1)))
-            );
-            assert_eq!(
-                resolved("unfused", false, Selective, cuda_half),
-                Ok((false, Selective))
-            );
+            // auto never has a core recomputed from outside.
+            assert_eq!(r("auto", false, Block(1)), Ok((false, cuda_half, Block(1))));
+            assert_eq!(r("auto", false, Kept), Ok((false, cuda_half, Kept)));
         }
-        assert_eq!(resolved("auto", false, Kept, true), Ok((false, Selective)));
-        assert_eq!(resolved("auto", false, Kept, false), Ok((false, Kept)));
         assert_eq!(AttentionBackend::default(), AttentionBackend::Auto);
     }
 

@@ -67,6 +67,12 @@ pub struct GptConfig {
     /// scores. Off by default, as in Megatron; the math is the composed attention's.
     #[config(default = false)]
     pub flash_attention: bool,
+    /// The attention core from the projection's rows (CubeCL devices) keeps only q, k, v and
+    /// forms its probabilities again in its backward, as selective recomputation makes it:
+    /// `--attention-backend fused`, and `auto` on CUDA in half precision. Where the core is
+    /// not that op it keeps what its ops keep. The math is the same, bit for bit.
+    #[config(default = false)]
+    pub core_keeps_only_inputs: bool,
     /// `--position-embedding-type`.
     #[config(default = "PositionEmbedding::LearnedAbsolute")]
     pub position_embedding_type: PositionEmbedding,
@@ -252,6 +258,7 @@ impl GptConfig {
             bias_gelu_fusion: other.bias_gelu_fusion,
             bias_dropout_fusion: other.bias_dropout_fusion,
             flash_attention: other.flash_attention,
+            core_keeps_only_inputs: other.core_keeps_only_inputs,
             sequence_parallel: other.sequence_parallel,
             ..self.clone()
         }

@@ -16,7 +16,7 @@ use crate::checkpoint::torch_dist::is_torch_dist;
 use crate::checkpoint::{load_checkpoint, OptimizerState, TrainState};
 use crate::data::{self, DatasetBuildConfig, SampleDataset};
 use crate::logging::memory_estimate::{self, MemoryPlan};
-use crate::model::{Gpt, StageLayers};
+use crate::model::{Gpt, Recompute, StageLayers};
 use crate::optim::{
     GradScaler, MixedPrecisionOptimizer, Optimizer, OptimizerSetup, Precision, ReplicatedAdamW,
     ShardedAdamW,
@@ -360,10 +360,16 @@ pub fn print_memory_estimate(cfg: &PretrainConfig, setup: &RankSetup, parallel: 
         },
     };
     let ranks = parallel.world.ranks_in_process();
+    // A core keeping only its inputs keeps what selective recomputation keeps (where the core
+    // is the op from the projection's rows, which is where it applies).
+    let recompute = match cfg.recompute {
+        Recompute::None if cfg.model.core_keeps_only_inputs => Recompute::Selective,
+        other => other,
+    };
     let lines = memory_estimate::report(
         &plan,
         cfg.precision,
-        cfg.recompute,
+        recompute,
         ranks,
         memory_estimate::available_bytes(),
     );
