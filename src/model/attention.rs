@@ -381,13 +381,11 @@ impl CoreInputs {
             ) => {
                 let g = leaf.grad(grads).expect("the rows are used").autodiff();
                 let weighted = (rows * g).sum();
-                match (bias, leaf_bias) {
-                    (Some(bias), Some(leaf)) => {
-                        let g = leaf.grad(grads).expect("the bias is used").autodiff();
-                        weighted + (bias * g).sum()
-                    }
-                    _ => weighted,
-                }
+                let Some((bias, leaf)) = bias.zip(leaf_bias.as_ref()) else {
+                    return weighted;
+                };
+                let g = leaf.grad(grads).expect("the bias is used").autodiff();
+                weighted + (bias * g).sum()
             }
             #[cfg(any(feature = "wgpu", feature = "cuda"))]
             _ => panic!("core inputs of two kinds"),

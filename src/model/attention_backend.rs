@@ -48,16 +48,16 @@ impl FromStr for AttentionBackend {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "auto" => Ok(Self::Auto),
-            "flash" => Ok(Self::Flash),
-            "fused" => Ok(Self::Fused),
-            "unfused" => Ok(Self::Unfused),
-            "local" => Ok(Self::Local),
-            other => Err(format!(
-                "--attention-backend {other}: expected flash, fused, unfused, local or auto"
-            )),
-        }
+        let all = [
+            Self::Flash,
+            Self::Fused,
+            Self::Unfused,
+            Self::Local,
+            Self::Auto,
+        ];
+        all.into_iter().find(|b| b.name() == s).ok_or_else(|| {
+            format!("--attention-backend {s}: expected flash, fused, unfused, local or auto")
+        })
     }
 }
 

@@ -12,7 +12,7 @@
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::ops::{Backward, NodeGuard, Ops, OpsKind};
 use burn::backend::autodiff::Autodiff;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{backend_extension, Backend, Dispatch, TensorMetadata};
@@ -166,30 +166,33 @@ impl<B: AttentionKernels> MixedAttention<B> {
         bias: Option<FloatTensor<Autodiff<B, C>>>,
     ) -> FloatTensor<Autodiff<B, C>> {
         let (mixed, node) = mixed.into_parts();
-        let Some(bias) = bias else {
-            return match MixedAttentionBackward
-                .prepare::<C>([node])
-                .compute_bound()
-                .stateful()
-            {
-                OpsKind::Tracked(prep) => {
-                    let (context, state) = self.run(mixed, None);
-                    prep.finish(state, context)
-                }
-                OpsKind::UnTracked(prep) => prep.finish(self.run(mixed, None).0),
-            };
-        };
-        let (bias, bias_node) = bias.into_parts();
+        match bias.map(|bias| bias.into_parts()) {
+            None => self.record::<C, 1>([node], mixed, None),
+            Some((bias, bias_node)) => self.record::<C, 2>([node, bias_node], mixed, Some(bias)),
+        }
+    }
+
+    /// [`Self::run`] with the backward recorded on `nodes` (the rows', and the bias's) when
+    /// one of them is tracked.
+    fn record<C: CheckpointStrategy, const N: usize>(
+        self,
+        nodes: [NodeGuard; N],
+        mixed: FloatTensor<B>,
+        bias: Option<FloatTensor<B>>,
+    ) -> FloatTensor<Autodiff<B, C>>
+    where
+        MixedAttentionBackward: Backward<B, N, State = RowsState<B>>,
+    {
         match MixedAttentionBackward
-            .prepare::<C>([node, bias_node])
+            .prepare::<C>(nodes)
             .compute_bound()
             .stateful()
         {
             OpsKind::Tracked(prep) => {
-                let (context, state) = self.run(mixed, Some(bias));
+                let (context, state) = self.run(mixed, bias);
                 prep.finish(state, context)
             }
-            OpsKind::UnTracked(prep) => prep.finish(self.run(mixed, Some(bias)).0),
+            OpsKind::UnTracked(prep) => prep.finish(self.run(mixed, bias).0),
         }
     }
 

@@ -58,7 +58,7 @@ impl QkvKernels for CubeBackend {
         let [dq, dk, dv] = grads.map(packed);
         same_dtype("the key gradient", &dq, &dk);
         same_dtype("the value gradient", &dq, &dv);
-        let width = layout.groups * (layout.per_group + 2) * layout.head_dim;
+        let width = layout.row_width();
         let shape = Shape::new([layout.batch, layout.seq, width]);
         let merged = empty_like(&dq, shape, dq.dtype);
         by_dtype!(
