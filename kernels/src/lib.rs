@@ -25,6 +25,8 @@
 //!   (tensor cores; CubeCL's `cmma`) where the device has them for the storage type;
 //! - [`attention_planes`]: the same attention for CPU Vulkan devices (lavapipe), one plane per
 //!   cube with rows in registers and plane broadcasts in place of shared-memory tiles;
+//! - [`columns`]: sums over the rows per column in one launch (a bias's gradient, the norms'
+//!   dγ and dβ);
 //! - [`grad_norm`]: the global norm of a flat gradient buffer and the clipping coefficient
 //!   (two launches, a fixed order);
 //! - [`adam`]: one Adam step of a parameter (both moments and the update) in one kernel;
@@ -49,6 +51,7 @@ pub mod adam;
 pub mod attention;
 pub mod attention_mma;
 pub mod attention_planes;
+pub mod columns;
 #[cfg(feature = "cpu")]
 pub mod cpu_runtime;
 pub mod cross_entropy;

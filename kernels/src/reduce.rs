@@ -98,31 +98,3 @@ fn row_reduce<A: Float>(
     }
     total
 }
-
-/// `Σ_b partial[b, j]` over `blocks` rows of `width` vectors (the second stage of a column
-/// sum): four rows at a time into four accumulators, added in a fixed order, so that four
-/// loads are in flight where one row at a time waits on each (on a GPU the loop is bound by
-/// load latency, not bytes).
-#[cube]
-pub fn column_sum<A: Float, N: Size>(
-    partial: &[Vector<A, N>],
-    blocks: usize,
-    width: usize,
-    j: usize,
-) -> Vector<A, N> {
-    let zero = Vector::<A, N>::new(A::new(0.0));
-    let (mut s0, mut s1, mut s2, mut s3) = (zero, zero, zero, zero);
-    let mut b = 0usize;
-    while b + 4 <= blocks {
-        s0 += partial[b * width + j];
-        s1 += partial[(b + 1) * width + j];
-        s2 += partial[(b + 2) * width + j];
-        s3 += partial[(b + 3) * width + j];
-        b += 4;
-    }
-    while b < blocks {
-        s0 += partial[b * width + j];
-        b += 1;
-    }
-    (s0 + s1) + (s2 + s3)
-}

@@ -1,13 +1,13 @@
 //! RMSNorm over the last dimension: forward (saving 1/rms of each row) and backward (dx per
-//! row; dγ reduced over rows in two stages, as LayerNorm's dγ).
+//! row; dγ a column sum over the rows, [`crate::columns`]).
 //!
 //! With `r = 1 / √(mean(x²) + ε)` and `x̂ = x · r`, the forward is `y = x̂ ⊙ γ` and the
 //! backward `dx = r · (g − x̂ · mean(g ⊙ x̂))` with `g = dy ⊙ γ`, `dγ = Σ_rows dy ⊙ x̂`.
 
 use cubecl::prelude::*;
 
-use crate::reduce::{column_sum, row_vector_sum};
-use crate::rows::{cube_index, row_index, row_length};
+use crate::reduce::row_vector_sum;
+use crate::rows::{row_index, row_length};
 
 /// `y = x · r · γ` per row of `cols`, `r = 1 / √(mean(x²) + ε)` (one pass for the mean of
 /// the squares: no cancellation, unlike a variance). Saves `r` per row.
@@ -103,83 +103,4 @@ pub fn rms_norm_backward_input<F: Float, A: Float, N: Size>(
         grad_input[base + j] = Vector::<F, N>::cast_from(rs * (g - x_hat * mean_gxs));
         j += step;
     }
-}
-
-/// Stage 1 of dγ: cube `b` sums `dy ⊙ x̂` over rows `b·block .. (b+1)·block` into
-/// `partial_gamma[b, :]` (units stride over the columns, a vector of `N` columns each); four
-/// rows at a time into four accumulators added in a fixed order, as LayerNorm's (for the
-/// loads' latency).
-#[cube(launch)]
-#[allow(clippy::too_many_arguments)]
-pub fn rms_norm_backward_gamma_partial<F: Float, A: Float, N: Size>(
-    input: &[Vector<F, N>],
-    grad_output: &[Vector<F, N>],
-    rstd: &[A],
-    partial_gamma: &mut [Vector<A, N>],
-    rows: u32,
-    cols: u32,
-    block: u32,
-    #[comptime] units: u32,
-) {
-    let b = cube_index();
-    let (rows, width, block) = (rows as usize, cols as usize / N::value(), block as usize);
-    let first = b * block;
-    if first >= rows {
-        terminate!();
-    }
-    let mut last = first + block;
-    if last > rows {
-        last = rows;
-    }
-    let mut j = UNIT_POS as usize;
-    while j < width {
-        let zero = Vector::<A, N>::new(A::new(0.0));
-        let (mut dg0, mut dg1, mut dg2, mut dg3) = (zero, zero, zero, zero);
-        let mut row = first;
-        while row + 4 <= last {
-            dg0 += scaled_term::<F, A, N>(input, grad_output, rstd, row, width, j);
-            dg1 += scaled_term::<F, A, N>(input, grad_output, rstd, row + 1, width, j);
-            dg2 += scaled_term::<F, A, N>(input, grad_output, rstd, row + 2, width, j);
-            dg3 += scaled_term::<F, A, N>(input, grad_output, rstd, row + 3, width, j);
-            row += 4;
-        }
-        while row < last {
-            dg0 += scaled_term::<F, A, N>(input, grad_output, rstd, row, width, j);
-            row += 1;
-        }
-        partial_gamma[b * width + j] = (dg0 + dg1) + (dg2 + dg3);
-        j += units as usize;
-    }
-}
-
-/// `dy ⊙ x · r` of row `row`'s column vector `j`.
-#[cube]
-fn scaled_term<F: Float, A: Float, N: Size>(
-    input: &[Vector<F, N>],
-    grad_output: &[Vector<F, N>],
-    rstd: &[A],
-    row: usize,
-    width: usize,
-    j: usize,
-) -> Vector<A, N> {
-    let at = row * width + j;
-    Vector::<A, N>::cast_from(grad_output[at])
-        * (Vector::<A, N>::cast_from(input[at]) * Vector::<A, N>::new(rstd[row]))
-}
-
-/// Stage 2 of dγ: column vector `j` (one unit each) sums the `blocks` partial rows.
-#[cube(launch)]
-pub fn rms_norm_backward_gamma_final<F: Float, A: Float, N: Size>(
-    partial_gamma: &[Vector<A, N>],
-    grad_gamma: &mut [Vector<F, N>],
-    blocks: u32,
-    cols: u32,
-) {
-    let j = ABSOLUTE_POS;
-    let width = cols as usize / N::value();
-    if j >= width {
-        terminate!();
-    }
-    grad_gamma[j] =
-        Vector::<F, N>::cast_from(column_sum::<A, N>(partial_gamma, blocks as usize, width, j));
 }

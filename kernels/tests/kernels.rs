@@ -774,6 +774,97 @@ fn cross_entropy_reference(x: &[f32], target: i32, dloss: f64) -> (f64, f64, Vec
     (lse - picked, lse, grad)
 }
 
+/// The column-sum launch shapes checked: this device's own, a GPU's (one vector per cube,
+/// 256 row lanes), several vectors per cube with a shallow tree, a cube wider than the
+/// columns, and no tree at all. A device without planes (cubecl-cpu, whose barriers cost
+/// seconds per cube) runs only the shapes without a tree.
+fn column_launches(client: &Client) -> Vec<ColumnLaunch> {
+    let own = ColumnLaunch::for_client(client);
+    let barriers = RowLaunch::for_client(client).lanes > 1;
+    let mut all = vec![own];
+    for (vectors, row_lanes) in [(1, 256), (4, 8), (3, 2), (64, 1), (5, 1)] {
+        let launch = ColumnLaunch { vectors, row_lanes };
+        if (barriers || row_lanes == 1) && !all.contains(&launch) {
+            all.push(launch);
+        }
+    }
+    all
+}
+
+/// The one-launch column sums against float64: a bias's gradient (`Σ dy`), LayerNorm's
+/// `Σ dy ⊙ (x − μ)·r` and `Σ dy`, RMSNorm's `Σ dy ⊙ x·r`, for rows that are no multiple of
+/// the four-row step or the row lanes, a single row, more column vectors than one
+/// cube-count dimension holds, and odd widths (one element per vector). Outputs are poisoned
+/// first; the sums of f32 terms may differ from float64 by the rounding of the additions.
+#[test]
+fn column_sums_match_float64_for_every_launch_shape() {
+    let client = client();
+    let mut rng = Rng(11);
+    for launch in column_launches(&client) {
+        for (rows, cols) in [
+            (1, 1),
+            (3, 17),
+            (4099, 24),
+            (130, 257),
+            (2048, 64),
+            (2, 70_001),
+        ] {
+            let what = format!("column sums {rows}×{cols} {launch:?}");
+            let dy = rng.vec(rows * cols, -1.0, 1.0);
+            let x = rng.vec(rows * cols, 95.0, 105.0);
+            let mean = rng.vec(rows, 98.0, 102.0);
+            let rstd = rng.vec(rows, 0.2, 0.4);
+            let [dyh, xh, mh, rh] = [&dy, &x, &mean, &rstd].map(|v| upload(&client, v));
+            let bias = poisoned(&client, cols);
+            bias_gradient::<f32>(&client, launch, &dyh, &bias, rows, cols);
+            let (dg, db) = (poisoned(&client, cols), poisoned(&client, cols));
+            layer_norm_param_gradients::<f32>(
+                &client, launch, &xh, &dyh, &mh, &rh, &dg, &db, rows, cols,
+            );
+            let rms = poisoned(&client, cols);
+            rms_norm_gamma_gradient::<f32>(&client, launch, &xh, &dyh, &rh, &rms, rows, cols);
+
+            // Each column's float64 sums and the sums of the terms' magnitudes, which bound
+            // the rounding of f32 additions.
+            let mut want = [vec![0.0f64; cols], vec![0.0; cols], vec![0.0; cols]];
+            let mut magnitude = [vec![0.0f64; cols], vec![0.0; cols], vec![0.0; cols]];
+            for r in 0..rows {
+                for j in 0..cols {
+                    let (g, v) = (dy[r * cols + j] as f64, x[r * cols + j] as f64);
+                    let r_std = rstd[r] as f64;
+                    let terms = [g, g * (v - mean[r] as f64) * r_std, g * v * r_std];
+                    for (k, t) in terms.into_iter().enumerate() {
+                        want[k][j] += t;
+                        magnitude[k][j] += t.abs();
+                    }
+                }
+            }
+            let got = [
+                download(&client, bias, cols),
+                download(&client, dg, cols),
+                download(&client, rms, cols),
+            ];
+            let beta = download(&client, db, cols);
+            assert_eq!(bits(&beta), bits(&got[0]), "{what}: dβ is the bias sum");
+            for (k, name) in ["Σ dy", "LayerNorm dγ", "RMSNorm dγ"]
+                .into_iter()
+                .enumerate()
+            {
+                for j in 0..cols {
+                    let err = (got[k][j] as f64 - want[k][j]).abs();
+                    let tol = 1e-6 + 2e-5 * magnitude[k][j];
+                    assert!(
+                        err <= tol,
+                        "{what}: {name} column {j}: got {}, want {} (error {err:e})",
+                        got[k][j],
+                        want[k][j]
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// The cross-entropy kernels against float64 over every launch shape: a single column,
 /// rows shorter and longer than a cube's lanes, a GPT-2-wide row (50,304 columns), thousands
 /// of rows, targets at both ends of a row, rows whose target is another shard's (every
@@ -1373,6 +1464,21 @@ fn half_storage_matches_f32<H: Storage>(client: &Client) -> bool {
         "layer norm dβ",
         &download_as::<H>(client, dbh, cols),
         &db_f32,
+        0.0,
+    );
+
+    // A bias's gradient (the column sums of the same rounded gradient), 4,099 rows of 24.
+    let (rows, cols) = (4099, 24);
+    let dy = rounded::<H>(&rng.vec(rows * cols, -1.0, 1.0));
+    let column = ColumnLaunch::for_client(client);
+    let (dyf, sf) = (upload(client, &dy), poisoned(client, cols));
+    bias_gradient::<f32>(client, column, &dyf, &sf, rows, cols);
+    let (dyh, sh) = (upload_as::<H>(client, &dy), poisoned_as::<H>(client, cols));
+    bias_gradient::<H>(client, column, &dyh, &sh, rows, cols);
+    assert_within_an_ulp::<H>(
+        "bias gradient",
+        &download_as::<H>(client, sh, cols),
+        &download(client, sf, cols),
         0.0,
     );
 

@@ -1,11 +1,10 @@
 //! Launchers of the LayerNorm and RMSNorm kernels, forward and backward (the parameters'
-//! gradients reduced over rows in two stages).
+//! gradients are column sums over the rows, one launch: [`super::columns`]).
 
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
-use super::arg;
-use crate::rows::cube_count;
+use super::{arg, layer_norm_param_gradients, rms_norm_gamma_gradient, ColumnLaunch};
 use crate::rows::RowLaunch;
 use crate::{layer_norm, rms_norm};
 
@@ -49,14 +48,8 @@ pub fn layer_norm_forward<F: Float + CubeElement>(
     );
 }
 
-/// Rows each cube of the first dγ/dβ stage sums.
-pub const PARAM_GRAD_BLOCK: usize = 64;
-
-/// Units per cube of the first dγ/dβ stage (each strides over the columns).
-pub const PARAM_GRAD_UNITS: u32 = 256;
-
 /// LayerNorm backward: `grad_input` per row, and `grad_gamma`, `grad_beta` (`cols` each)
-/// reduced over rows in two stages (blocks of [`PARAM_GRAD_BLOCK`] rows, then the blocks).
+/// summed over the rows in one launch ([`layer_norm_param_gradients`]): two launches in all.
 #[allow(clippy::too_many_arguments)]
 pub fn layer_norm_backward<F: Float + CubeElement>(
     client: &Client,
@@ -93,37 +86,17 @@ pub fn layer_norm_backward<F: Float + CubeElement>(
         launch.rows_per_cube,
         launch.plane_reduce,
     );
-    let blocks = rows.div_ceil(PARAM_GRAD_BLOCK);
-    let partial_gamma = client.empty(blocks * cols * 4);
-    let partial_beta = client.empty(blocks * cols * 4);
-    layer_norm::layer_norm_backward_params_partial::launch::<F, f32>(
+    layer_norm_param_gradients::<F>(
         client,
-        cube_count(blocks),
-        CubeDim::new_1d(PARAM_GRAD_UNITS),
-        vector,
-        arg(input, rows * cols),
-        arg(grad_output, rows * cols),
-        arg(mean, rows),
-        arg(rstd, rows),
-        arg(&partial_gamma, blocks * cols),
-        arg(&partial_beta, blocks * cols),
-        rows as u32,
-        cols as u32,
-        PARAM_GRAD_BLOCK as u32,
-        PARAM_GRAD_UNITS,
-    );
-    let per_cube = 64usize;
-    layer_norm::layer_norm_backward_params_final::launch::<F, f32>(
-        client,
-        CubeCount::Static((cols / vector).div_ceil(per_cube) as u32, 1, 1),
-        CubeDim::new_1d(per_cube as u32),
-        vector,
-        arg(&partial_gamma, blocks * cols),
-        arg(&partial_beta, blocks * cols),
-        arg(grad_gamma, cols),
-        arg(grad_beta, cols),
-        blocks as u32,
-        cols as u32,
+        ColumnLaunch::for_client(client),
+        input,
+        grad_output,
+        mean,
+        rstd,
+        grad_gamma,
+        grad_beta,
+        rows,
+        cols,
     );
 }
 
@@ -163,8 +136,8 @@ pub fn rms_norm_forward<F: Float + CubeElement>(
     );
 }
 
-/// RMSNorm backward: `grad_input` per row, and `grad_gamma` (`cols`) reduced over rows in two
-/// stages (blocks of [`PARAM_GRAD_BLOCK`] rows, then the blocks), as LayerNorm's dγ.
+/// RMSNorm backward: `grad_input` per row, and `grad_gamma` (`cols`) summed over the rows in
+/// one launch ([`rms_norm_gamma_gradient`]), as LayerNorm's dγ.
 #[allow(clippy::too_many_arguments)]
 pub fn rms_norm_backward<F: Float + CubeElement>(
     client: &Client,
@@ -198,31 +171,14 @@ pub fn rms_norm_backward<F: Float + CubeElement>(
         launch.rows_per_cube,
         launch.plane_reduce,
     );
-    let blocks = rows.div_ceil(PARAM_GRAD_BLOCK);
-    let partial_gamma = client.empty(blocks * cols * 4);
-    rms_norm::rms_norm_backward_gamma_partial::launch::<F, f32>(
+    rms_norm_gamma_gradient::<F>(
         client,
-        cube_count(blocks),
-        CubeDim::new_1d(PARAM_GRAD_UNITS),
-        vector,
-        arg(input, rows * cols),
-        arg(grad_output, rows * cols),
-        arg(rstd, rows),
-        arg(&partial_gamma, blocks * cols),
-        rows as u32,
-        cols as u32,
-        PARAM_GRAD_BLOCK as u32,
-        PARAM_GRAD_UNITS,
-    );
-    let per_cube = 64usize;
-    rms_norm::rms_norm_backward_gamma_final::launch::<F, f32>(
-        client,
-        CubeCount::Static((cols / vector).div_ceil(per_cube) as u32, 1, 1),
-        CubeDim::new_1d(per_cube as u32),
-        vector,
-        arg(&partial_gamma, blocks * cols),
-        arg(grad_gamma, cols),
-        blocks as u32,
-        cols as u32,
+        ColumnLaunch::for_client(client),
+        input,
+        grad_output,
+        rstd,
+        grad_gamma,
+        rows,
+        cols,
     );
 }

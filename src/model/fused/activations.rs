@@ -16,11 +16,12 @@ use burn_cubecl::cubecl::server::Handle;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
 
-use super::{bias_grad, same_dtype};
+use super::bias_gradient::BiasGradKernels;
+use super::same_dtype;
 use crate::util::cube_tensor::{by_dtype, empty_like, packed};
 
 /// The activation kernels a backend runs.
-pub trait ActivationKernels: Backend {
+pub trait ActivationKernels: BiasGradKernels {
     /// GELU, element-wise (the tanh approximation with `tanh`).
     fn fused_gelu_forward(
         x: FloatTensor<Self>,
@@ -201,10 +202,9 @@ impl<B: ActivationKernels> Backward<B, 2> for BiasGeluBackward {
         let [px, pb] = ops.parents;
         let grad = grads.consume::<B>(&ops.node);
         let (x, bias, tanh) = ops.state;
-        let shape = x.shape();
         let dx = B::fused_gelu_backward(x, Some(bias), grad, tanh);
         if let Some(p) = pb {
-            grads.register::<B>(p.id, bias_grad::<B>(dx.clone(), &shape));
+            grads.register::<B>(p.id, B::bias_gradient(dx.clone()));
         }
         if let Some(p) = px {
             grads.register::<B>(p.id, dx);

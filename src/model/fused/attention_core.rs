@@ -16,6 +16,7 @@
 use burn::backend::tensor::FloatTensor;
 use ferrotron_kernels::launch::{DropoutDraw, QkvLayout};
 
+use super::bias_gradient::BiasGradKernels;
 use super::flash_attention::FlashAttentionKernels;
 use super::qkv_rows::{merge_heads, split_heads, QkvKernels};
 use super::rotary::RotaryKernels;
@@ -25,12 +26,18 @@ use crate::util::matmul::extension::{transposed, Gemm};
 /// The kernels the core may run: the split and merge, the softmax, the fused attention, the
 /// rotary embedding, and the products.
 pub trait AttentionKernels:
-    QkvKernels + SoftmaxKernels + FlashAttentionKernels + RotaryKernels + Gemm
+    QkvKernels + SoftmaxKernels + FlashAttentionKernels + RotaryKernels + BiasGradKernels + Gemm
 {
 }
 
-impl<B: QkvKernels + SoftmaxKernels + FlashAttentionKernels + RotaryKernels + Gemm> AttentionKernels
-    for B
+impl<
+        B: QkvKernels
+            + SoftmaxKernels
+            + FlashAttentionKernels
+            + RotaryKernels
+            + BiasGradKernels
+            + Gemm,
+    > AttentionKernels for B
 {
 }
 

@@ -22,8 +22,8 @@ use burn_cubecl::CubeBackend;
 use ferrotron_kernels::launch::{DropoutDraw, QkvLayout};
 
 use super::attention_core::{self, AttentionKernels, CoreKernels, Rotation, Saved};
+use super::dropout_draw;
 use super::qkv_rows::layout;
-use super::{bias_grad, dropout_draw};
 
 /// The settings of the core from the rows besides its tensors: the layout's groups, the
 /// scale, the dropout draw and which kernels run.
@@ -260,8 +260,7 @@ impl<B: AttentionKernels> Backward<B, 2> for MixedAttentionBackward {
         }
         let grad = rows_grad::<B>(ops.state, grad);
         if let Some(bias) = bias {
-            let summed = bias_grad::<B>(grad.clone(), &grad.shape());
-            grads.register::<B>(bias.id, summed);
+            grads.register::<B>(bias.id, B::bias_gradient(grad.clone()));
         }
         if let Some(rows) = rows {
             grads.register::<B>(rows.id, grad);

@@ -23,11 +23,12 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
 use ferrotron_kernels::launch::{DrawSlice, DropoutDraw};
 
-use super::{bias_grad, dropout_draw, same_dtype};
+use super::bias_gradient::BiasGradKernels;
+use super::{dropout_draw, same_dtype};
 use crate::util::cube_tensor::{by_dtype, empty_like, packed};
 
 /// The dropout kernels a backend runs.
-pub trait DropoutKernels: Backend {
+pub trait DropoutKernels: BiasGradKernels {
     /// `x ⊙ mask` of the dropout draw `draw`, `x` holding `slice` of it (forward; backward
     /// on the gradient).
     fn dropout_apply(
@@ -194,8 +195,7 @@ impl<B: DropoutKernels> Backward<B, 3> for BiasDropoutAddBackward {
         let grad = grads.consume::<B>(&ops.node);
         let grad_y = y_grad::<B>(&grad, draw, slice);
         if let Some(bias) = bias {
-            let shape = grad_y.shape();
-            grads.register::<B>(bias.id, bias_grad::<B>(grad_y.clone(), &shape));
+            grads.register::<B>(bias.id, B::bias_gradient(grad_y.clone()));
         }
         if let Some(y) = y {
             grads.register::<B>(y.id, grad_y);

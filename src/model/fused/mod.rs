@@ -11,6 +11,7 @@
 mod activations;
 mod attention_core;
 mod attention_from_rows;
+mod bias_gradient;
 mod dropout;
 mod flash_attention;
 mod norms;
@@ -21,14 +22,13 @@ mod softmax;
 pub use activations::{bias_gelu, gelu, swiglu};
 pub use attention_core::CoreKernels;
 pub use attention_from_rows::{attention_from_qkv, RowRotation};
+pub use bias_gradient::BiasGradKernels;
 pub use dropout::{bias_dropout_add, dropout, dropout_slice};
 pub use flash_attention::causal_attention;
 pub use norms::{layer_norm, rms_norm};
 pub use rotary::rotary;
 pub use softmax::causal_softmax;
 
-use burn::backend::tensor::FloatTensor;
-use burn::backend::Backend;
 use burn::tensor::Shape;
 use burn_cubecl::tensor::CubeTensor;
 use ferrotron_kernels::launch::{AttentionShape, DropoutDraw};
@@ -52,15 +52,6 @@ fn dropout_draw(dropout: Option<(u64, f64)>) -> Option<DropoutDraw> {
             scale: (1.0 / (1.0 - p)) as f32,
         }
     })
-}
-
-/// The gradient of a bias added over the rows of a tensor of `shape` (its last dimension),
-/// from the sum's gradient `grad`: `grad` summed over the rows, as the composed add's.
-fn bias_grad<B: Backend>(grad: FloatTensor<B>, shape: &Shape) -> FloatTensor<B> {
-    let hidden = shape[shape.num_dims() - 1];
-    let rows = Shape::new([shape.num_elements() / hidden, hidden]);
-    let sum = B::float_sum_dim(B::float_reshape(grad, rows), 0);
-    B::float_reshape(sum, Shape::new([hidden]))
 }
 
 /// Panics unless `other` is stored as `x` is (the kernels read both as one type).

@@ -1,7 +1,7 @@
 //! LayerNorm and RMSNorm over the last dimension, fused: one kernel forward (saving the
-//! per-row statistics in f32), and a backward of one kernel for dx and two for the parameters'
-//! gradients reduced over rows, where burn's composed norms take about a dozen launches each
-//! way.
+//! per-row statistics in f32), and a backward of one kernel for dx and one for the
+//! parameters' gradients summed over the rows (the column-sum kernel), where burn's composed
+//! norms take about a dozen launches each way.
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;

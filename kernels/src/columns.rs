@@ -1,0 +1,153 @@
+//! Sums over the rows of a `[rows, cols]` tensor, per column, in one launch: a bias's
+//! gradient (`Σ dy`), LayerNorm's dγ and dβ (`Σ dy ⊙ x̂`, `Σ dy`), RMSNorm's dγ
+//! (`Σ dy ⊙ x · r`).
+//!
+//! Why one launch with a strip of columns per cube: on an H200 (GPT-2 345M, bf16,
+//! `benchmarks/results/2026-11-27-h200-device-order.md`) the bias gradients went through
+//! burn's `sum_dim` at ≈ 43 µs each (96 a step, 4.1 ms) and LayerNorm's two stages at ≈ 34
+//! and 27 µs, where the bytes of a `[4096, 1024]` bf16 gradient take ≈ 2 µs. Both designs
+//! left most of the GPU idle: `sum_dim` along the rows gives a column to one unit, which
+//! walks all 4,096 rows; the second LayerNorm stage did the same over the partial rows with
+//! four cubes. Here a cube owns `vectors` column vectors and has `row_lanes` units for each
+//! (along y), each summing every `row_lanes`-th row four rows at a time (four loads in flight);
+//! the lanes' sums are then added in a tree through shared memory. The order of every addition
+//! is fixed by the launch shape, so the sums do not change from run to run.
+
+use cubecl::prelude::*;
+
+use crate::rows::cube_index;
+
+/// Column sums over all `rows` rows (see the module docs). Cube `c` owns column vectors
+/// `c·vectors .. (c+1)·vectors` (x), and its `row_lanes` units per vector (y, a power of two)
+/// start at rows `0 .. row_lanes`. With `weighted_terms`, `Σ dy ⊙ x̂` goes to `weighted_sums`,
+/// `x̂ = (x − μ) · r` (`centered`: LayerNorm) or `x · r` (RMSNorm); with `plain_terms`, `Σ dy`
+/// goes to `sums`. Arguments a launch does not ask for are neither read nor written.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn column_sums<F: Float, A: Float, N: Size>(
+    grad_output: &[Vector<F, N>],
+    input: &[Vector<F, N>],
+    mean: &[A],
+    rstd: &[A],
+    weighted_sums: &mut [Vector<F, N>],
+    sums: &mut [Vector<F, N>],
+    rows: u32,
+    cols: u32,
+    #[comptime] weighted_terms: bool,
+    #[comptime] centered: bool,
+    #[comptime] plain_terms: bool,
+    #[comptime] vectors: u32,
+    #[comptime] row_lanes: u32,
+) {
+    let width = cols as usize / N::value();
+    let x = UNIT_POS_X as usize;
+    let j = cube_index() * vectors as usize + x;
+    let lane = UNIT_POS_Y as usize;
+    let zero = Vector::<A, N>::new(A::new(0.0));
+    let mut weighted = zero;
+    let mut plain = zero;
+    if j < width {
+        let step = row_lanes as usize;
+        let rows = rows as usize;
+        let (mut w0, mut w1, mut w2, mut w3) = (zero, zero, zero, zero);
+        let (mut s0, mut s1, mut s2, mut s3) = (zero, zero, zero, zero);
+        let mut row = lane;
+        while row + 3 * step < rows {
+            let dy0 = Vector::<A, N>::cast_from(grad_output[row * width + j]);
+            let dy1 = Vector::<A, N>::cast_from(grad_output[(row + step) * width + j]);
+            let dy2 = Vector::<A, N>::cast_from(grad_output[(row + 2 * step) * width + j]);
+            let dy3 = Vector::<A, N>::cast_from(grad_output[(row + 3 * step) * width + j]);
+            if weighted_terms {
+                w0 += dy0 * normalized::<F, A, N>(input, mean, rstd, row, width, j, centered);
+                w1 +=
+                    dy1 * normalized::<F, A, N>(input, mean, rstd, row + step, width, j, centered);
+                w2 += dy2
+                    * normalized::<F, A, N>(input, mean, rstd, row + 2 * step, width, j, centered);
+                w3 += dy3
+                    * normalized::<F, A, N>(input, mean, rstd, row + 3 * step, width, j, centered);
+            }
+            if plain_terms {
+                s0 += dy0;
+                s1 += dy1;
+                s2 += dy2;
+                s3 += dy3;
+            }
+            row += 4 * step;
+        }
+        while row < rows {
+            let dy = Vector::<A, N>::cast_from(grad_output[row * width + j]);
+            if weighted_terms {
+                w0 += dy * normalized::<F, A, N>(input, mean, rstd, row, width, j, centered);
+            }
+            if plain_terms {
+                s0 += dy;
+            }
+            row += step;
+        }
+        weighted = (w0 + w1) + (w2 + w3);
+        plain = (s0 + s1) + (s2 + s3);
+    }
+    if row_lanes > 1 {
+        if weighted_terms {
+            weighted = lanes_sum::<A, N>(weighted, vectors, row_lanes);
+        }
+        if plain_terms {
+            plain = lanes_sum::<A, N>(plain, vectors, row_lanes);
+        }
+    }
+    if j < width && lane == 0 {
+        if weighted_terms {
+            weighted_sums[j] = Vector::<F, N>::cast_from(weighted);
+        }
+        if plain_terms {
+            sums[j] = Vector::<F, N>::cast_from(plain);
+        }
+    }
+}
+
+/// `x̂` of row `row`'s column vector `j`: `(x − μ) · r` (`centered`) or `x · r`.
+#[cube]
+fn normalized<F: Float, A: Float, N: Size>(
+    input: &[Vector<F, N>],
+    mean: &[A],
+    rstd: &[A],
+    row: usize,
+    width: usize,
+    j: usize,
+    #[comptime] centered: bool,
+) -> Vector<A, N> {
+    let mut x = Vector::<A, N>::cast_from(input[row * width + j]);
+    if centered {
+        x -= Vector::<A, N>::new(mean[row]);
+    }
+    x * Vector::<A, N>::new(rstd[row])
+}
+
+/// The sum of `value` over the `row_lanes` units (y) of this unit's column vector (x), in
+/// unit 0's result (a tree through shared memory, halving the lanes each level). Every unit
+/// of the cube must call it.
+#[cube]
+fn lanes_sum<A: Float, N: Size>(
+    value: Vector<A, N>,
+    #[comptime] vectors: u32,
+    #[comptime] row_lanes: u32,
+) -> Vector<A, N> {
+    let mut scratch = Shared::<[Vector<A, N>]>::new_slice((vectors * row_lanes) as usize);
+    let x = UNIT_POS_X as usize;
+    let lane = UNIT_POS_Y as usize;
+    let v = vectors as usize;
+    scratch[lane * v + x] = value;
+    sync_cube();
+    // From the runtime cube size (= `row_lanes`): a comptime initial value would make
+    // `stride` a constant the loop cannot update.
+    let mut stride = (CUBE_DIM_Y / 2) as usize;
+    while stride > 0 {
+        if lane < stride {
+            let sum = scratch[lane * v + x] + scratch[(lane + stride) * v + x];
+            scratch[lane * v + x] = sum;
+        }
+        sync_cube();
+        stride /= 2;
+    }
+    scratch[x]
+}
