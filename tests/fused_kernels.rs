@@ -1106,6 +1106,30 @@ fn bf16_is_refused_where_the_device_has_none() {
     assert!(err.contains("--bf16") && err.contains("--fp16"), "{err}");
 }
 
+/// A run whose logits are larger than the device allocates in one buffer (lavapipe: 128 MiB)
+/// is refused before it starts, naming the tensor and what to change, where the step's first
+/// read used to panic ("An error happened during execution").
+#[test]
+fn a_run_with_logits_over_the_device_s_largest_buffer_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = PretrainConfig {
+        micro_batch_size: 40,
+        global_batch_size: 40,
+        model: GptConfig::new(2, 32, 4, 16, 65536),
+        ..small_gpt(dir.path(), true, 1)
+    };
+    let err = pretrain(&config, &device()).unwrap_err().to_string();
+    assert!(
+        err.starts_with(
+            "the logits of a micro-batch ([40, 16, 65536], 167.8 MB) is larger than the largest \
+             buffer this device allocates ("
+        ) && err.ends_with(
+            "lower --micro-batch-size or --seq-length, or raise --tensor-model-parallel-size"
+        ),
+        "{err}"
+    );
+}
+
 /// The flat-buffer Adam on the GPU device against the composed per-parameter Adam on the CPU
 /// (burn's tensor ops): three steps of a small GPT from the same gradients, with clipping
 /// active, weight decay and a decoupled learning rate, give the same weights, gradient norms

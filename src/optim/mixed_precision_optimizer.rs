@@ -168,8 +168,12 @@ impl<M: Module> MixedPrecisionOptimizer<M> {
 }
 
 /// The sum of `values` (one-element tensors) and, if it is still on the device, the gradient
-/// norm, read from the device together: one read per step.
-pub fn read_step_values(values: Vec<Tensor<1>>, norm: Option<GradNorm>) -> (f64, Option<f64>) {
+/// norm, read from the device together: one read per step. A device that failed to run the
+/// step fails here, its first read: an error, not a panic.
+pub fn read_step_values(
+    values: Vec<Tensor<1>>,
+    norm: Option<GradNorm>,
+) -> anyhow::Result<(f64, Option<f64>)> {
     use burn::tensor::FloatDType;
     let m = values.len();
     let mut pending: Vec<Tensor<1>> = values
@@ -187,7 +191,10 @@ pub fn read_step_values(values: Vec<Tensor<1>>, norm: Option<GradNorm>) -> (f64,
     let read: Vec<f64> = if pending.is_empty() {
         Vec::new()
     } else {
-        let data: TensorData = Tensor::cat(pending, 0).into_data().convert::<f32>();
+        let data: TensorData = Tensor::cat(pending, 0)
+            .try_into_data()
+            .map_err(|e| anyhow::anyhow!("the device failed to run the training step: {e:?}"))?
+            .convert::<f32>();
         data.as_slice::<f32>()
             .expect("converted to f32")
             .iter()
@@ -196,5 +203,5 @@ pub fn read_step_values(values: Vec<Tensor<1>>, norm: Option<GradNorm>) -> (f64,
     };
     let sum = read[..m].iter().sum();
     let norm = read_norm.unwrap_or_else(|| read.get(m).copied());
-    (sum, norm)
+    Ok((sum, norm))
 }

@@ -7,6 +7,7 @@
 
 pub mod architecture_args;
 pub mod batch_size_schedule;
+pub mod buffer_limits;
 pub mod config;
 pub mod evaluate;
 pub mod finalize_grads;

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use anyhow::Result;
 use burn::tensor::Device;
 
+use super::buffer_limits;
 use super::config::{BatchPlan, PretrainConfig};
 use super::evaluate::{evaluate, EvaluationPlace};
 use super::param_stats::params_l2_norm;
@@ -140,6 +141,12 @@ pub fn pretrain_on(
             println!("{line}");
         }
     };
+    if let Some(limit) = buffer_limits::device_limit(device) {
+        // As `setup::build_optimizer` decides; every rank of a run checks the same tensors, so
+        // all refuse together.
+        let flat = !cfg.use_distributed_optimizer && parallel.model.size() == 1;
+        buffer_limits::check_against(&buffer_limits::largest_tensors(cfg, flat), limit)?;
+    }
     let setup = set_up_rank(cfg, plan, &parallel, device, &say)?;
     if cfg.overlap_grad_reduce
         && parallel.layout.dp > 1

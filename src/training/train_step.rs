@@ -176,7 +176,7 @@ pub fn report_step(
     setup: &RankSetup,
     (parallel, plan): (&ParallelState, BatchPlan),
 ) -> Result<StepReport> {
-    let (local_loss, grad_norm) = read_step_values(outputs.losses, outputs.norm);
+    let (local_loss, grad_norm) = read_step_values(outputs.losses, outputs.norm)?;
     // Only the last stage has losses: the pipeline sum brings them to every stage.
     let stages = parallel
         .pipeline
