@@ -153,21 +153,27 @@ impl ColumnSums<'_> {
         }
         let vector = element_vector_size::<F>(client, cols);
         let width = cols / vector;
-        // Arguments the launch does not ask for are never read or written; a one-vector
-        // stand-in fills their place (one for the inputs, another for an output: a buffer
-        // bound both ways in one dispatch is refused by wgpu).
-        let unread = client.empty(4 * vector);
-        let unwritten = client.empty(4 * vector);
+        // Arguments the launch does not ask for are never read or written. An input's place is
+        // taken by the gradient (bound read-only twice, as the element-wise kernels' missing
+        // bias), an output's by a one-vector buffer of its own (wgpu refuses a buffer bound
+        // both ways in one dispatch).
+        let unread = self.grad_output;
+        let unwritten =
+            (self.weighted_sums.is_none() || self.sums.is_none()).then(|| client.empty(4 * vector));
+        let stand_in = || {
+            (
+                unwritten.as_ref().expect("made for a missing output"),
+                vector,
+            )
+        };
         let input = self.input.as_ref();
-        let x = input.map_or((&unread, vector), |i| (i.input, rows * cols));
+        let x = input.map_or((unread, vector), |i| (i.input, rows * cols));
         let mean = input
             .and_then(|i| i.mean)
-            .map_or((&unread, vector), |m| (m, rows));
-        let rstd = input.map_or((&unread, vector), |i| (i.rstd, rows));
-        let weighted = self
-            .weighted_sums
-            .map_or((&unwritten, vector), |w| (w, cols));
-        let sums = self.sums.map_or((&unwritten, vector), |s| (s, cols));
+            .map_or((unread, vector), |m| (m, rows));
+        let rstd = input.map_or((unread, vector), |i| (i.rstd, rows));
+        let weighted = self.weighted_sums.map_or_else(stand_in, |w| (w, cols));
+        let sums = self.sums.map_or_else(stand_in, |s| (s, cols));
         columns::column_sums::launch::<F, f32>(
             client,
             cube_count(width.div_ceil(launch.vectors as usize)),
