@@ -27,7 +27,10 @@ CLASSES = [
     ("row kernels", re.compile(r"softmax|layer_?norm|rms_?norm|cross_?entropy|log_?sum", re.I)),
     ("reductions", re.compile(r"reduce|sum|norm|max|mean|argmax", re.I)),
     ("dropout", re.compile(r"dropout", re.I)),
-    ("copies/casts", re.compile(r"into_contiguous|copy|cast|layout|slice|gather|scatter|select|cat", re.I)),
+    # (With ours in place of burn's: the core's heads moved to rows and back, the embedding's
+    # gradient in place of `select_assign`.)
+    ("copies/casts", re.compile(r"into_contiguous|copy|cast|layout|slice|gather|scatter|select|cat"
+                                r"|swap_?heads|embedding_?gradient", re.I)),
 ]
 UNITS = {"ns": 1e-6, "µs": 1e-3, "us": 1e-3, "ms": 1.0, "s": 1e3}
 LINE = re.compile(r"^\|\s*([0-9.]+)(ns|µs|us|ms|s)\s*\|\s*(.+?)\s*$")

@@ -13,7 +13,8 @@
 //! - [`rotary`]: rotary position embedding of queries or keys (interleaved or half-split
 //!   pairs, part of each head rotated), whose backward is the rotation by the negative angle;
 //! - [`heads`]: the fused QKV projection's rows split into per-head queries, keys and values
-//!   (keys and values repeated per query head), and the gradients merged back;
+//!   (keys and values repeated per query head), and the gradients merged back; the core's
+//!   output moved from heads to rows and back;
 //! - [`gelu`]: GELU, exact or tanh, with an optional bias added first (bias-GELU), forward
 //!   and backward;
 //! - [`dropout`]: dropout with masks derived on the device from a key and the element index,
@@ -27,6 +28,8 @@
 //!   cube with rows in registers and plane broadcasts in place of shared-memory tiles;
 //! - [`columns`]: sums over the rows per column in one launch (a bias's gradient, the norms'
 //!   dγ and dβ);
+//! - [`embedding`]: the word embedding's gradient, each token's rows summed in position
+//!   order by one cube (no sort, no atomics);
 //! - [`grad_norm`]: the global norm of a flat gradient buffer and the clipping coefficient
 //!   (two launches, a fixed order);
 //! - [`adam`]: one Adam step of a parameter (both moments and the update) in one kernel;
@@ -56,6 +59,7 @@ pub mod columns;
 pub mod cpu_runtime;
 pub mod cross_entropy;
 pub mod dropout;
+pub mod embedding;
 pub mod gelu;
 pub mod grad_norm;
 pub mod heads;

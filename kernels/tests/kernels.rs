@@ -1355,6 +1355,32 @@ fn assert_within_an_ulp<H: Storage>(what: &str, got: &[f32], want: &[f32], abs: 
     println!("{what} ({}): worst error {worst:.2} of the bound", H::NAME);
 }
 
+/// The embedding's gradient in `H`: 2,000 positions of 40 tokens, rows of 24, summed in f32
+/// and rounded once (a frequent token's row is not rounded at each of its ~50 additions).
+fn embedding_gradient_in_half<H: Storage>(client: &Client, rng: &mut Rng) {
+    let (positions, rows, hidden) = (2_000, 40, 24);
+    let tokens: Vec<i32> = (0..positions).map(|p| (p * 7 % rows) as i32).collect();
+    let tokens = client.create_from_slice(i32::as_bytes(&tokens));
+    let grad = rounded::<H>(&rng.vec(positions * hidden, -1.0, 1.0));
+    let embedding = embedding_launches(client)[0];
+    let tf = upload(client, &vec![0.0; rows * hidden]);
+    let gf = upload(client, &grad);
+    embedding_gradient::<f32>(
+        client, embedding, &tokens, &gf, &tf, positions, rows, hidden,
+    );
+    let th = upload_as::<H>(client, &vec![0.0; rows * hidden]);
+    let gh = upload_as::<H>(client, &grad);
+    embedding_gradient::<H>(
+        client, embedding, &tokens, &gh, &th, positions, rows, hidden,
+    );
+    assert_within_an_ulp::<H>(
+        "embedding gradient",
+        &download_as::<H>(client, th, rows * hidden),
+        &download(client, tf, rows * hidden),
+        0.0,
+    );
+}
+
 /// Every kernel in storage `H` against the same kernel in f32, on inputs rounded to `H`;
 /// false when this device cannot store `H`.
 fn half_storage_matches_f32<H: Storage>(client: &Client) -> bool {
@@ -1481,6 +1507,8 @@ fn half_storage_matches_f32<H: Storage>(client: &Client) -> bool {
         &download(client, sf, cols),
         0.0,
     );
+
+    embedding_gradient_in_half::<H>(client, &mut rng);
 
     // Dropout: the same elements dropped, the kept ones scaled in f32 and rounded once.
     let n = 10_007;
@@ -2254,7 +2282,8 @@ fn mixed_index(l: &QkvLayout, b: usize, i: usize, g: usize, part: usize, c: usiz
     (((b * l.seq + i) * l.groups + g) * (l.per_group + 2) + part) * l.head_dim + c
 }
 
-/// The split's outputs and the merge's gradient against the layout read with nested loops:
+/// The split's outputs, the merge's gradient and the core's output moved to rows and back
+/// against the layouts read with nested loops:
 /// multi-head (one query per group), grouped-query (four per group) and one group; sizes
 /// that leave a partly filled last cube, and one longer than a cube-count dimension holds.
 #[test]
@@ -2292,6 +2321,16 @@ fn qkv_split_and_merge_follow_megatrons_group_layout() {
         let merged = poisoned(&client, l.mixed_len());
         qkv_merge::<f32>(&client, [&handles[0], &handles[1], &handles[2]], &merged, l);
         let merged = download(&client, merged, l.mixed_len());
+        // The core's output `[b, heads, s, d]` as rows `[b, s, heads · d]` and back.
+        let context = rng.vec(l.head_len(), -1.0, 1.0);
+        let rows = poisoned(&client, l.head_len());
+        heads_to_rows::<f32>(&client, &upload(&client, &context), &rows, l);
+        let back = poisoned(&client, l.head_len());
+        rows_to_heads::<f32>(&client, &rows, &back, l);
+        let (rows, back) = (
+            download(&client, rows, l.head_len()),
+            download(&client, back, l.head_len()),
+        );
         let mut want_merged = vec![0.0f64; l.mixed_len()];
         for b in 0..batch {
             for g in 0..groups {
@@ -2300,6 +2339,9 @@ fn qkv_split_and_merge_follow_megatrons_group_layout() {
                     for i in 0..seq {
                         for c in 0..head_dim {
                             let at = ((b * l.heads() + h) * seq + i) * head_dim + c;
+                            let row_at = ((b * seq + i) * l.heads() + h) * head_dim + c;
+                            assert_eq!(rows[row_at], context[at], "{what}: row element {row_at}");
+                            assert_eq!(back[at], context[at], "{what}: head element {at}");
                             let sources = [j, per_group, per_group + 1];
                             for (part, &source) in sources.iter().enumerate() {
                                 let m = mixed_index(&l, b, i, g, source, c);
@@ -2318,6 +2360,69 @@ fn qkv_split_and_merge_follow_megatrons_group_layout() {
         }
         // A query element is copied; a key or value element sums `per_group` f32 values.
         assert_close(&what, &merged, &want_merged, 1e-6, 1e-6);
+    }
+}
+
+/// The embedding-gradient shapes checked: a GPU's, and cubes of 1, 3 and 32 units; on a
+/// device without planes (cubecl-cpu, whose barriers are slow) only the one-unit cubes, which
+/// have no barrier.
+fn embedding_launches(client: &Client) -> Vec<EmbeddingLaunch> {
+    if RowLaunch::for_client(client).lanes == 1 {
+        return vec![EmbeddingLaunch { units: 1 }];
+    }
+    let mut all = vec![EmbeddingLaunch::gpu(client)];
+    for units in [1, 3, 32] {
+        if !all.contains(&EmbeddingLaunch { units }) {
+            all.push(EmbeddingLaunch { units });
+        }
+    }
+    all
+}
+
+/// The embedding's gradient against the sums written out: each row of the table the f32 sum,
+/// in position order, of the gradient's rows at its token's positions (bit for bit:
+/// `select_assign`'s order), rows no token names left as they were (zero), ids that are
+/// negative or past the table ignored. Tokens from a small vocabulary (a token repeated
+/// across many chunks), rows wider than a cube's units, one position, for a GPU's launch
+/// shape and others (a chunk of four positions with one unit).
+#[test]
+fn embedding_gradient_sums_each_token_s_rows_in_position_order() {
+    let client = client();
+    let mut rng = Rng(23);
+    for launch in embedding_launches(&client) {
+        for (positions, rows, hidden) in [(1, 1, 1), (9, 3, 5), (1_030, 17, 24), (700, 900, 70)] {
+            let what = format!("{launch:?}, {positions} positions, {rows} rows of {hidden}");
+            let tokens: Vec<i32> = (0..positions)
+                .map(|p| match p % 97 {
+                    13 => -1,
+                    41 => rows as i32,
+                    _ => (rng.uniform() * rows as f64) as i32 % rows as i32,
+                })
+                .collect();
+            let grad = rng.vec(positions * hidden, -1.0, 1.0);
+            let table = upload(&client, &vec![0.0; rows * hidden]);
+            embedding_gradient::<f32>(
+                &client,
+                launch,
+                &client.create_from_slice(i32::as_bytes(&tokens)),
+                &upload(&client, &grad),
+                &table,
+                positions,
+                rows,
+                hidden,
+            );
+            let got = download(&client, table, rows * hidden);
+            let mut want = vec![0.0f32; rows * hidden];
+            for (p, &token) in tokens.iter().enumerate() {
+                if (0..rows as i32).contains(&token) {
+                    let row = token as usize * hidden;
+                    for c in 0..hidden {
+                        want[row + c] += grad[p * hidden + c];
+                    }
+                }
+            }
+            assert_eq!(bits(&got), bits(&want), "{what}");
+        }
     }
 }
 

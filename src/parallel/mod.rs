@@ -5,6 +5,7 @@
 //! - [`mappings`]: the four region operators with their custom backward;
 //! - [`layers`]: column-, row- and vocab-parallel modules;
 //! - [`cross_entropy`]: the vocab-parallel cross-entropy;
+//! - [`embedding_lookup`]: the embedding's lookup, its gradient one kernel on CubeCL devices;
 //! - [`sharding`]: which part of each parameter a rank holds;
 //! - [`random`]: dropout randomness that is shared or per-rank as Megatron's RNG tracker.
 //!
@@ -13,6 +14,7 @@
 pub mod cross_entropy;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod cross_entropy_kernels;
+pub mod embedding_lookup;
 pub mod layers;
 pub mod mappings;
 pub mod random;

@@ -1,5 +1,5 @@
 //! The fused QKV projection's row layout, and the launchers splitting the rows into heads and
-//! merging the heads' gradients back.
+//! merging the heads' gradients back, and moving the core's output between heads and rows.
 
 use cubecl::prelude::*;
 use cubecl::server::Handle;
@@ -114,6 +114,57 @@ pub fn qkv_merge<F: Float + CubeElement>(
         layout.seq as u32,
         layout.heads() as u32,
         layout.per_group as u32,
+        (layout.head_dim / vector) as u32,
+    );
+}
+
+/// The core's output `heads` `[batch, heads, seq, head_dim]` as `rows` `[batch, seq, heads ·
+/// head_dim]` (the output projection's input).
+pub fn heads_to_rows<F: Float + CubeElement>(
+    client: &Client,
+    heads: &Handle,
+    rows: &Handle,
+    layout: QkvLayout,
+) {
+    swap_heads_and_positions::<F>(client, heads, rows, layout, layout.heads(), layout.seq);
+}
+
+/// The inverse of [`heads_to_rows`]: the output projection's input gradient `rows` as the
+/// core's per-head `heads`.
+pub fn rows_to_heads<F: Float + CubeElement>(
+    client: &Client,
+    rows: &Handle,
+    heads: &Handle,
+    layout: QkvLayout,
+) {
+    swap_heads_and_positions::<F>(client, rows, heads, layout, layout.seq, layout.heads());
+}
+
+/// `input` `[batch, outer, inner, head_dim]` into `output` `[batch, inner, outer, head_dim]`.
+fn swap_heads_and_positions<F: Float + CubeElement>(
+    client: &Client,
+    input: &Handle,
+    output: &Handle,
+    layout: QkvLayout,
+    outer: usize,
+    inner: usize,
+) {
+    let len = layout.head_len();
+    if len == 0 {
+        return;
+    }
+    check_elements(len, "heads and rows");
+    let vector = element_vector_size::<F>(client, layout.head_dim);
+    heads::swap_heads_and_positions::launch::<F>(
+        client,
+        cube_count((len / vector).div_ceil(heads::UNITS_PER_CUBE as usize)),
+        CubeDim::new_1d(heads::UNITS_PER_CUBE),
+        vector,
+        arg(input, len),
+        arg(output, len),
+        (len / vector) as u32,
+        outer as u32,
+        inner as u32,
         (layout.head_dim / vector) as u32,
     );
 }

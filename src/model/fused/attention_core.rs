@@ -18,7 +18,7 @@ use ferrotron_kernels::launch::{DropoutDraw, QkvLayout};
 
 use super::bias_gradient::BiasGradKernels;
 use super::flash_attention::FlashAttentionKernels;
-use super::qkv_rows::{merge_heads, split_heads, QkvKernels};
+use super::qkv_rows::QkvKernels;
 use super::rotary::RotaryKernels;
 use super::softmax::SoftmaxKernels;
 use crate::util::matmul::extension::{transposed, Gemm};
@@ -134,7 +134,7 @@ pub fn forward<B: AttentionKernels>(
             (B::gemm(dropped, v), Saved::Recomputed { qkv })
         }
     };
-    (merge_heads::<B>(heads, layout), saved)
+    (B::merge_heads(heads, layout), saved)
 }
 
 /// The attention scores `q kᵀ` (unscaled: the softmax kernels scale them).
@@ -151,7 +151,7 @@ pub fn backward<B: AttentionKernels>(
     draw: Option<DropoutDraw>,
     rotation: Option<Rotation<B>>,
 ) -> FloatTensor<B> {
-    let grad = split_heads::<B>(grad, layout);
+    let grad = B::split_heads(grad, layout);
     let mut grads = match saved {
         Saved::Flash {
             qkv: [q, k, v],

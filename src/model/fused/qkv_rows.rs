@@ -2,7 +2,8 @@
 //! per-group layout) split into per-head queries, keys and values, and their gradients merged
 //! back, one kernel each way (for grouped-query attention the split repeats a group's key and
 //! value for each of its query heads, and the merge sums the repeats' gradients in a fixed
-//! order); and the copies between the per-head layout and the rows'.
+//! order); and the core's output moved between the per-head layout and the rows', one
+//! kernel each way.
 
 use burn::backend::tensor::FloatTensor;
 use burn::backend::Backend;
@@ -26,8 +27,11 @@ pub trait QkvKernels: Backend {
     ) -> [FloatTensor<Self>; 3];
     /// The rows' gradient from the gradients of [`Self::qkv_split`]'s three outputs.
     fn qkv_merge(grads: [FloatTensor<Self>; 3], layout: QkvLayout) -> FloatTensor<Self>;
-    /// `x` stored contiguously, row-major (a copy only if it is not).
-    fn contiguous(x: FloatTensor<Self>) -> FloatTensor<Self>;
+    /// The core's output `[b, heads, s, head_dim]` as rows `[b, s, heads · head_dim]`.
+    fn merge_heads(heads: FloatTensor<Self>, layout: QkvLayout) -> FloatTensor<Self>;
+    /// Rows `[b, s, heads · head_dim]` (the output projection's input gradient) as
+    /// `[b, heads, s, head_dim]`.
+    fn split_heads(rows: FloatTensor<Self>, layout: QkvLayout) -> FloatTensor<Self>;
 }
 
 impl QkvKernels for CubeBackend {
@@ -72,8 +76,34 @@ impl QkvKernels for CubeBackend {
         merged
     }
 
-    fn contiguous(x: CubeTensor) -> CubeTensor {
-        packed(x)
+    fn merge_heads(heads: CubeTensor, layout: QkvLayout) -> CubeTensor {
+        let heads = packed(heads);
+        let shape = Shape::new([layout.batch, layout.seq, layout.heads() * layout.head_dim]);
+        let rows = empty_like(&heads, shape, heads.dtype);
+        by_dtype!(
+            heads.dtype,
+            heads_to_rows,
+            &heads.client,
+            &heads.handle,
+            &rows.handle,
+            layout
+        );
+        rows
+    }
+
+    fn split_heads(rows: CubeTensor, layout: QkvLayout) -> CubeTensor {
+        let rows = packed(rows);
+        let shape = Shape::new([layout.batch, layout.heads(), layout.seq, layout.head_dim]);
+        let heads = empty_like(&rows, shape, rows.dtype);
+        by_dtype!(
+            rows.dtype,
+            rows_to_heads,
+            &rows.client,
+            &rows.handle,
+            &heads.handle,
+            layout
+        );
+        heads
     }
 }
 
@@ -92,19 +122,4 @@ pub fn layout(shape: &Shape, groups: u32, per_group: u32) -> QkvLayout {
         per_group,
         head_dim: width / (groups * (per_group + 2)),
     }
-}
-
-/// `[b, heads, s, head_dim]` → `[b, s, heads · head_dim]` (one copy).
-pub fn merge_heads<B: QkvKernels>(heads: FloatTensor<B>, l: QkvLayout) -> FloatTensor<B> {
-    let rows = B::contiguous(B::float_swap_dims(heads, 1, 2));
-    B::float_reshape(rows, Shape::new([l.batch, l.seq, l.heads() * l.head_dim]))
-}
-
-/// `[b, s, heads · head_dim]` → `[b, heads, s, head_dim]` (one copy).
-pub fn split_heads<B: QkvKernels>(rows: FloatTensor<B>, l: QkvLayout) -> FloatTensor<B> {
-    let rows = B::float_reshape(
-        B::contiguous(rows),
-        Shape::new([l.batch, l.seq, l.heads(), l.head_dim]),
-    );
-    B::contiguous(B::float_swap_dims(rows, 1, 2))
 }

@@ -4,6 +4,7 @@ use burn::module::{Module, Param};
 use burn::tensor::{Device, Int, Tensor};
 
 use crate::comm::Group;
+use crate::parallel::embedding_lookup::embedding_lookup;
 use crate::parallel::mappings::reduce_from_region;
 use crate::parallel::sharding::{init_shard, vocab_shard_index, DeclaresHoldings, Holding};
 use crate::util::init::Init;
@@ -61,13 +62,10 @@ impl VocabParallelEmbedding {
         let [rows, h] = self.weight.dims();
         let flat = tokens.reshape([b * s]);
         if self.group.size() == 1 {
-            return self.weight.val().select(0, flat).reshape([b, s, h]);
+            return embedding_lookup(self.weight.val(), flat).reshape([b, s, h]);
         }
         let (index, outside) = vocab_shard_index(flat, self.vocab_start(), rows);
-        let rows_out = self
-            .weight
-            .val()
-            .select(0, index)
+        let rows_out = embedding_lookup(self.weight.val(), index)
             .mask_fill(outside.unsqueeze_dim::<2>(1), 0.0);
         reduce_from_region(rows_out, &self.group).reshape([b, s, h])
     }
