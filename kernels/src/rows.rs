@@ -170,10 +170,13 @@ fn advertises_plane_ops(client: &Client) -> bool {
         .contains(cubecl::ir::features::Plane::Ops)
 }
 
+/// The most cubes one dimension of a cube count holds (WebGPU's and Vulkan's guaranteed
+/// minimum; CUDA's y and z limit).
+pub const MAX_CUBES_PER_DIMENSION: usize = 65_535;
+
 /// `cubes` cubes, spread over two dimensions when there are more than one holds.
 pub fn cube_count(cubes: usize) -> CubeCount {
-    const MAX_X: usize = 65_535;
-    let x = cubes.clamp(1, MAX_X);
+    let x = cubes.clamp(1, MAX_CUBES_PER_DIMENSION);
     CubeCount::Static(x as u32, cubes.div_ceil(x).max(1) as u32, 1)
 }
 
@@ -209,7 +212,7 @@ mod tests {
             let CubeCount::Static(x, y, z) = launch.cube_count(rows) else {
                 panic!("static count expected");
             };
-            assert!(x <= 65_535 && z == 1);
+            assert!(x as usize <= MAX_CUBES_PER_DIMENSION && z == 1);
             let cubes = (x * y) as usize;
             assert!(cubes * launch.rows_per_cube as usize >= rows, "{rows} rows");
             assert!(
