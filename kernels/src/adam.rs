@@ -135,71 +135,62 @@ pub fn adam_step_in_place<F: Float, N: Size>(
     }
 }
 
-/// Sources per [`copy_at_offsets`] launch: with the destination five storage buffers, within
-/// wgpu's default limit of eight per kernel.
-pub const COPY_SOURCES: usize = 4;
-
-/// The cubes a piece of `len` elements takes.
-#[cube]
-fn cubes_for(len: u32) -> usize {
-    (len as usize).div_ceil(UNITS_PER_CUBE as usize)
-}
+/// The most sources one [`copy_at_offsets`] launch takes (fewer where the device binds fewer
+/// buffers to a kernel): GPT-2 345M's 292 gradients in 10 launches, where four per launch
+/// (wgpu's default limit of eight storage buffers) took 73, each ≈ 26 µs of host time on an
+/// H200. A launch's sources are bound as a comptime sequence, so each count is a kernel of
+/// its own: the launcher pads a partial launch to a power of two (a handful of variants).
+/// The price is on CPU devices: lavapipe runs every piece's branch, masked, in every cube, so
+/// a cube of a 29-piece launch takes ≈ 6 µs where one of a 4-piece launch took 1.6 (the
+/// flat copies of a 24-layer GPT at hidden 64: ≈ 26 ms per iteration against 12.5); on a GPU
+/// the branch is uniform in a cube and the untaken ones cost a comparison each.
+pub const COPY_SOURCES: usize = 32;
 
 /// `destination[offset + i] = source[i] · scale` (multiplied in f32, stored as `O`) for this
-/// unit's `i` in the piece whose cubes start at `first_cube`, when `i < len`.
+/// unit's `i` in the piece whose cubes start at `first_cube`, when `i < len`. A cube past the
+/// piece's last has `i ≥ len` (the piece has `⌈len / UNITS_PER_CUBE⌉` cubes), so the two
+/// comparisons are the whole test of whose piece a cube is.
 #[cube]
+// A sequence launch argument holds owned slices (CubeCL's `Box<[C]>`), which its index lends.
+#[allow(clippy::borrowed_box)]
 fn copy_piece<I: Float, O: Float, N: Size>(
-    source: &[Vector<I, N>],
+    source: &Box<[Vector<I, N>]>,
     destination: &mut [Vector<O, N>],
     offset: u32,
     len: u32,
-    first_cube: usize,
+    first_cube: u32,
     scale: f32,
 ) {
-    let i = (cube_index() - first_cube) * UNITS_PER_CUBE as usize + UNIT_POS_X as usize;
-    if i < len as usize {
-        let value = Vector::<f32, N>::cast_from(source[i]) * spread::<f32, N>(scale);
-        destination[offset as usize + i] = Vector::<O, N>::cast_from(value);
+    let cube = cube_index();
+    if cube >= first_cube as usize {
+        let i = (cube - first_cube as usize) * UNITS_PER_CUBE as usize + UNIT_POS_X as usize;
+        if i < len as usize {
+            let value = Vector::<f32, N>::cast_from(source[i]) * spread::<f32, N>(scale);
+            destination[offset as usize + i] = Vector::<O, N>::cast_from(value);
+        }
     }
 }
 
-/// Up to [`COPY_SOURCES`] parameters' gradients into their places in a flat buffer in one
-/// launch (one launch per gradient was a quarter of a small GPT's step), each element cast
-/// from the gradients' dtype `I` to the buffer's `O` and multiplied by `scale` in f32 on the
-/// way: a half-precision model's gradients enter the fp32 buffer without a cast kernel per
-/// parameter, and fp16's loss scale can come off in the same pass (`scale` 1 copies exactly).
-/// Each piece has cubes of its own, one after another (`len_0` elements' worth for `source_0`
-/// first), so the branch is the same for all units of a cube; element `j` of piece `k` goes
-/// to `offset_k + j`. An unused slot has length 0. Lengths and offsets count vectors of `N`.
+/// Parameters' gradients into their places in a flat buffer in one launch (one launch per
+/// gradient was a quarter of a small GPT's step), each element cast from the gradients' dtype
+/// `I` to the buffer's `O` and multiplied by `scale` in f32 on the way: a half-precision
+/// model's gradients enter the fp32 buffer without a cast kernel per parameter, and fp16's
+/// loss scale can come off in the same pass (`scale` 1 copies exactly). Each piece has cubes
+/// of its own, one after another from `first_cubes[k]` (summed by the host, not by every
+/// unit), so the branch is the same for all units of a cube; element `j` of piece `k` goes
+/// to `offsets[k] + j`. An unused slot has length 0. Lengths and offsets count vectors of `N`.
 #[cube(launch)]
-#[allow(clippy::too_many_arguments)]
 pub fn copy_at_offsets<I: Float, O: Float, N: Size>(
-    source_0: &[Vector<I, N>],
-    source_1: &[Vector<I, N>],
-    source_2: &[Vector<I, N>],
-    source_3: &[Vector<I, N>],
+    sources: &Sequence<Box<[Vector<I, N>]>>,
     destination: &mut [Vector<O, N>],
-    offset_0: u32,
-    offset_1: u32,
-    offset_2: u32,
-    offset_3: u32,
-    len_0: u32,
-    len_1: u32,
-    len_2: u32,
-    len_3: u32,
+    offsets: &Sequence<u32>,
+    lens: &Sequence<u32>,
+    first_cubes: &Sequence<u32>,
     scale: f32,
 ) {
-    let start_1 = cubes_for(len_0);
-    let start_2 = start_1 + cubes_for(len_1);
-    let start_3 = start_2 + cubes_for(len_2);
-    let cube = cube_index();
-    if cube < start_1 {
-        copy_piece::<I, O, N>(source_0, destination, offset_0, len_0, 0, scale);
-    } else if cube < start_2 {
-        copy_piece::<I, O, N>(source_1, destination, offset_1, len_1, start_1, scale);
-    } else if cube < start_3 {
-        copy_piece::<I, O, N>(source_2, destination, offset_2, len_2, start_2, scale);
-    } else {
-        copy_piece::<I, O, N>(source_3, destination, offset_3, len_3, start_3, scale);
+    #[unroll]
+    for k in 0..sources.len() {
+        let (offset, len, first) = (*offsets.index(k), *lens.index(k), *first_cubes.index(k));
+        copy_piece::<I, O, N>(sources.index(k), destination, offset, len, first, scale);
     }
 }

@@ -2063,22 +2063,23 @@ fn copy_pieces<'a>(handles: &'a [Handle], offsets: &[usize], lens: &[usize]) -> 
     handles.iter().zip(places).map(piece).collect()
 }
 
-/// Gradients copied into a flat buffer, four per launch: eleven pieces (two full launches and
-/// a partly used third), lengths from 0 to past one cube-count dimension's worth of cubes,
-/// land at their offsets and nowhere else. Then pieces whose offsets and lengths the device's
-/// vectors divide (copied in vectors), and a launch where one piece allows only vectors of 2.
+/// Gradients copied into a flat buffer, up to 32 per launch: 71 pieces (two full launches and
+/// a partly used third, whichever number of sources the device binds), lengths from 0 to past
+/// one cube-count dimension's worth of cubes, land at their offsets and nowhere else. Then
+/// pieces whose offsets and lengths the device's vectors divide (copied in vectors), a launch
+/// where one piece allows only vectors of 2, and a piece alone.
 #[test]
 fn gradients_copied_to_offsets_land_there_and_nowhere_else() {
     let client = client();
     let mut rng = Rng(13);
+    let mut many = vec![5, 0, 1, 2_049, 256, 257, 65_535 * 256 + 3, 17, 3, 1, 1_000];
+    many.extend((0..60).map(|k| (k * 37) % 300));
     // (pieces' lengths, the gap before each)
-    let cases: [(&[usize], usize); 3] = [
-        (
-            &[5, 0, 1, 2_049, 256, 257, 65_535 * 256 + 3, 17, 3, 1, 1_000],
-            3,
-        ),
+    let cases: [(&[usize], usize); 4] = [
+        (&many, 3),
         (&[4, 0, 8, 2_048, 1_024, 1_028, 260, 12, 16], 4),
         (&[8, 6, 1_024, 4], 4),
+        (&[1_000], 1),
     ];
     for (lens, gap) in cases {
         let mut offsets = Vec::new();

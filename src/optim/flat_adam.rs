@@ -242,8 +242,8 @@ impl FlatBuffers {
     }
 
     /// Copies each value (one parameter's elements, f32 or half precision) to its segment of
-    /// `into` (f32), cast and multiplied by `scale` on the way, four per launch (one run of
-    /// launches per dtype).
+    /// `into` (f32), cast and multiplied by `scale` on the way, up to 32 per launch (one run
+    /// of launches per dtype).
     fn copy_in<'a>(
         &self,
         values: impl Iterator<Item = (Tensor<1>, &'a Segment)>,

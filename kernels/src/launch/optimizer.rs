@@ -190,11 +190,12 @@ pub struct CopyPiece<'a> {
     pub len: usize,
 }
 
-/// Copies every piece into its place in `destination` (`total` elements), four pieces per
-/// launch ([`adam::copy_at_offsets`]); the pieces must not overlap. The pieces hold `I`, the
-/// destination `O`, and every element is multiplied by `scale` in f32 on the way (exact for
-/// `scale` 1): a half-precision model's gradients go into the fp32 buffer, fp16's loss scale
-/// can come off in the same pass.
+/// Copies every piece into its place in `destination` (`total` elements), up to
+/// [`adam::COPY_SOURCES`] pieces per launch ([`adam::copy_at_offsets`]; fewer where the device
+/// binds fewer buffers); the pieces must not overlap. The pieces hold `I`, the destination
+/// `O`, and every element is multiplied by `scale` in f32 on the way (exact for `scale` 1): a
+/// half-precision model's gradients go into the fp32 buffer, fp16's loss scale can come off
+/// in the same pass.
 pub fn copy_at_offsets<I: Float + CubeElement, O: Float + CubeElement>(
     client: &Client,
     pieces: &[CopyPiece<'_>],
@@ -214,44 +215,55 @@ pub fn copy_at_offsets<I: Float + CubeElement, O: Float + CubeElement>(
             piece.offset + piece.len
         );
     }
-    for group in pieces.chunks(adam::COPY_SOURCES) {
+    let per_launch = copy_sources_per_launch(client);
+    for group in pieces.chunks(per_launch) {
         if group.iter().all(|p| p.len == 0) {
             continue;
         }
-        let units = adam::UNITS_PER_CUBE as usize;
-        // An unused slot binds the first source with length 0.
-        let slot = |k: usize| {
-            group
-                .get(k)
-                .copied()
-                .unwrap_or(CopyPiece { len: 0, ..group[0] })
-        };
-        let [a, b, c, d] = [slot(0), slot(1), slot(2), slot(3)];
         // A vector that divides every piece's offset and length.
         let common = group.iter().fold(0, |g, p| gcd(gcd(g, p.offset), p.len));
         // Both sides' vectors: the narrower of the widest each dtype moves in one load.
         let v =
             element_vector_size::<I>(client, common).min(element_vector_size::<O>(client, common));
-        let cubes: usize = group.iter().map(|p| (p.len / v).div_ceil(units)).sum();
+        let units = adam::UNITS_PER_CUBE as usize;
+        // Unused slots bind the first source with length 0: a full launch has `per_launch`
+        // slots, a shorter one the next power of two (a handful of kernel variants in all).
+        let unused = CopyPiece { len: 0, ..group[0] };
+        let slots = group.len().next_power_of_two().min(per_launch);
+        let padded: Vec<CopyPiece> = group
+            .iter()
+            .copied()
+            .chain(std::iter::repeat(unused))
+            .take(slots)
+            .collect();
+        // Each piece's cubes follow the previous piece's.
+        let cubes_of = |p: &CopyPiece| (p.len / v).div_ceil(units);
+        let first_cubes: Vec<usize> = padded
+            .iter()
+            .scan(0, |next, p| {
+                Some(std::mem::replace(next, *next + cubes_of(p)))
+            })
+            .collect();
+        let cubes: usize = padded.iter().map(cubes_of).sum();
         adam::copy_at_offsets::launch::<I, O>(
             client,
             cube_count(cubes),
             CubeDim::new_1d(adam::UNITS_PER_CUBE),
             v,
-            arg(a.source, a.len),
-            arg(b.source, b.len),
-            arg(c.source, c.len),
-            arg(d.source, d.len),
+            padded.iter().map(|p| arg(p.source, p.len)).collect(),
             arg(destination, total),
-            (a.offset / v) as u32,
-            (b.offset / v) as u32,
-            (c.offset / v) as u32,
-            (d.offset / v) as u32,
-            (a.len / v) as u32,
-            (b.len / v) as u32,
-            (c.len / v) as u32,
-            (d.len / v) as u32,
+            padded.iter().map(|p| (p.offset / v) as u32).collect(),
+            padded.iter().map(|p| (p.len / v) as u32).collect(),
+            first_cubes.iter().map(|&c| c as u32).collect(),
             scale,
         );
     }
+}
+
+/// Sources per [`copy_at_offsets`] launch on `client`'s device: [`adam::COPY_SOURCES`], or
+/// what its binding limit leaves beside the destination and the buffer of scalars and
+/// lengths (29 on lavapipe, whose kernels bind 32 storage buffers, one kept by wgpu).
+fn copy_sources_per_launch(client: &Client) -> usize {
+    let bindings = client.properties().hardware.max_bindings as usize;
+    bindings.saturating_sub(2).clamp(1, adam::COPY_SOURCES)
 }
