@@ -15,13 +15,19 @@
 
 use cubecl::prelude::*;
 
+use crate::dropout::{salted, sliced_dropout};
 use crate::rows::cube_index;
 
 /// Column sums over all `rows` rows (see the module docs). Cube `c` owns column vectors
 /// `c·vectors .. (c+1)·vectors` (x), and its `row_lanes` units per vector (y, a power of two)
 /// start at rows `0 .. row_lanes`. With `weighted_terms`, `Σ dy ⊙ x̂` goes to `weighted_sums`,
 /// `x̂ = (x − μ) · r` (`centered`: LayerNorm) or `x · r` (RMSNorm); with `plain_terms`, `Σ dy`
-/// goes to `sums`. Arguments a launch does not ask for are neither read nor written.
+/// goes to `sums`. With `drop`, `dy` is first dropped with the mask of the draw keyed `(key_lo,
+/// key_hi)` salted by `salt` (`grad_output` holding the slice `(own, row, first)` of it, or with
+/// `whole` all of it) and stored to `dropped`, as the dropout kernel stores it: the gradient
+/// of a bias added before a dropout (bias-dropout-add's backward) and the dropped gradient the
+/// layer's product needs, in one launch and one read where they were two of each. Arguments a
+/// launch does not ask for are neither read nor written.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn column_sums<F: Float, A: Float, N: Size>(
@@ -31,11 +37,15 @@ pub fn column_sums<F: Float, A: Float, N: Size>(
     rstd: &[A],
     weighted_sums: &mut [Vector<F, N>],
     sums: &mut [Vector<F, N>],
+    dropped: &mut [Vector<F, N>],
+    salt: &[u32],
     rows: u32,
     cols: u32,
+    draw: ColumnDraw,
     #[comptime] weighted_terms: bool,
     #[comptime] centered: bool,
     #[comptime] plain_terms: bool,
+    #[comptime] drop: bool,
     #[comptime] vectors: u32,
     #[comptime] row_lanes: u32,
 ) {
@@ -51,12 +61,16 @@ pub fn column_sums<F: Float, A: Float, N: Size>(
         let rows = rows as usize;
         let (mut w0, mut w1, mut w2, mut w3) = (zero, zero, zero, zero);
         let (mut s0, mut s1, mut s2, mut s3) = (zero, zero, zero, zero);
+        let draw = salted_draw(&draw, salt, drop);
         let mut row = lane;
         while row + 3 * step < rows {
-            let dy0 = Vector::<A, N>::cast_from(grad_output[row * width + j]);
-            let dy1 = Vector::<A, N>::cast_from(grad_output[(row + step) * width + j]);
-            let dy2 = Vector::<A, N>::cast_from(grad_output[(row + 2 * step) * width + j]);
-            let dy3 = Vector::<A, N>::cast_from(grad_output[(row + 3 * step) * width + j]);
+            let at = row * width + j;
+            let dy0 = gradient_at::<F, A, N>(grad_output, dropped, at, &draw, drop);
+            let dy1 = gradient_at::<F, A, N>(grad_output, dropped, at + step * width, &draw, drop);
+            let dy2 =
+                gradient_at::<F, A, N>(grad_output, dropped, at + 2 * step * width, &draw, drop);
+            let dy3 =
+                gradient_at::<F, A, N>(grad_output, dropped, at + 3 * step * width, &draw, drop);
             if weighted_terms {
                 w0 += dy0 * normalized::<F, A, N>(input, mean, rstd, row, width, j, centered);
                 w1 +=
@@ -75,7 +89,7 @@ pub fn column_sums<F: Float, A: Float, N: Size>(
             row += 4 * step;
         }
         while row < rows {
-            let dy = Vector::<A, N>::cast_from(grad_output[row * width + j]);
+            let dy = gradient_at::<F, A, N>(grad_output, dropped, row * width + j, &draw, drop);
             if weighted_terms {
                 w0 += dy * normalized::<F, A, N>(input, mean, rstd, row, width, j, centered);
             }
@@ -103,6 +117,74 @@ pub fn column_sums<F: Float, A: Float, N: Size>(
             sums[j] = Vector::<F, N>::cast_from(plain);
         }
     }
+}
+
+/// The dropout draw of a [`column_sums`] launch with `drop` (a launch without one passes any
+/// values: they are not read). `own`, `row`, `first`: the slice of the draw the gradient holds
+/// (see the dropout kernel); `whole` (comptime) compiles a whole draw without its arithmetic.
+#[derive(CubeType, CubeLaunch, Clone, Copy)]
+pub struct ColumnDraw {
+    /// The draw's key, low word (before the salt).
+    pub key_lo: u32,
+    /// The draw's key, high word (before the salt).
+    pub key_hi: u32,
+    /// Elements whose bits are below this are dropped.
+    pub threshold: u32,
+    /// What kept elements are multiplied by.
+    pub scale: f32,
+    /// Elements per run of the slice.
+    pub own: u32,
+    /// Draw elements per row of the slice (0: whole).
+    pub row: u32,
+    /// The run's first element within its row.
+    pub first: u32,
+    /// The gradient is the whole draw.
+    #[cube(comptime)]
+    pub whole: bool,
+}
+
+/// `draw` with its key salted by the micro-batch's `salt` (not read without `drop`).
+#[cube]
+fn salted_draw(draw: &ColumnDraw, salt: &[u32], #[comptime] drop: bool) -> ColumnDraw {
+    ColumnDraw {
+        key_lo: salted(draw.key_lo, salt, 0usize, drop),
+        key_hi: salted(draw.key_hi, salt, 1usize, drop),
+        threshold: draw.threshold,
+        scale: draw.scale,
+        own: draw.own,
+        row: draw.row,
+        first: draw.first,
+        whole: draw.whole,
+    }
+}
+
+/// `dy` at vector `at` in the sums' type: with `drop`, dropped first (in `F`, as the dropout
+/// kernel rounds it) and stored to `dropped`.
+#[cube]
+fn gradient_at<F: Float, A: Float, N: Size>(
+    grad_output: &[Vector<F, N>],
+    dropped: &mut [Vector<F, N>],
+    at: usize,
+    draw: &ColumnDraw,
+    #[comptime] drop: bool,
+) -> Vector<A, N> {
+    let mut dy = grad_output[at];
+    if drop {
+        dy = sliced_dropout::<F, N>(
+            dy,
+            at,
+            draw.key_lo,
+            draw.key_hi,
+            draw.threshold,
+            draw.scale,
+            draw.own,
+            draw.row,
+            draw.first,
+            draw.whole,
+        );
+        dropped[at] = dy;
+    }
+    Vector::<A, N>::cast_from(dy)
 }
 
 /// `x̂` of row `row`'s column vector `j`: `(x − μ) · r` (`centered`) or `x · r`.

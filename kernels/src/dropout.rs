@@ -111,6 +111,28 @@ pub(crate) fn whole_dropout<F: Float, N: Size>(
     apply_mask::<F, N>(keep, x, scale)
 }
 
+/// The dropout of `x`, the vector at index `vector` of a tensor holding the slice `(own, row,
+/// first)` of the draw keyed `(key_lo, key_hi)` (or, with `whole`, all of it): what the
+/// dropout kernel stores there, for kernels that drop a gradient on the way (the bias
+/// gradient's column sums).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn sliced_dropout<F: Float, N: Size>(
+    x: Vector<F, N>,
+    vector: usize,
+    key_lo: u32,
+    key_hi: u32,
+    threshold: u32,
+    scale: f32,
+    own: u32,
+    row: u32,
+    first: u32,
+    #[comptime] whole: bool,
+) -> Vector<F, N> {
+    let keep = vector_kept::<N>(vector, key_lo, key_hi, threshold, own, row, first, whole);
+    apply_mask::<F, N>(keep, x, scale)
+}
+
 /// Units per cube of the element-wise kernels.
 pub const UNITS_PER_CUBE: u32 = 256;
 

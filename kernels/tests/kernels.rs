@@ -873,6 +873,61 @@ fn column_sums_match_float64_for_every_launch_shape() {
     }
 }
 
+/// Bias-dropout-add's backward in one launch is, bit for bit, the dropout kernel then the
+/// bias-gradient column sums on its output: the dropped gradient and the sums, for f32 (every
+/// column launch) and each half type the device stores (its own launch), a whole draw and a
+/// sequence-parallel chunk of one, rows no multiple of the four-row step, odd widths.
+#[test]
+fn dropped_bias_gradient_is_the_dropout_then_the_column_sums() {
+    let client = client();
+    let ran = [
+        dropped_bias_gradient_matches::<f32>(&client, &column_launches(&client)),
+        dropped_bias_gradient_matches::<half::f16>(&client, &[ColumnLaunch::for_client(&client)]),
+        dropped_bias_gradient_matches::<half::bf16>(&client, &[ColumnLaunch::for_client(&client)]),
+    ];
+    assert!(ran[0] && ran[1..].iter().any(|&r| r), "{ran:?}");
+}
+
+fn dropped_bias_gradient_matches<H: Storage>(client: &Client, launches: &[ColumnLaunch]) -> bool {
+    if !client.properties().supports_type(H::cube_type()) {
+        return false;
+    }
+    let mut rng = Rng(29);
+    let draw = test_draw(0x0bad_cafe, 7, 0.3);
+    for &launch in launches {
+        for (rows, cols) in [(1, 1), (3, 17), (4099, 24), (130, 257)] {
+            let len = rows * cols;
+            for slice in [DrawSlice::whole(len), DrawSlice::chunk(cols, 3, 1)] {
+                let what = format!("{} {rows}×{cols} {launch:?} {slice:?}", H::NAME);
+                let grad = upload_as::<H>(client, &rounded::<H>(&rng.vec(len, -2.0, 2.0)));
+                let [dropped, alone] = [0; 2].map(|_| poisoned_as::<H>(client, len));
+                let [sums, sums_alone] = [0; 2].map(|_| poisoned_as::<H>(client, cols));
+                dropped_bias_gradient::<H>(
+                    client, launch, &grad, &dropped, &sums, rows, cols, draw, slice,
+                );
+                dropout_slice::<H>(client, &grad, &alone, len, draw, slice);
+                bias_gradient::<H>(client, launch, &alone, &sums_alone, rows, cols);
+                let got = [
+                    download_as::<H>(client, dropped, len),
+                    download_as::<H>(client, sums, cols),
+                ];
+                let want = [
+                    download_as::<H>(client, alone, len),
+                    download_as::<H>(client, sums_alone, cols),
+                ];
+                assert!(got[0].contains(&0.0) || len < 10, "{what}: none dropped");
+                assert_eq!(
+                    bits(&got[0]),
+                    bits(&want[0]),
+                    "{what}: the dropped gradient"
+                );
+                assert_eq!(bits(&got[1]), bits(&want[1]), "{what}: the bias gradient");
+            }
+        }
+    }
+    true
+}
+
 /// The cross-entropy kernels against float64 over every launch shape: a single column,
 /// rows shorter and longer than a cube's lanes, a GPT-2-wide row (50,304 columns), thousands
 /// of rows, targets at both ends of a row, rows whose target is another shard's (every

@@ -4,8 +4,9 @@
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
-use super::{arg, element_vector_size};
-use crate::columns;
+use super::salt::salt_arg;
+use super::{arg, element_vector_size, DrawSlice, DropoutDraw};
+use crate::columns::{self, ColumnDrawLaunch};
 use crate::rows::cube_count;
 
 /// The shape of a column-sum launch: `vectors` column vectors per cube (x) and `row_lanes`
@@ -64,6 +65,40 @@ pub fn bias_gradient<F: Float + CubeElement>(
         input: None,
         weighted_sums: None,
         sums: Some(grad_bias),
+        dropped: None,
+        rows,
+        cols,
+    };
+    sums.launch::<F>(client, launch);
+}
+
+/// Bias-dropout-add's backward for `y` and the bias in one launch: `grad_output` (`[rows,
+/// cols]`, holding `slice` of the draw) dropped with `draw`'s mask into `dropped` (bit for bit
+/// the dropout kernel's), and its column sums into `grad_bias` (`cols`, summed in f32: those
+/// of [`bias_gradient`] on `dropped`).
+#[allow(clippy::too_many_arguments)]
+pub fn dropped_bias_gradient<F: Float + CubeElement>(
+    client: &Client,
+    launch: ColumnLaunch,
+    grad_output: &Handle,
+    dropped: &Handle,
+    grad_bias: &Handle,
+    rows: usize,
+    cols: usize,
+    draw: DropoutDraw,
+    slice: DrawSlice,
+) {
+    slice.check_holds(rows * cols);
+    let sums = ColumnSums {
+        grad_output,
+        input: None,
+        weighted_sums: None,
+        sums: Some(grad_bias),
+        dropped: Some(Dropped {
+            output: dropped,
+            draw,
+            slice,
+        }),
         rows,
         cols,
     };
@@ -94,6 +129,7 @@ pub fn layer_norm_param_gradients<F: Float + CubeElement>(
         }),
         weighted_sums: Some(grad_gamma),
         sums: Some(grad_beta),
+        dropped: None,
         rows,
         cols,
     };
@@ -122,6 +158,7 @@ pub fn rms_norm_gamma_gradient<F: Float + CubeElement>(
         }),
         weighted_sums: Some(grad_gamma),
         sums: None,
+        dropped: None,
         rows,
         cols,
     };
@@ -135,12 +172,20 @@ struct NormInput<'a> {
     rstd: &'a Handle,
 }
 
+/// Where the dropped gradient goes, and the draw and slice it is dropped with.
+struct Dropped<'a> {
+    output: &'a Handle,
+    draw: DropoutDraw,
+    slice: DrawSlice,
+}
+
 /// One [`columns::column_sums`] launch: the sums asked for are the outputs given.
 struct ColumnSums<'a> {
     grad_output: &'a Handle,
     input: Option<NormInput<'a>>,
     weighted_sums: Option<&'a Handle>,
     sums: Option<&'a Handle>,
+    dropped: Option<Dropped<'a>>,
     rows: usize,
     cols: usize,
 }
@@ -159,7 +204,8 @@ impl ColumnSums<'_> {
         // both ways in one dispatch).
         let unread = self.grad_output;
         let unwritten =
-            (self.weighted_sums.is_none() || self.sums.is_none()).then(|| client.empty(4 * vector));
+            (self.weighted_sums.is_none() || self.sums.is_none() || self.dropped.is_none())
+                .then(|| client.empty(4 * vector));
         let stand_in = || {
             (
                 unwritten.as_ref().expect("made for a missing output"),
@@ -174,6 +220,11 @@ impl ColumnSums<'_> {
         let rstd = input.map_or((unread, vector), |i| (i.rstd, rows));
         let weighted = self.weighted_sums.map_or_else(stand_in, |w| (w, cols));
         let sums = self.sums.map_or_else(stand_in, |s| (s, cols));
+        let dropped = self.dropped.as_ref();
+        let dropped_to = dropped.map_or_else(stand_in, |d| (d.output, rows * cols));
+        let draw = dropped.map(|d| d.draw);
+        let slice = dropped.map_or(DrawSlice::whole(rows * cols), |d| d.slice);
+        let key = draw.unwrap_or(super::dropout::NO_DRAW);
         columns::column_sums::launch::<F, f32>(
             client,
             cube_count(width.div_ceil(launch.vectors as usize)),
@@ -185,11 +236,24 @@ impl ColumnSums<'_> {
             arg(rstd.0, rstd.1),
             arg(weighted.0, weighted.1),
             arg(sums.0, sums.1),
+            arg(dropped_to.0, dropped_to.1),
+            salt_arg(client, draw, self.grad_output),
             rows as u32,
             cols as u32,
+            ColumnDrawLaunch::new(
+                key.key_lo,
+                key.key_hi,
+                key.threshold,
+                key.scale,
+                slice.own,
+                slice.row,
+                slice.first,
+                slice.is_whole(),
+            ),
             self.weighted_sums.is_some(),
             input.is_some_and(|i| i.mean.is_some()),
             self.sums.is_some(),
+            dropped.is_some(),
             launch.vectors,
             launch.row_lanes,
         );

@@ -123,7 +123,7 @@ impl DrawSlice {
 
     /// Panics unless a tensor of `len` elements holding this slice indexes its draw in 32
     /// bits (what the kernels compute the draw index in).
-    fn check_holds(&self, len: usize) {
+    pub(super) fn check_holds(&self, len: usize) {
         let rows = len.div_ceil(self.own as usize) as u64;
         assert!(
             len <= u32::MAX as usize && rows * u64::from(self.row.max(self.own)) <= 1 << 32,
