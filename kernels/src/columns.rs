@@ -16,18 +16,25 @@
 use cubecl::prelude::*;
 
 use crate::dropout::{salted, sliced_dropout};
+use crate::gelu::gelu_and_slope;
 use crate::rows::cube_index;
 
 /// Column sums over all `rows` rows (see the module docs). Cube `c` owns column vectors
 /// `c·vectors .. (c+1)·vectors` (x), and its `row_lanes` units per vector (y, a power of two)
 /// start at rows `0 .. row_lanes`. With `weighted_terms`, `Σ dy ⊙ x̂` goes to `weighted_sums`,
 /// `x̂ = (x − μ) · r` (`centered`: LayerNorm) or `x · r` (RMSNorm); with `plain_terms`, `Σ dy`
-/// goes to `sums`. With `drop`, `dy` is first dropped with the mask of the draw keyed `(key_lo,
-/// key_hi)` salted by `salt` (`grad_output` holding the slice `(own, row, first)` of it, or with
-/// `whole` all of it) and stored to `dropped`, as the dropout kernel stores it: the gradient
-/// of a bias added before a dropout (bias-dropout-add's backward) and the dropped gradient the
-/// layer's product needs, in one launch and one read where they were two of each. Arguments a
-/// launch does not ask for are neither read nor written.
+/// goes to `sums`.
+///
+/// The gradient of a bias added before an element-wise op is the op's input gradient summed
+/// over the rows, and the layer's product needs that input gradient too: `transform` makes
+/// both in one launch and one read of `dy` where they were two of each. With
+/// [`GradientTransform::Dropout`], `dy` is first dropped with the mask of the draw keyed
+/// `(key_lo, key_hi)` salted by `salt` (`grad_output` holding the slice `(own, row, first)` of
+/// it, or with `whole` all of it: bias-dropout-add's backward); with
+/// [`GradientTransform::BiasGelu`] it is multiplied by GELU's slope at `input + bias`
+/// (bias-GELU's backward; `tanh`: the tanh form). Either way the result is stored to
+/// `transformed`, rounded as the element-wise kernel rounds it, and summed as stored.
+/// Arguments a launch does not ask for are neither read nor written.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn column_sums<F: Float, A: Float, N: Size>(
@@ -35,9 +42,10 @@ pub fn column_sums<F: Float, A: Float, N: Size>(
     input: &[Vector<F, N>],
     mean: &[A],
     rstd: &[A],
+    bias: &[Vector<F, N>],
     weighted_sums: &mut [Vector<F, N>],
     sums: &mut [Vector<F, N>],
-    dropped: &mut [Vector<F, N>],
+    transformed: &mut [Vector<F, N>],
     salt: &[u32],
     rows: u32,
     cols: u32,
@@ -45,7 +53,7 @@ pub fn column_sums<F: Float, A: Float, N: Size>(
     #[comptime] weighted_terms: bool,
     #[comptime] centered: bool,
     #[comptime] plain_terms: bool,
-    #[comptime] drop: bool,
+    #[comptime] transform: GradientTransform,
     #[comptime] vectors: u32,
     #[comptime] row_lanes: u32,
 ) {
@@ -61,16 +69,50 @@ pub fn column_sums<F: Float, A: Float, N: Size>(
         let rows = rows as usize;
         let (mut w0, mut w1, mut w2, mut w3) = (zero, zero, zero, zero);
         let (mut s0, mut s1, mut s2, mut s3) = (zero, zero, zero, zero);
-        let draw = salted_draw(&draw, salt, drop);
+        let draw = salted_draw(&draw, salt, transform == GradientTransform::Dropout);
         let mut row = lane;
         while row + 3 * step < rows {
             let at = row * width + j;
-            let dy0 = gradient_at::<F, A, N>(grad_output, dropped, at, &draw, drop);
-            let dy1 = gradient_at::<F, A, N>(grad_output, dropped, at + step * width, &draw, drop);
-            let dy2 =
-                gradient_at::<F, A, N>(grad_output, dropped, at + 2 * step * width, &draw, drop);
-            let dy3 =
-                gradient_at::<F, A, N>(grad_output, dropped, at + 3 * step * width, &draw, drop);
+            let dy0 = gradient_at::<F, A, N>(
+                grad_output,
+                input,
+                bias,
+                transformed,
+                at,
+                j,
+                &draw,
+                transform,
+            );
+            let dy1 = gradient_at::<F, A, N>(
+                grad_output,
+                input,
+                bias,
+                transformed,
+                at + step * width,
+                j,
+                &draw,
+                transform,
+            );
+            let dy2 = gradient_at::<F, A, N>(
+                grad_output,
+                input,
+                bias,
+                transformed,
+                at + 2 * step * width,
+                j,
+                &draw,
+                transform,
+            );
+            let dy3 = gradient_at::<F, A, N>(
+                grad_output,
+                input,
+                bias,
+                transformed,
+                at + 3 * step * width,
+                j,
+                &draw,
+                transform,
+            );
             if weighted_terms {
                 w0 += dy0 * normalized::<F, A, N>(input, mean, rstd, row, width, j, centered);
                 w1 +=
@@ -89,7 +131,17 @@ pub fn column_sums<F: Float, A: Float, N: Size>(
             row += 4 * step;
         }
         while row < rows {
-            let dy = gradient_at::<F, A, N>(grad_output, dropped, row * width + j, &draw, drop);
+            let at = row * width + j;
+            let dy = gradient_at::<F, A, N>(
+                grad_output,
+                input,
+                bias,
+                transformed,
+                at,
+                j,
+                &draw,
+                transform,
+            );
             if weighted_terms {
                 w0 += dy * normalized::<F, A, N>(input, mean, rstd, row, width, j, centered);
             }
@@ -158,18 +210,36 @@ fn salted_draw(draw: &ColumnDraw, salt: &[u32], #[comptime] drop: bool) -> Colum
     }
 }
 
-/// `dy` at vector `at` in the sums' type: with `drop`, dropped first (in `F`, as the dropout
-/// kernel rounds it) and stored to `dropped`.
+/// What [`column_sums`] does to `dy` before summing it (and stores), chosen at compile time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GradientTransform {
+    /// Nothing: the sums are of `dy` as it is, and nothing is stored.
+    None,
+    /// Dropout with the launch's draw (bias-dropout-add's backward).
+    Dropout,
+    /// GELU's slope at `input + bias`, exact (bias-GELU's backward).
+    BiasGelu,
+    /// The same for the tanh approximation (`--openai-gelu`).
+    BiasGeluTanh,
+}
+
+/// `dy` at vector `at` (column vector `j`) in the sums' type, transformed first as
+/// `transform` says (in `F`, as the element-wise kernel rounds it) and then stored to
+/// `transformed`.
 #[cube]
+#[allow(clippy::too_many_arguments)]
 fn gradient_at<F: Float, A: Float, N: Size>(
     grad_output: &[Vector<F, N>],
-    dropped: &mut [Vector<F, N>],
+    input: &[Vector<F, N>],
+    bias: &[Vector<F, N>],
+    transformed: &mut [Vector<F, N>],
     at: usize,
+    j: usize,
     draw: &ColumnDraw,
-    #[comptime] drop: bool,
+    #[comptime] transform: GradientTransform,
 ) -> Vector<A, N> {
     let mut dy = grad_output[at];
-    if drop {
+    if comptime![transform == GradientTransform::Dropout] {
         dy = sliced_dropout::<F, N>(
             dy,
             at,
@@ -182,7 +252,13 @@ fn gradient_at<F: Float, A: Float, N: Size>(
             draw.first,
             draw.whole,
         );
-        dropped[at] = dy;
+        transformed[at] = dy;
+    } else if comptime![transform != GradientTransform::None] {
+        let x = input[at] + bias[j];
+        let tanh = comptime![transform == GradientTransform::BiasGeluTanh];
+        let (_, slope) = gelu_and_slope::<A, N>(Vector::cast_from(x), tanh);
+        dy = Vector::cast_from(Vector::<A, N>::cast_from(dy) * slope);
+        transformed[at] = dy;
     }
     Vector::<A, N>::cast_from(dy)
 }

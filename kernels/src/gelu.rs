@@ -31,7 +31,7 @@ const CUBIC: f32 = 0.044_715;
 
 /// `(y, dy/dx)` at each lane of `x`.
 #[cube]
-fn gelu_and_slope<A: Float, N: Size>(
+pub(crate) fn gelu_and_slope<A: Float, N: Size>(
     x: Vector<A, N>,
     #[comptime] tanh: bool,
 ) -> (Vector<A, N>, Vector<A, N>) {

@@ -6,7 +6,7 @@ use cubecl::server::Handle;
 
 use super::salt::salt_arg;
 use super::{arg, element_vector_size, DrawSlice, DropoutDraw};
-use crate::columns::{self, ColumnDrawLaunch};
+use crate::columns::{self, ColumnDrawLaunch, GradientTransform};
 use crate::rows::cube_count;
 
 /// The shape of a column-sum launch: `vectors` column vectors per cube (x) and `row_lanes`
@@ -65,7 +65,7 @@ pub fn bias_gradient<F: Float + CubeElement>(
         input: None,
         weighted_sums: None,
         sums: Some(grad_bias),
-        dropped: None,
+        transformed: None,
         rows,
         cols,
     };
@@ -94,10 +94,41 @@ pub fn dropped_bias_gradient<F: Float + CubeElement>(
         input: None,
         weighted_sums: None,
         sums: Some(grad_bias),
-        dropped: Some(Dropped {
+        transformed: Some(Transformed {
             output: dropped,
-            draw,
-            slice,
+            transform: Transform::Dropout { draw, slice },
+        }),
+        rows,
+        cols,
+    };
+    sums.launch::<F>(client, launch);
+}
+
+/// Bias-GELU's backward in one launch: `grad_input = grad_output · gelu'(input + bias)`
+/// (`[rows, cols]`; `tanh`: the tanh form), bit for bit the GELU backward kernel's, and its
+/// column sums into `grad_bias` (`cols`, summed in f32: those of [`bias_gradient`] on
+/// `grad_input`).
+#[allow(clippy::too_many_arguments)]
+pub fn gelu_bias_gradient<F: Float + CubeElement>(
+    client: &Client,
+    launch: ColumnLaunch,
+    input: &Handle,
+    bias: &Handle,
+    grad_output: &Handle,
+    grad_input: &Handle,
+    grad_bias: &Handle,
+    rows: usize,
+    cols: usize,
+    tanh: bool,
+) {
+    let sums = ColumnSums {
+        grad_output,
+        input: None,
+        weighted_sums: None,
+        sums: Some(grad_bias),
+        transformed: Some(Transformed {
+            output: grad_input,
+            transform: Transform::BiasGelu { input, bias, tanh },
         }),
         rows,
         cols,
@@ -129,7 +160,7 @@ pub fn layer_norm_param_gradients<F: Float + CubeElement>(
         }),
         weighted_sums: Some(grad_gamma),
         sums: Some(grad_beta),
-        dropped: None,
+        transformed: None,
         rows,
         cols,
     };
@@ -158,7 +189,7 @@ pub fn rms_norm_gamma_gradient<F: Float + CubeElement>(
         }),
         weighted_sums: Some(grad_gamma),
         sums: None,
-        dropped: None,
+        transformed: None,
         rows,
         cols,
     };
@@ -172,11 +203,22 @@ struct NormInput<'a> {
     rstd: &'a Handle,
 }
 
-/// Where the dropped gradient goes, and the draw and slice it is dropped with.
-struct Dropped<'a> {
+/// What is done to the gradient before it is summed (and stored).
+enum Transform<'a> {
+    /// Dropped with this draw, the gradient holding this slice of it.
+    Dropout { draw: DropoutDraw, slice: DrawSlice },
+    /// Multiplied by GELU's slope at `input + bias`.
+    BiasGelu {
+        input: &'a Handle,
+        bias: &'a Handle,
+        tanh: bool,
+    },
+}
+
+/// Where the transformed gradient goes, and the transform.
+struct Transformed<'a> {
     output: &'a Handle,
-    draw: DropoutDraw,
-    slice: DrawSlice,
+    transform: Transform<'a>,
 }
 
 /// One [`columns::column_sums`] launch: the sums asked for are the outputs given.
@@ -185,7 +227,7 @@ struct ColumnSums<'a> {
     input: Option<NormInput<'a>>,
     weighted_sums: Option<&'a Handle>,
     sums: Option<&'a Handle>,
-    dropped: Option<Dropped<'a>>,
+    transformed: Option<Transformed<'a>>,
     rows: usize,
     cols: usize,
 }
@@ -204,7 +246,7 @@ impl ColumnSums<'_> {
         // both ways in one dispatch).
         let unread = self.grad_output;
         let unwritten =
-            (self.weighted_sums.is_none() || self.sums.is_none() || self.dropped.is_none())
+            (self.weighted_sums.is_none() || self.sums.is_none() || self.transformed.is_none())
                 .then(|| client.empty(4 * vector));
         let stand_in = || {
             (
@@ -212,19 +254,40 @@ impl ColumnSums<'_> {
                 vector,
             )
         };
-        let input = self.input.as_ref();
-        let x = input.map_or((unread, vector), |i| (i.input, rows * cols));
-        let mean = input
+        let norm = self.input.as_ref();
+        let transformed = self.transformed.as_ref();
+        let transform = transformed.map(|t| &t.transform);
+        let (gelu_input, gelu_bias) = match transform {
+            Some(Transform::BiasGelu { input, bias, .. }) => (Some(*input), Some(*bias)),
+            _ => (None, None),
+        };
+        assert!(
+            norm.is_none() || gelu_input.is_none(),
+            "column sums of a norm's and GELU's gradients at once"
+        );
+        let x = norm
+            .map(|i| i.input)
+            .or(gelu_input)
+            .map_or((unread, vector), |x| (x, rows * cols));
+        let mean = norm
             .and_then(|i| i.mean)
             .map_or((unread, vector), |m| (m, rows));
-        let rstd = input.map_or((unread, vector), |i| (i.rstd, rows));
+        let rstd = norm.map_or((unread, vector), |i| (i.rstd, rows));
+        let bias = gelu_bias.map_or((unread, vector), |b| (b, cols));
         let weighted = self.weighted_sums.map_or_else(stand_in, |w| (w, cols));
         let sums = self.sums.map_or_else(stand_in, |s| (s, cols));
-        let dropped = self.dropped.as_ref();
-        let dropped_to = dropped.map_or_else(stand_in, |d| (d.output, rows * cols));
-        let draw = dropped.map(|d| d.draw);
-        let slice = dropped.map_or(DrawSlice::whole(rows * cols), |d| d.slice);
+        let transformed_to = transformed.map_or_else(stand_in, |t| (t.output, rows * cols));
+        let (draw, slice) = match transform {
+            Some(Transform::Dropout { draw, slice }) => (Some(*draw), *slice),
+            _ => (None, DrawSlice::whole(rows * cols)),
+        };
         let key = draw.unwrap_or(super::dropout::NO_DRAW);
+        let kind = match transform {
+            None => GradientTransform::None,
+            Some(Transform::Dropout { .. }) => GradientTransform::Dropout,
+            Some(Transform::BiasGelu { tanh: false, .. }) => GradientTransform::BiasGelu,
+            Some(Transform::BiasGelu { tanh: true, .. }) => GradientTransform::BiasGeluTanh,
+        };
         columns::column_sums::launch::<F, f32>(
             client,
             cube_count(width.div_ceil(launch.vectors as usize)),
@@ -234,9 +297,10 @@ impl ColumnSums<'_> {
             arg(x.0, x.1),
             arg(mean.0, mean.1),
             arg(rstd.0, rstd.1),
+            arg(bias.0, bias.1),
             arg(weighted.0, weighted.1),
             arg(sums.0, sums.1),
-            arg(dropped_to.0, dropped_to.1),
+            arg(transformed_to.0, transformed_to.1),
             salt_arg(client, draw, self.grad_output),
             rows as u32,
             cols as u32,
@@ -251,9 +315,9 @@ impl ColumnSums<'_> {
                 slice.is_whole(),
             ),
             self.weighted_sums.is_some(),
-            input.is_some_and(|i| i.mean.is_some()),
+            norm.is_some_and(|i| i.mean.is_some()),
             self.sums.is_some(),
-            dropped.is_some(),
+            kind,
             launch.vectors,
             launch.row_lanes,
         );

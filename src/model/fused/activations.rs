@@ -2,7 +2,9 @@
 //! inside: Megatron's bias-GELU fusion) and SwiGLU's `silu(gate) ⊙ up`, one element-wise
 //! kernel each way. burn's composed GELU is about five launches forward and a dozen backward,
 //! and on CubeCL devices differentiates the exact form as the tanh one; the kernel's
-//! derivative is exact.
+//! derivative is exact. Bias-GELU's backward with the bias's gradient is one launch of the
+//! column-sum kernel (the slope applied as it reads `dy`), where it was the GELU backward
+//! kernel and the column sums.
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -11,14 +13,15 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::autodiff::Autodiff;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{backend_extension, Backend, Dispatch, TensorMetadata};
-use burn::tensor::Tensor;
+use burn::tensor::{Shape, Tensor};
 use burn_cubecl::cubecl::server::Handle;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
+use ferrotron_kernels::launch::ColumnLaunch;
 
 use super::bias_gradient::BiasGradKernels;
 use super::same_dtype;
-use crate::util::cube_tensor::{by_dtype, empty_like, packed};
+use crate::util::cube_tensor::{by_dtype, empty_like, packed, rows_cols};
 
 /// The activation kernels a backend runs.
 pub trait ActivationKernels: BiasGradKernels {
@@ -36,6 +39,15 @@ pub trait ActivationKernels: BiasGradKernels {
         dy: FloatTensor<Self>,
         tanh: bool,
     ) -> FloatTensor<Self>;
+    /// Bias-GELU backward with the bias's gradient: dx as [`Self::fused_gelu_backward`]
+    /// gives it, and dx summed over its rows (`[hidden]`), as
+    /// [`BiasGradKernels::bias_gradient`] gives it.
+    fn gelu_bias_gradient(
+        x: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+        tanh: bool,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
     /// `silu(gate) ⊙ up`, element-wise.
     fn swiglu_forward(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self>;
     /// SwiGLU backward: d_gate, d_up.
@@ -115,6 +127,41 @@ impl ActivationKernels for CubeBackend {
             tanh
         );
         dx
+    }
+
+    fn gelu_bias_gradient(
+        x: CubeTensor,
+        bias: CubeTensor,
+        dy: CubeTensor,
+        tanh: bool,
+    ) -> (CubeTensor, CubeTensor) {
+        let (x, dy, bias) = (packed(x), packed(dy), packed(bias));
+        same_dtype("GELU's output gradient", &x, &dy);
+        same_dtype("the bias", &x, &bias);
+        let shape = x.shape();
+        assert_eq!(shape, dy.shape(), "GELU's input and output gradient");
+        let (rows, cols) = rows_cols(&shape);
+        if rows == 0 {
+            let dx = Self::fused_gelu_backward(x, Some(bias), dy, tanh);
+            return (dx.clone(), Self::bias_gradient(dx));
+        }
+        let dx = empty_like(&x, shape, x.dtype);
+        let sums = empty_like(&x, Shape::new([cols]), x.dtype);
+        by_dtype!(
+            x.dtype,
+            gelu_bias_gradient,
+            &x.client,
+            ColumnLaunch::for_client(&x.client),
+            &x.handle,
+            &bias.handle,
+            &dy.handle,
+            &dx.handle,
+            &sums.handle,
+            rows,
+            cols,
+            tanh
+        );
+        (dx, sums)
     }
 
     fn swiglu_forward(gate: CubeTensor, up: CubeTensor) -> CubeTensor {
@@ -202,10 +249,14 @@ impl<B: ActivationKernels> Backward<B, 2> for BiasGeluBackward {
         let [px, pb] = ops.parents;
         let grad = grads.consume::<B>(&ops.node);
         let (x, bias, tanh) = ops.state;
-        let dx = B::fused_gelu_backward(x, Some(bias), grad, tanh);
-        if let Some(p) = pb {
-            grads.register::<B>(p.id, B::bias_gradient(dx.clone()));
-        }
+        let dx = match pb {
+            Some(p) => {
+                let (dx, dbias) = B::gelu_bias_gradient(x, bias, grad, tanh);
+                grads.register::<B>(p.id, dbias);
+                dx
+            }
+            None => B::fused_gelu_backward(x, Some(bias), grad, tanh),
+        };
         if let Some(p) = px {
             grads.register::<B>(p.id, dx);
         }
