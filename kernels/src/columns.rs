@@ -1,6 +1,8 @@
 //! Sums over the rows of a `[rows, cols]` tensor, per column, in one launch: a bias's
 //! gradient (`Σ dy`), LayerNorm's dγ and dβ (`Σ dy ⊙ x̂`, `Σ dy`), RMSNorm's dγ
-//! (`Σ dy ⊙ x · r`).
+//! (`Σ dy ⊙ x · r`). A bias's gradient can form the gradient it sums on the way (dropped,
+//! through GELU's slope, or merged from the attention core's heads) and store it: the op
+//! before the bias and the bias's sums are then one launch (see [`GradientTransform`]).
 //!
 //! Why one launch with a strip of columns per cube: on an H200 (GPT-2 345M, bf16,
 //! `benchmarks/results/2026-11-27-h200-device-order.md`) the bias gradients went through
@@ -15,8 +17,9 @@
 
 use cubecl::prelude::*;
 
-use crate::dropout::{salted, sliced_dropout};
+use crate::dropout::{salted as salted_key, sliced_dropout};
 use crate::gelu::gelu_and_slope;
+use crate::heads::merged_gradient;
 use crate::rows::cube_index;
 
 /// Column sums over all `rows` rows (see the module docs). Cube `c` owns column vectors
@@ -32,8 +35,11 @@ use crate::rows::cube_index;
 /// `(key_lo, key_hi)` salted by `salt` (`grad_output` holding the slice `(own, row, first)` of
 /// it, or with `whole` all of it: bias-dropout-add's backward); with
 /// [`GradientTransform::BiasGelu`] it is multiplied by GELU's slope at `input + bias`
-/// (bias-GELU's backward; `tanh`: the tanh form). Either way the result is stored to
-/// `transformed`, rounded as the element-wise kernel rounds it, and summed as stored.
+/// (bias-GELU's backward; `tanh`: the tanh form); with [`GradientTransform::QkvMerge`] `dy`
+/// is not read but formed from the attention core's per-head gradients (`grad_output` the
+/// queries', `grad_key`, `grad_value`) as the merge kernel forms it (the QKV projection's
+/// bias, added by the core's split). Either way the result is stored to `transformed`,
+/// rounded as the element-wise kernel rounds it, and summed as stored.
 /// Arguments a launch does not ask for are neither read nor written.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
@@ -43,13 +49,15 @@ pub fn column_sums<F: Float, A: Float, N: Size>(
     mean: &[A],
     rstd: &[A],
     bias: &[Vector<F, N>],
+    grad_key: &[Vector<F, N>],
+    grad_value: &[Vector<F, N>],
     weighted_sums: &mut [Vector<F, N>],
     sums: &mut [Vector<F, N>],
     transformed: &mut [Vector<F, N>],
     salt: &[u32],
     rows: u32,
     cols: u32,
-    draw: ColumnDraw,
+    args: TransformArgs,
     #[comptime] weighted_terms: bool,
     #[comptime] centered: bool,
     #[comptime] plain_terms: bool,
@@ -67,91 +75,70 @@ pub fn column_sums<F: Float, A: Float, N: Size>(
     if j < width {
         let step = row_lanes as usize;
         let rows = rows as usize;
-        let (mut w0, mut w1, mut w2, mut w3) = (zero, zero, zero, zero);
-        let (mut s0, mut s1, mut s2, mut s3) = (zero, zero, zero, zero);
-        let draw = salted_draw(&draw, salt, transform == GradientTransform::Dropout);
+        // Four partial sums of each kind, one per row of a four-row step (four loads in
+        // flight), added pairwise at the end; rows past the last step go to the first: a
+        // fixed order.
+        let mut w = Array::<Vector<A, N>>::new(4usize);
+        let mut s = Array::<Vector<A, N>>::new(4usize);
+        #[unroll]
+        for k in 0..4usize {
+            w[k] = zero;
+            s[k] = zero;
+        }
+        let args = salted(&args, salt, transform == GradientTransform::Dropout);
         let mut row = lane;
         while row + 3 * step < rows {
-            let at = row * width + j;
-            let dy0 = gradient_at::<F, A, N>(
-                grad_output,
-                input,
-                bias,
-                transformed,
-                at,
-                j,
-                &draw,
-                transform,
-            );
-            let dy1 = gradient_at::<F, A, N>(
-                grad_output,
-                input,
-                bias,
-                transformed,
-                at + step * width,
-                j,
-                &draw,
-                transform,
-            );
-            let dy2 = gradient_at::<F, A, N>(
-                grad_output,
-                input,
-                bias,
-                transformed,
-                at + 2 * step * width,
-                j,
-                &draw,
-                transform,
-            );
-            let dy3 = gradient_at::<F, A, N>(
-                grad_output,
-                input,
-                bias,
-                transformed,
-                at + 3 * step * width,
-                j,
-                &draw,
-                transform,
-            );
-            if weighted_terms {
-                w0 += dy0 * normalized::<F, A, N>(input, mean, rstd, row, width, j, centered);
-                w1 +=
-                    dy1 * normalized::<F, A, N>(input, mean, rstd, row + step, width, j, centered);
-                w2 += dy2
-                    * normalized::<F, A, N>(input, mean, rstd, row + 2 * step, width, j, centered);
-                w3 += dy3
-                    * normalized::<F, A, N>(input, mean, rstd, row + 3 * step, width, j, centered);
+            let mut dy = Array::<Vector<A, N>>::new(4usize);
+            #[unroll]
+            for k in 0..4usize {
+                dy[k] = gradient_at::<F, A, N>(
+                    grad_output,
+                    grad_key,
+                    grad_value,
+                    input,
+                    bias,
+                    transformed,
+                    (row + k * step) * width + j,
+                    j,
+                    &args,
+                    transform,
+                );
             }
-            if plain_terms {
-                s0 += dy0;
-                s1 += dy1;
-                s2 += dy2;
-                s3 += dy3;
+            #[unroll]
+            for k in 0..4usize {
+                let r = row + k * step;
+                if weighted_terms {
+                    w[k] += dy[k] * normalized::<F, A, N>(input, mean, rstd, r, width, j, centered);
+                }
+                if plain_terms {
+                    s[k] += dy[k];
+                }
             }
             row += 4 * step;
         }
         while row < rows {
-            let at = row * width + j;
             let dy = gradient_at::<F, A, N>(
                 grad_output,
+                grad_key,
+                grad_value,
                 input,
                 bias,
                 transformed,
-                at,
+                row * width + j,
                 j,
-                &draw,
+                &args,
                 transform,
             );
             if weighted_terms {
-                w0 += dy * normalized::<F, A, N>(input, mean, rstd, row, width, j, centered);
+                w[0] += dy * normalized::<F, A, N>(input, mean, rstd, row, width, j, centered);
             }
             if plain_terms {
-                s0 += dy;
+                s[0] += dy;
             }
             row += step;
         }
-        weighted = (w0 + w1) + (w2 + w3);
-        plain = (s0 + s1) + (s2 + s3);
+        weighted = (w[0] + w[1]) + (w[2] + w[3]);
+        plain = (s[0] + s[1]) + (s[2] + s[3]);
     }
     if row_lanes > 1 {
         if weighted_terms {
@@ -171,11 +158,13 @@ pub fn column_sums<F: Float, A: Float, N: Size>(
     }
 }
 
-/// The dropout draw of a [`column_sums`] launch with `drop` (a launch without one passes any
-/// values: they are not read). `own`, `row`, `first`: the slice of the draw the gradient holds
-/// (see the dropout kernel); `whole` (comptime) compiles a whole draw without its arithmetic.
+/// The scalars of a [`column_sums`] launch's transform (a launch without one passes any
+/// values: they are not read). For a dropout: the draw's key, threshold and scale, and the
+/// slice `(own, row, first)` of the draw the gradient holds (see the dropout kernel), `whole`
+/// (comptime) compiling a whole draw without its arithmetic. For the QKV merge: the core's
+/// layout, `head_dim` in vectors.
 #[derive(CubeType, CubeLaunch, Clone, Copy)]
-pub struct ColumnDraw {
+pub struct TransformArgs {
     /// The draw's key, low word (before the salt).
     pub key_lo: u32,
     /// The draw's key, high word (before the salt).
@@ -193,20 +182,32 @@ pub struct ColumnDraw {
     /// The gradient is the whole draw.
     #[cube(comptime)]
     pub whole: bool,
+    /// Positions (QKV merge).
+    pub seq: u32,
+    /// Query heads.
+    pub heads: u32,
+    /// Query heads per key/value head.
+    pub per_group: u32,
+    /// Vectors per head.
+    pub head_dim: u32,
 }
 
-/// `draw` with its key salted by the micro-batch's `salt` (not read without `drop`).
+/// `args` with the draw's key salted by the micro-batch's `salt` (not read without `drop`).
 #[cube]
-fn salted_draw(draw: &ColumnDraw, salt: &[u32], #[comptime] drop: bool) -> ColumnDraw {
-    ColumnDraw {
-        key_lo: salted(draw.key_lo, salt, 0usize, drop),
-        key_hi: salted(draw.key_hi, salt, 1usize, drop),
-        threshold: draw.threshold,
-        scale: draw.scale,
-        own: draw.own,
-        row: draw.row,
-        first: draw.first,
-        whole: draw.whole,
+fn salted(args: &TransformArgs, salt: &[u32], #[comptime] drop: bool) -> TransformArgs {
+    TransformArgs {
+        key_lo: salted_key(args.key_lo, salt, 0usize, drop),
+        key_hi: salted_key(args.key_hi, salt, 1usize, drop),
+        threshold: args.threshold,
+        scale: args.scale,
+        own: args.own,
+        row: args.row,
+        first: args.first,
+        whole: args.whole,
+        seq: args.seq,
+        heads: args.heads,
+        per_group: args.per_group,
+        head_dim: args.head_dim,
     }
 }
 
@@ -221,6 +222,8 @@ pub enum GradientTransform {
     BiasGelu,
     /// The same for the tanh approximation (`--openai-gelu`).
     BiasGeluTanh,
+    /// The attention core's per-head gradients merged into the QKV projection's rows.
+    QkvMerge,
 }
 
 /// `dy` at vector `at` (column vector `j`) in the sums' type, transformed first as
@@ -230,34 +233,52 @@ pub enum GradientTransform {
 #[allow(clippy::too_many_arguments)]
 fn gradient_at<F: Float, A: Float, N: Size>(
     grad_output: &[Vector<F, N>],
+    grad_key: &[Vector<F, N>],
+    grad_value: &[Vector<F, N>],
     input: &[Vector<F, N>],
     bias: &[Vector<F, N>],
     transformed: &mut [Vector<F, N>],
     at: usize,
     j: usize,
-    draw: &ColumnDraw,
+    args: &TransformArgs,
     #[comptime] transform: GradientTransform,
 ) -> Vector<A, N> {
-    let mut dy = grad_output[at];
+    let mut dy = if comptime![transform == GradientTransform::QkvMerge] {
+        merged_gradient::<F, A, N>(
+            grad_output,
+            grad_key,
+            grad_value,
+            at,
+            args.seq,
+            args.heads,
+            args.per_group,
+            args.head_dim,
+        )
+    } else {
+        grad_output[at]
+    };
     if comptime![transform == GradientTransform::Dropout] {
         dy = sliced_dropout::<F, N>(
             dy,
             at,
-            draw.key_lo,
-            draw.key_hi,
-            draw.threshold,
-            draw.scale,
-            draw.own,
-            draw.row,
-            draw.first,
-            draw.whole,
+            args.key_lo,
+            args.key_hi,
+            args.threshold,
+            args.scale,
+            args.own,
+            args.row,
+            args.first,
+            args.whole,
         );
-        transformed[at] = dy;
-    } else if comptime![transform != GradientTransform::None] {
+    } else if comptime![
+        transform == GradientTransform::BiasGelu || transform == GradientTransform::BiasGeluTanh
+    ] {
         let x = input[at] + bias[j];
         let tanh = comptime![transform == GradientTransform::BiasGeluTanh];
         let (_, slope) = gelu_and_slope::<A, N>(Vector::cast_from(x), tanh);
         dy = Vector::cast_from(Vector::<A, N>::cast_from(dy) * slope);
+    }
+    if comptime![transform != GradientTransform::None] {
         transformed[at] = dy;
     }
     Vector::<A, N>::cast_from(dy)

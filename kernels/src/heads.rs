@@ -90,30 +90,49 @@ pub fn qkv_merge<F: Float, A: Float, N: Size>(
 ) {
     let t = cube_index() * UNITS_PER_CUBE as usize + UNIT_POS_X as usize;
     if t < len as usize {
-        let (d, p) = (head_dim as usize, per_group as usize);
-        let c = t % d;
-        let part = (t / d) % (p + 2);
-        let width = (heads as usize / p) * (p + 2) * d;
-        let group = (t % width) / ((p + 2) * d);
-        let position = (t / width) % seq as usize;
-        let batch = t / (width * seq as usize);
-        // Element (batch, group · p + head, position, c) of a per-head tensor is at
-        // `first + head · head_stride`.
-        let head_stride = seq as usize * d;
-        let first = ((batch * heads as usize + group * p) * seq as usize + position) * d + c;
-        if part < p {
-            grad_mixed[t] = grad_query[first + part * head_stride];
-        } else {
-            let mut sum = Vector::<A, N>::new(A::new(0.0));
-            for h in 0..p {
-                if part == p {
-                    sum += Vector::cast_from(grad_key[first + h * head_stride]);
-                } else {
-                    sum += Vector::cast_from(grad_value[first + h * head_stride]);
-                }
+        grad_mixed[t] = merged_gradient::<F, A, N>(
+            grad_query, grad_key, grad_value, t, seq, heads, per_group, head_dim,
+        );
+    }
+}
+
+/// Vector `t` of the mixed rows' gradient ([`qkv_merge`]'s), for kernels that form it on
+/// the way (the QKV bias gradient's column sums).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn merged_gradient<F: Float, A: Float, N: Size>(
+    grad_query: &[Vector<F, N>],
+    grad_key: &[Vector<F, N>],
+    grad_value: &[Vector<F, N>],
+    t: usize,
+    seq: u32,
+    heads: u32,
+    per_group: u32,
+    head_dim: u32,
+) -> Vector<F, N> {
+    let (d, p) = (head_dim as usize, per_group as usize);
+    let c = t % d;
+    let part = (t / d) % (p + 2);
+    let width = (heads as usize / p) * (p + 2) * d;
+    let group = (t % width) / ((p + 2) * d);
+    let position = (t / width) % seq as usize;
+    let batch = t / (width * seq as usize);
+    // Element (batch, group · p + head, position, c) of a per-head tensor is at
+    // `first + head · head_stride`.
+    let head_stride = seq as usize * d;
+    let first = ((batch * heads as usize + group * p) * seq as usize + position) * d + c;
+    if part < p {
+        grad_query[first + part * head_stride]
+    } else {
+        let mut sum = Vector::<A, N>::new(A::new(0.0));
+        for h in 0..p {
+            if part == p {
+                sum += Vector::cast_from(grad_key[first + h * head_stride]);
+            } else {
+                sum += Vector::cast_from(grad_value[first + h * head_stride]);
             }
-            grad_mixed[t] = Vector::cast_from(sum);
         }
+        Vector::cast_from(sum)
     }
 }
 

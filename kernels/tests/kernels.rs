@@ -875,8 +875,9 @@ fn column_sums_match_float64_for_every_launch_shape() {
 
 /// The bias gradients that transform the gradient on the way, in one launch, are bit for bit
 /// the element-wise kernel then the bias-gradient column sums on its output: bias-dropout-add's
-/// backward (the dropout kernel; a whole draw and a sequence-parallel chunk of one) and
-/// bias-GELU's (the GELU backward kernel, exact and tanh), the transformed gradient and the
+/// backward (the dropout kernel; a whole draw and a sequence-parallel chunk of one),
+/// bias-GELU's (the GELU backward kernel, exact and tanh) and the QKV projection's (the merge
+/// kernel of the core's per-head gradients; multi-head and grouped-query), the transformed gradient and the
 /// sums (for half types within their rounding of the terms where a compiler sums the
 /// unrounded products), for f32 (every column launch) and each half type the device stores (its own launch),
 /// rows no multiple of the four-row step, odd widths.
@@ -977,8 +978,54 @@ fn transformed_bias_gradients_match<H: Storage>(
                 }
             }
         }
+        qkv_merge_bias_gradient_matches::<H>(client, launch, &mut rng);
     }
     true
+}
+
+/// The QKV projection's gradients in one launch against the merge kernel then the column
+/// sums: multi-head, grouped-query (two query heads per group), one group of four, rows no
+/// multiple of the four-row step.
+fn qkv_merge_bias_gradient_matches<H: Storage>(
+    client: &Client,
+    launch: ColumnLaunch,
+    rng: &mut Rng,
+) {
+    for (batch, seq, groups, per_group, head_dim) in
+        [(2, 3, 2, 1, 8), (1, 37, 2, 2, 4), (3, 5, 1, 4, 12)]
+    {
+        let layout = QkvLayout {
+            batch,
+            seq,
+            groups,
+            per_group,
+            head_dim,
+        };
+        let what = format!("{} {layout:?} {launch:?} QKV merge", H::NAME);
+        let (len, width) = (layout.mixed_len(), layout.row_width());
+        let heads = [0; 3].map(|_| {
+            upload_as::<H>(
+                client,
+                &rounded::<H>(&rng.vec(layout.head_len(), -2.0, 2.0)),
+            )
+        });
+        let heads = [&heads[0], &heads[1], &heads[2]];
+        let [out, out_alone] = [0; 2].map(|_| poisoned_as::<H>(client, len));
+        let [sums, sums_alone] = [0; 2].map(|_| poisoned_as::<H>(client, width));
+        qkv_merge_bias_gradient::<H>(client, launch, heads, &out, &sums, layout);
+        qkv_merge::<H>(client, heads, &out_alone, layout);
+        bias_gradient::<H>(client, launch, &out_alone, &sums_alone, len / width, width);
+        let got = [
+            download_as::<H>(client, out, len),
+            download_as::<H>(client, sums, width),
+        ];
+        let want = [
+            download_as::<H>(client, out_alone, len),
+            download_as::<H>(client, sums_alone, width),
+        ];
+        assert_eq!(bits(&got[0]), bits(&want[0]), "{what}: the rows' gradient");
+        assert_eq!(bits(&got[1]), bits(&want[1]), "{what}: the bias gradient");
+    }
 }
 
 /// The cross-entropy kernels against float64 over every launch shape: a single column,

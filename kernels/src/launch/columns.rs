@@ -5,8 +5,9 @@ use cubecl::prelude::*;
 use cubecl::server::Handle;
 
 use super::salt::salt_arg;
+use super::QkvLayout;
 use super::{arg, element_vector_size, DrawSlice, DropoutDraw};
-use crate::columns::{self, ColumnDrawLaunch, GradientTransform};
+use crate::columns::{self, GradientTransform, TransformArgsLaunch};
 use crate::rows::cube_count;
 
 /// The shape of a column-sum launch: `vectors` column vectors per cube (x) and `row_lanes`
@@ -136,6 +137,38 @@ pub fn gelu_bias_gradient<F: Float + CubeElement>(
     sums.launch::<F>(client, launch);
 }
 
+/// The QKV projection's gradients in one launch: its rows' gradient `grad_mixed` from the
+/// core's per-head gradients (bit for bit the merge kernel's, [`super::qkv_merge`]) and its
+/// bias's, their column sums into `grad_bias` ([`QkvLayout::row_width`] elements, summed in
+/// f32: those of [`bias_gradient`] on `grad_mixed`).
+pub fn qkv_merge_bias_gradient<F: Float + CubeElement>(
+    client: &Client,
+    launch: ColumnLaunch,
+    [grad_query, grad_key, grad_value]: [&Handle; 3],
+    grad_mixed: &Handle,
+    grad_bias: &Handle,
+    layout: QkvLayout,
+) {
+    super::check_elements(layout.mixed_len(), "QKV merge");
+    let sums = ColumnSums {
+        grad_output: grad_query,
+        input: None,
+        weighted_sums: None,
+        sums: Some(grad_bias),
+        transformed: Some(Transformed {
+            output: grad_mixed,
+            transform: Transform::QkvMerge {
+                grad_key,
+                grad_value,
+                layout,
+            },
+        }),
+        rows: layout.batch * layout.seq,
+        cols: layout.row_width(),
+    };
+    sums.launch::<F>(client, launch);
+}
+
 /// LayerNorm's `grad_gamma = Σ dy ⊙ x̂` and `grad_beta = Σ dy` over the rows, from the
 /// forward's `mean` and `rstd` (f32, one per row).
 #[allow(clippy::too_many_arguments)]
@@ -213,6 +246,56 @@ enum Transform<'a> {
         bias: &'a Handle,
         tanh: bool,
     },
+    /// Formed from the core's per-head gradients (the launch's `grad_output` the queries').
+    QkvMerge {
+        grad_key: &'a Handle,
+        grad_value: &'a Handle,
+        layout: QkvLayout,
+    },
+}
+
+impl Transform<'_> {
+    fn kind(transform: Option<&Self>) -> GradientTransform {
+        match transform {
+            None => GradientTransform::None,
+            Some(Transform::Dropout { .. }) => GradientTransform::Dropout,
+            Some(Transform::BiasGelu { tanh: false, .. }) => GradientTransform::BiasGelu,
+            Some(Transform::BiasGelu { tanh: true, .. }) => GradientTransform::BiasGeluTanh,
+            Some(Transform::QkvMerge { .. }) => GradientTransform::QkvMerge,
+        }
+    }
+
+    /// The kernel's scalars for this transform (`len` elements, in vectors of `vector`).
+    fn args(transform: Option<&Self>, len: usize, vector: usize) -> TransformArgsLaunch {
+        let (draw, slice) = match transform {
+            Some(Transform::Dropout { draw, slice }) => (*draw, *slice),
+            _ => (super::dropout::NO_DRAW, DrawSlice::whole(len)),
+        };
+        let layout = match transform {
+            Some(Transform::QkvMerge { layout, .. }) => *layout,
+            _ => QkvLayout {
+                batch: 0,
+                seq: 1,
+                groups: 1,
+                per_group: 1,
+                head_dim: vector,
+            },
+        };
+        TransformArgsLaunch::new(
+            draw.key_lo,
+            draw.key_hi,
+            draw.threshold,
+            draw.scale,
+            slice.own,
+            slice.row,
+            slice.first,
+            slice.is_whole(),
+            layout.seq as u32,
+            layout.heads() as u32,
+            layout.per_group as u32,
+            (layout.head_dim / vector) as u32,
+        )
+    }
 }
 
 /// Where the transformed gradient goes, and the transform.
@@ -238,88 +321,130 @@ impl ColumnSums<'_> {
         if rows * cols == 0 {
             return;
         }
-        let vector = element_vector_size::<F>(client, cols);
+        let transform = self.transformed.as_ref().map(|t| &t.transform);
+        // The merge's vectors stay within a head.
+        let vector = match transform {
+            Some(Transform::QkvMerge { layout, .. }) => {
+                element_vector_size::<F>(client, layout.head_dim)
+            }
+            _ => element_vector_size::<F>(client, cols),
+        };
         let width = cols / vector;
-        // Arguments the launch does not ask for are never read or written. An input's place is
-        // taken by the gradient (bound read-only twice, as the element-wise kernels' missing
-        // bias), an output's by a one-vector buffer of its own (wgpu refuses a buffer bound
-        // both ways in one dispatch).
-        let unread = self.grad_output;
-        let unwritten =
-            (self.weighted_sums.is_none() || self.sums.is_none() || self.transformed.is_none())
-                .then(|| client.empty(4 * vector));
-        let stand_in = || {
-            (
-                unwritten.as_ref().expect("made for a missing output"),
-                vector,
-            )
-        };
-        let norm = self.input.as_ref();
-        let transformed = self.transformed.as_ref();
-        let transform = transformed.map(|t| &t.transform);
-        let (gelu_input, gelu_bias) = match transform {
-            Some(Transform::BiasGelu { input, bias, .. }) => (Some(*input), Some(*bias)),
-            _ => (None, None),
-        };
-        assert!(
-            norm.is_none() || gelu_input.is_none(),
-            "column sums of a norm's and GELU's gradients at once"
-        );
-        let x = norm
-            .map(|i| i.input)
-            .or(gelu_input)
-            .map_or((unread, vector), |x| (x, rows * cols));
-        let mean = norm
-            .and_then(|i| i.mean)
-            .map_or((unread, vector), |m| (m, rows));
-        let rstd = norm.map_or((unread, vector), |i| (i.rstd, rows));
-        let bias = gelu_bias.map_or((unread, vector), |b| (b, cols));
-        let weighted = self.weighted_sums.map_or_else(stand_in, |w| (w, cols));
-        let sums = self.sums.map_or_else(stand_in, |s| (s, cols));
-        let transformed_to = transformed.map_or_else(stand_in, |t| (t.output, rows * cols));
-        let (draw, slice) = match transform {
-            Some(Transform::Dropout { draw, slice }) => (Some(*draw), *slice),
-            _ => (None, DrawSlice::whole(rows * cols)),
-        };
-        let key = draw.unwrap_or(super::dropout::NO_DRAW);
-        let kind = match transform {
-            None => GradientTransform::None,
-            Some(Transform::Dropout { .. }) => GradientTransform::Dropout,
-            Some(Transform::BiasGelu { tanh: false, .. }) => GradientTransform::BiasGelu,
-            Some(Transform::BiasGelu { tanh: true, .. }) => GradientTransform::BiasGeluTanh,
+        let bindings = self.bindings(client, vector);
+        let [grad, x, mean, rstd, bias, key, value, weighted, sums, transformed] =
+            bindings.each(vector);
+        let draw = match transform {
+            Some(Transform::Dropout { draw, .. }) => Some(*draw),
+            _ => None,
         };
         columns::column_sums::launch::<F, f32>(
             client,
             cube_count(width.div_ceil(launch.vectors as usize)),
             launch.cube_dim(),
             vector,
-            arg(self.grad_output, rows * cols),
-            arg(x.0, x.1),
-            arg(mean.0, mean.1),
-            arg(rstd.0, rstd.1),
-            arg(bias.0, bias.1),
-            arg(weighted.0, weighted.1),
-            arg(sums.0, sums.1),
-            arg(transformed_to.0, transformed_to.1),
+            grad,
+            x,
+            mean,
+            rstd,
+            bias,
+            key,
+            value,
+            weighted,
+            sums,
+            transformed,
             salt_arg(client, draw, self.grad_output),
             rows as u32,
             cols as u32,
-            ColumnDrawLaunch::new(
-                key.key_lo,
-                key.key_hi,
-                key.threshold,
-                key.scale,
-                slice.own,
-                slice.row,
-                slice.first,
-                slice.is_whole(),
-            ),
+            Transform::args(transform, rows * cols, vector),
             self.weighted_sums.is_some(),
-            norm.is_some_and(|i| i.mean.is_some()),
+            self.input.as_ref().is_some_and(|i| i.mean.is_some()),
             self.sums.is_some(),
-            kind,
+            Transform::kind(transform),
             launch.vectors,
             launch.row_lanes,
         );
+    }
+
+    /// Every buffer the kernel binds, with its length in elements. Arguments the launch does
+    /// not ask for are never read or written: an input's place is taken by the gradient (bound
+    /// read-only twice, as the element-wise kernels' missing bias), an output's by a
+    /// one-vector buffer of its own (wgpu refuses a buffer bound both ways in one dispatch).
+    fn bindings(&self, client: &Client, vector: usize) -> Bindings<'_> {
+        let (rows, cols) = (self.rows, self.cols);
+        let len = rows * cols;
+        let norm = self.input.as_ref();
+        let transform = self.transformed.as_ref().map(|t| &t.transform);
+        let unread = Some((self.grad_output, vector));
+        let (mut x, mut bias, mut key, mut value) = (None, None, None, None);
+        let mut grad = (self.grad_output, len);
+        match transform {
+            Some(Transform::BiasGelu { input, bias: b, .. }) => {
+                (x, bias) = (Some((*input, len)), Some((*b, cols)));
+            }
+            Some(Transform::QkvMerge {
+                grad_key,
+                grad_value,
+                layout,
+            }) => {
+                let head_len = layout.head_len();
+                grad = (self.grad_output, head_len);
+                (key, value) = (Some((*grad_key, head_len)), Some((*grad_value, head_len)));
+            }
+            _ => {}
+        }
+        assert!(
+            norm.is_none() || x.is_none(),
+            "column sums of a norm's and GELU's gradients at once"
+        );
+        let x = x.or(norm.map(|i| (i.input, len)));
+        let outputs = [
+            self.weighted_sums.map(|h| (h, cols)),
+            self.sums.map(|h| (h, cols)),
+            self.transformed.as_ref().map(|t| (t.output, len)),
+        ];
+        let stand_in = outputs
+            .iter()
+            .any(Option::is_none)
+            .then(|| client.empty(4 * vector));
+        Bindings {
+            read: [
+                Some(grad),
+                x.or(unread),
+                norm.and_then(|i| i.mean).map(|m| (m, rows)).or(unread),
+                norm.map(|i| (i.rstd, rows)).or(unread),
+                bias.or(unread),
+                key.or(unread),
+                value.or(unread),
+            ],
+            written: outputs,
+            stand_in,
+        }
+    }
+}
+
+/// The buffers of one [`columns::column_sums`] launch: the inputs (each bound), the outputs
+/// (`None`: not asked for, bound to `stand_in`).
+struct Bindings<'a> {
+    read: [Option<(&'a Handle, usize)>; 7],
+    written: [Option<(&'a Handle, usize)>; 3],
+    stand_in: Option<Handle>,
+}
+
+impl Bindings<'_> {
+    /// The kernel's buffer arguments, in its order.
+    fn each(&self, vector: usize) -> [BufferArg; 10] {
+        let stand_in = || {
+            (
+                self.stand_in.as_ref().expect("made for a missing output"),
+                vector,
+            )
+        };
+        let read = self.read.map(|b| b.expect("every input bound"));
+        let written = self.written.map(|b| b.unwrap_or_else(stand_in));
+        let all = [
+            read[0], read[1], read[2], read[3], read[4], read[5], read[6], written[0], written[1],
+            written[2],
+        ];
+        all.map(|(handle, len)| arg(handle, len))
     }
 }

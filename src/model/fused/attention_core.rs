@@ -142,7 +142,9 @@ fn scores<B: AttentionKernels>(q: FloatTensor<B>, k: FloatTensor<B>) -> FloatTen
     B::gemm(q, transposed::<B>(k))
 }
 
-/// The rows' gradient from the context's gradient `grad`.
+/// The rows' gradient from the context's gradient `grad`, and with `with_bias` the QKV
+/// projection bias's (the rows' gradient summed over the rows, formed in the same launch as
+/// the rows').
 pub fn backward<B: AttentionKernels>(
     saved: Saved<B>,
     grad: FloatTensor<B>,
@@ -150,7 +152,8 @@ pub fn backward<B: AttentionKernels>(
     scale: f32,
     draw: Option<DropoutDraw>,
     rotation: Option<Rotation<B>>,
-) -> FloatTensor<B> {
+    with_bias: bool,
+) -> (FloatTensor<B>, Option<FloatTensor<B>>) {
     let grad = B::split_heads(grad, layout);
     let mut grads = match saved {
         Saved::Flash {
@@ -176,7 +179,12 @@ pub fn backward<B: AttentionKernels>(
         let [dq, dk, dv] = grads;
         grads = [rotation.apply(dq, true), rotation.apply(dk, true), dv];
     }
-    B::qkv_merge(grads, layout)
+    if with_bias {
+        let (rows, bias) = B::qkv_merge_bias_gradient(grads, layout);
+        (rows, Some(bias))
+    } else {
+        (B::qkv_merge(grads, layout), None)
+    }
 }
 
 /// The per-head `[dq, dk, dv]` of the composed core from the output's gradient `grad` and

@@ -226,9 +226,13 @@ type RowsState<B> = (
 );
 
 /// The rows' gradient from the context's gradient `grad`.
-fn rows_grad<B: AttentionKernels>(state: RowsState<B>, grad: FloatTensor<B>) -> FloatTensor<B> {
+fn rows_grad<B: AttentionKernels>(
+    state: RowsState<B>,
+    grad: FloatTensor<B>,
+    with_bias: bool,
+) -> (FloatTensor<B>, Option<FloatTensor<B>>) {
     let (saved, layout, scale, draw, rotation) = state;
-    attention_core::backward::<B>(saved, grad, layout, scale, draw, rotation)
+    attention_core::backward::<B>(saved, grad, layout, scale, draw, rotation, with_bias)
 }
 
 /// The backward of [`RowsAttentionOps::fused_attention_from_qkv`]: into the rows, and (with
@@ -244,7 +248,7 @@ impl<B: AttentionKernels> Backward<B, 1> for MixedAttentionBackward {
         let [parent] = ops.parents;
         let grad = grads.consume::<B>(&ops.node);
         if let Some(parent) = parent {
-            grads.register::<B>(parent.id, rows_grad::<B>(ops.state, grad));
+            grads.register::<B>(parent.id, rows_grad::<B>(ops.state, grad, false).0);
         }
     }
 }
@@ -258,9 +262,9 @@ impl<B: AttentionKernels> Backward<B, 2> for MixedAttentionBackward {
         if rows.is_none() && bias.is_none() {
             return;
         }
-        let grad = rows_grad::<B>(ops.state, grad);
-        if let Some(bias) = bias {
-            grads.register::<B>(bias.id, B::bias_gradient(grad.clone()));
+        let (grad, bias_grad) = rows_grad::<B>(ops.state, grad, bias.is_some());
+        if let (Some(bias), Some(bias_grad)) = (bias, bias_grad) {
+            grads.register::<B>(bias.id, bias_grad);
         }
         if let Some(rows) = rows {
             grads.register::<B>(rows.id, grad);

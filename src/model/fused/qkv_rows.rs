@@ -10,7 +10,7 @@ use burn::backend::Backend;
 use burn::tensor::Shape;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
-use ferrotron_kernels::launch::QkvLayout;
+use ferrotron_kernels::launch::{ColumnLaunch, QkvLayout};
 
 use super::same_dtype;
 use crate::util::cube_tensor::{by_dtype, empty_like, packed};
@@ -27,6 +27,12 @@ pub trait QkvKernels: Backend {
     ) -> [FloatTensor<Self>; 3];
     /// The rows' gradient from the gradients of [`Self::qkv_split`]'s three outputs.
     fn qkv_merge(grads: [FloatTensor<Self>; 3], layout: QkvLayout) -> FloatTensor<Self>;
+    /// [`Self::qkv_merge`]'s rows' gradient and the projection bias's (the rows' gradient
+    /// summed over the rows, `[width]`), in one launch where they were two.
+    fn qkv_merge_bias_gradient(
+        grads: [FloatTensor<Self>; 3],
+        layout: QkvLayout,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
     /// The core's output `[b, heads, s, head_dim]` as rows `[b, s, heads · head_dim]`.
     fn merge_heads(heads: FloatTensor<Self>, layout: QkvLayout) -> FloatTensor<Self>;
     /// Rows `[b, s, heads · head_dim]` (the output projection's input gradient) as
@@ -74,6 +80,37 @@ impl QkvKernels for CubeBackend {
             layout
         );
         merged
+    }
+
+    fn qkv_merge_bias_gradient(
+        grads: [CubeTensor; 3],
+        layout: QkvLayout,
+    ) -> (CubeTensor, CubeTensor) {
+        let [dq, dk, dv] = grads.map(packed);
+        same_dtype("the key gradient", &dq, &dk);
+        same_dtype("the value gradient", &dq, &dv);
+        let width = layout.row_width();
+        let merged = empty_like(&dq, Shape::new([layout.batch, layout.seq, width]), dq.dtype);
+        let sums = empty_like(&dq, Shape::new([width]), dq.dtype);
+        if layout.batch * layout.seq == 0 {
+            let zeros = <Self as burn::backend::ops::FloatTensorOps<Self>>::float_zeros(
+                Shape::new([width]),
+                &dq.device,
+                dq.dtype.into(),
+            );
+            return (merged, zeros);
+        }
+        by_dtype!(
+            dq.dtype,
+            qkv_merge_bias_gradient,
+            &dq.client,
+            ColumnLaunch::for_client(&dq.client),
+            [&dq.handle, &dk.handle, &dv.handle],
+            &merged.handle,
+            &sums.handle,
+            layout
+        );
+        (merged, sums)
     }
 
     fn merge_heads(heads: CubeTensor, layout: QkvLayout) -> CubeTensor {
