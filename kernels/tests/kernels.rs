@@ -1553,7 +1553,21 @@ fn half_storage_matches_f32<H: Storage>(client: &Client) -> bool {
     let mut rng = Rng(11);
     let launch = RowLaunch::for_client(client);
 
-    // Causal softmax and its backward on [2, 3, 37, 37] scores.
+    half_softmax_matches_f32::<H>(client, launch, &mut rng);
+    half_layer_norm_matches_f32::<H>(client, launch, &mut rng);
+    half_bias_gradient_matches_f32::<H>(client, &mut rng);
+    embedding_gradient_in_half::<H>(client, &mut rng);
+    half_dropout_matches_f32::<H>(client, &mut rng);
+    half_attention_matches_f32::<H>(client, &mut rng);
+    half_rms_norm_matches_f32::<H>(client, launch, &mut rng);
+    half_swiglu_matches_f32::<H>(client, &mut rng);
+    half_gelu_matches_f32::<H>(client, &mut rng);
+    half_rotary_matches_f32::<H>(client, &mut rng);
+    true
+}
+
+/// Causal softmax and its backward on [2, 3, 37, 37] scores.
+fn half_softmax_matches_f32<H: Storage>(client: &Client, launch: RowLaunch, rng: &mut Rng) {
     let s = shape(2, 3, 37, 37);
     let x = rounded::<H>(&rng.vec(s.len(), -6.0, 6.0));
     let scale = 0.125f32;
@@ -1589,8 +1603,10 @@ fn half_storage_matches_f32<H: Storage>(client: &Client) -> bool {
     softmax_backward::<H>(client, launch, &yh, &dyh, &dxh, s, true, scale, None, None);
     let dx_half = download_as::<H>(client, dxh, s.len());
     assert_within_an_ulp::<H>("softmax backward", &dx_half, &dx_f32, 0.0);
+}
 
-    // LayerNorm forward and backward, 33 rows of 200.
+/// LayerNorm forward and backward, 33 rows of 200.
+fn half_layer_norm_matches_f32<H: Storage>(client: &Client, launch: RowLaunch, rng: &mut Rng) {
     let (rows, cols) = (33, 200);
     let x = rounded::<H>(&rng.vec(rows * cols, -3.0, 5.0));
     let gamma = rounded::<H>(&rng.vec(cols, 0.5, 1.5));
@@ -1655,8 +1671,10 @@ fn half_storage_matches_f32<H: Storage>(client: &Client) -> bool {
         &db_f32,
         0.0,
     );
+}
 
-    // A bias's gradient (the column sums of the same rounded gradient), 4,099 rows of 24.
+/// A bias's gradient (the column sums of the same rounded gradient), 4,099 rows of 24.
+fn half_bias_gradient_matches_f32<H: Storage>(client: &Client, rng: &mut Rng) {
     let (rows, cols) = (4099, 24);
     let dy = rounded::<H>(&rng.vec(rows * cols, -1.0, 1.0));
     let column = ColumnLaunch::for_client(client);
@@ -1670,10 +1688,10 @@ fn half_storage_matches_f32<H: Storage>(client: &Client) -> bool {
         &download(client, sf, cols),
         0.0,
     );
+}
 
-    embedding_gradient_in_half::<H>(client, &mut rng);
-
-    // Dropout: the same elements dropped, the kept ones scaled in f32 and rounded once.
+/// Dropout: the same elements dropped, the kept ones scaled in f32 and rounded once.
+fn half_dropout_matches_f32<H: Storage>(client: &Client, rng: &mut Rng) {
     let n = 10_007;
     let x = rounded::<H>(&rng.vec(n, -2.0, 2.0));
     let draw = test_draw(0x9e37_79b9, 7, 0.1);
@@ -1687,11 +1705,14 @@ fn half_storage_matches_f32<H: Storage>(client: &Client) -> bool {
         assert_eq!(*h == 0.0, *f == 0.0, "dropout element {i}: {h} vs {f}");
     }
     assert_within_an_ulp::<H>("dropout", &out_half, &out_f32, 0.0);
+}
 
-    // Fused attention with dropout: the forward, then the backward fed the same (rounded)
-    // output, so the f32 and half runs compute the same f32 values and differ only by the
-    // final rounding. Heads of 64 and 128 (GPT-2's and Llama's), 37 positions: no multiple
-    // of any tile; one head (the f32 test has several).
+/// Fused attention with dropout: the forward, then the backward fed the same (rounded)
+/// output, so the f32 and half runs compute the same f32 values and differ only by the
+/// final rounding. Heads of 64 and 128 (GPT-2's and Llama's), 37 positions: no multiple
+/// of any tile; one head (the f32 test has several).
+fn half_attention_matches_f32<H: Storage>(client: &Client, rng: &mut Rng) {
+    let draw = test_draw(0x9e37_79b9, 7, 0.1);
     for head_dim in [64, 128] {
         let a = AttentionShape {
             heads: 1,
@@ -1711,7 +1732,10 @@ fn half_storage_matches_f32<H: Storage>(client: &Client) -> bool {
             assert_within_an_ulp::<H>(&what(name), &backward_half[i], &backward_f32[i], 0.0);
         }
     }
-    // RMSNorm forward and backward, 33 rows of 200.
+}
+
+/// RMSNorm forward and backward, 33 rows of 200.
+fn half_rms_norm_matches_f32<H: Storage>(client: &Client, launch: RowLaunch, rng: &mut Rng) {
     let (rows, cols) = (33, 200);
     let x = rounded::<H>(&rng.vec(rows * cols, -3.0, 5.0));
     let gamma = rounded::<H>(&rng.vec(cols, 0.5, 1.5));
@@ -1748,8 +1772,10 @@ fn half_storage_matches_f32<H: Storage>(client: &Client) -> bool {
         &dg_f32,
         0.0,
     );
+}
 
-    // SwiGLU forward and backward.
+/// SwiGLU forward and backward.
+fn half_swiglu_matches_f32<H: Storage>(client: &Client, rng: &mut Rng) {
     let n = 10_007;
     let [gate, up, dy] =
         [(-6.0, 6.0), (-2.0, 2.0), (-1.0, 1.0)].map(|(lo, hi)| rounded::<H>(&rng.vec(n, lo, hi)));
@@ -1772,8 +1798,11 @@ fn half_storage_matches_f32<H: Storage>(client: &Client) -> bool {
         &du_f32,
         0.0,
     );
+}
 
-    // GELU forward and backward, exact and tanh.
+/// GELU forward and backward, exact and tanh.
+fn half_gelu_matches_f32<H: Storage>(client: &Client, rng: &mut Rng) {
+    let n = 10_007;
     for tanh in [false, true] {
         let [x, dy] = [(-6.0, 6.0), (-1.0, 1.0)].map(|(lo, hi)| rounded::<H>(&rng.vec(n, lo, hi)));
         let [x32, dy32] = [&x, &dy].map(|v| upload(client, v));
@@ -1797,8 +1826,10 @@ fn half_storage_matches_f32<H: Storage>(client: &Client) -> bool {
             0.0,
         );
     }
+}
 
-    // Rotary embedding, both layouts, part of each head rotated, and its backward.
+/// Rotary embedding, both layouts, part of each head rotated, and its backward.
+fn half_rotary_matches_f32<H: Storage>(client: &Client, rng: &mut Rng) {
     for interleaved in [false, true] {
         let p = Rope {
             interleaved,
@@ -1815,8 +1846,6 @@ fn half_storage_matches_f32<H: Storage>(client: &Client) -> bool {
             );
         }
     }
-
-    true
 }
 
 impl Storage for f32 {

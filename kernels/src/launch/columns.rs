@@ -374,7 +374,7 @@ impl ColumnSums<'_> {
         let len = rows * cols;
         let norm = self.input.as_ref();
         let transform = self.transformed.as_ref().map(|t| &t.transform);
-        let unread = Some((self.grad_output, vector));
+        let unread = (self.grad_output, vector);
         let (mut x, mut bias, mut key, mut value) = (None, None, None, None);
         let mut grad = (self.grad_output, len);
         match transform {
@@ -408,13 +408,13 @@ impl ColumnSums<'_> {
             .then(|| client.empty(4 * vector));
         Bindings {
             read: [
-                Some(grad),
-                x.or(unread),
-                norm.and_then(|i| i.mean).map(|m| (m, rows)).or(unread),
-                norm.map(|i| (i.rstd, rows)).or(unread),
-                bias.or(unread),
-                key.or(unread),
-                value.or(unread),
+                grad,
+                x.unwrap_or(unread),
+                norm.and_then(|i| i.mean).map_or(unread, |m| (m, rows)),
+                norm.map_or(unread, |i| (i.rstd, rows)),
+                bias.unwrap_or(unread),
+                key.unwrap_or(unread),
+                value.unwrap_or(unread),
             ],
             written: outputs,
             stand_in,
@@ -422,10 +422,10 @@ impl ColumnSums<'_> {
     }
 }
 
-/// The buffers of one [`columns::column_sums`] launch: the inputs (each bound), the outputs
-/// (`None`: not asked for, bound to `stand_in`).
+/// The buffers of one [`columns::column_sums`] launch: the inputs, the outputs (`None`: not
+/// asked for, bound to `stand_in`).
 struct Bindings<'a> {
-    read: [Option<(&'a Handle, usize)>; 7],
+    read: [(&'a Handle, usize); 7],
     written: [Option<(&'a Handle, usize)>; 3],
     stand_in: Option<Handle>,
 }
@@ -439,7 +439,7 @@ impl Bindings<'_> {
                 vector,
             )
         };
-        let read = self.read.map(|b| b.expect("every input bound"));
+        let read = self.read;
         let written = self.written.map(|b| b.unwrap_or_else(stand_in));
         let all = [
             read[0], read[1], read[2], read[3], read[4], read[5], read[6], written[0], written[1],
