@@ -948,20 +948,53 @@ fn pretrain_writes_megatrons_pipeline_stage_files() {
     }
 }
 
+/// `convert-checkpoint` run in `dir` on the Megatron fixture `src` (2 layers, hidden 64, 4
+/// heads, 32 positions), writing `dst`, with `extra` flags.
+fn convert_fixture(
+    dir: &std::path::Path,
+    src: &str,
+    dst: &str,
+    extra: &[&str],
+) -> std::process::Output {
+    let src = megatron_fixtures().join(src);
+    let mut args = vec!["--load", src.to_str().unwrap(), "--save", dst];
+    args.extend([
+        "--num-layers",
+        "2",
+        "--hidden-size",
+        "64",
+        "--num-attention-heads",
+        "4",
+        "--seq-length",
+        "32",
+    ]);
+    args.extend(extra);
+    run_tool(env!("CARGO_BIN_EXE_convert-checkpoint"), &args, dir)
+}
+
+/// The flags that reshard a fixture to TP=2 with Megatron's local layer names.
+const TP2_LOCAL: [&str; 10] = [
+    "--target-tensor-parallel-size",
+    "2",
+    "--transformer-impl",
+    "local",
+    "--global-batch-size",
+    "2",
+    "--vocab-size",
+    "200",
+    "--tokenizer-type",
+    "NullTokenizer",
+];
+
 /// Checkpoints ferrotron writes in Megatron's `--ckpt-format torch` load in Megatron-Core:
 /// the three in `tests/fixtures/megatron_ckpt/written_by_ferrotron/` (a GPT-2 converted from
 /// Megatron's TP=1 checkpoint to TP=2 by `convert-checkpoint`, a GPT-2 trained by `pretrain
 /// --ckpt-format torch`, a Llama trained at TP=2) were loaded by Megatron-Core's own
 /// `load_checkpoint` with their keys equal to its model's state dict, and its losses on them
-/// are ferrotron's. `convert-checkpoint` still writes those bytes; its TP=1 → TP=2 of
-/// Megatron's Llama equals Megatron's own resharding (`llama_tp2`) bit for bit; the
-/// Transformer-Engine names are the ones Megatron's layer spec gives.
+/// are ferrotron's.
 #[test]
 fn megatron_loads_the_checkpoints_ferrotron_writes() {
-    use ferrotron::checkpoint::megatron_torch::read_megatron_torch;
-    use ferrotron::checkpoint::megatron_torch_save::{megatron_state_dict, LayerSpec};
-    let fixtures = megatron_fixtures();
-    let written = fixtures.join("written_by_ferrotron");
+    let written = megatron_fixtures().join("written_by_ferrotron");
     let text = std::fs::read_to_string(written.join("losses.json")).unwrap();
     let losses: serde_json::Value = serde_json::from_str(&text).unwrap();
     let (gpt2, llama) = megatron_fixture_configs();
@@ -987,41 +1020,24 @@ fn megatron_loads_the_checkpoints_ferrotron_writes() {
             "{name}: per-token losses differ by up to {worst}"
         );
     }
-    // convert-checkpoint writes what Megatron checked, byte for byte.
+}
+
+/// `convert-checkpoint` still writes the bytes Megatron-Core loaded (the TP=1 → TP=2 GPT-2
+/// above), and its TP=1 → TP=2 of Megatron's Llama equals Megatron's own resharding
+/// (`llama_tp2`) tensor for tensor.
+#[test]
+fn convert_checkpoint_reshards_as_megatron_does() {
+    let fixtures = megatron_fixtures();
+    let written = fixtures.join("written_by_ferrotron");
     let dir = tempfile::tempdir().unwrap();
-    let shape = [
-        "--num-layers",
-        "2",
-        "--hidden-size",
-        "64",
-        "--num-attention-heads",
-        "4",
-    ];
-    let convert = |src: &str, dst: &str, extra: &[&str]| {
-        let src = fixtures.join(src);
-        let mut args = vec!["--load", src.to_str().unwrap(), "--save", dst];
-        args.extend(shape.iter().chain(["--seq-length", "32"].iter()));
-        args.extend(extra);
-        run_tool(env!("CARGO_BIN_EXE_convert-checkpoint"), &args, dir.path())
-    };
-    let tp2_local = [
-        "--target-tensor-parallel-size",
-        "2",
-        "--transformer-impl",
-        "local",
-        "--global-batch-size",
-        "2",
-        "--vocab-size",
-        "200",
-        "--tokenizer-type",
-        "NullTokenizer",
-    ];
-    let out = convert("gpt2_tp1", "gpt2_tp2", &tp2_local);
+    let dir = dir.path();
+    // convert-checkpoint writes what Megatron checked, byte for byte.
+    let out = convert_fixture(dir, "gpt2_tp1", "gpt2_tp2", &TP2_LOCAL);
     assert!(out.status.success(), "{}", stderr(&out));
     for rank in ["mp_rank_00", "mp_rank_01"] {
         let file = format!("iter_0000004/{rank}/model_optim_rng.pt");
         assert!(
-            std::fs::read(dir.path().join("gpt2_tp2").join(&file)).unwrap()
+            std::fs::read(dir.join("gpt2_tp2").join(&file)).unwrap()
                 == std::fs::read(written.join("gpt2_tp2_converted").join(&file)).unwrap(),
             "{file} differs from the one Megatron loaded"
         );
@@ -1032,18 +1048,29 @@ fn megatron_loads_the_checkpoints_ferrotron_writes() {
         --num-query-groups 2 --kv-channels 16 --untie-embeddings-and-output-weights \
         --disable-bias-linear"
         .split_whitespace()
-        .chain(tp2_local)
+        .chain(TP2_LOCAL)
         .collect();
-    let out = convert("llama_tp1", "llama_tp2", &llama_flags);
+    let out = convert_fixture(dir, "llama_tp1", "llama_tp2", &llama_flags);
     assert!(out.status.success(), "{}", stderr(&out));
     for rank in ["mp_rank_00", "mp_rank_01"] {
         let file = format!("iter_0000004/{rank}/model_optim_rng.pt");
         assert_eq!(
-            torch_file_tensors(dir.path().join("llama_tp2").join(&file)),
+            torch_file_tensors(dir.join("llama_tp2").join(&file)),
             torch_file_tensors(fixtures.join("llama_tp2").join(&file)),
             "{file}"
         );
     }
+}
+
+/// The Transformer-Engine names ferrotron writes and the local spec's are the keys
+/// Megatron's layer specs give, and the shapes `convert-checkpoint` checks a Megatron source
+/// against are the model's own.
+#[test]
+fn megatron_state_dicts_have_megatrons_keys_and_shapes() {
+    use ferrotron::checkpoint::megatron_torch::read_megatron_torch;
+    use ferrotron::checkpoint::megatron_torch_save::{megatron_state_dict, LayerSpec};
+    let fixtures = megatron_fixtures();
+    let (gpt2, llama) = megatron_fixture_configs();
     // The Transformer-Engine spec's names (the default) and the local spec's are the keys
     // Megatron's layer specs give (the fixture manifest's, read off Megatron's model).
     let manifest: serde_json::Value =
@@ -1090,8 +1117,22 @@ fn megatron_loads_the_checkpoints_ferrotron_writes() {
             assert_eq!(expected.as_ref(), Some(&p.shape), "{}", p.name);
         }
     }
+}
+
+/// `convert-checkpoint` refuses flags that do not describe its source (naming the
+/// difference, writing nothing), reads a `torch_dist` source, and refuses some of the shape
+/// flags without the rest and a `torch_dist` target.
+#[test]
+fn convert_checkpoint_reads_torch_dist_and_refuses_what_does_not_describe_the_source() {
+    let fixtures = megatron_fixtures();
+    let dir = tempfile::tempdir().unwrap();
     // Flags that do not describe the source are refused, naming the difference.
-    let out = convert("gpt2_tp1", "wrong", &["--ffn-hidden-size", "128"]);
+    let out = convert_fixture(
+        dir.path(),
+        "gpt2_tp1",
+        "wrong",
+        &["--ffn-hidden-size", "128"],
+    );
     let err = stderr(&out);
     assert!(
         !out.status.success() && err.contains("FFN width 256, this run asks for"),
@@ -1139,7 +1180,12 @@ fn megatron_loads_the_checkpoints_ferrotron_writes() {
         "{}",
         stderr(&out)
     );
-    let out = convert("gpt2_tp1", "y", &["--ckpt-format", "torch_dist"]);
+    let out = convert_fixture(
+        dir.path(),
+        "gpt2_tp1",
+        "y",
+        &["--ckpt-format", "torch_dist"],
+    );
     assert!(
         !out.status.success() && stderr(&out).contains("--ckpt-convert-format"),
         "{}",

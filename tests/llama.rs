@@ -572,181 +572,225 @@ fn sequence_parallel_ranks_hold_their_chunk_of_the_sequence() {
     }
 }
 
-/// Megatron-LM's `examples/llama/train_llama3_8b_h100_fp8.sh`, flag for flag as its
-/// `torchrun` line expands them (mock data, its default; the FP8 flags left out, which
-/// `pretrain` refuses with their reason), with trailing overrides that shrink it to a CPU
-/// run: it trains, every flag accepted (the ones for Megatron's own machinery named in one
+/// Megatron-LM's `examples/llama/train_llama3_8b_h100_fp8.sh` as its `torchrun` line
+/// expands it (mock data, its default; the FP8 flags left out, which `pretrain` refuses with
+/// their reason).
+const LLAMA3_8B_SCRIPT: &[&str] = &[
+    // MODEL_ARGS
+    "--use-mcore-models",
+    "--num-layers",
+    "32",
+    "--hidden-size",
+    "4096",
+    "--ffn-hidden-size",
+    "14336",
+    "--num-attention-heads",
+    "32",
+    "--group-query-attention",
+    "--num-query-groups",
+    "8",
+    "--kv-channels",
+    "128",
+    "--seq-length",
+    "8192",
+    "--max-position-embeddings",
+    "8192",
+    "--position-embedding-type",
+    "rope",
+    "--rotary-base",
+    "1000000",
+    "--rotary-percent",
+    "1.0",
+    "--attention-dropout",
+    "0.0",
+    "--hidden-dropout",
+    "0.0",
+    "--swiglu",
+    "--normalization",
+    "RMSNorm",
+    "--init-method-std",
+    "0.0134",
+    "--attention-backend",
+    "fused",
+    "--apply-layernorm-1p",
+    "--untie-embeddings-and-output-weights",
+    "--disable-bias-linear",
+    // TRAINING_ARGS
+    "--micro-batch-size",
+    "1",
+    "--global-batch-size",
+    "128",
+    "--train-samples",
+    "1953125000",
+    "--lr-decay-samples",
+    "1949218748",
+    "--lr-warmup-samples",
+    "3906252",
+    "--lr",
+    "0.00015",
+    "--min-lr",
+    "0.00001",
+    "--decoupled-lr",
+    "5.0e-4",
+    "--decoupled-min-lr",
+    "4.5e-5",
+    "--lr-decay-style",
+    "cosine",
+    "--clip-grad",
+    "1.0",
+    "--weight-decay",
+    "0.1",
+    "--adam-beta1",
+    "0.9",
+    "--adam-beta2",
+    "0.95",
+    "--bf16",
+    "--grad-reduce-in-bf16",
+    "--cross-entropy-loss-fusion",
+    "--calculate-per-token-loss",
+    "--manual-gc",
+    "--empty-unused-memory-level",
+    "1",
+    "--exit-duration-in-mins",
+    "235",
+    "--use-distributed-optimizer",
+    "--overlap-grad-reduce",
+    "--overlap-param-gather",
+    // MODEL_PARALLEL_ARGS
+    "--tensor-model-parallel-size",
+    "1",
+    "--context-parallel-size",
+    "1",
+    "--sequence-parallel",
+    // DATA_ARGS_LIST (mock); the script's quotes reach argparse as part of the value.
+    "--mock-data",
+    "--tokenizer-type",
+    "NullTokenizer",
+    "--vocab-size",
+    "128256",
+    "--data-cache-path",
+    "cache",
+    "--tiktoken-pattern",
+    "v2",
+    "--split",
+    "'99,1,0'",
+    "--no-create-attention-mask-in-dataloader",
+    "--no-mmap-bin-files",
+    "--num-workers",
+    "1",
+    // EVAL_AND_LOGGING_ARGS
+    "--log-interval",
+    "1",
+    "--eval-iters",
+    "32",
+    "--eval-interval",
+    "100",
+    "--save-interval",
+    "1000",
+    "--log-throughput",
+    "--profile",
+    "--profile-step-start",
+    "4",
+    "--profile-step-end",
+    "6",
+    "--ckpt-format",
+    "torch_dist",
+    "--distributed-timeout-minutes",
+    "60",
+    "--save",
+    "ckpt",
+    "--load",
+    "ckpt",
+    "--tensorboard-dir",
+    "tb",
+];
+
+/// Trailing overrides that shrink [`LLAMA3_8B_SCRIPT`] to a CPU run.
+const LLAMA3_8B_ON_A_CPU: &[&str] = &[
+    "--num-layers",
+    "2",
+    "--hidden-size",
+    "64",
+    "--ffn-hidden-size",
+    "96",
+    "--num-attention-heads",
+    "4",
+    "--num-query-groups",
+    "2",
+    "--kv-channels",
+    "16",
+    "--seq-length",
+    "32",
+    "--max-position-embeddings",
+    "32",
+    "--micro-batch-size",
+    "2",
+    "--global-batch-size",
+    "4",
+    "--vocab-size",
+    "1000",
+    "--train-samples",
+    "12",
+    "--lr-decay-samples",
+    "12",
+    "--lr-warmup-samples",
+    "4",
+    "--eval-iters",
+    "1",
+    "--eval-interval",
+    "2",
+    // ferrotron's MFU beside Megatron's throughput, against a tiny stated peak.
+    "--peak-tflops",
+    "0.001",
+];
+
+/// The `iteration` lines of a `pretrain` log: `count` of them, each with Megatron's fields (a
+/// global batch of 4, no skipped iteration), and ferrotron's MFU the line's TFLOP/s over the
+/// peak (`peak_tflops`).
+fn assert_megatron_iteration_lines(stdout: &str, count: usize, peak_tflops: f64) {
+    let lines: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains("] iteration "))
+        .collect();
+    assert_eq!(lines.len(), count, "{stdout}");
+    for field in [
+        "| consumed samples:",
+        "| elapsed time per iteration (ms):",
+        "| throughput per GPU (TFLOP/s/GPU):",
+        "| learning rate: ",
+        "| global batch size:     4 |",
+        "| lm loss: ",
+        "| loss scale: 1.0 |",
+        "| grad norm: ",
+        "| number of skipped iterations:   0 |",
+    ] {
+        assert!(lines.iter().all(|l| l.contains(field)), "{field}: {stdout}");
+    }
+    // MFU = TFLOP/s per rank over the peak (one rank: the line's TFLOP/s, 4 decimals).
+    for line in &lines {
+        let field = |name: &str, end: &str| -> f64 {
+            let rest = &line[line.find(name).unwrap() + name.len()..];
+            rest[..rest.find(end).unwrap()].trim().parse().unwrap()
+        };
+        let (mfu, tflops) = (field("| MFU:", "%"), field("| TFLOP/s:", "|"));
+        let want = 100.0 * tflops / peak_tflops;
+        // TFLOP/s is printed to 4 decimals (±0.00005), MFU to 1.
+        let rounding = 100.0 * 0.00005 / peak_tflops + 0.05;
+        assert!((mfu - want).abs() <= rounding, "{mfu} vs {want}: {line}");
+    }
+}
+
+/// Megatron-LM's Llama 3 8B script ([`LLAMA3_8B_SCRIPT`]), flag for flag, with trailing
+/// overrides that shrink it to a CPU run: it trains, every flag accepted (the ones for Megatron's own machinery named in one
 /// warning), and the log lines carry Megatron's fields.
 #[test]
 fn megatrons_llama3_8b_script_runs_as_written_on_mock_data() {
     let dir = tempfile::tempdir().unwrap();
-    let script = [
-        // MODEL_ARGS
-        "--use-mcore-models",
-        "--num-layers",
-        "32",
-        "--hidden-size",
-        "4096",
-        "--ffn-hidden-size",
-        "14336",
-        "--num-attention-heads",
-        "32",
-        "--group-query-attention",
-        "--num-query-groups",
-        "8",
-        "--kv-channels",
-        "128",
-        "--seq-length",
-        "8192",
-        "--max-position-embeddings",
-        "8192",
-        "--position-embedding-type",
-        "rope",
-        "--rotary-base",
-        "1000000",
-        "--rotary-percent",
-        "1.0",
-        "--attention-dropout",
-        "0.0",
-        "--hidden-dropout",
-        "0.0",
-        "--swiglu",
-        "--normalization",
-        "RMSNorm",
-        "--init-method-std",
-        "0.0134",
-        "--attention-backend",
-        "fused",
-        "--apply-layernorm-1p",
-        "--untie-embeddings-and-output-weights",
-        "--disable-bias-linear",
-        // TRAINING_ARGS
-        "--micro-batch-size",
-        "1",
-        "--global-batch-size",
-        "128",
-        "--train-samples",
-        "1953125000",
-        "--lr-decay-samples",
-        "1949218748",
-        "--lr-warmup-samples",
-        "3906252",
-        "--lr",
-        "0.00015",
-        "--min-lr",
-        "0.00001",
-        "--decoupled-lr",
-        "5.0e-4",
-        "--decoupled-min-lr",
-        "4.5e-5",
-        "--lr-decay-style",
-        "cosine",
-        "--clip-grad",
-        "1.0",
-        "--weight-decay",
-        "0.1",
-        "--adam-beta1",
-        "0.9",
-        "--adam-beta2",
-        "0.95",
-        "--bf16",
-        "--grad-reduce-in-bf16",
-        "--cross-entropy-loss-fusion",
-        "--calculate-per-token-loss",
-        "--manual-gc",
-        "--empty-unused-memory-level",
-        "1",
-        "--exit-duration-in-mins",
-        "235",
-        "--use-distributed-optimizer",
-        "--overlap-grad-reduce",
-        "--overlap-param-gather",
-        // MODEL_PARALLEL_ARGS
-        "--tensor-model-parallel-size",
-        "1",
-        "--context-parallel-size",
-        "1",
-        "--sequence-parallel",
-        // DATA_ARGS_LIST (mock); the script's quotes reach argparse as part of the value.
-        "--mock-data",
-        "--tokenizer-type",
-        "NullTokenizer",
-        "--vocab-size",
-        "128256",
-        "--data-cache-path",
-        "cache",
-        "--tiktoken-pattern",
-        "v2",
-        "--split",
-        "'99,1,0'",
-        "--no-create-attention-mask-in-dataloader",
-        "--no-mmap-bin-files",
-        "--num-workers",
-        "1",
-        // EVAL_AND_LOGGING_ARGS
-        "--log-interval",
-        "1",
-        "--eval-iters",
-        "32",
-        "--eval-interval",
-        "100",
-        "--save-interval",
-        "1000",
-        "--log-throughput",
-        "--profile",
-        "--profile-step-start",
-        "4",
-        "--profile-step-end",
-        "6",
-        "--ckpt-format",
-        "torch_dist",
-        "--distributed-timeout-minutes",
-        "60",
-        "--save",
-        "ckpt",
-        "--load",
-        "ckpt",
-        "--tensorboard-dir",
-        "tb",
-    ];
-    let shrink = [
-        "--num-layers",
-        "2",
-        "--hidden-size",
-        "64",
-        "--ffn-hidden-size",
-        "96",
-        "--num-attention-heads",
-        "4",
-        "--num-query-groups",
-        "2",
-        "--kv-channels",
-        "16",
-        "--seq-length",
-        "32",
-        "--max-position-embeddings",
-        "32",
-        "--micro-batch-size",
-        "2",
-        "--global-batch-size",
-        "4",
-        "--vocab-size",
-        "1000",
-        "--train-samples",
-        "12",
-        "--lr-decay-samples",
-        "12",
-        "--lr-warmup-samples",
-        "4",
-        "--eval-iters",
-        "1",
-        "--eval-interval",
-        "2",
-        // ferrotron's MFU beside Megatron's throughput, against a tiny stated peak.
-        "--peak-tflops",
-        "0.001",
-    ];
-    let args: Vec<&str> = script.iter().chain(&shrink).copied().collect();
+    let args: Vec<&str> = LLAMA3_8B_SCRIPT
+        .iter()
+        .chain(LLAMA3_8B_ON_A_CPU)
+        .copied()
+        .collect();
     let out = run_tool(env!("CARGO_BIN_EXE_pretrain"), &args, dir.path());
     let stdout = String::from_utf8_lossy(&out.stdout);
     let err = stderr(&out);
@@ -771,36 +815,7 @@ fn megatrons_llama3_8b_script_runs_as_written_on_mock_data() {
         stdout.contains("train split of the mock data (MockGPTDataset)"),
         "{stdout}"
     );
-    let lines: Vec<&str> = stdout
-        .lines()
-        .filter(|l| l.contains("] iteration "))
-        .collect();
-    assert_eq!(lines.len(), 3, "{stdout}");
-    for field in [
-        "| consumed samples:",
-        "| elapsed time per iteration (ms):",
-        "| throughput per GPU (TFLOP/s/GPU):",
-        "| learning rate: ",
-        "| global batch size:     4 |",
-        "| lm loss: ",
-        "| loss scale: 1.0 |",
-        "| grad norm: ",
-        "| number of skipped iterations:   0 |",
-    ] {
-        assert!(lines.iter().all(|l| l.contains(field)), "{field}: {stdout}");
-    }
-    // MFU = TFLOP/s per rank over the peak (one rank: the line's TFLOP/s, 4 decimals).
-    for line in &lines {
-        let field = |name: &str, end: &str| -> f64 {
-            let rest = &line[line.find(name).unwrap() + name.len()..];
-            rest[..rest.find(end).unwrap()].trim().parse().unwrap()
-        };
-        let (mfu, tflops) = (field("| MFU:", "%"), field("| TFLOP/s:", "|"));
-        let want = 100.0 * tflops / 0.001;
-        // TFLOP/s is printed to 4 decimals (±0.00005), MFU to 1.
-        let rounding = 100.0 * 0.00005 / 0.001 + 0.05;
-        assert!((mfu - want).abs() <= rounding, "{mfu} vs {want}: {line}");
-    }
+    assert_megatron_iteration_lines(&stdout, 3, 0.001);
     assert!(
         stdout.contains("validation loss at iteration 2"),
         "{stdout}"

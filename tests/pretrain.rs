@@ -111,17 +111,16 @@ fn resuming_reproduces_the_uninterrupted_run_exactly() {
     );
 }
 
-#[test]
-fn pretrain_cli_runs_the_seed_tutorial_flags_and_refuses_what_it_cannot_split() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = golden("wikitext2_valid", "text");
-    let data = data.to_str().unwrap();
-    let cache = dir.path().join("cache");
-    let vocab = fixture("../../assets/gpt2/vocab.json");
-    let merges = fixture("../../assets/gpt2/merges.txt");
-    let args = [
-        // Megatron's scripts: flags for its own machinery (ignored, named in one warning),
-        // `--flag=value`, and a repeated flag whose last value wins.
+/// The flags of Megatron-LM's seed tutorial as its scripts pass them (`--flag=value`, a
+/// repeated flag whose last value wins, flags for Megatron's own machinery), on the bundled
+/// sample, with a tensor-parallel size of 4.
+fn seed_tutorial_args<'a>(
+    data: &'a str,
+    vocab: &'a str,
+    merges: &'a str,
+    cache: &'a str,
+) -> Vec<&'a str> {
+    vec![
         "--use-mcore-models",
         "--num-workers",
         "2",
@@ -153,9 +152,9 @@ fn pretrain_cli_runs_the_seed_tutorial_flags_and_refuses_what_it_cannot_split() 
         "--lr-decay-style",
         "cosine",
         "--vocab-file",
-        vocab.to_str().unwrap(),
+        vocab,
         "--merge-file",
-        merges.to_str().unwrap(),
+        merges,
         "--lr-warmup-fraction",
         ".01",
         "--fp16",
@@ -185,8 +184,41 @@ fn pretrain_cli_runs_the_seed_tutorial_flags_and_refuses_what_it_cannot_split() 
         "--DDP-impl",
         "torch",
         "--data-cache-path",
-        cache.to_str().unwrap(),
-    ];
+        cache,
+    ]
+}
+
+/// Runs `pretrain` with `args` and `extra`, and checks that it exits with `code` before any
+/// work, saying `message`, without a panic.
+fn assert_refused(dir: &Path, args: &[&str], extra: &[&str], code: i32, message: &str) {
+    let mut bad = args.to_vec();
+    bad.extend_from_slice(extra);
+    let out = run_tool(env!("CARGO_BIN_EXE_pretrain"), &bad, dir);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(code), "{extra:?}: {err}");
+    assert!(err.contains(message), "{extra:?}: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+/// `args` with the value of `flag` replaced by `value`.
+fn with_value<'a>(args: &[&'a str], flag: &str, value: &'a str) -> Vec<&'a str> {
+    let mut changed = args.to_vec();
+    let at = changed.iter().position(|a| *a == flag).expect("the flag");
+    changed[at + 1] = value;
+    changed
+}
+
+#[test]
+fn pretrain_cli_runs_the_seed_tutorial_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = golden("wikitext2_valid", "text");
+    let cache = dir.path().join("cache");
+    let (vocab, merges) = (
+        fixture("../../assets/gpt2/vocab.json"),
+        fixture("../../assets/gpt2/merges.txt"),
+    );
+    let strs = [&data, &vocab, &merges, &cache].map(|p| p.to_str().unwrap());
+    let args = seed_tutorial_args(strs[0], strs[1], strs[2], strs[3]);
     let out = run_tool(env!("CARGO_BIN_EXE_pretrain"), &args, dir.path());
     let stdout = String::from_utf8_lossy(&out.stdout);
     let err = stderr(&out);
@@ -221,19 +253,6 @@ fn pretrain_cli_runs_the_seed_tutorial_flags_and_refuses_what_it_cannot_split() 
             && !stdout.contains("for test data"),
         "{stdout}"
     );
-    // A flag that would change the math is refused with its reason; a misspelt one gets the
-    // nearest real flag; neither starts any work (argparse's exit code 2).
-    for (extra, message) in [
-        (&["--fp8-format", "hybrid"][..], "--fp8-format hybrid: FP8 training is not implemented"),
-        (&["--context-parallel-size", "2"][..], "--context-parallel-size 2: "),
-        (&["--num-layer", "2"][..], "unrecognized argument --num-layer (neither Megatron-LM nor ferrotron has it); did you mean --num-layers?"),
-    ] {
-        let mut bad = args.to_vec();
-        bad.extend_from_slice(extra);
-        let out = run_tool(env!("CARGO_BIN_EXE_pretrain"), &bad, dir.path());
-        assert_eq!(out.status.code(), Some(2), "{extra:?}");
-        assert!(stderr(&out).contains(message), "{extra:?}: {}", stderr(&out));
-    }
     // --DDP-impl torch is accepted silently: it names ferrotron's data-parallel all-reduce.
     assert!(!err.contains("--DDP-impl"), "{err}");
     // --fp16 is mixed precision now: fp16 model, dynamic loss scale from 2^32, whose first
@@ -255,30 +274,59 @@ fn pretrain_cli_runs_the_seed_tutorial_flags_and_refuses_what_it_cannot_split() 
             "no warning about cores: {err}"
         );
     }
-    // Heads that do not split over the ranks: refused before any work.
-    let mut bad = args.to_vec();
-    let tp = bad
-        .iter()
-        .position(|a| *a == "--tensor-model-parallel-size")
-        .unwrap();
-    bad[tp + 1] = "3";
-    let out = run_tool(env!("CARGO_BIN_EXE_pretrain"), &bad, dir.path());
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        stderr(&out)
-            .contains("--num-attention-heads 4 is not divisible by --tensor-model-parallel-size 3"),
-        "{}",
-        stderr(&out)
+}
+
+#[test]
+fn pretrain_cli_refuses_what_it_cannot_split_and_contradicting_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = golden("wikitext2_valid", "text");
+    let cache = dir.path().join("cache");
+    let (vocab, merges) = (
+        fixture("../../assets/gpt2/vocab.json"),
+        fixture("../../assets/gpt2/merges.txt"),
     );
-    let mut bad = args.to_vec();
-    let pp = bad
-        .iter()
-        .position(|a| *a == "--pipeline-model-parallel-size")
-        .unwrap();
-    bad[pp + 1] = "2";
-    let out = run_tool(env!("CARGO_BIN_EXE_pretrain"), &bad, dir.path());
-    assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("pipeline"), "{}", stderr(&out));
+    let strs = [&data, &vocab, &merges, &cache].map(|p| p.to_str().unwrap());
+    let args = seed_tutorial_args(strs[0], strs[1], strs[2], strs[3]);
+    let dir = dir.path();
+    // A flag that would change the math is refused with its reason; a misspelt one gets the
+    // nearest real flag; neither starts any work (argparse's exit code 2).
+    for (extra, message) in [
+        (&["--fp8-format", "hybrid"][..], "--fp8-format hybrid: FP8 training is not implemented"),
+        (&["--context-parallel-size", "2"][..], "--context-parallel-size 2: "),
+        (&["--num-layer", "2"][..], "unrecognized argument --num-layer (neither Megatron-LM nor ferrotron has it); did you mean --num-layers?"),
+    ] {
+        assert_refused(dir, &args, extra, 2, message);
+    }
+    // Heads that do not split over the ranks, a pipeline of one layer over two stages, and
+    // heads that do not divide the hidden size: refused before any work.
+    let heads = "--num-attention-heads 4 is not divisible by --tensor-model-parallel-size 3";
+    assert_refused(
+        dir,
+        &with_value(&args, "--tensor-model-parallel-size", "3"),
+        &[],
+        1,
+        heads,
+    );
+    assert_refused(
+        dir,
+        &with_value(&args, "--pipeline-model-parallel-size", "2"),
+        &[],
+        1,
+        "pipeline",
+    );
+    let odd_heads = with_value(
+        &with_value(&args, "--hidden-size", "10"),
+        "--num-attention-heads",
+        "3",
+    );
+    let odd_heads = with_value(&odd_heads, "--tensor-model-parallel-size", "1");
+    assert_refused(
+        dir,
+        &odd_heads,
+        &[],
+        1,
+        "not divisible by --num-attention-heads",
+    );
     // Precision flags that contradict each other, or a scale that is not one: one-line
     // errors, exit code 1, before any work.
     for (extra, message) in [
@@ -303,45 +351,8 @@ fn pretrain_cli_runs_the_seed_tutorial_flags_and_refuses_what_it_cannot_split() 
             "--use-flash-attn asks for the flash backend and --attention-backend for unfused",
         ),
     ] {
-        let mut bad = args.to_vec();
-        bad.extend_from_slice(extra);
-        let out = run_tool(env!("CARGO_BIN_EXE_pretrain"), &bad, dir.path());
-        assert_eq!(out.status.code(), Some(1), "{extra:?}");
-        assert!(
-            stderr(&out).contains(message),
-            "{extra:?}: {}",
-            stderr(&out)
-        );
-        assert!(!stderr(&out).contains("panicked"), "{}", stderr(&out));
+        assert_refused(dir, &args, extra, 1, message);
     }
-    let out = run_tool(
-        env!("CARGO_BIN_EXE_pretrain"),
-        &[
-            "--num-layers",
-            "1",
-            "--hidden-size",
-            "10",
-            "--num-attention-heads",
-            "3",
-            "--seq-length",
-            "8",
-            "--micro-batch-size",
-            "1",
-            "--train-iters",
-            "1",
-            "--lr",
-            "1e-3",
-            "--data-path",
-            data,
-        ],
-        dir.path(),
-    );
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        stderr(&out).contains("not divisible by --num-attention-heads"),
-        "{}",
-        stderr(&out)
-    );
 }
 
 /// A split that `--split` leaves without documents has no dataset: training runs and its
