@@ -140,21 +140,40 @@ pub fn column_sums<F: Float, A: Float, N: Size>(
         weighted = (w[0] + w[1]) + (w[2] + w[3]);
         plain = (s[0] + s[1]) + (s[2] + s[3]);
     }
-    if row_lanes > 1 {
-        if weighted_terms {
-            weighted = lanes_sum::<A, N>(weighted, vectors, row_lanes);
-        }
-        if plain_terms {
-            plain = lanes_sum::<A, N>(plain, vectors, row_lanes);
-        }
-    }
+    weighted = cube_sum::<A, N>(weighted, weighted_terms, vectors, row_lanes);
+    plain = cube_sum::<A, N>(plain, plain_terms, vectors, row_lanes);
     if j < width && lane == 0 {
-        if weighted_terms {
-            weighted_sums[j] = Vector::<F, N>::cast_from(weighted);
-        }
-        if plain_terms {
-            sums[j] = Vector::<F, N>::cast_from(plain);
-        }
+        store_sum::<F, A, N>(weighted_sums, j, weighted, weighted_terms);
+        store_sum::<F, A, N>(sums, j, plain, plain_terms);
+    }
+}
+
+/// `value` summed over the row lanes of this unit's column vector when the launch asks for
+/// these sums (`wanted`) and has more than one lane (every unit of the cube must call it).
+#[cube]
+fn cube_sum<A: Float, N: Size>(
+    value: Vector<A, N>,
+    #[comptime] wanted: bool,
+    #[comptime] vectors: u32,
+    #[comptime] row_lanes: u32,
+) -> Vector<A, N> {
+    let mut sum = value;
+    if comptime![wanted && row_lanes > 1] {
+        sum = lanes_sum::<A, N>(value, vectors, row_lanes);
+    }
+    sum
+}
+
+/// `sums[j] = sum` in the storage type, when the launch asks for these sums.
+#[cube]
+fn store_sum<F: Float, A: Float, N: Size>(
+    sums: &mut [Vector<F, N>],
+    j: usize,
+    sum: Vector<A, N>,
+    #[comptime] wanted: bool,
+) {
+    if wanted {
+        sums[j] = Vector::<F, N>::cast_from(sum);
     }
 }
 
