@@ -111,15 +111,22 @@ fn resuming_reproduces_the_uninterrupted_run_exactly() {
     );
 }
 
+/// The bundled sample, GPT-2's vocabulary and merges, and a data cache under `dir`.
+fn seed_tutorial_paths(dir: &Path) -> [String; 4] {
+    [
+        golden("wikitext2_valid", "text"),
+        fixture("../../assets/gpt2/vocab.json"),
+        fixture("../../assets/gpt2/merges.txt"),
+        dir.join("cache"),
+    ]
+    .map(|p| p.to_str().unwrap().to_owned())
+}
+
 /// The flags of Megatron-LM's seed tutorial as its scripts pass them (`--flag=value`, a
 /// repeated flag whose last value wins, flags for Megatron's own machinery), on the bundled
 /// sample, with a tensor-parallel size of 4.
-fn seed_tutorial_args<'a>(
-    data: &'a str,
-    vocab: &'a str,
-    merges: &'a str,
-    cache: &'a str,
-) -> Vec<&'a str> {
+fn seed_tutorial_args(paths: &[String; 4]) -> Vec<&str> {
+    let [data, vocab, merges, cache] = paths.each_ref().map(String::as_str);
     vec![
         "--use-mcore-models",
         "--num-workers",
@@ -211,14 +218,8 @@ fn with_value<'a>(args: &[&'a str], flag: &str, value: &'a str) -> Vec<&'a str> 
 #[test]
 fn pretrain_cli_runs_the_seed_tutorial_flags() {
     let dir = tempfile::tempdir().unwrap();
-    let data = golden("wikitext2_valid", "text");
-    let cache = dir.path().join("cache");
-    let (vocab, merges) = (
-        fixture("../../assets/gpt2/vocab.json"),
-        fixture("../../assets/gpt2/merges.txt"),
-    );
-    let strs = [&data, &vocab, &merges, &cache].map(|p| p.to_str().unwrap());
-    let args = seed_tutorial_args(strs[0], strs[1], strs[2], strs[3]);
+    let paths = seed_tutorial_paths(dir.path());
+    let args = seed_tutorial_args(&paths);
     let out = run_tool(env!("CARGO_BIN_EXE_pretrain"), &args, dir.path());
     let stdout = String::from_utf8_lossy(&out.stdout);
     let err = stderr(&out);
@@ -279,14 +280,8 @@ fn pretrain_cli_runs_the_seed_tutorial_flags() {
 #[test]
 fn pretrain_cli_refuses_what_it_cannot_split_and_contradicting_flags() {
     let dir = tempfile::tempdir().unwrap();
-    let data = golden("wikitext2_valid", "text");
-    let cache = dir.path().join("cache");
-    let (vocab, merges) = (
-        fixture("../../assets/gpt2/vocab.json"),
-        fixture("../../assets/gpt2/merges.txt"),
-    );
-    let strs = [&data, &vocab, &merges, &cache].map(|p| p.to_str().unwrap());
-    let args = seed_tutorial_args(strs[0], strs[1], strs[2], strs[3]);
+    let paths = seed_tutorial_paths(dir.path());
+    let args = seed_tutorial_args(&paths);
     let dir = dir.path();
     // A flag that would change the math is refused with its reason; a misspelt one gets the
     // nearest real flag; neither starts any work (argparse's exit code 2).

@@ -107,8 +107,9 @@ pub(crate) fn whole_dropout<F: Float, N: Size>(
     threshold: u32,
     scale: f32,
 ) -> Vector<F, N> {
-    let keep = vector_kept::<N>(vector, key_lo, key_hi, threshold, 1u32, 0u32, 0u32, true);
-    apply_mask::<F, N>(keep, x, scale)
+    sliced_dropout::<F, N>(
+        x, vector, key_lo, key_hi, threshold, scale, 1u32, 0u32, 0u32, true,
+    )
 }
 
 /// The dropout of `x`, the vector at index `vector` of a tensor holding the slice `(own, row,
