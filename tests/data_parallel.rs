@@ -530,112 +530,118 @@ fn the_pretrain_binary_runs_under_mpirun() {
     );
 }
 
-/// `--exit-signal-handler` under `mpirun -np 4` (TP=2 × DP=2): SIGTERM to one rank, as a
-/// scheduler's pre-emption notice might reach it, and every rank finishes the iteration,
-/// one checkpoint is written, every rank exits 0 (so mpirun does); `--load` then continues
-/// the loss curve of the uninterrupted run.
-#[test]
-fn a_stop_signal_saves_once_on_every_rank_and_the_run_continues() {
-    use std::io::{BufRead, BufReader};
-    let dir = tempfile::tempdir().unwrap();
-    let data = golden("wikitext2_valid", "text");
-    let command = |extra: &[&str]| {
-        let mut cmd = mpirun_command(4);
-        cmd.arg(env!("CARGO_BIN_EXE_pretrain"))
-            .args([
-                "--num-layers",
-                "1",
-                "--hidden-size",
-                "16",
-                "--num-attention-heads",
-                "2",
-                "--seq-length",
-                "16",
-                "--max-position-embeddings",
-                "16",
-                "--micro-batch-size",
-                "2",
-                "--global-batch-size",
-                "8",
-                "--lr",
-                "1e-3",
-                "--lr-decay-style",
-                "constant",
-                "--train-iters",
-                "200",
-                "--log-interval",
-                "1",
-                "--eval-interval",
-                "0",
-                "--split",
-                "100,0,0",
-                "--tensor-model-parallel-size",
-                "2",
-                "--data-cache-path",
-                "cache",
-                "--data-path",
-            ])
-            .arg(&data)
-            .args(extra)
-            .current_dir(dir.path());
-        cmd
-    };
-    let losses = |stdout: &str| -> Vec<(u64, String)> {
-        stdout
-            .lines()
-            .filter_map(|l| {
-                let it = l
-                    .split(" iteration ")
-                    .nth(1)?
-                    .split('/')
-                    .next()?
-                    .trim()
-                    .parse()
-                    .ok()?;
-                Some((
-                    it,
-                    l.split("lm loss: ").nth(1)?.split(' ').next()?.to_owned(),
-                ))
-            })
-            .collect()
-    };
-    let reference = command(&["--exit-interval", "12"]).output().unwrap();
-    assert!(reference.status.success(), "{}", stderr(&reference));
-    let reference = losses(&String::from_utf8_lossy(&reference.stdout));
-    assert_eq!(reference.len(), 12);
+/// The run of [`a_stop_signal_saves_once_on_every_rank_and_the_run_continues`]: TP=2 × DP=2
+/// of a one-layer GPT, long enough (200 iterations) that the signal comes before its end.
+const STOP_SIGNAL_RUN: &[&str] = &[
+    "--num-layers",
+    "1",
+    "--hidden-size",
+    "16",
+    "--num-attention-heads",
+    "2",
+    "--seq-length",
+    "16",
+    "--max-position-embeddings",
+    "16",
+    "--micro-batch-size",
+    "2",
+    "--global-batch-size",
+    "8",
+    "--lr",
+    "1e-3",
+    "--lr-decay-style",
+    "constant",
+    "--train-iters",
+    "200",
+    "--log-interval",
+    "1",
+    "--eval-interval",
+    "0",
+    "--split",
+    "100,0,0",
+    "--tensor-model-parallel-size",
+    "2",
+    "--data-cache-path",
+    "cache",
+];
 
-    // Signal one rank (a child of mpirun) once iteration 2 is logged.
-    let mut child = command(&["--exit-signal-handler", "--save", "ckpt"])
+/// The `(iteration, lm loss as printed)` of each iteration line of a `pretrain` log.
+fn logged_losses(stdout: &str) -> Vec<(u64, String)> {
+    stdout
+        .lines()
+        .filter_map(|l| {
+            let it = l
+                .split(" iteration ")
+                .nth(1)?
+                .split('/')
+                .next()?
+                .trim()
+                .parse()
+                .ok()?;
+            let loss = l.split("lm loss: ").nth(1)?.split(' ').next()?;
+            Some((it, loss.to_owned()))
+        })
+        .collect()
+}
+
+/// Runs `command` (mpirun), sends SIGTERM to one of its ranks once `line` is logged, and
+/// returns whether it exited 0 and its whole stdout.
+fn signal_one_rank_after(mut command: std::process::Command, line: &str) -> (bool, String) {
+    use std::io::{BufRead, BufReader};
+    let mut child = command
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     let mut stdout = String::new();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    for line in lines.by_ref() {
-        let line = line.unwrap();
-        stdout += &line;
+    for logged in lines.by_ref() {
+        let logged = logged.unwrap();
+        stdout += &logged;
         stdout.push('\n');
-        if line.contains(" iteration        2/") {
+        if logged.contains(line) {
             let rank = children_of(child.id()).into_iter().next().expect("a rank");
             // SAFETY: sending a signal to a rank process of this test.
             unsafe { libc::kill(rank as i32, libc::SIGTERM) };
             break;
         }
     }
-    for line in lines {
-        stdout += &line.unwrap();
+    for logged in lines {
+        stdout += &logged.unwrap();
         stdout.push('\n');
     }
-    let status = child.wait().unwrap();
-    assert!(status.success(), "{stdout}");
-    assert_eq!(
-        stdout
-            .matches("exiting program after receiving a stop signal")
-            .count(),
-        1,
-        "{stdout}"
-    );
+    (child.wait().unwrap().success(), stdout)
+}
+
+/// `--exit-signal-handler` under `mpirun -np 4` (TP=2 × DP=2): SIGTERM to one rank, as a
+/// scheduler's pre-emption notice might reach it, and every rank finishes the iteration,
+/// one checkpoint is written, every rank exits 0 (so mpirun does); `--load` then continues
+/// the loss curve of the uninterrupted run.
+#[test]
+fn a_stop_signal_saves_once_on_every_rank_and_the_run_continues() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = golden("wikitext2_valid", "text");
+    let command = |extra: &[&str]| {
+        let mut cmd = mpirun_command(4);
+        cmd.arg(env!("CARGO_BIN_EXE_pretrain"))
+            .args(STOP_SIGNAL_RUN)
+            .arg("--data-path")
+            .arg(&data)
+            .args(extra)
+            .current_dir(dir.path());
+        cmd
+    };
+    let reference = command(&["--exit-interval", "12"]).output().unwrap();
+    assert!(reference.status.success(), "{}", stderr(&reference));
+    let reference = logged_losses(&String::from_utf8_lossy(&reference.stdout));
+    assert_eq!(reference.len(), 12);
+
+    // Signal one rank (a child of mpirun) once iteration 2 is logged.
+    let stopping = command(&["--exit-signal-handler", "--save", "ckpt"]);
+    let (exited_0, stdout) = signal_one_rank_after(stopping, " iteration        2/");
+    assert!(exited_0, "{stdout}");
+    let stops = stdout.matches("exiting program after receiving a stop signal");
+    assert_eq!(stops.count(), 1, "{stdout}");
     let ckpt = dir.path().join("ckpt");
     let saved: u64 = std::fs::read_to_string(ckpt.join("latest_checkpointed_iteration.txt"))
         .unwrap()
@@ -648,14 +654,14 @@ fn a_stop_signal_saves_once_on_every_rank_and_the_run_continues() {
         .filter(|n| n.starts_with("iter_"))
         .collect();
     assert_eq!(iterations, [format!("iter_{saved:07}")]);
-    assert_eq!(losses(&stdout), reference[..saved as usize]);
+    assert_eq!(logged_losses(&stdout), reference[..saved as usize]);
 
     let resumed = command(&["--load", "ckpt", "--exit-interval", "12"])
         .output()
         .unwrap();
     assert!(resumed.status.success(), "{}", stderr(&resumed));
     assert_eq!(
-        losses(&String::from_utf8_lossy(&resumed.stdout)),
+        logged_losses(&String::from_utf8_lossy(&resumed.stdout)),
         reference[saved as usize..]
     );
 }

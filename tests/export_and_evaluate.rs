@@ -291,7 +291,6 @@ fn megatron_torch_checkpoints_give_megatrons_losses() {
     let dir = megatron_fixtures();
     let text = std::fs::read_to_string(dir.join("losses.json")).unwrap();
     let losses: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let device = Device::flex();
     let (gpt2, llama) = megatron_fixture_configs();
     for (name, config, layout, same_weights_as) in [
         ("gpt2_tp1", &gpt2, (1, 1), "gpt2_tp1"),
@@ -322,8 +321,15 @@ fn megatron_torch_checkpoints_give_megatrons_losses() {
             );
         }
     }
-    // Megatron-LM's legacy GPTModel (`language_model.*` names, `--use-legacy-models`): its
-    // GPT-2, and its Llama-style model without grouped queries, give its losses.
+}
+
+/// Megatron-LM's legacy GPTModel (`language_model.*` names, `--use-legacy-models`): its
+/// GPT-2, and its Llama-style model without grouped queries, give its losses.
+#[test]
+fn megatron_legacy_checkpoints_give_megatrons_losses_and_adam_state() {
+    use ferrotron::checkpoint::megatron_torch::{load_megatron_torch, AdamResume};
+    let dir = megatron_fixtures();
+    let device = Device::flex();
     let legacy: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("legacy_losses.json")).unwrap())
             .unwrap();
@@ -341,7 +347,6 @@ fn megatron_torch_checkpoints_give_megatrons_losses() {
             "{name}: per-token losses differ by up to {worst}"
         );
         // Its Adam state maps onto the flattened legacy names too.
-        use ferrotron::checkpoint::megatron_torch::{load_megatron_torch, AdamResume};
         let (_, _, adam) = load_megatron_torch(
             &dir.join(name),
             None,
@@ -363,8 +368,16 @@ fn megatron_torch_checkpoints_give_megatrons_losses() {
             AdamResume::Fresh(why) => panic!("{name}: Adam's state not read: {why}"),
         }
     }
-    // The inference tools' loader (evaluate, generate, export-hf) takes a Megatron directory
-    // as it is: the model from its arguments, resharded to the run's tensor-parallel size.
+}
+
+/// The inference tools' loader (evaluate, generate, export-hf) takes a Megatron directory
+/// as it is: the model from its arguments, resharded to the run's tensor-parallel size.
+#[test]
+fn the_inference_loader_reads_a_megatron_directory_as_it_is() {
+    let dir = megatron_fixtures();
+    let losses: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("losses.json")).unwrap()).unwrap();
+    let device = Device::flex();
     let (model, info) = ferrotron::checkpoint::load_model(&dir.join("llama_tp2"), &device).unwrap();
     assert_eq!(
         (
@@ -383,10 +396,17 @@ fn megatron_torch_checkpoints_give_megatrons_losses() {
         worst < 1e-4,
         "load_model of llama_tp2: per-token losses differ by up to {worst}"
     );
-    // Flags that do not describe the checkpoint's model are refused, naming the difference.
+}
+
+/// Flags that do not describe the checkpoint's model are refused, naming the difference.
+#[test]
+fn megatron_checkpoints_refuse_flags_of_another_model() {
+    let dir = megatron_fixtures();
+    let device = Device::flex();
     use ferrotron::checkpoint::megatron_torch::load_megatron_torch;
     use ferrotron::comm::Group;
     use ferrotron::model::StageLayers;
+    let (gpt2, llama) = megatron_fixture_configs();
     let whole = StageLayers::whole(2);
     let tied_llama = GptConfig {
         untie_embeddings_and_output_weights: false,

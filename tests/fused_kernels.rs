@@ -501,6 +501,155 @@ fn fused_attention_matches_the_composed_attention_with_dropout_and_gradients() {
     }
 }
 
+/// One layout of [`attention_from_the_qkv_rows_matches_the_composed_split`]: rotary is
+/// `(interleaved, percent)`; `half` stores the inputs in f16; a bias comes with batch 2.
+#[derive(Clone, Copy, Debug)]
+struct QkvRowsCase {
+    batch: usize,
+    heads: usize,
+    groups: usize,
+    seq: usize,
+    head_dim: usize,
+    dropout: f64,
+    rotary: Option<(bool, f64)>,
+    flash: bool,
+    half: bool,
+}
+
+/// The attention core's context, rows gradient and bias gradient (as f32) of `attention`
+/// fed `rows` (and `bias`) through the fused split or the composed one, its output weighted
+/// by `weight` before the sum that is differentiated.
+fn qkv_rows_core_run(
+    attention: &ferrotron::model::attention::CausalSelfAttention,
+    rows: &Tensor<3>,
+    bias: &Option<Tensor<1>>,
+    weight: &Tensor<3>,
+    fused_split: bool,
+    keeps: ferrotron::model::attention::CoreKeeps,
+) -> (Vec<f32>, Vec<f32>, Option<Vec<f32>>) {
+    use burn::tensor::FloatDType;
+    use ferrotron::model::attention::CoreInputs;
+    use ferrotron::parallel::random::{enter_layer, seed_micro_batch};
+    let rows = rows.clone().require_grad();
+    let bias = bias.clone().map(|b| b.require_grad());
+    let inputs = if fused_split {
+        CoreInputs::Rows {
+            rows: rows.clone(),
+            bias: bias.clone(),
+        }
+    } else {
+        let biased = match &bias {
+            Some(bias) => rows.clone() + bias.clone().unsqueeze(),
+            None => rows.clone(),
+        };
+        CoreInputs::Heads(attention.heads_of(biased, 0))
+    };
+    seed_micro_batch(3, 1, 0, 0);
+    enter_layer(0);
+    let out = attention.core(inputs, keeps);
+    let grads = (out.clone() * weight.clone()).sum().backward();
+    let grad = rows.grad(&grads).unwrap();
+    let bias_grad = bias.map(|b| values(b.grad(&grads).unwrap().cast(FloatDType::F32)));
+    let [out, grad] = [out.cast(FloatDType::F32), grad.cast(FloatDType::F32)].map(values);
+    (out, grad, bias_grad)
+}
+
+/// The core kernels each request runs: the model's switch (`--attention-backend fused`,
+/// `auto` on CUDA in half precision) keeps only the inputs whatever the chunk asks.
+fn assert_core_kernel_choice(
+    attention: &ferrotron::model::attention::CausalSelfAttention,
+    flash: bool,
+    what: &str,
+) {
+    use ferrotron::model::attention::{CausalSelfAttention, CoreKeeps};
+    use ferrotron::model::fused::CoreKernels;
+    let only_inputs = CausalSelfAttention {
+        core_keeps_only_inputs: true,
+        ..attention.clone()
+    };
+    let (want_kept, want_inputs) = if flash {
+        (CoreKernels::Flash, CoreKernels::Flash)
+    } else {
+        (CoreKernels::Composed, CoreKernels::Recomputed)
+    };
+    let chosen = [
+        attention.core_kernels(CoreKeeps::Everything),
+        attention.core_kernels(CoreKeeps::Inputs),
+        only_inputs.core_kernels(CoreKeeps::Everything),
+    ];
+    assert_eq!(chosen, [want_kept, want_inputs, want_inputs], "{what}");
+}
+
+/// The fused split against the composed one for one [`QkvRowsCase`].
+fn check_qkv_rows_case(case: QkvRowsCase) {
+    use burn::tensor::FloatDType;
+    use ferrotron::comm::Group;
+    use ferrotron::model::attention::{CausalSelfAttention, CoreKeeps};
+    use ferrotron::model::PositionEmbedding;
+    let d = device();
+    let QkvRowsCase {
+        batch: b,
+        heads,
+        groups,
+        seq: s,
+        head_dim,
+        half,
+        ..
+    } = case;
+    let mut config = GptConfig::new(1, heads * head_dim, heads, s, 64)
+        .with_attention_dropout(case.dropout)
+        .with_num_query_groups(Some(groups))
+        .with_flash_attention(case.flash);
+    if let Some((interleaved, percent)) = case.rotary {
+        config = config
+            .with_position_embedding_type(PositionEmbedding::Rope)
+            .with_rotary_interleaved(interleaved)
+            .with_rotary_percent(percent);
+    }
+    let attention =
+        CausalSelfAttention::new(&config, 5, "layers.0.self_attention", &Group::single(), &d);
+    let width = (heads + 2 * groups) * head_dim;
+    let rows = random([b, s, width], 21, 1.5, &d);
+    let weight = random([b, s, heads * head_dim], 22, 1.0, &d);
+    // The projection's bias (GPT-2 has one, Llama none): the fused split adds it, the
+    // composed path adds it to the rows before splitting them.
+    let bias = (b == 2).then(|| random([width], 23, 1.0, &d));
+    let (rows, weight, bias) = if half {
+        let f16 = FloatDType::F16;
+        (rows.cast(f16), weight.cast(f16), bias.map(|b| b.cast(f16)))
+    } else {
+        (rows, weight, bias)
+    };
+    let run = |fused_split, keeps| {
+        qkv_rows_core_run(&attention, &rows, &bias, &weight, fused_split, keeps)
+    };
+    let fused = run(true, CoreKeeps::Everything);
+    let composed = run(false, CoreKeeps::Everything);
+    // The same kernels in the same order, but a product may take another path for
+    // other strides; f16 rounds the probabilities and products.
+    let tol = if half { 1e-2 } else { 1e-5 };
+    let what = format!("{case:?}, bias {}", bias.is_some());
+    assert_close(&format!("{what}: context"), &fused.0, &composed.0, tol);
+    assert_close(
+        &format!("{what}: rows gradient"),
+        &fused.1,
+        &composed.1,
+        tol,
+    );
+    assert_eq!(fused.2.is_some(), bias.is_some(), "{what}");
+    if let (Some(fused), Some(composed)) = (&fused.2, &composed.2) {
+        // Summed over b · s rows: f16 sums the rounded row gradients.
+        let tol = if half { 5e-2 } else { 1e-4 };
+        assert_close(&format!("{what}: bias gradient"), fused, composed, tol);
+    }
+    let recomputed = run(true, CoreKeeps::Inputs);
+    assert!(
+        recomputed == fused,
+        "{what}: the core keeping only its inputs changed the context or the gradient"
+    );
+    assert_core_kernel_choice(&attention, case.flash, &what);
+}
+
 /// The attention core from the fused QKV projection's rows (one op: split kernel, core,
 /// merge kernel backward) against the per-head core fed by the composed split (slices,
 /// reshapes; autodiff's slice backward): the same context and rows gradient, for multi-head
@@ -511,15 +660,8 @@ fn fused_attention_matches_the_composed_attention_with_dropout_and_gradients() {
 /// inside the op) gives the same bits as keeping the probabilities.
 #[test]
 fn attention_from_the_qkv_rows_matches_the_composed_split() {
-    use burn::tensor::FloatDType;
-    use ferrotron::comm::Group;
-    use ferrotron::model::attention::{CausalSelfAttention, CoreInputs, CoreKeeps};
-    use ferrotron::model::fused::CoreKernels;
-    use ferrotron::model::PositionEmbedding;
-    use ferrotron::parallel::random::{enter_layer, seed_micro_batch};
-    let d = device();
     // Rotary: none, the two halves of all channels, interleaved pairs of half the channels.
-    for (b, heads, groups, s, head_dim, p, rotary) in [
+    for (batch, heads, groups, seq, head_dim, dropout, rotary) in [
         (2, 3, 3, 17, 8, 0.3, None),
         (1, 4, 2, 9, 16, 0.0, None),
         (2, 4, 1, 33, 8, 0.1, None),
@@ -527,113 +669,17 @@ fn attention_from_the_qkv_rows_matches_the_composed_split() {
         (1, 2, 1, 23, 16, 0.0, Some((true, 0.5))),
     ] {
         for (flash, half) in [(false, false), (true, false), (false, true)] {
-            let mut config = GptConfig::new(1, heads * head_dim, heads, s, 64)
-                .with_attention_dropout(p)
-                .with_num_query_groups(Some(groups))
-                .with_flash_attention(flash);
-            if let Some((interleaved, percent)) = rotary {
-                config = config
-                    .with_position_embedding_type(PositionEmbedding::Rope)
-                    .with_rotary_interleaved(interleaved)
-                    .with_rotary_percent(percent);
-            }
-            let attention = CausalSelfAttention::new(
-                &config,
-                5,
-                "layers.0.self_attention",
-                &Group::single(),
-                &d,
-            );
-            let width = (heads + 2 * groups) * head_dim;
-            let stored = |t: Tensor<3>| if half { t.cast(FloatDType::F16) } else { t };
-            let rows = stored(random([b, s, width], 21, 1.5, &d));
-            let weight = stored(random([b, s, heads * head_dim], 22, 1.0, &d));
-            // The projection's bias (GPT-2 has one, Llama none): the fused split adds it, the
-            // composed path adds it to the rows before splitting them.
-            let bias = (b == 2).then(|| {
-                let bias = random([width], 23, 1.0, &d);
-                if half {
-                    bias.cast(FloatDType::F16)
-                } else {
-                    bias
-                }
+            check_qkv_rows_case(QkvRowsCase {
+                batch,
+                heads,
+                groups,
+                seq,
+                head_dim,
+                dropout,
+                rotary,
+                flash,
+                half,
             });
-            let run = |fused_split: bool, keeps: CoreKeeps| {
-                let rows = rows.clone().require_grad();
-                let bias = bias.clone().map(|b| b.require_grad());
-                let inputs = if fused_split {
-                    CoreInputs::Rows {
-                        rows: rows.clone(),
-                        bias: bias.clone(),
-                    }
-                } else {
-                    let biased = match &bias {
-                        Some(bias) => rows.clone() + bias.clone().unsqueeze(),
-                        None => rows.clone(),
-                    };
-                    CoreInputs::Heads(attention.heads_of(biased, 0))
-                };
-                seed_micro_batch(3, 1, 0, 0);
-                enter_layer(0);
-                let out = attention.core(inputs, keeps);
-                let grads = (out.clone() * weight.clone()).sum().backward();
-                let grad = rows.grad(&grads).unwrap();
-                let bias_grad = bias.map(|b| values(b.grad(&grads).unwrap().cast(FloatDType::F32)));
-                let [out, grad] =
-                    [out.cast(FloatDType::F32), grad.cast(FloatDType::F32)].map(values);
-                (out, grad, bias_grad)
-            };
-            let fused = run(true, CoreKeeps::Everything);
-            let composed = run(false, CoreKeeps::Everything);
-            // The same kernels in the same order, but a product may take another path for
-            // other strides; f16 rounds the probabilities and products.
-            let tol = if half { 1e-2 } else { 1e-5 };
-            let what = format!("[{b}, {heads} heads, {groups} groups, {s}, {head_dim}], p {p}, rotary {rotary:?}, flash {flash}, f16 {half}, bias {}", bias.is_some());
-            assert_close(&format!("{what}: context"), &fused.0, &composed.0, tol);
-            assert_close(
-                &format!("{what}: rows gradient"),
-                &fused.1,
-                &composed.1,
-                tol,
-            );
-            assert_eq!(fused.2.is_some(), bias.is_some(), "{what}");
-            if let (Some(fused), Some(composed)) = (&fused.2, &composed.2) {
-                // Summed over b · s rows: f16 sums the rounded row gradients.
-                let tol = if half { 5e-2 } else { 1e-4 };
-                assert_close(&format!("{what}: bias gradient"), fused, composed, tol);
-            }
-            let recomputed = run(true, CoreKeeps::Inputs);
-            assert!(
-                recomputed == fused,
-                "{what}: the core keeping only its inputs changed the context or the gradient"
-            );
-            // What each request runs: the model's switch (`--attention-backend fused`, `auto`
-            // on CUDA in half precision) keeps only the inputs whatever the chunk asks.
-            let only_inputs = CausalSelfAttention {
-                core_keeps_only_inputs: true,
-                ..attention.clone()
-            };
-            let kernels = |a: &CausalSelfAttention, keeps| a.core_kernels(keeps);
-            let (want_kept, want_inputs) = if flash {
-                (CoreKernels::Flash, CoreKernels::Flash)
-            } else {
-                (CoreKernels::Composed, CoreKernels::Recomputed)
-            };
-            assert_eq!(
-                kernels(&attention, CoreKeeps::Everything),
-                want_kept,
-                "{what}"
-            );
-            assert_eq!(
-                kernels(&attention, CoreKeeps::Inputs),
-                want_inputs,
-                "{what}"
-            );
-            assert_eq!(
-                kernels(&only_inputs, CoreKeeps::Everything),
-                want_inputs,
-                "{what}"
-            );
         }
     }
 }
@@ -1172,6 +1218,59 @@ fn a_run_with_logits_over_the_device_s_largest_buffer_is_refused() {
     );
 }
 
+/// The optimizer setup of [`flat_adam_follows_the_composed_adam`]: Megatron's betas, weight
+/// decay, clipping that binds, and a decoupled learning rate for the first parameter.
+fn adam_test_setup(model: &ferrotron::model::Gpt) -> ferrotron::optim::OptimizerSetup {
+    use ferrotron::model::named_parameters::named_parameters;
+    use ferrotron::optim::{AdamWConfig, OptimizerSetup};
+    let params = named_parameters(model);
+    OptimizerSetup {
+        adam: AdamWConfig {
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+        },
+        clip_grad: 0.5,
+        names: params.iter().map(|p| (p.id, p.name.clone())).collect(),
+        not_counted: Default::default(),
+        decoupled_lr: [params[0].id].into_iter().collect(),
+        count_zeros: false,
+    }
+}
+
+/// The same gradients for both optimizers, parameter by parameter in declaration order. In
+/// step 2 every other one is in f16, as a half-precision model's backward pass gives it: the
+/// accumulator keeps it so, and the flat buffer's copy casts it (two runs of copies).
+fn adam_test_gradients(
+    model: &ferrotron::model::Gpt,
+    step: u64,
+    device: &Device,
+) -> ferrotron::optim::GradientAccumulator {
+    use burn::tensor::FloatDType;
+    use ferrotron::model::named_parameters::named_parameters;
+    let mut acc = ferrotron::optim::GradientAccumulator::default();
+    let device = device.clone().inner();
+    for (k, p) in named_parameters(model).iter().enumerate() {
+        let g = random([p.values.len()], 100 * step + k as u64, 0.05, &device);
+        let g = if step == 2 && k % 2 == 0 {
+            g.cast(FloatDType::F16)
+        } else {
+            g
+        };
+        acc.insert(p.id, g);
+    }
+    acc
+}
+
+/// A model's parameters by name, as f32 values.
+fn named_weights(model: &ferrotron::model::Gpt) -> Vec<(String, Vec<f32>)> {
+    ferrotron::model::named_parameters::named_parameters(model)
+        .into_iter()
+        .map(|p| (p.name, p.values))
+        .collect()
+}
+
 /// The flat-buffer Adam on the GPU device against the composed per-parameter Adam on the CPU
 /// (burn's tensor ops): three steps of a small GPT from the same gradients, with clipping
 /// active, weight decay and a decoupled learning rate, give the same weights, gradient norms
@@ -1181,56 +1280,14 @@ fn a_run_with_logits_over_the_device_s_largest_buffer_is_refused() {
 fn flat_adam_follows_the_composed_adam() {
     use burn::tensor::FloatDType;
     use ferrotron::comm::Group;
-    use ferrotron::model::named_parameters::named_parameters;
-    use ferrotron::optim::{
-        AdamWConfig, FlatAdamW, GradNorm, GradientAccumulator, LearningRates, Optimizer,
-        OptimizerSetup, ReplicatedAdamW,
-    };
+    use ferrotron::optim::{FlatAdamW, GradNorm, LearningRates, Optimizer, ReplicatedAdamW};
     let cpu = Device::flex().autodiff();
     let gpu = device();
     let config = GptConfig::new(2, 32, 4, 16, 256);
-    let setup = |model: &ferrotron::model::Gpt| {
-        let params = named_parameters(model);
-        OptimizerSetup {
-            adam: AdamWConfig {
-                beta1: 0.9,
-                beta2: 0.95,
-                eps: 1e-8,
-                weight_decay: 0.1,
-            },
-            clip_grad: 0.5,
-            names: params.iter().map(|p| (p.id, p.name.clone())).collect(),
-            not_counted: Default::default(),
-            decoupled_lr: [params[0].id].into_iter().collect(),
-            count_zeros: false,
-        }
-    };
-    // The same gradients for both, parameter by parameter in declaration order. In step 2
-    // every other one is in f16, as a half-precision model's backward pass gives it: the
-    // accumulator keeps it so, and the flat buffer's copy casts it (two runs of copies).
-    let grads = |model: &ferrotron::model::Gpt, step: u64, device: &Device| {
-        let mut acc = GradientAccumulator::default();
-        let device = device.clone().inner();
-        for (k, p) in named_parameters(model).iter().enumerate() {
-            let g = random([p.values.len()], 100 * step + k as u64, 0.05, &device);
-            let g = if step == 2 && k % 2 == 0 {
-                g.cast(FloatDType::F16)
-            } else {
-                g
-            };
-            acc.insert(p.id, g);
-        }
-        acc
-    };
+    let (setup, grads, weights) = (adam_test_setup, adam_test_gradients, named_weights);
     let norm = |n: GradNorm| match n {
         GradNorm::Read(x) => x,
         GradNorm::OnDevice(t) => f64::from(t.into_scalar::<f32>()),
-    };
-    let weights = |m: &ferrotron::model::Gpt| {
-        named_parameters(m)
-            .into_iter()
-            .map(|p| (p.name, p.values))
-            .collect::<Vec<_>>()
     };
     let lr = LearningRates {
         base: 1e-3,

@@ -170,6 +170,11 @@ fn tiny_checkpoint(dir: &Path) {
     assert!(out.status.success(), "{}", stderr(&out));
 }
 
+/// One line of `generate --json`.
+fn parsed(line: &str) -> serde_json::Value {
+    serde_json::from_str(line).unwrap()
+}
+
 #[test]
 fn the_generate_tool_streams_what_it_reports_as_json() {
     let dir = tempfile::tempdir().unwrap();
@@ -188,10 +193,7 @@ fn the_generate_tool_streams_what_it_reports_as_json() {
     )
     .unwrap();
     let json = run(&["--prompts-file", "prompts.jsonl", "--greedy", "--json"]);
-    let lines: Vec<serde_json::Value> = json
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines: Vec<serde_json::Value> = json.lines().map(parsed).collect();
     assert_eq!(lines.len(), 2);
     let tokenizer = ferrotron::tokenizer::TextTokenizer::gpt2_embedded().unwrap();
     for (line, prompt) in lines.iter().zip(prompts) {
@@ -234,7 +236,7 @@ fn the_generate_tool_streams_what_it_reports_as_json() {
         "--logprobs",
         "--greedy",
     ]);
-    let beam: serde_json::Value = serde_json::from_str(&beam).unwrap();
+    let beam = parsed(&beam);
     assert_eq!(beam["tokens"], lines[0]["tokens"]);
     let logprobs = beam["logprobs"].as_array().unwrap();
     assert_eq!(logprobs.len(), token_ids(&beam["tokens"]).len());
@@ -249,41 +251,36 @@ fn the_generate_tool_streams_what_it_reports_as_json() {
     let cut = run(&[
         "--prompt", prompts[0], "--greedy", "--json", "--stop", &stop,
     ]);
-    let cut: serde_json::Value = serde_json::from_str(&cut).unwrap();
+    let cut = parsed(&cut);
     assert_eq!(
         cut["text"].as_str().unwrap(),
         &full[..full.find(&stop).unwrap()]
     );
     let kept = token_ids(&cut["tokens"]);
     assert_eq!(kept[..], token_ids(&lines[0]["tokens"])[..kept.len()]);
-    let three = run(&["--prompt", prompts[0], "--beam-width", "3", "--json"]);
-    let three: serde_json::Value = serde_json::from_str(&three).unwrap();
+    let three = parsed(&run(&[
+        "--prompt",
+        prompts[0],
+        "--beam-width",
+        "3",
+        "--json",
+    ]));
     assert!(!token_ids(&three["tokens"]).is_empty());
-    let refused = run_tool(
-        env!("CARGO_BIN_EXE_generate"),
-        &[
-            "--load",
-            "ckpt",
-            "--prompt",
-            "a",
-            "--beam-width",
-            "3",
-            "--top-k",
-            "5",
-        ],
-        dir.path(),
-    );
-    assert_eq!(refused.status.code(), Some(1));
-    assert!(stderr(&refused).contains("beam search is greedy"));
+    let sampled_beams = ["--prompt", "a", "--beam-width", "3", "--top-k", "5"];
+    assert_generate_refuses(dir.path(), &sampled_beams, "beam search is greedy");
     // Bad input: file and line named, exit code 1.
     std::fs::write(dir.path().join("bad.jsonl"), "\"ok\"\n{\"text\": 3}\n").unwrap();
-    let out = run_tool(
-        env!("CARGO_BIN_EXE_generate"),
-        &["--load", "ckpt", "--prompts-file", "bad.jsonl"],
-        dir.path(),
-    );
-    assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("bad.jsonl:2:"), "{}", stderr(&out));
+    assert_generate_refuses(dir.path(), &["--prompts-file", "bad.jsonl"], "bad.jsonl:2:");
+}
+
+/// `generate --load ckpt` with `args` in `dir` exits 1 before any output, saying `message`.
+fn assert_generate_refuses(dir: &Path, args: &[&str], message: &str) {
+    let mut all = vec!["--load", "ckpt"];
+    all.extend_from_slice(args);
+    let out = run_tool(env!("CARGO_BIN_EXE_generate"), &all, dir);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains(message), "{}", stderr(&out));
+    assert!(out.stdout.is_empty() && !stderr(&out).contains("panicked"));
 }
 
 /// Beam search equals HuggingFace `generate(num_beams=B, no_repeat_ngram_size=K,

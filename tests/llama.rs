@@ -363,80 +363,86 @@ fn llama_checkpoints_continue_at_another_layout() {
     assert!(a < 1e-5 && b < 1e-5, "{a} {b}");
 }
 
+/// The model flags of Megatron's Llama-3 8B examples, sizes scaled down, and a short run of
+/// the wikitext2 fixture (each run adds its own position-embedding flags and `--seq-length`:
+/// a repeated flag is refused).
+const LLAMA3_MODEL_FLAGS: &[&str] = &[
+    "--num-layers",
+    "2",
+    "--hidden-size",
+    "64",
+    "--ffn-hidden-size",
+    "96",
+    "--num-attention-heads",
+    "4",
+    "--group-query-attention",
+    "--num-query-groups",
+    "2",
+    "--kv-channels",
+    "32",
+    "--max-position-embeddings",
+    "64",
+    "--swiglu",
+    "--normalization",
+    "RMSNorm",
+    "--norm-epsilon",
+    "1e-5",
+    "--untie-embeddings-and-output-weights",
+    "--disable-bias-linear",
+    "--rotary-base",
+    "500000",
+    "--use-rope-scaling",
+    "--rotary-percent",
+    "1.0",
+    "--micro-batch-size",
+    "2",
+    "--global-batch-size",
+    "4",
+    "--lr",
+    "3e-3",
+    "--train-iters",
+    "3",
+    "--eval-iters",
+    "0",
+    "--data-cache-path",
+    "cache",
+];
+
+/// `pretrain` in `dir` with [`LLAMA3_MODEL_FLAGS`], then `extra` (`--seq-length 32` unless
+/// `extra` names one).
+fn run_llama3_flags(dir: &Path, extra: &[&str]) -> std::process::Output {
+    let data = golden("wikitext2_valid", "text");
+    let mut args = LLAMA3_MODEL_FLAGS.to_vec();
+    args.extend_from_slice(&["--data-path", data.to_str().unwrap()]);
+    if !extra.contains(&"--seq-length") {
+        args.extend_from_slice(&["--seq-length", "32"]);
+    }
+    args.extend_from_slice(extra);
+    run_tool(env!("CARGO_BIN_EXE_pretrain"), &args, dir)
+}
+
+/// A run that failed, saying `message`, without a panic.
+fn assert_refused_saying(out: &std::process::Output, message: &str) {
+    let err = stderr(out);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains(message) && !err.contains("panicked"), "{err}");
+}
+
 /// The model flags of Megatron's Llama-3 8B examples, as written (sizes scaled down; the
 /// legacy `--use-rotary-position-embeddings --no-position-embedding` pair of its Llama-3.1
 /// script, and the `--position-embedding-type rope` of its FP8 one): `pretrain` trains the model
-/// they describe, and refuses what it does not implement in one line.
+/// they describe, and refuses a checkpoint of another architecture in one line.
 #[test]
 fn megatrons_llama3_model_flags_train_that_model() {
     let dir = tempfile::tempdir().unwrap();
-    let data = golden("wikitext2_valid", "text");
-    let common = [
-        "--num-layers",
-        "2",
-        "--hidden-size",
-        "64",
-        "--ffn-hidden-size",
-        "96",
-        "--num-attention-heads",
-        "4",
-        "--group-query-attention",
-        "--num-query-groups",
-        "2",
-        "--kv-channels",
-        "32",
-        "--max-position-embeddings",
-        "64",
-        "--swiglu",
-        "--normalization",
-        "RMSNorm",
-        "--norm-epsilon",
-        "1e-5",
-        "--untie-embeddings-and-output-weights",
-        "--disable-bias-linear",
-        "--rotary-base",
-        "500000",
-        "--use-rope-scaling",
-        "--rotary-percent",
-        "1.0",
-        "--micro-batch-size",
-        "2",
-        "--global-batch-size",
-        "4",
-        "--lr",
-        "3e-3",
-        "--train-iters",
-        "3",
-        "--eval-iters",
-        "0",
-        "--data-path",
-        data.to_str().unwrap(),
-        "--data-cache-path",
-        "cache",
-    ];
-    // Each run names its --seq-length (a repeated flag is refused).
-    let run = |extra: &[&str]| {
-        let mut args = common.to_vec();
-        if !extra.contains(&"--seq-length") {
-            args.extend_from_slice(&["--seq-length", "32"]);
-        }
-        args.extend_from_slice(extra);
-        run_tool(env!("CARGO_BIN_EXE_pretrain"), &args, dir.path())
-    };
-    let legacy = run(&[
+    let legacy_rope = [
         "--use-rotary-position-embeddings",
         "--no-position-embedding",
-        "--save",
-        "a",
-    ]);
+    ];
+    let legacy = run_llama3_flags(dir.path(), &[&legacy_rope[..], &["--save", "a"]].concat());
     assert!(legacy.status.success(), "{}", stderr(&legacy));
-    let current = run(&[
-        "--position-embedding-type",
-        "rope",
-        "--apply-layernorm-1p",
-        "--save",
-        "b",
-    ]);
+    let one_p = ["--position-embedding-type", "rope", "--apply-layernorm-1p"];
+    let current = run_llama3_flags(dir.path(), &[&one_p[..], &["--save", "b"]].concat());
     assert!(current.status.success(), "{}", stderr(&current));
     let (model, checkpoint) = load_model(&dir.path().join("a"), &Device::flex()).unwrap();
     let c = &checkpoint.config;
@@ -450,53 +456,29 @@ fn megatrons_llama3_model_flags_train_that_model() {
     let qkv = &model.layer(0).unwrap().self_attention.query_key_value;
     assert_eq!(qkv.weight.dims(), [64, 256]);
     assert!(qkv.bias.is_none());
-    let (_, one_p) = load_model(&dir.path().join("b"), &Device::flex()).unwrap();
-    assert!(one_p.config.apply_layernorm_1p);
+    let (_, loaded_1p) = load_model(&dir.path().join("b"), &Device::flex()).unwrap();
+    assert!(loaded_1p.config.apply_layernorm_1p);
     // Loading one into a run of the other architecture is refused in one line.
-    let refused = run(&[
-        "--position-embedding-type",
-        "rope",
-        "--apply-layernorm-1p",
-        "--load",
-        "a",
-    ]);
-    assert!(!refused.status.success());
-    assert!(
-        stderr(&refused).contains("the checkpoint's model is"),
-        "{}",
-        stderr(&refused)
-    );
-    // --sequence-parallel on two tensor-parallel ranks trains, and is refused where the
-    // sequence does not split.
-    let sequence_parallel = run(&[
+    let refused = run_llama3_flags(dir.path(), &[&one_p[..], &["--load", "a"]].concat());
+    assert_refused_saying(&refused, "the checkpoint's model is");
+}
+
+/// `--sequence-parallel` with the Llama-3 flags on two tensor-parallel ranks trains, and is
+/// refused where the sequence does not split.
+#[test]
+fn megatrons_llama3_flags_train_sequence_parallel() {
+    let dir = tempfile::tempdir().unwrap();
+    let split = [
         "--position-embedding-type",
         "rope",
         "--sequence-parallel",
         "--tensor-model-parallel-size",
         "2",
-        "--save",
-        "c",
-    ]);
-    assert!(
-        sequence_parallel.status.success(),
-        "{}",
-        stderr(&sequence_parallel)
-    );
-    let odd = run(&[
-        "--position-embedding-type",
-        "rope",
-        "--sequence-parallel",
-        "--tensor-model-parallel-size",
-        "2",
-        "--seq-length",
-        "31",
-    ]);
-    assert!(!odd.status.success());
-    assert!(
-        stderr(&odd).contains("--seq-length 31 is not divisible"),
-        "{}",
-        stderr(&odd)
-    );
+    ];
+    let trained = run_llama3_flags(dir.path(), &split);
+    assert!(trained.status.success(), "{}", stderr(&trained));
+    let odd = run_llama3_flags(dir.path(), &[&split[..], &["--seq-length", "31"]].concat());
+    assert_refused_saying(&odd, "--seq-length 31 is not divisible");
 }
 
 /// The parameter count the logs and the memory estimate use equals what the built model

@@ -144,7 +144,7 @@ fn key_tiles<F: Float, A: Float>(
     plane: usize,
     at: Tiles,
     scale: A,
-    draw: DropoutArgs,
+    draw: &DropoutArgs,
     #[comptime] tile: u32,
     #[comptime] planes: u32,
     #[comptime] dropout: bool,
@@ -153,7 +153,7 @@ fn key_tiles<F: Float, A: Float>(
     let mut e = UNIT_POS_PLANE as usize;
     while e < comptime!((tile * tile * planes) as usize) {
         let (p_kept, ds) = tile_element::<A>(
-            scores, dprobs, lse, deltas, plane, e, &at, scale, &draw, tile, planes, true, dropout,
+            scores, dprobs, lse, deltas, plane, e, &at, scale, draw, tile, planes, true, dropout,
         );
         kept_probs[base + e] = F::cast_from(p_kept);
         score_grads[base + e] = F::cast_from(ds);
@@ -295,6 +295,7 @@ pub fn mma_attention_backward_key_value<F: Float, A: Float, N: Size>(
 ) {
     let key_lo = salted(key_lo, salt, 0usize, dropout);
     let key_hi = salted(key_hi, salt, 1usize, dropout);
+    let draw = dropout_args(key_lo, key_hi, threshold, keep_scale);
     let block = comptime!(tile * planes);
     let (s, b) = (seq as usize, block as usize);
     let (cube_active, head_row, start) = cube_block(heads, seq, block);
@@ -311,7 +312,7 @@ pub fn mma_attention_backward_key_value<F: Float, A: Float, N: Size>(
     let mut scores = Shared::<[A]>::new_slice(square);
     let mut dprobs = Shared::<[A]>::new_slice(square);
     let mut kept_probs = Shared::<[F]>::new_slice(square);
-    let mut score_grads = Shared::<[F]>::new_slice(square);
+    let mut ds = Shared::<[F]>::new_slice(square);
     let mut dk = Shared::<[A]>::new_slice(tile_len);
     let mut dv = Shared::<[A]>::new_slice(tile_len);
     let mut lse = Shared::<[A]>::new_slice(b);
@@ -349,39 +350,25 @@ pub fn mma_attention_backward_key_value<F: Float, A: Float, N: Size>(
             &lse,
             &deltas,
             &mut kept_probs,
-            &mut score_grads,
+            &mut ds,
             plane,
             at,
             scale,
-            dropout_args(key_lo, key_hi, threshold, keep_scale),
+            &draw,
             tile,
             planes,
             dropout,
         );
         sync_cube();
         accumulate_rows_times::<F, A>(&kept_probs, &grads, &mut dv, plane, tile, planes, head_dim);
-        accumulate_rows_times::<F, A>(
-            &score_grads,
-            &queries,
-            &mut dk,
-            plane,
-            tile,
-            planes,
-            head_dim,
-        );
+        accumulate_rows_times::<F, A>(&ds, &queries, &mut dk, plane, tile, planes, head_dim);
         sync_cube();
     }
     if cube_active {
+        let unscaled = A::new(1.0);
         store_rows::<F, A, N>(&dk, scale, grad_key, head_row, start, s, block, head_dim);
         store_rows::<F, A, N>(
-            &dv,
-            A::new(1.0),
-            grad_value,
-            head_row,
-            start,
-            s,
-            block,
-            head_dim,
+            &dv, unscaled, grad_value, head_row, start, s, block, head_dim,
         );
     }
 }
