@@ -57,16 +57,31 @@ fn main() {
     println!("device {name}, median of {reps} interleaved repetitions after a warm-up");
     println!("| op | fused ms | composed ms | composed / fused | fused MB moved |");
     println!("|---|---|---|---|---|");
-    let inner = device.clone().inner();
-    let row = |label: &str, f: f64, c: f64, mb: f64| {
-        println!("| {label} | {f:.1} | {c:.1} | {:.2}x | {mb:.0} |", c / f);
+    let in_use = || {
+        device
+            .memory_pool_usage()
+            .map_or(f64::NAN, |u| u.bytes_in_use as f64 / 1e6)
     };
+    softmax_rows(&device, reps);
+    layer_norm_rows(&device, reps);
+    attention_core_rows(&device, reps, in_use);
+    half_logits_cross_entropy(&device, reps, in_use);
+    core_from_rows_recomputed(&device, reps, in_use);
+}
 
+/// One row of the table: fused and composed milliseconds, their ratio, the fused MB moved.
+fn row(label: &str, f: f64, c: f64, mb: f64) {
+    println!("| {label} | {f:.1} | {c:.1} | {:.2}x | {mb:.0} |", c / f);
+}
+
+/// The causal softmax's rows, forward alone and forward + backward.
+fn softmax_rows(device: &Device, reps: usize) {
+    let inner = device.clone().inner();
     // Softmax: forward reads x and writes y; backward reads y and dy and writes dx.
     let shape = [1, 16, 1024, 1024];
     let mb = 16.0 * 1024.0 * 1024.0 * 4.0 / 1e6;
-    let scores = Tensor::<4>::random(shape, Distribution::Normal(0.0, 1.0), &device);
-    let grad = Tensor::<4>::random(shape, Distribution::Normal(0.0, 1.0), &device);
+    let scores = Tensor::<4>::random(shape, Distribution::Normal(0.0, 1.0), device);
+    let grad = Tensor::<4>::random(shape, Distribution::Normal(0.0, 1.0), device);
     let scores_inner = scores.clone().inner();
     let forward = |fused: bool| {
         let _y = scaled_causal_masked_softmax(scores_inner.clone(), 0.125, fused);
@@ -83,14 +98,18 @@ fn main() {
     };
     let (f, c) = time_pair(both, reps);
     row("causal softmax, forward + backward", f, c, 5.0 * mb);
+}
 
+/// LayerNorm's rows, forward alone and forward + backward.
+fn layer_norm_rows(device: &Device, reps: usize) {
+    let inner = device.clone().inner();
     // LayerNorm: forward reads x, writes y; backward reads x and dy twice (dx, then dγ/dβ)
     // and writes dx.
     let mb = 8192.0 * 1024.0 * 4.0 / 1e6;
-    let x = Tensor::<3>::random([8, 1024, 1024], Distribution::Normal(1.0, 2.0), &device);
-    let dy = Tensor::<3>::random([8, 1024, 1024], Distribution::Normal(0.0, 1.0), &device);
-    let gamma = Tensor::<1>::ones([1024], &device);
-    let beta = Tensor::<1>::zeros([1024], &device);
+    let x = Tensor::<3>::random([8, 1024, 1024], Distribution::Normal(1.0, 2.0), device);
+    let dy = Tensor::<3>::random([8, 1024, 1024], Distribution::Normal(0.0, 1.0), device);
+    let gamma = Tensor::<1>::ones([1024], device);
+    let beta = Tensor::<1>::zeros([1024], device);
     let (xi, gi, bi) = (
         x.clone().inner(),
         gamma.clone().inner(),
@@ -113,20 +132,24 @@ fn main() {
     };
     let (f, c) = time_pair(both, reps);
     row("layernorm, forward + backward", f, c, 7.0 * mb);
+}
 
-    // Attention core: fused kernel against the composed ops (both with dropout 0.1).
+/// The attention core's row (fused kernel against the composed ops), and the memory each
+/// holds after the forward.
+fn attention_core_rows(device: &Device, reps: usize, in_use: impl Fn() -> f64) {
+    // Both with dropout 0.1.
     let (heads, seq, head_dim) = (16, 1024, 64);
     let qkv = [0; 3].map(|_| {
         Tensor::<4>::random(
             [1, heads, seq, head_dim],
             Distribution::Normal(0.0, 1.0),
-            &device,
+            device,
         )
     });
     let dy = Tensor::<4>::random(
         [1, heads, seq, head_dim],
         Distribution::Normal(0.0, 1.0),
-        &device,
+        device,
     );
     let attention = |flash: bool| {
         let config = GptConfig::new(1, heads * head_dim, heads, seq, 64)
@@ -137,13 +160,8 @@ fn main() {
             1,
             "layers.0.self_attention",
             &ferrotron::comm::Group::single(),
-            &device,
+            device,
         )
-    };
-    let in_use = || {
-        device
-            .memory_pool_usage()
-            .map_or(f64::NAN, |u| u.bytes_in_use as f64 / 1e6)
     };
     // Per side (fused, composed): the memory held after the forward, and the last `dq`.
     let held = [std::cell::Cell::new(0.0), std::cell::Cell::new(0.0)];
@@ -186,8 +204,6 @@ fn main() {
         mb,
     );
     print_held("attention", ["fused", "composed"], &held);
-    half_logits_cross_entropy(&device, reps, in_use);
-    core_from_rows_recomputed(&device, reps, in_use);
 }
 
 /// The attention core from the QKV rows (16 heads × 1024 × 64, batch 1, dropout 0.1) keeping

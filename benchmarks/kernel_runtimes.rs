@@ -89,9 +89,27 @@ impl Buffers {
     }
 }
 
+/// The dropout draw every kernel that drops uses: p = 0.1.
+const DRAW: DropoutDraw = DropoutDraw {
+    key_lo: 1,
+    key_hi: 2,
+    salt: 3,
+    salt_slot: 0,
+    threshold: u32::MAX / 10,
+    scale: 1.0 / 0.9,
+};
+
 /// Milliseconds per call of each of [`KERNELS`] with `client`'s launch shape.
 fn timings(client: &Client, b: &Buffers) -> Vec<f64> {
     let launch = RowLaunch::for_client(client);
+    let mut all = softmax_timings(client, b, launch);
+    all.extend(row_timings(client, b, launch));
+    all.extend(element_wise_timings(client, b, launch));
+    all
+}
+
+/// The softmax rows of [`KERNELS`]: 16 heads × 1024 × 1024 scores.
+fn softmax_timings(client: &Client, b: &Buffers, launch: RowLaunch) -> Vec<f64> {
     let scores = ScoresShape {
         batch: 1,
         heads: 16,
@@ -99,29 +117,7 @@ fn timings(client: &Client, b: &Buffers) -> Vec<f64> {
         sk: 1024,
     };
     let (x, dy, out, out2) = (&b.x, &b.dy, &b.out, &b.out2);
-    let [gamma, beta, bias, _] = &b.row;
-    let [mean, rstd, loss, lse] = &b.per_row;
-    let (rows, cols) = (8192, 1024);
-    let (tokens, vocab) = (512, 50304);
-    let targets: Vec<i32> = (0..tokens as i32).map(|t| t * 97 % vocab as i32).collect();
-    let targets = client.create_from_slice(i32::as_bytes(&targets));
-    let inside = upload(client, tokens, 7);
-    let draw = DropoutDraw {
-        key_lo: 1,
-        key_hi: 2,
-        salt: 3,
-        salt_slot: 0,
-        threshold: u32::MAX / 10,
-        scale: 1.0 / 0.9,
-    };
-    let (len, hidden) = (rows * cols, cols);
-    let causal = SoftmaxMask::Causal;
-    let bias_dropout_add_time = |slice| {
-        time(client, || {
-            let (inputs, draw) = ([x, dy], Some(draw));
-            bias_dropout_add::<f32>(client, inputs, Some(bias), out, len, hidden, draw, slice)
-        })
-    };
+    let (draw, causal) = (DRAW, SoftmaxMask::Causal);
     vec![
         time(client, || {
             softmax_forward::<f32>(client, launch, x, causal, out, None, scores, 0.125)
@@ -160,6 +156,20 @@ fn timings(client: &Client, b: &Buffers) -> Vec<f64> {
                 client, launch, out, &b.out3, out2, scores, true, 0.125, None, None,
             )
         }),
+    ]
+}
+
+/// The normalisation and cross-entropy rows of [`KERNELS`].
+fn row_timings(client: &Client, b: &Buffers, launch: RowLaunch) -> Vec<f64> {
+    let (x, dy, out, out2) = (&b.x, &b.dy, &b.out, &b.out2);
+    let [gamma, beta, _, _] = &b.row;
+    let [mean, rstd, loss, lse] = &b.per_row;
+    let (rows, cols) = (8192, 1024);
+    let (tokens, vocab) = (512, 50304);
+    let targets: Vec<i32> = (0..tokens as i32).map(|t| t * 97 % vocab as i32).collect();
+    let targets = client.create_from_slice(i32::as_bytes(&targets));
+    let inside = upload(client, tokens, 7);
+    vec![
         time(client, || {
             layer_norm_forward::<f32>(
                 client, launch, x, gamma, beta, out, mean, rstd, rows, cols, 1e-5,
@@ -183,6 +193,21 @@ fn timings(client: &Client, b: &Buffers) -> Vec<f64> {
                 client, launch, x, &targets, &inside, lse, loss, out, tokens, vocab,
             )
         }),
+    ]
+}
+
+/// The element-wise, optimizer and norm rows of [`KERNELS`].
+fn element_wise_timings(client: &Client, b: &Buffers, launch: RowLaunch) -> Vec<f64> {
+    let (x, dy, out, out2) = (&b.x, &b.dy, &b.out, &b.out2);
+    let bias = &b.row[2];
+    let (len, hidden) = (8192 * 1024, 1024);
+    let bias_dropout_add_time = |slice| {
+        time(client, || {
+            let (inputs, draw) = ([x, dy], Some(DRAW));
+            bias_dropout_add::<f32>(client, inputs, Some(bias), out, len, hidden, draw, slice)
+        })
+    };
+    vec![
         time(client, || {
             gelu_forward::<f32>(client, x, Some((bias, 4096)), out, Buffers::LEN, false)
         }),

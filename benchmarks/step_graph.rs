@@ -118,6 +118,23 @@ mod capture {
             loss.detach().inner()
         }
 
+        /// Steps 1 to `steps`: the last step's loss and the main weights after it, read (the
+        /// reference a replayed step is held to).
+        fn loss_and_weights_after(
+            &mut self,
+            steps: u64,
+            batch: &Batch,
+        ) -> (Vec<f32>, Vec<Vec<f32>>) {
+            let mut loss = Vec::new();
+            for iteration in 1..=steps {
+                loss = self
+                    .step(iteration, batch)
+                    .try_into_vec_as::<f32>()
+                    .unwrap();
+            }
+            (loss, self.weights())
+        }
+
         /// The main weights, read.
         fn weights(&self) -> Vec<Vec<f32>> {
             named_parameters(&self.main)
@@ -127,12 +144,60 @@ mod capture {
         }
     }
 
+    /// The command line: `[DEVICE] [LAYERS] [HIDDEN] [HEADS] [SEQ] [MBS] [REPS] [eager]`.
+    struct Args {
+        name: String,
+        layers: usize,
+        hidden: usize,
+        heads: usize,
+        seq: usize,
+        batch: usize,
+        reps: usize,
+        eager_only: bool,
+    }
+
+    impl Args {
+        fn parse() -> Self {
+            let args: Vec<String> = std::env::args().skip(1).collect();
+            Self {
+                name: args.first().cloned().unwrap_or_else(|| "wgpu-cpu".into()),
+                layers: arg(&args, 1, 24),
+                hidden: arg(&args, 2, 64),
+                heads: arg(&args, 3, 4),
+                seq: arg(&args, 4, 64),
+                batch: arg(&args, 5, 4),
+                reps: arg(&args, 6, 10),
+                eager_only: args.get(7).is_some_and(|a| a == "eager"),
+            }
+        }
+    }
+
+    impl Batch {
+        /// Uniform random tokens and labels of a `vocab`-word model, every token counted.
+        fn random(batch: usize, seq: usize, vocab: usize, device: &Device) -> Self {
+            let ids = |low: f64| {
+                let uniform = Distribution::Uniform(low, vocab as f64);
+                Tensor::<2, Int>::random([batch, seq], uniform, device)
+            };
+            Self {
+                tokens: ids(0.0),
+                labels: ids(1.0),
+                mask: Tensor::<2>::ones([batch, seq], device),
+            }
+        }
+    }
+
     pub fn run() {
-        let args: Vec<String> = std::env::args().skip(1).collect();
-        let name = args.first().cloned().unwrap_or_else(|| "wgpu-cpu".into());
-        let (layers, hidden, heads) = (arg(&args, 1, 24), arg(&args, 2, 64), arg(&args, 3, 4));
-        let (seq, batch, reps) = (arg(&args, 4, 64), arg(&args, 5, 4), arg(&args, 6, 10));
-        let eager_only = args.get(7).is_some_and(|a| a == "eager");
+        let Args {
+            name,
+            layers,
+            hidden,
+            heads,
+            seq,
+            batch,
+            reps,
+            eager_only,
+        } = Args::parse();
         let base = parse_device(&name).expect("device");
         let device = base.clone().autodiff();
         let client = cube_client(&base).unwrap_or_else(|| panic!("{name} is not a CubeCL device"));
@@ -144,18 +209,7 @@ mod capture {
         };
         let vocab = 50304;
         let config = GptConfig::new(layers, hidden, heads, seq, vocab);
-        let tokens = |low: f64| {
-            Tensor::<2, Int>::random(
-                [batch, seq],
-                Distribution::Uniform(low, vocab as f64),
-                &device,
-            )
-        };
-        let inputs = Batch {
-            tokens: tokens(0.0),
-            labels: tokens(1.0),
-            mask: Tensor::<2>::ones([batch, seq], &device),
-        };
+        let inputs = Batch::random(batch, seq, vocab, &device);
         println!(
             "step_graph: {name}, {layers} layers, hidden {hidden}, {heads} heads, seq {seq}, \
              micro-batch {batch}, {}, dropout 0.1, AdamW on flat buffers, {reps} steps queued \
@@ -180,15 +234,7 @@ mod capture {
             println!("ms per step: eager {ms:.2}");
             return;
         }
-        // The eager run's steps 1–3, the reference of the replayed step 3.
-        let mut want = (Vec::new(), Vec::new());
-        for iteration in 1..=3 {
-            want.0 = eager
-                .step(iteration, &inputs)
-                .try_into_vec_as::<f32>()
-                .unwrap();
-        }
-        want.1 = eager.weights();
+        let want = eager.loss_and_weights_after(3, &inputs);
 
         let mut captured = Training::new(&config, precision, &device);
         drop(captured.step(1, &inputs));
