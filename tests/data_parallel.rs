@@ -443,6 +443,34 @@ fn a_killed_mpi_rank_ends_the_job_and_leaves_the_last_checkpoint() {
     assert!(info.state.iteration >= 2 && info.state.iteration % 2 == 0);
 }
 
+/// The `pretrain` flags of the tests that run the binary on several ranks: a GPT of hidden
+/// size 16 (2 heads, 16 positions), 8 sequences a step, every iteration logged, no
+/// evaluation; each test adds its layers, iterations and layout.
+const TINY_RANKS_RUN: &[&str] = &[
+    "--hidden-size",
+    "16",
+    "--num-attention-heads",
+    "2",
+    "--seq-length",
+    "16",
+    "--max-position-embeddings",
+    "16",
+    "--micro-batch-size",
+    "2",
+    "--global-batch-size",
+    "8",
+    "--lr",
+    "1e-3",
+    "--log-interval",
+    "1",
+    "--eval-interval",
+    "0",
+    "--split",
+    "100,0,0",
+    "--data-cache-path",
+    "cache",
+];
+
 /// The `pretrain` binary itself under `mpirun -np 2`: two data-parallel ranks, Megatron's
 /// layout line and iteration lines printed once (by rank 0), one checkpoint.
 #[test]
@@ -452,40 +480,10 @@ fn the_pretrain_binary_runs_under_mpirun() {
     let run = |layers: &str, extra: &[&str]| {
         mpirun_command(2)
             .arg(env!("CARGO_BIN_EXE_pretrain"))
-            .args([
-                "--num-layers",
-                layers,
-                "--hidden-size",
-                "16",
-                "--num-attention-heads",
-                "2",
-                "--seq-length",
-                "16",
-                "--max-position-embeddings",
-                "16",
-                "--micro-batch-size",
-                "2",
-                "--global-batch-size",
-                "8",
-                "--lr",
-                "1e-3",
-                "--train-iters",
-                "3",
-                "--log-interval",
-                "1",
-                "--eval-interval",
-                "0",
-                "--split",
-                "100,0,0",
-                "--use-distributed-optimizer",
-                "--DDP-impl",
-                "local",
-                "--save",
-                "ckpt",
-                "--data-cache-path",
-                "cache",
-                "--data-path",
-            ])
+            .args(TINY_RANKS_RUN)
+            .args(["--num-layers", layers, "--train-iters", "3"])
+            .args(["--use-distributed-optimizer", "--DDP-impl", "local"])
+            .args(["--save", "ckpt", "--data-path"])
             .arg(&data)
             .args(extra)
             .current_dir(dir.path())
@@ -529,41 +527,6 @@ fn the_pretrain_binary_runs_under_mpirun() {
         start.elapsed()
     );
 }
-
-/// The run of [`a_stop_signal_saves_once_on_every_rank_and_the_run_continues`]: TP=2 × DP=2
-/// of a one-layer GPT, long enough (200 iterations) that the signal comes before its end.
-const STOP_SIGNAL_RUN: &[&str] = &[
-    "--num-layers",
-    "1",
-    "--hidden-size",
-    "16",
-    "--num-attention-heads",
-    "2",
-    "--seq-length",
-    "16",
-    "--max-position-embeddings",
-    "16",
-    "--micro-batch-size",
-    "2",
-    "--global-batch-size",
-    "8",
-    "--lr",
-    "1e-3",
-    "--lr-decay-style",
-    "constant",
-    "--train-iters",
-    "200",
-    "--log-interval",
-    "1",
-    "--eval-interval",
-    "0",
-    "--split",
-    "100,0,0",
-    "--tensor-model-parallel-size",
-    "2",
-    "--data-cache-path",
-    "cache",
-];
 
 /// The `(iteration, lm loss as printed)` of each iteration line of a `pretrain` log.
 fn logged_losses(stdout: &str) -> Vec<(u64, String)> {
@@ -623,8 +586,16 @@ fn a_stop_signal_saves_once_on_every_rank_and_the_run_continues() {
     let data = golden("wikitext2_valid", "text");
     let command = |extra: &[&str]| {
         let mut cmd = mpirun_command(4);
+        // One layer at TP=2 × DP=2, long enough (200 iterations) that the signal comes first.
         cmd.arg(env!("CARGO_BIN_EXE_pretrain"))
-            .args(STOP_SIGNAL_RUN)
+            .args(TINY_RANKS_RUN)
+            .args(["--num-layers", "1", "--train-iters", "200"])
+            .args([
+                "--lr-decay-style",
+                "constant",
+                "--tensor-model-parallel-size",
+                "2",
+            ])
             .arg("--data-path")
             .arg(&data)
             .args(extra)
