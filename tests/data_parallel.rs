@@ -528,25 +528,6 @@ fn the_pretrain_binary_runs_under_mpirun() {
     );
 }
 
-/// The `(iteration, lm loss as printed)` of each iteration line of a `pretrain` log.
-fn logged_losses(stdout: &str) -> Vec<(u64, String)> {
-    stdout
-        .lines()
-        .filter_map(|l| {
-            let it = l
-                .split(" iteration ")
-                .nth(1)?
-                .split('/')
-                .next()?
-                .trim()
-                .parse()
-                .ok()?;
-            let loss = l.split("lm loss: ").nth(1)?.split(' ').next()?;
-            Some((it, loss.to_owned()))
-        })
-        .collect()
-}
-
 /// Runs `command` (mpirun), sends SIGTERM to one of its ranks once `line` is logged, and
 /// returns whether it exited 0 and its whole stdout.
 fn signal_one_rank_after(mut command: std::process::Command, line: &str) -> (bool, String) {

@@ -421,13 +421,6 @@ fn run_llama3_flags(dir: &Path, extra: &[&str]) -> std::process::Output {
     run_tool(env!("CARGO_BIN_EXE_pretrain"), &args, dir)
 }
 
-/// A run that failed, saying `message`, without a panic.
-fn assert_refused_saying(out: &std::process::Output, message: &str) {
-    let err = stderr(out);
-    assert!(!out.status.success(), "{err}");
-    assert!(err.contains(message) && !err.contains("panicked"), "{err}");
-}
-
 /// The model flags of Megatron's Llama-3 8B examples, as written (sizes scaled down; the
 /// legacy `--use-rotary-position-embeddings --no-position-embedding` pair of its Llama-3.1
 /// script, and the `--position-embedding-type rope` of its FP8 one): `pretrain` trains the model

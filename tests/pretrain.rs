@@ -201,10 +201,8 @@ fn assert_refused(dir: &Path, args: &[&str], extra: &[&str], code: i32, message:
     let mut bad = args.to_vec();
     bad.extend_from_slice(extra);
     let out = run_tool(env!("CARGO_BIN_EXE_pretrain"), &bad, dir);
-    let err = stderr(&out);
-    assert_eq!(out.status.code(), Some(code), "{extra:?}: {err}");
-    assert!(err.contains(message), "{extra:?}: {err}");
-    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(out.status.code(), Some(code), "{extra:?}: {}", stderr(&out));
+    assert_refused_saying(&out, message);
 }
 
 /// `args` with the value of `flag` replaced by `value`.
@@ -605,11 +603,9 @@ fn the_loss_plot_is_drawn_from_the_metrics_and_the_plot_tool_redraws_runs() {
 
 /// The lm-loss values of a pretrain log.
 fn lm_losses(stdout: &str) -> Vec<String> {
-    stdout
-        .lines()
-        .filter(|l| l.contains(" iteration "))
-        .filter_map(|l| l.split("lm loss: ").nth(1))
-        .map(|rest| rest.split(" |").next().unwrap().trim().to_owned())
+    logged_losses(stdout)
+        .into_iter()
+        .map(|(_, loss)| loss)
         .collect()
 }
 

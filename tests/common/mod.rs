@@ -52,6 +52,32 @@ pub fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// A run that failed, saying `message` on stderr, without a panic.
+pub fn assert_refused_saying(out: &Output, message: &str) {
+    let err = stderr(out);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains(message) && !err.contains("panicked"), "{err}");
+}
+
+/// The `(iteration, lm loss as printed)` of each iteration line of a `pretrain` log.
+pub fn logged_losses(stdout: &str) -> Vec<(u64, String)> {
+    stdout
+        .lines()
+        .filter_map(|l| {
+            let it = l
+                .split(" iteration ")
+                .nth(1)?
+                .split('/')
+                .next()?
+                .trim()
+                .parse()
+                .ok()?;
+            let loss = l.split("lm loss: ").nth(1)?.split(' ').next()?;
+            Some((it, loss.to_owned()))
+        })
+        .collect()
+}
+
 /// Names of the files in a directory, sorted.
 pub fn list_dir(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
