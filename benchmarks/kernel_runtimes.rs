@@ -177,7 +177,7 @@ fn row_timings(client: &Client, b: &Buffers, launch: RowLaunch) -> Vec<f64> {
         }),
         time(client, || {
             layer_norm_backward::<f32>(
-                client, launch, x, gamma, dy, mean, rstd, out2, out, &b.row[3], rows, cols,
+                client, launch, x, gamma, dy, mean, rstd, None, out2, out, &b.row[3], rows, cols,
             )
         }),
         time(client, || {

@@ -221,7 +221,7 @@ fn fused_layer_norm_matches_the_composed_ops_with_gradients() {
 }
 
 /// `t` in f16 when `half`.
-fn stored(t: Tensor<3>, half: bool) -> Tensor<3> {
+fn stored<const D: usize>(t: Tensor<D>, half: bool) -> Tensor<D> {
     if half {
         t.cast(burn::tensor::FloatDType::F16)
     } else {
@@ -754,6 +754,53 @@ fn fused_bias_dropout_add_matches_the_composed_ops_with_gradients() {
             let what = format!("bias-dropout-add {name}, p {p}, bias {with_bias}");
             assert_close(&what, f, c, 1e-6);
         }
+    }
+}
+
+/// The residual's gradient joined inside the norm's backward kernel, where the norm and the
+/// fused bias-dropout-add read the same tensor `x`, against the same norm and the composed
+/// residual add, whose two gradients of `x` autodiff sums: `x`'s gradient for LayerNorm and
+/// RMSNorm, in f32 and f16, with the add after the norm's sublayer (a layer's order: the add's
+/// backward runs first) and beside the norm (the same depth in the graph).
+#[test]
+fn the_residual_gradient_joined_in_the_norm_kernel_matches_autodiff_s_sum() {
+    use ferrotron::model::dropout::Dropout;
+    use ferrotron::parallel::random::{enter_layer, seed_micro_batch, RngRegion};
+    let d = device();
+    let dropout = Dropout::new(0.2, RngRegion::Replicated);
+    for (half, rms, after) in [
+        (false, false, true),
+        (false, true, true),
+        (true, false, true),
+        (false, false, false),
+    ] {
+        let x = stored(random([2, 7, 40], 51, 2.0, &d), half);
+        let [w, y0, r1, r2] =
+            [52, 53, 54, 55].map(|seed| stored(random([2, 7, 40], seed, 1.0, &d), half));
+        let [gamma, beta, bias] =
+            [56, 57, 58].map(|seed| stored(random([40], seed, 1.0, &d).add_scalar(1.0), half));
+        let run = |fused_add: bool| {
+            let x = x.clone().require_grad();
+            let normed = match rms {
+                true => rms_norm(x.clone(), gamma.clone(), 1e-5, true),
+                false => layer_norm(x.clone(), gamma.clone(), beta.clone(), 1e-5, true),
+            };
+            seed_micro_batch(5, 1, 0, 0);
+            enter_layer(0);
+            let loss = if after {
+                let y = normed * w.clone();
+                let out = dropout.bias_dropout_add(x.clone(), y, Some(bias.clone()), fused_add);
+                (out * r1.clone()).sum()
+            } else {
+                let out =
+                    dropout.bias_dropout_add(x.clone(), y0.clone(), Some(bias.clone()), fused_add);
+                (out * r1.clone()).sum() + (normed * r2.clone()).sum()
+            };
+            f32_values(x.grad(&loss.backward()).unwrap())
+        };
+        let (joined, summed) = (run(true), run(false));
+        let what = format!("residual join: f16 {half}, RMSNorm {rms}, add after the norm {after}");
+        assert_close(&what, &joined, &summed, if half { 1e-3 } else { 1e-6 });
     }
 }
 

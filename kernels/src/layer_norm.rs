@@ -4,7 +4,7 @@
 use cubecl::prelude::*;
 
 use crate::reduce::row_vector_sum;
-use crate::rows::{row_index, row_length};
+use crate::rows::{joined_with_residual, row_index, row_length};
 
 /// `y = (x − μ) / σ · γ + β` per row of `cols`, σ = √(var + ε) with the biased variance (two
 /// passes: the mean, then the squared deviations). Saves μ and 1/σ per row.
@@ -76,7 +76,8 @@ pub fn layer_norm_forward<F: Float, A: Float, N: Size>(
 }
 
 /// dx of LayerNorm per row: `dx = r · (g − mean(g) − x̂ · mean(g ⊙ x̂))` with `g = dy ⊙ γ`,
-/// `x̂ = (x − μ) · r`.
+/// `x̂ = (x − μ) · r`; with `join`, plus `residual_grad` (the gradient the input has from the
+/// residual add that also reads it: [`joined_with_residual`]).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn layer_norm_backward_input<F: Float, A: Float, N: Size>(
@@ -85,12 +86,14 @@ pub fn layer_norm_backward_input<F: Float, A: Float, N: Size>(
     grad_output: &[Vector<F, N>],
     mean: &[A],
     rstd: &[A],
+    residual_grad: &[Vector<F, N>],
     grad_input: &mut [Vector<F, N>],
     rows: u32,
     cols: u32,
     #[comptime] lanes: u32,
     #[comptime] rows_per_cube: u32,
     #[comptime] plane_reduce: bool,
+    #[comptime] join: bool,
 ) {
     let row = row_index();
     let width = cols as usize / N::value();
@@ -127,7 +130,8 @@ pub fn layer_norm_backward_input<F: Float, A: Float, N: Size>(
         let g =
             Vector::<A, N>::cast_from(grad_output[base + j]) * Vector::<A, N>::cast_from(gamma[j]);
         let x_hat = (Vector::<A, N>::cast_from(input[base + j]) - mus) * rs;
-        grad_input[base + j] = Vector::<F, N>::cast_from(rs * (g - mean_gs - x_hat * mean_gxs));
+        let dx = rs * (g - mean_gs - x_hat * mean_gxs);
+        grad_input[base + j] = joined_with_residual::<F, A, N>(dx, residual_grad, base + j, join);
         j += step;
     }
 }

@@ -7,7 +7,7 @@
 use cubecl::prelude::*;
 
 use crate::reduce::row_vector_sum;
-use crate::rows::{row_index, row_length};
+use crate::rows::{joined_with_residual, row_index, row_length};
 
 /// `y = x · r · γ` per row of `cols`, `r = 1 / √(mean(x²) + ε)` (one pass for the mean of
 /// the squares: no cancellation, unlike a variance). Saves `r` per row.
@@ -55,7 +55,8 @@ pub fn rms_norm_forward<F: Float, A: Float, N: Size>(
     }
 }
 
-/// dx of RMSNorm per row: `dx = r · (g − x̂ · mean(g ⊙ x̂))` with `g = dy ⊙ γ`, `x̂ = x · r`.
+/// dx of RMSNorm per row: `dx = r · (g − x̂ · mean(g ⊙ x̂))` with `g = dy ⊙ γ`, `x̂ = x · r`;
+/// with `join`, plus `residual_grad` ([`joined_with_residual`]).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn rms_norm_backward_input<F: Float, A: Float, N: Size>(
@@ -63,12 +64,14 @@ pub fn rms_norm_backward_input<F: Float, A: Float, N: Size>(
     gamma: &[Vector<F, N>],
     grad_output: &[Vector<F, N>],
     rstd: &[A],
+    residual_grad: &[Vector<F, N>],
     grad_input: &mut [Vector<F, N>],
     rows: u32,
     cols: u32,
     #[comptime] lanes: u32,
     #[comptime] rows_per_cube: u32,
     #[comptime] plane_reduce: bool,
+    #[comptime] join: bool,
 ) {
     let row = row_index();
     let width = cols as usize / N::value();
@@ -100,7 +103,8 @@ pub fn rms_norm_backward_input<F: Float, A: Float, N: Size>(
         let g =
             Vector::<A, N>::cast_from(grad_output[base + j]) * Vector::<A, N>::cast_from(gamma[j]);
         let x_hat = Vector::<A, N>::cast_from(input[base + j]) * rs;
-        grad_input[base + j] = Vector::<F, N>::cast_from(rs * (g - x_hat * mean_gxs));
+        let dx = rs * (g - x_hat * mean_gxs);
+        grad_input[base + j] = joined_with_residual::<F, A, N>(dx, residual_grad, base + j, join);
         j += step;
     }
 }

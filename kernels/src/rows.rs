@@ -40,6 +40,29 @@ pub fn row_length(row: usize, rows: u32, cols: u32) -> usize {
     n
 }
 
+/// A norm's input gradient `dx` (computed in `A`) stored as `F`; with `join`, plus the
+/// gradient the same input has from the residual add that also reads it (`residual_grad` at
+/// `index`), which autodiff would otherwise add in a launch of its own. `dx` is rounded to `F`
+/// before the sum, so in half precision the result has the bits of that separate add
+/// (`round(round(dx) + r)`: f32 holds the sum of two halves exactly enough that rounding it
+/// again is rounding once). In f32 the conversion is nothing, and a compiler that fuses dx's
+/// last multiply with the add (cubecl-cpu's LLVM does) skips dx's rounding: within half an
+/// ulp of dx of the separate add.
+#[cube]
+pub fn joined_with_residual<F: Float, A: Float, N: Size>(
+    dx: Vector<A, N>,
+    residual_grad: &[Vector<F, N>],
+    index: usize,
+    #[comptime] join: bool,
+) -> Vector<F, N> {
+    let dx = Vector::<F, N>::cast_from(dx);
+    if join {
+        let sum = Vector::<A, N>::cast_from(dx) + Vector::<A, N>::cast_from(residual_grad[index]);
+        Vector::<F, N>::cast_from(sum)
+    } else {
+        dx
+    }
+}
 /// The shape of a row kernel's launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RowLaunch {

@@ -426,7 +426,7 @@ fn run_layer_norm_backward(
         poisoned(client, cols),
     );
     layer_norm_backward::<f32>(
-        client, launch, &xh, &gh, &dyh, &mh, &rh, &dx, &dg, &db, rows, cols,
+        client, launch, &xh, &gh, &dyh, &mh, &rh, None, &dx, &dg, &db, rows, cols,
     );
     (
         download(client, dx, x.len()),
@@ -628,7 +628,9 @@ fn run_rms_norm_backward(
 ) -> (Vec<f32>, Vec<f32>) {
     let [xh, gh, dyh, rh] = [x, gamma, dy, rstd].map(|v| upload(client, v));
     let (dx, dg) = (poisoned(client, x.len()), poisoned(client, cols));
-    rms_norm_backward::<f32>(client, launch, &xh, &gh, &dyh, &rh, &dx, &dg, rows, cols);
+    rms_norm_backward::<f32>(
+        client, launch, &xh, &gh, &dyh, &rh, None, &dx, &dg, rows, cols,
+    );
     (download(client, dx, x.len()), download(client, dg, cols))
 }
 
@@ -754,6 +756,95 @@ fn rms_norm_backward_matches_finite_differences_of_the_forward_kernel() {
             "dgamma[{j}]: {} vs {d}",
             dg[j]
         );
+    }
+}
+
+/// The norms' dx joined with the gradient the same input has from the residual add
+/// (`residual_grad`, one launch): the bits of dx stored, then the two added in the storage
+/// type, as autodiff's separate add gives them — in each half type the device stores, for
+/// every row launch shape; in f32 the same up to dx's own rounding.
+#[test]
+fn norm_backward_joins_the_residual_gradient_with_the_bits_of_a_separate_add() {
+    let client = client();
+    for launch in launches(&client) {
+        for (rows, cols) in [(3, 17), (5, 256)] {
+            joined_norm_backward_matches_a_separate_add::<f32>(&client, launch, rows, cols);
+            joined_norm_backward_matches_a_separate_add::<half::f16>(&client, launch, rows, cols);
+            joined_norm_backward_matches_a_separate_add::<half::bf16>(&client, launch, rows, cols);
+        }
+    }
+}
+
+/// [`norm_backward_joins_the_residual_gradient_with_the_bits_of_a_separate_add`] for `H`:
+/// LayerNorm's and RMSNorm's dx, without and with the join (nothing where the device does not
+/// store `H`).
+fn joined_norm_backward_matches_a_separate_add<H: Storage>(
+    client: &Client,
+    launch: RowLaunch,
+    rows: usize,
+    cols: usize,
+) {
+    if !client.properties().supports_type(H::cube_type()) {
+        return;
+    }
+    let mut rng = Rng(23);
+    let x = rounded::<H>(&rng.vec(rows * cols, -3.0, 3.0));
+    let gamma = rounded::<H>(&rng.vec(cols, 0.5, 1.5));
+    let dy = rounded::<H>(&rng.vec(rows * cols, -1.0, 1.0));
+    let residual = rounded::<H>(&rng.vec(rows * cols, -1.0, 1.0));
+    let stats = run_layer_norm(
+        client,
+        launch,
+        &x,
+        &gamma,
+        &vec![0.0; cols],
+        rows,
+        cols,
+        1e-5,
+    );
+    let rms_stats = run_rms_norm(client, launch, &x, &gamma, rows, cols, 1e-5);
+    let [xh, gh, dyh, rh] = [&x, &gamma, &dy, &residual].map(|v| upload_as::<H>(client, v));
+    let [mean, rstd, rms_rstd] =
+        [&stats.mean, &stats.rstd, &rms_stats.rstd].map(|v| upload(client, v));
+    let n = rows * cols;
+    let dx = |rms: bool, join: Option<&Handle>| {
+        let (dxh, dgh, dbh) = (
+            poisoned_as::<H>(client, n),
+            poisoned_as::<H>(client, cols),
+            poisoned_as::<H>(client, cols),
+        );
+        if rms {
+            rms_norm_backward::<H>(
+                client, launch, &xh, &gh, &dyh, &rms_rstd, join, &dxh, &dgh, rows, cols,
+            );
+        } else {
+            layer_norm_backward::<H>(
+                client, launch, &xh, &gh, &dyh, &mean, &rstd, join, &dxh, &dgh, &dbh, rows, cols,
+            );
+        }
+        download_as::<H>(client, dxh, n)
+    };
+    for rms in [false, true] {
+        let separate = dx(rms, None);
+        let want: Vec<f32> = rounded::<H>(
+            &separate
+                .iter()
+                .zip(&residual)
+                .map(|(a, b)| a + b)
+                .collect::<Vec<_>>(),
+        );
+        let joined = dx(rms, Some(&rh));
+        let what = format!("{} rms {rms} {rows}×{cols} {launch:?}", H::NAME);
+        for (i, ((g, w), d)) in joined.iter().zip(&want).zip(&separate).enumerate() {
+            // In f32 dx is not converted before the add, and a compiler may fuse its last
+            // multiply with the add (cubecl-cpu's LLVM does): dx then skips one rounding.
+            let skipped_rounding = match H::NAME {
+                "f32" => H::ULP * d.abs() as f64 / 2.0 + H::ULP * w.abs() as f64,
+                _ => 0.0,
+            };
+            let err = (g - w).abs() as f64;
+            assert!(err <= skipped_rounding, "{what}: element {i}: {g} vs {w}");
+        }
     }
 }
 
@@ -1651,7 +1742,7 @@ fn half_layer_norm_matches_f32<H: Storage>(client: &Client, launch: RowLaunch, r
         poisoned_as::<H>(client, cols),
     );
     layer_norm_backward::<H>(
-        client, launch, &xh, &gh, &dyh, &mh, &rh, &dxh, &dgh, &dbh, rows, cols,
+        client, launch, &xh, &gh, &dyh, &mh, &rh, None, &dxh, &dgh, &dbh, rows, cols,
     );
     assert_within_an_ulp::<H>(
         "layer norm dx",
@@ -1759,7 +1850,9 @@ fn half_rms_norm_matches_f32<H: Storage>(client: &Client, launch: RowLaunch, rng
         poisoned_as::<H>(client, rows * cols),
         poisoned_as::<H>(client, cols),
     );
-    rms_norm_backward::<H>(client, launch, &xh, &gh, &dyh, &rh, &dxh, &dgh, rows, cols);
+    rms_norm_backward::<H>(
+        client, launch, &xh, &gh, &dyh, &rh, None, &dxh, &dgh, rows, cols,
+    );
     assert_within_an_ulp::<H>(
         "rms norm dx",
         &download_as::<H>(client, dxh, rows * cols),

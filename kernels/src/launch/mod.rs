@@ -101,9 +101,9 @@ fn half_precision_instantiates(client: &Client, h: &Handle) {
         causal_softmax_dropped::<F>(client, rows, h, h, NO_DRAW, shape, 1.0);
         softmax_backward::<F>(client, rows, h, h, h, shape, true, 1.0, None, None);
         layer_norm_forward::<F>(client, rows, h, h, h, h, h, h, 1, 1, 1e-5);
-        layer_norm_backward::<F>(client, rows, h, h, h, h, h, h, h, h, 1, 1);
+        layer_norm_backward::<F>(client, rows, h, h, h, h, h, Some(h), h, h, h, 1, 1);
         rms_norm_forward::<F>(client, rows, h, h, h, h, 1, 1, 1e-5);
-        rms_norm_backward::<F>(client, rows, h, h, h, h, h, h, 1, 1);
+        rms_norm_backward::<F>(client, rows, h, h, h, h, Some(h), h, h, 1, 1);
         swiglu_forward::<F>(client, h, h, h, 1);
         swiglu_backward::<F>(client, h, h, h, [h, h], 1);
         for tanh in [false, true] {

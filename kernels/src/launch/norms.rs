@@ -48,7 +48,8 @@ pub fn layer_norm_forward<F: Float + CubeElement>(
     );
 }
 
-/// LayerNorm backward: `grad_input` per row, and `grad_gamma`, `grad_beta` (`cols` each)
+/// LayerNorm backward: `grad_input` per row (plus `residual_grad`, when given, in the same
+/// launch: [`crate::rows::joined_with_residual`]), and `grad_gamma`, `grad_beta` (`cols` each)
 /// summed over the rows in one launch ([`layer_norm_param_gradients`]): two launches in all.
 #[allow(clippy::too_many_arguments)]
 pub fn layer_norm_backward<F: Float + CubeElement>(
@@ -59,6 +60,7 @@ pub fn layer_norm_backward<F: Float + CubeElement>(
     grad_output: &Handle,
     mean: &Handle,
     rstd: &Handle,
+    residual_grad: Option<&Handle>,
     grad_input: &Handle,
     grad_gamma: &Handle,
     grad_beta: &Handle,
@@ -79,12 +81,14 @@ pub fn layer_norm_backward<F: Float + CubeElement>(
         arg(grad_output, rows * cols),
         arg(mean, rows),
         arg(rstd, rows),
+        arg(residual_grad.unwrap_or(grad_output), rows * cols),
         arg(grad_input, rows * cols),
         rows as u32,
         cols as u32,
         launch.lanes,
         launch.rows_per_cube,
         launch.plane_reduce,
+        residual_grad.is_some(),
     );
     layer_norm_param_gradients::<F>(
         client,
@@ -136,8 +140,9 @@ pub fn rms_norm_forward<F: Float + CubeElement>(
     );
 }
 
-/// RMSNorm backward: `grad_input` per row, and `grad_gamma` (`cols`) summed over the rows in
-/// one launch ([`rms_norm_gamma_gradient`]), as LayerNorm's dγ.
+/// RMSNorm backward: `grad_input` per row (plus `residual_grad`, when given, in the same
+/// launch), and `grad_gamma` (`cols`) summed over the rows in one launch
+/// ([`rms_norm_gamma_gradient`]), as LayerNorm's dγ.
 #[allow(clippy::too_many_arguments)]
 pub fn rms_norm_backward<F: Float + CubeElement>(
     client: &Client,
@@ -146,6 +151,7 @@ pub fn rms_norm_backward<F: Float + CubeElement>(
     gamma: &Handle,
     grad_output: &Handle,
     rstd: &Handle,
+    residual_grad: Option<&Handle>,
     grad_input: &Handle,
     grad_gamma: &Handle,
     rows: usize,
@@ -164,12 +170,14 @@ pub fn rms_norm_backward<F: Float + CubeElement>(
         arg(gamma, cols),
         arg(grad_output, rows * cols),
         arg(rstd, rows),
+        arg(residual_grad.unwrap_or(grad_output), rows * cols),
         arg(grad_input, rows * cols),
         rows as u32,
         cols as u32,
         launch.lanes,
         launch.rows_per_cube,
         launch.plane_reduce,
+        residual_grad.is_some(),
     );
     rms_norm_gamma_gradient::<F>(
         client,

@@ -10,13 +10,15 @@
 //! autodiff does for the composed ops: the residual gets the output's gradient as is, `y` the
 //! gradient dropped with the same mask, the bias its sum over rows: one launch of the
 //! column-sum kernel dropping the gradient on the way (the dropout kernel and the column sums
-//! were two launches and two reads of the gradient; 48 launches of GPT-2 345M's step).
+//! were two launches and two reads of the gradient; 48 launches of GPT-2 345M's step). The
+//! residual's gradient goes to the norm that also reads the residual, whose backward kernel
+//! adds it ([`super::residual_join`]), where autodiff would add the two in a launch of its own.
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
-use burn::backend::autodiff::Autodiff;
+use burn::backend::autodiff::{Autodiff, NodeId};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{backend_extension, Backend, Dispatch, TensorMetadata};
 use burn::tensor::Shape;
@@ -26,6 +28,7 @@ use burn_cubecl::CubeBackend;
 use ferrotron_kernels::launch::{ColumnLaunch, DrawSlice, DropoutDraw};
 
 use super::bias_gradient::BiasGradKernels;
+use super::residual_join::ResidualJoin;
 use super::{dropout_draw, same_dtype};
 use crate::util::cube_tensor::{by_dtype, empty_like, packed, rows_cols};
 
@@ -212,8 +215,26 @@ impl<B: DropoutKernels> Backward<B, 1> for DropoutBackward {
 #[derive(Debug)]
 struct BiasDropoutAddBackward;
 
-/// The draw and the slice of it `y` holds.
-type State = (Option<DropoutDraw>, DrawSlice);
+/// The draw, the slice of it `y` holds, and the join with the norm reading the residual.
+type State<B> = (Option<DropoutDraw>, DrawSlice, Option<ResidualJoin<B>>);
+
+/// The residual's gradient (the output's, as is): to the norm that also reads the residual if
+/// it joins them, otherwise registered.
+fn register_residual<B: Backend>(
+    grads: &mut Gradients,
+    residual: Option<NodeId>,
+    grad: FloatTensor<B>,
+    join: Option<ResidualJoin<B>>,
+) {
+    let Some(residual) = residual else { return };
+    let unjoined = match join {
+        Some(join) => join.hand_over(grad),
+        None => Some(grad),
+    };
+    if let Some(grad) = unjoined {
+        grads.register::<B>(residual, grad);
+    }
+}
 
 /// `y`'s gradient from the output's: dropped with the forward's mask.
 fn y_grad<B: DropoutKernels>(
@@ -228,11 +249,11 @@ fn y_grad<B: DropoutKernels>(
 }
 
 impl<B: DropoutKernels> Backward<B, 3> for BiasDropoutAddBackward {
-    type State = State;
+    type State = State<B>;
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
         let [residual, y, bias] = ops.parents;
-        let (draw, slice) = ops.state;
+        let (draw, slice, join) = ops.state;
         let grad = grads.consume::<B>(&ops.node);
         let grad_y = match (&bias, draw) {
             (Some(bias), Some(draw)) => {
@@ -251,26 +272,22 @@ impl<B: DropoutKernels> Backward<B, 3> for BiasDropoutAddBackward {
         if let Some(y) = y {
             grads.register::<B>(y.id, grad_y);
         }
-        if let Some(residual) = residual {
-            grads.register::<B>(residual.id, grad);
-        }
+        register_residual::<B>(grads, residual.map(|r| r.id), grad, join);
     }
 }
 
 impl<B: DropoutKernels> Backward<B, 2> for BiasDropoutAddBackward {
-    type State = State;
+    type State = State<B>;
 
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
         let [residual, y] = ops.parents;
-        let (draw, slice) = ops.state;
+        let (draw, slice, join) = ops.state;
         let grad = grads.consume::<B>(&ops.node);
         let grad_y = y_grad::<B>(&grad, draw, slice);
         if let Some(y) = y {
             grads.register::<B>(y.id, grad_y);
         }
-        if let Some(residual) = residual {
-            grads.register::<B>(residual.id, grad);
-        }
+        register_residual::<B>(grads, residual.map(|r| r.id), grad, join);
     }
 }
 
@@ -282,7 +299,7 @@ fn tracked<B: DropoutKernels, C: CheckpointStrategy, const N: usize>(
     slice: DrawSlice,
 ) -> FloatTensor<Autodiff<B, C>>
 where
-    BiasDropoutAddBackward: Backward<B, N, State = State>,
+    BiasDropoutAddBackward: Backward<B, N, State = State<B>>,
 {
     let mut primitives = Vec::with_capacity(N);
     let nodes = inputs.map(|t| {
@@ -290,6 +307,7 @@ where
         primitives.push(primitive);
         node
     });
+    let residual_node = nodes[0].id();
     let mut primitives = primitives.into_iter();
     let (residual, y) = (primitives.next().unwrap(), primitives.next().unwrap());
     let bias = primitives.next();
@@ -300,7 +318,8 @@ where
     {
         OpsKind::Tracked(prep) => {
             let output = B::bias_dropout_add_apply(residual, y, bias, draw, slice);
-            prep.finish((draw, slice), output)
+            let join = ResidualJoin::claim(residual_node);
+            prep.finish((draw, slice, join), output)
         }
         OpsKind::UnTracked(prep) => {
             prep.finish(B::bias_dropout_add_apply(residual, y, bias, draw, slice))

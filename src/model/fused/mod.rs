@@ -16,6 +16,7 @@ mod dropout;
 mod flash_attention;
 mod norms;
 mod qkv_rows;
+mod residual_join;
 mod rotary;
 mod softmax;
 

@@ -1,7 +1,8 @@
 //! LayerNorm and RMSNorm over the last dimension, fused: one kernel forward (saving the
 //! per-row statistics in f32), and a backward of one kernel for dx and one for the
 //! parameters' gradients summed over the rows (the column-sum kernel), where burn's composed
-//! norms take about a dozen launches each way.
+//! norms take about a dozen launches each way. The dx kernel also adds the gradient the input
+//! has from the residual add that reads it too ([`super::residual_join`]).
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -15,6 +16,7 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
 use ferrotron_kernels::launch::RowLaunch;
 
+use super::residual_join::ResidualJoin;
 use super::same_dtype;
 use crate::util::cube_tensor::{by_dtype, empty_like, packed, rows_cols};
 
@@ -27,13 +29,15 @@ pub trait NormKernels: Backend {
         beta: FloatTensor<Self>,
         epsilon: f32,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
-    /// LayerNorm backward: dx, dγ, dβ.
+    /// LayerNorm backward: dx (plus `residual_grad`, the input's gradient from its other use,
+    /// when given), dγ, dβ.
     fn layer_norm_backward(
         x: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
         dy: FloatTensor<Self>,
         mean: FloatTensor<Self>,
         rstd: FloatTensor<Self>,
+        residual_grad: Option<FloatTensor<Self>>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
     /// RMSNorm over the last dimension: output, and the per-row 1/rms (f32).
     fn rms_norm_forward(
@@ -41,12 +45,13 @@ pub trait NormKernels: Backend {
         gamma: FloatTensor<Self>,
         epsilon: f32,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
-    /// RMSNorm backward: dx, dγ.
+    /// RMSNorm backward: dx (plus `residual_grad` when given), dγ.
     fn rms_norm_backward(
         x: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
         dy: FloatTensor<Self>,
         rstd: FloatTensor<Self>,
+        residual_grad: Option<FloatTensor<Self>>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
 }
 
@@ -105,8 +110,10 @@ impl NormKernels for CubeBackend {
         dy: CubeTensor,
         mean: CubeTensor,
         rstd: CubeTensor,
+        residual_grad: Option<CubeTensor>,
     ) -> (CubeTensor, CubeTensor, CubeTensor) {
         let (x, gamma, dy) = (packed(x), packed(gamma), packed(dy));
+        let residual_grad = residual_grad.map(|r| joinable(&x, r));
         let shape = x.shape();
         let (rows, cols) = rows_cols(&shape);
         let dx = empty_like(&x, shape, x.dtype);
@@ -122,6 +129,7 @@ impl NormKernels for CubeBackend {
             &dy.handle,
             &mean.handle,
             &rstd.handle,
+            residual_grad.as_ref().map(|r| &r.handle),
             &dx.handle,
             &dgamma.handle,
             &dbeta.handle,
@@ -163,9 +171,11 @@ impl NormKernels for CubeBackend {
         gamma: CubeTensor,
         dy: CubeTensor,
         rstd: CubeTensor,
+        residual_grad: Option<CubeTensor>,
     ) -> (CubeTensor, CubeTensor) {
         let (x, gamma, dy) = (packed(x), packed(gamma), packed(dy));
         same_dtype("RMSNorm's output gradient", &x, &dy);
+        let residual_grad = residual_grad.map(|r| joinable(&x, r));
         let shape = x.shape();
         let (rows, cols) = rows_cols(&shape);
         let dx = empty_like(&x, shape, x.dtype);
@@ -179,6 +189,7 @@ impl NormKernels for CubeBackend {
             &gamma.handle,
             &dy.handle,
             &rstd.handle,
+            residual_grad.as_ref().map(|r| &r.handle),
             &dx.handle,
             &dgamma.handle,
             rows,
@@ -186,6 +197,19 @@ impl NormKernels for CubeBackend {
         );
         (dx, dgamma)
     }
+}
+
+/// The residual add's gradient of `x`, as the dx kernel reads it: contiguous, `x`'s shape
+/// and dtype.
+fn joinable(x: &CubeTensor, residual_grad: CubeTensor) -> CubeTensor {
+    let residual_grad = packed(residual_grad);
+    same_dtype("the residual's gradient", x, &residual_grad);
+    assert_eq!(
+        residual_grad.shape(),
+        x.shape(),
+        "the residual's gradient's shape"
+    );
+    residual_grad
 }
 
 impl NormOps for CubeBackend {
@@ -207,19 +231,21 @@ impl NormOps for CubeBackend {
 struct LayerNormBackward;
 
 impl<B: NormKernels> Backward<B, 3> for LayerNormBackward {
-    /// x, γ, mean, 1/σ.
+    /// x, γ, mean, 1/σ, and the join with x's residual add.
     type State = (
         FloatTensor<B>,
         FloatTensor<B>,
         FloatTensor<B>,
         FloatTensor<B>,
+        ResidualJoin<B>,
     );
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
         let [px, pgamma, pbeta] = ops.parents;
         let grad = grads.consume::<B>(&ops.node);
-        let (x, gamma, mean, rstd) = ops.state;
-        let (dx, dgamma, dbeta) = B::layer_norm_backward(x, gamma, grad, mean, rstd);
+        let (x, gamma, mean, rstd, join) = ops.state;
+        let residual = join.take();
+        let (dx, dgamma, dbeta) = B::layer_norm_backward(x, gamma, grad, mean, rstd, residual);
         if let Some(p) = px {
             grads.register::<B>(p.id, dx);
         }
@@ -236,14 +262,20 @@ impl<B: NormKernels> Backward<B, 3> for LayerNormBackward {
 struct RmsNormBackward;
 
 impl<B: NormKernels> Backward<B, 2> for RmsNormBackward {
-    /// x, γ, 1/rms.
-    type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>);
+    /// x, γ, 1/rms, and the join with x's residual add.
+    type State = (
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+        ResidualJoin<B>,
+    );
 
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
         let [px, pgamma] = ops.parents;
         let grad = grads.consume::<B>(&ops.node);
-        let (x, gamma, rstd) = ops.state;
-        let (dx, dgamma) = B::rms_norm_backward(x, gamma, grad, rstd);
+        let (x, gamma, rstd, join) = ops.state;
+        let residual = join.take();
+        let (dx, dgamma) = B::rms_norm_backward(x, gamma, grad, rstd, residual);
         if let Some(p) = px {
             grads.register::<B>(p.id, dx);
         }
@@ -261,6 +293,7 @@ impl<B: NormKernels + NormOps, C: CheckpointStrategy> NormOps for Autodiff<B, C>
         epsilon: f32,
     ) -> FloatTensor<Self> {
         let (x, nx) = x.into_parts();
+        let input = nx.id();
         let (gamma, ngamma) = gamma.into_parts();
         let (beta, nbeta) = beta.into_parts();
         match LayerNormBackward
@@ -271,7 +304,8 @@ impl<B: NormKernels + NormOps, C: CheckpointStrategy> NormOps for Autodiff<B, C>
             OpsKind::Tracked(prep) => {
                 let (y, mean, rstd) =
                     B::layer_norm_forward(x.clone(), gamma.clone(), beta, epsilon);
-                prep.finish((x, gamma, mean, rstd), y)
+                let join = ResidualJoin::offer(input);
+                prep.finish((x, gamma, mean, rstd, join), y)
             }
             OpsKind::UnTracked(prep) => {
                 prep.finish(B::layer_norm_forward(x, gamma, beta, epsilon).0)
@@ -285,6 +319,7 @@ impl<B: NormKernels + NormOps, C: CheckpointStrategy> NormOps for Autodiff<B, C>
         epsilon: f32,
     ) -> FloatTensor<Self> {
         let (x, nx) = x.into_parts();
+        let input = nx.id();
         let (gamma, ngamma) = gamma.into_parts();
         match RmsNormBackward
             .prepare::<C>([nx, ngamma])
@@ -293,7 +328,7 @@ impl<B: NormKernels + NormOps, C: CheckpointStrategy> NormOps for Autodiff<B, C>
         {
             OpsKind::Tracked(prep) => {
                 let (y, rstd) = B::rms_norm_forward(x.clone(), gamma.clone(), epsilon);
-                prep.finish((x, gamma, rstd), y)
+                prep.finish((x, gamma, rstd, ResidualJoin::offer(input)), y)
             }
             OpsKind::UnTracked(prep) => prep.finish(B::rms_norm_forward(x, gamma, epsilon).0),
         }
