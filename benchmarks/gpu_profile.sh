@@ -233,7 +233,8 @@ say "## Per-kernel GPU time (CubeCL profile, bf16 with dropout, ${PROFILE_FLAGS:
 say '```'
 # shellcheck disable=SC2086
 if CUBECL_DEBUG_OPTION=profile CUBECL_DEBUG_LOG="$WORK/logs/prof5.txt" step profile-5 90 40 pretrain_model "$P" profile-5 5 $PROFILE_FLAGS $B; then
-  "$PY" benchmarks/kernel_profile_summary.py "$WORK/logs/prof5.txt" --after AdamStep 2 2>&1 | tee -a "$R"
+  "$PY" benchmarks/kernel_profile_summary.py "$WORK/logs/prof5.txt" --after AdamStep 2 \
+    --watch benchmarks/watched_kernels.tsv 2>&1 | tee -a "$R"
 fi
 say '```'
 say ""

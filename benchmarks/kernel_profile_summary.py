@@ -1,8 +1,8 @@
 """Sums a CubeCL profile log (CUBECL_DEBUG_OPTION=profile CUBECL_DEBUG_LOG=FILE) by kernel
 class: each launch's line is `| <duration> | <kernel name>`.
 
-usage: python kernel_profile_summary.py LONG_LOG LONG_ITERS [SHORT_LOG SHORT_ITERS]
-       python kernel_profile_summary.py LOG --after MARKER SKIP
+usage: python kernel_profile_summary.py LONG_LOG LONG_ITERS [SHORT_LOG SHORT_ITERS] [--watch TSV]
+       python kernel_profile_summary.py LOG --after MARKER SKIP [--watch TSV]
 With two logs of the same run at two lengths, the difference is the steady-state iterations
 alone (start-up, initialisation and the first iteration cancel). An autotuning build logs its
 tuning launches and CubeCL's device probes too, in amounts that differ from run to run, so
@@ -10,7 +10,9 @@ the difference can be negative: then use one log and `--after`, which counts the
 between the end of the SKIP-th and the end of the last iteration, an iteration ending at a run
 of launches whose name matches the regular expression MARKER (the optimizer's last kernel,
 e.g. `AdamStep`). Prints launches and GPU milliseconds per class per iteration, and the ten
-costliest and ten most launched kernels.
+costliest and ten most launched kernels; with `--watch TSV` (benchmarks/watched_kernels.tsv)
+also the kernels it names beside an earlier profile's figures, so that a GPU run answers the
+predictions made without one at a glance.
 """
 import os
 import re
@@ -78,7 +80,29 @@ def read_after(path, marker, skip, by_class, by_name):
     return len(ends) - skip
 
 
+def watched(path, by_name, iterations):
+    """The kernels `path` names (pattern, launches and ms per iteration then, what changed),
+    each with this profile's launches and ms per iteration."""
+    print(f"kernels named in {path} (then: its earlier profile; now: this one):")
+    print("| kernel | launches/it then | now | GPU ms/it then | now | what changed |")
+    print("|---|---|---|---|---|---|")
+    with open(path) as f:
+        for line in f:
+            if line.startswith("#") or not line.strip():
+                continue
+            pattern, then_n, then_ms, change = line.rstrip("\n").split("\t")
+            found = [v for name, v in by_name.items() if re.search(pattern, name)]
+            n = sum(c for c, _ in found) / iterations
+            ms = sum(m for _, m in found) / iterations
+            print(f"| `{pattern}` | {then_n} | {n:.0f} | {then_ms} | {ms:.2f} | {change} |")
+
+
 def main():
+    watch = None
+    if "--watch" in sys.argv:
+        at = sys.argv.index("--watch")
+        watch = sys.argv[at + 1]
+        del sys.argv[at:at + 2]
     after = len(sys.argv) > 2 and sys.argv[2] == "--after"
     missing = [p for p in (sys.argv[1:2] if after else sys.argv[1::2]) if not os.path.exists(p)]
     if missing:
@@ -107,6 +131,8 @@ def main():
         print(f"ten {title} kernels:")
         for name, (n, ms) in sorted(by_name.items(), key=lambda kv: -kv[1][key])[:10]:
             print(f"  {ms / iterations:9.2f} ms/it  {n / iterations:6.0f} launches/it  {name}")
+    if watch:
+        watched(watch, by_name, iterations)
 
 
 main()
