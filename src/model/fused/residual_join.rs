@@ -12,6 +12,12 @@
 //! Whatever the order the two backwards run in, the sum is formed once: a join whose norm ran
 //! first gives the gradient back to be registered as usual. A norm whose input no residual
 //! add claims (the final norm, query/key norms) is left as it was.
+//!
+//! Why a link between the two ops and not a look into autodiff's gradients from the norm's
+//! backward: burn's `Gradients` can only be asked for a node's gradient by a call that panics
+//! when there is none (`consume`), or through the input's `AutodiffTensor` (`get`, `remove`),
+//! which a backward step may not keep (it holds the graph's reference count). Summing is
+//! `Gradients::register`'s, in burn; the link leaves it as it is.
 
 use std::any::Any;
 use std::cell::RefCell;
