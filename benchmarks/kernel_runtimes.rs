@@ -20,7 +20,7 @@ const REPS: usize = 3;
 /// Rounds per mode (alternating); the median is reported.
 const ROUNDS: usize = 3;
 
-const KERNELS: [&str; 21] = [
+const KERNELS: [&str; 23] = [
     "causal softmax 16×1024×1024, forward",
     "softmax backward",
     "causal softmax with the dropout of its output, one kernel",
@@ -29,6 +29,8 @@ const KERNELS: [&str; 21] = [
     "softmax backward through its dropout, one kernel",
     "the same, writing the dropped probabilities again (the forward keeps only the probabilities)",
     "the dropout kernel's backward, then the softmax backward",
+    "a recomputed core's backward: the softmax forward, then its backward writing the dropped probabilities",
+    "the same from the scores, one kernel (the probabilities formed again inside it)",
     "layernorm 8192×1024, forward",
     "layernorm backward (dx, dγ, dβ)",
     "rmsnorm 8192×1024, forward",
@@ -154,6 +156,19 @@ fn softmax_timings(client: &Client, b: &Buffers, launch: RowLaunch) -> Vec<f64> 
             dropout::<f32>(client, dy, &b.out3, scores.len(), draw);
             softmax_backward::<f32>(
                 client, launch, out, &b.out3, out2, scores, true, 0.125, None, None,
+            )
+        }),
+        time(client, || {
+            let (draw, again) = (Some(draw), Some(&b.out3));
+            softmax_forward::<f32>(client, launch, x, causal, out, None, scores, 0.125);
+            softmax_backward::<f32>(
+                client, launch, out, dy, out2, scores, true, 0.125, draw, again,
+            )
+        }),
+        time(client, || {
+            let (draw, dropped) = (Some(draw), &b.out3);
+            softmax_backward_from_scores::<f32>(
+                client, launch, x, dy, out2, dropped, scores, 0.125, draw,
             )
         }),
     ]

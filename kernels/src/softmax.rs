@@ -41,6 +41,89 @@ fn kept<N: Size>(
     keep
 }
 
+/// What a softmax row's probabilities are formed from: `scale`, the row's maximum of
+/// `scale · x` over its kept keys and `1 / Σ exp(scale · x − max)` (0 for a row with none),
+/// each in every lane of a vector.
+#[derive(CubeType, Clone, Copy)]
+struct RowStatistics<A: Float, N: Size> {
+    scale: Vector<A, N>,
+    maxes: Vector<A, N>,
+    inverse_sum: Vector<A, N>,
+}
+
+/// The [`RowStatistics`] of the kept keys of a row's first `seen` vectors (`base` and
+/// `mask_base` count vectors): a pass for the maximum, a pass for the sum.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn row_statistics<F: Float, A: Float, N: Size>(
+    input: &[Vector<F, N>],
+    mask: &[Vector<u32, N>],
+    base: usize,
+    mask_base: usize,
+    causal_limit: usize,
+    seen: usize,
+    scale: f32,
+    #[comptime] use_mask: bool,
+    #[comptime] lanes: u32,
+    #[comptime] rows_per_cube: u32,
+    #[comptime] plane_reduce: bool,
+) -> RowStatistics<A, N> {
+    let scale = Vector::<A, N>::new(A::cast_from(scale));
+    let (lowest, zero) = (
+        Vector::<A, N>::new(A::new(-3.0e38)),
+        Vector::<A, N>::new(A::new(0.0)),
+    );
+    let mut local_max = lowest;
+    let mut j = UNIT_POS_X as usize;
+    while j < seen {
+        let keep = kept::<N>(mask, mask_base, j, causal_limit, use_mask);
+        let x = scale * Vector::<A, N>::cast_from(input[base + j]);
+        local_max = max(local_max, select_many(keep, x, lowest));
+        j += lanes as usize;
+    }
+    let max = row_vector_max::<A, N>(local_max, lanes, rows_per_cube, plane_reduce);
+    let maxes = Vector::<A, N>::new(max);
+    let mut local_sum = zero;
+    j = UNIT_POS_X as usize;
+    while j < seen {
+        let keep = kept::<N>(mask, mask_base, j, causal_limit, use_mask);
+        let e = Vector::exp(scale * Vector::<A, N>::cast_from(input[base + j]) - maxes);
+        local_sum += select_many(keep, e, zero);
+        j += lanes as usize;
+    }
+    let sum = row_vector_sum::<A, N>(local_sum, lanes, rows_per_cube, plane_reduce);
+    RowStatistics::<A, N> {
+        scale,
+        maxes,
+        inverse_sum: Vector::<A, N>::new(select(sum > A::new(0.0), A::new(1.0) / sum, A::new(0.0))),
+    }
+}
+
+/// The probabilities of the row's vector `j`, stored as `F` (0 at the keys not kept), from
+/// the row's `statistics`: the one expression every softmax here writes, so that a kernel
+/// forming them again gets the forward's bits.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn probability<F: Float, A: Float, N: Size>(
+    input: &[Vector<F, N>],
+    mask: &[Vector<u32, N>],
+    base: usize,
+    mask_base: usize,
+    j: usize,
+    causal_limit: usize,
+    statistics: &RowStatistics<A, N>,
+    #[comptime] use_mask: bool,
+) -> Vector<F, N> {
+    let keep = kept::<N>(mask, mask_base, j, causal_limit, use_mask);
+    let scale = statistics.scale;
+    let e = Vector::exp(scale * Vector::<A, N>::cast_from(input[base + j]) - statistics.maxes);
+    Vector::<F, N>::cast_from(select_many(
+        keep,
+        e * statistics.inverse_sum,
+        Vector::<A, N>::new(A::new(0.0)),
+    ))
+}
+
 /// Softmax of one row of `sk` (`width` vectors of `N`) over the columns `j` where `keep(j)`;
 /// writes `output` and, with `drop`, its dropout into `dropped` (the draw `(key_lo, key_hi)`
 /// over the whole tensor, elements below `threshold` dropped, the others times
@@ -70,43 +153,34 @@ fn masked_row_softmax<F: Float, A: Float, N: Size>(
     #[comptime] rows_per_cube: u32,
     #[comptime] plane_reduce: bool,
 ) {
-    let u = UNIT_POS_X as usize;
     let step = lanes as usize;
-    let scale = Vector::<A, N>::new(A::cast_from(scale));
-    let (lowest, zero) = (
-        Vector::<A, N>::new(A::new(-3.0e38)),
-        Vector::<A, N>::new(A::new(0.0)),
-    );
     // The vectors holding a key before the causal limit: those after it are never read.
     let seen = min(width, causal_limit.div_ceil(N::value()));
-
-    let mut local_max = lowest;
-    let mut j = u;
+    let statistics = row_statistics::<F, A, N>(
+        input,
+        mask,
+        base,
+        mask_base,
+        causal_limit,
+        seen,
+        scale,
+        use_mask,
+        lanes,
+        rows_per_cube,
+        plane_reduce,
+    );
+    let mut j = UNIT_POS_X as usize;
     while j < seen {
-        let keep = kept::<N>(mask, mask_base, j, causal_limit, use_mask);
-        let x = scale * Vector::<A, N>::cast_from(input[base + j]);
-        local_max = max(local_max, select_many(keep, x, lowest));
-        j += step;
-    }
-    let max = row_vector_max::<A, N>(local_max, lanes, rows_per_cube, plane_reduce);
-    let maxes = Vector::<A, N>::new(max);
-
-    let mut local_sum = zero;
-    j = u;
-    while j < seen {
-        let keep = kept::<N>(mask, mask_base, j, causal_limit, use_mask);
-        let e = Vector::exp(scale * Vector::<A, N>::cast_from(input[base + j]) - maxes);
-        local_sum += select_many(keep, e, zero);
-        j += step;
-    }
-    let sum = row_vector_sum::<A, N>(local_sum, lanes, rows_per_cube, plane_reduce);
-    let inv = Vector::<A, N>::new(select(sum > A::new(0.0), A::new(1.0) / sum, A::new(0.0)));
-
-    j = u;
-    while j < seen {
-        let keep = kept::<N>(mask, mask_base, j, causal_limit, use_mask);
-        let e = Vector::exp(scale * Vector::<A, N>::cast_from(input[base + j]) - maxes);
-        let y = Vector::<F, N>::cast_from(select_many(keep, e * inv, zero));
+        let y = probability::<F, A, N>(
+            input,
+            mask,
+            base,
+            mask_base,
+            j,
+            causal_limit,
+            &statistics,
+            use_mask,
+        );
         if keep_output {
             output[base + j] = y;
         }
@@ -304,6 +378,102 @@ pub fn softmax_backward<F: Float, A: Float, N: Size>(
         if drop && redrop {
             dropped[base + j] = none;
         }
+        j += step;
+    }
+}
+
+/// The backward of a causal softmax from its input rather than its output: the probabilities
+/// `y = softmax(scale · scores)` are formed again in this kernel (the forward's expression
+/// over the same passes: its bits), then `grad_input = scale · y ⊙ (dy − Σ dy ⊙ y)` as
+/// [`softmax_backward`] computes it, and `probabilities` gets what the `p v` product's
+/// gradient reads: `dropout(y)` with `drop` (the forward's dropped bits; `grad_output` is then
+/// the dropped output's gradient, taken back through the dropout as [`softmax_backward`] does),
+/// `y` without.
+///
+/// Why: a selectively recomputed attention core otherwise runs the forward kernel in its
+/// backward, writing `y` (`[b, heads, s, s]`) for this kernel to read back: one launch and two
+/// passes over the largest tensor of a layer. `mask` is never read (the causal rows need
+/// none; the launcher binds the scores there).
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn softmax_backward_from_scores<F: Float, A: Float, N: Size>(
+    scores: &[Vector<F, N>],
+    mask: &[Vector<u32, N>],
+    grad_output: &[Vector<F, N>],
+    grad_input: &mut [Vector<F, N>],
+    probabilities: &mut [Vector<F, N>],
+    salt: &[u32],
+    key_lo: u32,
+    key_hi: u32,
+    threshold: u32,
+    keep_scale: f32,
+    scale: f32,
+    rows: u32,
+    sq: u32,
+    sk: u32,
+    #[comptime] drop: bool,
+    #[comptime] lanes: u32,
+    #[comptime] rows_per_cube: u32,
+    #[comptime] plane_reduce: bool,
+) {
+    let row = row_index();
+    let width = sk as usize / N::value();
+    let length = row_length(row, rows, width as u32);
+    let step = lanes as usize;
+    let base = row * width;
+    let (lo, hi) = (
+        salted(key_lo, salt, 0usize, drop),
+        salted(key_hi, salt, 1usize, drop),
+    );
+    let limit = causal_limit(row % sq as usize, sq as usize, sk as usize);
+    let seen = min(length, limit.div_ceil(N::value()));
+    let statistics = row_statistics::<F, A, N>(
+        scores,
+        mask,
+        base,
+        0usize,
+        limit,
+        seen,
+        scale,
+        false,
+        lanes,
+        rows_per_cube,
+        plane_reduce,
+    );
+    let mut local = Vector::<A, N>::new(A::new(0.0));
+    let mut j = UNIT_POS_X as usize;
+    while j < seen {
+        let y = probability::<F, A, N>(scores, mask, base, 0usize, j, limit, &statistics, false);
+        let dy = output_grad::<F, N>(grad_output, base + j, lo, hi, threshold, keep_scale, drop);
+        local += Vector::<A, N>::cast_from(dy) * Vector::<A, N>::cast_from(y);
+        j += step;
+    }
+    let dot = Vector::<A, N>::new(row_vector_sum::<A, N>(
+        local,
+        lanes,
+        rows_per_cube,
+        plane_reduce,
+    ));
+    j = UNIT_POS_X as usize;
+    while j < seen {
+        let stored =
+            probability::<F, A, N>(scores, mask, base, 0usize, j, limit, &statistics, false);
+        let y = Vector::<A, N>::cast_from(stored);
+        let dy = output_grad::<F, N>(grad_output, base + j, lo, hi, threshold, keep_scale, drop);
+        let dy = Vector::<A, N>::cast_from(dy);
+        grad_input[base + j] = Vector::<F, N>::cast_from(statistics.scale * y * (dy - dot));
+        if drop {
+            probabilities[base + j] =
+                whole_dropout::<F, N>(stored, base + j, lo, hi, threshold, keep_scale);
+        } else {
+            probabilities[base + j] = stored;
+        }
+        j += step;
+    }
+    let none = Vector::<F, N>::new(F::new(0.0));
+    while j < length {
+        grad_input[base + j] = none;
+        probabilities[base + j] = none;
         j += step;
     }
 }

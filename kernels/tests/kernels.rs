@@ -2461,6 +2461,89 @@ fn softmax_dropout_matches<H: Storage>(client: &Client) -> bool {
     true
 }
 
+/// The causal softmax's backward from its scores (the probabilities formed again inside it)
+/// is, bit for bit, the forward kernel then the backward kernel on the forward's stored
+/// output: the input gradient, and the dropped probabilities with a draw (the plain ones
+/// without), in f32 and each half type the device stores, for every launch shape, with rows
+/// in vectors and not, and with fewer queries than keys.
+#[test]
+fn softmax_backward_from_the_scores_is_the_forward_then_the_backward() {
+    let client = client();
+    let ran = [
+        softmax_from_scores_matches::<f32>(&client),
+        softmax_from_scores_matches::<half::f16>(&client),
+        softmax_from_scores_matches::<half::bf16>(&client),
+    ];
+    assert!(ran[0] && ran[1..].iter().any(|&r| r), "{ran:?}");
+}
+
+fn softmax_from_scores_matches<H: Storage>(client: &Client) -> bool {
+    if !client.properties().supports_type(H::cube_type()) {
+        return false;
+    }
+    let mut rng = Rng(29);
+    let bits = |h: Handle, len: usize| -> Vec<u32> {
+        download_as::<H>(client, h, len)
+            .iter()
+            .map(|v| v.to_bits())
+            .collect()
+    };
+    for s in [shape(2, 3, 37, 37), shape(1, 2, 64, 64), shape(2, 1, 5, 12)] {
+        let scores = upload_as::<H>(client, &rounded::<H>(&rng.vec(s.len(), -6.0, 6.0)));
+        let g = upload_as::<H>(client, &rounded::<H>(&rng.vec(s.len(), -1.0, 1.0)));
+        for launch in launches(client) {
+            for draw in [Some(test_draw(0x9abc_def0, 7, 0.25)), None] {
+                let what = format!("{} {s:?} {launch:?} dropout {}", H::NAME, draw.is_some());
+                let [y, dx, redropped, dx_fused, probabilities] =
+                    [0; 5].map(|_| poisoned_as::<H>(client, s.len()));
+                let causal = SoftmaxMask::Causal;
+                softmax_forward::<H>(client, launch, &scores, causal, &y, None, s, 0.3);
+                let again = draw.is_some().then_some(&redropped);
+                softmax_backward::<H>(client, launch, &y, &g, &dx, s, true, 0.3, draw, again);
+                let (dxf, p) = (&dx_fused, &probabilities);
+                softmax_backward_from_scores::<H>(
+                    client, launch, &scores, &g, dxf, p, s, 0.3, draw,
+                );
+                let want = download_as::<H>(client, dx, s.len());
+                assert!(
+                    want.iter().any(|&v| v != 0.0),
+                    "{what}: an all-zero gradient"
+                );
+                let got = download_as::<H>(client, dx_fused, s.len());
+                if got
+                    .iter()
+                    .zip(&want)
+                    .any(|(a, b)| a.to_bits() != b.to_bits())
+                {
+                    // Mesa 26's SPIR-V compiler drops the f32 → f16 → f32 round trip of the
+                    // probabilities formed in the kernel (as of GELU's products above): dx may
+                    // then differ by the half type's rounding of y in `y (dy − Σ dy y)`, where
+                    // |dy| ≤ the draw's scale and Σ y = 1, and no more. Elsewhere: bits.
+                    assert!(H::ULP > 1e-6, "input gradient of {what}: {got:?} {want:?}");
+                    let y = download_as::<H>(client, y.clone(), s.len());
+                    let keep = draw.map_or(1.0, |d| d.scale as f64);
+                    for i in 0..s.len() {
+                        let (g, w) = (got[i] as f64, want[i] as f64);
+                        let tol = H::ULP * (w.abs() + 3.0 * 0.3 * keep * (y[i] as f64).abs())
+                            + H::ULP * H::MIN_NORMAL;
+                        assert!(
+                            (g - w).abs() <= tol,
+                            "input gradient {i} of {what}: {g} {w}"
+                        );
+                    }
+                }
+                let read_by_pv = if draw.is_some() { redropped } else { y };
+                assert_eq!(
+                    bits(probabilities, s.len()),
+                    bits(read_by_pv, s.len()),
+                    "probabilities of {what}"
+                );
+            }
+        }
+    }
+    true
+}
+
 /// A half-precision model's gradients copied into the fp32 flat buffer with a scale (fp16's
 /// `1 / loss scale`): every element is the host's `f32(g) · scale`, bit for bit, infinities
 /// and NaN carried through (the overflow check reads them after the copy), pieces in vectors

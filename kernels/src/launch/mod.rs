@@ -100,6 +100,7 @@ fn half_precision_instantiates(client: &Client, h: &Handle) {
         softmax_forward::<F>(client, rows, h, SoftmaxMask::Causal, h, None, shape, 1.0);
         causal_softmax_dropped::<F>(client, rows, h, h, NO_DRAW, shape, 1.0);
         softmax_backward::<F>(client, rows, h, h, h, shape, true, 1.0, None, None);
+        softmax_backward_from_scores::<F>(client, rows, h, h, h, h, shape, 1.0, None);
         layer_norm_forward::<F>(client, rows, h, h, h, h, h, h, 1, 1, 1e-5);
         layer_norm_backward::<F>(client, rows, h, h, h, h, h, Some(h), h, h, h, 1, 1);
         rms_norm_forward::<F>(client, rows, h, h, h, h, 1, 1, 1e-5);

@@ -229,3 +229,57 @@ pub fn softmax_backward<F: Float + CubeElement>(
         launch.plane_reduce,
     );
 }
+
+/// The backward of a causal softmax from its input `scores` (`[batch, heads, sq, sk]`):
+/// `grad_input` as [`softmax_backward`] computes it from [`softmax_forward`]'s output, and
+/// `probabilities` what the `p v` product's gradient reads, `dropout(y)` by `dropout`'s draw
+/// (`grad_output` then being the dropped output's gradient) or `y` without one, all bit for
+/// bit those two kernels' results, from one kernel that forms `y` again instead of reading it.
+#[allow(clippy::too_many_arguments)]
+pub fn softmax_backward_from_scores<F: Float + CubeElement>(
+    client: &Client,
+    launch: RowLaunch,
+    scores: &Handle,
+    grad_output: &Handle,
+    grad_input: &Handle,
+    probabilities: &Handle,
+    shape: ScoresShape,
+    scale: f32,
+    dropout: Option<DropoutDraw>,
+) {
+    if shape.is_empty() {
+        return;
+    }
+    let (rows, sk, len) = (shape.rows(), shape.sk, shape.len());
+    check_elements(len, "a softmax");
+    assert!(
+        shape.sq <= shape.sk,
+        "causal softmax needs sq ≤ sk, got {shape:?}"
+    );
+    let draw = dropout.unwrap_or(NO_DRAW);
+    softmax::softmax_backward_from_scores::launch::<F, f32>(
+        client,
+        launch.cube_count(rows),
+        launch.cube_dim(),
+        launch.vector_size::<F>(client, sk),
+        arg(scores, len),
+        // Never read (causal rows need no mask): the scores' buffer in its place.
+        arg(scores, 1),
+        arg(grad_output, len),
+        arg(grad_input, len),
+        arg(probabilities, len),
+        salt_arg(client, dropout, scores),
+        draw.key_lo,
+        draw.key_hi,
+        draw.threshold,
+        draw.scale,
+        scale,
+        rows as u32,
+        shape.sq as u32,
+        sk as u32,
+        dropout.is_some(),
+        launch.lanes,
+        launch.rows_per_cube,
+        launch.plane_reduce,
+    );
+}

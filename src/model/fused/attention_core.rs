@@ -8,10 +8,10 @@
 //!
 //! Under selective recomputation ([`CoreKernels::Recomputed`]) the core keeps only the
 //! queries, keys and values, as the fused attention does (its softmax writes only the dropped
-//! probabilities), and its backward forms the scores and the softmax again before the
-//! products: Megatron's recomputation of the core attention,
-//! without rerunning the split, the `p v` product and the merge, and without the three graphs
-//! per layer the model's recomputation of a core builds.
+//! probabilities), and its backward forms the scores again, and the probabilities inside
+//! the softmax backward's kernel, before the products: Megatron's recomputation of the core
+//! attention, without rerunning the split, the `p v` product and the merge, and without the
+//! three graphs per layer the model's recomputation of a core builds.
 
 use burn::backend::tensor::FloatTensor;
 use ferrotron_kernels::launch::{DropoutDraw, QkvLayout};
@@ -167,12 +167,16 @@ pub fn backward<B: AttentionKernels>(
         }
         Saved::Composed { qkv, probs } => composed_backward::<B>(qkv, probs, grad, scale, draw),
         Saved::Recomputed { qkv: [q, k, v] } => {
-            // The forward's probabilities again (one product and one deterministic kernel:
-            // the same bits); their dropout comes from the backward's kernel as for
-            // `Composed`.
-            let scores = scores::<B>(q.clone(), k.clone());
-            let [probs, _] = B::causal_softmax_forward(scores, scale, None);
-            composed_backward::<B>([q, k, v], probs, grad, scale, draw)
+            // The scores again (the same product: the same bits) beside the dropped
+            // probabilities' gradient, in one ordering window; the softmax backward forms the
+            // probabilities from the scores inside its kernel, with the forward's bits.
+            let [scores, d_dropped] = B::gemm_independent([
+                (q.clone(), transposed::<B>(k.clone())),
+                (grad.clone(), transposed::<B>(v)),
+            ]);
+            let [d_scores, dropped] =
+                B::causal_softmax_backward_from_input(scores, d_dropped, scale, draw);
+            products_backward::<B>([q, k], grad, d_scores, dropped)
         }
     };
     if let Some(rotation) = rotation {
@@ -210,6 +214,17 @@ fn composed_backward<B: AttentionKernels>(
             probs,
         ),
     };
+    products_backward::<B>([q, k], grad, d_scores, dropped)
+}
+
+/// `[dq, dk, dv]` from the scores' gradient `d_scores` and the probabilities the `p v` product
+/// read (`dropped`): three independent products, one ordering window.
+fn products_backward<B: AttentionKernels>(
+    [q, k]: [FloatTensor<B>; 2],
+    grad: FloatTensor<B>,
+    d_scores: FloatTensor<B>,
+    dropped: FloatTensor<B>,
+) -> [FloatTensor<B>; 3] {
     let [dv, dq, dk] = B::gemm_independent([
         (transposed::<B>(dropped), grad),
         (d_scores.clone(), k),

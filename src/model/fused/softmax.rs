@@ -56,6 +56,20 @@ pub trait SoftmaxKernels: Backend {
         scale: f32,
         draw: DropoutDraw,
     ) -> [FloatTensor<Self>; 2];
+    /// `[dx, p]` of a causal softmax from its input `x` rather than its output: the
+    /// probabilities `y` formed again in the kernel (the bits of
+    /// [`Self::causal_softmax_forward`]'s), `dx` as [`Self::softmax_backward_redropping`]
+    /// (or, without a draw, [`Self::softmax_backward`]) gives it from `y`, and `p` what the
+    /// `p v` product's gradient reads: `dropout(y)` by `draw`, or `y` without one. One launch
+    /// and no stored `y` where the forward kernel then the backward kernel take two launches
+    /// and a pass writing `y` and one reading it back (a recomputed attention core's
+    /// backward).
+    fn causal_softmax_backward_from_input(
+        x: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+        scale: f32,
+        draw: Option<DropoutDraw>,
+    ) -> [FloatTensor<Self>; 2];
 }
 
 /// The differentiable fused softmax (a burn backend extension).
@@ -143,6 +157,33 @@ impl SoftmaxKernels for CubeBackend {
     ) -> [CubeTensor; 2] {
         let (dx, dropped) = causal_backward(y, dy, scale, Some(draw), true);
         [dx, dropped.expect("written with the draw")]
+    }
+    fn causal_softmax_backward_from_input(
+        x: CubeTensor,
+        dy: CubeTensor,
+        scale: f32,
+        draw: Option<DropoutDraw>,
+    ) -> [CubeTensor; 2] {
+        let (x, dy) = (packed(x), packed(dy));
+        same_dtype("the softmax output's gradient", &x, &dy);
+        let shape = x.shape();
+        let scores = scores_shape(&shape);
+        let dx = empty_like(&x, shape.clone(), x.dtype);
+        let probabilities = empty_like(&x, shape, x.dtype);
+        by_dtype!(
+            x.dtype,
+            softmax_backward_from_scores,
+            &x.client,
+            RowLaunch::for_client(&x.client),
+            &x.handle,
+            &dy.handle,
+            &dx.handle,
+            &probabilities.handle,
+            scores,
+            scale,
+            draw
+        );
+        [dx, probabilities]
     }
 }
 
