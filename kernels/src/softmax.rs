@@ -294,110 +294,41 @@ fn output_grad<F: Float, N: Size>(
     dy
 }
 
-/// Softmax backward for both masks: `dx = scale · y ⊙ (dy − Σ_j dy ⊙ y)` per row of `sk`
-/// (masked positions have `y = 0`, so they get 0). With `causal` (rows of `[.., sq, sk]`
-/// scores, query `i` seeing keys `j ≤ i + sk − sq`) the vectors wholly after a row's last
-/// key get 0 without `y` or `dy` being read: half the reads of a causal softmax's backward. With `drop`, `grad_output` is the gradient
-/// of the dropped output (the draw `(key_lo, key_hi)` salted by `salt`, elements below `threshold` dropped,
-/// the others times `keep_scale`), taken back through the dropout on the way in: the mask is
-/// drawn in both passes over the row instead of a dropout kernel's pass writing `dy` and this
-/// one reading it. With `redrop` (and `drop`) it also writes `dropped = dropout(y)`, the
-/// forward's dropped probabilities bit for bit, for the `p v` product's gradient: the forward
-/// then need not keep them (half the memory a composed attention core holds per layer).
-/// Without `redrop`, `dropped` is never written.
-#[cube(launch)]
-#[allow(clippy::too_many_arguments)]
-pub fn softmax_backward<F: Float, A: Float, N: Size>(
-    output: &[Vector<F, N>],
-    grad_output: &[Vector<F, N>],
-    grad_input: &mut [Vector<F, N>],
-    dropped: &mut [Vector<F, N>],
-    salt: &[u32],
-    key_lo: u32,
-    key_hi: u32,
-    threshold: u32,
-    keep_scale: f32,
-    scale: f32,
-    rows: u32,
-    sq: u32,
-    sk: u32,
-    #[comptime] causal: bool,
-    #[comptime] drop: bool,
-    #[comptime] redrop: bool,
-    #[comptime] lanes: u32,
-    #[comptime] rows_per_cube: u32,
-    #[comptime] plane_reduce: bool,
-) {
-    let row = row_index();
-    let width = sk as usize / N::value();
-    let length = row_length(row, rows, width as u32);
-    let u = UNIT_POS_X as usize;
-    let step = lanes as usize;
-    let base = row * width;
-    let (lo, hi) = (
-        salted(key_lo, salt, 0usize, drop),
-        salted(key_hi, salt, 1usize, drop),
-    );
-    // A causal row's keys after the query have y = 0: neither read nor summed.
-    let mut seen = length;
-    if causal {
-        let (sq, sk) = (sq as usize, sk as usize);
-        seen = min(length, causal_limit(row % sq, sq, sk).div_ceil(N::value()));
-    }
-    let mut local = Vector::<A, N>::new(A::new(0.0));
-    let mut j = u;
-    while j < seen {
-        let dy = output_grad::<F, N>(grad_output, base + j, lo, hi, threshold, keep_scale, drop);
-        local += Vector::<A, N>::cast_from(dy) * Vector::<A, N>::cast_from(output[base + j]);
-        j += step;
-    }
-    let dot = Vector::<A, N>::new(row_vector_sum::<A, N>(
-        local,
-        lanes,
-        rows_per_cube,
-        plane_reduce,
-    ));
-    let scale = Vector::<A, N>::new(A::cast_from(scale));
-    j = u;
-    while j < seen {
-        let stored = output[base + j];
-        let y = Vector::<A, N>::cast_from(stored);
-        let dy = output_grad::<F, N>(grad_output, base + j, lo, hi, threshold, keep_scale, drop);
-        let dy = Vector::<A, N>::cast_from(dy);
-        grad_input[base + j] = Vector::<F, N>::cast_from(scale * y * (dy - dot));
-        if drop && redrop {
-            // As the forward drew it from the same stored `y`.
-            dropped[base + j] =
-                whole_dropout::<F, N>(stored, base + j, lo, hi, threshold, keep_scale);
-        }
-        j += step;
-    }
-    let none = Vector::<F, N>::new(F::new(0.0));
-    while j < length {
-        grad_input[base + j] = none;
-        if drop && redrop {
-            dropped[base + j] = none;
-        }
-        j += step;
+/// No [`RowStatistics`]: what a backward reading the stored probabilities passes where a
+/// backward forming them passes the row's.
+#[cube]
+fn no_statistics<A: Float, N: Size>() -> RowStatistics<A, N> {
+    let zero = Vector::<A, N>::new(A::new(0.0));
+    RowStatistics::<A, N> {
+        scale: zero,
+        maxes: zero,
+        inverse_sum: zero,
     }
 }
 
-/// The backward of a causal softmax from its input rather than its output: the probabilities
-/// `y = softmax(scale · scores)` are formed again in this kernel (the forward's expression
-/// over the same passes: its bits), then `grad_input = scale · y ⊙ (dy − Σ dy ⊙ y)` as
-/// [`softmax_backward`] computes it, and `probabilities` gets what the `p v` product's
-/// gradient reads: `dropout(y)` with `drop` (the forward's dropped bits; `grad_output` is then
-/// the dropped output's gradient, taken back through the dropout as [`softmax_backward`] does),
-/// `y` without.
+/// Softmax backward for both masks: `dx = scale · y ⊙ (dy − Σ_j dy ⊙ y)` per row of `sk`
+/// (masked positions have `y = 0`, so they get 0). `input` is the softmax's output `y` or,
+/// with `formed` (causal rows only), its input, the scores: `y` is then formed again in the
+/// kernel as the forward forms it ([`row_statistics`], [`probability`]: its bits), where a
+/// selectively recomputed attention core would otherwise run the forward kernel in its
+/// backward, writing `y` (`[b, heads, s, s]`) for this one to read back: one launch and two
+/// passes over the largest tensor of a layer. `mask` is never read (the launcher binds
+/// `input` there).
 ///
-/// Why: a selectively recomputed attention core otherwise runs the forward kernel in its
-/// backward, writing `y` (`[b, heads, s, s]`) for this kernel to read back: one launch and two
-/// passes over the largest tensor of a layer. `mask` is never read (the causal rows need
-/// none; the launcher binds the scores there).
+/// With `causal` (rows of `[.., sq, sk]` scores, query `i` seeing keys `j ≤ i + sk − sq`) the
+/// vectors wholly after a row's last key get 0 without `y` or `dy` being read: half the reads
+/// of a causal softmax's backward. With `drop`, `grad_output` is the gradient of the dropped
+/// output (the draw `(key_lo, key_hi)` salted by `salt`, elements below `threshold` dropped,
+/// the others times `keep_scale`), taken back through the dropout on the way in: the mask is
+/// drawn in both passes over the row instead of a dropout kernel's pass writing `dy` and this
+/// one reading it. With `keep_probabilities` it also writes `probabilities`, what the `p v`
+/// product's gradient reads: `dropout(y)` with `drop` (the forward's dropped probabilities,
+/// bit for bit: the forward then need not keep them, half the memory a composed attention
+/// core holds per layer), `y` without. Otherwise `probabilities` is never written.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn softmax_backward_from_scores<F: Float, A: Float, N: Size>(
-    scores: &[Vector<F, N>],
+pub fn softmax_backward<F: Float, A: Float, N: Size>(
+    input: &[Vector<F, N>],
     mask: &[Vector<u32, N>],
     grad_output: &[Vector<F, N>],
     grad_input: &mut [Vector<F, N>],
@@ -411,7 +342,10 @@ pub fn softmax_backward_from_scores<F: Float, A: Float, N: Size>(
     rows: u32,
     sq: u32,
     sk: u32,
+    #[comptime] causal: bool,
     #[comptime] drop: bool,
+    #[comptime] formed: bool,
+    #[comptime] keep_probabilities: bool,
     #[comptime] lanes: u32,
     #[comptime] rows_per_cube: u32,
     #[comptime] plane_reduce: bool,
@@ -425,25 +359,33 @@ pub fn softmax_backward_from_scores<F: Float, A: Float, N: Size>(
         salted(key_lo, salt, 0usize, drop),
         salted(key_hi, salt, 1usize, drop),
     );
-    let limit = causal_limit(row % sq as usize, sq as usize, sk as usize);
+    // A causal row's keys after the query have y = 0: neither read nor summed.
+    let mut limit = sk as usize;
+    if causal {
+        limit = causal_limit(row % sq as usize, sq as usize, sk as usize);
+    }
     let seen = min(length, limit.div_ceil(N::value()));
-    let statistics = row_statistics::<F, A, N>(
-        scores,
-        mask,
-        base,
-        0usize,
-        limit,
-        seen,
-        scale,
-        false,
-        lanes,
-        rows_per_cube,
-        plane_reduce,
-    );
+    let statistics = if formed {
+        row_statistics::<F, A, N>(
+            input,
+            mask,
+            base,
+            0usize,
+            limit,
+            seen,
+            scale,
+            false,
+            lanes,
+            rows_per_cube,
+            plane_reduce,
+        )
+    } else {
+        no_statistics::<A, N>()
+    };
     let mut local = Vector::<A, N>::new(A::new(0.0));
     let mut j = UNIT_POS_X as usize;
     while j < seen {
-        let y = probability::<F, A, N>(scores, mask, base, 0usize, j, limit, &statistics, false);
+        let y = probability_at::<F, A, N>(input, mask, base, j, limit, &statistics, formed);
         let dy = output_grad::<F, N>(grad_output, base + j, lo, hi, threshold, keep_scale, drop);
         local += Vector::<A, N>::cast_from(dy) * Vector::<A, N>::cast_from(y);
         j += step;
@@ -454,26 +396,61 @@ pub fn softmax_backward_from_scores<F: Float, A: Float, N: Size>(
         rows_per_cube,
         plane_reduce,
     ));
+    let scale = Vector::<A, N>::new(A::cast_from(scale));
     j = UNIT_POS_X as usize;
     while j < seen {
-        let stored =
-            probability::<F, A, N>(scores, mask, base, 0usize, j, limit, &statistics, false);
+        let stored = probability_at::<F, A, N>(input, mask, base, j, limit, &statistics, formed);
         let y = Vector::<A, N>::cast_from(stored);
         let dy = output_grad::<F, N>(grad_output, base + j, lo, hi, threshold, keep_scale, drop);
         let dy = Vector::<A, N>::cast_from(dy);
-        grad_input[base + j] = Vector::<F, N>::cast_from(statistics.scale * y * (dy - dot));
-        if drop {
-            probabilities[base + j] =
-                whole_dropout::<F, N>(stored, base + j, lo, hi, threshold, keep_scale);
-        } else {
-            probabilities[base + j] = stored;
+        grad_input[base + j] = Vector::<F, N>::cast_from(scale * y * (dy - dot));
+        if keep_probabilities {
+            if drop {
+                // As the forward drew it from the same stored `y`.
+                probabilities[base + j] =
+                    whole_dropout::<F, N>(stored, base + j, lo, hi, threshold, keep_scale);
+            } else {
+                probabilities[base + j] = stored;
+            }
         }
         j += step;
     }
     let none = Vector::<F, N>::new(F::new(0.0));
     while j < length {
         grad_input[base + j] = none;
-        probabilities[base + j] = none;
+        if keep_probabilities {
+            probabilities[base + j] = none;
+        }
         j += step;
+    }
+}
+
+/// The probabilities of a row's vector `j` as the forward stored them: read from `input` (the
+/// stored output), or with `formed` formed from `input` (the scores) and the row's
+/// `statistics`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn probability_at<F: Float, A: Float, N: Size>(
+    input: &[Vector<F, N>],
+    mask: &[Vector<u32, N>],
+    base: usize,
+    j: usize,
+    causal_limit: usize,
+    statistics: &RowStatistics<A, N>,
+    #[comptime] formed: bool,
+) -> Vector<F, N> {
+    if formed {
+        probability::<F, A, N>(
+            input,
+            mask,
+            base,
+            0usize,
+            j,
+            causal_limit,
+            statistics,
+            false,
+        )
+    } else {
+        input[base + j]
     }
 }

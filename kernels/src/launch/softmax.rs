@@ -186,47 +186,22 @@ pub fn softmax_backward<F: Float + CubeElement>(
     dropout: Option<DropoutDraw>,
     redropped: Option<&Handle>,
 ) {
-    if shape.is_empty() {
-        return;
-    }
-    let (rows, sk, len) = (shape.rows(), shape.sk, shape.len());
-    check_elements(len, "a softmax");
-    if causal {
-        assert!(
-            shape.sq <= shape.sk,
-            "causal softmax needs sq ≤ sk, got {shape:?}"
-        );
-    }
     assert!(
         dropout.is_some() || redropped.is_none(),
         "the dropped probabilities need the forward's draw"
     );
-    let draw = dropout.unwrap_or(NO_DRAW);
-    softmax::softmax_backward::launch::<F, f32>(
+    let y = Source::Output(output);
+    launch_backward::<F>(
         client,
-        launch.cube_count(rows),
-        launch.cube_dim(),
-        launch.vector_size::<F>(client, sk),
-        arg(output, len),
-        arg(grad_output, len),
-        arg(grad_input, len),
-        // Never written without `redropped`: bound to the gradient's buffer in its place.
-        arg(redropped.unwrap_or(grad_input), len),
-        salt_arg(client, dropout, output),
-        draw.key_lo,
-        draw.key_hi,
-        draw.threshold,
-        draw.scale,
-        scale,
-        rows as u32,
-        shape.sq as u32,
-        sk as u32,
+        launch,
+        y,
+        grad_output,
+        grad_input,
+        redropped,
+        shape,
         causal,
-        dropout.is_some(),
-        redropped.is_some(),
-        launch.lanes,
-        launch.rows_per_cube,
-        launch.plane_reduce,
+        scale,
+        dropout,
     );
 }
 
@@ -247,28 +222,72 @@ pub fn softmax_backward_from_scores<F: Float + CubeElement>(
     scale: f32,
     dropout: Option<DropoutDraw>,
 ) {
+    let (y, kept) = (Source::Scores(scores), Some(probabilities));
+    launch_backward::<F>(
+        client,
+        launch,
+        y,
+        grad_output,
+        grad_input,
+        kept,
+        shape,
+        true,
+        scale,
+        dropout,
+    );
+}
+
+/// Where the softmax backward kernel takes the probabilities from.
+#[derive(Clone, Copy)]
+enum Source<'a> {
+    /// The forward's stored output.
+    Output(&'a Handle),
+    /// The forward's input, the scores: formed again in the kernel.
+    Scores(&'a Handle),
+}
+
+#[allow(clippy::too_many_arguments)]
+fn launch_backward<F: Float + CubeElement>(
+    client: &Client,
+    launch: RowLaunch,
+    y: Source<'_>,
+    grad_output: &Handle,
+    grad_input: &Handle,
+    probabilities: Option<&Handle>,
+    shape: ScoresShape,
+    causal: bool,
+    scale: f32,
+    dropout: Option<DropoutDraw>,
+) {
     if shape.is_empty() {
         return;
     }
     let (rows, sk, len) = (shape.rows(), shape.sk, shape.len());
     check_elements(len, "a softmax");
-    assert!(
-        shape.sq <= shape.sk,
-        "causal softmax needs sq ≤ sk, got {shape:?}"
-    );
+    if causal {
+        assert!(
+            shape.sq <= shape.sk,
+            "causal softmax needs sq ≤ sk, got {shape:?}"
+        );
+    }
+    let (input, formed) = match y {
+        Source::Output(h) => (h, false),
+        Source::Scores(h) => (h, true),
+    };
     let draw = dropout.unwrap_or(NO_DRAW);
-    softmax::softmax_backward_from_scores::launch::<F, f32>(
+    softmax::softmax_backward::launch::<F, f32>(
         client,
         launch.cube_count(rows),
         launch.cube_dim(),
         launch.vector_size::<F>(client, sk),
-        arg(scores, len),
-        // Never read (causal rows need no mask): the scores' buffer in its place.
-        arg(scores, 1),
+        arg(input, len),
+        // Never read (the probabilities need no mask): the input's buffer in its place.
+        arg(input, 1),
         arg(grad_output, len),
         arg(grad_input, len),
-        arg(probabilities, len),
-        salt_arg(client, dropout, scores),
+        // Never written without `probabilities`: bound to the gradient's buffer in its place.
+        arg(probabilities.unwrap_or(grad_input), len),
+        salt_arg(client, dropout, input),
         draw.key_lo,
         draw.key_hi,
         draw.threshold,
@@ -277,7 +296,10 @@ pub fn softmax_backward_from_scores<F: Float + CubeElement>(
         rows as u32,
         shape.sq as u32,
         sk as u32,
+        causal,
         dropout.is_some(),
+        formed,
+        probabilities.is_some(),
         launch.lanes,
         launch.rows_per_cube,
         launch.plane_reduce,
