@@ -63,7 +63,7 @@ if [ ! -f "$WORK/bin/pretrain-baseline" ] && [ -n "${BASELINE_ENV:-}" ]; then
   printf '#!/bin/sh\nexec env %s "%s" "$@"\n' "$BASELINE_ENV" "$P" > "$WORK/bin/pretrain-baseline"
   chmod +x "$WORK/bin/pretrain-baseline"
 fi
-# CUDA's libraries from the Python wheels (NVRTC above all; libcuda comes with the driver).
+# CUDA's libraries from the Python wheels (cuBLAS above all; libcuda comes with the driver).
 NV=$("$PY" -c "import nvidia, os; print(nvidia.__path__[0])" 2>/dev/null || true)
 if [ -n "$NV" ]; then
   export LD_LIBRARY_PATH=$(ls -d "$NV"/*/lib 2>/dev/null | tr '\n' ':')/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}

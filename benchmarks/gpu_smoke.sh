@@ -17,7 +17,7 @@
 # (TEST_FLAGS="--cuda-graph-impl local --cuda-graph-scope full_iteration", REFERENCE=).
 set -uo pipefail
 BIN=$1 PY=${2:-python3}
-# CUDA's libraries from the Python wheels (NVRTC, cuBLAS), as gpu_profile.sh finds them.
+# CUDA's libraries from the Python wheels (cuBLAS, NCCL), as gpu_profile.sh finds them.
 NV=$("$PY" -c "import nvidia; print(nvidia.__path__[0])" 2>/dev/null || true)
 if [ -n "$NV" ]; then
   export LD_LIBRARY_PATH=$(ls -d "$NV"/*/lib 2>/dev/null | tr '\n' ':')/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
