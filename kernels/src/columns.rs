@@ -73,72 +73,28 @@ pub fn column_sums<F: Float, A: Float, N: Size>(
     let mut weighted = zero;
     let mut plain = zero;
     if j < width {
-        let step = row_lanes as usize;
-        let rows = rows as usize;
-        // Four partial sums of each kind, one per row of a four-row step (four loads in
-        // flight), added pairwise at the end; rows past the last step go to the first: a
-        // fixed order.
-        let mut w = Array::<Vector<A, N>>::new(4usize);
-        let mut s = Array::<Vector<A, N>>::new(4usize);
-        #[unroll]
-        for k in 0..4usize {
-            w[k] = zero;
-            s[k] = zero;
-        }
         let args = salted(&args, salt, transform == GradientTransform::Dropout);
-        let mut row = lane;
-        while row + 3 * step < rows {
-            let mut dy = Array::<Vector<A, N>>::new(4usize);
-            #[unroll]
-            for k in 0..4usize {
-                dy[k] = gradient_at::<F, A, N>(
-                    grad_output,
-                    grad_key,
-                    grad_value,
-                    input,
-                    bias,
-                    transformed,
-                    (row + k * step) * width + j,
-                    j,
-                    &args,
-                    transform,
-                );
-            }
-            #[unroll]
-            for k in 0..4usize {
-                let r = row + k * step;
-                if weighted_terms {
-                    w[k] += dy[k] * normalized::<F, A, N>(input, mean, rstd, r, width, j, centered);
-                }
-                if plain_terms {
-                    s[k] += dy[k];
-                }
-            }
-            row += 4 * step;
-        }
-        while row < rows {
-            let dy = gradient_at::<F, A, N>(
-                grad_output,
-                grad_key,
-                grad_value,
-                input,
-                bias,
-                transformed,
-                row * width + j,
-                j,
-                &args,
-                transform,
-            );
-            if weighted_terms {
-                w[0] += dy * normalized::<F, A, N>(input, mean, rstd, row, width, j, centered);
-            }
-            if plain_terms {
-                s[0] += dy;
-            }
-            row += step;
-        }
-        weighted = (w[0] + w[1]) + (w[2] + w[3]);
-        plain = (s[0] + s[1]) + (s[2] + s[3]);
+        let (unit_weighted, unit_plain) = unit_partial_sums::<F, A, N>(
+            grad_output,
+            input,
+            mean,
+            rstd,
+            bias,
+            grad_key,
+            grad_value,
+            transformed,
+            &args,
+            rows as usize,
+            width,
+            j,
+            weighted_terms,
+            centered,
+            plain_terms,
+            transform,
+            row_lanes,
+        );
+        weighted = unit_weighted;
+        plain = unit_plain;
     }
     weighted = cube_sum::<A, N>(weighted, weighted_terms, vectors, row_lanes);
     plain = cube_sum::<A, N>(plain, plain_terms, vectors, row_lanes);
@@ -146,6 +102,94 @@ pub fn column_sums<F: Float, A: Float, N: Size>(
         store_sum::<F, A, N>(weighted_sums, j, weighted, weighted_terms);
         store_sum::<F, A, N>(sums, j, plain, plain_terms);
     }
+}
+
+/// This unit's sums over its rows of column vector `j` (every `row_lanes`-th row from its
+/// lane's): `(Σ dy ⊙ x̂, Σ dy)`, each where the launch asks for it (zero otherwise). Four
+/// partial sums of each kind, one per row of a four-row step (four loads in flight), added
+/// pairwise at the end; rows past the last step go to the first: a fixed order.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn unit_partial_sums<F: Float, A: Float, N: Size>(
+    grad_output: &[Vector<F, N>],
+    input: &[Vector<F, N>],
+    mean: &[A],
+    rstd: &[A],
+    bias: &[Vector<F, N>],
+    grad_key: &[Vector<F, N>],
+    grad_value: &[Vector<F, N>],
+    transformed: &mut [Vector<F, N>],
+    args: &TransformArgs,
+    rows: usize,
+    width: usize,
+    j: usize,
+    #[comptime] weighted_terms: bool,
+    #[comptime] centered: bool,
+    #[comptime] plain_terms: bool,
+    #[comptime] transform: GradientTransform,
+    #[comptime] row_lanes: u32,
+) -> (Vector<A, N>, Vector<A, N>) {
+    let zero = Vector::<A, N>::new(A::new(0.0));
+    let step = row_lanes as usize;
+    let mut w = Array::<Vector<A, N>>::new(4usize);
+    let mut s = Array::<Vector<A, N>>::new(4usize);
+    #[unroll]
+    for k in 0..4usize {
+        w[k] = zero;
+        s[k] = zero;
+    }
+    let mut row = UNIT_POS_Y as usize;
+    while row + 3 * step < rows {
+        let mut dy = Array::<Vector<A, N>>::new(4usize);
+        #[unroll]
+        for k in 0..4usize {
+            dy[k] = gradient_at::<F, A, N>(
+                grad_output,
+                grad_key,
+                grad_value,
+                input,
+                bias,
+                transformed,
+                (row + k * step) * width + j,
+                j,
+                args,
+                transform,
+            );
+        }
+        #[unroll]
+        for k in 0..4usize {
+            let r = row + k * step;
+            if weighted_terms {
+                w[k] += dy[k] * normalized::<F, A, N>(input, mean, rstd, r, width, j, centered);
+            }
+            if plain_terms {
+                s[k] += dy[k];
+            }
+        }
+        row += 4 * step;
+    }
+    while row < rows {
+        let dy = gradient_at::<F, A, N>(
+            grad_output,
+            grad_key,
+            grad_value,
+            input,
+            bias,
+            transformed,
+            row * width + j,
+            j,
+            args,
+            transform,
+        );
+        if weighted_terms {
+            w[0] += dy * normalized::<F, A, N>(input, mean, rstd, row, width, j, centered);
+        }
+        if plain_terms {
+            s[0] += dy;
+        }
+        row += step;
+    }
+    ((w[0] + w[1]) + (w[2] + w[3]), (s[0] + s[1]) + (s[2] + s[3]))
 }
 
 /// `value` summed over the row lanes of this unit's column vector when the launch asks for

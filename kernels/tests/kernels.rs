@@ -435,6 +435,63 @@ fn run_layer_norm_backward(
     )
 }
 
+/// LayerNorm in float64: `(y, mean, 1/σ)` of `[rows, cols]` `x`, the variance in two passes.
+fn layer_norm_reference(
+    x: &[f32],
+    gamma: &[f32],
+    beta: &[f32],
+    rows: usize,
+    cols: usize,
+    eps: f32,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let mut y = vec![0.0; x.len()];
+    let (mut means, mut rstds) = (vec![0.0; rows], vec![0.0; rows]);
+    for r in 0..rows {
+        let row: Vec<f64> = x[r * cols..(r + 1) * cols]
+            .iter()
+            .map(|&v| v as f64)
+            .collect();
+        let mean = row.iter().sum::<f64>() / cols as f64;
+        let var = row.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / cols as f64;
+        let rstd = 1.0 / (var + eps as f64).sqrt();
+        means[r] = mean;
+        rstds[r] = rstd;
+        for j in 0..cols {
+            y[r * cols + j] = (row[j] - mean) * rstd * gamma[j] as f64 + beta[j] as f64;
+        }
+    }
+    (y, means, rstds)
+}
+
+/// LayerNorm's backward in float64 from the reference's `means` and `rstds`: `(dx, dγ, dβ)`.
+fn layer_norm_backward_reference(
+    x: &[f32],
+    gamma: &[f32],
+    dy: &[f32],
+    means: &[f64],
+    rstds: &[f64],
+    cols: usize,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let mut dx = vec![0.0; x.len()];
+    let (mut dg, mut db) = (vec![0.0; cols], vec![0.0; cols]);
+    for (r, (&mean, &rstd)) in means.iter().zip(rstds).enumerate() {
+        let xhat: Vec<f64> = (0..cols)
+            .map(|j| (x[r * cols + j] as f64 - mean) * rstd)
+            .collect();
+        let g: Vec<f64> = (0..cols)
+            .map(|j| dy[r * cols + j] as f64 * gamma[j] as f64)
+            .collect();
+        let mean_g = g.iter().sum::<f64>() / cols as f64;
+        let mean_gx = g.iter().zip(&xhat).map(|(a, b)| a * b).sum::<f64>() / cols as f64;
+        for j in 0..cols {
+            dx[r * cols + j] = rstd * (g[j] - mean_g - xhat[j] * mean_gx);
+            dg[j] += dy[r * cols + j] as f64 * xhat[j];
+            db[j] += dy[r * cols + j] as f64;
+        }
+    }
+    (dx, dg, db)
+}
+
 #[test]
 fn layer_norm_forward_and_backward_match_float64() {
     let client = client();
@@ -455,23 +512,8 @@ fn layer_norm_forward_and_backward_match_float64() {
             let gamma = rng.vec(cols, 0.5, 1.5);
             let beta = rng.vec(cols, -0.5, 0.5);
             let run = run_layer_norm(&client, launch, &x, &gamma, &beta, rows, cols, eps);
-            let mut want_y = vec![0.0; x.len()];
-            let (mut want_mean, mut want_rstd) = (vec![0.0; rows], vec![0.0; rows]);
-            for r in 0..rows {
-                let row: Vec<f64> = x[r * cols..(r + 1) * cols]
-                    .iter()
-                    .map(|&v| v as f64)
-                    .collect();
-                let mean = row.iter().sum::<f64>() / cols as f64;
-                let var = row.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / cols as f64;
-                let rstd = 1.0 / (var + eps as f64).sqrt();
-                want_mean[r] = mean;
-                want_rstd[r] = rstd;
-                for j in 0..cols {
-                    want_y[r * cols + j] =
-                        (row[j] - mean) * rstd * gamma[j] as f64 + beta[j] as f64;
-                }
-            }
+            let (want_y, want_mean, want_rstd) =
+                layer_norm_reference(&x, &gamma, &beta, rows, cols, eps);
             let what = format!("layer norm {rows}×{cols} {launch:?}");
             // f32 rounding of x − μ is relative to |x| (≈ 100), and 1/σ magnifies it: the bound is
             // a few ulps of |x| times 1/σ · |γ| per row.
@@ -502,24 +544,8 @@ fn layer_norm_forward_and_backward_match_float64() {
             let (dx, dg, db) = run_layer_norm_backward(
                 &client, launch, &x, &gamma, &dy, &run.mean, &run.rstd, rows, cols,
             );
-            let mut want_dx = vec![0.0; x.len()];
-            let (mut want_dg, mut want_db) = (vec![0.0; cols], vec![0.0; cols]);
-            for r in 0..rows {
-                let (mean, rstd) = (want_mean[r], want_rstd[r]);
-                let xhat: Vec<f64> = (0..cols)
-                    .map(|j| (x[r * cols + j] as f64 - mean) * rstd)
-                    .collect();
-                let g: Vec<f64> = (0..cols)
-                    .map(|j| dy[r * cols + j] as f64 * gamma[j] as f64)
-                    .collect();
-                let mean_g = g.iter().sum::<f64>() / cols as f64;
-                let mean_gx = g.iter().zip(&xhat).map(|(a, b)| a * b).sum::<f64>() / cols as f64;
-                for j in 0..cols {
-                    want_dx[r * cols + j] = rstd * (g[j] - mean_g - xhat[j] * mean_gx);
-                    want_dg[j] += dy[r * cols + j] as f64 * xhat[j];
-                    want_db[j] += dy[r * cols + j] as f64;
-                }
-            }
+            let (want_dx, want_dg, want_db) =
+                layer_norm_backward_reference(&x, &gamma, &dy, &want_mean, &want_rstd, cols);
             let scale = (rows as f64).sqrt();
             for r in 0..rows {
                 // x̂ carries the forward's rounding (ulps of |x| times 1/σ), and dx scales it by 1/σ

@@ -3,7 +3,8 @@
 use cubecl::prelude::*;
 
 use super::{
-    accumulate_rows_times, fill_shared, load_rows, rows_times_transposed, store_rows, Tiles,
+    accumulate_rows_times, fill_shared, load_rows, rows_times_transposed, store_rows, tiles_at,
+    Tiles,
 };
 use crate::attention::{
     cube_block, dropout_args, load_row_values, probability_and_gradient, DropoutArgs, RowStats,
@@ -237,12 +238,7 @@ pub fn mma_attention_backward_query<F: Float, A: Float, N: Size>(
         rows_times_transposed::<F, A>(&queries, &keys, &mut scores, plane, tile, planes, head_dim);
         rows_times_transposed::<F, A>(&grads, &values, &mut dprobs, plane, tile, planes, head_dim);
         sync_cube();
-        let at = Tiles {
-            head_row,
-            start,
-            first,
-            seq: s,
-        };
+        let at = tiles_at(head_row, start, first, s);
         query_score_grads::<F, A>(
             &scores,
             &dprobs,
@@ -338,12 +334,7 @@ pub fn mma_attention_backward_key_value<F: Float, A: Float, N: Size>(
         rows_times_transposed::<F, A>(&keys, &queries, &mut scores, plane, tile, planes, head_dim);
         rows_times_transposed::<F, A>(&values, &grads, &mut dprobs, plane, tile, planes, head_dim);
         sync_cube();
-        let at = Tiles {
-            head_row,
-            start,
-            first,
-            seq: s,
-        };
+        let at = tiles_at(head_row, start, first, s);
         key_tiles::<F, A>(
             &scores,
             &dprobs,

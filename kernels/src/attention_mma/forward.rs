@@ -3,7 +3,8 @@
 use cubecl::prelude::*;
 
 use super::{
-    accumulate_rows_times, fill_shared, load_rows, rows_times_transposed, store_rows, Tiles,
+    accumulate_rows_times, fill_shared, load_rows, rows_times_transposed, store_rows, tiles_at,
+    Tiles,
 };
 use crate::attention::{cube_block, kept};
 use crate::dropout::salted;
@@ -245,12 +246,7 @@ pub fn mma_attention_forward<F: Float, A: Float, N: Size>(
         sync_cube();
         rows_times_transposed::<F, A>(&queries, &keys, &mut scores, plane, tile, planes, head_dim);
         sync_cube();
-        let at = Tiles {
-            head_row,
-            start,
-            first,
-            seq: s,
-        };
+        let at = tiles_at(head_row, start, first, s);
         plane_softmax::<F, A>(
             &scores,
             &mut probs,

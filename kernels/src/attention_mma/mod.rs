@@ -49,6 +49,17 @@ pub(crate) struct Tiles {
     pub(crate) seq: usize,
 }
 
+/// The [`Tiles`] of the tile starting at position `first`.
+#[cube]
+pub(crate) fn tiles_at(head_row: usize, start: usize, first: usize, seq: usize) -> Tiles {
+    Tiles {
+        head_row,
+        start,
+        first,
+        seq,
+    }
+}
+
 /// Rows `first..first + block` of the head starting at row `head_row` into `tile`
 /// (`[block, head_dim]`, row-major), zeros past the head's end. The cube's units load
 /// consecutive vectors of `N` (coalesced; `N` divides `head_dim`, so a vector stays in its
