@@ -11,7 +11,9 @@
 # products queued after each replay (new, never run on a GPU in this form) is checked against
 # the eager step. The profile then runs with host ordering as its baseline where device
 # ordering passed (with host ordering alone where it failed), and leaves out the captured
-# runs where the capture failed (GRAPH=0); the report says why. Each check's run is under a
+# runs where the capture failed (GRAPH=0); the report says why. Where host ordering failed
+# too (gpu_smoke.sh's exit 2), the report says that the step itself failed, not the ordering:
+# kernels new since the last lease run on that path and have never been compiled for a GPU. Each check's run is under a
 # 70 s timeout, so a hang costs a minute.
 #
 # BIN_DIR as gpu_profile.sh takes it (bins.tar.xz, or the binaries). REPORT_DIR receives
@@ -31,8 +33,10 @@ benchmarks/unpack_bins.sh "$BIN_DIR" "$BIN" || exit 1
 
 # bf16 only: the half-precision products are the ones cuBLAS takes by default.
 GRAPH=0
-if REFERENCE=FERROTRON_CUBLAS_ORDER=host PRECISIONS=bf16 benchmarks/gpu_smoke.sh "$BIN/pretrain" "$PY" \
-  > "$REPORT/smoke-device.txt" 2>&1; then
+REFERENCE=FERROTRON_CUBLAS_ORDER=host PRECISIONS=bf16 benchmarks/gpu_smoke.sh "$BIN/pretrain" "$PY" \
+  > "$REPORT/smoke-device.txt" 2>&1
+smoke=$?
+if [ $smoke -eq 0 ]; then
   ORDER=device BASELINE=FERROTRON_CUBLAS_ORDER=host
   VERDICT="device ordering passed the smoke check (the losses of host ordering); the profile runs with it, host ordering as the baseline"
   # The same kernels in the same order: the replayed losses equal the eager ones (bit for bit
@@ -44,6 +48,11 @@ if REFERENCE=FERROTRON_CUBLAS_ORDER=host PRECISIONS=bf16 benchmarks/gpu_smoke.sh
   else
     VERDICT="$VERDICT; the captured step FAILED its check (smoke-graph.txt): the profile leaves its runs out"
   fi
+elif [ $smoke -eq 2 ]; then
+  # Host ordering ran on H200s before; a failure there too is the step's own (a kernel new
+  # since, say), which the default runs below will meet again: the report must say so.
+  ORDER=host BASELINE=
+  VERDICT="the default bf16 step FAILED under host ordering as well as device ordering (smoke-device.txt): a fault of the step itself, not of the ordering; the profile runs with host ordering, no baseline and no captured step, and its runs that take the same path will fail the same way"
 else
   ORDER=host BASELINE=
   VERDICT="device ordering FAILED the smoke check (smoke-device.txt); the profile runs with host ordering (measured on H200s before), no baseline and no captured step"

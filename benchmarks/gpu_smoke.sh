@@ -11,6 +11,9 @@
 #
 #   benchmarks/gpu_smoke.sh PRETRAIN_BINARY [PYTHON]      PRECISIONS="fp32 bf16" by default
 #
+# Exit 0: the losses agree; 1: they do not, or the run under test failed; 2: the reference run
+# failed too (then the fault is in what both runs share, not in what the check varies).
+#
 # Run from the repository root (it trains on the bundled WikiText-2 validation set; DEVICE=cpu
 # dry-runs it on a CPU). gpu_session.sh checks device ordering against host ordering
 # (REFERENCE=FERROTRON_CUBLAS_ORDER=host) and the captured step against the eager one
@@ -31,7 +34,7 @@ run() {
     --data-cache-path "$W/cache" "$@" 2>&1
 }
 losses() { grep -o 'lm loss: [0-9.E+-]*' "$1" | awk '{print $3}' | tr '\n' ' '; }
-ok=1
+ok=1 reference_failed=0
 REFERENCE=${REFERENCE-FERROTRON_MATMUL=cubecl}
 for p in ${PRECISIONS:-fp32 bf16}; do
   flags=""; [ "$p" = bf16 ] && flags=--bf16
@@ -39,6 +42,7 @@ for p in ${PRECISIONS:-fp32 bf16}; do
   T=70 run $flags ${TEST_FLAGS:-} > "$W/test-$p.log"; rc_a=$?
   # shellcheck disable=SC2086
   ( for kv in $REFERENCE; do export "${kv?}"; done; T=200 run $flags ${REFERENCE_FLAGS:-} ) > "$W/reference-$p.log"; rc_b=$?
+  [ $rc_b -eq 0 ] || reference_failed=1
   a=$(losses "$W/test-$p.log") b=$(losses "$W/reference-$p.log")
   echo "$p tested${TEST_FLAGS:+ ($TEST_FLAGS)} (exit $rc_a): $a"
   echo "$p reference${REFERENCE:+ ($REFERENCE)} (exit $rc_b): $b"
@@ -51,5 +55,9 @@ for p in ${PRECISIONS:-fp32 bf16}; do
     tail -3 "$W/reference-$p.log"
   fi
 done
+if [ $ok != 1 ] && [ $reference_failed = 1 ]; then
+  echo "gpu_smoke: FAILED, the reference run too"
+  exit 2
+fi
 [ $ok = 1 ] || { echo "gpu_smoke: FAILED"; exit 1; }
 echo "gpu_smoke: the tested and the reference runs give the same losses"
