@@ -204,8 +204,9 @@ say ""
 # loop). First at the host floor's sizes, where the step is launch overhead (30 s); the
 # model's sizes after the profile.
 SG="$WORK/bin/step_graph"
-# GRAPH_DEVICE: a CubeCL device for these runs where DEVICE is not one (a dry run: wgpu-cpu).
-GD=${GRAPH_DEVICE:-$DEVICE}
+# CUBE_DEVICE: a CubeCL device for the runs that need one (these captured steps, the
+# per-kernel profile) where DEVICE is not one (a dry run: DEVICE=cpu, CUBE_DEVICE=wgpu-cpu).
+GD=${CUBE_DEVICE:-$DEVICE}
 graph_section() {
   [ -x "$SG" ] || return 0
   say "## Captured step ($1): the training step (forward, backward, AdamW) replayed from a CUDA graph against eager (bf16, dropout 0.1)"
@@ -226,17 +227,16 @@ graph_model() {
 graph_section "host floor: 24 layers, hidden 64, 4 heads, seq 64, micro-batch 4" graph_floor
 
 PROFILE_FLAGS=${PROFILE_FLAGS:-}
-# PROFILE_DEVICE, PROFILE_PRECISION: a dry run's CubeCL device and a precision it takes
-# (DEVICE=cpu writes no CubeCL profile and lavapipe refuses bf16: wgpu-cpu and --fp16), so the
-# profile's summary and watch table run before a lease depends on them.
-PD=${PROFILE_DEVICE:-$DEVICE} PP=${PROFILE_PRECISION:---bf16}
+# PROFILE_PRECISION: a precision the dry run's CUBE_DEVICE takes (lavapipe refuses bf16:
+# --fp16), so the profile's summary and watch table run before a lease depends on them.
+PP=${PROFILE_PRECISION:---bf16}
 # One 5-iteration run, read by iteration: the launches after iteration 2's Adam step up to the
 # last one (an autotuning build logs its tuning and CubeCL's device probes in amounts that vary
 # from run to run, so subtracting a shorter run's log does not cancel them).
-say "## Per-kernel GPU time (CubeCL profile on $PD, ${PP#--} with dropout, ${PROFILE_FLAGS:-default attention}; iterations 3-5 of a 5-iteration run)"
+say "## Per-kernel GPU time (CubeCL profile on $GD, ${PP#--} with dropout, ${PROFILE_FLAGS:-default attention}; iterations 3-5 of a 5-iteration run)"
 say '```'
 # shellcheck disable=SC2086
-if DEVICE=$PD CUBECL_DEBUG_OPTION=profile CUBECL_DEBUG_LOG="$WORK/logs/prof5.txt" step profile-5 90 40 pretrain_model "$P" profile-5 5 $PROFILE_FLAGS $PP $D; then
+if DEVICE=$GD CUBECL_DEBUG_OPTION=profile CUBECL_DEBUG_LOG="$WORK/logs/prof5.txt" step profile-5 90 40 pretrain_model "$P" profile-5 5 $PROFILE_FLAGS $PP $D; then
   "$PY" benchmarks/kernel_profile_summary.py "$WORK/logs/prof5.txt" --after AdamStep 2 \
     --watch benchmarks/watched_kernels.tsv 2>&1 | tee -a "$R"
 fi
