@@ -6,12 +6,14 @@
 # Why: a lease is about fifteen minutes of device time, of which one call of at most ten is
 # the measuring (the machine's start takes the rest). Chaining `gpu_smoke.sh && gpu_profile.sh`
 # by hand measured nothing when the smoke failed. Here, first, the cuBLAS products ordered on
-# the device (the default since 2026-11-27: measured 1.30x host ordering on an H200) are
-# checked against host ordering; if they pass, the step captured into a graph with its cuBLAS
-# products queued after each replay (new, never run on a GPU in this form) is checked against
-# the eager step. The profile then runs with host ordering as its baseline where device
-# ordering passed (with host ordering alone where it failed), and leaves out the captured
-# runs where the capture failed (GRAPH=0); the report says why. Where host ordering failed
+# the device (the default since 2026-11-27: measured 1.30x host ordering on an H200), now with
+# cuBLAS's side queued by CubeCL's device thread (2026-11-29, not yet run on a GPU), are checked
+# against host ordering, and where they fail, the same ordering queued by the calling thread
+# (the way measured); if one passes, the step captured into a graph with its cuBLAS products
+# queued after each replay (never run on a GPU in this form) is checked against the eager
+# step. The profile then runs the ordering that passed with the one measured before it as its
+# baseline (host ordering alone where both failed), and leaves out the captured runs where
+# the capture failed (GRAPH=0); the report says why. Where host ordering failed
 # too (gpu_smoke.sh's exit 2), the report says that the step itself failed, not the ordering:
 # kernels new since the last lease run on that path and have never been compiled for a GPU. Each check's run is under a
 # 70 s timeout, so a hang costs a minute.
@@ -31,17 +33,31 @@ BIN=$(mktemp -d)
 benchmarks/unpack_bins.sh "$BIN_DIR" "$BIN" || exit 1
 [ -x "$BIN/pretrain" ] || { echo "gpu_session: no pretrain binary in $BIN_DIR"; exit 1; }
 
-# bf16 only: the half-precision products are the ones cuBLAS takes by default.
+# bf16 only: the half-precision products are the ones cuBLAS takes by default. The default
+# device ordering has CubeCL's device thread queue cuBLAS's side of each window (2026-11-29,
+# never run on a GPU); where it fails, the way measured on 2026-11-27 (queued by the thread
+# making the products, FERROTRON_CUBLAS_ORDER=device-caller) is checked before host ordering
+# is fallen back on.
 GRAPH=0
 REFERENCE=FERROTRON_CUBLAS_ORDER=host PRECISIONS=bf16 benchmarks/gpu_smoke.sh "$BIN/pretrain" "$PY" \
   > "$REPORT/smoke-device.txt" 2>&1
 smoke=$?
-if [ $smoke -eq 0 ]; then
-  ORDER=device BASELINE=FERROTRON_CUBLAS_ORDER=host
-  VERDICT="device ordering passed the smoke check (the losses of host ordering); the profile runs with it, host ordering as the baseline"
+if [ $smoke -eq 1 ]; then
+  FERROTRON_CUBLAS_ORDER=device-caller REFERENCE=FERROTRON_CUBLAS_ORDER=host PRECISIONS=bf16 \
+    benchmarks/gpu_smoke.sh "$BIN/pretrain" "$PY" > "$REPORT/smoke-device-caller.txt" 2>&1
+  [ $? -eq 0 ] && smoke=3
+fi
+if [ $smoke -eq 0 ] || [ $smoke -eq 3 ]; then
+  if [ $smoke -eq 0 ]; then
+    ORDER=device BASELINE=FERROTRON_CUBLAS_ORDER=device-caller
+    VERDICT="device ordering with cuBLAS's side queued by CubeCL's device thread passed the smoke check (the losses of host ordering); the profile runs it, with the same ordering queued by the calling thread (measured 2026-11-27) as the baseline"
+  else
+    ORDER=device-caller BASELINE=FERROTRON_CUBLAS_ORDER=host
+    VERDICT="device ordering with cuBLAS's side queued by CubeCL's device thread FAILED the smoke check (smoke-device.txt), queued by the calling thread it passed (smoke-device-caller.txt); the profile runs the latter, host ordering as the baseline"
+  fi
   # The same kernels in the same order: the replayed losses equal the eager ones (bit for bit
   # on lavapipe); 1e-5 leaves room for cuBLAS choosing another algorithm, not for a race.
-  if TEST_FLAGS="--cuda-graph-impl local --cuda-graph-scope full_iteration" REFERENCE= TOLERANCE=1e-5 PRECISIONS=bf16 \
+  if FERROTRON_CUBLAS_ORDER=$ORDER TEST_FLAGS="--cuda-graph-impl local --cuda-graph-scope full_iteration" REFERENCE= TOLERANCE=1e-5 PRECISIONS=bf16 \
     benchmarks/gpu_smoke.sh "$BIN/pretrain" "$PY" > "$REPORT/smoke-graph.txt" 2>&1; then
     GRAPH=1
     VERDICT="$VERDICT; the captured step passed too (the eager step's losses), so the profile runs it"
@@ -55,7 +71,7 @@ elif [ $smoke -eq 2 ]; then
   VERDICT="the default bf16 step FAILED under host ordering as well as device ordering (smoke-device.txt): a fault of the step itself, not of the ordering; the profile runs with host ordering, no baseline and no captured step, and its runs that take the same path will fail the same way"
 else
   ORDER=host BASELINE=
-  VERDICT="device ordering FAILED the smoke check (smoke-device.txt); the profile runs with host ordering (measured on H200s before), no baseline and no captured step"
+  VERDICT="device ordering FAILED the smoke check both ways (smoke-device.txt, smoke-device-caller.txt); the profile runs with host ordering (measured on H200s before), no baseline and no captured step"
 fi
 # The fused attention on tensor cores (cmma; never run on a GPU before) against the same
 # binary's CUDA-core kernels: the two differ by rounding only (the probabilities and score

@@ -20,6 +20,16 @@
 //! CubeCL stream has its own pair of counters: the ranks of a threaded tensor-parallel run may
 //! share a GPU, and with one pair a stream's count could release another stream's products.
 //!
+//! Who queues cuBLAS's side of a window: CubeCL's device thread (the default since
+//! 2026-11-29), as a task queued between the window's count and its wait
+//! (`util::device_thread`). The flush and the operands' device addresses are then answers
+//! the server gives there, in order, where the thread making the products had to wait for
+//! each (a flush and three lookups per product, ≈ 1,600 waits per GPT-2 345M step, each
+//! until the device thread had run everything queued before it): the two threads took turns
+//! where they now overlap. On the H200 the step was bound by the host (68.5 ms against
+//! ≈ 43 ms of GPU work; 24 layers at hidden 64 took 79 ms), which is what this is for; not
+//! measured on a GPU yet. `FERROTRON_CUBLAS_ORDER=device-caller` keeps the measured way.
+//!
 //! A captured step (`src/training/step_graph.rs`) records CubeCL's side of each window (the
 //! two ordering kernels) into its graph and cuBLAS's side here ([`RecordedWindows`]: the
 //! products' shapes and device addresses); after each replay the host queues the recorded
@@ -43,7 +53,8 @@ use burn::backend::Backend as _;
 use burn::backend::TensorMetadata;
 use burn::tensor::{DType, Shape};
 use burn_cubecl::cubecl::device::Device as CubeDevice;
-use burn_cubecl::cubecl::server::Handle;
+use burn_cubecl::cubecl::device_handle::DeviceHandle;
+use burn_cubecl::cubecl::server::{Handle, Server as _, ServerStorage as _};
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
@@ -62,19 +73,54 @@ type CudaServer =
 /// against CubeCL's.
 struct Blas {
     context: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
-    handle: sys::cublasHandle_t,
+    /// cuBLAS's handle and stream: used by the thread making the products (host ordering,
+    /// [`Order::DeviceFromCaller`], replays) or by CubeCL's device thread
+    /// ([`Order::DeviceThread`]).
+    side: Arc<Mutex<CublasSide>>,
+    /// CubeCL's device thread for this GPU, where [`Order::DeviceThread`] queues cuBLAS's side
+    /// of each window.
+    device_thread: Option<DeviceHandle<CudaServer>>,
     /// The ordering counters of each thread's CubeCL stream (one stream per thread: the
     /// threads of a tensor-parallel run may share a GPU, and one pair of counters for two
     /// streams would let one stream's count release the other's products).
     counters: HashMap<std::thread::ThreadId, Counters>,
-    /// Whether the device orders the two streams (else the host waits for each).
-    device_ordered: bool,
+    /// How the two streams are ordered (host ordering where the driver refuses the device's).
+    order: Order,
+    /// cuBLAS's side of the windows of a step being captured, in order.
+    recorded: Vec<RecordedWindow>,
+}
+
+/// cuBLAS's handle and stream, and what its queued products hold.
+struct CublasSide {
+    stream: Arc<CudaStream>,
+    handle: sys::cublasHandle_t,
     /// The operands and results of products cuBLAS may still be running, pinned in place
     /// until its stream is idle.
     in_flight: Vec<Box<dyn Send>>,
-    /// cuBLAS's side of the windows of a step being captured, in order.
-    recorded: Vec<RecordedWindow>,
+    /// The first failure of a window queued by CubeCL's device thread, for the thread making
+    /// the products to report at its next window (a task of the device thread has no caller
+    /// to return it to).
+    failure: Option<String>,
+}
+
+// The handle is used by one thread at a time: every use goes through the mutex around it.
+unsafe impl Send for CublasSide {}
+
+/// How cuBLAS's stream is ordered against CubeCL's (`FERROTRON_CUBLAS_ORDER`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Order {
+    /// `host`: the host waits for CubeCL's stream before each window's products and for
+    /// cuBLAS's after them (two waits per window).
+    Host,
+    /// `device-caller`: the device orders the streams (the counters), and the thread making
+    /// the products queues cuBLAS's side itself once CubeCL's device thread has run what was
+    /// queued before: a flush and three address lookups per product, each a wait for that
+    /// thread (2026-11-27 on an H200: 68.5 ms per GPT-2 345M step, 1.30× host ordering).
+    DeviceFromCaller,
+    /// `device`, the default: the device orders the streams, and CubeCL's device thread
+    /// queues cuBLAS's side as a task after the window's count, so the thread making the
+    /// products waits for nothing (see the module's doc).
+    DeviceThread,
 }
 
 /// The two `u32` counters ordering one CubeCL stream against cuBLAS's: `[0]` counted on
@@ -128,9 +174,6 @@ pub struct RecordedWindows {
     index: usize,
     windows: Vec<RecordedWindow>,
 }
-
-// The handle is used by one thread at a time: every use goes through the mutex below.
-unsafe impl Send for Blas {}
 
 /// The handles, by GPU index; `None` once cuBLAS failed to start on that GPU.
 fn handles() -> &'static Mutex<HashMap<usize, Option<Blas>>> {
@@ -199,32 +242,71 @@ fn start(like: &CubeTensor, index: usize) -> Result<Blas, String> {
     // SAFETY: a live handle and a live stream of the same context.
     unsafe { result::set_stream(handle, stream.cu_stream() as sys::cudaStream_t) }
         .map_err(|e| format!("cublasSetStream: {e:?}"))?;
-    let counters = HashMap::from([(std::thread::current().id(), Counters::new(like)?)]);
+    let counters = Counters::new(like)?;
+    let mut order = order_asked();
+    if order != Order::Host {
+        if let Err(e) = probe_stream_waits(&stream, counters.address) {
+            eprintln!("warning: {e}; cuBLAS products are ordered by host waits");
+            order = Order::Host;
+        }
+    }
+    let device_thread = crate::util::device_thread::device_thread::<CudaServer>(&like.client);
+    if order == Order::DeviceThread && device_thread.is_none() {
+        order = Order::DeviceFromCaller;
+    }
     Ok(Blas {
         context,
-        stream,
-        handle,
-        counters,
-        device_ordered: device_order_asked(),
-        in_flight: Vec::new(),
+        side: Arc::new(Mutex::new(CublasSide {
+            stream,
+            handle,
+            in_flight: Vec::new(),
+            failure: None,
+        })),
+        device_thread,
+        counters: HashMap::from([(std::thread::current().id(), counters)]),
+        order,
         recorded: Vec::new(),
     })
 }
 
-/// Whether the device is to order cuBLAS's stream against CubeCL's (the default), or the host
-/// (`FERROTRON_CUBLAS_ORDER=host`).
-fn device_order_asked() -> bool {
-    static DEVICE: OnceLock<bool> = OnceLock::new();
-    *DEVICE.get_or_init(
+/// Makes `stream` wait for a condition already true (the counter at `address` at least 0):
+/// `Err` where the driver refuses stream memory operations, which device ordering needs. Asked
+/// before the first window, because a window queued by CubeCL's device thread cannot fall back
+/// to host ordering once its wait kernel is queued.
+fn probe_stream_waits(stream: &CudaStream, address: u64) -> Result<(), String> {
+    // SAFETY: the counters are pinned device memory of this context; the condition holds.
+    let waited = unsafe {
+        driver::cuStreamWaitValue32_v2(
+            stream.cu_stream(),
+            address,
+            0,
+            driver::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
+        )
+    };
+    if waited == driver::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(format!(
+            "the driver refuses stream memory operations ({waited:?})"
+        ))
+    }
+}
+
+/// How the streams are to be ordered (`FERROTRON_CUBLAS_ORDER`: `device`, the default,
+/// `device-caller` or `host`).
+fn order_asked() -> Order {
+    static ORDER: OnceLock<Order> = OnceLock::new();
+    *ORDER.get_or_init(
         || match std::env::var("FERROTRON_CUBLAS_ORDER").as_deref() {
-            Ok("host") => false,
-            Ok("device") | Ok("") | Err(_) => true,
+            Ok("host") => Order::Host,
+            Ok("device-caller") => Order::DeviceFromCaller,
+            Ok("device") | Ok("") | Err(_) => Order::DeviceThread,
             Ok(other) => {
                 eprintln!(
-                    "warning: FERROTRON_CUBLAS_ORDER={other} is neither `device` nor `host`; the \
-                 device orders cuBLAS's products"
+                    "warning: FERROTRON_CUBLAS_ORDER={other} is none of `device`, \
+                     `device-caller` and `host`; the device orders cuBLAS's products"
                 );
-                true
+                Order::DeviceThread
             }
         },
     )
@@ -234,10 +316,10 @@ fn device_order_asked() -> bool {
 /// them (a replay cannot wait on the host), on every GPU where cuBLAS has run so far.
 pub fn capturable() -> bool {
     let handles = handles().lock().unwrap_or_else(|e| e.into_inner());
-    device_order_asked()
+    order_asked() != Order::Host
         && handles
             .values()
-            .all(|blas| blas.as_ref().is_none_or(|b| b.device_ordered))
+            .all(|blas| blas.as_ref().is_none_or(|b| b.order != Order::Host))
 }
 
 /// Waits for cuBLAS's stream on GPU `index` and unpins what its products held. To be called
@@ -245,11 +327,25 @@ pub fn capturable() -> bool {
 /// refuses them from every thread), and the recording allocates from pools these pins would
 /// otherwise keep (the recording pins nothing).
 pub fn settle(index: usize) {
-    let mut handles = handles().lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(Some(blas)) = handles.get_mut(&index) {
-        let _ = blas.stream.synchronize();
-        blas.in_flight.clear();
+    let handles = handles().lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(Some(blas)) = handles.get(&index) {
+        let side = blas.side.clone();
+        let settle = move || lock(&side).settle();
+        match (&blas.device_thread, blas.order) {
+            // After the windows the device thread has yet to queue.
+            (Some(thread), Order::DeviceThread) => {
+                let _ = thread.submit_blocking(move |_| settle());
+            }
+            _ => settle(),
+        }
+        blas.report_failure();
     }
+}
+
+/// `side` locked (a panic while it was held poisons nothing it guards: the stream and the pins
+/// stay as they were).
+fn lock(side: &Mutex<CublasSide>) -> std::sync::MutexGuard<'_, CublasSide> {
+    side.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 thread_local! {
@@ -306,12 +402,15 @@ impl RecordedWindows {
             return Err("the step's products were recorded on another thread".into());
         };
         let address = counters.address;
+        // The replay was enqueued by a call that waited for the device thread: the windows it
+        // queued before are on cuBLAS's stream, ahead of these.
+        let side = lock(&blas.side);
         for window in &self.windows {
             counters.windows = counters.windows.wrapping_add(1);
             let count = counters.windows;
             match queue_window(
-                blas.handle,
-                &blas.stream,
+                side.handle,
+                &side.stream,
                 &window.products,
                 (address, count),
             ) {
@@ -325,7 +424,7 @@ impl RecordedWindows {
     }
 }
 
-impl Blas {
+impl CublasSide {
     /// Unpins what finished products held, once cuBLAS's stream is idle (or after many).
     fn release_finished(&mut self) {
         if self.in_flight.is_empty() {
@@ -340,6 +439,54 @@ impl Blas {
             return;
         }
         self.in_flight.clear();
+    }
+
+    /// cuBLAS's side of a window, from CubeCL's device thread ([`window_on_device_thread`]):
+    /// the products queued after the window's count, or, where their buffers could not be
+    /// pinned or the driver refused, the count written from the host so that CubeCL's stream
+    /// goes on. `Err` says what failed.
+    fn queue_from_device_thread(
+        &mut self,
+        context: &CudaContext,
+        pinned: Result<(Vec<Product>, Box<dyn Send>), String>,
+        (address, count): (u64, u32),
+    ) -> Result<(), String> {
+        let bound = context
+            .bind_to_thread()
+            .map_err(|e| format!("CUDA context on CubeCL's device thread: {e}"));
+        let (products, pins) = match bound.and(pinned) {
+            Ok(pinned) => pinned,
+            Err(e) => {
+                release_from_host(address, count);
+                return Err(format!("a cuBLAS window's buffers: {e}"));
+            }
+        };
+        self.release_finished();
+        let queued = queue_window(self.handle, &self.stream, &products, (address, count));
+        self.in_flight.push(pins);
+        match queued {
+            Ok(()) => Ok(()),
+            Err(WindowError::Product(e)) => Err(e),
+            Err(WindowError::Refused(e)) => {
+                release_from_host(address, count);
+                Err(e)
+            }
+        }
+    }
+
+    /// Waits for cuBLAS's stream and unpins everything its products held.
+    fn settle(&mut self) {
+        let _ = self.stream.synchronize();
+        self.in_flight.clear();
+    }
+}
+
+impl Blas {
+    /// Panics with the failure of a window CubeCL's device thread queued, if one failed.
+    fn report_failure(&self) {
+        if let Some(failure) = lock(&self.side).failure.take() {
+            panic!("{failure}");
+        }
     }
 }
 
@@ -410,6 +557,15 @@ fn queue_window(
         }
     }
     Ok(())
+}
+
+/// Writes `count` to the second counter at `address` from the host, for a window whose
+/// products were not queued: CubeCL's wait for them ends (their results are not written; the
+/// failure is reported instead).
+fn release_from_host(address: u64, count: u32) {
+    // SAFETY: the counters are pinned device memory of the current context.
+    let _ =
+        unsafe { driver::cuMemcpyHtoD_v2(address + 4, &count as *const u32 as *const c_void, 4) };
 }
 
 /// Holds CubeCL's stream until cuBLAS's count has caught up with CubeCL's, i.e. until this
@@ -610,60 +766,169 @@ fn window<const N: usize>(products: [Planned; N]) -> Option<[CubeTensor; N]> {
                 .ok()
         })
         .as_mut()?;
-    if capturing && !blas.device_ordered {
+    blas.report_failure();
+    if capturing && blas.order == Order::Host {
         // A replay cannot wait on the host: CubeCL's matmul is captured instead.
         return None;
     }
-    if !capturing {
-        blas.release_finished();
-    }
-    let resource = |t: &CubeTensor| t.client.get_resource::<CudaServer>(t.handle.clone()).ok();
-    let mut held = Vec::with_capacity(N);
-    for p in &products {
-        held.push((resource(&p.a)?, resource(&p.b)?, resource(&p.out)?));
-    }
-    let queued: Vec<Product> = products
-        .iter()
-        .zip(&held)
-        .map(|(p, (ra, rb, rc))| Product {
-            shape: p.shape,
-            a: (p.oa, ra.resource().ptr),
-            b: (p.ob, rb.resource().ptr),
-            c: rc.resource().ptr,
-        })
-        .collect();
+    let buffers: Vec<Buffers> = products.iter().map(Planned::buffers).collect();
     let outs: Vec<&CubeTensor> = products.iter().map(|p| &p.out).collect();
-    let counters = thread_counters(&mut blas.counters, &first.a)?;
     if capturing {
+        // The graph guards the pages (see the module's doc): the pins go with this call.
+        let (queued, _pins) = addresses_from_caller(&first.a, &buffers)?;
+        let counters = thread_counters(&mut blas.counters, &first.a)?;
         kernels::signal(&first.a.client, &counters.flags);
         blas.recorded.push(RecordedWindow { products: queued });
         wait_on_cubecl(&counters.flags, &outs);
-        // The graph guards the pages (see the module's doc): nothing to hold.
         return Some(products.map(|p| p.out));
     }
-    if blas.device_ordered {
-        if counters.count_on_cubecl(&first.a) {
-            blas.context.bind_to_thread().ok()?;
-            let at = (counters.address, counters.windows);
-            match queue_window(blas.handle, &blas.stream, &queued, at) {
-                Ok(()) => {
-                    wait_on_cubecl(&counters.flags, &outs);
-                    blas.in_flight.push(Box::new(held));
-                    return Some(products.map(|p| p.out));
-                }
-                Err(WindowError::Refused(e)) => {
-                    eprintln!("warning: {e}; cuBLAS products are ordered by host waits")
-                }
-                Err(WindowError::Product(e)) => panic!("{e} ({:?})", first.a.dtype),
-            }
-        }
-        blas.device_ordered = false;
+    let queued = match blas.order {
+        Order::DeviceThread => window_on_device_thread(blas, &buffers, &outs),
+        Order::DeviceFromCaller => window_from_caller(blas, &buffers, &outs),
+        Order::Host => None,
+    };
+    if queued.is_none() {
+        window_host_ordered(blas, &buffers, &first.a)?;
     }
-    CubeBackend::sync(&first.a.device).ok()?;
-    blas.context.bind_to_thread().ok()?;
-    run_host_ordered(blas, &queued, first.a.dtype);
-    drop(held);
     Some(products.map(|p| p.out))
+}
+
+/// Device ordering with cuBLAS's side queued by CubeCL's device thread ([`Order::DeviceThread`]):
+/// this thread queues the window's count, a task for the device thread, and the wait for the
+/// products, and goes on. The task flushes the count to the device (cuBLAS's stream must not
+/// wait for a kernel still in CubeCL's queue: see the module's doc), pins the buffers for their
+/// addresses, and queues the products; where that fails, the count is written from the host so
+/// that the wait, queued next, never waits forever, and the failure is reported at this
+/// thread's next window. `None` where nothing was queued.
+fn window_on_device_thread(
+    blas: &mut Blas,
+    buffers: &[Buffers],
+    outs: &[&CubeTensor],
+) -> Option<()> {
+    let first = outs[0];
+    let thread = blas.device_thread.clone()?;
+    let counters = thread_counters(&mut blas.counters, first)?;
+    kernels::signal(&first.client, &counters.flags);
+    counters.windows = counters.windows.wrapping_add(1);
+    let at = (counters.address, counters.windows);
+    // The stream the results were made on: this thread's, the one counted on.
+    let stream = first.handle.stream;
+    let (side, context, buffers) = (blas.side.clone(), blas.context.clone(), buffers.to_vec());
+    thread.submit(move |server| {
+        let flushed = server
+            .flush(stream)
+            .map_err(|e| format!("flushing a window's count: {e:?}"));
+        let pinned = flushed.and_then(|()| {
+            let pin = |h: &Handle| {
+                server
+                    .get_resource(h.clone().binding(), stream)
+                    .map_err(|e| format!("{e:?}"))
+            };
+            addresses(&buffers, pin, |r| r.resource().ptr)
+        });
+        let mut side = lock(&side);
+        if let Err(e) = side.queue_from_device_thread(&context, pinned, at) {
+            side.failure.get_or_insert(e);
+        }
+    });
+    wait_on_cubecl(&counters.flags, outs);
+    Some(())
+}
+
+/// Device ordering with cuBLAS's side queued by this thread ([`Order::DeviceFromCaller`]);
+/// `None` where the flush or the driver refused and nothing was queued (host ordering from
+/// then on).
+fn window_from_caller(blas: &mut Blas, buffers: &[Buffers], outs: &[&CubeTensor]) -> Option<()> {
+    let first = outs[0];
+    let (queued, pins) = addresses_from_caller(first, buffers)?;
+    let counters = thread_counters(&mut blas.counters, first)?;
+    if counters.count_on_cubecl(first) && blas.context.bind_to_thread().is_ok() {
+        let mut side = lock(&blas.side);
+        side.release_finished();
+        let at = (counters.address, counters.windows);
+        match queue_window(side.handle, &side.stream, &queued, at) {
+            Ok(()) => {
+                side.in_flight.push(pins);
+                drop(side);
+                wait_on_cubecl(&counters.flags, outs);
+                return Some(());
+            }
+            Err(WindowError::Refused(e)) => {
+                eprintln!("warning: {e}; cuBLAS products are ordered by host waits")
+            }
+            Err(WindowError::Product(e)) => panic!("{e} ({:?})", first.dtype),
+        }
+    }
+    blas.order = Order::Host;
+    None
+}
+
+/// Host ordering: CubeCL's stream waited for, the products run, cuBLAS's stream waited for.
+fn window_host_ordered(blas: &Blas, buffers: &[Buffers], like: &CubeTensor) -> Option<()> {
+    let (queued, pins) = addresses_from_caller(like, buffers)?;
+    CubeBackend::sync(&like.device).ok()?;
+    blas.context.bind_to_thread().ok()?;
+    let mut side = lock(&blas.side);
+    side.release_finished();
+    run_host_ordered(&side, &queued, like.dtype);
+    drop(pins);
+    Some(())
+}
+
+/// A planned product as its buffers, which a task of CubeCL's device thread can hold.
+#[derive(Clone)]
+struct Buffers {
+    shape: GemmShape,
+    a: (Operand, Handle),
+    b: (Operand, Handle),
+    c: Handle,
+}
+
+impl Planned {
+    fn buffers(&self) -> Buffers {
+        Buffers {
+            shape: self.shape,
+            a: (self.oa, self.a.handle.clone()),
+            b: (self.ob, self.b.handle.clone()),
+            c: self.out.handle.clone(),
+        }
+    }
+}
+
+/// The products of `buffers` with their device addresses, and the pins that keep those in
+/// place while held: each buffer pinned by `pin`, its address read by `address`.
+fn addresses<R: Send + 'static>(
+    buffers: &[Buffers],
+    mut pin: impl FnMut(&Handle) -> Result<R, String>,
+    address: impl Fn(&R) -> u64,
+) -> Result<(Vec<Product>, Box<dyn Send>), String> {
+    let mut pins = Vec::with_capacity(3 * buffers.len());
+    let mut products = Vec::with_capacity(buffers.len());
+    for b in buffers {
+        let (a, bb, c) = (pin(&b.a.1)?, pin(&b.b.1)?, pin(&b.c)?);
+        products.push(Product {
+            shape: b.shape,
+            a: (b.a.0, address(&a)),
+            b: (b.b.0, address(&bb)),
+            c: address(&c),
+        });
+        pins.extend([a, bb, c]);
+    }
+    Ok((products, Box::new(pins)))
+}
+
+/// [`addresses`] looked up from this thread: each a wait for CubeCL's device thread to run
+/// what was queued before.
+fn addresses_from_caller(
+    like: &CubeTensor,
+    buffers: &[Buffers],
+) -> Option<(Vec<Product>, Box<dyn Send>)> {
+    let pin = |h: &Handle| {
+        like.client
+            .get_resource::<CudaServer>(h.clone())
+            .map_err(|e| format!("{e:?}"))
+    };
+    addresses(buffers, pin, |r| r.resource().ptr).ok()
 }
 
 /// This thread's ordering counters (created at its first window: one pair per CubeCL
@@ -685,15 +950,15 @@ fn thread_counters<'a>(
 }
 
 /// Runs `products` on cuBLAS's stream and waits for it (CubeCL's work already waited for).
-fn run_host_ordered(blas: &Blas, products: &[Product], dtype: DType) {
+fn run_host_ordered(side: &CublasSide, products: &[Product], dtype: DType) {
     let statuses: Vec<_> = products
         .iter()
         // SAFETY: the caller holds the pointers pinned until this returns, after cuBLAS's
         // stream has run the products; shapes, leading dimensions and batch strides were
         // checked against the tensors.
-        .map(|p| unsafe { gemm(blas.handle, p.shape, p.a, p.b, p.c) })
+        .map(|p| unsafe { gemm(side.handle, p.shape, p.a, p.b, p.c) })
         .collect();
-    blas.stream
+    side.stream
         .synchronize()
         .unwrap_or_else(|e| panic!("cuBLAS gemm: {e}"));
     for (p, status) in products.iter().zip(statuses) {

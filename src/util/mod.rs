@@ -11,6 +11,8 @@ pub mod cube_tensor;
 #[cfg(feature = "cuda")]
 pub mod cublas;
 pub mod device;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod device_thread;
 pub mod exit_signal;
 pub mod fixed_order_sum;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
