@@ -77,7 +77,7 @@ fi
 # binary's CUDA-core kernels: the two differ by rounding only (the probabilities and score
 # gradients rounded to bf16 before their products), so the losses agree to well under 0.5 %.
 # Informational: the profile runs --use-flash-attn both ways whatever this finds.
-if TEST_FLAGS=--use-flash-attn REFERENCE=FERROTRON_ATTENTION_MMA=0 REFERENCE_FLAGS=--use-flash-attn \
+if FERROTRON_CUBLAS_ORDER=$ORDER TEST_FLAGS=--use-flash-attn REFERENCE=FERROTRON_ATTENTION_MMA=0 REFERENCE_FLAGS=--use-flash-attn \
   TOLERANCE=5e-3 PRECISIONS=bf16 benchmarks/gpu_smoke.sh "$BIN/pretrain" "$PY" > "$REPORT/smoke-flash.txt" 2>&1; then
   VERDICT="$VERDICT; the fused attention on tensor cores gave the CUDA-core kernels' losses (smoke-flash.txt)"
 else
