@@ -1,9 +1,5 @@
-//! Matrix products of CUDA tensors through NVIDIA's cuBLAS (CUDA builds only).
-//!
-//! Why: on an H200, CubeCL's autotuned matmuls reach 80–175 TFLOP/s on GPT-2 345M's shapes
-//! where cuBLAS reaches 460–860 (benchmarks/results/2026-11-26-h200-gpu-profile.md), and
-//! matmuls were half of a training step's GPU time. cuBLAS is opened at run time (as NCCL
-//! is): a machine without it falls back to CubeCL's kernels with one warning.
+//! How cuBLAS's stream is ordered against CubeCL's, window by window, and how a captured
+//! step's products are recorded and queued after each replay.
 //!
 //! cuBLAS runs on a stream of its own (CubeCL does not lend its stream), ordered against
 //! CubeCL's on the device: a CubeCL kernel counts a window once its operands are written, the
@@ -50,13 +46,9 @@ use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use burn::backend::Backend as _;
-use burn::backend::TensorMetadata;
-use burn::tensor::{DType, Shape};
-use burn_cubecl::cubecl::device::Device as CubeDevice;
+use burn::tensor::DType;
 use burn_cubecl::cubecl::device_handle::DeviceHandle;
 use burn_cubecl::cubecl::server::{Handle, Server as _, ServerStorage as _};
-use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
 use cudarc::cublas::{result, sys};
@@ -65,9 +57,8 @@ use cudarc::driver::{CudaContext, CudaStream};
 use ferrotron_kernels::half::{bf16, f16};
 use ferrotron_kernels::launch as kernels;
 
-/// burn's CUDA runtime's server: its storage hands out raw device pointers.
-type CudaServer =
-    <burn_cubecl::cubecl::cuda::CudaRuntime as burn_cubecl::cubecl::__private::Runtime>::Server;
+use super::gemm::{gemm, GemmShape, Operand, Product};
+use super::{cuda_index, CudaServer, Planned};
 
 /// One cuBLAS handle and the stream it runs on, for one GPU, and what orders that stream
 /// against CubeCL's.
@@ -153,15 +144,6 @@ impl Counters {
     }
 }
 
-/// One product as cuBLAS runs it: its shape, the operands' layouts and every device address.
-#[derive(Clone, Copy)]
-struct Product {
-    shape: GemmShape,
-    a: (Operand, u64),
-    b: (Operand, u64),
-    c: u64,
-}
-
 /// cuBLAS's side of one ordering window of a captured step: its products.
 #[derive(Clone)]
 struct RecordedWindow {
@@ -179,55 +161,6 @@ pub struct RecordedWindows {
 fn handles() -> &'static Mutex<HashMap<usize, Option<Blas>>> {
     static HANDLES: OnceLock<Mutex<HashMap<usize, Option<Blas>>>> = OnceLock::new();
     HANDLES.get_or_init(Default::default)
-}
-
-/// Which products go to cuBLAS (`FERROTRON_MATMUL`).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Choice {
-    /// `cubecl`: none.
-    Never,
-    /// The default: f16 and bf16 products (in f32, cuBLAS without TF32 was slower than
-    /// CubeCL's kernels on an H200).
-    HalfPrecision,
-    /// `cublas`: every f32, f16 and bf16 product.
-    Always,
-}
-
-fn choice() -> Choice {
-    static CHOICE: OnceLock<Choice> = OnceLock::new();
-    *CHOICE.get_or_init(|| {
-        let asked = match std::env::var("FERROTRON_MATMUL").as_deref() {
-            Ok("cubecl") => return Choice::Never,
-            Ok("cublas") => Choice::Always,
-            Ok("") | Err(_) => Choice::HalfPrecision,
-            Ok(other) => {
-                eprintln!(
-                    "warning: FERROTRON_MATMUL={other} is neither `cublas` nor `cubecl`; \
-                     using cuBLAS for half-precision products"
-                );
-                Choice::HalfPrecision
-            }
-        };
-        // SAFETY: only tries to open the shared library.
-        if unsafe { sys::is_culib_present() } {
-            asked
-        } else {
-            eprintln!(
-                "warning: cuBLAS (libcublas) was not found on the library path; matrix \
-                 products run on CubeCL's kernels"
-            );
-            Choice::Never
-        }
-    })
-}
-
-/// Whether products of CUDA tensors of `dtype` go to cuBLAS.
-pub fn takes(dtype: DType) -> bool {
-    match choice() {
-        Choice::Never => false,
-        Choice::HalfPrecision => matches!(dtype, DType::BF16 | DType::F16),
-        Choice::Always => matches!(dtype, DType::F32 | DType::BF16 | DType::F16),
-    }
 }
 
 fn start(like: &CubeTensor, index: usize) -> Result<Blas, String> {
@@ -583,175 +516,11 @@ fn wait_on_cubecl(flags: &Handle, outs: &[&CubeTensor]) {
     wait(&outs[0].client, flags, &written);
 }
 
-/// How cuBLAS reads one operand: the batch stride, the leading dimension, and whether it is
-/// stored transposed (column-major) for the row-major product.
-#[derive(Clone, Copy)]
-struct Operand {
-    batch_stride: i64,
-    leading: i32,
-    transposed: bool,
-}
-
-/// `t`'s layout as a batch of `[rows, cols]` matrices, if cuBLAS can read it as it is
-/// (each matrix row- or column-major, the batch dimensions one uniform stride).
-fn operand(t: &CubeTensor) -> Option<Operand> {
-    let dims = t.meta.shape().as_slice().to_vec();
-    let strides: Vec<usize> = t.meta.strides().to_vec();
-    // A storage-tiled tensor's physical dims are not its logical ones.
-    if dims.as_slice() != TensorMetadata::shape(t).as_slice() {
-        return None;
-    }
-    let d = dims.len();
-    let (rows, cols) = (dims[d - 2], dims[d - 1]);
-    let (sr, sc) = (strides[d - 2], strides[d - 1]);
-    let (leading, transposed) = if (sc == 1 || cols == 1) && sr >= cols.max(1) {
-        (sr, false)
-    } else if (sr == 1 || rows == 1) && sc >= rows.max(1) {
-        (sc, true)
-    } else {
-        return None;
-    };
-    // The batch dimensions must flatten to one stride (size-1 dimensions have any stride).
-    let batched: Vec<usize> = (0..d - 2).filter(|&i| dims[i] > 1).collect();
-    if batched
-        .windows(2)
-        .any(|w| strides[w[0]] != strides[w[1]] * dims[w[1]])
-    {
-        return None;
-    }
-    let batch_stride = batched.last().map_or(0, |&i| strides[i]);
-    Some(Operand {
-        batch_stride: batch_stride as i64,
-        leading: i32::try_from(leading.max(1)).ok()?,
-        transposed,
-    })
-}
-
-fn data_type(dtype: DType) -> Option<sys::cudaDataType> {
-    match dtype {
-        DType::F32 => Some(sys::cudaDataType::CUDA_R_32F),
-        DType::BF16 => Some(sys::cudaDataType::CUDA_R_16BF),
-        DType::F16 => Some(sys::cudaDataType::CUDA_R_16F),
-        _ => None,
-    }
-}
-
-/// The CUDA GPU index of `t`, if it is a tensor of burn's CUDA runtime.
-fn cuda_index(t: &CubeTensor) -> Option<usize> {
-    match &t.device {
-        CubeDevice::Cuda(device) => Some(device.index),
-        _ => None,
-    }
-}
-
-/// `a · b` for `a` `[..., m, k]` and `b` `[..., k, n]` (the same batch dimensions) on
-/// cuBLAS, accumulating in f32 (no TF32: fp32 runs keep fp32 products); `None` where it
-/// does not apply (not a CUDA tensor, a dtype [`takes`] refuses, broadcast batches, an empty
-/// product, cuBLAS unavailable), and the caller runs CubeCL's matmul instead.
-pub fn matmul(a: &CubeTensor, b: &CubeTensor) -> Option<CubeTensor> {
-    let [c] = window([plan(a, b)?])?;
-    Some(c)
-}
-
-/// `[a₁ · b₁, …, a_N · b_N]` as [`matmul`] computes each, in one ordering window: CubeCL's
-/// work is waited for once before all of them and cuBLAS's once after (where each product
-/// alone costs two host waits, or two ordering kernels). For a backward pass's gradient
-/// products, which read the same output gradient and none of each other's results. `None`
-/// where any product does not apply; `FERROTRON_CUBLAS_PAIRS=0` gives each its own window.
-pub fn matmul_independent<const N: usize>(
-    products: [(&CubeTensor, &CubeTensor); N],
-) -> Option<[CubeTensor; N]> {
-    let planned: Vec<Planned> = products
-        .iter()
-        .map(|(a, b)| plan(a, b))
-        .collect::<Option<_>>()?;
-    let first = planned.first()?;
-    let shared = pairs_on()
-        && planned
-            .iter()
-            .all(|p| p.a.dtype == first.a.dtype && cuda_index(&p.a) == cuda_index(&first.a));
-    if shared {
-        return window::<N>(planned.try_into().ok()?);
-    }
-    let mut outs = Vec::with_capacity(N);
-    for product in planned {
-        let [c] = window([product])?;
-        outs.push(c);
-    }
-    outs.try_into().ok()
-}
-
-/// Whether [`matmul_independent`] shares one window (`FERROTRON_CUBLAS_PAIRS=0`: no).
-fn pairs_on() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("FERROTRON_CUBLAS_PAIRS").as_deref() != Ok("0"))
-}
-
-/// One product checked and laid out for cuBLAS: the operands as it reads them and the
-/// result's buffer.
-struct Planned {
-    a: CubeTensor,
-    oa: Operand,
-    b: CubeTensor,
-    ob: Operand,
-    out: CubeTensor,
-    shape: GemmShape,
-}
-
-/// `a · b` checked for cuBLAS (see [`matmul`]) and its result allocated; `None` where
-/// cuBLAS does not apply.
-fn plan(a: &CubeTensor, b: &CubeTensor) -> Option<Planned> {
-    cuda_index(a)?;
-    let dtype = a.dtype;
-    if !takes(dtype) {
-        return None;
-    }
-    let elem = data_type(dtype)?;
-    let (ad, bd) = (TensorMetadata::shape(a), TensorMetadata::shape(b));
-    let (ad, bd) = (ad.as_slice(), bd.as_slice());
-    let d = ad.len();
-    if b.dtype != dtype || bd.len() != d || d < 2 || ad[..d - 2] != bd[..d - 2] {
-        return None;
-    }
-    let (m, k, n) = (ad[d - 2], ad[d - 1], bd[d - 1]);
-    let batch: usize = ad[..d - 2].iter().product();
-    // cuBLAS takes the sizes as 32-bit ints.
-    let fits = [m, k, n, batch].iter().all(|&x| i32::try_from(x).is_ok());
-    if bd[d - 2] != k || m == 0 || n == 0 || k == 0 || !fits {
-        return None;
-    }
-    let (a, oa) = readable(a)?;
-    let (b, ob) = readable(b)?;
-    let mut out_dims = ad.to_vec();
-    out_dims[d - 1] = n;
-    let out = empty_device_contiguous_dtype(
-        a.client.clone(),
-        a.device.clone(),
-        Shape::from(out_dims),
-        dtype,
-    );
-    let shape = GemmShape {
-        m,
-        n,
-        k,
-        batch,
-        elem,
-    };
-    Some(Planned {
-        a,
-        oa,
-        b,
-        ob,
-        out,
-        shape,
-    })
-}
-
 /// Runs planned products of one GPU and dtype on cuBLAS in one ordering window: after the
 /// CubeCL work queued before them, and before any queued after (see the module's doc). While
 /// CubeCL's stream is being captured, the window's ordering kernels are recorded into the
 /// graph and its products here, for [`RecordedWindows::queue`] to run after each replay.
-fn window<const N: usize>(products: [Planned; N]) -> Option<[CubeTensor; N]> {
+pub(super) fn window<const N: usize>(products: [Planned; N]) -> Option<[CubeTensor; N]> {
     let first = &products[0];
     let index = cuda_index(&first.a)?;
     let capturing = RECORDING.with(|r| r.get());
@@ -978,74 +747,4 @@ enum WindowError {
     Refused(String),
     /// A product failed (the window's count was written all the same).
     Product(String),
-}
-
-/// A batch of row-major products `[m, k] · [k, n]` of one cuBLAS element type.
-#[derive(Clone, Copy)]
-struct GemmShape {
-    m: usize,
-    n: usize,
-    k: usize,
-    batch: usize,
-    elem: sys::cudaDataType,
-}
-
-/// Queues `c = a · b` (row-major, `c` contiguous) on `handle`'s stream.
-///
-/// # Safety
-/// The addresses must hold the operands as `a` and `b` describe them and room for `c`, on the
-/// handle's device, until the stream has run the product.
-unsafe fn gemm(
-    handle: sys::cublasHandle_t,
-    s: GemmShape,
-    (a, a_address): (Operand, u64),
-    (b, b_address): (Operand, u64),
-    c_address: u64,
-) -> Result<(), result::CublasError> {
-    let (alpha, beta) = (1.0f32, 0.0f32);
-    let op = |transposed: bool| {
-        if transposed {
-            sys::cublasOperation_t::CUBLAS_OP_T
-        } else {
-            sys::cublasOperation_t::CUBLAS_OP_N
-        }
-    };
-    // Row-major C = A·B is column-major Cᵀ = Bᵀ·Aᵀ: cuBLAS's first operand is b.
-    result::gemm_strided_batched_ex(
-        handle,
-        op(b.transposed),
-        op(a.transposed),
-        s.n as i32,
-        s.m as i32,
-        s.k as i32,
-        &alpha as *const f32 as *const c_void,
-        b_address as *const c_void,
-        s.elem,
-        b.leading,
-        b.batch_stride,
-        a_address as *const c_void,
-        s.elem,
-        a.leading,
-        a.batch_stride,
-        &beta as *const f32 as *const c_void,
-        c_address as *mut c_void,
-        s.elem,
-        s.n as i32,
-        (s.m * s.n) as i64,
-        s.batch as i32,
-        sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-        sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-    )
-}
-
-/// `t` itself when cuBLAS can read its layout, else a contiguous copy, with that layout.
-fn readable(t: &CubeTensor) -> Option<(CubeTensor, Operand)> {
-    match operand(t) {
-        Some(layout) => Some((t.clone(), layout)),
-        None => {
-            let copy = into_contiguous(t.clone());
-            let layout = operand(&copy)?;
-            Some((copy, layout))
-        }
-    }
 }

@@ -1,0 +1,204 @@
+//! Matrix products of CUDA tensors through NVIDIA's cuBLAS (CUDA builds only).
+//!
+//! Why: on an H200, CubeCL's autotuned matmuls reach 80–175 TFLOP/s on GPT-2 345M's shapes
+//! where cuBLAS reaches 460–860 (benchmarks/results/2026-11-26-h200-gpu-profile.md), and
+//! matmuls were half of a training step's GPU time. cuBLAS is opened at run time (as NCCL
+//! is): a machine without it falls back to CubeCL's kernels with one warning.
+//!
+//! Here: which products go to cuBLAS and how each is laid out for it (a view cuBLAS can
+//! read as it is, else a contiguous copy); [`gemm`]: the call itself; [`ordering`]: how
+//! cuBLAS's stream is ordered against CubeCL's, and captured steps' products.
+
+mod gemm;
+mod ordering;
+
+pub use ordering::{capturable, recording, settle, RecordedWindows};
+
+use std::sync::OnceLock;
+
+use burn::backend::TensorMetadata;
+use burn::tensor::{DType, Shape};
+use burn_cubecl::cubecl::device::Device as CubeDevice;
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::tensor::CubeTensor;
+use cudarc::cublas::sys;
+
+use gemm::{data_type, operand, GemmShape, Operand};
+use ordering::window;
+
+/// burn's CUDA runtime's server: its storage hands out raw device pointers.
+type CudaServer =
+    <burn_cubecl::cubecl::cuda::CudaRuntime as burn_cubecl::cubecl::__private::Runtime>::Server;
+
+/// Which products go to cuBLAS (`FERROTRON_MATMUL`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Choice {
+    /// `cubecl`: none.
+    Never,
+    /// The default: f16 and bf16 products (in f32, cuBLAS without TF32 was slower than
+    /// CubeCL's kernels on an H200).
+    HalfPrecision,
+    /// `cublas`: every f32, f16 and bf16 product.
+    Always,
+}
+
+fn choice() -> Choice {
+    static CHOICE: OnceLock<Choice> = OnceLock::new();
+    *CHOICE.get_or_init(|| {
+        let asked = match std::env::var("FERROTRON_MATMUL").as_deref() {
+            Ok("cubecl") => return Choice::Never,
+            Ok("cublas") => Choice::Always,
+            Ok("") | Err(_) => Choice::HalfPrecision,
+            Ok(other) => {
+                eprintln!(
+                    "warning: FERROTRON_MATMUL={other} is neither `cublas` nor `cubecl`; \
+                     using cuBLAS for half-precision products"
+                );
+                Choice::HalfPrecision
+            }
+        };
+        // SAFETY: only tries to open the shared library.
+        if unsafe { sys::is_culib_present() } {
+            asked
+        } else {
+            eprintln!(
+                "warning: cuBLAS (libcublas) was not found on the library path; matrix \
+                 products run on CubeCL's kernels"
+            );
+            Choice::Never
+        }
+    })
+}
+
+/// Whether products of CUDA tensors of `dtype` go to cuBLAS.
+pub fn takes(dtype: DType) -> bool {
+    match choice() {
+        Choice::Never => false,
+        Choice::HalfPrecision => matches!(dtype, DType::BF16 | DType::F16),
+        Choice::Always => matches!(dtype, DType::F32 | DType::BF16 | DType::F16),
+    }
+}
+
+/// The CUDA GPU index of `t`, if it is a tensor of burn's CUDA runtime.
+fn cuda_index(t: &CubeTensor) -> Option<usize> {
+    match &t.device {
+        CubeDevice::Cuda(device) => Some(device.index),
+        _ => None,
+    }
+}
+
+/// `a · b` for `a` `[..., m, k]` and `b` `[..., k, n]` (the same batch dimensions) on
+/// cuBLAS, accumulating in f32 (no TF32: fp32 runs keep fp32 products); `None` where it
+/// does not apply (not a CUDA tensor, a dtype [`takes`] refuses, broadcast batches, an empty
+/// product, cuBLAS unavailable), and the caller runs CubeCL's matmul instead.
+pub fn matmul(a: &CubeTensor, b: &CubeTensor) -> Option<CubeTensor> {
+    let [c] = window([plan(a, b)?])?;
+    Some(c)
+}
+
+/// `[a₁ · b₁, …, a_N · b_N]` as [`matmul`] computes each, in one ordering window: CubeCL's
+/// work is waited for once before all of them and cuBLAS's once after (where each product
+/// alone costs two host waits, or two ordering kernels). For a backward pass's gradient
+/// products, which read the same output gradient and none of each other's results. `None`
+/// where any product does not apply; `FERROTRON_CUBLAS_PAIRS=0` gives each its own window.
+pub fn matmul_independent<const N: usize>(
+    products: [(&CubeTensor, &CubeTensor); N],
+) -> Option<[CubeTensor; N]> {
+    let planned: Vec<Planned> = products
+        .iter()
+        .map(|(a, b)| plan(a, b))
+        .collect::<Option<_>>()?;
+    let first = planned.first()?;
+    let shared = pairs_on()
+        && planned
+            .iter()
+            .all(|p| p.a.dtype == first.a.dtype && cuda_index(&p.a) == cuda_index(&first.a));
+    if shared {
+        return window::<N>(planned.try_into().ok()?);
+    }
+    let mut outs = Vec::with_capacity(N);
+    for product in planned {
+        let [c] = window([product])?;
+        outs.push(c);
+    }
+    outs.try_into().ok()
+}
+
+/// Whether [`matmul_independent`] shares one window (`FERROTRON_CUBLAS_PAIRS=0`: no).
+fn pairs_on() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("FERROTRON_CUBLAS_PAIRS").as_deref() != Ok("0"))
+}
+
+/// One product checked and laid out for cuBLAS: the operands as it reads them and the
+/// result's buffer.
+struct Planned {
+    a: CubeTensor,
+    oa: Operand,
+    b: CubeTensor,
+    ob: Operand,
+    out: CubeTensor,
+    shape: GemmShape,
+}
+
+/// `a · b` checked for cuBLAS (see [`matmul`]) and its result allocated; `None` where
+/// cuBLAS does not apply.
+fn plan(a: &CubeTensor, b: &CubeTensor) -> Option<Planned> {
+    cuda_index(a)?;
+    let dtype = a.dtype;
+    if !takes(dtype) {
+        return None;
+    }
+    let elem = data_type(dtype)?;
+    let (ad, bd) = (TensorMetadata::shape(a), TensorMetadata::shape(b));
+    let (ad, bd) = (ad.as_slice(), bd.as_slice());
+    let d = ad.len();
+    if b.dtype != dtype || bd.len() != d || d < 2 || ad[..d - 2] != bd[..d - 2] {
+        return None;
+    }
+    let (m, k, n) = (ad[d - 2], ad[d - 1], bd[d - 1]);
+    let batch: usize = ad[..d - 2].iter().product();
+    // cuBLAS takes the sizes as 32-bit ints.
+    let fits = [m, k, n, batch].iter().all(|&x| i32::try_from(x).is_ok());
+    if bd[d - 2] != k || m == 0 || n == 0 || k == 0 || !fits {
+        return None;
+    }
+    let (a, oa) = readable(a)?;
+    let (b, ob) = readable(b)?;
+    let mut out_dims = ad.to_vec();
+    out_dims[d - 1] = n;
+    let out = empty_device_contiguous_dtype(
+        a.client.clone(),
+        a.device.clone(),
+        Shape::from(out_dims),
+        dtype,
+    );
+    let shape = GemmShape {
+        m,
+        n,
+        k,
+        batch,
+        elem,
+    };
+    Some(Planned {
+        a,
+        oa,
+        b,
+        ob,
+        out,
+        shape,
+    })
+}
+
+/// `t` itself when cuBLAS can read its layout, else a contiguous copy, with that layout.
+fn readable(t: &CubeTensor) -> Option<(CubeTensor, Operand)> {
+    match operand(t) {
+        Some(layout) => Some((t.clone(), layout)),
+        None => {
+            let copy = into_contiguous(t.clone());
+            let layout = operand(&copy)?;
+            Some((copy, layout))
+        }
+    }
+}
