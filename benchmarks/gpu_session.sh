@@ -39,13 +39,15 @@ benchmarks/unpack_bins.sh "$BIN_DIR" "$BIN" || exit 1
 # making the products, FERROTRON_CUBLAS_ORDER=device-caller) is checked before host ordering
 # is fallen back on.
 GRAPH=0
-REFERENCE=FERROTRON_CUBLAS_ORDER=host PRECISIONS=bf16 benchmarks/gpu_smoke.sh "$BIN/pretrain" "$PY" \
-  > "$REPORT/smoke-device.txt" 2>&1
+# against_host ORDER REPORT_FILE: the bf16 smoke check of ORDER against host ordering.
+against_host() {
+  FERROTRON_CUBLAS_ORDER=$1 REFERENCE=FERROTRON_CUBLAS_ORDER=host PRECISIONS=bf16 \
+    benchmarks/gpu_smoke.sh "$BIN/pretrain" "$PY" > "$REPORT/$2" 2>&1
+}
+against_host device smoke-device.txt
 smoke=$?
 if [ $smoke -eq 1 ]; then
-  FERROTRON_CUBLAS_ORDER=device-caller REFERENCE=FERROTRON_CUBLAS_ORDER=host PRECISIONS=bf16 \
-    benchmarks/gpu_smoke.sh "$BIN/pretrain" "$PY" > "$REPORT/smoke-device-caller.txt" 2>&1
-  [ $? -eq 0 ] && smoke=3
+  against_host device-caller smoke-device-caller.txt && smoke=3
 fi
 if [ $smoke -eq 0 ] || [ $smoke -eq 3 ]; then
   if [ $smoke -eq 0 ]; then
