@@ -113,7 +113,10 @@ mod capture {
             grads.add(&self.working, loss.backward());
             let lr = learning_rates(iteration);
             let (main, _norm) = self.adam.step(self.main.clone(), &mut grads, lr).unwrap();
-            self.working = self.adam.working_copy(&main, self.dtype).expect("flat");
+            self.working = self
+                .adam
+                .working_copy(&main, self.dtype, None)
+                .expect("flat");
             self.main = main;
             loss.detach().inner()
         }

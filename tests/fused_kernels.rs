@@ -1387,7 +1387,7 @@ fn flat_adam_follows_the_composed_adam() {
         assert_close_f64(&format!("m of {}", a.name), &a.m, &bm, 1e-7);
         assert_close_f64(&format!("v of {}", a.name), &a.v, &bv, 1e-9);
     }
-    let half = Optimizer::working_copy(&flat, &gpu_model, FloatDType::F16).unwrap();
+    let half = Optimizer::working_copy(&flat, &gpu_model, FloatDType::F16, None).unwrap();
     let cast = ferrotron::optim::cast_parameters(gpu_model.clone(), FloatDType::F16);
     assert_eq!(weights(&half), weights(&cast), "the f16 working copy");
 }

@@ -159,7 +159,7 @@ impl Training {
             .unwrap();
         self.working = self
             .adam
-            .working_copy(&main, burn::tensor::FloatDType::F16)
+            .working_copy(&main, burn::tensor::FloatDType::F16, None)
             .expect("a flat working copy");
         self.main = main;
         loss.detach().inner()

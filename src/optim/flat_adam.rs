@@ -88,6 +88,12 @@ pub struct FlatAdamW {
     /// The gradients gathered, unscaled and measured by [`Optimizer::unscale_and_check`]
     /// for the next step.
     prepared: Option<Prepared>,
+    /// Whether the module a step is given views the main-weight buffer already: after the
+    /// first step, whose module it returned does (each step is given the module the step
+    /// before returned, as [`super::MixedPrecisionOptimizer`] does). Why: building a view of
+    /// the buffer for each of a 24-layer GPT's 292 parameters took ≈ 1.2 ms of host time
+    /// per step on a 2-core machine, for the same views.
+    module_views_params: bool,
 }
 
 /// A step's gradient buffer with its global norm (read already) and clipping coefficient.
@@ -404,6 +410,7 @@ impl FlatAdamW {
             saved,
             buffers: None,
             prepared: None,
+            module_views_params: false,
         }
     }
 
@@ -490,7 +497,14 @@ impl<M: Module> Optimizer<M> for FlatAdamW {
                 scalars,
             );
         }
-        let module = b.views(module, &tensor(&b.params));
+        // Stepped in place: a module that views the buffer already (the one the last step
+        // returned) sees the new weights as it is.
+        let module = if self.module_views_params {
+            module
+        } else {
+            self.module_views_params = true;
+            b.views(module, &tensor(&b.params))
+        };
         Ok((module, norm))
     }
 
@@ -523,9 +537,10 @@ impl<M: Module> Optimizer<M> for FlatAdamW {
         self.prepared = None;
     }
 
-    fn working_copy(&self, main: &M, dtype: FloatDType) -> Option<M> {
+    fn working_copy(&self, main: &M, dtype: FloatDType, previous: Option<M>) -> Option<M> {
         let b = self.buffers.as_ref()?;
-        Some(b.views(main.clone(), &tensor(b.cast_into_half(dtype)?)))
+        let half = b.cast_into_half(dtype)?;
+        Some(previous.unwrap_or_else(|| b.views(main.clone(), &tensor(half))))
     }
 
     fn replayable(&self) -> bool {

@@ -124,14 +124,15 @@ impl GradientAccumulator {
     }
 
     /// Adds the gradients of one backward pass (`loss.backward()`) of `module`.
-    pub fn add<M: Module>(&mut self, module: &M, grads: Gradients) {
-        self.add_listing(module, grads);
+    pub fn add<M: Module>(&mut self, module: &M, mut grads: Gradients) {
+        self.add_listing(module, &mut grads);
     }
 
-    /// [`Self::add`], returning the parameters that had a gradient in `grads` (declaration
-    /// order): what one piece of a backward pass run in pieces touched.
-    pub fn add_listing<M: Module>(&mut self, module: &M, grads: Gradients) -> Vec<ParamId> {
-        let mut incoming = GradientsParams::from_grads(grads, module);
+    /// Adds the gradients in `grads` of `module`'s parameters (taking them out of `grads`: a
+    /// part of the model, the rest left for another), returning those parameters in
+    /// declaration order: what one piece of a backward pass run in pieces touched.
+    pub fn add_listing<M: Module>(&mut self, module: &M, grads: &mut Gradients) -> Vec<ParamId> {
+        let mut incoming = GradientsParams::from_module(grads, module);
         let mut visitor = Accumulate {
             incoming: &mut incoming,
             into: &mut self.grads,

@@ -30,6 +30,8 @@ pub struct MixedPrecisionOptimizer<M: Module> {
     /// `None` only inside [`Self::step`].
     main: Option<M>,
     working: Option<M>,
+    /// Whether `working` is what the inner optimizer's [`Optimizer::working_copy`] returned.
+    working_from_inner: bool,
     /// The ranks whose overflow skips the step (the whole world: every rank skips together).
     overflow_group: Group,
 }
@@ -50,6 +52,7 @@ impl<M: Module> MixedPrecisionOptimizer<M> {
             scaler,
             main: Some(main),
             working: Some(working),
+            working_from_inner: false,
             overflow_group,
         }
     }
@@ -150,18 +153,18 @@ impl<M: Module> MixedPrecisionOptimizer<M> {
                 return Ok(StepResult::Skipped);
             }
         }
-        // The working copy goes first: in fp32 it shares the main weights' storage, and the
-        // step replaces them parameter by parameter.
-        self.working = None;
+        // The working copy goes first (in fp32 it shares the main weights' storage, and the
+        // step replaces them parameter by parameter), unless the inner optimizer made it and
+        // casts into its storage in place.
+        let previous = self.working.take().filter(|_| self.working_from_inner);
         let main = self.main.take().expect("outside a step");
         let (main, norm) = self.inner.step(main, grads, lr)?;
-        self.working = Some(match self.precision {
-            Precision::Fp32 => self.precision.working_copy(&main),
-            half => self
-                .inner
-                .working_copy(&main, half.dtype())
-                .unwrap_or_else(|| half.working_copy(&main)),
-        });
+        let from_inner = match self.precision {
+            Precision::Fp32 => None,
+            half => self.inner.working_copy(&main, half.dtype(), previous),
+        };
+        self.working_from_inner = from_inner.is_some();
+        self.working = Some(from_inner.unwrap_or_else(|| self.precision.working_copy(&main)));
         self.main = Some(main);
         Ok(StepResult::Updated(norm))
     }

@@ -52,8 +52,10 @@ pub trait Optimizer<M: Module> {
 
     /// The half-precision model the next micro-batches run, if this optimizer makes it
     /// better than a per-parameter cast of `main` (one cast of a flat buffer); `None` leaves
-    /// it to [`super::Precision::working_copy`].
-    fn working_copy(&self, _main: &M, _dtype: FloatDType) -> Option<M> {
+    /// it to [`super::Precision::working_copy`]. `previous` is what this returned the step
+    /// before, if anything: an optimizer casting into storage that `previous` already views
+    /// casts in place and hands it back, rather than building each parameter's view again.
+    fn working_copy(&self, _main: &M, _dtype: FloatDType, _previous: Option<M>) -> Option<M> {
         None
     }
 

@@ -24,7 +24,7 @@ use super::step_graph::ResidentBatch;
 use crate::comm::Group;
 use crate::data::loader::MicroBatch;
 use crate::model::recompute::{
-    forward_only, ChunkForward, ChunkInput, ChunkPlan, ChunkValue, Targets,
+    forward_only, ChunkForward, ChunkInput, ChunkPlan, ChunkValue, GradsOf, Targets,
 };
 use crate::model::{Gpt, Recompute, StageLayers};
 use crate::optim::{BackgroundAllReduce, GradientAccumulator};
@@ -297,9 +297,12 @@ impl<'a> GptStage<'a> {
         if !kept.forward.in_pieces() {
             // One graph: its gradients are one whole pass's, summed straight into fp32.
             let grads = &mut self.grads;
+            let mut add = |g, of| {
+                add_piece(grads, model, g, of);
+            };
             return Ok(kept
                 .forward
-                .backward(model, output_grad, divisor, &mut |g| grads.add(model, g))?);
+                .backward(model, output_grad, divisor, &mut add)?);
         }
         // A backward in pieces sums them in the model's dtype first, as one pass would.
         let mut micro = GradientAccumulator::in_model_dtype();
@@ -308,8 +311,8 @@ impl<'a> GptStage<'a> {
             (true, Some(overlap)) => {
                 let held = Self::used_twice(self.inputs, chunk);
                 let (grads, reducer) = (&mut self.grads, &mut overlap.reducer);
-                let mut push_final = |g: Gradients| {
-                    for id in micro.add_listing(model, g) {
+                let mut push_final = |g: Gradients, of: GradsOf| {
+                    for id in add_piece(&mut micro, model, g, of) {
                         if !held.contains(&id) {
                             let g = micro.take(&id).expect("just added");
                             reducer.push(id, grads.take_sum(id, g));
@@ -325,14 +328,36 @@ impl<'a> GptStage<'a> {
                 input_grad
             }
             _ => {
+                let mut add = |g, of| {
+                    add_piece(&mut micro, model, g, of);
+                };
                 let input_grad = kept
                     .forward
-                    .backward(model, output_grad, divisor, &mut |g| micro.add(model, g))?;
+                    .backward(model, output_grad, divisor, &mut add)?;
                 self.grads.merge(model, micro);
                 input_grad
             }
         };
         Ok(input_grad)
+    }
+}
+
+/// Adds the gradients of one piece of a backward pass to `into`, looking them up among the
+/// parameters `of` names only; returns the parameters that had one, in declaration order.
+fn add_piece(
+    into: &mut GradientAccumulator,
+    model: &Gpt,
+    mut grads: Gradients,
+    of: GradsOf,
+) -> Vec<ParamId> {
+    match of {
+        GradsOf::Model => into.add_listing(model, &mut grads),
+        GradsOf::Layers(layers) => layers
+            .flat_map(|i| {
+                let layer = model.layer(i).expect("a piece's layers are on its stage");
+                into.add_listing(layer, &mut grads)
+            })
+            .collect(),
     }
 }
 

@@ -142,6 +142,23 @@ impl Counters {
             windows: 0,
         })
     }
+
+    /// Queues a window's count on `client_of`'s stream (this thread's), to run once the work
+    /// queued before it has; returns where cuBLAS's stream waits for it: the counters'
+    /// address and the count.
+    fn count(&mut self, client_of: &CubeTensor) -> (u64, u32) {
+        kernels::signal(&client_of.client, &self.flags);
+        self.windows = self.windows.wrapping_add(1);
+        (self.address, self.windows)
+    }
+
+    /// [`Self::count`], flushed to the device; `None` where the flush fails (the host orders
+    /// instead).
+    fn count_on_cubecl(&mut self, client_of: &CubeTensor) -> Option<(u64, u32)> {
+        let at = self.count(client_of);
+        // On the device before cuBLAS's stream waits for it (see the module's doc).
+        client_of.client.flush().ok().map(|()| at)
+    }
 }
 
 /// cuBLAS's side of one ordering window of a captured step: its products.
@@ -423,18 +440,6 @@ impl Blas {
     }
 }
 
-impl Counters {
-    /// Counts a window on `client_of`'s stream (this thread's) once the work queued before it
-    /// has run, and flushes that to the device; `false` where the flush fails (the host
-    /// orders instead).
-    fn count_on_cubecl(&mut self, client_of: &CubeTensor) -> bool {
-        kernels::signal(&client_of.client, &self.flags);
-        self.windows = self.windows.wrapping_add(1);
-        // On the device before cuBLAS's stream waits for it (see the module's doc).
-        client_of.client.flush().is_ok()
-    }
-}
-
 /// cuBLAS's side of a window, on `stream` (`handle`'s): waits until the counter at `address`
 /// reaches `count`, queues the products, and writes `count` to the counter after it once they
 /// are done. Every product is queued and the count written even when one fails (CubeCL's
@@ -577,9 +582,7 @@ fn window_on_device_thread(
     let first = outs[0];
     let thread = blas.device_thread.clone()?;
     let counters = thread_counters(&mut blas.counters, first)?;
-    kernels::signal(&first.client, &counters.flags);
-    counters.windows = counters.windows.wrapping_add(1);
-    let at = (counters.address, counters.windows);
+    let at = counters.count(first);
     // The stream the results were made on: this thread's, the one counted on.
     let stream = first.handle.stream;
     let (side, context, buffers) = (blas.side.clone(), blas.context.clone(), buffers.to_vec());
@@ -611,10 +614,10 @@ fn window_from_caller(blas: &mut Blas, buffers: &[Buffers], outs: &[&CubeTensor]
     let first = outs[0];
     let (queued, pins) = addresses_from_caller(first, buffers)?;
     let counters = thread_counters(&mut blas.counters, first)?;
-    if counters.count_on_cubecl(first) && blas.context.bind_to_thread().is_ok() {
+    let counted = counters.count_on_cubecl(first);
+    if let Some(at) = counted.filter(|_| blas.context.bind_to_thread().is_ok()) {
         let mut side = lock(&blas.side);
         side.release_finished();
-        let at = (counters.address, counters.windows);
         match queue_window(side.handle, &side.stream, &queued, at) {
             Ok(()) => {
                 side.in_flight.push(pins);
