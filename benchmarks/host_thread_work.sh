@@ -28,9 +28,10 @@ XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp} perf record -q -g -e task-clock -c 2500
   --data-path tests/fixtures/golden/wikitext2_valid_text_document \
   --data-cache-path "$work/cache" "$@" > "$work/run.log" 2>&1 || { cat "$work/run.log"; exit 1; }
 perf script -i "$work/perf.data" -F comm,tid,time,ip,sym 2>/dev/null > "$work/samples.txt"
-python3 - "$work/samples.txt" "$work/run.log" "$ITERS" <<'PY'
+# The kernel names a thread after the binary's file name, cut to 15 bytes.
+python3 - "$work/samples.txt" "$work/run.log" "$ITERS" "$(basename "$BIN" | cut -c1-15)" <<'PY'
 import re, sys
-samples_path, log_path, iters = sys.argv[1], sys.argv[2], int(sys.argv[3])
+samples_path, log_path, iters, comm = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 # Iteration times from the log (ms), to find the measured stretch: the last iters - 5.
 ms = [float(m) for m in re.findall(r'elapsed time per iteration \(ms\): ([0-9.]+)', open(log_path).read())]
 measured = ms[5:]
@@ -46,7 +47,11 @@ for line in open(samples_path):
 end = max(s[2] for s in samples)
 start = end - span
 window = [s for s in samples if s[2] >= start]
-main_tid = min(s[1] for s in samples if s[0] == 'pretrain')
+tids = [s[1] for s in samples if s[0] == comm]
+if not tids:
+    sys.exit(f"host_thread_work: no samples of a thread named {comm!r} (perf's comm names: "
+             f"{sorted({s[0] for s in samples})[:8]})")
+main_tid = min(tids)
 # Waiting for the device thread: spinning, yielding or sleeping in CubeCL's queue (anywhere
 # in the call chain: a yield's samples are in the kernel).
 waiting = lambda s: any(w in s[3] for w in ('DeviceClient::enqueue', 'sched_yield', 'nanosleep'))
