@@ -148,6 +148,12 @@ impl Counters {
     /// address and the count.
     fn count(&mut self, client_of: &CubeTensor) -> (u64, u32) {
         kernels::signal(&client_of.client, &self.flags);
+        self.next_window()
+    }
+
+    /// The next window's count (the kernel counting it queued by the caller, or replayed),
+    /// with the counters' address: where cuBLAS's stream waits for it.
+    fn next_window(&mut self) -> (u64, u32) {
         self.windows = self.windows.wrapping_add(1);
         (self.address, self.windows)
     }
@@ -224,12 +230,18 @@ fn start(like: &CubeTensor, index: usize) -> Result<Blas, String> {
 /// before the first window, because a window queued by CubeCL's device thread cannot fall back
 /// to host ordering once its wait kernel is queued.
 fn probe_stream_waits(stream: &CudaStream, address: u64) -> Result<(), String> {
-    // SAFETY: the counters are pinned device memory of this context; the condition holds.
+    wait_for_count(stream, address, 0)
+}
+
+/// Makes `stream` wait until the counter at `address` (pinned device memory of this
+/// context) reaches `count`; `Err` where the driver refuses stream memory operations.
+fn wait_for_count(stream: &CudaStream, address: u64, count: u32) -> Result<(), String> {
+    // SAFETY: the caller's counter is pinned device memory of this context.
     let waited = unsafe {
         driver::cuStreamWaitValue32_v2(
             stream.cu_stream(),
             address,
-            0,
+            count,
             driver::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
         )
     };
@@ -351,24 +363,16 @@ impl RecordedWindows {
         let Some(counters) = blas.counters.get_mut(&std::thread::current().id()) else {
             return Err("the step's products were recorded on another thread".into());
         };
-        let address = counters.address;
         // The replay was enqueued by a call that waited for the device thread: the windows it
         // queued before are on cuBLAS's stream, ahead of these.
         let side = lock(&blas.side);
         for window in &self.windows {
-            counters.windows = counters.windows.wrapping_add(1);
-            let count = counters.windows;
-            match queue_window(
-                side.handle,
-                &side.stream,
-                &window.products,
-                (address, count),
-            ) {
-                Ok(()) => {}
-                Err(WindowError::Refused(e) | WindowError::Product(e)) => {
-                    return Err(format!("a replayed cuBLAS window: {e}"))
-                }
-            }
+            let at = counters.next_window();
+            queue_window(side.handle, &side.stream, &window.products, at).map_err(
+                |(WindowError::Refused(e) | WindowError::Product(e))| {
+                    format!("a replayed cuBLAS window: {e}")
+                },
+            )?;
         }
         Ok(())
     }
@@ -451,20 +455,7 @@ fn queue_window(
     products: &[Product],
     (address, count): (u64, u32),
 ) -> Result<(), WindowError> {
-    // SAFETY: the counters are pinned device memory of this context.
-    let waited = unsafe {
-        driver::cuStreamWaitValue32_v2(
-            stream.cu_stream(),
-            address,
-            count,
-            driver::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
-        )
-    };
-    if waited != driver::CUresult::CUDA_SUCCESS {
-        return Err(WindowError::Refused(format!(
-            "the driver refuses stream memory operations ({waited:?})"
-        )));
-    }
+    wait_for_count(stream, address, count).map_err(WindowError::Refused)?;
     let statuses: Vec<_> = products
         .iter()
         // SAFETY: the caller keeps the addresses valid until cuBLAS's stream has run the
