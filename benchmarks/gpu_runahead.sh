@@ -5,10 +5,11 @@
 #
 # Why: on 2026-11-30 the eager bf16 step peaked at 29.7 GiB by nvidia-smi (PyTorch: 13.1), where
 # the same step under CubeCL's profiling (a synchronisation after every kernel) peaked at
-# 12.8 GiB. The step is now faster on the host than on the GPU, so the host queues steps ahead,
-# and what those queued steps hold stays allocated. `--log-interval 1` reads the loss every
-# iteration (a synchronisation per step, as Megatron's per-step reads of the grad norm are);
-# host ordering of the cuBLAS products synchronises at every window. PyTorch runs beside them.
+# 12.8 GiB. The host queues work ahead of the GPU; these runs tell steps queued ahead from work
+# queued ahead within a step: `--log-interval 1` reads the loss every iteration (a
+# synchronisation per step, as Megatron's per-step reads of the grad norm are; on 2026-11-30 it
+# changed nothing), host ordering of the cuBLAS products synchronises at every window (12.6
+# GiB). PyTorch runs beside them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN_DIR=$1 REPORT=$2 PY=${3:-python3}
