@@ -34,14 +34,12 @@ cd "$(dirname "$0")/.."
 BIN_DIR=$1 REPORT=$2 PY=${3:-python3}
 BUDGET_S=${BUDGET_S:-520}
 ITERS=${ITERS:-12}
-DATA=${DATA:-tests/fixtures/golden/wikitext2_valid_text_document}
-# LAYERS, HIDDEN, HEADS, SEQ, MBS, DROPOUT: the model (default GPT-2 345M at micro-batch 4,
-# dropout 0.1); DEVICE=cpu with small sizes dry-runs the script on a CPU. PEAK_TFLOPS: the
-# card's dense bf16 peak for MFU (default 989, an H100/H200).
-DEVICE=${DEVICE:-cuda} LAYERS=${LAYERS:-24} HIDDEN=${HIDDEN:-1024} HEADS=${HEADS:-16} SEQ=${SEQ:-1024}
-MBS=${MBS:-4} DROPOUT=${DROPOUT:-0.1} PEAK_TFLOPS=${PEAK_TFLOPS:-989}
+# LAYERS, HIDDEN, HEADS, SEQ, MBS, DATA, DEVICE: the model (gpu_common.sh: GPT-2 345M at
+# micro-batch 4; DEVICE=cpu with small sizes dry-runs the script on a CPU). DROPOUT: 0.1 by
+# default. PEAK_TFLOPS: the card's dense bf16 peak for MFU (default 989, an H100/H200).
+source benchmarks/gpu_common.sh
+DROPOUT=${DROPOUT:-0.1} PEAK_TFLOPS=${PEAK_TFLOPS:-989}
 MODEL="$LAYERS layers, hidden $HIDDEN, $HEADS heads, seq $SEQ, micro-batch $MBS"
-export DATA DEVICE LAYERS HIDDEN HEADS SEQ MBS
 START=$(date +%s)
 WORK=$(mktemp -d)
 export WORK
@@ -63,11 +61,7 @@ if [ ! -f "$WORK/bin/pretrain-baseline" ] && [ -n "${BASELINE_ENV:-}" ]; then
   printf '#!/bin/sh\nexec env %s "%s" "$@"\n' "$BASELINE_ENV" "$P" > "$WORK/bin/pretrain-baseline"
   chmod +x "$WORK/bin/pretrain-baseline"
 fi
-# CUDA's libraries from the Python wheels (cuBLAS above all; libcuda comes with the driver).
-NV=$("$PY" -c "import nvidia, os; print(nvidia.__path__[0])" 2>/dev/null || true)
-if [ -n "$NV" ]; then
-  export LD_LIBRARY_PATH=$(ls -d "$NV"/*/lib 2>/dev/null | tr '\n' ':')/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-fi
+cuda_libraries "$PY"
 
 left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
 # ratio A B: the tokens/s of run A over run B's ("1.234x"), nothing unless both ran.
@@ -79,7 +73,7 @@ ratio() {
 say_losses() {
   local run
   for run in "$@"; do
-    [ -f "$WORK/logs/$run.log" ] && say "- $run: $(grep -o 'lm loss: [0-9.E+-]*' "$WORK/logs/$run.log" | awk '{print $3}' | tr '\n' ' ')"
+    [ -f "$WORK/logs/$run.log" ] && say "- $run: $(lm_losses "$WORK/logs/$run.log")"
   done
   return 0
 }
@@ -99,45 +93,16 @@ step() {
   return $rc
 }
 
-# Peak GPU memory while a command runs (nvidia-smi every 200 ms), into logs/NAME.mem.
-with_memory() {
-  local mem=$1; shift
-  ( while true; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1 >> "$mem"; sleep 0.2; done ) &
-  local sampler=$!
-  "$@"; local rc=$?
-  kill $sampler 2>/dev/null; wait $sampler 2>/dev/null
-  return $rc
-}
-
-# The peak of a run's nvidia-smi samples in GiB: the figure ferrotron's rows give, which
-# counts what the process holds on the card (PyTorch's own figure counts its allocator's).
-smi_peak() {
-  awk '$1 > m { m = $1 } END { printf "%.1f", m / 1024 }' "$WORK/logs/$1.mem" 2>/dev/null || printf '?'
-}
-
 # ferrotron's log: the last interval's tokens/s and ms per iteration (warm-up excluded).
 train_line() {
-  local name=$1 log="$WORK/logs/$1.log" mem="$WORK/logs/$1.mem"
-  local tps ms peak
+  local name=$1 log="$WORK/logs/$1.log"
+  local tps ms tflops
   tps=$(grep -o 'tokens/s: [0-9.]*' "$log" | tail -1 | awk '{print $2}')
   ms=$(grep -o 'elapsed time per iteration (ms): [0-9.]*' "$log" | tail -1 | awk '{print $NF}')
   tflops=$(grep -o 'throughput per GPU (TFLOP/s/GPU): [0-9.]*' "$log" | tail -1 | awk '{print $NF}')
-  peak=$(sort -n "$mem" 2>/dev/null | tail -1)
-  say "| ferrotron $name | ${tps:-?} | ${ms:-?} | $(awk -v t="${tflops:-0}" -v p="$PEAK_TFLOPS" 'BEGIN{printf "%.1f %%", 100*t/p}') | $(awk -v m="${peak:-0}" 'BEGIN{printf "%.1f", m/1024}') |"
+  say "| ferrotron $name | ${tps:-?} | ${ms:-?} | $(awk -v t="${tflops:-0}" -v p="$PEAK_TFLOPS" 'BEGIN{printf "%.1f %%", 100*t/p}') | $(peak_gib "$WORK/logs/$name.mem") |"
   echo "${tps:-0}" > "$WORK/tps_$name"
 }
-
-pretrain_model() {
-  local bin=$1 name=$2 iters=$3; shift 3
-  with_memory "$WORK/logs/$name.mem" "$bin" --device "$DEVICE" --num-layers "$LAYERS" \
-    --hidden-size "$HIDDEN" --num-attention-heads "$HEADS" --seq-length "$SEQ" \
-    --max-position-embeddings "$SEQ" \
-    --micro-batch-size "$MBS" --global-batch-size "$MBS" --train-iters "$iters" \
-    --lr 1e-4 --min-lr 1e-5 --lr-warmup-iters 1 --lr-decay-style cosine --split 100,0,0 \
-    --log-interval 4 --eval-iters 0 --eval-interval 0 --log-throughput \
-    --data-path "$DATA" --data-cache-path "$WORK/cache" "$@"
-}
-export -f with_memory pretrain_model
 
 say "# ferrotron GPU profile, $(date -u +%Y-%m-%dT%H:%MZ)"
 say ""
@@ -166,7 +131,7 @@ if [ -x "$BASE" ]; then
   step bf16-baseline 150 60 pretrain_model "$BASE" bf16-baseline "$ITERS" $B && train_line bf16-baseline
 fi
 if step torch-bf16-sdpa 90 40 with_memory "$WORK/logs/torch-bf16-sdpa.mem" "$PY" benchmarks/torch_gpu_gpt.py $T bf16-sdpa "$DROPOUT"; then
-  say "| PyTorch eager bf16 + SDPA | $(tail -2 "$WORK/logs/torch-bf16-sdpa.log" | head -1) (allocator), $(smi_peak torch-bf16-sdpa) GiB (nvidia-smi, as ferrotron's) |"
+  say "| PyTorch eager bf16 + SDPA | $(tail -2 "$WORK/logs/torch-bf16-sdpa.log" | head -1) (allocator), $(peak_gib "$WORK/logs/torch-bf16-sdpa.mem") GiB (nvidia-smi, as ferrotron's) |"
   grep -o 'tokens/s: [0-9.]*' "$WORK/logs/torch-bf16-sdpa.log" | awk '{print $2}' > "$WORK/tps_torch"
 fi
 # The same step captured once and replayed (--cuda-graph-impl local --cuda-graph-scope
@@ -306,9 +271,9 @@ step fp32 100 50 pretrain_model "$P" fp32 "$ITERS" $D && train_line fp32
 # shellcheck disable=SC2086
 [ -x "$BASE" ] && step fp32-baseline 100 50 pretrain_model "$BASE" fp32-baseline "$ITERS" $D && train_line fp32-baseline
 for run in fp32 fp32-baseline; do
-  [ -f "$WORK/logs/$run.log" ] && say "- lm loss, $run: $(grep -o 'lm loss: [0-9.E+-]*' "$WORK/logs/$run.log" | awk '{print $3}' | tr '\n' ' ')"
+  [ -f "$WORK/logs/$run.log" ] && say "- lm loss, $run: $(lm_losses "$WORK/logs/$run.log")"
 done
 if step torch-bf16-compile 150 90 with_memory "$WORK/logs/torch-bf16-compile.mem" "$PY" benchmarks/torch_gpu_gpt.py $T bf16-compile "$DROPOUT"; then
-  say "| PyTorch bf16 + SDPA + torch.compile | $(tail -2 "$WORK/logs/torch-bf16-compile.log" | head -1) (allocator), $(smi_peak torch-bf16-compile) GiB (nvidia-smi) |"
+  say "| PyTorch bf16 + SDPA + torch.compile | $(tail -2 "$WORK/logs/torch-bf16-compile.log" | head -1) (allocator), $(peak_gib "$WORK/logs/torch-bf16-compile.mem") GiB (nvidia-smi) |"
 fi
 say ""

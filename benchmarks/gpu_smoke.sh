@@ -20,20 +20,16 @@
 # (TEST_FLAGS="--cuda-graph-impl local --cuda-graph-scope full_iteration", REFERENCE=).
 set -uo pipefail
 BIN=$1 PY=${2:-python3}
-# CUDA's libraries from the Python wheels (cuBLAS, NCCL), as gpu_profile.sh finds them.
-NV=$("$PY" -c "import nvidia; print(nvidia.__path__[0])" 2>/dev/null || true)
-if [ -n "$NV" ]; then
-  export LD_LIBRARY_PATH=$(ls -d "$NV"/*/lib 2>/dev/null | tr '\n' ':')/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-fi
+source "$(dirname "$0")/gpu_common.sh"
+cuda_libraries "$PY"
 W=$(mktemp -d)
 run() {
-  timeout "${T:-70}" "$BIN" --device "${DEVICE:-cuda}" --num-layers 2 --hidden-size 128 --num-attention-heads 4 \
+  timeout "${T:-70}" "$BIN" --device "$DEVICE" --num-layers 2 --hidden-size 128 --num-attention-heads 4 \
     --seq-length 128 --max-position-embeddings 128 --micro-batch-size 2 --global-batch-size 2 \
     --train-iters 6 --lr 1e-3 --lr-warmup-iters 1 --split 100,0,0 --log-interval 1 \
     --eval-iters 0 --eval-interval 0 --data-path tests/fixtures/golden/wikitext2_valid_text_document \
     --data-cache-path "$W/cache" "$@" 2>&1
 }
-losses() { grep -o 'lm loss: [0-9.E+-]*' "$1" | awk '{print $3}' | tr '\n' ' '; }
 ok=1 reference_failed=0
 REFERENCE=${REFERENCE-FERROTRON_MATMUL=cubecl}
 for p in ${PRECISIONS:-fp32 bf16}; do
@@ -43,7 +39,7 @@ for p in ${PRECISIONS:-fp32 bf16}; do
   # shellcheck disable=SC2086
   ( for kv in $REFERENCE; do export "${kv?}"; done; T=200 run $flags ${REFERENCE_FLAGS:-} ) > "$W/reference-$p.log"; rc_b=$?
   [ $rc_b -eq 0 ] || reference_failed=1
-  a=$(losses "$W/test-$p.log") b=$(losses "$W/reference-$p.log")
+  a=$(lm_losses "$W/test-$p.log") b=$(lm_losses "$W/reference-$p.log")
   echo "$p tested${TEST_FLAGS:+ ($TEST_FLAGS)} (exit $rc_a): $a"
   echo "$p reference${REFERENCE:+ ($REFERENCE)} (exit $rc_b): $b"
   worst=$(awk -v a="$a" -v b="$b" 'BEGIN{n=split(a,x," ");m=split(b,y," ");if(n==0||n!=m){print "inf";exit}

@@ -86,7 +86,8 @@ struct CublasSide {
     stream: Arc<CudaStream>,
     handle: sys::cublasHandle_t,
     /// The operands and results of each window cuBLAS may still be running, oldest first,
-    /// pinned in place until the event recorded on its stream after the window has passed.
+    /// pinned in place until the event recorded on its stream after the window has passed
+    /// ([`Release::AtEvent`], and another stream's buffers: [`Pins::far`]).
     /// Why per window: unpinned only once the whole stream was idle, they stayed held for
     /// about a step, since with the step queued ahead of the GPU a wait is always pending on
     /// cuBLAS's stream (H200, 2026-11-30: GPT-2 345M in bf16 peaked at 31.0 GiB, 24.4 with
@@ -94,6 +95,12 @@ struct CublasSide {
     in_flight: VecDeque<(CudaEvent, Box<dyn Send>)>,
     /// Events of windows that have passed, to be recorded again.
     spare_events: Vec<CudaEvent>,
+    /// With [`Release::AtWait`]: the pins of each CubeCL stream's last window on buffers in
+    /// that stream's memory ([`Pins::near`]), held until the stream's next window is queued
+    /// here. By then the window's wait kernel is on the stream (the thread making the products
+    /// queues it before its next window), and everything that could reuse the buffers runs
+    /// after it, hence after cuBLAS's products. By the stream's id (`StreamId::value`).
+    until_next_window: HashMap<u64, Box<dyn Send>>,
     /// The first failure of a window queued by CubeCL's device thread, for the thread making
     /// the products to report at its next window (a task of the device thread has no caller
     /// to return it to).
@@ -118,6 +125,41 @@ enum Order {
     /// queues cuBLAS's side as a task after the window's count, so the thread making the
     /// products waits for nothing (see the module's doc).
     DeviceThread,
+}
+
+/// When a window's pinned buffers are let go (`FERROTRON_CUBLAS_RELEASE`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Release {
+    /// `event`, the default: once an event recorded on cuBLAS's stream after the window has
+    /// passed (H200, 2026-11-30: GPT-2 345M in bf16 peaked at 24.4 GiB against 12.6 with host
+    /// ordering: with the step queued ahead of the GPU, every window queued ahead stays
+    /// pinned until the GPU reaches it).
+    AtEvent,
+    /// `wait`: the buffers in the memory of the CubeCL stream the window is waited on go once
+    /// its wait kernel is queued there (other streams' buffers as `event`). CubeCL reuses a
+    /// stream's memory only for that stream's later work, which runs after the wait, i.e.
+    /// after cuBLAS's products; a buffer of another stream could be reused by work not
+    /// ordered after the wait. Not measured on a GPU yet.
+    AtWait,
+}
+
+/// When windows' pins are to be let go (`FERROTRON_CUBLAS_RELEASE`: `event`, the default, or
+/// `wait`).
+fn release_asked() -> Release {
+    static RELEASE: OnceLock<Release> = OnceLock::new();
+    *RELEASE.get_or_init(
+        || match std::env::var("FERROTRON_CUBLAS_RELEASE").as_deref() {
+            Ok("wait") => Release::AtWait,
+            Ok("event") | Ok("") | Err(_) => Release::AtEvent,
+            Ok(other) => {
+                eprintln!(
+                    "warning: FERROTRON_CUBLAS_RELEASE={other} is neither `event` nor `wait`; \
+                     a window's buffers are let go once cuBLAS has run it"
+                );
+                Release::AtEvent
+            }
+        },
+    )
 }
 
 /// The two `u32` counters ordering one CubeCL stream against cuBLAS's: `[0]` counted on
@@ -223,6 +265,7 @@ fn start(like: &CubeTensor, index: usize) -> Result<Blas, String> {
             handle,
             in_flight: VecDeque::new(),
             spare_events: Vec::new(),
+            until_next_window: HashMap::new(),
             failure: None,
         })),
         device_thread,
@@ -435,8 +478,9 @@ impl CublasSide {
     fn queue_from_device_thread(
         &mut self,
         context: &CudaContext,
-        pinned: Result<(Vec<Product>, Box<dyn Send>), String>,
+        pinned: Result<(Vec<Product>, Pins), String>,
         (address, count): (u64, u32),
+        stream: u64,
     ) -> Result<(), String> {
         let bound = context
             .bind_to_thread()
@@ -449,8 +493,11 @@ impl CublasSide {
             }
         };
         self.release_finished();
+        // The stream's previous window's wait kernel was queued before this window's count.
+        self.until_next_window.remove(&stream);
         let queued = queue_window(self.handle, &self.stream, &products, (address, count));
-        self.hold_until_run(pins);
+        self.until_next_window.insert(stream, pins.near);
+        self.hold_until_run(pins.far);
         match queued {
             Ok(()) => Ok(()),
             Err(WindowError::Product(e)) => Err(e),
@@ -464,6 +511,7 @@ impl CublasSide {
     /// Waits for cuBLAS's stream and unpins everything its products held.
     fn settle(&mut self) {
         let _ = self.stream.synchronize();
+        self.until_next_window.clear();
         let passed = self.in_flight.drain(..).map(|(event, _)| event);
         self.spare_events.extend(passed);
     }
@@ -621,10 +669,10 @@ fn window_on_device_thread(
                     .get_resource(h.clone().binding(), stream)
                     .map_err(|e| format!("{e:?}"))
             };
-            addresses(&buffers, pin, |r| r.resource().ptr)
+            addresses(&buffers, stream.value, pin, |r| r.resource().ptr)
         });
         let mut side = lock(&side);
-        if let Err(e) = side.queue_from_device_thread(&context, pinned, at) {
+        if let Err(e) = side.queue_from_device_thread(&context, pinned, at, stream.value) {
             side.failure.get_or_insert(e);
         }
     });
@@ -645,9 +693,11 @@ fn window_from_caller(blas: &mut Blas, buffers: &[Buffers], outs: &[&CubeTensor]
         side.release_finished();
         match queue_window(side.handle, &side.stream, &queued, at) {
             Ok(()) => {
-                side.hold_until_run(pins);
+                side.hold_until_run(pins.far);
                 drop(side);
                 wait_on_cubecl(&counters.flags, outs);
+                // Anything reusing these buffers now runs after the wait (see [`Release`]).
+                drop(pins.near);
                 return Some(());
             }
             Err(WindowError::Refused(e)) => {
@@ -672,6 +722,15 @@ fn window_host_ordered(blas: &Blas, buffers: &[Buffers], like: &CubeTensor) -> O
     Some(())
 }
 
+/// What keeps a window's buffers in place while cuBLAS may use them, by when each may go.
+struct Pins {
+    /// With [`Release::AtWait`], the buffers in the memory of the CubeCL stream the window
+    /// is waited on: they may go once its wait kernel is queued there.
+    near: Box<dyn Send>,
+    /// The others: held until cuBLAS's stream has run the window.
+    far: Box<dyn Send>,
+}
+
 /// A planned product as its buffers, which a task of CubeCL's device thread can hold.
 #[derive(Clone)]
 struct Buffers {
@@ -693,39 +752,49 @@ impl Planned {
 }
 
 /// The products of `buffers` with their device addresses, and the pins that keep those in
-/// place while held: each buffer pinned by `pin`, its address read by `address`.
+/// place while held: each buffer pinned by `pin`, its address read by `address`; a window
+/// waited on CubeCL's stream `stream` (`StreamId::value`).
 fn addresses<R: Send + 'static>(
     buffers: &[Buffers],
+    stream: u64,
     mut pin: impl FnMut(&Handle) -> Result<R, String>,
     address: impl Fn(&R) -> u64,
-) -> Result<(Vec<Product>, Box<dyn Send>), String> {
-    let mut pins = Vec::with_capacity(3 * buffers.len());
+) -> Result<(Vec<Product>, Pins), String> {
+    let at_wait = release_asked() == Release::AtWait;
+    let (mut near, mut far) = (Vec::new(), Vec::with_capacity(3 * buffers.len()));
     let mut products = Vec::with_capacity(buffers.len());
     for b in buffers {
-        let (a, bb, c) = (pin(&b.a.1)?, pin(&b.b.1)?, pin(&b.c)?);
+        let mut pinned = |h: &Handle| -> Result<u64, String> {
+            let resource = pin(h)?;
+            let at = address(&resource);
+            if at_wait && h.stream.value == stream {
+                near.push(resource);
+            } else {
+                far.push(resource);
+            }
+            Ok(at)
+        };
+        let (a, bb, c) = (pinned(&b.a.1)?, pinned(&b.b.1)?, pinned(&b.c)?);
         products.push(Product {
             shape: b.shape,
-            a: (b.a.0, address(&a)),
-            b: (b.b.0, address(&bb)),
-            c: address(&c),
+            a: (b.a.0, a),
+            b: (b.b.0, bb),
+            c,
         });
-        pins.extend([a, bb, c]);
     }
-    Ok((products, Box::new(pins)))
+    let (near, far) = (Box::new(near), Box::new(far));
+    Ok((products, Pins { near, far }))
 }
 
 /// [`addresses`] looked up from this thread: each a wait for CubeCL's device thread to run
 /// what was queued before.
-fn addresses_from_caller(
-    like: &CubeTensor,
-    buffers: &[Buffers],
-) -> Option<(Vec<Product>, Box<dyn Send>)> {
+fn addresses_from_caller(like: &CubeTensor, buffers: &[Buffers]) -> Option<(Vec<Product>, Pins)> {
     let pin = |h: &Handle| {
         like.client
             .get_resource::<CudaServer>(h.clone())
             .map_err(|e| format!("{e:?}"))
     };
-    addresses(buffers, pin, |r| r.resource().ptr).ok()
+    addresses(buffers, like.handle.stream.value, pin, |r| r.resource().ptr).ok()
 }
 
 /// This thread's ordering counters (created at its first window: one pair per CubeCL
