@@ -11,17 +11,20 @@
 # against host ordering, and where they fail, the same ordering queued by the calling thread
 # (the way measured); if one passes, the step captured into a graph with its cuBLAS products
 # queued after each replay (never run on a GPU in this form) is checked against the eager
-# step. The profile then runs the ordering that passed with the one measured before it as its
-# baseline (host ordering alone where both failed), and leaves out the captured runs where
+# step. Where device ordering passed, the memory check comes next (the windows' buffers let
+# go at their wait, then gpu_runahead.sh; RUNAHEAD=0 leaves it out). The profile then runs
+# the ordering that passed with the one measured before it as its baseline (host ordering
+# alone where both failed), and leaves out the captured runs where
 # the capture failed (GRAPH=0); the report says why. Where host ordering failed
 # too (gpu_smoke.sh's exit 2), the report says that the step itself failed, not the ordering:
 # kernels new since the last lease run on that path and have never been compiled for a GPU. Each check's run is under a
 # 70 s timeout, so a hang costs a minute.
 #
 # BIN_DIR as gpu_profile.sh takes it (bins.tar.xz, or the binaries). REPORT_DIR receives
-# report.md (the profile's report with the smoke's results at its end), smoke-*.txt and the
-# profile's logs.tar.xz. The profile gets what is left of SESSION_S as its BUDGET_S. Other
-# variables (DEVICE, LAYERS, ...) reach both scripts: DEVICE=cpu with small sizes dry-runs it
+# report.md (the profile's report with the smoke's results and the memory check's table at its
+# end), smoke-*.txt, runahead/ (gpu_runahead.sh's logs) and the profile's logs.tar.xz. The
+# profile gets what is left of SESSION_S as its BUDGET_S. Other variables (DEVICE, LAYERS,
+# ...) reach every script: DEVICE=cpu with small sizes dry-runs it
 # on a CPU (see docs/gpu.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -85,6 +88,20 @@ if FERROTRON_CUBLAS_ORDER=$ORDER TEST_FLAGS=--use-flash-attn REFERENCE=FERROTRON
 else
   VERDICT="$VERDICT; the fused attention on tensor cores FAILED its check against the CUDA-core kernels (smoke-flash.txt)"
 fi
+# The memory check (peak at most PyTorch's: the acceptance's one target not met on
+# 2026-11-30), before the profile takes what is left: the cuBLAS windows' buffers let go once
+# their wait is queued (FERROTRON_CUBLAS_RELEASE=wait, never run on a GPU) against host
+# ordering at 2 layers, then gpu_runahead.sh's peaks at 345M (≈ 100 s on the H200). RUNAHEAD=0
+# leaves them out.
+if [ "${RUNAHEAD:-1}" = 1 ] && [ "$ORDER" != host ]; then
+  if FERROTRON_CUBLAS_RELEASE=wait against_host "$ORDER" smoke-release-at-wait.txt; then
+    VERDICT="$VERDICT; the windows' buffers let go at their wait gave host ordering's losses (smoke-release-at-wait.txt)"
+  else
+    VERDICT="$VERDICT; the windows' buffers let go at their wait FAILED the smoke check (smoke-release-at-wait.txt)"
+  fi
+  FERROTRON_CUBLAS_ORDER=$ORDER timeout 200 benchmarks/gpu_runahead.sh "$BIN_DIR" "$REPORT/runahead" "$PY" \
+    > "$REPORT/runahead.txt" 2>&1
+fi
 echo "gpu_session: $VERDICT"
 
 BUDGET_S=$((SESSION_S - ($(date +%s) - START))) FERROTRON_CUBLAS_ORDER=$ORDER BASELINE_ENV=$BASELINE GRAPH=$GRAPH \
@@ -101,6 +118,12 @@ BUDGET_S=$((SESSION_S - ($(date +%s) - START))) FERROTRON_CUBLAS_ORDER=$ORDER BA
     grep -v '^$' "$f" | tail -12
     echo '```'
   done
+  if [ -f "$REPORT/runahead/runahead.md" ]; then
+    echo
+    echo "### Peak memory against how long the cuBLAS windows' buffers are held (benchmarks/gpu_runahead.sh)"
+    echo
+    cat "$REPORT/runahead/runahead.md"
+  fi
   echo
   # The build's commit, where the packing step wrote it (docs/gpu.md).
   [ -f "$BIN_DIR/BUILD" ] && echo "binaries built from: $(head -3 "$BIN_DIR/BUILD" | tr '\n' ' ')"
