@@ -137,9 +137,10 @@ enum Release {
     AtEvent,
     /// `wait`: the buffers in the memory of the CubeCL stream the window is waited on go once
     /// its wait kernel is queued there (other streams' buffers as `event`). CubeCL reuses a
-    /// stream's memory only for that stream's later work, which runs after the wait, i.e.
-    /// after cuBLAS's products; a buffer of another stream could be reused by work not
-    /// ordered after the wait. Not measured on a GPU yet.
+    /// stream's memory only for that stream's later work (CubeCL 0.11's CUDA server: a pool
+    /// per stream), which runs after the wait, i.e. after cuBLAS's products; a buffer of
+    /// another stream could be reused by work not ordered after the wait. Not measured on a
+    /// GPU yet.
     AtWait,
 }
 
