@@ -46,18 +46,15 @@ enum Choice {
 fn choice() -> Choice {
     static CHOICE: OnceLock<Choice> = OnceLock::new();
     *CHOICE.get_or_init(|| {
-        let asked = match std::env::var("FERROTRON_MATMUL").as_deref() {
-            Ok("cubecl") => return Choice::Never,
-            Ok("cublas") => Choice::Always,
-            Ok("") | Err(_) => Choice::HalfPrecision,
-            Ok(other) => {
-                eprintln!(
-                    "warning: FERROTRON_MATMUL={other} is neither `cublas` nor `cubecl`; \
-                     using cuBLAS for half-precision products"
-                );
-                Choice::HalfPrecision
-            }
-        };
+        let asked = env_choice(
+            "FERROTRON_MATMUL",
+            &[("cubecl", Choice::Never), ("cublas", Choice::Always)],
+            Choice::HalfPrecision,
+            "using cuBLAS for half-precision products",
+        );
+        if asked == Choice::Never {
+            return asked;
+        }
         // SAFETY: only tries to open the shared library.
         if unsafe { sys::is_culib_present() } {
             asked
@@ -69,6 +66,27 @@ fn choice() -> Choice {
             Choice::Never
         }
     })
+}
+
+/// The environment variable `name` read as one of `choices` (its spelling, what it asks for):
+/// `default` where it is unset or empty, and, with a warning saying what that means
+/// (`default_means`), where it is none of them.
+fn env_choice<T: Copy>(name: &str, choices: &[(&str, T)], default: T, default_means: &str) -> T {
+    let value = std::env::var(name).unwrap_or_default();
+    if value.is_empty() {
+        return default;
+    }
+    match choices.iter().find(|(spelling, _)| *spelling == value) {
+        Some(&(_, chosen)) => chosen,
+        None => {
+            let spellings: Vec<_> = choices.iter().map(|(s, _)| format!("`{s}`")).collect();
+            eprintln!(
+                "warning: {name}={value} is none of {}; {default_means}",
+                spellings.join(", ")
+            );
+            default
+        }
+    }
 }
 
 /// Whether products of CUDA tensors of `dtype` go to cuBLAS.

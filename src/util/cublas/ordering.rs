@@ -58,7 +58,7 @@ use ferrotron_kernels::half::{bf16, f16};
 use ferrotron_kernels::launch as kernels;
 
 use super::gemm::{gemm, GemmShape, Operand, Product};
-use super::{cuda_index, CudaServer, Planned};
+use super::{cuda_index, env_choice, CudaServer, Planned};
 
 /// One cuBLAS handle and the stream it runs on, for one GPU, and what orders that stream
 /// against CubeCL's.
@@ -148,19 +148,14 @@ enum Release {
 /// `wait`).
 fn release_asked() -> Release {
     static RELEASE: OnceLock<Release> = OnceLock::new();
-    *RELEASE.get_or_init(
-        || match std::env::var("FERROTRON_CUBLAS_RELEASE").as_deref() {
-            Ok("wait") => Release::AtWait,
-            Ok("event") | Ok("") | Err(_) => Release::AtEvent,
-            Ok(other) => {
-                eprintln!(
-                    "warning: FERROTRON_CUBLAS_RELEASE={other} is neither `event` nor `wait`; \
-                     a window's buffers are let go once cuBLAS has run it"
-                );
-                Release::AtEvent
-            }
-        },
-    )
+    *RELEASE.get_or_init(|| {
+        env_choice(
+            "FERROTRON_CUBLAS_RELEASE",
+            &[("event", Release::AtEvent), ("wait", Release::AtWait)],
+            Release::AtEvent,
+            "a window's buffers are let go once cuBLAS has run it",
+        )
+    })
 }
 
 /// The two `u32` counters ordering one CubeCL stream against cuBLAS's: `[0]` counted on
@@ -309,20 +304,18 @@ fn wait_for_count(stream: &CudaStream, address: u64, count: u32) -> Result<(), S
 /// `device-caller` or `host`).
 fn order_asked() -> Order {
     static ORDER: OnceLock<Order> = OnceLock::new();
-    *ORDER.get_or_init(
-        || match std::env::var("FERROTRON_CUBLAS_ORDER").as_deref() {
-            Ok("host") => Order::Host,
-            Ok("device-caller") => Order::DeviceFromCaller,
-            Ok("device") | Ok("") | Err(_) => Order::DeviceThread,
-            Ok(other) => {
-                eprintln!(
-                    "warning: FERROTRON_CUBLAS_ORDER={other} is none of `device`, \
-                     `device-caller` and `host`; the device orders cuBLAS's products"
-                );
-                Order::DeviceThread
-            }
-        },
-    )
+    *ORDER.get_or_init(|| {
+        env_choice(
+            "FERROTRON_CUBLAS_ORDER",
+            &[
+                ("device", Order::DeviceThread),
+                ("device-caller", Order::DeviceFromCaller),
+                ("host", Order::Host),
+            ],
+            Order::DeviceThread,
+            "the device orders cuBLAS's products",
+        )
+    })
 }
 
 /// Whether a step making cuBLAS products can be captured into a graph: the device orders
@@ -497,8 +490,12 @@ impl CublasSide {
         // The stream's previous window's wait kernel was queued before this window's count.
         self.until_next_window.remove(&stream);
         let queued = queue_window(self.handle, &self.stream, &products, (address, count));
-        self.until_next_window.insert(stream, pins.near);
-        self.hold_until_run(pins.far);
+        if let Some(near) = pins.near {
+            self.until_next_window.insert(stream, near);
+        }
+        if let Some(far) = pins.far {
+            self.hold_until_run(far);
+        }
         match queued {
             Ok(()) => Ok(()),
             Err(WindowError::Product(e)) => Err(e),
@@ -694,7 +691,9 @@ fn window_from_caller(blas: &mut Blas, buffers: &[Buffers], outs: &[&CubeTensor]
         side.release_finished();
         match queue_window(side.handle, &side.stream, &queued, at) {
             Ok(()) => {
-                side.hold_until_run(pins.far);
+                if let Some(far) = pins.far {
+                    side.hold_until_run(far);
+                }
                 drop(side);
                 wait_on_cubecl(&counters.flags, outs);
                 // Anything reusing these buffers now runs after the wait (see [`Release`]).
@@ -724,12 +723,24 @@ fn window_host_ordered(blas: &Blas, buffers: &[Buffers], like: &CubeTensor) -> O
 }
 
 /// What keeps a window's buffers in place while cuBLAS may use them, by when each may go.
+/// `None` where a half holds nothing: nothing to keep, no event to record for it.
 struct Pins {
     /// With [`Release::AtWait`], the buffers in the memory of the CubeCL stream the window
     /// is waited on: they may go once its wait kernel is queued there.
-    near: Box<dyn Send>,
+    near: Option<Box<dyn Send>>,
     /// The others: held until cuBLAS's stream has run the window.
-    far: Box<dyn Send>,
+    far: Option<Box<dyn Send>>,
+}
+
+impl Pins {
+    /// `near` and `far` pins as [`Pins`].
+    fn of<R: Send + 'static>(near: Vec<R>, far: Vec<R>) -> Self {
+        let boxed = |pins: Vec<R>| (!pins.is_empty()).then(|| Box::new(pins) as Box<dyn Send>);
+        Self {
+            near: boxed(near),
+            far: boxed(far),
+        }
+    }
 }
 
 /// A planned product as its buffers, which a task of CubeCL's device thread can hold.
@@ -783,8 +794,7 @@ fn addresses<R: Send + 'static>(
             c,
         });
     }
-    let (near, far) = (Box::new(near), Box::new(far));
-    Ok((products, Pins { near, far }))
+    Ok((products, Pins::of(near, far)))
 }
 
 /// [`addresses`] looked up from this thread: each a wait for CubeCL's device thread to run
