@@ -91,7 +91,7 @@ fi
 # The memory check (peak at most PyTorch's: the acceptance's one target not met on
 # 2026-11-30), before the profile takes what is left: the cuBLAS windows' buffers let go once
 # their wait is queued (FERROTRON_CUBLAS_RELEASE=wait, never run on a GPU) against host
-# ordering at 2 layers, then gpu_runahead.sh's peaks at 345M (≈ 100 s on the H200). RUNAHEAD=0
+# ordering at 2 layers, then gpu_runahead.sh's peaks at 345M (≈ 130 s on the H200). RUNAHEAD=0
 # leaves them out.
 if [ "${RUNAHEAD:-1}" = 1 ] && [ "$ORDER" != host ]; then
   if FERROTRON_CUBLAS_RELEASE=wait against_host "$ORDER" smoke-release-at-wait.txt; then
@@ -99,7 +99,7 @@ if [ "${RUNAHEAD:-1}" = 1 ] && [ "$ORDER" != host ]; then
   else
     VERDICT="$VERDICT; the windows' buffers let go at their wait FAILED the smoke check (smoke-release-at-wait.txt)"
   fi
-  FERROTRON_CUBLAS_ORDER=$ORDER timeout 200 benchmarks/gpu_runahead.sh "$BIN_DIR" "$REPORT/runahead" "$PY" \
+  FERROTRON_CUBLAS_ORDER=$ORDER timeout 240 benchmarks/gpu_runahead.sh "$BIN_DIR" "$REPORT/runahead" "$PY" \
     > "$REPORT/runahead.txt" 2>&1
 fi
 echo "gpu_session: $VERDICT"

@@ -89,6 +89,25 @@ fn env_choice<T: Copy>(name: &str, choices: &[(&str, T)], default: T, default_me
     }
 }
 
+/// The environment variable `name` read as a whole number of at least 1: `default` where it
+/// is unset or empty, and, with a warning saying what that means (`default_means`), where it
+/// is anything else.
+fn env_count(name: &str, default: usize, default_means: &str) -> usize {
+    let value = std::env::var(name).unwrap_or_default();
+    if value.is_empty() {
+        return default;
+    }
+    match value.parse::<usize>() {
+        Ok(count) if count >= 1 => count,
+        _ => {
+            eprintln!(
+                "warning: {name}={value} is not a whole number of at least 1; {default_means}"
+            );
+            default
+        }
+    }
+}
+
 /// Whether products of CUDA tensors of `dtype` go to cuBLAS.
 pub fn takes(dtype: DType) -> bool {
     match choice() {

@@ -58,7 +58,7 @@ use ferrotron_kernels::half::{bf16, f16};
 use ferrotron_kernels::launch as kernels;
 
 use super::gemm::{gemm, GemmShape, Operand, Product};
-use super::{cuda_index, env_choice, CudaServer, Planned};
+use super::{cuda_index, env_choice, env_count, CudaServer, Planned};
 
 /// One cuBLAS handle and the stream it runs on, for one GPU, and what orders that stream
 /// against CubeCL's.
@@ -154,6 +154,24 @@ fn release_asked() -> Release {
             &[("event", Release::AtEvent), ("wait", Release::AtWait)],
             Release::AtEvent,
             "a window's buffers are let go once cuBLAS has run it",
+        )
+    })
+}
+
+/// How many windows' [`Pins::far`] may be held before the thread queuing the next waits for
+/// the oldest to pass on the GPU (`FERROTRON_CUBLAS_HELD`, default 256): how far, in windows,
+/// cuBLAS's products may be queued ahead of the GPU while holding their buffers. Lower, fewer
+/// buffers are held (a GPT-2 345M step has 290 windows, so 256 hold about a step's products:
+/// 24.4 GiB on the H200 on 2026-11-30 against 12.6 with host ordering, which holds none), and
+/// the thread queuing the step (CubeCL's device thread by default, which also launches
+/// CubeCL's kernels) waits once the GPU is that many windows behind. Not measured on a GPU yet.
+fn held_limit() -> usize {
+    static HELD: OnceLock<usize> = OnceLock::new();
+    *HELD.get_or_init(|| {
+        env_count(
+            "FERROTRON_CUBLAS_HELD",
+            256,
+            "up to 256 windows' buffers are held",
         )
     })
 }
@@ -423,10 +441,10 @@ impl RecordedWindows {
 }
 
 impl CublasSide {
-    /// Unpins what the windows cuBLAS's stream has run held, oldest first; with many held,
-    /// waits for the oldest first.
+    /// Unpins what the windows cuBLAS's stream has run held, oldest first; with
+    /// [`held_limit`] windows held, waits for the oldest first.
     fn release_finished(&mut self) {
-        if self.in_flight.len() >= 256 {
+        if self.in_flight.len() >= held_limit() {
             if let Some((event, _)) = self.in_flight.front() {
                 let _ = event.synchronize();
             }
