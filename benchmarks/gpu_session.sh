@@ -11,10 +11,12 @@
 # against host ordering, and where they fail, the same ordering queued by the calling thread
 # (the way measured); if one passes, the step captured into a graph with its cuBLAS products
 # queued after each replay (never run on a GPU in this form) is checked against the eager
-# step. Where device ordering passed, the memory check comes next (the windows' buffers let
-# go at their wait, then gpu_runahead.sh; RUNAHEAD=0 leaves it out). The profile then runs
-# the ordering that passed with the one measured before it as its baseline (host ordering
-# alone where both failed), and leaves out the captured runs where
+# step. The softmax rows held in registers are checked against rows read in each pass (the
+# lease falls back on the latter where they differ). Where device ordering passed, the memory
+# check comes next (the windows' buffers let go at their wait, then gpu_runahead.sh;
+# RUNAHEAD=0 leaves it out). The profile then runs the ordering that passed, with the softmax
+# rows read in each pass as its baseline (with the calling thread's queuing, host ordering as
+# the baseline; host ordering alone where both failed), and leaves out the captured runs where
 # the capture failed (GRAPH=0); the report says why. Where host ordering failed
 # too (gpu_smoke.sh's exit 2), the report says that the step itself failed, not the ordering:
 # kernels new since the last lease run on that path and have never been compiled for a GPU. Each check's run is under a
@@ -54,8 +56,9 @@ if [ $smoke -eq 1 ]; then
 fi
 if [ $smoke -eq 0 ] || [ $smoke -eq 3 ]; then
   if [ $smoke -eq 0 ]; then
-    ORDER=device BASELINE=FERROTRON_CUBLAS_ORDER=device-caller
-    VERDICT="device ordering with cuBLAS's side queued by CubeCL's device thread passed the smoke check (the losses of host ordering); the profile runs it, with the same ordering queued by the calling thread (measured 2026-11-27) as the baseline"
+    # (Queued by the calling thread it was as fast on 2026-11-30: 42.9 against 42.8 ms.)
+    ORDER=device BASELINE=FERROTRON_ROW_REGISTERS=0
+    VERDICT="device ordering with cuBLAS's side queued by CubeCL's device thread passed the smoke check (the losses of host ordering); the profile runs it, with the softmax rows read in each pass (FERROTRON_ROW_REGISTERS=0, the kernels measured on 2026-11-30) as the baseline"
   else
     ORDER=device-caller BASELINE=FERROTRON_CUBLAS_ORDER=host
     VERDICT="device ordering with cuBLAS's side queued by CubeCL's device thread FAILED the smoke check (smoke-device.txt), queued by the calling thread it passed (smoke-device-caller.txt); the profile runs the latter, host ordering as the baseline"
@@ -87,6 +90,19 @@ if FERROTRON_CUBLAS_ORDER=$ORDER TEST_FLAGS=--use-flash-attn REFERENCE=FERROTRON
   VERDICT="$VERDICT; the fused attention on tensor cores gave the CUDA-core kernels' losses (smoke-flash.txt)"
 else
   VERDICT="$VERDICT; the fused attention on tensor cores FAILED its check against the CUDA-core kernels (smoke-flash.txt)"
+fi
+# The softmax rows held in registers (2026-11-30, never run on a GPU) against rows read in
+# each pass (the kernels measured before): the same expressions in the same order, so the same
+# losses but for the compiler contracting a product and a sum differently. Where they differ,
+# the rest of the lease runs the kernels measured before, so that its numbers still mean
+# something.
+if FERROTRON_CUBLAS_ORDER=$ORDER REFERENCE=FERROTRON_ROW_REGISTERS=0 TOLERANCE=1e-4 PRECISIONS=bf16 \
+  benchmarks/gpu_smoke.sh "$BIN/pretrain" "$PY" > "$REPORT/smoke-registers.txt" 2>&1; then
+  VERDICT="$VERDICT; the softmax rows held in registers gave the losses of rows read in each pass (smoke-registers.txt)"
+else
+  export FERROTRON_ROW_REGISTERS=0
+  [ "$BASELINE" = FERROTRON_ROW_REGISTERS=0 ] && BASELINE=FERROTRON_CUBLAS_ORDER=device-caller
+  VERDICT="$VERDICT; the softmax rows held in registers FAILED their check against rows read in each pass (smoke-registers.txt): everything after runs with FERROTRON_ROW_REGISTERS=0"
 fi
 # The memory check (peak at most PyTorch's: the acceptance's one target not met on
 # 2026-11-30), before the profile takes what is left: the cuBLAS windows' buffers let go once

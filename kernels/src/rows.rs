@@ -79,6 +79,9 @@ pub struct RowLaunch {
     /// time: a warp's load of bf16 moves 512 bytes instead of 64, and on lavapipe a vector is
     /// one load per SIMD lane instead of one per element.
     pub vectorized: bool,
+    /// Whether a softmax row short enough for its units to hold is read once into registers
+    /// (`crate::softmax::held_vectors`) rather than in each pass.
+    pub held_in_registers: bool,
 }
 
 impl RowLaunch {
@@ -97,6 +100,7 @@ impl RowLaunch {
         Self {
             plane_reduce: launch.lanes > 1 && plane_width(client) == Some(launch.lanes),
             vectorized: vectors_on(),
+            held_in_registers: registers_on(),
             ..launch
         }
     }
@@ -109,6 +113,7 @@ impl RowLaunch {
             rows_per_cube: Self::UNITS_PER_CUBE / lanes,
             plane_reduce: false,
             vectorized: false,
+            held_in_registers: false,
         }
     }
 
@@ -133,27 +138,63 @@ impl RowLaunch {
     }
 }
 
-/// The vector switch: 0 until first asked, then 1 (vectors) or 2 (one element per load).
-static VECTORS: AtomicU8 = AtomicU8::new(0);
+/// A kernel choice switched off by an environment variable set to `0`, read once per process
+/// (not on every launch) unless a benchmark or test sets it first.
+struct EnvSwitch {
+    /// 0 until first asked, then 1 (on) or 2 (off).
+    state: AtomicU8,
+    name: &'static str,
+}
+
+impl EnvSwitch {
+    const fn new(name: &'static str) -> Self {
+        Self {
+            state: AtomicU8::new(0),
+            name,
+        }
+    }
+
+    fn on(&self) -> bool {
+        match self.state.load(Ordering::Relaxed) {
+            0 => {
+                let on = std::env::var(self.name).as_deref() != Ok("0");
+                self.set(on);
+                on
+            }
+            state => state == 1,
+        }
+    }
+
+    fn set(&self, on: bool) {
+        self.state.store(if on { 1 } else { 2 }, Ordering::Relaxed);
+    }
+}
+
+static VECTORS: EnvSwitch = EnvSwitch::new("FERROTRON_ROW_VECTORS");
+static REGISTERS: EnvSwitch = EnvSwitch::new("FERROTRON_ROW_REGISTERS");
 
 /// Whether kernels load in vectors ([`RowLaunch::vectorized`] and the element-wise
-/// kernels): unless `FERROTRON_ROW_VECTORS=0` (read once per process, not on every launch),
-/// the baseline the kernel-runtime benchmark measures them against.
+/// kernels): unless `FERROTRON_ROW_VECTORS=0`, the baseline the kernel-runtime benchmark
+/// measures them against.
 pub fn vectors_on() -> bool {
-    match VECTORS.load(Ordering::Relaxed) {
-        0 => {
-            let on = std::env::var("FERROTRON_ROW_VECTORS").as_deref() != Ok("0");
-            set_vectors_on(on);
-            on
-        }
-        state => state == 1,
-    }
+    VECTORS.on()
 }
 
 /// Overrides [`vectors_on`] for the launches that follow (the benchmark's switch between its
 /// two modes in one process).
 pub fn set_vectors_on(on: bool) {
-    VECTORS.store(if on { 1 } else { 2 }, Ordering::Relaxed);
+    VECTORS.set(on);
+}
+
+/// Whether softmax rows that fit are held in registers ([`RowLaunch::held_in_registers`]):
+/// unless `FERROTRON_ROW_REGISTERS=0`, the baseline a GPU profile measures them against.
+pub fn registers_on() -> bool {
+    REGISTERS.on()
+}
+
+/// Overrides [`registers_on`] for the launches that follow.
+pub fn set_registers_on(on: bool) {
+    REGISTERS.set(on);
 }
 
 /// The widest vector of `F` that `client` loads in one instruction and that divides `len`

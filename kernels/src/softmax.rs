@@ -9,8 +9,21 @@
 //! The forward can also write the attention dropout of its output: `dropout(y)` as the
 //! dropout kernel computes it from the stored `y` (the same bits), without that kernel's
 //! launch and its pass reading `y` back.
+//!
+//! A row short enough for its units to hold it ([`held_vectors`]: GPT-2's 1024 keys in bf16
+//! are four vectors of eight per unit of a 32-lane warp) is read once into registers, as
+//! Megatron's warp-per-row softmax does; a longer row is read again in each pass (the
+//! forward's maximum, sum and output; the backward's dot product and output, and, forming
+//! the probabilities again, their maximum and sum too), each pass a loop whose loads wait on
+//! each other. Either way the same expressions in the same order, so the same bits.
 
 use cubecl::prelude::*;
+
+mod held;
+
+pub use held::{held_vectors, MOST_HELD};
+
+use held::{held_row_softmax, held_softmax_backward};
 
 use crate::dropout::{salted, whole_dropout};
 use crate::reduce::{row_vector_max, row_vector_sum};
@@ -115,8 +128,18 @@ fn probability<F: Float, A: Float, N: Size>(
     #[comptime] use_mask: bool,
 ) -> Vector<F, N> {
     let keep = kept::<N>(mask, mask_base, j, causal_limit, use_mask);
-    let scale = statistics.scale;
-    let e = Vector::exp(scale * Vector::<A, N>::cast_from(input[base + j]) - statistics.maxes);
+    probability_of::<F, A, N>(Vector::<A, N>::cast_from(input[base + j]), keep, statistics)
+}
+
+/// The probabilities of a vector `x` of the row's input (in `A`) where `keep` says (0
+/// elsewhere), stored as `F`: [`probability`]'s expression, for a row read or held.
+#[cube]
+fn probability_of<F: Float, A: Float, N: Size>(
+    x: Vector<A, N>,
+    keep: Vector<bool, N>,
+    statistics: &RowStatistics<A, N>,
+) -> Vector<F, N> {
+    let e = Vector::exp(statistics.scale * x - statistics.maxes);
     Vector::<F, N>::cast_from(select_many(
         keep,
         e * statistics.inverse_sum,
@@ -214,7 +237,8 @@ fn masked_row_softmax<F: Float, A: Float, N: Size>(
 /// `output` (the draw `(key_lo, key_hi)` salted by `salt`, elements below `threshold` dropped, the others
 /// times `keep_scale`); without, it is never written. Without `keep_output` (and with
 /// `drop`) only `dropped` is written: the probabilities a selectively recomputed attention
-/// core does not keep.
+/// core does not keep. With `held` (a power of two, [`held_vectors`]), each unit holds that
+/// many vectors of its row in registers, read once.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn masked_softmax_forward<F: Float, A: Float, N: Size>(
@@ -237,6 +261,7 @@ pub fn masked_softmax_forward<F: Float, A: Float, N: Size>(
     #[comptime] drop: bool,
     #[comptime] keep_output: bool,
     #[comptime] lanes: u32,
+    #[comptime] held: u32,
     #[comptime] rows_per_cube: u32,
     #[comptime] plane_reduce: bool,
 ) {
@@ -250,27 +275,56 @@ pub fn masked_softmax_forward<F: Float, A: Float, N: Size>(
         limit = causal_limit(query, sq, sk);
     }
     let batch = row / (sq * heads as usize);
-    masked_row_softmax::<F, A, N>(
-        input,
-        output,
-        dropped,
+    let (lo, hi) = (
         salted(key_lo, salt, 0usize, drop),
         salted(key_hi, salt, 1usize, drop),
-        threshold,
-        keep_scale,
-        mask,
-        row * width,
-        (batch * sq + query) * width,
-        limit,
-        scale,
-        length,
-        padded,
-        drop,
-        keep_output,
-        lanes,
-        rows_per_cube,
-        plane_reduce,
     );
+    if comptime![held > 0] {
+        held_row_softmax::<F, A, N>(
+            input,
+            output,
+            dropped,
+            lo,
+            hi,
+            threshold,
+            keep_scale,
+            mask,
+            row * width,
+            (batch * sq + query) * width,
+            limit,
+            scale,
+            length,
+            padded,
+            drop,
+            keep_output,
+            lanes,
+            comptime!(held as usize),
+            rows_per_cube,
+            plane_reduce,
+        );
+    } else {
+        masked_row_softmax::<F, A, N>(
+            input,
+            output,
+            dropped,
+            lo,
+            hi,
+            threshold,
+            keep_scale,
+            mask,
+            row * width,
+            (batch * sq + query) * width,
+            limit,
+            scale,
+            length,
+            padded,
+            drop,
+            keep_output,
+            lanes,
+            rows_per_cube,
+            plane_reduce,
+        );
+    }
 }
 
 /// The gradient reaching the softmax's output at the vector `at`: `grad_output` there, or
@@ -324,7 +378,9 @@ fn no_statistics<A: Float, N: Size>() -> RowStatistics<A, N> {
 /// one reading it. With `keep_probabilities` it also writes `probabilities`, what the `p v`
 /// product's gradient reads: `dropout(y)` with `drop` (the forward's dropped probabilities,
 /// bit for bit: the forward then need not keep them, half the memory a composed attention
-/// core holds per layer), `y` without. Otherwise `probabilities` is never written.
+/// core holds per layer), `y` without. Otherwise `probabilities` is never written. With
+/// `held` (a power of two, [`held_vectors`]), each unit holds that many vectors of its row
+/// (the input, and the output's gradient) in registers, read once.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn softmax_backward<F: Float, A: Float, N: Size>(
@@ -347,13 +403,13 @@ pub fn softmax_backward<F: Float, A: Float, N: Size>(
     #[comptime] formed: bool,
     #[comptime] keep_probabilities: bool,
     #[comptime] lanes: u32,
+    #[comptime] held: u32,
     #[comptime] rows_per_cube: u32,
     #[comptime] plane_reduce: bool,
 ) {
     let row = row_index();
     let width = sk as usize / N::value();
     let length = row_length(row, rows, width as u32);
-    let step = lanes as usize;
     let base = row * width;
     let (lo, hi) = (
         salted(key_lo, salt, 0usize, drop),
@@ -364,7 +420,89 @@ pub fn softmax_backward<F: Float, A: Float, N: Size>(
     if causal {
         limit = causal_limit(row % sq as usize, sq as usize, sk as usize);
     }
-    let seen = min(length, limit.div_ceil(N::value()));
+    let args = BackwardArgs {
+        key_lo: lo,
+        key_hi: hi,
+        threshold,
+        keep_scale,
+        scale,
+        base,
+        limit,
+        seen: min(length, limit.div_ceil(N::value())),
+        length,
+    };
+    if comptime![held > 0] {
+        held_softmax_backward::<F, A, N>(
+            input,
+            mask,
+            grad_output,
+            grad_input,
+            probabilities,
+            args,
+            drop,
+            formed,
+            keep_probabilities,
+            lanes,
+            comptime!(held as usize),
+            rows_per_cube,
+            plane_reduce,
+        );
+    } else {
+        streamed_softmax_backward::<F, A, N>(
+            input,
+            mask,
+            grad_output,
+            grad_input,
+            probabilities,
+            args,
+            drop,
+            formed,
+            keep_probabilities,
+            lanes,
+            rows_per_cube,
+            plane_reduce,
+        );
+    }
+}
+
+/// What a softmax backward row needs besides its buffers: the draw (salted), the scale, where
+/// the row starts (`base`, in vectors), the keys it sees (`limit`), the vectors holding them
+/// (`seen`) and the row's vectors (`length`, 0 past the last row).
+#[derive(CubeType, Clone, Copy)]
+struct BackwardArgs {
+    key_lo: u32,
+    key_hi: u32,
+    threshold: u32,
+    keep_scale: f32,
+    scale: f32,
+    base: usize,
+    limit: usize,
+    seen: usize,
+    length: usize,
+}
+
+/// The softmax backward of one row, read in each pass (see [`softmax_backward`]).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn streamed_softmax_backward<F: Float, A: Float, N: Size>(
+    input: &[Vector<F, N>],
+    mask: &[Vector<u32, N>],
+    grad_output: &[Vector<F, N>],
+    grad_input: &mut [Vector<F, N>],
+    probabilities: &mut [Vector<F, N>],
+    args: BackwardArgs,
+    #[comptime] drop: bool,
+    #[comptime] formed: bool,
+    #[comptime] keep_probabilities: bool,
+    #[comptime] lanes: u32,
+    #[comptime] rows_per_cube: u32,
+    #[comptime] plane_reduce: bool,
+) {
+    let step = lanes as usize;
+    let (lo, hi, threshold, keep_scale) =
+        (args.key_lo, args.key_hi, args.threshold, args.keep_scale);
+    let (base, limit, seen, length, scale) =
+        (args.base, args.limit, args.seen, args.length, args.scale);
     let statistics = if formed {
         row_statistics::<F, A, N>(
             input,
@@ -405,13 +543,8 @@ pub fn softmax_backward<F: Float, A: Float, N: Size>(
         let dy = Vector::<A, N>::cast_from(dy);
         grad_input[base + j] = Vector::<F, N>::cast_from(scale * y * (dy - dot));
         if keep_probabilities {
-            if drop {
-                // As the forward drew it from the same stored `y`.
-                probabilities[base + j] =
-                    whole_dropout::<F, N>(stored, base + j, lo, hi, threshold, keep_scale);
-            } else {
-                probabilities[base + j] = stored;
-            }
+            probabilities[base + j] =
+                kept_probabilities::<F, N>(stored, base + j, lo, hi, threshold, keep_scale, drop);
         }
         j += step;
     }
@@ -423,6 +556,26 @@ pub fn softmax_backward<F: Float, A: Float, N: Size>(
         }
         j += step;
     }
+}
+
+/// What the backward writes for the `p v` product's gradient at vector `at`: the stored
+/// probabilities `y`, dropped as the forward dropped them with `drop`.
+#[cube]
+fn kept_probabilities<F: Float, N: Size>(
+    stored: Vector<F, N>,
+    at: usize,
+    key_lo: u32,
+    key_hi: u32,
+    threshold: u32,
+    keep_scale: f32,
+    #[comptime] drop: bool,
+) -> Vector<F, N> {
+    let mut y = stored;
+    if drop {
+        // As the forward drew it from the same stored `y`.
+        y = whole_dropout::<F, N>(stored, at, key_lo, key_hi, threshold, keep_scale);
+    }
+    y
 }
 
 /// The probabilities of a row's vector `j` as the forward stored them: read from `input` (the

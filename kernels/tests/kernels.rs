@@ -28,19 +28,21 @@ fn client() -> Client {
 /// The launch shapes every kernel is checked with: this device's own (in vectors), NVIDIA's (a
 /// 32-lane warp per row, four rows per cube, in vectors and one element at a time), one wide
 /// cube per row, cubecl-cpu's one unit per row,
-/// and row counts per cube that leave a partly filled last cube for the shapes below.
+/// and row counts per cube that leave a partly filled last cube for the shapes below. The
+/// softmaxes hold rows that fit in registers with some of them and read them in each pass with
+/// the others (rows too long to hold are read in each pass by all).
 ///
 /// A device without planes (cubecl-cpu) runs only the one-lane shapes: its barriers cost
 /// seconds per cube, and the shapes with barriers are checked on wgpu.
 fn launches(client: &Client) -> Vec<RowLaunch> {
     let own = RowLaunch::for_client(client);
     let mut all = vec![own];
-    for (lanes, rows_per_cube, vectorized) in [
-        (32, 4, false),
-        (32, 4, true),
-        (256, 1, false),
-        (16, 3, false),
-        (1, 7, false),
+    for (lanes, rows_per_cube, vectorized, held_in_registers) in [
+        (32, 4, false, false),
+        (32, 4, true, true),
+        (256, 1, false, false),
+        (16, 3, false, true),
+        (1, 7, false, true),
     ] {
         if own.lanes == 1 && lanes > 1 {
             continue;
@@ -50,6 +52,7 @@ fn launches(client: &Client) -> Vec<RowLaunch> {
             rows_per_cube,
             plane_reduce: false,
             vectorized,
+            held_in_registers,
         };
         if !all.contains(&launch) {
             all.push(launch);
@@ -2484,6 +2487,116 @@ fn softmax_dropout_matches<H: Storage>(client: &Client) -> bool {
             );
         }
     }
+    true
+}
+
+/// Softmax rows held in registers give, bit for bit, what rows read in each pass give: the
+/// causal forward with its dropout, the backward through the dropout writing the dropped
+/// probabilities again, and the backward from the scores, in f32 and each half type the device
+/// stores, with this device's launch and NVIDIA's (a warp per row, in vectors; not on
+/// cubecl-cpu), for rows of one to eight vectors per unit, a row ending inside a unit's last
+/// vector, and fewer queries than keys.
+#[test]
+fn softmax_rows_held_in_registers_give_the_bits_of_rows_read_in_each_pass() {
+    let client = client();
+    let ran = [
+        held_rows_match::<f32>(&client),
+        held_rows_match::<half::f16>(&client),
+        held_rows_match::<half::bf16>(&client),
+    ];
+    assert!(ran[0] && ran[1..].iter().any(|&r| r), "{ran:?}");
+}
+
+fn held_rows_match<H: Storage>(client: &Client) -> bool {
+    if !client.properties().supports_type(H::cube_type()) {
+        return false;
+    }
+    let mut rng = Rng(31);
+    let draw = test_draw(0x0bad_cafe, 3, 0.25);
+    let own = RowLaunch::for_client(client);
+    let warp = RowLaunch {
+        lanes: 32,
+        rows_per_cube: 4,
+        plane_reduce: false,
+        vectorized: true,
+        held_in_registers: true,
+    };
+    let mut held_some = false;
+    for s in [
+        shape(2, 3, 37, 37),
+        shape(1, 2, 64, 64),
+        shape(1, 1, 9, 300),
+        shape(2, 1, 5, 12),
+    ] {
+        let scores = upload_as::<H>(client, &rounded::<H>(&rng.vec(s.len(), -6.0, 6.0)));
+        let g = upload_as::<H>(client, &rounded::<H>(&rng.vec(s.len(), -1.0, 1.0)));
+        // A device without planes (cubecl-cpu) runs its own one-lane shape only (see
+        // `launches`).
+        let shapes = if own.lanes == 1 {
+            vec![own]
+        } else {
+            vec![own, warp]
+        };
+        for launch in shapes {
+            let what = format!("{} {s:?} {launch:?}", H::NAME);
+            let width = s.sk / launch.vector_size::<H>(client, s.sk);
+            held_some |= ferrotron_kernels::softmax::held_vectors(width, launch.lanes) > 0;
+            let [held, read] = [true, false].map(|held_in_registers| {
+                let launch = RowLaunch {
+                    held_in_registers,
+                    ..launch
+                };
+                let [y, dropped, dx, redropped, dx_scores, p_scores] =
+                    [0; 6].map(|_| poisoned_as::<H>(client, s.len()));
+                let (causal, d) = (SoftmaxMask::Causal, Some(draw));
+                softmax_forward::<H>(
+                    client,
+                    launch,
+                    &scores,
+                    causal,
+                    &y,
+                    Some((draw, &dropped)),
+                    s,
+                    0.3,
+                );
+                softmax_backward::<H>(
+                    client,
+                    launch,
+                    &y,
+                    &g,
+                    &dx,
+                    s,
+                    true,
+                    0.3,
+                    d,
+                    Some(&redropped),
+                );
+                let (dxs, ps) = (&dx_scores, &p_scores);
+                softmax_backward_from_scores::<H>(client, launch, &scores, &g, dxs, ps, s, 0.3, d);
+                [y, dropped, dx, redropped, dx_scores, p_scores].map(|h| {
+                    download_as::<H>(client, h, s.len())
+                        .iter()
+                        .map(|v| v.to_bits())
+                        .collect::<Vec<u32>>()
+                })
+            });
+            let names = [
+                "probabilities",
+                "dropped",
+                "dx",
+                "dropped again",
+                "dx from the scores",
+                "dropped from the scores",
+            ];
+            for ((name, a), b) in names.iter().zip(&held).zip(&read) {
+                assert_eq!(
+                    a, b,
+                    "{name} of {what}: held in registers against read in each pass"
+                );
+            }
+        }
+    }
+    assert!(held_some, "no shape was held in registers");
     true
 }
 

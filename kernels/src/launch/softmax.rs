@@ -136,11 +136,12 @@ fn launch_forward<F: Float + CubeElement>(
         Outputs::Both(y, draw, d) => (y, draw, d, true, true),
         Outputs::Dropped(draw, d) => (d, draw, d, true, false),
     };
+    let vector = launch.vector_size::<F>(client, shape.sk);
     softmax::masked_softmax_forward::launch::<F, f32>(
         client,
         launch.cube_count(shape.rows()),
         launch.cube_dim(),
-        launch.vector_size::<F>(client, shape.sk),
+        vector,
         arg(input, shape.len()),
         mask,
         arg(output, shape.len()),
@@ -160,6 +161,7 @@ fn launch_forward<F: Float + CubeElement>(
         drop,
         keep_output,
         launch.lanes,
+        held(launch, shape.sk / vector),
         launch.rows_per_cube,
         launch.plane_reduce,
     );
@@ -275,11 +277,12 @@ fn launch_backward<F: Float + CubeElement>(
         Source::Scores(h) => (h, true),
     };
     let draw = dropout.unwrap_or(NO_DRAW);
+    let vector = launch.vector_size::<F>(client, sk);
     softmax::softmax_backward::launch::<F, f32>(
         client,
         launch.cube_count(rows),
         launch.cube_dim(),
-        launch.vector_size::<F>(client, sk),
+        vector,
         arg(input, len),
         // Never read (the probabilities need no mask): the input's buffer in its place.
         arg(input, 1),
@@ -301,7 +304,18 @@ fn launch_backward<F: Float + CubeElement>(
         formed,
         probabilities.is_some(),
         launch.lanes,
+        held(launch, sk / vector),
         launch.rows_per_cube,
         launch.plane_reduce,
     );
+}
+
+/// The vectors each unit of `launch` holds of a row of `width` vectors (0: the row is read in
+/// each pass), as the kernels' `held`.
+fn held(launch: RowLaunch, width: usize) -> u32 {
+    if launch.held_in_registers {
+        softmax::held_vectors(width, launch.lanes)
+    } else {
+        0
+    }
 }
