@@ -147,28 +147,37 @@ fn probability_of<F: Float, A: Float, N: Size>(
     ))
 }
 
+/// What a softmax forward row needs besides its buffers: the draw (salted), its threshold and
+/// the scale of what it keeps, where the row and its mask row start (`base`, `mask_base`, in
+/// vectors), the keys it sees (`limit`), the scores' scale and the row's vectors (`width`, 0
+/// past the last row).
+#[derive(CubeType, Clone, Copy)]
+struct ForwardArgs {
+    key_lo: u32,
+    key_hi: u32,
+    threshold: u32,
+    keep_scale: f32,
+    base: usize,
+    mask_base: usize,
+    limit: usize,
+    scale: f32,
+    width: usize,
+}
+
 /// Softmax of one row of `sk` (`width` vectors of `N`) over the columns `j` where `keep(j)`;
 /// writes `output` and, with `drop`, its dropout into `dropped` (the draw `(key_lo, key_hi)`
 /// over the whole tensor, elements below `threshold` dropped, the others times
-/// `keep_scale`; without `keep_output` only `dropped` is written). `base` and `mask_base`
-/// count vectors. The vectors wholly past `causal_limit` are written as zeros without
-/// reading the input: half a causal softmax's reads and exponentials.
+/// `keep_scale`; without `keep_output` only `dropped` is written; see [`ForwardArgs`]). The
+/// vectors wholly past the causal limit are written as zeros without reading the input: half
+/// a causal softmax's reads and exponentials.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn masked_row_softmax<F: Float, A: Float, N: Size>(
     input: &[Vector<F, N>],
     output: &mut [Vector<F, N>],
     dropped: &mut [Vector<F, N>],
-    key_lo: u32,
-    key_hi: u32,
-    threshold: u32,
-    keep_scale: f32,
     mask: &[Vector<u32, N>],
-    base: usize,
-    mask_base: usize,
-    causal_limit: usize,
-    scale: f32,
-    width: usize,
+    args: ForwardArgs,
     #[comptime] use_mask: bool,
     #[comptime] drop: bool,
     #[comptime] keep_output: bool,
@@ -176,6 +185,15 @@ fn masked_row_softmax<F: Float, A: Float, N: Size>(
     #[comptime] rows_per_cube: u32,
     #[comptime] plane_reduce: bool,
 ) {
+    let (key_lo, key_hi, threshold, keep_scale) =
+        (args.key_lo, args.key_hi, args.threshold, args.keep_scale);
+    let (base, mask_base, causal_limit, scale, width) = (
+        args.base,
+        args.mask_base,
+        args.limit,
+        args.scale,
+        args.width,
+    );
     let step = lanes as usize;
     // The vectors holding a key before the causal limit: those after it are never read.
     let seen = min(width, causal_limit.div_ceil(N::value()));
@@ -275,25 +293,24 @@ pub fn masked_softmax_forward<F: Float, A: Float, N: Size>(
         limit = causal_limit(query, sq, sk);
     }
     let batch = row / (sq * heads as usize);
-    let (lo, hi) = (
-        salted(key_lo, salt, 0usize, drop),
-        salted(key_hi, salt, 1usize, drop),
-    );
+    let args = ForwardArgs {
+        key_lo: salted(key_lo, salt, 0usize, drop),
+        key_hi: salted(key_hi, salt, 1usize, drop),
+        threshold,
+        keep_scale,
+        base: row * width,
+        mask_base: (batch * sq + query) * width,
+        limit,
+        scale,
+        width: length,
+    };
     if comptime![held > 0] {
         held_row_softmax::<F, A, N>(
             input,
             output,
             dropped,
-            lo,
-            hi,
-            threshold,
-            keep_scale,
             mask,
-            row * width,
-            (batch * sq + query) * width,
-            limit,
-            scale,
-            length,
+            args,
             padded,
             drop,
             keep_output,
@@ -307,16 +324,8 @@ pub fn masked_softmax_forward<F: Float, A: Float, N: Size>(
             input,
             output,
             dropped,
-            lo,
-            hi,
-            threshold,
-            keep_scale,
             mask,
-            row * width,
-            (batch * sq + query) * width,
-            limit,
-            scale,
-            length,
+            args,
             padded,
             drop,
             keep_output,

@@ -7,7 +7,7 @@ use cubecl::prelude::*;
 
 use super::{
     kept, kept_probabilities, no_statistics, output_grad, probability_of, BackwardArgs,
-    RowStatistics,
+    ForwardArgs, RowStatistics,
 };
 use crate::dropout::whole_dropout;
 use crate::reduce::{row_vector_max, row_vector_sum};
@@ -113,16 +113,8 @@ pub(super) fn held_row_softmax<F: Float, A: Float, N: Size>(
     input: &[Vector<F, N>],
     output: &mut [Vector<F, N>],
     dropped: &mut [Vector<F, N>],
-    key_lo: u32,
-    key_hi: u32,
-    threshold: u32,
-    keep_scale: f32,
     mask: &[Vector<u32, N>],
-    base: usize,
-    mask_base: usize,
-    causal_limit: usize,
-    scale: f32,
-    width: usize,
+    args: ForwardArgs,
     #[comptime] use_mask: bool,
     #[comptime] drop: bool,
     #[comptime] keep_output: bool,
@@ -131,6 +123,15 @@ pub(super) fn held_row_softmax<F: Float, A: Float, N: Size>(
     #[comptime] rows_per_cube: u32,
     #[comptime] plane_reduce: bool,
 ) {
+    let (key_lo, key_hi, threshold, keep_scale) =
+        (args.key_lo, args.key_hi, args.threshold, args.keep_scale);
+    let (base, mask_base, causal_limit, scale, width) = (
+        args.base,
+        args.mask_base,
+        args.limit,
+        args.scale,
+        args.width,
+    );
     let seen = min(width, causal_limit.div_ceil(N::value()));
     let x = load_held::<F, A, N>(input, base, seen, lanes, held);
     let statistics = held_statistics::<A, N>(
