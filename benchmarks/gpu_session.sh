@@ -101,8 +101,11 @@ if FERROTRON_CUBLAS_ORDER=$ORDER REFERENCE=FERROTRON_ROW_REGISTERS=0 TOLERANCE=1
   VERDICT="$VERDICT; the softmax rows held in registers gave the losses of rows read in each pass (smoke-registers.txt)"
 else
   export FERROTRON_ROW_REGISTERS=0
-  [ "$BASELINE" = FERROTRON_ROW_REGISTERS=0 ] && BASELINE=FERROTRON_CUBLAS_ORDER=device-caller
   VERDICT="$VERDICT; the softmax rows held in registers FAILED their check against rows read in each pass (smoke-registers.txt): everything after runs with FERROTRON_ROW_REGISTERS=0"
+  if [ "$BASELINE" = FERROTRON_ROW_REGISTERS=0 ]; then
+    BASELINE=FERROTRON_CUBLAS_ORDER=device-caller
+    VERDICT="$VERDICT, and the profile's baseline is the calling thread's queuing instead"
+  fi
 fi
 # The memory check (peak at most PyTorch's: the acceptance's one target not met on
 # 2026-11-30), before the profile takes what is left: the cuBLAS windows' buffers let go once
