@@ -140,21 +140,21 @@ impl RowLaunch {
 
 /// A kernel choice switched off by an environment variable set to `0`, read once per process
 /// (not on every launch) unless a benchmark or test sets it first.
-struct EnvSwitch {
+pub(crate) struct EnvSwitch {
     /// 0 until first asked, then 1 (on) or 2 (off).
     state: AtomicU8,
     name: &'static str,
 }
 
 impl EnvSwitch {
-    const fn new(name: &'static str) -> Self {
+    pub(crate) const fn new(name: &'static str) -> Self {
         Self {
             state: AtomicU8::new(0),
             name,
         }
     }
 
-    fn on(&self) -> bool {
+    pub(crate) fn on(&self) -> bool {
         match self.state.load(Ordering::Relaxed) {
             0 => {
                 let on = std::env::var(self.name).as_deref() != Ok("0");

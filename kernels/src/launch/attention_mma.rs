@@ -1,8 +1,6 @@
 //! The launch shape and launchers of the fused attention on matrix units
 //! ([`crate::attention_mma`]), and when a device gets them.
 
-use std::sync::OnceLock;
-
 use cubecl::features::MmaConfig;
 use cubecl::ir::{ElemType, FloatKind};
 use cubecl::prelude::*;
@@ -12,7 +10,7 @@ use super::attention::{AttentionInputs, AttentionShape};
 use super::dropout::DropoutDraw;
 use super::{arg, element_vector_size};
 use crate::attention_mma;
-use crate::rows::cube_count;
+use crate::rows::{cube_count, EnvSwitch};
 
 /// The launch shape of [`mma_attention_forward`] and [`mma_attention_backward`]: `planes`
 /// planes of `plane` units per cube, each plane owning `tile` rows, the matrix unit's
@@ -115,8 +113,8 @@ impl MmaAttention {
 /// Whether the attention may run on matrix units: unless `FERROTRON_ATTENTION_MMA=0`, read
 /// once per process (the launchers ask on every attention launch).
 fn matrix_units_on() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("FERROTRON_ATTENTION_MMA").as_deref() != Ok("0"))
+    static ON: EnvSwitch = EnvSwitch::new("FERROTRON_ATTENTION_MMA");
+    ON.on()
 }
 
 /// Fused causal attention forward on matrix units: what
