@@ -60,6 +60,7 @@ pub mod cpu_runtime;
 pub mod cross_entropy;
 pub mod dropout;
 pub mod embedding;
+mod env_switch;
 pub mod gelu;
 pub mod grad_norm;
 pub mod heads;

@@ -12,9 +12,9 @@
 //! ([`RowLaunch::plane_reduce`]): no shared memory and no barrier (the same forward then took
 //! 60–100 ms).
 
-use std::sync::atomic::{AtomicU8, Ordering};
-
 use cubecl::prelude::*;
+
+use crate::env_switch::EnvSwitch;
 
 /// The linear index of this cube (cube counts are 2-D when there are more cubes than one
 /// dimension holds).
@@ -135,38 +135,6 @@ impl RowLaunch {
     /// Enough cubes for `rows` rows, spread over two dimensions when one does not hold them.
     pub fn cube_count(&self, rows: usize) -> CubeCount {
         cube_count(rows.div_ceil(self.rows_per_cube as usize))
-    }
-}
-
-/// A kernel choice switched off by an environment variable set to `0`, read once per process
-/// (not on every launch) unless a benchmark or test sets it first.
-pub(crate) struct EnvSwitch {
-    /// 0 until first asked, then 1 (on) or 2 (off).
-    state: AtomicU8,
-    name: &'static str,
-}
-
-impl EnvSwitch {
-    pub(crate) const fn new(name: &'static str) -> Self {
-        Self {
-            state: AtomicU8::new(0),
-            name,
-        }
-    }
-
-    pub(crate) fn on(&self) -> bool {
-        match self.state.load(Ordering::Relaxed) {
-            0 => {
-                let on = std::env::var(self.name).as_deref() != Ok("0");
-                self.set(on);
-                on
-            }
-            state => state == 1,
-        }
-    }
-
-    fn set(&self, on: bool) {
-        self.state.store(if on { 1 } else { 2 }, Ordering::Relaxed);
     }
 }
 

@@ -10,7 +10,8 @@ use super::attention::{AttentionInputs, AttentionShape};
 use super::dropout::DropoutDraw;
 use super::{arg, element_vector_size};
 use crate::attention_mma;
-use crate::rows::{cube_count, EnvSwitch};
+use crate::env_switch::EnvSwitch;
+use crate::rows::cube_count;
 
 /// The launch shape of [`mma_attention_forward`] and [`mma_attention_backward`]: `planes`
 /// planes of `plane` units per cube, each plane owning `tile` rows, the matrix unit's
