@@ -15,6 +15,12 @@ use ferrotron::model::GptConfig;
 use ferrotron::training::{pretrain, LrDecayStyle, LrSchedule, PretrainConfig};
 use ferrotron::util::device::parse_device;
 
+// Most tests run in a process of their own (one CubeCL device per process: see the module);
+// the two that compare against `fused_losses_at_tp_1` share that run in this one.
+#[path = "common/own_process.rs"]
+mod own_process;
+use own_process::ran_in_own_process;
+
 fn device() -> Device {
     parse_device("wgpu-cpu").unwrap().autodiff()
 }
@@ -56,6 +62,9 @@ fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
 /// wider than a cube's lanes, targets at both ends of it; f16 logits as if upcast first.
 #[test]
 fn fused_cross_entropy_matches_the_composed_ops_with_gradients() {
+    if ran_in_own_process() {
+        return;
+    }
     use burn::tensor::{DType, FloatDType, Int};
     use ferrotron::comm::Group;
     use ferrotron::parallel::cross_entropy::{
@@ -107,6 +116,9 @@ fn fused_cross_entropy_matches_the_composed_ops_with_gradients() {
 
 #[test]
 fn fused_causal_softmax_matches_the_composed_ops_with_gradients() {
+    if ran_in_own_process() {
+        return;
+    }
     let d = device();
     for shape in [[1, 1, 1, 1], [2, 3, 17, 17], [3, 1, 7, 7], [2, 4, 128, 128]] {
         let x = random(shape, 1, 8.0, &d);
@@ -129,6 +141,9 @@ fn fused_causal_softmax_matches_the_composed_ops_with_gradients() {
 /// transposed operands (on lavapipe the extension runs CubeCL's matmul inside).
 #[test]
 fn matmul_extension_matches_burns_matmul_with_gradients() {
+    if ran_in_own_process() {
+        return;
+    }
     use ferrotron::util::matmul::extension;
     let d = device();
     let cases: [([usize; 4], [usize; 4], bool); 3] = [
@@ -189,6 +204,9 @@ fn matmul_extension_matches_burns_matmul_with_gradients() {
 
 #[test]
 fn fused_layer_norm_matches_the_composed_ops_with_gradients() {
+    if ran_in_own_process() {
+        return;
+    }
     let d = device();
     for (b, s, h) in [(1, 1, 1), (2, 3, 17), (4, 64, 256), (1, 5, 1000)] {
         let x = random([b, s, h], 3, 4.0, &d).add_scalar(10.0);
@@ -237,6 +255,9 @@ fn f32_values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
 /// and f16 storage.
 #[test]
 fn fused_rms_norm_matches_the_composed_ops_with_gradients() {
+    if ran_in_own_process() {
+        return;
+    }
     let d = device();
     for half in [false, true] {
         let mut differs = false;
@@ -283,6 +304,9 @@ fn fused_rms_norm_matches_the_composed_ops_with_gradients() {
 /// gradients, in f32 and f16 storage.
 #[test]
 fn fused_swiglu_matches_the_composed_ops_with_gradients() {
+    if ran_in_own_process() {
+        return;
+    }
     let d = device();
     for half in [false, true] {
         for (b, s, f) in [(1, 1, 1), (2, 3, 17), (2, 16, 4 * 64 + 3)] {
@@ -319,6 +343,9 @@ fn fused_swiglu_matches_the_composed_ops_with_gradients() {
 /// f32 and f16 storage, over inputs far into both tails.
 #[test]
 fn fused_gelu_matches_float64_with_gradients() {
+    if ran_in_own_process() {
+        return;
+    }
     use ferrotron::model::ops::gelu;
     let d = device();
     let exact = |x: f64| {
@@ -391,6 +418,9 @@ fn fused_gelu_matches_float64_with_gradients() {
 /// has them (not contiguous), output and gradient, in f32 and f16 storage.
 #[test]
 fn fused_rotary_embedding_matches_the_composed_ops_with_gradients() {
+    if ran_in_own_process() {
+        return;
+    }
     use burn::tensor::FloatDType;
     use ferrotron::model::rotary::RotaryEmbedding;
     use ferrotron::model::PositionEmbedding;
@@ -435,6 +465,9 @@ fn fused_rotary_embedding_matches_the_composed_ops_with_gradients() {
 /// gradients, with dropout dropping the same probabilities for the same seed, in f32 and f16.
 #[test]
 fn fused_attention_matches_the_composed_attention_with_dropout_and_gradients() {
+    if ran_in_own_process() {
+        return;
+    }
     use burn::tensor::FloatDType;
     use ferrotron::comm::Group;
     use ferrotron::model::attention::CausalSelfAttention;
@@ -660,6 +693,9 @@ fn check_qkv_rows_case(case: QkvRowsCase) {
 /// inside the op) gives the same bits as keeping the probabilities.
 #[test]
 fn attention_from_the_qkv_rows_matches_the_composed_split() {
+    if ran_in_own_process() {
+        return;
+    }
     // Rotary: none, the two halves of all channels, interleaved pairs of half the channels.
     for (batch, heads, groups, seq, head_dim, dropout, rotary) in [
         (2, 3, 3, 17, 8, 0.3, None),
@@ -688,6 +724,9 @@ fn attention_from_the_qkv_rows_matches_the_composed_split() {
 /// same output and input and bias gradients (the bias's summed over rows), f32 and f16.
 #[test]
 fn fused_bias_gelu_matches_the_bias_added_before_the_gelu() {
+    if ran_in_own_process() {
+        return;
+    }
     use ferrotron::model::ops::{bias_gelu, gelu};
     let d = device();
     for half in [false, true] {
@@ -724,6 +763,9 @@ fn fused_bias_gelu_matches_the_bias_added_before_the_gelu() {
 /// gradients, with and without bias and dropout.
 #[test]
 fn fused_bias_dropout_add_matches_the_composed_ops_with_gradients() {
+    if ran_in_own_process() {
+        return;
+    }
     use ferrotron::model::dropout::Dropout;
     use ferrotron::parallel::random::{enter_layer, seed_micro_batch, RngRegion};
     let d = device();
@@ -764,6 +806,9 @@ fn fused_bias_dropout_add_matches_the_composed_ops_with_gradients() {
 /// backward runs first) and beside the norm (the same depth in the graph).
 #[test]
 fn the_residual_gradient_joined_in_the_norm_kernel_matches_autodiff_s_sum() {
+    if ran_in_own_process() {
+        return;
+    }
     use ferrotron::model::dropout::Dropout;
     use ferrotron::parallel::random::{enter_layer, seed_micro_batch, RngRegion};
     let d = device();
@@ -808,6 +853,9 @@ fn the_residual_gradient_joined_in_the_norm_kernel_matches_autodiff_s_sum() {
 /// the masked values and the gradient `mask / Σ mask` scaled by the upstream gradient.
 #[test]
 fn fused_masked_mean_matches_float64_with_gradients() {
+    if ran_in_own_process() {
+        return;
+    }
     use ferrotron::util::masked_mean::masked_mean;
     let d = device();
     let (b, s) = (3, 37);
@@ -841,6 +889,9 @@ fn fused_masked_mean_matches_float64_with_gradients() {
 /// it is the f32 sums of the same f16 terms rounded once (burn's adds in f16).
 #[test]
 fn embedding_gradient_is_burns_select_backward_bit_for_bit() {
+    if ran_in_own_process() {
+        return;
+    }
     use burn::tensor::{FloatDType, Int};
     use ferrotron::parallel::embedding_lookup::{embedding_lookup_with, EmbeddingGradient};
     let d = device();
@@ -950,6 +1001,9 @@ fn training_with_and_without_fusion_gives_the_same_losses() {
 /// kernels as with the composed ops.
 #[test]
 fn llama_style_training_with_and_without_fusion_gives_the_same_losses() {
+    if ran_in_own_process() {
+        return;
+    }
     use ferrotron::model::{Normalization, PositionEmbedding};
     let dir = tempfile::tempdir().unwrap();
     let run = |fused: bool| {
@@ -982,6 +1036,9 @@ fn llama_style_training_with_and_without_fusion_gives_the_same_losses() {
 /// also at TP = 2).
 #[test]
 fn training_with_fused_attention_and_dropout_follows_the_composed_attention() {
+    if ran_in_own_process() {
+        return;
+    }
     use ferrotron::model::Recompute;
     let dir = tempfile::tempdir().unwrap();
     let run_keeping = |tp: usize, flash: bool, recompute, only_inputs: bool| {
@@ -1046,6 +1103,9 @@ fn tensor_parallel_training_on_the_gpu_backend_follows_tp_1() {
 /// backward, in f32 and f16 (WGSL has no bf16; the kernel is generic over the storage type).
 #[test]
 fn dropout_on_the_device_draws_the_host_masks() {
+    if ran_in_own_process() {
+        return;
+    }
     use burn::tensor::FloatDType;
     use ferrotron::model::dropout::Dropout;
     use ferrotron::parallel::random::{enter_layer, seed_micro_batch, RngRegion};
@@ -1090,6 +1150,9 @@ fn dropout_on_the_device_draws_the_host_masks() {
 /// uploaded), equal to the chunk the host draws, forward and backward, on every rank.
 #[test]
 fn sequence_parallel_dropout_on_the_device_draws_the_host_chunks() {
+    if ran_in_own_process() {
+        return;
+    }
     use ferrotron::comm::{run_ranks, Group};
     use ferrotron::model::dropout::Dropout;
     use ferrotron::parallel::random::{enter_layer, seed_micro_batch, RngRegion};
@@ -1122,6 +1185,9 @@ fn sequence_parallel_dropout_on_the_device_draws_the_host_chunks() {
 /// the losses of keeping the activations.
 #[test]
 fn training_with_device_dropout_follows_the_cpu_and_survives_recompute() {
+    if ran_in_own_process() {
+        return;
+    }
     use ferrotron::model::Recompute;
     let dir = tempfile::tempdir().unwrap();
     let with_dropout = |recompute| PretrainConfig {
@@ -1156,6 +1222,9 @@ fn training_with_device_dropout_follows_the_cpu_and_survives_recompute() {
 /// same path with another storage type.
 #[test]
 fn fp16_training_on_the_device_follows_the_cpu() {
+    if ran_in_own_process() {
+        return;
+    }
     use ferrotron::optim::grad_scaler::DynamicGradScalerConfig;
     use ferrotron::optim::mixed_precision::Precision;
     let dir = tempfile::tempdir().unwrap();
@@ -1226,6 +1295,9 @@ fn fp16_training_on_the_device_follows_the_cpu() {
 /// the way out before anything runs, where the shader compiler used to panic.
 #[test]
 fn bf16_is_refused_where_the_device_has_none() {
+    if ran_in_own_process() {
+        return;
+    }
     use burn::tensor::FloatDType;
     use ferrotron::optim::mixed_precision::Precision;
     let dir = tempfile::tempdir().unwrap();
@@ -1246,6 +1318,9 @@ fn bf16_is_refused_where_the_device_has_none() {
 /// read used to panic ("An error happened during execution").
 #[test]
 fn a_run_with_logits_over_the_device_s_largest_buffer_is_refused() {
+    if ran_in_own_process() {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let config = PretrainConfig {
         micro_batch_size: 40,
@@ -1325,6 +1400,9 @@ fn named_weights(model: &ferrotron::model::Gpt) -> Vec<(String, Vec<f32>)> {
 /// moments takes the same third step; the f16 working copy is the main weights cast.
 #[test]
 fn flat_adam_follows_the_composed_adam() {
+    if ran_in_own_process() {
+        return;
+    }
     use burn::tensor::FloatDType;
     use ferrotron::comm::Group;
     use ferrotron::optim::{FlatAdamW, GradNorm, LearningRates, Optimizer, ReplicatedAdamW};

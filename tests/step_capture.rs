@@ -20,6 +20,12 @@ use ferrotron::training::step_graph::write_dropout_salt;
 use ferrotron::util::device::parse_device;
 use ferrotron::util::graph::CapturedGraph;
 
+// Each test runs in a process of its own (one CubeCL device per process: see the module), so
+// that captures, which hold a device's stream, need not wait for each other.
+#[path = "common/own_process.rs"]
+mod own_process;
+use own_process::ran_in_own_process;
+
 /// Every parameter's gradient, flattened, in the module's order.
 fn flat_gradients<M: Module>(module: &M, grads: GradientsParams) -> Vec<Tensor<1>> {
     struct Flat(GradientsParams, Vec<Tensor<1>>);
@@ -48,6 +54,9 @@ fn read(loss: Tensor<1>, grads: Vec<Tensor<1>>) -> (Vec<f32>, Vec<Vec<f32>>) {
 /// iteration's eager step (the masks' only per-step input is that salt).
 #[test]
 fn a_captured_forward_and_backward_replays_the_eager_step() {
+    if ran_in_own_process() {
+        return;
+    }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let base = parse_device("wgpu-cpu").unwrap();
     let device = base.clone().autodiff();
@@ -115,7 +124,8 @@ fn a_captured_forward_and_backward_replays_the_eager_step() {
     }
 }
 
-/// The tests of this file one at a time: a capture holds the device's stream.
+/// The tests of this file one at a time where they share a process: a capture holds the
+/// device's stream.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// A model, its f16 working copy and the flat-buffer Adam: what a training step changes.
@@ -189,6 +199,9 @@ fn learning_rates(iteration: u64) -> ferrotron::optim::LearningRates {
 /// replay) give the eager run's losses and weights bit for bit.
 #[test]
 fn captured_training_steps_replay_the_eager_steps() {
+    if ran_in_own_process() {
+        return;
+    }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let base = parse_device("wgpu-cpu").unwrap();
     let device = base.clone().autodiff();
@@ -307,6 +320,9 @@ fn small_config(
 /// iterations.
 #[test]
 fn pretrain_with_a_captured_step_trains_as_the_eager_run() {
+    if ran_in_own_process() {
+        return;
+    }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let (cache, saved) = (dir.path().join("cache"), dir.path().join("checkpoint"));
@@ -346,6 +362,9 @@ type Variant = dyn Fn(&mut ferrotron::training::PretrainConfig);
 /// eager run's losses bit for bit.
 #[test]
 fn captured_steps_cover_flash_attention_recomputation_and_llama_models() {
+    if ran_in_own_process() {
+        return;
+    }
     use ferrotron::model::{Normalization, PositionEmbedding, Recompute};
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();

@@ -11,6 +11,11 @@ use cubecl::server::Handle;
 use ferrotron_kernels::launch::*;
 use ferrotron_kernels::rows::MAX_CUBES_PER_DIMENSION;
 
+// Each test runs in a process of its own (one CubeCL device per process: see the module).
+#[path = "../../tests/common/own_process.rs"]
+mod own_process;
+use own_process::ran_in_own_process;
+
 fn client() -> Client {
     // FERROTRON_KERNEL_DEVICE=cpu runs them on cubecl-cpu instead (build with `--features cpu`).
     if std::env::var("FERROTRON_KERNEL_DEVICE").as_deref() == Ok("cpu") {
@@ -234,6 +239,9 @@ fn shape(batch: usize, heads: usize, sq: usize, sk: usize) -> ScoresShape {
 
 #[test]
 fn causal_softmax_forward_and_backward_match_float64() {
+    if ran_in_own_process() {
+        return;
+    }
     let client = client();
     let mut rng = Rng(1);
     for launch in launches(&client) {
@@ -292,6 +300,9 @@ fn causal_softmax_forward_and_backward_match_float64() {
 
 #[test]
 fn padding_mask_softmax_matches_float64_and_zeroes_fully_masked_rows() {
+    if ran_in_own_process() {
+        return;
+    }
     let client = client();
     let mut rng = Rng(2);
     for launch in launches(&client) {
@@ -344,6 +355,9 @@ fn padding_mask_softmax_matches_float64_and_zeroes_fully_masked_rows() {
 
 #[test]
 fn softmax_backward_matches_finite_differences_of_the_forward_kernel() {
+    if ran_in_own_process() {
+        return;
+    }
     let client = client();
     let launch = RowLaunch::for_client(&client);
     let mut rng = Rng(3);
@@ -497,6 +511,9 @@ fn layer_norm_backward_reference(
 
 #[test]
 fn layer_norm_forward_and_backward_match_float64() {
+    if ran_in_own_process() {
+        return;
+    }
     let client = client();
     let mut rng = Rng(4);
     for launch in launches(&client) {
@@ -570,6 +587,9 @@ fn layer_norm_forward_and_backward_match_float64() {
 
 #[test]
 fn layer_norm_backward_matches_finite_differences_of_the_forward_kernel() {
+    if ran_in_own_process() {
+        return;
+    }
     let client = client();
     let launch = RowLaunch::for_client(&client);
     let mut rng = Rng(5);
@@ -708,6 +728,9 @@ fn rms_norm_reference(
 
 #[test]
 fn rms_norm_forward_and_backward_match_float64() {
+    if ran_in_own_process() {
+        return;
+    }
     let client = client();
     let mut rng = Rng(6);
     for launch in launches(&client) {
@@ -751,6 +774,9 @@ fn rms_norm_forward_and_backward_match_float64() {
 
 #[test]
 fn rms_norm_backward_matches_finite_differences_of_the_forward_kernel() {
+    if ran_in_own_process() {
+        return;
+    }
     let client = client();
     let launch = RowLaunch::for_client(&client);
     let mut rng = Rng(7);
@@ -794,6 +820,9 @@ fn rms_norm_backward_matches_finite_differences_of_the_forward_kernel() {
 /// every row launch shape; in f32 the same up to dx's own rounding.
 #[test]
 fn norm_backward_joins_the_residual_gradient_with_the_bits_of_a_separate_add() {
+    if ran_in_own_process() {
+        return;
+    }
     let client = client();
     for launch in launches(&client) {
         for (rows, cols) in [(3, 17), (5, 256)] {
@@ -919,6 +948,9 @@ fn column_launches(client: &Client) -> Vec<ColumnLaunch> {
 /// first; the sums of f32 terms may differ from float64 by the rounding of the additions.
 #[test]
 fn column_sums_match_float64_for_every_launch_shape() {
+    if ran_in_own_process() {
+        return;
+    }
     let client = client();
     let mut rng = Rng(11);
     for launch in column_launches(&client) {
@@ -1003,6 +1035,9 @@ fn column_sums_match_float64_for_every_launch_shape() {
 /// rows no multiple of the four-row step, odd widths.
 #[test]
 fn transformed_bias_gradients_are_the_element_wise_kernel_then_the_column_sums() {
+    if ran_in_own_process() {
+        return;
+    }
     let client = client();
     let own = [ColumnLaunch::for_client(&client)];
     let ran = [
@@ -1154,6 +1189,9 @@ fn qkv_merge_bias_gradient_matches<H: Storage>(
 /// fourth), logits in a wide range.
 #[test]
 fn cross_entropy_forward_and_backward_match_float64() {
+    if ran_in_own_process() {
+        return;
+    }
     let client = client();
     let mut rng = Rng(12);
     for launch in launches(&client) {
@@ -1243,6 +1281,9 @@ fn gelu_reference(x: f64, tanh: bool) -> (f64, f64) {
 /// bias over rows (bias-GELU), the reference's input is the f32 sum `x + bias`.
 #[test]
 fn gelu_forward_and_backward_match_float64() {
+    if ran_in_own_process() {
+        return;
+    }
     let client = client();
     let mut rng = Rng(10);
     for tanh in [false, true] {
@@ -1330,6 +1371,9 @@ fn swiglu_reference(gate: &[f32], up: &[f32], dy: &[f32]) -> [Vec<f64>; 3] {
 /// cube, gates far enough out that the sigmoid saturates (and `e^(−g)` overflows f32).
 #[test]
 fn swiglu_forward_and_backward_match_float64() {
+    if ran_in_own_process() {
+        return;
+    }
     let client = client();
     let mut rng = Rng(8);
     for n in [1, 17, 256, 257, 10_007, 300_001] {
@@ -1352,6 +1396,9 @@ fn swiglu_forward_and_backward_match_float64() {
 
 #[test]
 fn swiglu_backward_matches_finite_differences_of_the_forward_kernel() {
+    if ran_in_own_process() {
+        return;
+    }
     let client = client();
     let mut rng = Rng(9);
     let n = 37;
@@ -1486,6 +1533,9 @@ fn rotary_reference(
 /// that leave a partly filled last cube.
 #[test]
 fn rotary_embedding_and_its_backward_match_float64() {
+    if ran_in_own_process() {
+        return;
+    }
     let client = client();
     let mut rng = Rng(10);
     for base in [
@@ -1521,6 +1571,9 @@ fn rotary_embedding_and_its_backward_match_float64() {
 
 #[test]
 fn rotary_backward_matches_finite_differences_of_the_forward_kernel() {
+    if ran_in_own_process() {
+        return;
+    }
     let client = client();
     let mut rng = Rng(12);
     for interleaved in [false, true] {
@@ -2024,6 +2077,9 @@ fn run_attention<S: Storage>(
 
 #[test]
 fn half_precision_storage_matches_the_f32_kernels_within_an_ulp() {
+    if ran_in_own_process() {
+        return;
+    }
     let client = client();
     let ran: Vec<&str> = [
         ("f16", half_storage_matches_f32::<half::f16>(&client)),
@@ -2150,6 +2206,9 @@ fn attention_launches(client: &Client, head_dim: usize) -> Vec<AttentionLaunch> 
 /// that are not a multiple of the block, head widths 1 to 128.
 #[test]
 fn flash_attention_forward_and_backward_match_float64() {
+    if ran_in_own_process() {
+        return;
+    }
     let client = client();
     let mut rng = Rng(11);
     let draw = test_draw(0x1234_5678, 99, 0.2);
@@ -2241,6 +2300,9 @@ fn adam_scalars(beta1: f64, beta2: f64, eps: f64, lr: f64, decay: f64, t: i32) -
 
 #[test]
 fn adam_step_matches_float64() {
+    if ran_in_own_process() {
+        return;
+    }
     let client = client();
     let mut rng = Rng(5);
     let (beta1, beta2, eps, lr) = (0.9f64, 0.999f64, 1e-8f64, 3e-4f64);
@@ -2300,6 +2362,9 @@ fn adam_step_matches_float64() {
 /// their slot of the device buffer, and zero moments give the first step's values.
 #[test]
 fn flat_adam_step_in_place_matches_float64_on_its_range_only() {
+    if ran_in_own_process() {
+        return;
+    }
     let client = client();
     let mut rng = Rng(6);
     let total = 3_000;
@@ -2376,6 +2441,9 @@ fn copy_pieces<'a>(handles: &'a [Handle], offsets: &[usize], lens: &[usize]) -> 
 /// where one piece allows only vectors of 2, and a piece alone.
 #[test]
 fn gradients_copied_to_offsets_land_there_and_nowhere_else() {
+    if ran_in_own_process() {
+        return;
+    }
     let client = client();
     let mut rng = Rng(13);
     let mut many = vec![5, 0, 1, 2_049, 256, 257, 65_535 * 256 + 3, 17, 3, 1, 1_000];
@@ -2417,6 +2485,9 @@ fn gradients_copied_to_offsets_land_there_and_nowhere_else() {
 /// queries than keys.
 #[test]
 fn softmax_with_its_dropout_is_the_softmax_and_dropout_kernels_both_ways() {
+    if ran_in_own_process() {
+        return;
+    }
     let client = client();
     let ran = [
         softmax_dropout_matches::<f32>(&client),
@@ -2498,6 +2569,9 @@ fn softmax_dropout_matches<H: Storage>(client: &Client) -> bool {
 /// vector, and fewer queries than keys.
 #[test]
 fn softmax_rows_held_in_registers_give_the_bits_of_rows_read_in_each_pass() {
+    if ran_in_own_process() {
+        return;
+    }
     let client = client();
     let ran = [
         held_rows_match::<f32>(&client),
@@ -2607,6 +2681,9 @@ fn held_rows_match<H: Storage>(client: &Client) -> bool {
 /// in vectors and not, and with fewer queries than keys.
 #[test]
 fn softmax_backward_from_the_scores_is_the_forward_then_the_backward() {
+    if ran_in_own_process() {
+        return;
+    }
     let client = client();
     let ran = [
         softmax_from_scores_matches::<f32>(&client),
@@ -2689,6 +2766,9 @@ fn softmax_from_scores_matches<H: Storage>(client: &Client) -> bool {
 /// and not, and nothing outside the pieces written. Runs for each half type the device stores.
 #[test]
 fn half_gradients_are_cast_and_scaled_into_the_fp32_buffer() {
+    if ran_in_own_process() {
+        return;
+    }
     let client = client();
     let ran = [
         copy_half_into_fp32::<half::f16>(&client),
@@ -2756,6 +2836,9 @@ fn copy_half_into_fp32<H: Storage>(client: &Client) -> bool {
 /// bound to (one to three: a window's products) as they were.
 #[test]
 fn stream_order_counters_are_raised_and_waited_for() {
+    if ran_in_own_process() {
+        return;
+    }
     let client = client();
     let flags = client.create_from_slice(u32::as_bytes(&[3, 4]));
     signal(&client, &flags);
@@ -2798,6 +2881,9 @@ fn mixed_index(l: &QkvLayout, b: usize, i: usize, g: usize, part: usize, c: usiz
 /// that leave a partly filled last cube, and one longer than a cube-count dimension holds.
 #[test]
 fn qkv_split_and_merge_follow_megatrons_group_layout() {
+    if ran_in_own_process() {
+        return;
+    }
     let client = client();
     let mut rng = Rng(17);
     for (batch, seq, groups, per_group, head_dim) in [
@@ -2897,6 +2983,9 @@ fn embedding_launches(client: &Client) -> Vec<EmbeddingLaunch> {
 /// shape and others (a chunk of four positions with one unit).
 #[test]
 fn embedding_gradient_sums_each_token_s_rows_in_position_order() {
+    if ran_in_own_process() {
+        return;
+    }
     let client = client();
     let mut rng = Rng(23);
     for launch in embedding_launches(&client) {
@@ -2941,6 +3030,9 @@ fn embedding_gradient_sums_each_token_s_rows_in_position_order() {
 /// `mask · g / Σ mask` for a gradient other than 1.
 #[test]
 fn masked_mean_and_its_gradient_match_float64() {
+    if ran_in_own_process() {
+        return;
+    }
     let client = client();
     let mut rng = Rng(19);
     let launch = RowLaunch::for_client(&client);
@@ -2984,6 +3076,9 @@ fn masked_mean_and_its_gradient_match_float64() {
 /// a limit below the norm (clipped), above it (exactly 1) and none.
 #[test]
 fn grad_norm_and_clip_match_float64() {
+    if ran_in_own_process() {
+        return;
+    }
     let client = client();
     let mut rng = Rng(23);
     let launch = RowLaunch::for_client(&client);
@@ -3024,6 +3119,9 @@ fn grad_norm_and_clip_match_float64() {
 /// that leave a partly filled last cube.
 #[test]
 fn bias_dropout_add_matches_float64_with_the_host_dropout_bits() {
+    if ran_in_own_process() {
+        return;
+    }
     let client = client();
     let mut rng = Rng(29);
     let (rows, hidden) = (37, 24);
@@ -3089,6 +3187,9 @@ fn bias_dropout_add_matches_float64_with_the_host_dropout_bits() {
 /// as the device's own, and the ones the benchmarks measure.
 #[test]
 fn lavapipe_reduces_rows_and_runs_attention_in_its_planes() {
+    if ran_in_own_process() {
+        return;
+    }
     let client = client();
     let name = &client.properties().identity.name;
     if !name.starts_with("llvmpipe") {
@@ -3123,6 +3224,9 @@ fn lavapipe_reduces_rows_and_runs_attention_in_its_planes() {
 #[cfg(feature = "spirv")]
 #[test]
 fn mma_attention_forward_and_backward_match_float64() {
+    if ran_in_own_process() {
+        return;
+    }
     let client = client();
     let mut rng = Rng(23);
     let draw = test_draw(0x0bad_cafe, 7, 0.2);
