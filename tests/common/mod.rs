@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod mpi;
+pub mod own_process;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use ferrotron::comm::world::{launcher_variable, World};
 
+use super::own_process::{one_test_args, ran_a_test};
+
 /// `mpirun -np ranks` allowed to run as root and to put more ranks than cores on this
 /// machine; with `FERROTRON_TEST_LAUNCHER=srun`, Slurm's `srun -n ranks` instead (PMIx,
 /// tasks may share cores, a failed task ends the job), to run the same tests on a Slurm
@@ -38,7 +40,7 @@ pub fn mpirun(test: &str, ranks: usize, env: &[(&str, &Path)], limit: Duration) 
     let exe = std::env::current_exe().unwrap();
     let mut cmd = mpirun_command(ranks);
     cmd.arg(&exe)
-        .args(["--exact", test, "--nocapture", "--test-threads", "1"])
+        .args(one_test_args(test))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     for (k, v) in env {
@@ -66,10 +68,8 @@ pub fn mpirun(test: &str, ranks: usize, env: &[(&str, &Path)], limit: Duration) 
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    // The ranks must have run the test: a filter matching nothing would pass vacuously. (The
-    // ranks' lines interleave in the pipe, so look for the vacuous case, not for 4 passes.)
-    let vacuous = text.contains("running 0 tests") || !text.contains("running 1 test");
-    (out.status.success() && !vacuous, text)
+    // The ranks must have run the test.
+    (out.status.success() && ran_a_test(&text), text)
 }
 
 /// The MPI world when this process is an MPI rank.
