@@ -5,10 +5,9 @@
 //! `tests/fixtures/megatron_blend.py`); the cached indices are Megatron-named `.npy` files
 //! reused on the next build.
 
-mod common;
-
-use common::*;
 use ferrotron::data::{build_datasets, Blend, DataSources, DatasetBuildConfig};
+
+use crate::common::*;
 
 fn words(s: &str) -> Vec<String> {
     s.split_whitespace()

@@ -8,19 +8,18 @@
 //! dropout on; checkpoints written at one layout resume at another; the collective
 //! conformance suite on MPI; a rank killed mid-training ends the job.
 
-mod common;
-
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use burn::tensor::Device;
-use common::mpi::*;
-use common::*;
 use ferrotron::comm::{run_ranks, Communicator};
 use ferrotron::model::Recompute;
 use ferrotron::training::pretrain::pretrain_on;
 use ferrotron::training::{pretrain, PretrainConfig};
+
+use crate::common::mpi::*;
+use crate::common::*;
 
 type Losses = Vec<(u64, f64)>;
 
@@ -253,12 +252,7 @@ fn mpi_collectives_pass_the_conformance_suite() {
         return;
     }
     for ranks in [4, 3] {
-        let (ok, out) = mpirun(
-            "mpi_collectives_pass_the_conformance_suite",
-            ranks,
-            &[],
-            Duration::from_secs(120),
-        );
+        let (ok, out) = mpirun(ranks, &[], Duration::from_secs(120));
         assert!(ok, "{ranks} MPI ranks:\n{out}");
     }
 }
@@ -275,7 +269,6 @@ fn mpi_ranks_reproduce_the_single_process_losses() {
     }
     let dir = tempfile::tempdir().unwrap();
     let (ok, out) = mpirun(
-        "mpi_ranks_reproduce_the_single_process_losses",
         4,
         &[("FERROTRON_TEST_DIR", dir.path())],
         Duration::from_secs(900),
@@ -359,7 +352,6 @@ fn checkpoints_move_between_mpi_layouts_and_a_single_process() {
     };
     pretrain(&single, &device()).unwrap();
     let (ok, out) = mpirun(
-        "checkpoints_move_between_mpi_layouts_and_a_single_process",
         4,
         &[("FERROTRON_TEST_DIR", dir.path())],
         Duration::from_secs(600),
@@ -419,7 +411,6 @@ fn a_killed_mpi_rank_ends_the_job_and_leaves_the_last_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let start = Instant::now();
     let (ok, out) = mpirun(
-        "a_killed_mpi_rank_ends_the_job_and_leaves_the_last_checkpoint",
         4,
         &[("FERROTRON_TEST_DIR", dir.path())],
         Duration::from_secs(300),

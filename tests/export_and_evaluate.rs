@@ -1,15 +1,14 @@
 //! `export-hf`'s tensor mapping and `evaluate`'s windows, checked against the raw data and
 //! the model's own weights.
 
-mod common;
-
 use burn::tensor::Device;
-use common::*;
 use ferrotron::data::{DataSources, IndexedDataset};
 use ferrotron::export::hf_export::{hf_gpt2_config, hf_gpt2_tensors};
 use ferrotron::inference::window_eval::{contiguous_windows, mean_window_loss};
 use ferrotron::model::named_parameters::named_parameters;
 use ferrotron::model::GptConfig;
+
+use crate::common::*;
 
 #[test]
 fn hf_tensors_have_gpt2_names_and_carry_the_same_weights() {

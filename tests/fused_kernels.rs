@@ -2,7 +2,7 @@
 //! each fused op against the composed reference ops (values and autodiff gradients), and a few
 //! training steps with and without fusion giving the same losses.
 //!
-//! `cargo test --test fused_kernels` (needs a Vulkan device, e.g.
+//! `cargo test --test integration fused_kernels::` (needs a Vulkan device, e.g.
 //! `apt-get install mesa-vulkan-drivers libvulkan1`).
 #![cfg(feature = "wgpu")]
 
@@ -17,9 +17,7 @@ use ferrotron::util::device::parse_device;
 
 // Most tests run in a process of their own (one CubeCL device per process: see the module);
 // the two that compare against `fused_losses_at_tp_1` share that run in this one.
-#[path = "common/own_process.rs"]
-mod own_process;
-use own_process::ran_in_own_process;
+use crate::common::own_process::ran_in_own_process;
 
 fn device() -> Device {
     parse_device("wgpu-cpu").unwrap().autodiff()

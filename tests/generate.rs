@@ -4,18 +4,18 @@
 //! ferrotron's losses on that model agree, and the `generate` tool's output modes agree with
 //! one another.
 
-mod common;
-
 use std::path::Path;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use common::*;
 use ferrotron::checkpoint::load_model;
 use ferrotron::inference::beam_search::beam_search;
 use ferrotron::inference::next_token_scores::{score_rows, OutputColumns};
 use ferrotron::inference::window_eval::mean_window_loss;
 use ferrotron::inference::{generate, GenerateOptions, Sampler, SamplingConfig};
 use ferrotron::model::{Gpt, KvCache};
+
+use crate::common::mpi::mpirun_command;
+use crate::common::*;
 
 const EOS: u32 = 249;
 const HF_VOCAB: usize = 250;
@@ -830,7 +830,7 @@ fn tensor_parallel_generation_gives_the_single_rank_tokens() {
         args.extend(["--json", "--logprobs", "--max-new-tokens", "12"]);
         args.extend(["--tensor-model-parallel-size", tp]);
         let out = if mpi {
-            let mut cmd = common::mpi::mpirun_command(tp.parse().unwrap());
+            let mut cmd = mpirun_command(tp.parse().unwrap());
             cmd.arg(env!("CARGO_BIN_EXE_generate"))
                 .args(&args)
                 .current_dir(dir.path());
@@ -895,7 +895,7 @@ fn tensor_parallel_serving_answers_as_one_rank() {
         "prompts": SERVED_PROMPTS, "tokens_to_generate": 12, "top_k": 1, "logprobs": true,
     })
     .to_string();
-    let mut mpirun = common::mpi::mpirun_command(2);
+    let mut mpirun = mpirun_command(2);
     mpirun.arg(env!("CARGO_BIN_EXE_serve"));
     let launchers = [
         std::process::Command::new(env!("CARGO_BIN_EXE_serve")),

@@ -1,13 +1,12 @@
 //! ferrotron's `preprocess` must write exactly the bytes Megatron-LM's
 //! `tools/preprocess_data.py` wrote for the same corpora (`tests/fixtures/golden/`).
 
-mod common;
-
 use std::path::PathBuf;
 
-use common::*;
 use ferrotron::preprocess::{self, PreprocessConfig};
 use ferrotron::tokenizer::TextTokenizer;
+
+use crate::common::*;
 
 fn preprocess_corpus(
     name: &str,

@@ -2,13 +2,12 @@
 //! (`tests/fixtures/gpt_indices.json`, made by `tests/fixtures/megatron_gpt_indices.py`), and
 //! samples equal to a straightforward reading of the shuffled token stream.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::*;
 use ferrotron::data::gpt_dataset::build_indices;
 use ferrotron::data::{GptDataset, GptDatasetConfig, IndexedDataset, SampleDataset, Split};
+
+use crate::common::*;
 
 fn lengths(ds: &IndexedDataset) -> Vec<u32> {
     ds.sequence_lengths().map(|l| l as u32).collect()

@@ -3,7 +3,7 @@ code into HuggingFace transformers, and checks them against the fixtures they we
 from: the mean loss over the fixture's windows (to 1e-4) and the greedy continuations (token
 for token).
 
-    cargo test --test llama exported_llama_family_models_import_back_unchanged
+    cargo test --test integration llama::exported_llama_family_models_import_back_unchanged
     /work/venv/bin/python tests/hf_check_exports.py target/tmp/llama_exports
 
 (`target/tmp` is cargo's CARGO_TARGET_TMPDIR; with CARGO_TARGET_DIR set, it is under that.)

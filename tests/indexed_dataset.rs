@@ -1,14 +1,13 @@
 //! The indexed dataset library: builder → reader round trips against a naive model, merging,
 //! and rejection of every kind of corrupt or truncated index.
 
-mod common;
-
 use std::path::Path;
 
-use common::*;
 use ferrotron::data::index::{encode_header, HEADER_LEN};
 use ferrotron::data::{merge_datasets, DType, DatasetError, IndexedDataset, IndexedDatasetBuilder};
 use proptest::prelude::*;
+
+use crate::common::*;
 
 /// A document as the naive model sees it: its sequences.
 type Doc = Vec<Vec<u32>>;

@@ -1,9 +1,8 @@
 //! `idx-dump` and `merge-datasets` from the command line.
 
-mod common;
-
-use common::*;
 use ferrotron::data::IndexedDataset;
+
+use crate::common::*;
 
 const IDX_DUMP: &str = env!("CARGO_BIN_EXE_idx-dump");
 const MERGE: &str = env!("CARGO_BIN_EXE_merge-datasets");

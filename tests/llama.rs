@@ -11,15 +11,11 @@
 //!   parallelism, the distributed optimizer and recomputation give its losses, on threads and
 //!   under `mpirun`; a checkpoint saved at one layout continues at another.
 
-mod common;
-
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use burn::tensor::Device;
-use common::mpi::*;
-use common::*;
 use ferrotron::checkpoint::load_model;
 use ferrotron::comm::{run_ranks, Communicator};
 use ferrotron::export::hf_model::{export_hf, import_hf, write_hf_dir};
@@ -29,6 +25,9 @@ use ferrotron::model::named_parameters::named_parameters;
 use ferrotron::model::{GptConfig, Normalization, PositionEmbedding, Recompute};
 use ferrotron::training::pretrain::pretrain_on;
 use ferrotron::training::{pretrain, LrSchedule, PretrainConfig};
+
+use crate::common::mpi::*;
+use crate::common::*;
 
 const EOS: u32 = 249;
 const HF_VOCAB: usize = 250;
@@ -318,7 +317,6 @@ fn llama_layouts_under_mpirun_reproduce_the_single_process_losses() {
     }
     let dir = tempfile::tempdir().unwrap();
     let (ok, out) = mpirun(
-        "llama_layouts_under_mpirun_reproduce_the_single_process_losses",
         4,
         &[("FERROTRON_TEST_DIR", dir.path())],
         Duration::from_secs(600),

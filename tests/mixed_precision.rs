@@ -1,18 +1,17 @@
 //! Mixed precision (`--bf16`, `--fp16` with Megatron's dynamic loss scaler) against the fp32
 //! run, and the scaler's decisions against an independent re-implementation of its rule.
 
-mod common;
-
 use std::path::Path;
 
 use burn::tensor::Device;
-use common::*;
 use ferrotron::checkpoint::read_full_checkpoint;
 use ferrotron::data::DataSources;
 use ferrotron::model::GptConfig;
 use ferrotron::optim::grad_scaler::DynamicGradScalerConfig;
 use ferrotron::optim::Precision;
 use ferrotron::training::{pretrain, LrDecayStyle, LrSchedule, PretrainConfig, PretrainOutcome};
+
+use crate::common::*;
 
 fn config(cache: &Path, precision: Precision, train_iters: u64) -> PretrainConfig {
     PretrainConfig {

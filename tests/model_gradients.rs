@@ -1,5 +1,5 @@
 //! Gradients of the whole GPT (autodiff) against central finite differences, in float64.
-//! (Its own test binary: the f64 default is set once per process on the Flex device.)
+//! (In a process of its own: the f64 default is set once per process on the Flex device.)
 
 use std::collections::HashMap;
 
@@ -8,6 +8,8 @@ use ferrotron::model::named_parameters::{load_named_parameters, named_parameters
 use ferrotron::model::{lm_loss, Gpt, GptConfig};
 use ferrotron::training::GradientAccumulator;
 use ferrotron::util::init::{master_values, Init};
+
+use crate::common::own_process::ran_in_own_process;
 
 type Params = HashMap<String, (Vec<usize>, Vec<f32>)>;
 
@@ -31,6 +33,9 @@ fn loss_of(model: &Gpt, device: &Device) -> Tensor<1> {
 
 #[test]
 fn autodiff_gradients_match_finite_differences() {
+    if ran_in_own_process() {
+        return;
+    }
     let mut device = Device::flex();
     device
         .configure(FloatDType::F64)

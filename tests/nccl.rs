@@ -2,8 +2,8 @@
 //! collective conformance suite that the thread and MPI groups pass, run on an NCCL group.
 //!
 //! ```text
-//! cargo test --release --features cuda --test nccl                 # one rank, one GPU
-//! mpirun -np 2 target/release/deps/nccl-<hash> --test-threads 1    # one rank per GPU
+//! cargo test --release --features cuda --test integration nccl::  # one rank, one GPU
+//! mpirun -np 2 target/release/deps/integration-<hash> nccl:: --test-threads 1  # one per GPU
 //! ```
 //!
 //! CI has no GPU: it compiles these tests (`cargo check --features cuda --all-targets`); on a

@@ -11,19 +11,18 @@
 //! - checkpoints written at PP=2 resume at PP=1 and the reverse, losses continuing;
 //! - the measured idle time of each stage, and the layout line.
 
-mod common;
-
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use burn::tensor::Device;
-use common::mpi::*;
-use common::*;
 use ferrotron::comm::{run_ranks, Communicator};
 use ferrotron::model::Recompute;
 use ferrotron::training::pretrain::{pretrain_on, PretrainOutcome};
 use ferrotron::training::{pretrain, PretrainConfig};
+
+use crate::common::mpi::*;
+use crate::common::*;
 
 type Losses = Vec<(u64, f64)>;
 
@@ -401,7 +400,6 @@ fn mpi_pipeline_stages_reproduce_the_one_stage_losses() {
     }
     let dir = tempfile::tempdir().unwrap();
     let (ok, out) = mpirun(
-        "mpi_pipeline_stages_reproduce_the_one_stage_losses",
         4,
         &[("FERROTRON_TEST_DIR", dir.path())],
         Duration::from_secs(900),

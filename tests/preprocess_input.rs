@@ -1,12 +1,11 @@
 //! `preprocess` on unusual and invalid input: Megatron's edge cases reproduced, every bad line
 //! reported with file:line, and no output (old files untouched) when a run fails.
 
-mod common;
-
 use std::path::Path;
 
-use common::*;
 use ferrotron::data::IndexedDataset;
+
+use crate::common::*;
 
 const PREPROCESS: &str = env!("CARGO_BIN_EXE_preprocess");
 

@@ -1,15 +1,14 @@
 //! The training loop: a resumed run reproduces the uninterrupted run's losses exactly, the
 //! checkpoint layout is Megatron's, and the command line refuses what it cannot do.
 
-mod common;
-
 use std::path::Path;
 
 use burn::tensor::Device;
-use common::*;
 use ferrotron::data::DataSources;
 use ferrotron::model::{GptConfig, Recompute};
 use ferrotron::training::{pretrain, LrDecayStyle, LrSchedule, PretrainConfig};
+
+use crate::common::*;
 
 fn tiny(cache: &Path) -> PretrainConfig {
     PretrainConfig {

@@ -6,8 +6,8 @@
 //! one launch for the host where the eager step makes about 1,200 — needs
 //! (docs/gpu.md, "Captured steps").
 //!
-//! A file of its own: a capture holds its device stream, and other tests' reads on a stream
-//! folded onto the same one would be refused while it records.
+//! Each test runs in a process of its own: a capture holds its device stream, and other tests'
+//! reads on a stream folded onto the same one would be refused while it records.
 #![cfg(feature = "wgpu")]
 
 use burn::module::{Module, ModuleVisitor, Param};
@@ -22,9 +22,7 @@ use ferrotron::util::graph::CapturedGraph;
 
 // Each test runs in a process of its own (one CubeCL device per process: see the module), so
 // that captures, which hold a device's stream, need not wait for each other.
-#[path = "common/own_process.rs"]
-mod own_process;
-use own_process::ran_in_own_process;
+use crate::common::own_process::ran_in_own_process;
 
 /// Every parameter's gradient, flattened, in the module's order.
 fn flat_gradients<M: Module>(module: &M, grads: GradientsParams) -> Vec<Tensor<1>> {

@@ -2,13 +2,10 @@
 //! cross-entropy (values and gradients) for N = 1, 2, 4, whole training runs at N = 1, 2, 4,
 //! Megatron's dropout rule, and checkpoints resharded across sizes.
 
-mod common;
-
 use std::collections::HashMap;
 use std::path::Path;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use common::*;
 use ferrotron::checkpoint::load_model;
 use ferrotron::checkpoint::tensor_file::read_tensors;
 use ferrotron::comm::{run_ranks, Group};
@@ -22,6 +19,8 @@ use ferrotron::parallel::layers::{
 use ferrotron::parallel::sharding::parameter_holdings;
 use ferrotron::training::{pretrain, LrDecayStyle, LrSchedule, PretrainConfig};
 use ferrotron::util::host_tensor::HostTensor;
+
+use crate::common::*;
 
 const SIZES: [usize; 3] = [1, 2, 4];
 

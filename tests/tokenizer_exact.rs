@@ -1,14 +1,13 @@
 //! The fast GPT-2 encoder must give exactly the ids of the plain HuggingFace `tokenizers`
 //! pipeline (ByteLevel pre-tokenizer with the GPT-2 regex + BPE) on all text.
 
-mod common;
-
 use std::sync::{Arc, OnceLock};
 
-use common::*;
 use ferrotron::tokenizer::{Gpt2Encoder, Gpt2PreTokens, Gpt2Vocabulary, TextTokenizer};
 use proptest::prelude::*;
 use tokenizers::Tokenizer;
+
+use crate::common::*;
 
 /// The vocabulary and the reference pipeline, built once for all cases.
 fn setup() -> (Arc<Gpt2Vocabulary>, &'static Tokenizer) {

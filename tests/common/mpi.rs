@@ -1,5 +1,5 @@
 //! Tests that run their own test binary under `mpirun` (Open MPI, see docs/parallelism.md): the parent
-//! process starts `mpirun -np N <this test binary> --exact <test>`, and each child, finding
+//! process starts `mpirun -np N <this test binary> --exact <module::test>`, and each child, finding
 //! itself launched by MPI, runs as one rank of the test.
 
 use std::path::{Path, PathBuf};
@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use ferrotron::comm::world::{launcher_variable, World};
 
-use super::own_process::{one_test_args, ran_a_test};
+use super::own_process::{current_test, one_test_args, ran_a_test};
 
 /// `mpirun -np ranks` allowed to run as root and to put more ranks than cores on this
 /// machine; with `FERROTRON_TEST_LAUNCHER=srun`, Slurm's `srun -n ranks` instead (PMIx,
@@ -34,13 +34,15 @@ pub fn mpirun_command(ranks: usize) -> Command {
     cmd
 }
 
-/// Runs this test binary's test `test` under `mpirun -np ranks`, with `env`, and returns
-/// (success, stdout + stderr). Fails the test when `mpirun` cannot be started.
-pub fn mpirun(test: &str, ranks: usize, env: &[(&str, &Path)], limit: Duration) -> (bool, String) {
+/// Runs the calling test again under `mpirun -np ranks` (this test binary, that test alone),
+/// with `env`, and returns (success, stdout + stderr). Fails the test when `mpirun` cannot be
+/// started.
+pub fn mpirun(ranks: usize, env: &[(&str, &Path)], limit: Duration) -> (bool, String) {
+    let test = current_test().expect("mpirun is called from a test");
     let exe = std::env::current_exe().unwrap();
     let mut cmd = mpirun_command(ranks);
     cmd.arg(&exe)
-        .args(one_test_args(test))
+        .args(one_test_args(&test))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     for (k, v) in env {

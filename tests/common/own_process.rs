@@ -1,4 +1,5 @@
-//! Running a test in a process of its own, for the tests on a CubeCL device.
+//! Running a test in a process of its own, for tests that hold what a process has once: a
+//! CubeCL device, a device's default float type.
 //!
 //! Why: in one process every test takes the same CubeCL device, whose one thread makes every
 //! launch and, on lavapipe, has every kernel variant compiled there; so two test threads took
@@ -6,8 +7,9 @@
 //! and at 192 % with each test in a process of its own (246 s; docs/testing.md, "Runs side by
 //! side").
 //!
-//! Used by `tests/fused_kernels.rs`, `tests/step_capture.rs` and the kernels package's
-//! `tests/kernels.rs` (through a `#[path]` module: one file for both packages); its two pieces
+//! Used by `tests/fused_kernels.rs`, `tests/step_capture.rs`, `tests/model_gradients.rs` (the
+//! Flex device's f64 default is set once per process) and the kernels package's
+//! `tests/kernels.rs` (through a `#[path]` module: one file for both packages); its pieces
 //! that start a test binary for one test serve `common::mpi` too.
 
 /// Set in the child process a test runs in.
@@ -21,9 +23,8 @@ const IN_OWN_PROCESS: &str = "FERROTRON_TEST_IN_OWN_PROCESS";
 /// a thread not named after a test, or where the binary cannot find its own path: `false`,
 /// and the caller runs its body.
 pub fn ran_in_own_process() -> bool {
-    let thread = std::thread::current();
-    let test = match thread.name() {
-        Some(test) if test != "main" && std::env::var_os(IN_OWN_PROCESS).is_none() => test,
+    let test = match current_test() {
+        Some(test) if std::env::var_os(IN_OWN_PROCESS).is_none() => test,
         _ => return false,
     };
     // Without /proc (a bare chroot) the binary cannot name itself: the test runs here.
@@ -31,7 +32,7 @@ pub fn ran_in_own_process() -> bool {
         return false;
     };
     let child = std::process::Command::new(binary)
-        .args(one_test_args(test))
+        .args(one_test_args(&test))
         .env(IN_OWN_PROCESS, "1")
         .output()
         .expect("the test binary started again for one test");
@@ -48,6 +49,13 @@ pub fn ran_in_own_process() -> bool {
         "the test binary ran no test named {test} in its own process"
     );
     true
+}
+
+/// The calling test's full name (`module::test`), which libtest gives the thread it runs a
+/// test on; `None` on the main thread.
+pub fn current_test() -> Option<String> {
+    let name = std::thread::current().name()?.to_owned();
+    (name != "main").then_some(name)
 }
 
 /// The arguments that have a libtest binary run the one test `test`, printing as it goes.
