@@ -573,25 +573,28 @@ fn assert_logged_as_megatron(
     assert_eq!(field("learning rate"), want("learning_rate"), "{line}");
 }
 
+/// Whether element `i` of the fixture's parameter `name` (ferrotron's name or Megatron's) is
+/// a GPT-2 key bias. Their gradient is zero in exact arithmetic (a query's softmax does not
+/// change when the same constant is added to all its scores): each implementation's, and each
+/// CPU's, is float noise, which Adam divides by its own square root into an update of the
+/// learning rate's size. They are the middle 16 entries of each head's 48 (q, k, v of 16).
+fn is_key_bias(name: &str, i: usize) -> bool {
+    (name.ends_with("query_key_value.bias") || name.ends_with("linear_qkv.bias"))
+        && (16..32).contains(&(i % 48))
+}
+
 /// The largest update from `before` to `theirs` (Megatron's) and the largest difference of
-/// `ours` from `theirs`, both without the GPT-2 key biases. Their gradient is zero in exact
-/// arithmetic (a query's softmax does not change when the same constant is added to all its
-/// scores): each implementation's is float noise, which Adam divides by its own square root
-/// into an update of the learning rate's size. Those 16 entries per head (q, k, v of 16 each
-/// per head) are left out.
+/// `ours` from `theirs`, both without the key biases (`is_key_bias`).
 fn update_and_difference(
     before: &ferrotron::checkpoint::megatron_torch::ParameterValues,
     ours: &ferrotron::checkpoint::megatron_torch::ParameterValues,
     theirs: &ferrotron::checkpoint::megatron_torch::ParameterValues,
 ) -> (f32, f32) {
-    let key_bias = |name: &str, i: usize| {
-        name.ends_with("query_key_value.bias") && (16..32).contains(&(i % 48))
-    };
     let (mut update, mut difference) = (0f32, 0f32);
     for (name, (_, want)) in theirs {
         let (got, start) = (&ours[name].1, &before[name].1);
         for (i, ((g, w), b)) in got.iter().zip(want).zip(start).enumerate() {
-            if !key_bias(name, i) {
+            if !is_key_bias(name, i) {
                 update = update.max((w - b).abs());
                 difference = difference.max((g - w).abs());
             }
@@ -809,18 +812,21 @@ fn megatron_continues_the_adam_state_ferrotron_writes() {
             all.sort_by(|x, y| x.0.cmp(&y.0));
             all
         };
-        // Another CPU's float rounding moves the key biases' noise-driven Adam steps (see
-        // above), a few dozen elements: all but 0.1% must agree to float rounding.
+        // Another CPU's float rounding moves the key biases' noise-driven Adam steps (all 128
+        // of them on an AMD EPYC against the fixture's CPU), so they are left out; of the
+        // rest, an element whose gradient is near zero can have its Adam step moved too (one
+        // there): all but 0.1% must agree to float rounding.
         let (ta, tb) = (tensors(&again), tensors(&fixture));
         assert_eq!(ta.len(), tb.len(), "{entry}");
         let (mut elements, mut apart) = (0usize, 0usize);
         for ((ka, va), (kb, vb)) in ta.iter().zip(&tb) {
             assert_eq!((ka, va.len()), (kb, vb.len()), "{entry}");
-            elements += va.len();
-            apart += va
+            let compared = va.iter().zip(vb).enumerate();
+            let compared: Vec<_> = compared.filter(|(i, _)| !is_key_bias(ka, *i)).collect();
+            elements += compared.len();
+            apart += compared
                 .iter()
-                .zip(vb)
-                .filter(|(x, y)| (*x - *y).abs() > 1e-6 + 1e-4 * y.abs())
+                .filter(|(_, (x, y))| (*x - *y).abs() > 1e-6 + 1e-4 * y.abs())
                 .count();
         }
         assert!(
