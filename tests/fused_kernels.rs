@@ -17,7 +17,14 @@ use ferrotron::util::device::parse_device;
 
 // Most tests run in a process of their own (one CubeCL device per process: see the module);
 // the two that compare against `fused_losses_at_tp_1` share that run in this one.
-use crate::common::own_process::ran_in_own_process;
+use crate::common::own_process::{ran_in_own_process_with, UNOPTIMISED_SHADERS};
+
+/// Runs the calling test in a process of its own, where lavapipe compiles its shaders
+/// unoptimised: these tests' small shapes and few steps spend their time compiling kernel
+/// variants (270 CPU-seconds against 291 optimised, docs/testing.md).
+fn ran_in_own_process() -> bool {
+    ran_in_own_process_with(&UNOPTIMISED_SHADERS)
+}
 
 fn device() -> Device {
     parse_device("wgpu-cpu").unwrap().autodiff()
