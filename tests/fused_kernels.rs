@@ -17,14 +17,9 @@ use ferrotron::util::device::parse_device;
 
 // Most tests run in a process of their own (one CubeCL device per process: see the module);
 // the two that compare against `fused_losses_at_tp_1` share that run in this one.
-use crate::common::own_process::{ran_in_own_process_with, UNOPTIMISED_SHADERS};
-
-/// Runs the calling test in a process of its own, where lavapipe compiles its shaders
-/// unoptimised: these tests' small shapes and few steps spend their time compiling kernel
-/// variants (270 CPU-seconds against 291 optimised, docs/testing.md).
-fn ran_in_own_process() -> bool {
-    ran_in_own_process_with(&UNOPTIMISED_SHADERS)
-}
+// Their shapes are small and their steps few, so compiling kernel variants is most of their
+// time: lavapipe compiles them unoptimised (270 CPU-seconds against 291, docs/testing.md).
+use crate::common::own_process::ran_in_own_process_unoptimised;
 
 fn device() -> Device {
     parse_device("wgpu-cpu").unwrap().autodiff()
@@ -67,7 +62,7 @@ fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
 /// wider than a cube's lanes, targets at both ends of it; f16 logits as if upcast first.
 #[test]
 fn fused_cross_entropy_matches_the_composed_ops_with_gradients() {
-    if ran_in_own_process() {
+    if ran_in_own_process_unoptimised() {
         return;
     }
     use burn::tensor::{DType, FloatDType, Int};
@@ -121,7 +116,7 @@ fn fused_cross_entropy_matches_the_composed_ops_with_gradients() {
 
 #[test]
 fn fused_causal_softmax_matches_the_composed_ops_with_gradients() {
-    if ran_in_own_process() {
+    if ran_in_own_process_unoptimised() {
         return;
     }
     let d = device();
@@ -146,7 +141,7 @@ fn fused_causal_softmax_matches_the_composed_ops_with_gradients() {
 /// transposed operands (on lavapipe the extension runs CubeCL's matmul inside).
 #[test]
 fn matmul_extension_matches_burns_matmul_with_gradients() {
-    if ran_in_own_process() {
+    if ran_in_own_process_unoptimised() {
         return;
     }
     use ferrotron::util::matmul::extension;
@@ -209,7 +204,7 @@ fn matmul_extension_matches_burns_matmul_with_gradients() {
 
 #[test]
 fn fused_layer_norm_matches_the_composed_ops_with_gradients() {
-    if ran_in_own_process() {
+    if ran_in_own_process_unoptimised() {
         return;
     }
     let d = device();
@@ -260,7 +255,7 @@ fn f32_values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
 /// and f16 storage.
 #[test]
 fn fused_rms_norm_matches_the_composed_ops_with_gradients() {
-    if ran_in_own_process() {
+    if ran_in_own_process_unoptimised() {
         return;
     }
     let d = device();
@@ -309,7 +304,7 @@ fn fused_rms_norm_matches_the_composed_ops_with_gradients() {
 /// gradients, in f32 and f16 storage.
 #[test]
 fn fused_swiglu_matches_the_composed_ops_with_gradients() {
-    if ran_in_own_process() {
+    if ran_in_own_process_unoptimised() {
         return;
     }
     let d = device();
@@ -348,7 +343,7 @@ fn fused_swiglu_matches_the_composed_ops_with_gradients() {
 /// f32 and f16 storage, over inputs far into both tails.
 #[test]
 fn fused_gelu_matches_float64_with_gradients() {
-    if ran_in_own_process() {
+    if ran_in_own_process_unoptimised() {
         return;
     }
     use ferrotron::model::ops::gelu;
@@ -423,7 +418,7 @@ fn fused_gelu_matches_float64_with_gradients() {
 /// has them (not contiguous), output and gradient, in f32 and f16 storage.
 #[test]
 fn fused_rotary_embedding_matches_the_composed_ops_with_gradients() {
-    if ran_in_own_process() {
+    if ran_in_own_process_unoptimised() {
         return;
     }
     use burn::tensor::FloatDType;
@@ -470,7 +465,7 @@ fn fused_rotary_embedding_matches_the_composed_ops_with_gradients() {
 /// gradients, with dropout dropping the same probabilities for the same seed, in f32 and f16.
 #[test]
 fn fused_attention_matches_the_composed_attention_with_dropout_and_gradients() {
-    if ran_in_own_process() {
+    if ran_in_own_process_unoptimised() {
         return;
     }
     use burn::tensor::FloatDType;
@@ -698,7 +693,7 @@ fn check_qkv_rows_case(case: QkvRowsCase) {
 /// inside the op) gives the same bits as keeping the probabilities.
 #[test]
 fn attention_from_the_qkv_rows_matches_the_composed_split() {
-    if ran_in_own_process() {
+    if ran_in_own_process_unoptimised() {
         return;
     }
     // Rotary: none, the two halves of all channels, interleaved pairs of half the channels.
@@ -729,7 +724,7 @@ fn attention_from_the_qkv_rows_matches_the_composed_split() {
 /// same output and input and bias gradients (the bias's summed over rows), f32 and f16.
 #[test]
 fn fused_bias_gelu_matches_the_bias_added_before_the_gelu() {
-    if ran_in_own_process() {
+    if ran_in_own_process_unoptimised() {
         return;
     }
     use ferrotron::model::ops::{bias_gelu, gelu};
@@ -768,7 +763,7 @@ fn fused_bias_gelu_matches_the_bias_added_before_the_gelu() {
 /// gradients, with and without bias and dropout.
 #[test]
 fn fused_bias_dropout_add_matches_the_composed_ops_with_gradients() {
-    if ran_in_own_process() {
+    if ran_in_own_process_unoptimised() {
         return;
     }
     use ferrotron::model::dropout::Dropout;
@@ -811,7 +806,7 @@ fn fused_bias_dropout_add_matches_the_composed_ops_with_gradients() {
 /// backward runs first) and beside the norm (the same depth in the graph).
 #[test]
 fn the_residual_gradient_joined_in_the_norm_kernel_matches_autodiff_s_sum() {
-    if ran_in_own_process() {
+    if ran_in_own_process_unoptimised() {
         return;
     }
     use ferrotron::model::dropout::Dropout;
@@ -858,7 +853,7 @@ fn the_residual_gradient_joined_in_the_norm_kernel_matches_autodiff_s_sum() {
 /// the masked values and the gradient `mask / Σ mask` scaled by the upstream gradient.
 #[test]
 fn fused_masked_mean_matches_float64_with_gradients() {
-    if ran_in_own_process() {
+    if ran_in_own_process_unoptimised() {
         return;
     }
     use ferrotron::util::masked_mean::masked_mean;
@@ -894,7 +889,7 @@ fn fused_masked_mean_matches_float64_with_gradients() {
 /// it is the f32 sums of the same f16 terms rounded once (burn's adds in f16).
 #[test]
 fn embedding_gradient_is_burns_select_backward_bit_for_bit() {
-    if ran_in_own_process() {
+    if ran_in_own_process_unoptimised() {
         return;
     }
     use burn::tensor::{FloatDType, Int};
@@ -1006,7 +1001,7 @@ fn training_with_and_without_fusion_gives_the_same_losses() {
 /// kernels as with the composed ops.
 #[test]
 fn llama_style_training_with_and_without_fusion_gives_the_same_losses() {
-    if ran_in_own_process() {
+    if ran_in_own_process_unoptimised() {
         return;
     }
     use ferrotron::model::{Normalization, PositionEmbedding};
@@ -1041,7 +1036,7 @@ fn llama_style_training_with_and_without_fusion_gives_the_same_losses() {
 /// also at TP = 2).
 #[test]
 fn training_with_fused_attention_and_dropout_follows_the_composed_attention() {
-    if ran_in_own_process() {
+    if ran_in_own_process_unoptimised() {
         return;
     }
     use ferrotron::model::Recompute;
@@ -1108,7 +1103,7 @@ fn tensor_parallel_training_on_the_gpu_backend_follows_tp_1() {
 /// backward, in f32 and f16 (WGSL has no bf16; the kernel is generic over the storage type).
 #[test]
 fn dropout_on_the_device_draws_the_host_masks() {
-    if ran_in_own_process() {
+    if ran_in_own_process_unoptimised() {
         return;
     }
     use burn::tensor::FloatDType;
@@ -1155,7 +1150,7 @@ fn dropout_on_the_device_draws_the_host_masks() {
 /// uploaded), equal to the chunk the host draws, forward and backward, on every rank.
 #[test]
 fn sequence_parallel_dropout_on_the_device_draws_the_host_chunks() {
-    if ran_in_own_process() {
+    if ran_in_own_process_unoptimised() {
         return;
     }
     use ferrotron::comm::{run_ranks, Group};
@@ -1190,7 +1185,7 @@ fn sequence_parallel_dropout_on_the_device_draws_the_host_chunks() {
 /// the losses of keeping the activations.
 #[test]
 fn training_with_device_dropout_follows_the_cpu_and_survives_recompute() {
-    if ran_in_own_process() {
+    if ran_in_own_process_unoptimised() {
         return;
     }
     use ferrotron::model::Recompute;
@@ -1227,7 +1222,7 @@ fn training_with_device_dropout_follows_the_cpu_and_survives_recompute() {
 /// same path with another storage type.
 #[test]
 fn fp16_training_on_the_device_follows_the_cpu() {
-    if ran_in_own_process() {
+    if ran_in_own_process_unoptimised() {
         return;
     }
     use ferrotron::optim::grad_scaler::DynamicGradScalerConfig;
@@ -1300,7 +1295,7 @@ fn fp16_training_on_the_device_follows_the_cpu() {
 /// the way out before anything runs, where the shader compiler used to panic.
 #[test]
 fn bf16_is_refused_where_the_device_has_none() {
-    if ran_in_own_process() {
+    if ran_in_own_process_unoptimised() {
         return;
     }
     use burn::tensor::FloatDType;
@@ -1323,7 +1318,7 @@ fn bf16_is_refused_where_the_device_has_none() {
 /// read used to panic ("An error happened during execution").
 #[test]
 fn a_run_with_logits_over_the_device_s_largest_buffer_is_refused() {
-    if ran_in_own_process() {
+    if ran_in_own_process_unoptimised() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -1405,7 +1400,7 @@ fn named_weights(model: &ferrotron::model::Gpt) -> Vec<(String, Vec<f32>)> {
 /// moments takes the same third step; the f16 working copy is the main weights cast.
 #[test]
 fn flat_adam_follows_the_composed_adam() {
-    if ran_in_own_process() {
+    if ran_in_own_process_unoptimised() {
         return;
     }
     use burn::tensor::FloatDType;

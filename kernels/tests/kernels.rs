@@ -14,7 +14,7 @@ use ferrotron_kernels::rows::MAX_CUBES_PER_DIMENSION;
 // Each test runs in a process of its own (one CubeCL device per process: see the module).
 #[path = "../../tests/common/own_process.rs"]
 mod own_process;
-use own_process::{ran_in_own_process, ran_in_own_process_with, UNOPTIMISED_SHADERS};
+use own_process::{ran_in_own_process, ran_in_own_process_unoptimised};
 
 fn client() -> Client {
     // FERROTRON_KERNEL_DEVICE=cpu runs them on cubecl-cpu instead (build with `--features cpu`).
@@ -2077,8 +2077,7 @@ fn run_attention<S: Storage>(
 
 #[test]
 fn half_precision_storage_matches_the_f32_kernels_within_an_ulp() {
-    // Few shapes, many kernel variants: lavapipe compiling them is most of the time.
-    if ran_in_own_process_with(&UNOPTIMISED_SHADERS) {
+    if ran_in_own_process_unoptimised() {
         return;
     }
     let client = client();
@@ -2207,8 +2206,7 @@ fn attention_launches(client: &Client, head_dim: usize) -> Vec<AttentionLaunch> 
 /// that are not a multiple of the block, head widths 1 to 128.
 #[test]
 fn flash_attention_forward_and_backward_match_float64() {
-    // Few shapes, many kernel variants: lavapipe compiling them is most of the time.
-    if ran_in_own_process_with(&UNOPTIMISED_SHADERS) {
+    if ran_in_own_process_unoptimised() {
         return;
     }
     let client = client();
@@ -3226,8 +3224,7 @@ fn lavapipe_reduces_rows_and_runs_attention_in_its_planes() {
 #[cfg(feature = "spirv")]
 #[test]
 fn mma_attention_forward_and_backward_match_float64() {
-    // Few shapes, many kernel variants: lavapipe compiling them is most of the time.
-    if ran_in_own_process_with(&UNOPTIMISED_SHADERS) {
+    if ran_in_own_process_unoptimised() {
         return;
     }
     let client = client();

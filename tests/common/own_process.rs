@@ -26,19 +26,21 @@ pub fn ran_in_own_process() -> bool {
     ran_in_own_process_with(&[])
 }
 
-/// Mesa's lavapipe compiling shaders without LLVM's optimisation passes (`GALLIVM_PERF=nopt`,
-/// read once per process; other devices ignore it).
+/// [`ran_in_own_process`], with Mesa's lavapipe compiling the test's shaders without LLVM's
+/// optimisation passes (`GALLIVM_PERF=nopt`, read once per process; other devices ignore it).
 ///
 /// Why: a test of a few small shapes spends its time in lavapipe compiling kernel variants, not
 /// running them; unoptimised, the fused kernels' tests and the attention kernels' took 7–42 %
 /// less time. The kernels compute the same (the bit-for-bit tests pass either way). Tests that
 /// run long rows or replay captured steps run slower unoptimised, and keep the optimised
 /// shaders (docs/testing.md, "Shaders compiled unoptimised").
-pub const UNOPTIMISED_SHADERS: [(&str, &str); 1] = [("GALLIVM_PERF", "nopt")];
+pub fn ran_in_own_process_unoptimised() -> bool {
+    ran_in_own_process_with(&[("GALLIVM_PERF", "nopt")])
+}
 
 /// [`ran_in_own_process`], with `env` set in the test's process: for settings a process reads
-/// once (a driver's, such as [`UNOPTIMISED_SHADERS`]).
-pub fn ran_in_own_process_with(env: &[(&str, &str)]) -> bool {
+/// once (a driver's).
+fn ran_in_own_process_with(env: &[(&str, &str)]) -> bool {
     let test = match current_test() {
         Some(test) if std::env::var_os(IN_OWN_PROCESS).is_none() => test,
         _ => return false,
