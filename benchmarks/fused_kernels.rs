@@ -170,7 +170,7 @@ fn attention_core_rows(device: &Device, reps: usize, in_use: impl Fn() -> f64) {
         let side = usize::from(!flash);
         let layer = attention(flash);
         // The same dropout draw on both sides (the stream restarts), so their `dq` compare.
-        ferrotron::parallel::random::seed_micro_batch(1, 1, 0, 0);
+        ferrotron::parallel::random::seed_micro_batch(1, 1, 0);
         ferrotron::parallel::random::enter_layer(0);
         let [q, k, v] = qkv.clone().map(|t| t.require_grad());
         device.sync().expect("device sync");
@@ -242,7 +242,7 @@ fn core_from_rows_recomputed(device: &Device, reps: usize, in_use: impl Fn() -> 
         } else {
             CoreKeeps::Everything
         };
-        ferrotron::parallel::random::seed_micro_batch(1, 1, 0, 0);
+        ferrotron::parallel::random::seed_micro_batch(1, 1, 0);
         ferrotron::parallel::random::enter_layer(0);
         let x = rows.clone().require_grad();
         device.sync().expect("device sync");

@@ -2,11 +2,12 @@
 //! launch on CUDA, prebuilt dispatches on wgpu) against the same step run eagerly, on the
 //! same device in the same process.
 //!
-//! Why: on an H200 the host spends ≈ 26 µs per kernel launch, and GPT-2 345M's step makes
-//! about 1,200 of them (docs/benchmarks.md, "Kernel launches per step"): the host, not the
-//! GPU, bounds the step. A captured step costs the host one launch and two small writes (the
-//! dropout salt, Adam's learning rate and bias corrections). This measures what that gives
-//! before the training loop captures its steps.
+//! Why: on a GPU the host's cost per kernel launch
+//! (benchmarks/results/2026-11-26-h200-gpu-profile.md), over the about 1,200 launches of GPT-2
+//! 345M's step (docs/benchmarks.md, "Kernel launches per step"), exceeds the GPU's work: the
+//! host, not the GPU, bounds the step. A captured step costs the host one launch and two small
+//! writes (the dropout salt, Adam's learning rate and bias corrections). This measures what
+//! that gives before the training loop captures its steps.
 //!
 //! ```text
 //! cargo run --release --example step_graph -- [DEVICE] [LAYERS] [HIDDEN] [HEADS] [SEQ] [MBS] [REPS] [eager]
@@ -103,7 +104,7 @@ mod capture {
 
         /// One step of iteration `iteration`; its loss, on the device.
         fn step(&mut self, iteration: u64, batch: &Batch) -> Tensor<1> {
-            seed_micro_batch(1, iteration, 0, 0);
+            seed_micro_batch(1, iteration, 0);
             let loss = self.working.lm_loss(
                 batch.tokens.clone(),
                 batch.labels.clone(),
@@ -246,7 +247,7 @@ mod capture {
         drop(captured.step(2, &inputs));
         // What the recorded step would write itself, written before it (and each replay).
         let prepare = |training: &Training, iteration: u64| {
-            seed_micro_batch(1, iteration, 0, 0);
+            seed_micro_batch(1, iteration, 0);
             write_dropout_salt(&device);
             training
                 .adam
@@ -277,7 +278,7 @@ mod capture {
         // so its bias corrections stay those of step 4 (the time is the same).
         let eager_ms = time(&mut |k| drop(eager.step(4 + k, &inputs)));
         let replay_ms = time(&mut |k| {
-            seed_micro_batch(1, 4 + k, 0, 0);
+            seed_micro_batch(1, 4 + k, 0);
             write_dropout_salt(&device);
             captured.adam.write_next_step_values(learning_rates(4 + k));
             replay();

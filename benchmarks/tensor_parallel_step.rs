@@ -52,7 +52,7 @@ fn rank_steps(config: &GptConfig, group: &Group, steps: usize) -> (f64, f64) {
         .map(|p| p.id)
         .collect();
     let mut step = |model: ferrotron::model::Gpt, i: usize| {
-        seed_micro_batch(0, i as u64, 0, group.rank());
+        seed_micro_batch(0, i as u64, 0);
         let loss = model.lm_loss(tokens.clone(), labels.clone(), mask.clone());
         let mut grads = GradientAccumulator::default();
         grads.add(&model, loss.backward());

@@ -215,10 +215,11 @@ fn megatron_loss_difference(
     tokens: &serde_json::Value,
     megatron: &serde_json::Value,
 ) -> (f64, u64, usize, usize) {
-    use ferrotron::checkpoint::megatron_torch::{is_megatron_checkpoint, read_megatron_torch};
+    use ferrotron::checkpoint::Checkpoint;
     use ferrotron::model::named_parameters::load_named_parameters;
-    assert!(is_megatron_checkpoint(root), "{}", root.display());
-    let (checkpoint, config) = read_megatron_torch(root, config, false).unwrap();
+    let source = Checkpoint::open(root).unwrap();
+    assert!(source.format().is_megatron(), "{}", root.display());
+    let (checkpoint, config) = source.read_megatron(config, false).unwrap();
     let model = config.init(1, &Device::flex()).unwrap();
     assert_eq!(
         checkpoint.values.len(),
@@ -326,7 +327,8 @@ fn megatron_torch_checkpoints_give_megatrons_losses() {
 /// GPT-2, and its Llama-style model without grouped queries, give its losses.
 #[test]
 fn megatron_legacy_checkpoints_give_megatrons_losses_and_adam_state() {
-    use ferrotron::checkpoint::megatron_torch::{load_megatron_torch, AdamResume};
+    use ferrotron::checkpoint::megatron_checkpoint::AdamResume;
+    use ferrotron::checkpoint::open::read_megatron;
     let dir = megatron_fixtures();
     let device = Device::flex();
     let legacy: serde_json::Value =
@@ -346,16 +348,11 @@ fn megatron_legacy_checkpoints_give_megatrons_losses_and_adam_state() {
             "{name}: per-token losses differ by up to {worst}"
         );
         // Its Adam state maps onto the flattened legacy names too.
-        let (_, _, adam) = load_megatron_torch(
-            &dir.join(name),
-            None,
-            &device,
-            &ferrotron::comm::Group::single(),
-            None,
-            0,
-            true,
-        )
-        .unwrap();
+        let (checkpoint, config) = read_megatron(&dir.join(name), None, true).unwrap();
+        let group = ferrotron::comm::Group::single();
+        let (_, _, adam) = checkpoint
+            .load_rank(config, &dir.join(name), &device, &group, None, 0)
+            .unwrap();
         match adam {
             AdamResume::Loaded(state) => {
                 assert_eq!(state.steps, 4, "{name}");
@@ -402,7 +399,7 @@ fn the_inference_loader_reads_a_megatron_directory_as_it_is() {
 fn megatron_checkpoints_refuse_flags_of_another_model() {
     let dir = megatron_fixtures();
     let device = Device::flex();
-    use ferrotron::checkpoint::megatron_torch::load_megatron_torch;
+    use ferrotron::checkpoint::open::{Checkpoint, RankRequest};
     use ferrotron::comm::Group;
     use ferrotron::model::StageLayers;
     let (gpt2, llama) = megatron_fixture_configs();
@@ -421,17 +418,18 @@ fn megatron_checkpoints_refuse_flags_of_another_model() {
         ),
     ] {
         let group = Group::single();
-        let err = load_megatron_torch(
-            &dir.join(name),
-            Some(config),
-            &device,
-            &group,
-            Some(&whole),
-            0,
-            false,
-        )
-        .err()
-        .unwrap_or_else(|| panic!("{name} loaded with the wrong flags"));
+        let request = RankRequest {
+            config,
+            device: &device,
+            group: &group,
+            stage: &whole,
+            global_batch_size: 0,
+            with_optimizer: false,
+        };
+        let err = Checkpoint::open(&dir.join(name))
+            .and_then(|c| c.resume_rank(request))
+            .err()
+            .unwrap_or_else(|| panic!("{name} loaded with the wrong flags"));
         let err = format!("{err:#}");
         assert!(err.contains(expected) && err.contains(name), "{err}");
     }
@@ -444,7 +442,7 @@ fn megatron_checkpoints_refuse_flags_of_another_model() {
 /// saved at 1, holds exactly Megatron's weights.
 #[test]
 fn pretrain_continues_a_megatron_checkpoint() {
-    use ferrotron::checkpoint::megatron_torch::read_megatron_torch;
+    use ferrotron::checkpoint::open::read_megatron;
     let dir = tempfile::tempdir().unwrap();
     let megatron = megatron_fixtures().join("gpt2_tp1");
     let (gpt2, _) = megatron_fixture_configs();
@@ -471,7 +469,7 @@ fn pretrain_continues_a_megatron_checkpoint() {
         "{log}"
     );
     assert!(log.contains("iteration        5/"), "{log}");
-    let read = |dir: &std::path::Path| read_megatron_torch(dir, Some(&gpt2), false).unwrap().0;
+    let read = |dir: &std::path::Path| read_megatron(dir, Some(&gpt2), false).unwrap().0;
     let values = read(&megatron).values;
     let saved = read(&dir.path().join("saved"));
     assert_eq!((saved.iteration, saved.tensor_parallel), (5, 2));
@@ -586,9 +584,9 @@ fn is_key_bias(name: &str, i: usize) -> bool {
 /// The largest update from `before` to `theirs` (Megatron's) and the largest difference of
 /// `ours` from `theirs`, both without the key biases (`is_key_bias`).
 fn update_and_difference(
-    before: &ferrotron::checkpoint::megatron_torch::ParameterValues,
-    ours: &ferrotron::checkpoint::megatron_torch::ParameterValues,
-    theirs: &ferrotron::checkpoint::megatron_torch::ParameterValues,
+    before: &ferrotron::checkpoint::megatron_tensors::ParameterValues,
+    ours: &ferrotron::checkpoint::megatron_tensors::ParameterValues,
+    theirs: &ferrotron::checkpoint::megatron_tensors::ParameterValues,
 ) -> (f32, f32) {
     let (mut update, mut difference) = (0f32, 0f32);
     for (name, (_, want)) in theirs {
@@ -612,7 +610,7 @@ fn update_and_difference(
 /// which fresh Adam moments would change completely.
 #[test]
 fn pretrain_resumes_megatrons_adam_state_as_megatron_does() {
-    use ferrotron::checkpoint::megatron_torch::read_megatron_torch;
+    use ferrotron::checkpoint::open::read_megatron;
     let dir = tempfile::tempdir().unwrap();
     let fixtures = megatron_fixtures();
     let resumed = fixtures.join("gpt2_tp1_resumed");
@@ -628,12 +626,7 @@ fn pretrain_resumes_megatrons_adam_state_as_megatron_does() {
     assert!(log.contains("with Adam's state after 4 steps"), "{log}");
     assert_logged_as_megatron(&log, 5, &megatron, 1e-5, 1e-3);
     let (gpt2, _) = megatron_fixture_configs();
-    let read = |dir: &std::path::Path| {
-        read_megatron_torch(dir, Some(&gpt2), false)
-            .unwrap()
-            .0
-            .values
-    };
+    let read = |dir: &std::path::Path| read_megatron(dir, Some(&gpt2), false).unwrap().0.values;
     let (before, ours, theirs) = (read(&load), read(&dir.path().join("saved")), read(&resumed));
     let (update, difference) = update_and_difference(&before, &ours, &theirs);
     assert!(
@@ -671,7 +664,7 @@ fn pretrain_resumes_megatrons_adam_state_as_megatron_does() {
 #[test]
 fn pretrain_resumes_megatrons_mixed_precision_optimizer_as_megatron_does() {
     use ferrotron::checkpoint::megatron_optimizer::MegatronAdam;
-    use ferrotron::checkpoint::megatron_torch::read_megatron_torch;
+    use ferrotron::checkpoint::open::read_megatron;
     let dir = tempfile::tempdir().unwrap();
     let fixtures = megatron_fixtures();
     let resumed = fixtures.join("llama_bf16_resumed");
@@ -694,13 +687,12 @@ fn pretrain_resumes_megatrons_mixed_precision_optimizer_as_megatron_does() {
     assert_logged_as_megatron(&log, 5, &megatron, 1e-4, norm_abs);
     // Megatron's fp32 main weights before and after its iteration 5, against ferrotron's
     // after its own (what `--ckpt-format torch` writes from a bf16 run).
-    let masters = |dir: &std::path::Path| match read_megatron_torch(dir, None, true).unwrap().0.adam
-    {
+    let masters = |dir: &std::path::Path| match read_megatron(dir, None, true).unwrap().0.adam {
         MegatronAdam::Moments(m) => m.main_weights.expect("fp32 main weights"),
         _ => panic!("{}: no optimizer state", dir.display()),
     };
     let (before, theirs) = (masters(&load), masters(&resumed));
-    let ours = read_megatron_torch(&dir.path().join("saved"), None, false)
+    let ours = read_megatron(&dir.path().join("saved"), None, false)
         .unwrap()
         .0
         .values;
@@ -740,7 +732,7 @@ fn pretrain_resumes_megatrons_mixed_precision_optimizer_as_megatron_does() {
 /// tensors to float rounding.
 #[test]
 fn megatron_continues_the_adam_state_ferrotron_writes() {
-    use ferrotron::checkpoint::megatron_torch::read_megatron_torch;
+    use ferrotron::checkpoint::open::read_megatron;
     use ferrotron::checkpoint::pickle::read_torch_save_pickle;
     let dir = tempfile::tempdir().unwrap();
     let written = megatron_fixtures().join("written_by_ferrotron");
@@ -761,12 +753,7 @@ fn megatron_continues_the_adam_state_ferrotron_writes() {
     assert!(log.contains("with Adam's state after 3 steps"), "{log}");
     assert_logged_as_megatron(&log, 4, &megatron, 1e-5, 1e-3);
     let (gpt2, _) = megatron_fixture_configs();
-    let read = |dir: &std::path::Path| {
-        read_megatron_torch(dir, Some(&gpt2), false)
-            .unwrap()
-            .0
-            .values
-    };
+    let read = |dir: &std::path::Path| read_megatron(dir, Some(&gpt2), false).unwrap().0.values;
     let (before, ours, theirs) = (
         read(&trained),
         read(&dir.path().join("continued")),
@@ -916,7 +903,7 @@ fn walk(root: &std::path::Path) -> Vec<std::path::PathBuf> {
 /// at one stage.
 #[test]
 fn pretrain_writes_megatrons_pipeline_stage_files() {
-    use ferrotron::checkpoint::megatron_torch::read_megatron_torch;
+    use ferrotron::checkpoint::open::read_megatron;
     use ferrotron::checkpoint::pickle::{read_torch_save_pickle, Unpickled};
     let dir = tempfile::tempdir().unwrap();
     let flags = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 \
@@ -950,8 +937,8 @@ fn pretrain_writes_megatrons_pipeline_stage_files() {
         let args = ferrotron::checkpoint::megatron_args::MegatronArgs::read(&ours).unwrap();
         assert_eq!(args.count("pipeline_model_parallel_size").unwrap(), Some(2));
     }
-    let (pp2, _) = read_megatron_torch(&dir.path().join("pp2"), None, true).unwrap();
-    let (pp1, _) = read_megatron_torch(&dir.path().join("pp1"), None, true).unwrap();
+    let (pp2, _) = read_megatron(&dir.path().join("pp2"), None, true).unwrap();
+    let (pp1, _) = read_megatron(&dir.path().join("pp1"), None, true).unwrap();
     assert_eq!(pp2.pipeline_parallel, 2);
     let close = |a: &[f32], b: &[f32]| {
         a.iter()
@@ -1090,8 +1077,8 @@ fn convert_checkpoint_reshards_as_megatron_does() {
 /// against are the model's own.
 #[test]
 fn megatron_state_dicts_have_megatrons_keys_and_shapes() {
-    use ferrotron::checkpoint::megatron_torch::read_megatron_torch;
     use ferrotron::checkpoint::megatron_torch_save::{megatron_state_dict, LayerSpec};
+    use ferrotron::checkpoint::open::read_megatron;
     let fixtures = megatron_fixtures();
     let (gpt2, llama) = megatron_fixture_configs();
     // The Transformer-Engine spec's names (the default) and the local spec's are the keys
@@ -1112,7 +1099,7 @@ fn megatron_state_dicts_have_megatrons_keys_and_shapes() {
                 })
                 .collect()
         };
-        let values = read_megatron_torch(&fixtures.join(name), Some(config), false)
+        let values = read_megatron(&fixtures.join(name), Some(config), false)
             .unwrap()
             .0
             .values;
@@ -1247,7 +1234,7 @@ fn torch_file_tensors(path: std::path::PathBuf) -> Vec<(String, Vec<usize>, Vec<
 /// Megatron loaded (`written_by_ferrotron/gpt2_tp2_converted`).
 #[test]
 fn convert_checkpoint_takes_the_model_from_megatrons_arguments() {
-    use ferrotron::checkpoint::megatron_torch::read_megatron_torch;
+    use ferrotron::checkpoint::open::read_megatron;
     let fixtures = megatron_fixtures();
     let written = fixtures.join("written_by_ferrotron");
     let dir = tempfile::tempdir().unwrap();
@@ -1269,13 +1256,13 @@ fn convert_checkpoint_takes_the_model_from_megatrons_arguments() {
         dir.path(),
     );
     assert!(out.status.success(), "{}", stderr(&out));
-    use ferrotron::checkpoint::megatron_torch::megatron_args;
+    use ferrotron::checkpoint::open::megatron_args;
     let (ours, checked) = (
         dir.path().join("from_args"),
         written.join("gpt2_tp2_converted"),
     );
-    let (ours_read, ours_config) = read_megatron_torch(&ours, None, false).unwrap();
-    let (checked_read, checked_config) = read_megatron_torch(&checked, None, false).unwrap();
+    let (ours_read, ours_config) = read_megatron(&ours, None, false).unwrap();
+    let (checked_read, checked_config) = read_megatron(&checked, None, false).unwrap();
     assert_eq!(ours_read.values, checked_read.values);
     assert_eq!(ours_read.tensor_parallel, 2);
     assert_eq!(

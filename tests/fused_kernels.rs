@@ -499,7 +499,7 @@ fn fused_attention_matches_the_composed_attention_with_dropout_and_gradients() {
                     &d,
                 );
                 let [q, k, v] = [0, 1, 2].map(|i| inputs[i].clone().require_grad());
-                seed_micro_batch(3, 1, 0, 0);
+                seed_micro_batch(3, 1, 0);
                 enter_layer(0);
                 let out = attention.core_heads(q.clone(), k.clone(), v.clone());
                 let grads = (out.clone() * inputs[3].clone()).sum().backward();
@@ -577,7 +577,7 @@ fn qkv_rows_core_run(
         };
         CoreInputs::Heads(attention.heads_of(biased, 0))
     };
-    seed_micro_batch(3, 1, 0, 0);
+    seed_micro_batch(3, 1, 0);
     enter_layer(0);
     let out = attention.core(inputs, keeps);
     let grads = (out.clone() * weight.clone()).sum().backward();
@@ -775,7 +775,7 @@ fn fused_bias_dropout_add_matches_the_composed_ops_with_gradients() {
             let residual = random([2, 9, 24], 41, 1.0, &d).require_grad();
             let y = random([2, 9, 24], 42, 1.0, &d).require_grad();
             let bias = random([24], 43, 1.0, &d).require_grad();
-            seed_micro_batch(3, 1, 0, 0);
+            seed_micro_batch(3, 1, 0);
             enter_layer(0);
             let b = with_bias.then(|| bias.clone());
             let out = dropout.bias_dropout_add(residual.clone(), y.clone(), b, fused);
@@ -830,7 +830,7 @@ fn the_residual_gradient_joined_in_the_norm_kernel_matches_autodiff_s_sum() {
                 true => rms_norm(x.clone(), gamma.clone(), 1e-5, true),
                 false => layer_norm(x.clone(), gamma.clone(), beta.clone(), 1e-5, true),
             };
-            seed_micro_batch(5, 1, 0, 0);
+            seed_micro_batch(5, 1, 0);
             enter_layer(0);
             let loss = if after {
                 let y = normed * w.clone();
@@ -1120,7 +1120,7 @@ fn dropout_on_the_device_draws_the_host_masks() {
             (x, r)
         };
         let x = x.require_grad();
-        seed_micro_batch(77, 3, 1, 0);
+        seed_micro_batch(77, 3, 1);
         enter_layer(4);
         let dropout = Dropout::new(0.25, region);
         let first = dropout.forward(x.clone());
@@ -1131,7 +1131,7 @@ fn dropout_on_the_device_draws_the_host_masks() {
         (values(first), values(second), values(dx))
     };
     for half in [false, true] {
-        for region in [RngRegion::Replicated, RngRegion::ModelParallel] {
+        for region in [RngRegion::Replicated, RngRegion::AttentionHeads] {
             let host = run(&cpu, half, region);
             let dev = run(&gpu, half, region);
             let what = format!("f16 {half}, {region:?}");
@@ -1161,9 +1161,9 @@ fn sequence_parallel_dropout_on_the_device_draws_the_host_chunks() {
         let run = |device: &Device| {
             let x = random([2, 5, 3, 7], 8, 2.0, device).require_grad();
             let r = random([2, 5, 3, 7], 9, 1.0, device);
-            seed_micro_batch(77, 3, 1, 0);
+            seed_micro_batch(77, 3, 1);
             enter_layer(2);
-            let dropout = Dropout::new(0.3, RngRegion::Replicated).with_sequence_chunk_of(&group);
+            let dropout = Dropout::new(0.3, RngRegion::Replicated).with_chunk_of(&group);
             let y = dropout.forward(x.clone());
             let grads = (y.clone() * r).sum().backward();
             (values(y), values(x.grad(&grads).unwrap()))

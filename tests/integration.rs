@@ -20,6 +20,7 @@ mod golden;
 mod gpt_dataset;
 mod indexed_dataset;
 mod inspect_tools;
+mod layout_fuzz;
 mod llama;
 mod mixed_precision;
 mod model_gradients;

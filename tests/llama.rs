@@ -153,7 +153,7 @@ const ITERS: u64 = 16;
 fn llama_model() -> GptConfig {
     GptConfig::new(2, 32, 4, 16, 50304)
         .with_hidden_dropout(0.1)
-        .with_attention_dropout(0.0)
+        .with_attention_dropout(0.1)
         .with_ffn_hidden_size(Some(48))
         .with_position_embedding_type(PositionEmbedding::Rope)
         .with_rotary_base(500000.0)

@@ -294,8 +294,6 @@ fn half_precision_layouts_reproduce_the_single_process_losses() {
     let mut fp16 = config(cache.path(), Precision::Fp16, iters);
     fp16.dynamic_loss_scale.initial_scale = 2f64.powi(16);
     fp16.dynamic_loss_scale.growth_interval = 5;
-    // As in the data-parallel tests: attention dropout draws per tensor-parallel rank.
-    fp16.model = fp16.model.with_attention_dropout(0.0);
     let single = pretrain(&fp16, &device()).unwrap();
     let dp = run_ranks(2, |world| pretrain_on(&fp16, &device(), world)).unwrap();
     for out in &dp {

@@ -69,7 +69,7 @@ fn a_captured_forward_and_backward_replays_the_eager_step() {
     let (tokens, labels) = (ids(0), ids(1));
     let mask = Tensor::<2>::ones([b, s], &device);
     let step_of = |iteration| {
-        seed_micro_batch(3, iteration, 0, 0);
+        seed_micro_batch(3, iteration, 0);
         let model = Precision::Fp16.working_copy(&main);
         let loss = model.lm_loss(tokens.clone(), labels.clone(), mask.clone());
         let grads = GradientsParams::from_grads(loss.backward(), &model);
@@ -109,7 +109,7 @@ fn a_captured_forward_and_backward_replays_the_eager_step() {
     let eager_2 = read(loss_2, grads_2);
     assert!(eager_2 != eager, "another iteration drew the same masks");
     for (iteration, want) in [(2, &eager_2), (1, &eager), (2, &eager_2)] {
-        seed_micro_batch(3, iteration, 0, 0);
+        seed_micro_batch(3, iteration, 0);
         write_dropout_salt(&device);
         replay();
         let replayed = read(loss.clone(), grads.clone());
@@ -155,7 +155,7 @@ impl Training {
     /// in place): its loss, on the device.
     fn step(&mut self, iteration: u64, batch: &[Tensor<2, Int>; 2], mask: &Tensor<2>) -> Tensor<1> {
         use ferrotron::optim::{GradientAccumulator, Optimizer};
-        seed_micro_batch(3, iteration, 0, 0);
+        seed_micro_batch(3, iteration, 0);
         let loss = self
             .working
             .lm_loss(batch[0].clone(), batch[1].clone(), mask.clone());
@@ -226,7 +226,7 @@ fn captured_training_steps_replay_the_eager_steps() {
     drop(captured.step(2, &batch, &mask));
     // What the recorded step would write itself, written before it.
     let prepare = |training: &Training, iteration: u64| {
-        seed_micro_batch(3, iteration, 0, 0);
+        seed_micro_batch(3, iteration, 0);
         write_dropout_salt(&device);
         training
             .adam

@@ -1,6 +1,7 @@
 //! Tensor parallelism against the unsplit model: every parallel layer and the vocab-parallel
-//! cross-entropy (values and gradients) for N = 1, 2, 4, whole training runs at N = 1, 2, 4,
-//! Megatron's dropout rule, and checkpoints resharded across sizes.
+//! cross-entropy (values and gradients) for N = 1, 2, 4, whole training runs at N = 1, 2, 4
+//! with every dropout on, the replicated parameters identical on every rank, and checkpoints
+//! resharded across sizes.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -347,10 +348,11 @@ fn tiny(cache: &Path, tp: usize, train_iters: u64) -> PretrainConfig {
         eval_iters: 0,
         tensor_model_parallel_size: tp,
         // 50304 = 128 · 393 is divisible by 1, 2 and 4: the same padded vocabulary at every N.
+        // Every dropout on: each N draws the masks of N = 1.
         ..PretrainConfig::new(
             GptConfig::new(2, 32, 4, 16, 50304)
-                .with_hidden_dropout(0.0)
-                .with_attention_dropout(0.0),
+                .with_hidden_dropout(0.1)
+                .with_attention_dropout(0.1),
             DataSources::single(golden("wikitext2_valid", "text")),
         )
     }
@@ -376,7 +378,8 @@ fn training_at_tp_1_2_4_follows_the_same_loss_curve() {
     for (n, run) in SIZES.iter().zip(&runs).skip(1) {
         let worst = worst_relative(run, &runs[0]);
         println!("TP={n}: worst relative loss difference to TP=1 over 40 iterations: {worst:.3e}");
-        assert!(worst < 1e-3, "TP={n} differs from TP=1 by {worst}");
+        // Only the order of float sums differs.
+        assert!(worst < 1e-5, "TP={n} differs from TP=1 by {worst}");
     }
 }
 
@@ -417,7 +420,7 @@ fn checkpoints_are_per_rank_and_reshard_to_other_sizes() {
         let worst = worst_relative(&resumed, &full[3..]);
         println!("TP=2 checkpoint resumed at TP={n}: worst relative difference {worst:.3e}");
         assert!(
-            worst < 1e-3,
+            worst < 1e-5,
             "resumed at TP={n}: {resumed:?} vs {:?}",
             &full[3..]
         );

@@ -7,8 +7,9 @@ use std::process::ExitCode;
 use anyhow::{bail, Result};
 use clap::Parser;
 
-use ferrotron::checkpoint::convert::{convert_checkpoint, CheckpointFormat, ConvertTarget};
-use ferrotron::checkpoint::megatron_torch::{is_megatron_checkpoint, megatron_vocab_rows};
+use ferrotron::checkpoint::convert::{convert_checkpoint, ConvertTarget};
+use ferrotron::checkpoint::Checkpoint;
+use ferrotron::checkpoint::CheckpointFormat;
 use ferrotron::model::GptConfig;
 use ferrotron::training::architecture_args::ArchitectureArgs;
 
@@ -82,9 +83,9 @@ struct Args {
 /// The model the flags say a Megatron source holds (its padded vocabulary from the files),
 /// or `None` without model flags (the source's saved arguments say it).
 fn megatron_config(args: &Args) -> Result<Option<GptConfig>> {
-    if !is_megatron_checkpoint(&args.load) {
+    let Some(source) = Checkpoint::find(&args.load).filter(|c| c.format().is_megatron()) else {
         return Ok(None);
-    }
+    };
     let shape = (args.num_layers, args.hidden_size, args.num_attention_heads);
     let (Some(layers), Some(hidden), Some(heads)) = shape else {
         if shape != (None, None, None) {
@@ -105,7 +106,7 @@ fn megatron_config(args: &Args) -> Result<Option<GptConfig>> {
         hidden,
         heads,
         positions,
-        megatron_vocab_rows(&args.load)?,
+        source.megatron_vocab_rows()?,
     )
     .with_ffn_hidden_size(args.ffn_hidden_size)
     .with_layernorm_epsilon(args.norm_epsilon);

@@ -137,13 +137,14 @@ pub fn adam_step_in_place<F: Float, N: Size>(
 
 /// The most sources one [`copy_at_offsets`] launch takes (fewer where the device binds fewer
 /// buffers to a kernel): GPT-2 345M's 292 gradients in 10 launches, where four per launch
-/// (wgpu's default limit of eight storage buffers) took 73, each ≈ 26 µs of host time on an
-/// H200. A launch's sources are bound as a comptime sequence, so each count is a kernel of
-/// its own: the launcher pads a partial launch to a power of two (a handful of variants).
-/// The price is on CPU devices: lavapipe runs every piece's branch, masked, in every cube, so
-/// a cube of a 29-piece launch takes ≈ 6 µs where one of a 4-piece launch took 1.6 (the
-/// flat copies of a 24-layer GPT at hidden 64: ≈ 26 ms per iteration against 12.5); on a GPU
-/// the branch is uniform in a cube and the untaken ones cost a comparison each.
+/// (wgpu's default limit of eight storage buffers) took 73, and on a GPU each launch costs
+/// the host more than the copy takes the device. A launch's sources are bound as a comptime
+/// sequence, so each count is a kernel of its own: the launcher pads a partial launch to a
+/// power of two (a handful of variants). The price is on CPU devices: lavapipe runs every
+/// piece's branch, masked, in every cube, so a cube of a many-piece launch takes several
+/// times one of a 4-piece launch, and the flat copies slow down (measured:
+/// benchmarks/results/2026-11-26-lavapipe-launch-counts.md); on a GPU the branch is uniform
+/// in a cube and the untaken ones cost a comparison each.
 pub const COPY_SOURCES: usize = 32;
 
 /// `destination[offset + i] = source[i] · scale` (multiplied in f32, stored as `O`) for this

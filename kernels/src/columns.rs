@@ -4,16 +4,16 @@
 //! through GELU's slope, or merged from the attention core's heads) and store it: the op
 //! before the bias and the bias's sums are then one launch (see [`GradientTransform`]).
 //!
-//! Why one launch with a strip of columns per cube: on an H200 (GPT-2 345M, bf16,
-//! `benchmarks/results/2026-11-27-h200-device-order.md`) the bias gradients went through
-//! burn's `sum_dim` at ≈ 43 µs each (96 a step, 4.1 ms) and LayerNorm's two stages at ≈ 34
-//! and 27 µs, where the bytes of a `[4096, 1024]` bf16 gradient take ≈ 2 µs. Both designs
-//! left most of the GPU idle: `sum_dim` along the rows gives a column to one unit, which
-//! walks all 4,096 rows; the second LayerNorm stage did the same over the partial rows with
-//! four cubes. Here a cube owns `vectors` column vectors and has `row_lanes` units for each
-//! (along y), each summing every `row_lanes`-th row four rows at a time (four loads in flight);
-//! the lanes' sums are then added in a tree through shared memory. The order of every addition
-//! is fixed by the launch shape, so the sums do not change from run to run.
+//! Why one launch with a strip of columns per cube: on a GPU the bias gradients through burn's
+//! `sum_dim` (96 a GPT-2 345M step) and LayerNorm's two dγ/dβ stages each took many times what
+//! the bytes of the gradient need (measured: benchmarks/results/2026-11-27-h200-device-order.md
+//! and benchmarks/results/2026-11-30-h200-gpu-history.md). Both designs left most of the GPU
+//! idle: `sum_dim` along the rows gives a column to one unit, which walks all 4,096 rows; the
+//! second LayerNorm stage did the same over the partial rows with four cubes. Here a cube owns
+//! `vectors` column vectors and has `row_lanes` units for each (along y), each summing every
+//! `row_lanes`-th row four rows at a time (four loads in flight); the lanes' sums are then
+//! added in a tree through shared memory. The order of every addition is fixed by the launch
+//! shape, so the sums do not change from run to run.
 
 use cubecl::prelude::*;
 

@@ -3,7 +3,8 @@
 //!
 //! burn's `select` backward (`select_assign`) gives each column one unit that walks all the
 //! positions: 1,024 units for a 345M model, each with a 4,096-step loop of dependent
-//! read-add-writes in the storage type (1.1 ms a step on an H200; in bf16, a frequent
+//! read-add-writes in the storage type (far too few units to fill a GPU, each waiting on its
+//! own serial chain: benchmarks/results/2026-11-30-h200-gpu-history.md; in bf16, a frequent
 //! token's row rounded thousands of times). PyTorch's embedding backward sorts the token ids
 //! instead and sums each token's rows in f32. Here a cube per position does it without a
 //! sort: its units first look for the same token at an earlier position (then another cube

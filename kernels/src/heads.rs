@@ -11,8 +11,9 @@
 //!
 //! After the core, its output `[batch, heads, seq, head_dim]` goes back to rows `[batch, seq,
 //! heads · head_dim]` for the output projection, and the projection's gradient the other way:
-//! [`swap_heads_and_positions`], one launch each way where burn's generic strided copy ran
-//! (25 µs a launch for a 345M layer's 8 MiB on an H200, 48 launches a step).
+//! [`swap_heads_and_positions`], one launch each way where burn's generic strided copy ran,
+//! a launch per layer each way that took many times what its bytes need (measured:
+//! benchmarks/results/2026-11-30-h200-gpu-history.md).
 //!
 //! Pure data movement (plus that sum, in `A`); one unit per vector of `N` elements of a head
 //! row (`N` divides `head_dim`, and the kernels' `head_dim` and `len` count vectors).

@@ -6,11 +6,11 @@
 //! fewer barriers it pays; and a cube of several rows still gives a GPU enough units per
 //! cube. A row gets one plane (32 lanes on NVIDIA: a warp per row, as Megatron's softmax
 //! kernel). On lavapipe (CPU Vulkan, planes of 8), where barriers are expensive, the causal
-//! softmax forward of 16 × 1024 × 1024 took 252 ms with 256 lanes per row, 104 ms with 32
-//! and 78 ms with 8. Where a row's lanes are exactly one plane and the device runs plane
-//! operations, the row is reduced by one of them instead of the tree
-//! ([`RowLaunch::plane_reduce`]): no shared memory and no barrier (the same forward then took
-//! 60–100 ms).
+//! softmax forward ran faster the fewer lanes a row had, fastest at 8 (measured:
+//! benchmarks/results/2026-11-27-lavapipe-fused-kernels.md). Where a row's lanes are exactly
+//! one plane and the device runs plane operations, the row is reduced by one of them instead
+//! of the tree ([`RowLaunch::plane_reduce`]): no shared memory and no barrier, which made the
+//! same forward faster again (same file).
 
 use cubecl::prelude::*;
 

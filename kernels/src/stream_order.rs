@@ -2,7 +2,8 @@
 //!
 //! Why: a product computed by cuBLAS on its own CUDA stream has to start after the CubeCL
 //! kernels that wrote its operands, and CubeCL's next kernels after it; CubeCL does not lend
-//! its stream, and two host waits per product cost ≈ 50 µs each. With a pair of counters in
+//! its stream, and two host waits per product leave the GPU idle while the host catches up
+//! (measured: benchmarks/results/2026-11-26-h200-cublas.md). With a pair of counters in
 //! device memory: [`signal`] (on CubeCL's stream) adds one to `flags[0]` once everything
 //! before it has run, which the other stream waits for (`cuStreamWaitValue32`, "at least");
 //! the other stream writes that count to `flags[1]` when its work is done

@@ -12,9 +12,11 @@ use std::path::Path;
 
 use anyhow::{bail, ensure, Context, Result};
 
+use super::format::CheckpointFormat;
 use super::megatron_args::MegatronArgs;
-use super::megatron_torch::{is_megatron_checkpoint, read_megatron_torch, ParameterValues};
+use super::megatron_tensors::ParameterValues;
 use super::megatron_torch_save::{save_megatron_torch, LayerSpec, MegatronRun};
+use super::open::Checkpoint;
 use super::{
     read_full_model, save_checkpoint, OptimizerState, ShardPlace, TrainState, TRACKER_FILE,
 };
@@ -23,19 +25,10 @@ use crate::model::named_parameters::load_named_parameters;
 use crate::model::{padded_vocab_size, GptConfig};
 use crate::util::host_tensor::HostTensor;
 
-/// The checkpoint format to write.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CheckpointFormat {
-    /// ferrotron's safetensors layout.
-    Ferrotron,
-    /// Megatron-LM's `--ckpt-format torch`.
-    MegatronTorch,
-}
-
 /// What to write.
 #[derive(Clone, Debug)]
 pub struct ConvertTarget {
-    /// The format.
+    /// The format (ferrotron's or `torch`: writing `torch_dist` is refused).
     pub format: CheckpointFormat,
     /// Tensor-parallel ranks to write (`None`: the source's).
     pub tensor_parallel: Option<usize>,
@@ -138,6 +131,10 @@ pub fn convert_checkpoint(
                 target.spec,
             )?;
         }
+        CheckpointFormat::MegatronTorchDist => bail!(
+            "writing Megatron's torch_dist format is not implemented: convert to torch and \
+             let Megatron's --ckpt-convert-format torch_dist rewrite it"
+        ),
         CheckpointFormat::Ferrotron => {
             ensure!(
                 tensor_parallel == 1,
@@ -182,7 +179,7 @@ fn target_layout(source: &Source, target: &ConvertTarget) -> Result<(usize, usiz
         "the tensor-parallel size must be at least 1"
     );
     let pipeline_parallel = match target.format {
-        CheckpointFormat::MegatronTorch => {
+        CheckpointFormat::MegatronTorch | CheckpointFormat::MegatronTorchDist => {
             target.pipeline_parallel.unwrap_or(source.pipeline_parallel)
         }
         CheckpointFormat::Ferrotron => {
@@ -217,8 +214,9 @@ fn read_source(
     megatron_config: Option<&GptConfig>,
     target: &ConvertTarget,
 ) -> Result<Source> {
-    if is_megatron_checkpoint(src) {
-        let (checkpoint, config) = read_megatron_torch(src, megatron_config, false)?;
+    let source = Checkpoint::open(src)?;
+    if source.format().is_megatron() {
+        let (checkpoint, config) = source.read_megatron(megatron_config, false)?;
         check_shapes(&checkpoint.values, &config).with_context(|| {
             format!(
                 "{}: the model its arguments describe does not fit its tensors",
@@ -226,7 +224,7 @@ fn read_source(
             )
         })?;
         return Ok(Source {
-            format: CheckpointFormat::MegatronTorch,
+            format: source.format(),
             tensor_parallel: checkpoint.tensor_parallel,
             pipeline_parallel: checkpoint.pipeline_parallel,
             state: checkpoint.train_state(target.global_batch_size.unwrap_or(0))?,
@@ -240,13 +238,8 @@ fn read_source(
         "{} is already a ferrotron checkpoint (which loads at any layout)",
         src.display()
     );
-    let full = read_full_model(src)?.with_context(|| {
-        format!(
-            "no checkpoint in {} (neither {TRACKER_FILE} naming a ferrotron iteration nor a \
-             Megatron mp_rank_00/model_optim_rng.pt)",
-            src.display()
-        )
-    })?;
+    let full =
+        read_full_model(src)?.with_context(|| format!("no checkpoint in {}", src.display()))?;
     let values = full
         .tensors
         .into_iter()

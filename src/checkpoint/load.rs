@@ -1,5 +1,6 @@
-//! Reading a checkpoint at any layout: the shards joined along each parameter's partition
-//! dimension and re-split for the loading run, each layer taken from the stage that saved it.
+//! Reading ferrotron's checkpoints at any layout: the shards joined along each parameter's
+//! partition dimension and re-split for the loading run, each layer taken from the stage
+//! that saved it. Megatron's formats have readers of their own; [`super::open`] picks.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -7,37 +8,19 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use burn::tensor::Device;
 
-use super::megatron_torch::{is_megatron_checkpoint, load_megatron_torch, megatron_args};
 use super::tensor_file::{HostTensor, TensorFile};
 use super::{
-    checkpoint_dir, latest_iteration, OptimizerState, PartitionDims, ShardPlace, TrainState,
-    CHECKPOINT_FILE, TRACKER_FILE,
+    check_same_model, checkpoint_dir, latest_iteration, LoadedCheckpoint, OptimizerState,
+    PartitionDims, ShardPlace, TrainState, CHECKPOINT_FILE, TRACKER_FILE,
 };
 use crate::comm::Group;
 use crate::model::named_parameters::load_named_parameters;
 use crate::model::{Gpt, GptConfig, StageLayers};
-use crate::optim::{GradScalerState, NamedMoments};
+use crate::optim::NamedMoments;
 use crate::parallel::sharding::{parameter_holdings, shard_of};
 
 /// First and second moments of one parameter as found in a file (either may be missing).
 type SavedMoments = (Option<Vec<f32>>, Option<Vec<f32>>);
-
-/// What a checkpoint holds besides the weights.
-#[derive(Clone, Debug, PartialEq)]
-pub struct LoadedCheckpoint {
-    /// The training state.
-    pub state: TrainState,
-    /// Optimizer steps taken.
-    pub optimizer_steps: u64,
-    /// The loss scaler's state, if the run had one.
-    pub grad_scaler: Option<GradScalerState>,
-    /// The model shape it was saved with.
-    pub config: GptConfig,
-    /// The tensor-parallel size it was saved with.
-    pub tensor_model_parallel_size: usize,
-    /// The pipeline-parallel size it was saved with.
-    pub pipeline_model_parallel_size: usize,
-}
 
 /// The parameter a checkpoint key belongs to (`model.X`, `optimizer.exp_avg.X`,
 /// `optimizer.exp_avg_sq.X` → `X`).
@@ -85,15 +68,10 @@ fn open_checkpoint(root: &Path) -> Result<Option<SavedCheckpoint>> {
     }))
 }
 
-/// The model of the latest checkpoint under `root` (ferrotron's saved config, or the one
-/// Megatron's saved arguments describe) and the sequence length it was trained at where the
-/// checkpoint records one: what `--use-checkpoint-args` takes. `None` without a checkpoint.
-pub fn saved_model(root: &Path) -> Result<Option<(GptConfig, Option<usize>)>> {
-    if is_megatron_checkpoint(root) {
-        let args = megatron_args(root)?;
-        return Ok(Some((args.model_config()?, args.count("seq_length")?)));
-    }
-    Ok(open_checkpoint(root)?.map(|saved| (saved.info.config, None)))
+/// The model ferrotron's latest checkpoint under `root` was saved with. `None` without a
+/// checkpoint.
+pub(super) fn saved_config(root: &Path) -> Result<Option<GptConfig>> {
+    Ok(open_checkpoint(root)?.map(|saved| saved.info.config))
 }
 
 /// The shard files of checkpoint `iteration` under `root`, `[pipeline stage][tensor-parallel
@@ -335,19 +313,14 @@ pub fn load_checkpoint(
     load_parts(root, config, device, group, stage, true)
 }
 
-/// This rank's shard of the whole model of the latest checkpoint under `root` (ferrotron's,
-/// or Megatron's `torch` format with the model its saved arguments describe), for inference
-/// (any saved layout, resharded to `group`), without reading the optimizer's moments (twice the
-/// model's size); an error when there is none.
-pub fn load_model_shard(
+/// This rank's shard of the whole model of ferrotron's latest checkpoint under `root`, for
+/// inference (any saved layout, resharded to `group`), without reading the optimizer's
+/// moments (twice the model's size); an error when there is none.
+pub(super) fn load_model_shard(
     root: &Path,
     device: &Device,
     group: &Group,
 ) -> Result<(Gpt, LoadedCheckpoint)> {
-    if is_megatron_checkpoint(root) {
-        let (model, info, _) = load_megatron_torch(root, None, device, group, None, 0, false)?;
-        return Ok((model, info));
-    }
     load_parts(root, None, device, group, None, false)?
         .map(|(model, info, _)| (model, info))
         .with_context(|| format!("no checkpoint in {} (no {TRACKER_FILE})", root.display()))
@@ -431,53 +404,4 @@ fn load_parts(
             .collect(),
     };
     Ok(Some((model, saved.info, optimizer)))
-}
-
-/// Refuses, in one line, to load a checkpoint of one model into another. What must match is
-/// the shape (layers, hidden size, heads, positions, FFN width) and the architecture (norm,
-/// positions, activation, biases, query groups, head width, epsilon); the padded vocabulary may differ (rows are cut or
-/// zero-padded), and dropout, init std and the fusion switches are settings of the run.
-pub(crate) fn check_same_model(root: &Path, saved: &GptConfig, wanted: &GptConfig) -> Result<()> {
-    let shape = |c: &GptConfig| {
-        format!(
-            "{} layers, hidden size {}, {} heads, {} positions, FFN width {}",
-            c.num_layers,
-            c.hidden_size,
-            c.num_attention_heads,
-            c.max_position_embeddings,
-            c.ffn_size()
-        )
-    };
-    if shape(saved) != shape(wanted) {
-        bail!(
-            "--load {}: the checkpoint is a model of {}, this run asks for {}",
-            root.display(),
-            shape(saved),
-            shape(wanted)
-        );
-    }
-    let math = |c: &GptConfig| {
-        format!(
-            "{}, {} query groups of width {}, norm epsilon {}",
-            c.architecture(),
-            c.query_groups(),
-            c.head_dim(),
-            c.layernorm_epsilon
-        )
-    };
-    if math(saved) != math(wanted) {
-        bail!(
-            "--load {}: the checkpoint's model is {}; this run asks for {}",
-            root.display(),
-            math(saved),
-            math(wanted)
-        );
-    }
-    Ok(())
-}
-
-/// The whole model of the latest checkpoint under `root` (shards joined), for inference on
-/// `device` (no optimizer); an error when there is none.
-pub fn load_model(root: &Path, device: &Device) -> Result<(Gpt, LoadedCheckpoint)> {
-    load_model_shard(root, device, &Group::single())
 }

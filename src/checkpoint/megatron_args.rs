@@ -13,7 +13,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
-use super::load::check_same_model;
+use super::check_same_model;
 use super::pickle::{read_torch_save_pickle, Unpickled};
 use crate::model::{GptConfig, Normalization, PositionEmbedding, RopeScaling};
 

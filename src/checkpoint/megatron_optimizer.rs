@@ -18,7 +18,7 @@ use std::path::Path;
 use anyhow::{bail, ensure, Context, Result};
 
 use super::megatron_legacy_names::core_key;
-use super::megatron_torch::{host_tensors, join_stage, ParameterValues};
+use super::megatron_tensors::{host_tensors, join_stage, ParameterValues};
 use super::pickle::Unpickled;
 use crate::model::GptConfig;
 use crate::util::host_tensor::HostTensor;

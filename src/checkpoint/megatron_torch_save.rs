@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, ensure, Context, Result};
 
 use super::megatron_optimizer_save::{optimizer_value, MegatronAdamSettings, RankAdam};
-use super::megatron_torch::{megatron_split, ParameterValues, Split};
+use super::megatron_tensors::{megatron_split, ParameterValues, Split};
 use super::torch_save::{write_torch_file, PyValue, TensorStorages};
 use super::{begin_iteration, checkpoint_dir, publish_iteration, staging_dir, ShardPlace};
 use crate::comm::Group;

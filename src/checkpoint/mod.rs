@@ -12,30 +12,34 @@
 //! leaves the previous checkpoint usable.
 
 pub mod convert;
+pub mod format;
 mod load;
 pub mod megatron_args;
+pub mod megatron_checkpoint;
 pub mod megatron_legacy_names;
 pub mod megatron_optimizer;
 pub mod megatron_optimizer_save;
+pub mod megatron_tensors;
 pub mod megatron_torch;
 pub mod megatron_torch_save;
+pub mod open;
 pub mod pickle;
 mod save;
 pub mod tensor_file;
 pub mod torch_dist;
 pub mod torch_save;
 
-pub use load::{
-    load_checkpoint, load_model, load_model_shard, read_full_checkpoint, read_full_model,
-    saved_model, FullCheckpoint, LoadedCheckpoint,
-};
+pub use format::CheckpointFormat;
+pub use load::{load_checkpoint, read_full_checkpoint, read_full_model, FullCheckpoint};
+pub use open::{load_model, load_model_shard, saved_model, Checkpoint};
 pub use save::save_checkpoint;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 
+use crate::model::GptConfig;
 use crate::optim::{GradScalerState, NamedMoments};
 
 /// Megatron's tracker file.
@@ -168,3 +172,63 @@ pub struct OptimizerState {
 
 /// Each parameter's partition dimension by name (`None`: whole on every rank).
 type PartitionDims = HashMap<String, Option<usize>>;
+
+/// What a checkpoint holds besides the weights.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoadedCheckpoint {
+    /// The training state.
+    pub state: TrainState,
+    /// Optimizer steps taken.
+    pub optimizer_steps: u64,
+    /// The loss scaler's state, if the run had one.
+    pub grad_scaler: Option<GradScalerState>,
+    /// The model shape it was saved with.
+    pub config: GptConfig,
+    /// The tensor-parallel size it was saved with.
+    pub tensor_model_parallel_size: usize,
+    /// The pipeline-parallel size it was saved with.
+    pub pipeline_model_parallel_size: usize,
+}
+
+/// Refuses, in one line, to load a checkpoint of one model into another. What must match is
+/// the shape (layers, hidden size, heads, positions, FFN width) and the architecture (norm,
+/// positions, activation, biases, query groups, head width, epsilon); the padded vocabulary may differ (rows are cut or
+/// zero-padded), and dropout, init std and the fusion switches are settings of the run.
+pub fn check_same_model(root: &Path, saved: &GptConfig, wanted: &GptConfig) -> Result<()> {
+    let shape = |c: &GptConfig| {
+        format!(
+            "{} layers, hidden size {}, {} heads, {} positions, FFN width {}",
+            c.num_layers,
+            c.hidden_size,
+            c.num_attention_heads,
+            c.max_position_embeddings,
+            c.ffn_size()
+        )
+    };
+    if shape(saved) != shape(wanted) {
+        bail!(
+            "--load {}: the checkpoint is a model of {}, this run asks for {}",
+            root.display(),
+            shape(saved),
+            shape(wanted)
+        );
+    }
+    let math = |c: &GptConfig| {
+        format!(
+            "{}, {} query groups of width {}, norm epsilon {}",
+            c.architecture(),
+            c.query_groups(),
+            c.head_dim(),
+            c.layernorm_epsilon
+        )
+    };
+    if math(saved) != math(wanted) {
+        bail!(
+            "--load {}: the checkpoint's model is {}; this run asks for {}",
+            root.display(),
+            math(saved),
+            math(wanted)
+        );
+    }
+    Ok(())
+}

@@ -19,22 +19,14 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, ensure, Context, Result};
 
+use super::format::iteration_dir;
 use super::megatron_args::MegatronArgs;
+use super::megatron_checkpoint::MegatronCheckpoint;
 use super::megatron_optimizer::MegatronAdam;
-use super::megatron_torch::{
-    ferrotron_tensors, iteration_dir, MegatronCheckpoint, ParameterValues,
-};
+use super::megatron_tensors::{ferrotron_tensors, ParameterValues};
 use super::pickle::{parse_pickle, Unpickled};
 use crate::model::GptConfig;
 use crate::util::host_tensor::HostTensor;
-
-/// Whether the latest iteration under `root` is a `torch_dist` checkpoint.
-pub fn is_torch_dist(root: &Path) -> bool {
-    iteration_dir(root).is_ok_and(|(dir, _)| {
-        std::fs::read_to_string(dir.join("metadata.json"))
-            .is_ok_and(|text| text.contains("\"torch_dist\"") && dir.join(".metadata").is_file())
-    })
-}
 
 /// The arguments Megatron saved with the `torch_dist` checkpoint in `root` (`common.pt`).
 pub fn torch_dist_args(root: &Path) -> Result<MegatronArgs> {

@@ -6,8 +6,9 @@
 //! activations are what burn's autodiff keeps for the backward pass of ferrotron's composed
 //! layers (per layer: matmul and GELU inputs, LayerNorm inputs, dropout masks; the attention
 //! scores; the logits' softmax), with coefficients checked against the peak RSS measured by
-//! `benchmarks/training_memory.rs` (fp32, bf16 and fp16, with and without recomputation:
-//! within 10 %, on the high side for half precision). The process's own ~50 MB come on top.
+//! `benchmarks/training_memory.rs` (fp32, bf16 and fp16, with and without recomputation; on
+//! the high side for half precision: docs/benchmarks.md, "Training memory"). The process's own
+//! memory (binary, runtime) comes on top, uncounted.
 
 use crate::model::{GptConfig, Recompute};
 use crate::optim::Precision;

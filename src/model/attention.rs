@@ -31,7 +31,8 @@ pub struct CausalSelfAttention {
     pub q_layernorm: Option<Norm>,
     /// Per-head norm of the keys (`--qk-layernorm`).
     pub k_layernorm: Option<Norm>,
-    /// Dropout on the attention probabilities (a model-parallel region: per-rank masks).
+    /// Dropout on the attention probabilities: a mask drawn over every head, of which this
+    /// rank applies its heads' part (so every tensor-parallel size drops alike).
     pub attention_dropout: Dropout,
     /// Query heads on this rank.
     pub local_heads: usize,
@@ -101,7 +102,8 @@ impl CausalSelfAttention {
             .with_sequence_parallel(config.sequence_parallel),
             q_layernorm: qk_norm("q_layernorm"),
             k_layernorm: qk_norm("k_layernorm"),
-            attention_dropout: Dropout::new(config.attention_dropout, RngRegion::ModelParallel),
+            attention_dropout: Dropout::new(config.attention_dropout, RngRegion::AttentionHeads)
+                .with_chunk_of(group),
             local_heads: config.num_attention_heads / group.size(),
             local_groups: config.query_groups() / group.size(),
             head_dim: d,
@@ -115,7 +117,8 @@ impl CausalSelfAttention {
     /// Whether the attention core of inputs on `device` is computed from the projection's
     /// rows, in one op that splits and rotates them: on a CubeCL device, when nothing comes
     /// between the projection and the core but a fused rotary embedding (no query/key norms)
-    /// and a fused core is on.
+    /// and a fused core is on, whose kernels can drop this rank's probabilities
+    /// ([`Self::fused_core_drops_alike`]).
     pub fn core_from_rows(&self, device: &Device) -> bool {
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         let on_cube = crate::util::device::is_cube(device);
@@ -128,6 +131,15 @@ impl CausalSelfAttention {
             && self.q_layernorm.is_none()
             && self.rotary.as_ref().is_none_or(RotaryEmbedding::is_fused)
             && (self.flash_attention || self.masked_softmax_fusion)
+            && self.fused_core_drops_alike()
+    }
+
+    /// Whether the fused attention kernels draw this rank's dropout mask: they index the
+    /// probabilities' draw as the whole tensor, so not when the heads are split over
+    /// tensor-parallel ranks with attention dropout on (each rank's heads then take their
+    /// part of the mask over every head, which the composed core's separate dropout applies).
+    fn fused_core_drops_alike(&self) -> bool {
+        self.attention_dropout.prob == 0.0 || self.attention_dropout.chunk_of.is_none()
     }
 
     /// What the attention core of `x` is computed from: the projection's rows where
@@ -262,7 +274,10 @@ impl CausalSelfAttention {
         let scale = 1.0 / (self.head_dim as f64).sqrt();
         let (k, v) = (self.per_head(k), self.per_head(v));
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
-        if self.flash_attention && crate::util::device::is_cube(&q.device()) {
+        if self.flash_attention
+            && self.fused_core_drops_alike()
+            && crate::util::device::is_cube(&q.device())
+        {
             let draw = self.attention_dropout.draw(q.is_autodiff());
             return super::fused::causal_attention(q, k, v, scale, draw);
         }

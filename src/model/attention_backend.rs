@@ -7,7 +7,7 @@
 //! is flash or fused. What a user gets from those two, besides speed, is that the `[batch,
 //! heads, seq, seq]` probabilities are never kept for the backward pass; that is most of the
 //! difference in peak memory between a composed core and a fused one (GPT-2 345M at micro-batch
-//! 4: 3 GiB of bf16 probabilities).
+//! 4: 24 layers of `[4, 16, 1024, 1024]` bf16 probabilities).
 //!
 //! ferrotron's cores, and which flag value gets which:
 //! - `flash`: the fused FlashAttention-2 kernels (what `--use-flash-attn` turns on), on CubeCL
@@ -20,9 +20,10 @@
 //!   op from the projection's rows (where that costs one product and one softmax kernel per
 //!   layer more, inside the op), and `unfused` where it is not (query/key norms, an unfused
 //!   rotary embedding: there selective recomputation would run the core again from outside, in
-//!   three graphs per layer). Measured on an H200, GPT-2 345M bf16: 68.9 against 68.5 ms per
-//!   step, 12.5 against 16.5 GiB (PyTorch with SDPA 13.1; docs/gpu.md). Elsewhere `unfused`:
-//!   memory is plentiful and the recomputation is not free (the CPU backend, lavapipe).
+//!   three graphs per layer). Why on CUDA: on a GPU the recomputation costs almost no time and
+//!   saves the probabilities' memory, bringing the peak to PyTorch's with SDPA (docs/gpu.md,
+//!   "The attention backend"; benchmarks/results/2026-11-27-h200-device-order.md). Elsewhere `unfused`: memory is
+//!   plentiful and the recomputation is not free (the CPU backend, lavapipe).
 
 use std::str::FromStr;
 

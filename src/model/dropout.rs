@@ -1,8 +1,9 @@
 //! Dropout whose masks come from ferrotron's seeded streams ([`crate::parallel::random`]),
 //! not from the device's generator: reproducible across backends, resumes and
 //! tensor-parallel ranks. On CubeCL devices (CUDA, wgpu) the mask is derived in the kernel
-//! from the draw's key and the element index, with the bits the host draws on the CPU (under
-//! sequence parallelism, each rank's chunk of the whole sequence's mask).
+//! from the draw's key and the element index, with the bits the host draws on the CPU. A
+//! tensor split over ranks along dimension 1 (the sequence under sequence parallelism, the
+//! heads of the attention probabilities) takes its chunk of the whole tensor's mask.
 
 use burn::module::Module;
 use burn::tensor::{Device, Tensor, TensorData};
@@ -16,14 +17,15 @@ use crate::parallel::random::{dropout_mask_of, next_dropout_key, RngRegion};
 pub struct Dropout {
     /// Drop probability.
     pub prob: f64,
-    /// The stream it draws from (replicated or model-parallel region).
+    /// The stream it draws from.
     #[module(skip)]
     pub region: RngRegion,
-    /// Under sequence parallelism: the group whose ranks each hold one chunk of the sequence
-    /// (dimension 1). The mask is drawn for the whole sequence and each rank keeps its chunk's,
-    /// so the run drops what the one-process run drops.
+    /// The group whose ranks each hold one equal chunk along dimension 1 of the tensor the
+    /// mask is for (the sequence under sequence parallelism; the attention probabilities'
+    /// heads under tensor parallelism). The mask is drawn for the whole tensor and each rank
+    /// keeps its chunk's, so the run drops what the one-process run drops.
     #[module(skip)]
-    pub sequence_chunk_of: Option<Group>,
+    pub chunk_of: Option<Group>,
 }
 
 impl Dropout {
@@ -32,14 +34,26 @@ impl Dropout {
         Self {
             prob,
             region,
-            sequence_chunk_of: None,
+            chunk_of: None,
         }
     }
 
-    /// The same dropout for this rank's sequence chunk of `group` (`--sequence-parallel`).
-    pub fn with_sequence_chunk_of(mut self, group: &Group) -> Self {
-        self.sequence_chunk_of = (group.size() > 1).then(|| group.clone());
+    /// The same dropout for a tensor of which this rank holds its chunk of `group` along
+    /// dimension 1.
+    pub fn with_chunk_of(mut self, group: &Group) -> Self {
+        self.chunk_of = (group.size() > 1).then(|| group.clone());
         self
+    }
+
+    /// Which part of the draw a tensor of shape `dims` holds: its chunk along dimension 1
+    /// ([`Self::with_chunk_of`]), or all of it. For ops that drop inside a fused kernel.
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    pub fn slice_of(&self, dims: &[usize]) -> ferrotron_kernels::launch::DrawSlice {
+        use ferrotron_kernels::launch::DrawSlice;
+        match &self.chunk_of {
+            Some(group) => DrawSlice::chunk(dims[1..].iter().product(), group.size(), group.rank()),
+            None => DrawSlice::whole(dims.iter().product()),
+        }
     }
 
     /// The key and probability of the draw that applying this dropout to a tensor now would
@@ -56,22 +70,16 @@ impl Dropout {
             return x;
         }
         let key = next_dropout_key(self.region);
-        if let Some(group) = &self.sequence_chunk_of {
-            #[cfg(any(feature = "wgpu", feature = "cuda"))]
-            if crate::util::device::is_cube(&x.device()) {
-                // This rank's chunk of the whole sequence's mask, derived on the device.
-                let own = x.dims()[1..].iter().product();
-                let slice =
-                    ferrotron_kernels::launch::DrawSlice::chunk(own, group.size(), group.rank());
-                return super::fused::dropout_slice(x, key, self.prob, slice);
-            }
-            let mask = self.chunk_mask(key, x.dims(), group, &x.device());
-            return x.clone() * mask.cast(x.dtype());
-        }
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         if crate::util::device::is_cube(&x.device()) {
-            // Generated on the device from the key, never stored; the backward re-derives it.
-            return super::fused::dropout(x, key, self.prob);
+            // Generated on the device from the key (this rank's chunk of it), never stored;
+            // the backward re-derives it.
+            let slice = self.slice_of(&x.dims());
+            return super::fused::dropout_slice(x, key, self.prob, slice);
+        }
+        if let Some(group) = &self.chunk_of {
+            let mask = self.chunk_mask(key, x.dims(), group, &x.device());
+            return x.clone() * mask.cast(x.dtype());
         }
         let shape = x.dims();
         let n = shape.iter().product();
@@ -95,12 +103,7 @@ impl Dropout {
     ) -> Tensor<3> {
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         if fused && crate::util::device::is_cube(&y.device()) {
-            use ferrotron_kernels::launch::DrawSlice;
-            let dims = y.dims();
-            let slice = match &self.sequence_chunk_of {
-                Some(group) => DrawSlice::chunk(dims[1] * dims[2], group.size(), group.rank()),
-                None => DrawSlice::whole(dims.iter().product()),
-            };
+            let slice = self.slice_of(&y.dims());
             let draw = self.draw(y.is_autodiff());
             return super::fused::bias_dropout_add(residual, y, bias, draw, slice);
         }
@@ -113,7 +116,7 @@ impl Dropout {
     }
 
     /// This rank's chunk (along dimension 1) of the mask of draw `key` over the whole
-    /// sequence, for a chunk of shape `chunk`.
+    /// tensor, for a chunk of shape `chunk`.
     fn chunk_mask<const D: usize>(
         &self,
         key: u64,

@@ -73,7 +73,7 @@ impl TransformerBlock {
             post_attention_layernorm: norm("post_attention_layernorm"),
             mlp: Mlp::new(config, seed, &format!("{name}.mlp"), group, device),
             hidden_dropout: Dropout::new(config.hidden_dropout, RngRegion::Replicated)
-                .with_sequence_chunk_of(&sequence_group),
+                .with_chunk_of(&sequence_group),
             bias_dropout_fusion: config.bias_dropout_fusion,
             layer_number: index,
         }

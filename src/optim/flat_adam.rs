@@ -3,8 +3,8 @@
 //! live in one buffer, every parameter of the model is a view into the first, and a step
 //! gathers the gradients into one more.
 //!
-//! Why: on a GPU a small model's step is bound by the host's cost per launch (24 layers at
-//! hidden 64 took 72.5 ms per iteration on an H200, 36.9 ms with this;
+//! Why: on a GPU a small model's step is bound by the host's cost per launch (measured with
+//! 24 layers at hidden 64, with and without this:
 //! `benchmarks/results/2026-11-26-h200-flat-adam.md`), and per parameter the previous step
 //! launched about seven kernels (norm square and sum, clip multiply, Adam, the half-precision
 //! cast): 2,000 of a 345M GPT's 4,300 launches. Here a step is one copy per four parameters
@@ -91,8 +91,8 @@ pub struct FlatAdamW {
     /// Whether the module a step is given views the main-weight buffer already: after the
     /// first step, whose module it returned does (each step is given the module the step
     /// before returned, as [`super::MixedPrecisionOptimizer`] does). Why: building a view of
-    /// the buffer for each of a 24-layer GPT's 292 parameters took ≈ 1.2 ms of host time
-    /// per step on a 2-core machine, for the same views.
+    /// the buffer for each of a 24-layer GPT's 292 parameters cost host time every step, for
+    /// the same views (measured: benchmarks/results/2026-11-29-lavapipe-host-thread-work.md).
     module_views_params: bool,
 }
 

@@ -181,7 +181,13 @@ impl CrossEntropyKernels for burn_cubecl::CubeBackend {
         if group.size() > 1 {
             return composed_forward::<Self>(logits, target_index, target_inside, group, false);
         }
-        super::cross_entropy_kernels::forward(logits, target_index, target_inside)
+        let [loss, logits, log_sum_exp] =
+            super::cross_entropy_kernels::forward(logits, target_index, target_inside);
+        let residual = Residual::LogSumExp {
+            logits,
+            log_sum_exp,
+        };
+        (loss, residual)
     }
 
     fn cross_entropy_backward(

@@ -10,7 +10,6 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
 use ferrotron_kernels::launch::RowLaunch;
 
-use super::cross_entropy::Residual;
 use crate::util::cube_tensor::{by_dtype, empty_like, packed, packed_f32, rows_cols};
 
 /// The targets as the kernels read them: i32, contiguous.
@@ -18,13 +17,13 @@ fn targets(index: IntTensor<CubeBackend>) -> CubeTensor {
     packed(CubeBackend::int_cast(index, IntDType::I32))
 }
 
-/// The loss `[tokens, 1]` (f32) of `logits` `[tokens, V]`, and the residual the backward
-/// needs: the (contiguous) logits and their log-sum-exp.
+/// The loss `[tokens, 1]` (f32) of `logits` `[tokens, V]`, and what the backward needs: the
+/// (contiguous) logits and their log-sum-exp.
 pub fn forward(
     logits: CubeTensor,
     target_index: IntTensor<CubeBackend>,
     target_inside: FloatTensor<CubeBackend>,
-) -> (CubeTensor, Residual<CubeBackend>) {
+) -> [CubeTensor; 3] {
     let logits = packed(logits);
     let (rows, cols) = rows_cols(&logits.shape());
     let (targets, inside) = (targets(target_index), packed_f32(target_inside));
@@ -43,11 +42,7 @@ pub fn forward(
         rows,
         cols
     );
-    let residual = Residual::LogSumExp {
-        logits,
-        log_sum_exp,
-    };
-    (loss, residual)
+    [loss, logits, log_sum_exp]
 }
 
 /// The gradient of `logits` `[tokens, V]` from the forward's log-sum-exp and `grad_loss`

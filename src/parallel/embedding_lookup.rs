@@ -1,10 +1,11 @@
 //! The embedding lookup `weight[tokens]` with its own backward: on a GPU the gradient is
 //! `ferrotron-kernels`' `embedding_gradient` (each token's rows summed in f32, in position
 //! order, by one cube) instead of burn's `select_assign` (one unit per column walking every
-//! position, adding in the storage type: 1.1 ms a step for a 345M model on an H200, and in
-//! bf16 a frequent token's row rounded at every addition). On the CPU backend, and on
-//! CubeCL's CPU devices (where the kernel's barriers make it slower than burn's loop), it is
-//! what burn's autodiff does for `select`; in f32 the kernel gives the same bits.
+//! position, adding in the storage type: too few units to fill a GPU, each on a serial chain
+//! (measured: benchmarks/results/2026-11-30-h200-gpu-history.md), and in bf16 a frequent
+//! token's row rounded at every addition). On the CPU backend, and on CubeCL's CPU devices
+//! (where the kernel's barriers make it slower than burn's loop), it is what burn's autodiff
+//! does for `select`; in f32 the kernel gives the same bits.
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;

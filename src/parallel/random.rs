@@ -1,7 +1,12 @@
-//! Dropout randomness with Megatron's tensor-parallel rule (its `CudaRNGStatesTracker`):
-//! dropout in replicated regions (embeddings, residual stream) draws the same mask on every
-//! rank, dropout in parallel regions (attention probabilities of the rank's own heads) draws
-//! from a stream offset by the rank, as Megatron's `seed + 2718 + tp_rank`.
+//! Dropout randomness that every parallel layout draws alike: dropout in the residual stream
+//! (embeddings, after each layer) draws from one stream, dropout of the attention
+//! probabilities from a second, and every tensor-parallel rank draws the same keys. A
+//! tensor-parallel rank applies its part of a mask drawn for the whole tensor: its heads'
+//! part of the attention probabilities' (each element's bits keyed by its global head), its
+//! chunk of the sequence under sequence parallelism (the model's `Dropout`).
+//! Megatron's `CudaRNGStatesTracker` instead seeds the attention's stream per rank
+//! (`seed + 2718 + tp_rank`), so its TP=2 run drops other probabilities than its TP=1 run;
+//! here every layout trains the single process's model, attention dropout on.
 //!
 //! Each dropout call takes the next key of its stream (seeded per layer, the draws counted
 //! within it) XOR the micro-batch's salt (from the iteration and the micro-batch's place in
@@ -18,15 +23,17 @@ use std::cell::RefCell;
 /// Which stream a dropout draws from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum RngRegion {
-    /// The same on every rank of the tensor-parallel group.
+    /// The residual stream's dropouts.
     #[default]
     Replicated,
-    /// Different on every rank.
-    ModelParallel,
+    /// The attention probabilities' dropout (a mask over every head).
+    AttentionHeads,
 }
 
-/// Megatron's offset of the model-parallel seed.
-const MODEL_PARALLEL_OFFSET: u64 = 2718;
+/// The offset of the attention stream's seed: Megatron's model-parallel offset, at its
+/// tensor-parallel rank 0 (so a TP=1 run draws Megatron's way and the masks it drew before
+/// the streams stopped depending on the rank).
+const ATTENTION_OFFSET: u64 = 2718;
 
 #[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
 struct Tracker {
@@ -52,19 +59,19 @@ fn splitmix64(mut z: u64) -> u64 {
 }
 
 /// Seeds this thread's streams for micro-batch `micro_batch` (its index in the global
-/// batch) of one training iteration, on tensor-parallel rank `tp_rank`.
+/// batch) of one training iteration (the same on every rank of the layout).
 ///
 /// Keying the masks by the micro-batch's place in the global batch, not by how many this
 /// rank has run, gives a data-parallel run the masks the single-process run draws for the
 /// same samples, so the two train the same model.
-pub fn seed_micro_batch(seed: u64, iteration: u64, micro_batch: u64, tp_rank: usize) {
+pub fn seed_micro_batch(seed: u64, iteration: u64, micro_batch: u64) {
     let step = splitmix64(iteration) ^ splitmix64(micro_batch.wrapping_add(0x5EED));
     let base = splitmix64(seed);
-    let parallel = splitmix64(seed.wrapping_add(MODEL_PARALLEL_OFFSET + tp_rank as u64));
+    let attention = splitmix64(seed.wrapping_add(ATTENTION_OFFSET));
     TRACKER.with(|t| {
         *t.borrow_mut() = Tracker {
-            base: [base, parallel],
-            seeds: [base, parallel],
+            base: [base, attention],
+            seeds: [base, attention],
             draws: [0, 0],
             salt: splitmix64(seed ^ step),
             micro_batch,
@@ -200,25 +207,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn masks_keep_the_expected_fraction_and_follow_the_region_rule() {
-        seed_micro_batch(1234, 7, 0, 0);
+    fn masks_keep_the_expected_fraction_and_each_stream_its_own_keys() {
+        seed_micro_batch(1234, 7, 0);
         let a = dropout_mask(100_000, 0.1, RngRegion::Replicated);
-        let a_mp = dropout_mask(1000, 0.1, RngRegion::ModelParallel);
+        let a_heads = dropout_mask(1000, 0.1, RngRegion::AttentionHeads);
         let kept = a.iter().filter(|&&v| v > 0.0).count() as f64 / a.len() as f64;
         assert!((kept - 0.9).abs() < 0.005, "kept {kept}");
         assert!(a.iter().all(|&v| v == 0.0 || (v - 1.0 / 0.9).abs() < 1e-6));
-        // Rank 1, same iteration: same replicated mask, different model-parallel mask.
-        seed_micro_batch(1234, 7, 0, 1);
+        assert_ne!(a[..1000], a_heads[..]);
+        // The same micro-batch again reproduces both streams' masks; another iteration does
+        // not.
+        seed_micro_batch(1234, 7, 0);
         assert_eq!(dropout_mask(100_000, 0.1, RngRegion::Replicated), a);
-        assert_ne!(dropout_mask(1000, 0.1, RngRegion::ModelParallel), a_mp);
-        // Rank 0 again reproduces its masks; another iteration does not.
-        seed_micro_batch(1234, 7, 0, 0);
-        assert_eq!(dropout_mask(100_000, 0.1, RngRegion::Replicated), a);
-        assert_eq!(dropout_mask(1000, 0.1, RngRegion::ModelParallel), a_mp);
-        seed_micro_batch(1234, 8, 0, 0);
+        assert_eq!(dropout_mask(1000, 0.1, RngRegion::AttentionHeads), a_heads);
+        seed_micro_batch(1234, 8, 0);
         assert_ne!(dropout_mask(100_000, 0.1, RngRegion::Replicated), a);
         // Another micro-batch of the same iteration draws other masks too.
-        seed_micro_batch(1234, 7, 1, 0);
+        seed_micro_batch(1234, 7, 1);
         assert_ne!(dropout_mask(100_000, 0.1, RngRegion::Replicated), a);
     }
 
@@ -227,10 +232,10 @@ mod tests {
     #[test]
     fn keys_differ_across_micro_batches_by_their_salt_alone() {
         let unsalted = |iteration, micro_batch| {
-            seed_micro_batch(5, iteration, micro_batch, 1);
+            seed_micro_batch(5, iteration, micro_batch);
             enter_layer(3);
             next_dropout_key(RngRegion::Replicated);
-            let second = next_dropout_key(RngRegion::ModelParallel);
+            let second = next_dropout_key(RngRegion::AttentionHeads);
             (second ^ dropout_salt().value, dropout_salt().value)
         };
         let (a, salt_a) = unsalted(7, 0);
@@ -241,22 +246,25 @@ mod tests {
 
     #[test]
     fn a_layer_draws_the_same_masks_whatever_ran_before_it() {
-        seed_micro_batch(99, 3, 2, 0);
+        seed_micro_batch(99, 3, 2);
         dropout_mask(1000, 0.1, RngRegion::Replicated);
         enter_layer(0);
         let layer0 = dropout_mask(1000, 0.1, RngRegion::Replicated);
-        dropout_mask(1000, 0.1, RngRegion::ModelParallel);
+        dropout_mask(1000, 0.1, RngRegion::AttentionHeads);
         enter_layer(5);
         let layer5 = dropout_mask(1000, 0.1, RngRegion::Replicated);
-        let layer5_mp = dropout_mask(1000, 0.1, RngRegion::ModelParallel);
+        let layer5_mp = dropout_mask(1000, 0.1, RngRegion::AttentionHeads);
         assert_ne!(layer0, layer5);
         // Another stage: the same micro-batch, straight to layer 5.
-        seed_micro_batch(99, 3, 2, 0);
+        seed_micro_batch(99, 3, 2);
         enter_layer(5);
         assert_eq!(dropout_mask(1000, 0.1, RngRegion::Replicated), layer5);
-        assert_eq!(dropout_mask(1000, 0.1, RngRegion::ModelParallel), layer5_mp);
+        assert_eq!(
+            dropout_mask(1000, 0.1, RngRegion::AttentionHeads),
+            layer5_mp
+        );
         // Another micro-batch's layer 5 differs.
-        seed_micro_batch(99, 3, 3, 0);
+        seed_micro_batch(99, 3, 3);
         enter_layer(5);
         assert_ne!(dropout_mask(1000, 0.1, RngRegion::Replicated), layer5);
     }

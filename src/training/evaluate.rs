@@ -64,7 +64,6 @@ pub fn evaluate(
         global_index: &global_index,
         seed: 0,
         iteration: 0,
-        tp_rank: place.parallel.tensor.rank(),
         device: &inner,
         resident: None,
     };

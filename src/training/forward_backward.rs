@@ -18,9 +18,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use burn::module::ParamId;
-use burn::tensor::{DType, Device, Gradients, Tensor, TensorData};
+use burn::tensor::{DType, Device, Gradients, Int, Tensor, TensorData};
 
-use super::step_graph::ResidentBatch;
 use crate::comm::Group;
 use crate::data::loader::MicroBatch;
 use crate::model::recompute::{
@@ -33,6 +32,35 @@ use crate::pipeline::{
     interleaved_one_forward_one_backward, one_forward_one_backward, run_schedule, PipelineP2p,
     ScheduleTiming, StageWork, Step,
 };
+
+/// One micro-batch's inputs kept on the device, read instead of uploading the batch: a
+/// captured step ([`super::step_graph`]) writes each step's batch into them, so its replay
+/// reads the batch of the step it replays.
+#[derive(Clone)]
+pub struct ResidentBatch {
+    /// Input ids `[batch, seq]`.
+    pub tokens: Tensor<2, Int>,
+    /// Target ids.
+    pub labels: Tensor<2, Int>,
+    /// Loss mask.
+    pub loss_mask: Tensor<2>,
+}
+
+impl ResidentBatch {
+    /// `batch` uploaded to `device`.
+    pub fn upload(batch: &MicroBatch, device: &Device) -> Self {
+        let shape = [batch.batch_size, batch.seq_length];
+        let ids = |ids: &[u32]| {
+            let ids: Vec<i64> = ids.iter().map(|&x| x as i64).collect();
+            Tensor::from_data(TensorData::new(ids, shape), device)
+        };
+        Self {
+            tokens: ids(&batch.tokens),
+            labels: ids(&batch.labels),
+            loss_mask: Tensor::from_data(TensorData::new(batch.loss_mask.clone(), shape), device),
+        }
+    }
+}
 
 /// The schedule of one training step on this pipeline rank: Megatron's 1F1B (with one stage:
 /// each micro-batch's forward then its backward), or the interleaved 1F1B with more than one
@@ -86,8 +114,6 @@ pub struct StepInputs<'a> {
     pub seed: u64,
     /// The iteration (0 in evaluation).
     pub iteration: u64,
-    /// Tensor-parallel rank.
-    pub tp_rank: usize,
     /// The device.
     pub device: &'a Device,
     /// Each micro-batch's inputs kept on the device, read instead of uploading the batch's
@@ -373,7 +399,6 @@ impl StageWork for GptStage<'_> {
             inputs.seed,
             inputs.iteration,
             (inputs.global_index)(microbatch),
-            inputs.tp_rank,
         );
         let layers = inputs.stage.chunks[chunk].clone();
         let chunk_input = self.chunk_input(microbatch, input);

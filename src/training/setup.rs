@@ -11,9 +11,8 @@ use burn::tensor::{DType, Device};
 use super::config::{BatchPlan, PretrainConfig};
 use super::finalize_grads::ParamRoles;
 use super::forward_backward::activation_expect;
-use crate::checkpoint::megatron_torch::{is_megatron_checkpoint, load_megatron_torch, AdamResume};
-use crate::checkpoint::torch_dist::is_torch_dist;
-use crate::checkpoint::{load_checkpoint, OptimizerState, TrainState};
+use crate::checkpoint::open::{Checkpoint, RankRequest, ResumedRank};
+use crate::checkpoint::{OptimizerState, TrainState};
 use crate::data::{self, DatasetBuildConfig, SampleDataset};
 use crate::logging::memory_estimate::{self, MemoryPlan};
 use crate::model::{Gpt, Recompute, StageLayers};
@@ -146,58 +145,23 @@ fn load_checkpoint_or_init(
     say: &dyn Fn(String),
 ) -> Result<(Gpt, TrainState, Option<OptimizerState>)> {
     let tensor = &parallel.tensor;
-    if let Some(dir) = cfg.load.as_ref().filter(|d| is_megatron_checkpoint(d)) {
-        let (model, checkpoint, adam) = load_megatron_torch(
-            dir,
-            Some(&cfg.model),
-            device,
-            tensor,
-            Some(stage),
-            cfg.global_batch_size as u64,
-            !cfg.no_load_optim && !cfg.finetune,
-        )?;
-        let state = checkpoint.state;
-        let (optimizer, adam_note) = match adam {
-            AdamResume::Loaded(optimizer) => {
-                let note = format!("with Adam's state after {} steps", optimizer.steps);
-                (Some(optimizer), note)
-            }
-            AdamResume::Fresh(why) => (
-                None,
-                format!("model weights only, Adam's state starts fresh (as Megatron's --no-load-optim): {why}"),
-            ),
-        };
-        let format = if is_torch_dist(dir) {
-            "torch_dist"
-        } else {
-            "torch"
-        };
-        say(format!(
-            " > loaded Megatron-LM checkpoint (--ckpt-format {format}) from {} at iteration {} ({} samples consumed): {adam_note}",
-            dir.display(),
-            state.iteration,
-            state.consumed_train_samples
-        ));
-        return Ok((model, state, optimizer));
-    }
     if let Some(dir) = &cfg.load {
-        if let Some((model, checkpoint, optimizer)) =
-            load_checkpoint(dir, Some(&cfg.model), device, tensor, Some(stage))?
-        {
-            say(format!(
-                " > loaded checkpoint from {} at iteration {} (saved with tensor model parallel size {}, pipeline model parallel size {})",
-                dir.display(),
-                checkpoint.state.iteration,
-                checkpoint.tensor_model_parallel_size,
-                checkpoint.pipeline_model_parallel_size
-            ));
-            if checkpoint.config.padded_vocab_size != cfg.model.padded_vocab_size {
-                say(format!(
-                    " > padded vocabulary {} in the checkpoint, {} here: padding rows cut or zero-filled",
-                    checkpoint.config.padded_vocab_size, cfg.model.padded_vocab_size
-                ));
-            }
-            return Ok((model, checkpoint.state, Some(optimizer)));
+        if let Some(checkpoint) = Checkpoint::find(dir) {
+            let resumed = checkpoint.resume_rank(RankRequest {
+                config: &cfg.model,
+                device,
+                group: tensor,
+                stage,
+                global_batch_size: cfg.global_batch_size as u64,
+                with_optimizer: !cfg.no_load_optim && !cfg.finetune,
+            })?;
+            say(loaded_line(&checkpoint, &resumed, cfg));
+            let ResumedRank {
+                model,
+                info,
+                optimizer,
+            } = resumed;
+            return Ok((model, info.state, optimizer.ok()));
         }
         say(format!(
             " > no checkpoint in {}, starting from scratch",
@@ -209,6 +173,39 @@ fn load_checkpoint_or_init(
         .init_stage(cfg.seed, tensor, stage, device)
         .map_err(anyhow::Error::msg)?;
     Ok((model, TrainState::default(), None))
+}
+
+/// The log line saying what a rank resumed from `checkpoint`.
+fn loaded_line(checkpoint: &Checkpoint, resumed: &ResumedRank, cfg: &PretrainConfig) -> String {
+    let (dir, info) = (checkpoint.root().display(), &resumed.info);
+    let format = checkpoint.format();
+    if format.is_megatron() {
+        let adam = match &resumed.optimizer {
+            Ok(optimizer) => format!("with Adam's state after {} steps", optimizer.steps),
+            Err(why) => format!(
+                "model weights only, Adam's state starts fresh (as Megatron's --no-load-optim): {why}"
+            ),
+        };
+        return format!(
+            " > loaded Megatron-LM checkpoint (--ckpt-format {}) from {dir} at iteration {} ({} samples consumed): {adam}",
+            format.name(),
+            info.state.iteration,
+            info.state.consumed_train_samples
+        );
+    }
+    let mut line = format!(
+        " > loaded checkpoint from {dir} at iteration {} (saved with tensor model parallel size {}, pipeline model parallel size {})",
+        info.state.iteration,
+        info.tensor_model_parallel_size,
+        info.pipeline_model_parallel_size
+    );
+    if info.config.padded_vocab_size != cfg.model.padded_vocab_size {
+        line += &format!(
+            "\n > padded vocabulary {} in the checkpoint, {} here: padding rows cut or zero-filled",
+            info.config.padded_vocab_size, cfg.model.padded_vocab_size
+        );
+    }
+    line
 }
 
 /// The run's loss scaler, as Megatron's `get_megatron_optimizer` picks it (constant with

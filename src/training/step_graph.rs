@@ -1,7 +1,8 @@
 //! Training steps captured as one graph and replayed (Megatron's `--cuda-graph-impl local
 //! --cuda-graph-scope full_iteration`): on a GPU the eager step is bound by the host's cost
-//! per kernel launch (≈ 26 µs on an H200, about 1,200 launches per GPT-2 345M step), and a
-//! replayed step costs the host one graph launch and a few small writes.
+//! per kernel launch (about 1,200 launches per GPT-2 345M step, costing the host more than the
+//! GPU's work; measured: benchmarks/results/2026-11-26-h200-gpu-profile.md), and a replayed
+//! step costs the host one graph launch and a few small writes.
 //!
 //! A step is captured with CubeCL's graph capture after warm-up steps, and every later step
 //! replays it. A replay runs none of the step's host code, so everything that changes from
@@ -17,27 +18,16 @@
 //! replay (`crate::util::cublas`); elsewhere the run says why and steps eagerly.
 
 use anyhow::{bail, Result};
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::Device;
 
 use super::batch_size_schedule::BatchSizeSchedule;
 use super::config::{BatchPlan, PretrainConfig};
+use super::forward_backward::ResidentBatch;
 use super::setup::RankSetup;
 use super::train_step::{report_step, run_step, StepOutputs, StepReport};
 use crate::data::loader::MicroBatch;
 use crate::optim::LearningRates;
 use crate::parallel::state::ParallelState;
-
-/// One micro-batch's inputs kept on the device: each step's batch is written into them, so a
-/// captured step reads the batch of the step it replays.
-#[derive(Clone)]
-pub struct ResidentBatch {
-    /// Input ids `[batch, seq]`.
-    pub tokens: Tensor<2, Int>,
-    /// Target ids.
-    pub labels: Tensor<2, Int>,
-    /// Loss mask.
-    pub loss_mask: Tensor<2>,
-}
 
 /// Captures and replays the training step (see the module's doc).
 pub struct StepGraph {
@@ -178,7 +168,10 @@ impl StepGraph {
     /// step): one set per micro-batch, of one shape throughout.
     fn write_batches(&mut self, batches: &[MicroBatch], device: &Device) -> Result<()> {
         if self.resident.is_empty() {
-            self.resident = batches.iter().map(|b| resident(b, device)).collect();
+            self.resident = batches
+                .iter()
+                .map(|b| ResidentBatch::upload(b, device))
+                .collect();
             return Ok(());
         }
         if batches.len() != self.resident.len() {
@@ -204,20 +197,6 @@ impl StepGraph {
     }
 }
 
-/// `batch` uploaded as resident inputs.
-fn resident(batch: &MicroBatch, device: &Device) -> ResidentBatch {
-    let shape = [batch.batch_size, batch.seq_length];
-    let ids = |ids: &[u32]| {
-        let ids: Vec<i64> = ids.iter().map(|&x| x as i64).collect();
-        Tensor::from_data(TensorData::new(ids, shape), device)
-    };
-    ResidentBatch {
-        tokens: ids(&batch.tokens),
-        labels: ids(&batch.labels),
-        loss_mask: Tensor::from_data(TensorData::new(batch.loss_mask.clone(), shape), device),
-    }
-}
-
 /// Writes what the step would write itself before it runs: each micro-batch's dropout salt
 /// (tensor-parallel rank 0: the step runs on one rank) and the optimizer's per-step values.
 fn prepare_replay(
@@ -229,7 +208,7 @@ fn prepare_replay(
 ) {
     for k in 0..plan.micro_batches_per_rank() {
         let micro_batch = plan.global_micro_batch(k);
-        crate::parallel::random::seed_micro_batch(cfg.seed, iteration, micro_batch, 0);
+        crate::parallel::random::seed_micro_batch(cfg.seed, iteration, micro_batch);
         write_dropout_salt(device);
     }
     setup.optimizer.write_next_step_values(lr);

@@ -6,10 +6,11 @@ use burn::tensor::{Device, Tensor};
 
 use super::config::{BatchPlan, PretrainConfig};
 use super::finalize_grads::{finalize_model_grads, DataParallelReduce};
-use super::forward_backward::{forward_backward, training_schedule, OverlapGradReduce, StepInputs};
+use super::forward_backward::{
+    forward_backward, training_schedule, OverlapGradReduce, ResidentBatch, StepInputs,
+};
 use super::param_stats::count_zero_grads;
 use super::setup::RankSetup;
-use super::step_graph::ResidentBatch;
 use crate::comm::ReduceOp;
 use crate::data::loader::MicroBatch;
 use crate::optim::mixed_precision_optimizer::read_step_values;
@@ -111,7 +112,6 @@ pub fn run_step(
         global_index: &global_index,
         seed: cfg.seed,
         iteration,
-        tp_rank: parallel.tensor.rank(),
         device,
         resident,
     };

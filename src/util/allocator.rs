@@ -3,10 +3,10 @@
 //! burn frees and allocates the same large tensors every step (the logits alone are
 //! `tokens × vocab × 4` bytes, 412 MB for the benchmark's batch). glibc's malloc returns such
 //! blocks to the kernel on every free, so each step page-faults them back in and the kernel
-//! zeroes every page: that was half of a training run. mimalloc keeps them, but by default
-//! still *purges* (decommits) memory that stayed free for a second, and a training step
-//! (seconds on a CPU) outlasts that; perf then still showed 12 % of the step in the kernel's
-//! `clear_page`. [`retain_freed_memory`]
+//! zeroes every page: that was a large share of a training run. mimalloc keeps them, but by
+//! default still *purges* (decommits) memory that stayed free for a second, and a training
+//! step on a CPU outlasts that; perf then still showed the kernel's `clear_page` in the step
+//! (docs/benchmarks.md, "Training throughput vs PyTorch"). [`retain_freed_memory`]
 //! turns purging off, so steady-state steps reuse resident memory, as PyTorch's caching
 //! allocator does on GPUs. The cost: the process keeps its peak footprint until it exits.
 

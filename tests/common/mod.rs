@@ -103,9 +103,8 @@ pub fn worst_relative(a: &[(u64, f64)], b: &[(u64, f64)]) -> f64 {
 
 /// The run the multi-rank tests compare parallel layouts on: a tiny GPT of `layers` layers
 /// (hidden 32, 4 heads, 16 positions, vocabulary 50304, which divides by 2 and 4 so every
-/// TP size pads alike), hidden dropout 0.1, attention dropout 0 (its masks come from a
-/// per-tensor-parallel-rank stream, as in Megatron, so TP=2 would draw other masks than
-/// TP=1), global batch 8 of 1-sample micro-batches, a cosine schedule over `decay_iters`,
+/// TP size pads alike), hidden and attention dropout 0.1 (every layout draws the same
+/// masks), global batch 8 of 1-sample micro-batches, a cosine schedule over `decay_iters`,
 /// validation every 15 iterations, small DDP buckets (several all-reduces per step), on
 /// wikitext-2 with its index cache in `cache`. Layouts are set with struct update syntax.
 pub fn layout_comparison_run(
@@ -138,7 +137,7 @@ pub fn layout_comparison_run(
         ..PretrainConfig::new(
             GptConfig::new(layers, 32, 4, 16, 50304)
                 .with_hidden_dropout(0.1)
-                .with_attention_dropout(0.0),
+                .with_attention_dropout(0.1),
             DataSources::single(golden("wikitext2_valid", "text")),
         )
     }

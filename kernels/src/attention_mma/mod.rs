@@ -1,12 +1,12 @@
 //! Fused causal attention with its products on matrix units (tensor cores): CubeCL's `cmma`,
 //! one plane (warp) per `tile` rows of a block.
 //!
-//! Why: the tiled kernels ([`crate::attention`]) multiply on the GPU's ordinary
-//! floating-point units; on an H200 that made `--use-flash-attn` slower than the composed
-//! attention on cuBLAS. Here every product — `q kᵀ` and `p̃ v` forward; `q kᵀ`, `do vᵀ` and
-//! `ds k` for `dq`; `k qᵀ`, `v doᵀ`, `p̃ᵀ do` and `dsᵀ q` for `dk`, `dv` — is a run of
-//! `tile × tile × tile` matrix multiply-accumulates of the storage type (f16/bf16) into f32,
-//! as FlashAttention-2 does them.
+//! Why: the tiled kernels ([`crate::attention`]) multiply on the GPU's ordinary floating-point
+//! units, which on a GPU made `--use-flash-attn` slower than the composed attention on cuBLAS's
+//! tensor cores (measured: benchmarks/results/2026-11-27-h200-device-order.md). Here every
+//! product — `q kᵀ` and `p̃ v` forward; `q kᵀ`, `do vᵀ` and `ds k` for `dq`; `k qᵀ`, `v doᵀ`,
+//! `p̃ᵀ do` and `dsᵀ q` for `dk`, `dv` — is a run of `tile × tile × tile` matrix
+//! multiply-accumulates of the storage type (f16/bf16) into f32, as FlashAttention-2 does them.
 //!
 //! The math, the kernels' split and their outputs are the tiled kernels' (the same `output`,
 //! f32 `logsumexp` and `delta`, the same dropout bits; one kernel per query block for `dq`,

@@ -92,7 +92,8 @@ pub struct AttentionLaunch {
     pub block: u32,
     /// Whether the tiled kernels' loops over a head row are unrolled, which keeps a unit's
     /// rows in registers on a GPU. Not on CPU runtimes: there it multiplies the shader
-    /// compile time (≈ 21 s for a 128-wide head on lavapipe) for no measured gain.
+    /// compile time, worst for wide heads, for no measured gain
+    /// (benchmarks/results/2026-11-27-lavapipe-cubecl-cpu-kernel-runtimes.md).
     pub unroll: bool,
     /// The plane width of the plane layout (`block` a multiple of it), or `None` for tiles.
     pub plane: Option<u32>,
@@ -119,16 +120,18 @@ impl AttentionLaunch {
         let hardware = &client.properties().hardware;
         let mut launch = Self::fitting(hardware.max_shared_memory_size, head_dim);
         launch.unroll = hardware.plane_size_max >= 32;
-        // cubecl-cpu (no planes) runs a cube's units in lockstep at its barriers: 256 units
-        // took it 14 s for one position, 4 units 0.4 s.
+        // cubecl-cpu (no planes) runs a cube's units in lockstep at its barriers, so a large
+        // cube is many times slower than a small one (measured:
+        // benchmarks/results/2026-11-27-lavapipe-cubecl-cpu-kernel-runtimes.md).
         if hardware.plane_size_max <= 1 {
             launch.block = Self::BLOCKS[3];
         }
         let vector_unit = crate::rows::vector_unit_plane(client);
         let env = |name: &str| std::env::var(name).ok();
         let number = |name: &str| env(name).and_then(|v| v.parse::<u32>().ok());
-        // The plane kernels are unrolled over the head row: lavapipe compiles them in ≈ 22 s
-        // for heads of 64 (once per process) and ≈ 70 s for 128, so wider heads keep tiles.
+        // The plane kernels are unrolled over the head row, so lavapipe's compile time (once
+        // per process) grows with the head: wider heads than 64 keep tiles (measured:
+        // benchmarks/results/2026-11-27-lavapipe-cubecl-cpu-kernel-runtimes.md).
         let planes = match env("FERROTRON_ATTENTION_LAYOUT").as_deref() {
             Some("tiles") => None,
             Some("planes") => Some(hardware.plane_size_min.max(1)),

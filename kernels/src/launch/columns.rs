@@ -26,9 +26,9 @@ impl ColumnLaunch {
     /// 256 units, each summing 16 rows, and a warp's load is 32 rows of 16 bytes (a guess
     /// until measured on a GPU). A CPU device (lavapipe, cubecl-cpu), whose barriers are slow
     /// and which has only a few cores to fill: eight column vectors per cube (lavapipe's SIMD
-    /// width), each unit walking all the rows, no barrier at all. On lavapipe a
-    /// `[4096, 1024]` f32 sum took 1.9 ms so, 3.7 with 64 vectors per cube, 4.9 with a tree of
-    /// eight row lanes and 15 with the GPU's shape.
+    /// width), each unit walking all the rows, no barrier at all. On lavapipe this shape beat
+    /// wider cubes, a tree of row lanes and the GPU's shape on a `[4096, 1024]` f32 sum
+    /// (measured: benchmarks/results/2026-11-27-lavapipe-cubecl-cpu-kernel-runtimes.md).
     pub fn for_client(client: &Client) -> Self {
         let properties = client.properties();
         let hardware = &properties.hardware;

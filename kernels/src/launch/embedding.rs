@@ -18,9 +18,11 @@ pub struct EmbeddingLaunch {
 impl EmbeddingLaunch {
     /// The shape for `client`'s device, or none where burn's own gradient (one unit per
     /// column walking every position) is the faster: a CPU device (no physical device, or
-    /// planes of one unit), whose barriers are slow. On lavapipe the kernel took 219 ms for
-    /// 4,096 positions of a `[30000, 1024]` f32 table with 256 units per cube (387 with 128,
-    /// 4,613 with 8). On a GPU: [`Self::gpu`].
+    /// planes of one unit), whose barriers are slow: on lavapipe the kernel lost to burn's
+    /// loop at every cube size tried, the more the smaller the cube (measured:
+    /// benchmarks/results/2026-11-30-h200-gpu-history.md and
+    /// benchmarks/results/2026-11-27-lavapipe-cubecl-cpu-kernel-runtimes.md).
+    /// On a GPU: [`Self::gpu`].
     pub fn for_client(client: &Client) -> Option<Self> {
         let properties = client.properties();
         if properties.identity.physical.is_none() || properties.hardware.plane_size_max <= 1 {

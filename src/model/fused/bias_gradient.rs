@@ -1,10 +1,11 @@
 //! The gradient of a bias added to every row: the rows' gradient summed per column, one
 //! launch of the column-sum kernel ([`ferrotron_kernels::columns`]).
 //!
-//! Why not burn's `sum_dim` over the rows: on an H200 it took ≈ 43 µs per bias of GPT-2
-//! 345M (96 a step, 4.1 ms of a step's GPU time) for bytes that take ≈ 2–7 µs, giving each
-//! column to one unit that walks every row; the column-sum kernel spreads the rows of a
-//! column over a cube's units and adds their sums in a fixed order.
+//! Why not burn's `sum_dim` over the rows: on a GPU it took many times what the bytes need for
+//! each of GPT-2 345M's 96 biases a step (measured:
+//! benchmarks/results/2026-11-30-h200-gpu-history.md), giving each column to one unit that
+//! walks every row; the column-sum kernel spreads the rows of a column over a cube's units and
+//! adds their sums in a fixed order.
 
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, TensorMetadata};

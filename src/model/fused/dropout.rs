@@ -364,15 +364,9 @@ impl<B: DropoutKernels + DropoutOps, C: CheckpointStrategy> DropoutOps for Autod
     }
 }
 
-/// Dropout of `x` with probability `p`, the mask derived on the device from the draw's `key`
-/// (the same mask as [`crate::parallel::random::dropout_mask_of`] on the host).
-pub fn dropout<const D: usize>(x: Tensor<D>, key: u64, p: f64) -> Tensor<D> {
-    let len = x.shape().num_elements();
-    dropout_slice(x, key, p, DrawSlice::whole(len))
-}
-
-/// [`dropout`] of `x` holding `slice` of the draw (a sequence-parallel rank's chunk: the mask
-/// of the whole sequence's draw, cut as [`DrawSlice::chunk`] says).
+/// Dropout of `x` with probability `p`, `x` holding `slice` of the draw keyed `key` (all of
+/// it, or a rank's chunk as [`DrawSlice::chunk`] cuts it), the mask derived on the device:
+/// the host's mask ([`crate::parallel::random::dropout_mask_of`]) for the same elements.
 pub fn dropout_slice<const D: usize>(
     x: Tensor<D>,
     key: u64,

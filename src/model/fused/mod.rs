@@ -24,7 +24,7 @@ pub use activations::{bias_gelu, gelu, swiglu};
 pub use attention_core::CoreKernels;
 pub use attention_from_rows::{attention_from_qkv, RowRotation};
 pub use bias_gradient::BiasGradKernels;
-pub use dropout::{bias_dropout_add, dropout, dropout_slice};
+pub use dropout::{bias_dropout_add, dropout_slice};
 pub use flash_attention::causal_attention;
 pub use norms::{layer_norm, rms_norm};
 pub use rotary::rotary;

@@ -1,8 +1,9 @@
 //! Matrix products of CUDA tensors through NVIDIA's cuBLAS (CUDA builds only).
 //!
-//! Why: on an H200, CubeCL's autotuned matmuls reach 80–175 TFLOP/s on GPT-2 345M's shapes
-//! where cuBLAS reaches 460–860 (benchmarks/results/2026-11-26-h200-gpu-profile.md), and
-//! matmuls were half of a training step's GPU time. cuBLAS is opened at run time (as NCCL
+//! Why: on GPT-2 345M's shapes CubeCL's autotuned matmuls reach a fraction of cuBLAS's
+//! throughput on the same GPU (benchmarks/results/2026-11-26-h200-gpu-profile.md), and
+//! matmuls were the largest part of a training step's GPU time
+//! (benchmarks/results/2026-11-26-h200-flat-adam.md). cuBLAS is opened at run time (as NCCL
 //! is): a machine without it falls back to CubeCL's kernels with one warning.
 //!
 //! Here: which products go to cuBLAS and how each is laid out for it (a view cuBLAS can
@@ -37,7 +38,7 @@ enum Choice {
     /// `cubecl`: none.
     Never,
     /// The default: f16 and bf16 products (in f32, cuBLAS without TF32 was slower than
-    /// CubeCL's kernels on an H200).
+    /// CubeCL's kernels: docs/gpu.md, "Matrix products on cuBLAS").
     HalfPrecision,
     /// `cublas`: every f32, f16 and bf16 product.
     Always,

@@ -5,26 +5,28 @@
 //! CubeCL's on the device: a CubeCL kernel counts a window once its operands are written, the
 //! cuBLAS stream waits for that count (`cuStreamWaitValue32`), computes, and writes the count
 //! to a second counter that a CubeCL kernel waits for before anything after the products runs
-//! (`ferrotron_kernels::stream_order`). Measured on an H200 (GPT-2 345M, bf16): 68.5 ms per
-//! step against 88.8 with the host waiting for each stream in turn (two waits per window,
-//! `FERROTRON_CUBLAS_ORDER=host`, the fallback where a driver refuses stream memory
-//! operations). CubeCL launches through a runner thread, so the counting kernel is flushed to
-//! the device before cuBLAS's stream is made to wait for it: a first version without that
-//! flush hung on the H200 (a device-wide wait in the runner, queued before the kernel, waited
-//! for cuBLAS's stream, which waited for the kernel). Both streams are in the device's primary
-//! context (CubeCL's and cudarc's), so the device pointers are valid in either. Each thread's
-//! CubeCL stream has its own pair of counters: the ranks of a threaded tensor-parallel run may
-//! share a GPU, and with one pair a stream's count could release another stream's products.
+//! (`ferrotron_kernels::stream_order`). That makes the step faster than the host waiting for
+//! each stream in turn (two waits per window, `FERROTRON_CUBLAS_ORDER=host`, the fallback where
+//! a driver refuses stream memory operations), which leaves the GPU idle at each wait
+//! (measured: benchmarks/results/2026-11-27-h200-device-order.md). CubeCL launches through a
+//! runner thread, so the counting kernel is flushed to the device before cuBLAS's stream is
+//! made to wait for it: a first version without that flush hung on a GPU (a device-wide wait in
+//! the runner, queued before the kernel, waited for cuBLAS's stream, which waited for the
+//! kernel). Both streams are in the device's primary context (CubeCL's and cudarc's), so the
+//! device pointers are valid in either. Each thread's CubeCL stream has its own pair of
+//! counters: the ranks of a threaded tensor-parallel run may share a GPU, and with one pair a
+//! stream's count could release another stream's products.
 //!
-//! Who queues cuBLAS's side of a window: CubeCL's device thread (the default since
-//! 2026-11-29), as a task queued between the window's count and its wait
-//! (`util::device_thread`). The flush and the operands' device addresses are then answers
-//! the server gives there, in order, where the thread making the products had to wait for
-//! each (a flush and three lookups per product, ≈ 1,600 waits per GPT-2 345M step, each
-//! until the device thread had run everything queued before it): the two threads took turns
-//! where they now overlap. On the H200 the step was bound by the host (68.5 ms against
-//! ≈ 43 ms of GPU work; 24 layers at hidden 64 took 79 ms), which is what this is for; not
-//! measured on a GPU yet. `FERROTRON_CUBLAS_ORDER=device-caller` keeps the measured way.
+//! Who queues cuBLAS's side of a window: CubeCL's device thread (the default), as a task queued
+//! between the window's count and its wait (`util::device_thread`). The flush and the operands'
+//! device addresses are then answers the server gives there, in order, where the thread making
+//! the products had to wait for each (a flush and three lookups per product, ≈ 1,600 waits per
+//! GPT-2 345M step, each until the device thread had run everything queued before it): the two
+//! threads took turns where they now overlap. Queued from the building thread, the step was
+//! bound by the host, not the GPU, which is what this is for (measured before:
+//! benchmarks/results/2026-11-27-h200-device-order.md; after, against
+//! `FERROTRON_CUBLAS_ORDER=device-caller`, which keeps the old way:
+//! benchmarks/results/2026-11-30-h200-device-thread.md).
 //!
 //! A captured step (`src/training/step_graph.rs`) records CubeCL's side of each window (the
 //! two ordering kernels) into its graph and cuBLAS's side here ([`RecordedWindows`]: the
@@ -90,8 +92,8 @@ struct CublasSide {
     /// ([`Release::AtEvent`], and another stream's buffers: [`Pins::far`]).
     /// Why per window: unpinned only once the whole stream was idle, they stayed held for
     /// about a step, since with the step queued ahead of the GPU a wait is always pending on
-    /// cuBLAS's stream (H200, 2026-11-30: GPT-2 345M in bf16 peaked at 31.0 GiB, 24.4 with
-    /// this, 12.6 with host ordering).
+    /// cuBLAS's stream; per window the peak falls, though not to host ordering's, which holds
+    /// none (measured: benchmarks/results/2026-11-30-h200-device-thread.md).
     in_flight: VecDeque<(CudaEvent, Box<dyn Send>)>,
     /// Events of windows that have passed, to be recorded again.
     spare_events: Vec<CudaEvent>,
@@ -119,7 +121,7 @@ enum Order {
     /// `device-caller`: the device orders the streams (the counters), and the thread making
     /// the products queues cuBLAS's side itself once CubeCL's device thread has run what was
     /// queued before: a flush and three address lookups per product, each a wait for that
-    /// thread (2026-11-27 on an H200: 68.5 ms per GPT-2 345M step, 1.30× host ordering).
+    /// thread (faster than host ordering: benchmarks/results/2026-11-27-h200-device-order.md).
     DeviceFromCaller,
     /// `device`, the default: the device orders the streams, and CubeCL's device thread
     /// queues cuBLAS's side as a task after the window's count, so the thread making the
@@ -131,9 +133,9 @@ enum Order {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Release {
     /// `event`, the default: once an event recorded on cuBLAS's stream after the window has
-    /// passed (H200, 2026-11-30: GPT-2 345M in bf16 peaked at 24.4 GiB against 12.6 with host
-    /// ordering: with the step queued ahead of the GPU, every window queued ahead stays
-    /// pinned until the GPU reaches it).
+    /// passed (the peak stays above host ordering's: with the step queued ahead of the GPU,
+    /// every window queued ahead stays pinned until the GPU reaches it; measured:
+    /// benchmarks/results/2026-11-30-h200-device-thread.md).
     AtEvent,
     /// `wait`: the buffers in the memory of the CubeCL stream the window is waited on go once
     /// its wait kernel is queued there (other streams' buffers as `event`). CubeCL reuses a
@@ -158,13 +160,14 @@ fn release_asked() -> Release {
     })
 }
 
-/// How many windows' [`Pins::far`] may be held before the thread queuing the next waits for
-/// the oldest to pass on the GPU (`FERROTRON_CUBLAS_HELD`, default 256): how far, in windows,
+/// How many windows' [`Pins::far`] may be held before the thread queuing the next waits for the
+/// oldest to pass on the GPU (`FERROTRON_CUBLAS_HELD`, default 256): how far, in windows,
 /// cuBLAS's products may be queued ahead of the GPU while holding their buffers. Lower, fewer
-/// buffers are held (a GPT-2 345M step has 290 windows, so 256 hold about a step's products:
-/// 24.4 GiB on the H200 on 2026-11-30 against 12.6 with host ordering, which holds none), and
-/// the thread queuing the step (CubeCL's device thread by default, which also launches
-/// CubeCL's kernels) waits once the GPU is that many windows behind. Not measured on a GPU yet.
+/// buffers are held (a GPT-2 345M step has 290 windows, so 256 hold about a step's products,
+/// well above host ordering's peak, which holds none:
+/// benchmarks/results/2026-11-30-h200-device-thread.md), and the thread queuing the step
+/// (CubeCL's device thread by default, which also launches CubeCL's kernels) waits once the GPU
+/// is that many windows behind. Not measured on a GPU yet.
 fn held_limit() -> usize {
     static HELD: OnceLock<usize> = OnceLock::new();
     *HELD.get_or_init(|| {

@@ -1,0 +1,115 @@
+//! The layout fuzzer (`ferrotron::training::layout_fuzz`) in CI: a few generated cases of a
+//! fixed seed on thread ranks, each held to the single-process run, and the fuzzer's own
+//! oracle held to a fault it must find. The long run is `cargo run --release --example
+//! layout_fuzz -- --cases 200` (docs/testing.md).
+
+use ferrotron::optim::LrSchedule;
+use ferrotron::training::layout_fuzz::{
+    case_dir, check_case, compare, first_weight_difference, generate, FuzzCase, Observation, Ranks,
+    References, Tolerance,
+};
+use ferrotron::training::PretrainConfig;
+
+use crate::common::*;
+
+/// The CI sample's seed and size: its cases cover tensor, pipeline (virtual stages among
+/// them) and data parallelism, sequence parallelism, the distributed optimizer, each
+/// precision and recomputation (checked below, so a generator change that loses one fails).
+const CI_SEED: u64 = 2026;
+const CI_CASES: usize = 6;
+
+fn cases(seed: u64, count: usize, cache: &std::path::Path) -> Vec<FuzzCase> {
+    generate(
+        seed,
+        0,
+        count,
+        None,
+        &golden("wikitext2_valid", "text"),
+        cache,
+    )
+    .0
+}
+
+#[test]
+fn a_seeded_sample_of_generated_layouts_reproduces_the_single_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = cases(CI_SEED, CI_CASES, &dir.path().join("cache"));
+    let any = |f: &dyn Fn(&PretrainConfig, usize) -> bool| {
+        cases.iter().any(|c| f(&c.config, c.data_parallel))
+    };
+    assert!(any(&|c, _| c.tensor_model_parallel_size > 1));
+    assert!(any(&|c, _| c.pipeline_model_parallel_size > 1));
+    assert!(any(&|_, dp| dp > 1));
+    let mut references = References::default();
+    let mut differ = Vec::new();
+    for case in &cases {
+        let case_dir = case_dir(dir.path(), case.index).unwrap();
+        let verdict = check_case(case, &Ranks::Threads, &case_dir, &mut references)
+            .unwrap()
+            .expect("thread ranks compare in this process");
+        println!("{verdict}");
+        if !verdict.passed() {
+            differ.push(verdict.to_string());
+        }
+    }
+    assert!(differ.is_empty(), "{differ:#?}");
+}
+
+/// The oracle finds what it is for: a "layout" whose learning rate is 1 % off trains from the
+/// same weights, so its first loss is the single process's, its second is not, and every
+/// weight differs after the first step — the fuzzer must say iteration 2 for the loss and
+/// iteration 1 for the first weight in the model's order.
+#[test]
+fn the_fuzzer_names_the_first_iteration_and_weight_a_wrong_run_leaves_at() {
+    let dir = tempfile::tempdir().unwrap();
+    let case = cases(CI_SEED, 1, &dir.path().join("cache")).remove(0);
+    let single = PretrainConfig {
+        save: Some(dir.path().join("single")),
+        save_interval: Some(1),
+        ..case.single_process()
+    };
+    let wrong = PretrainConfig {
+        save: Some(dir.path().join("wrong")),
+        schedule: LrSchedule {
+            max_lr: single.schedule.max_lr * 1.01,
+            ..single.schedule
+        },
+        ..single.clone()
+    };
+    let tol = Tolerance::for_run(&case.config);
+    let found = first_weight_difference(&wrong, 1, &single, &Ranks::Threads, tol)
+        .unwrap()
+        .expect("the weights differ");
+    assert_eq!(found.iteration, 1, "{found}");
+    let first_weight = ferrotron::model::named_parameters::named_parameters(
+        &single.model.init(1, &burn::tensor::Device::flex()).unwrap(),
+    )
+    .remove(0)
+    .name;
+    assert_eq!(found.what, first_weight, "{found}");
+
+    let observe = |cfg: &PretrainConfig| {
+        let cfg = PretrainConfig {
+            save: None,
+            save_interval: None,
+            ..cfg.clone()
+        };
+        let out =
+            ferrotron::training::pretrain(&cfg, &burn::tensor::Device::flex().autodiff()).unwrap();
+        Observation {
+            losses: out.losses,
+            grad_norms: out.grad_norms,
+            validation: out.validation,
+            skipped: out.skipped_iterations,
+            updates: Vec::new(),
+        }
+    };
+    let (got, want) = (observe(&wrong), observe(&single));
+    assert_eq!(got.losses[0], want.losses[0], "the same first step");
+    let difference = compare(&got, &want, &single.model, tol).unwrap_err();
+    assert_eq!(
+        (difference.iteration, difference.what.as_str()),
+        (2, "loss"),
+        "{difference}"
+    );
+}
