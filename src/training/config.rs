@@ -202,6 +202,12 @@ impl PretrainConfig {
         }
     }
 
+    /// Ranks one model replica spans: tensor × pipeline parallel (the data-parallel size is
+    /// the world's over this).
+    pub fn model_parallel_size(&self) -> usize {
+        self.tensor_model_parallel_size * self.pipeline_model_parallel_size.max(1)
+    }
+
     /// Model chunks per pipeline rank: 1, or more with virtual pipeline stages.
     pub fn virtual_pipeline_stages(&self) -> usize {
         let pp = self.pipeline_model_parallel_size.max(1);

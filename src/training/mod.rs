@@ -17,6 +17,7 @@ pub mod megatron_command_line;
 pub mod megatron_flags;
 pub mod param_stats;
 pub mod pretrain;
+pub mod pretrain_args;
 pub mod schedule_args;
 pub mod setup;
 pub mod step_graph;

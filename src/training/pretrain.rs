@@ -91,7 +91,7 @@ pub fn pretrain(cfg: &PretrainConfig, device: &Device) -> Result<PretrainOutcome
         cfg.tensor_model_parallel_size,
         cfg.pipeline_model_parallel_size,
     );
-    let ranks = tp * pp;
+    let ranks = cfg.model_parallel_size();
     if ranks == 1 {
         return pretrain_on(cfg, device, World::single().comm());
     }
