@@ -10,12 +10,15 @@
 //!
 //! Exits 1 when any case differs, after printing each case's verdict and a summary.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::Parser;
 use ferrotron::comm::world::{launcher_variable, World};
-use ferrotron::training::layout_fuzz::{case_dir, check_case, generate, Ranks, References};
+use ferrotron::training::layout_fuzz::{
+    case_dir, check_case, generate, FuzzCase, Ranks, References,
+};
 
 // Why this allocator: see `ferrotron::util::allocator`.
 #[global_allocator]
@@ -39,38 +42,33 @@ struct Args {
     dir: PathBuf,
 }
 
-fn main() -> Result<()> {
+fn main() -> Result<ExitCode> {
     let args = Args::parse();
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let data = root.join("tests/fixtures/golden/wikitext2_valid_text_document");
-    let (ranks, world) = match launcher_variable() {
-        Some(_) => {
-            let world = World::from_environment()?;
-            let size = world.size();
-            (Ranks::World(world.comm()), Some(size))
-        }
+    // Under a launcher: this process's MPI world, kept until the end (dropping it finalizes
+    // MPI).
+    let mpi = launcher_variable()
+        .map(|_| World::from_environment())
+        .transpose()?;
+    let (ranks, world) = match &mpi {
+        Some(mpi) => (Ranks::World(mpi.comm()), Some(mpi.size())),
         None => (Ranks::Threads, None),
     };
     let rank0 = !matches!(&ranks, Ranks::World(w) if w.rank() != 0);
     let cache = args.dir.join("cache");
     let (cases, refused) = generate(args.seed, args.first, args.cases, world, &data, &cache);
-    let mut references = References::default();
-    let mut failed = Vec::new();
-    for case in &cases {
-        let dir = args.dir.join(format!("case_{:05}", case.index));
-        if rank0 {
-            case_dir(&args.dir, case.index)?;
-        }
-        let verdict = check_case(case, &ranks, &dir, &mut references)?;
-        if let Some(verdict) = verdict {
-            println!("{verdict}");
-            if verdict.passed() {
-                std::fs::remove_dir_all(&dir)?;
-            } else {
-                failed.push(case.index);
+    let failed = match run_cases(&cases, &ranks, &args.dir) {
+        Ok(failed) => failed,
+        Err(e) => match &mpi {
+            // A case that cannot run on one rank must not leave the others waiting in it.
+            Some(mpi) => {
+                eprintln!("layout_fuzz: rank {}: {e:#}", mpi.rank());
+                mpi.abort(1)
             }
-        }
-    }
+            None => return Err(e),
+        },
+    };
     if rank0 {
         let mut reasons: Vec<&str> = refused.iter().map(|(_, why)| why.as_str()).collect();
         reasons.sort_unstable();
@@ -85,8 +83,34 @@ fn main() -> Result<()> {
             refused.len()
         );
     }
-    if !failed.is_empty() {
-        std::process::exit(1);
+    // Returned rather than exited with, so that the MPI world is dropped (finalized) first.
+    Ok(if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// Checks every case in `dir/case_NNNNN` (kept where it differs): the indices of those that
+/// differ, on world rank 0.
+fn run_cases(cases: &[FuzzCase], ranks: &Ranks, dir: &Path) -> Result<Vec<u64>> {
+    let rank0 = !matches!(ranks, Ranks::World(w) if w.rank() != 0);
+    let mut references = References::default();
+    let mut failed = Vec::new();
+    for case in cases {
+        let case_root = dir.join(format!("case_{:05}", case.index));
+        if rank0 {
+            case_dir(dir, case.index)?;
+        }
+        let Some(verdict) = check_case(case, ranks, &case_root, &mut references)? else {
+            continue;
+        };
+        println!("{verdict}");
+        if verdict.passed() {
+            std::fs::remove_dir_all(&case_root)?;
+        } else {
+            failed.push(case.index);
+        }
     }
-    Ok(())
+    Ok(failed)
 }

@@ -18,7 +18,8 @@ use ferrotron::util::device::parse_device;
 // Most tests run in a process of their own (one CubeCL device per process: see the module);
 // the two that compare against `fused_losses_at_tp_1` share that run in this one.
 // Their shapes are small and their steps few, so compiling kernel variants is most of their
-// time: lavapipe compiles them unoptimised (270 CPU-seconds against 291, docs/testing.md).
+// time: lavapipe compiles them unoptimised (measured: docs/testing.md, "Shaders compiled
+// unoptimised").
 use crate::common::own_process::ran_in_own_process_unoptimised;
 
 fn device() -> Device {
