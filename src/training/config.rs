@@ -202,6 +202,25 @@ impl PretrainConfig {
         }
     }
 
+    /// The same run in one process: every choice of parallel layout at its one-rank default
+    /// (no sequence parallelism, no recomputation, the replicated optimizer reducing after the
+    /// backward pass), the model, data, batches, precision and seeds unchanged. What a
+    /// layout's run must reproduce.
+    pub fn in_one_process(&self) -> Self {
+        Self {
+            model: self.model.clone().with_sequence_parallel(false),
+            tensor_model_parallel_size: 1,
+            pipeline_model_parallel_size: 1,
+            num_layers_per_virtual_pipeline_stage: None,
+            decoder_first_pipeline_num_layers: None,
+            decoder_last_pipeline_num_layers: None,
+            use_distributed_optimizer: false,
+            overlap_grad_reduce: false,
+            recompute: Recompute::None,
+            ..self.clone()
+        }
+    }
+
     /// Ranks one model replica spans: tensor × pipeline parallel (the data-parallel size is
     /// the world's over this).
     pub fn model_parallel_size(&self) -> usize {

@@ -59,27 +59,13 @@ pub struct FuzzCase {
 impl FuzzCase {
     /// Ranks the case runs on.
     pub fn world_size(&self) -> usize {
-        self.config.tensor_model_parallel_size
-            * self.config.pipeline_model_parallel_size
-            * self.data_parallel
+        self.config.model_parallel_size() * self.data_parallel
     }
 
     /// The same run in one process: one rank, nothing recomputed, the replicated optimizer,
     /// but the same model (its padded vocabulary included), batches, precision and seeds.
     pub fn single_process(&self) -> PretrainConfig {
-        let c = &self.config;
-        PretrainConfig {
-            model: c.model.clone().with_sequence_parallel(false),
-            tensor_model_parallel_size: 1,
-            pipeline_model_parallel_size: 1,
-            num_layers_per_virtual_pipeline_stage: None,
-            decoder_first_pipeline_num_layers: None,
-            decoder_last_pipeline_num_layers: None,
-            use_distributed_optimizer: false,
-            overlap_grad_reduce: false,
-            recompute: Recompute::None,
-            ..c.clone()
-        }
+        self.config.in_one_process()
     }
 
     /// The case in one line: what a reader needs to see which combination failed.
