@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use burn::tensor::Device;
 
 use super::format::{detect, CheckpointFormat};
@@ -91,6 +91,16 @@ impl Checkpoint {
         }
     }
 
+    /// Why a checkpoint detected a moment ago cannot be read (its tracker file was replaced
+    /// or removed in between).
+    fn vanished(&self) -> String {
+        format!(
+            "{}: the checkpoint changed while it was read ({} names no readable iteration)",
+            self.root.display(),
+            super::TRACKER_FILE
+        )
+    }
+
     fn not_megatron<T>(&self) -> Result<T> {
         bail!(
             "{}: a ferrotron checkpoint, not one of Megatron-LM's",
@@ -104,7 +114,8 @@ impl Checkpoint {
     pub fn saved_model(&self) -> Result<(GptConfig, Option<usize>)> {
         if self.format == CheckpointFormat::Ferrotron {
             let config = load::saved_config(&self.root)?;
-            return Ok((config.expect("a detected checkpoint"), None));
+            let config = config.with_context(|| self.vanished())?;
+            return Ok((config, None));
         }
         let args = self.megatron_args()?;
         Ok((args.model_config()?, args.count("seq_length")?))
@@ -115,12 +126,10 @@ impl Checkpoint {
     pub fn megatron_vocab_rows(&self) -> Result<usize> {
         match self.format {
             CheckpointFormat::MegatronTorch => megatron_torch::torch_vocab_rows(&self.root),
-            CheckpointFormat::MegatronTorchDist => {
-                use anyhow::Context;
-                self.megatron_args()?
-                    .count("padded_vocab_size")?
-                    .context("the checkpoint's arguments have no padded_vocab_size")
-            }
+            CheckpointFormat::MegatronTorchDist => self
+                .megatron_args()?
+                .count("padded_vocab_size")?
+                .context("the checkpoint's arguments have no padded_vocab_size"),
             CheckpointFormat::Ferrotron => self.not_megatron(),
         }
     }
@@ -170,7 +179,7 @@ impl Checkpoint {
                 rank.group,
                 Some(rank.stage),
             )?;
-            let (model, info, optimizer) = loaded.expect("a detected checkpoint");
+            let (model, info, optimizer) = loaded.with_context(|| self.vanished())?;
             let optimizer = match rank.with_optimizer {
                 true => Ok(optimizer),
                 false => Err("not asked for".to_owned()),
