@@ -7,8 +7,9 @@
 #   benchmarks/gpu_prepare.sh            then, on the GPU machine: benchmarks/gpu_session.sh .gpubin $OUT
 #
 # Why: whether a session is lent a GPU is known only at its start, a fresh checkout holds no
-# build, and the loan can be paused while the build runs (2026-11-29: paused between the start
-# of the session and the end of its 37-minute build and packing of both binaries). `pretrain`
+# build, and the loan can be paused while the build runs (once from the session's start until
+# the build and packing of both binaries ended; measured:
+# benchmarks/results/2026-11-29-2core-gpu-session-builds-and-dry-runs.md). `pretrain`
 # alone has both cores for its code generation and leaves out the dev-dependencies that the
 # example links; `step_graph` (the captured-step benchmark) is optional to gpu_session.sh.
 # An archive that is still valid (the reuse check of docs/gpu.md: nothing built into the

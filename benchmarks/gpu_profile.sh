@@ -144,8 +144,9 @@ GRAPH=${GRAPH:-1}
 [ "$GRAPH" = 1 ] && step bf16-graph 150 60 pretrain_model "$P" bf16-graph "$ITERS" $G $B && train_line bf16-graph
 # The default on CUDA in bf16 (--attention-backend auto) is the composed attention core keeping
 # only q, k, v and forming its probabilities again in its backward (Megatron's selective
-# recomputation), as SDPA keeps none; `unfused` keeps them: 4 GiB more for GPT-2 345M, for the
-# speed of not forming them twice (after PyTorch's run, which every ratio needs).
+# recomputation), as SDPA keeps none; `unfused` keeps them: more memory for GPT-2 345M, for the
+# speed of not forming them twice (measured: benchmarks/results/2026-11-30-h200-gpu-history.md;
+# after PyTorch's run, which every ratio needs).
 # shellcheck disable=SC2086
 step bf16-unfused 150 60 pretrain_model "$P" bf16-unfused "$ITERS" --attention-backend unfused $B && train_line bf16-unfused
 # The acceptance's dropout check: the composed bf16 step without dropout, against bf16 above.

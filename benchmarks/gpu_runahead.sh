@@ -4,16 +4,18 @@
 #
 #   benchmarks/gpu_runahead.sh BIN_DIR REPORT_DIR [PYTHON]
 #
-# Why: on 2026-11-30 the eager bf16 step peaked at 29.7 GiB by nvidia-smi (PyTorch: 13.1), where
-# the same step under CubeCL's profiling (a synchronisation after every kernel) peaked at
-# 12.8 GiB. What each run separates:
+# Why: the eager bf16 step peaked far above PyTorch's by nvidia-smi, where the same step under
+# CubeCL's profiling (a synchronisation after every kernel) peaked below PyTorch's (measured:
+# benchmarks/results/2026-11-30-h200-device-thread.md). What each run separates:
 # - `--log-interval 1` reads the loss every iteration (a synchronisation per step, as
-#   Megatron's per-step reads of the grad norm are): steps queued ahead (on 2026-11-30 it
-#   changed nothing);
-# - host ordering of the cuBLAS products synchronises at every window (12.6 GiB);
+#   Megatron's per-step reads of the grad norm are): steps queued ahead (measured once to
+#   change nothing, the same report);
+# - host ordering of the cuBLAS products synchronises at every window (its peak: the same
+#   report);
 # - FERROTRON_CUBLAS_RELEASE=wait lets a window's buffers go once its wait is queued on
-#   CubeCL's stream, not once the GPU has run it (24.4 GiB with the latter): its losses must
-#   equal the default run's, bit for bit;
+#   CubeCL's stream, not once the GPU has run it (the latter's peak, still over PyTorch's:
+#   benchmarks/results/2026-11-30-h200-gpu-history.md): its losses must equal the default
+#   run's, bit for bit;
 # - FERROTRON_CUBLAS_HELD=32 and 8 (default 256) wait for the oldest window held once that many
 #   hold buffers: how far cuBLAS's products are queued ahead of the GPU (its losses too must
 #   equal the default run's).

@@ -6,8 +6,9 @@
 # Why: a lease is about fifteen minutes of device time, of which one call of at most ten is
 # the measuring (the machine's start takes the rest). Chaining `gpu_smoke.sh && gpu_profile.sh`
 # by hand measured nothing when the smoke failed. Here, first, the cuBLAS products ordered on
-# the device (the default since 2026-11-27: measured 1.30x host ordering on an H200), now with
-# cuBLAS's side queued by CubeCL's device thread (2026-11-29, not yet run on a GPU), are checked
+# the device (the default: faster than host ordering; measured:
+# benchmarks/results/2026-11-27-h200-device-order.md), now with cuBLAS's side queued by
+# CubeCL's device thread (benchmarks/results/2026-11-30-h200-device-thread.md), are checked
 # against host ordering, and where they fail, the same ordering queued by the calling thread
 # (the way measured); if one passes, the step captured into a graph with its cuBLAS products
 # queued after each replay (never run on a GPU in this form) is checked against the eager
@@ -17,10 +18,10 @@
 # RUNAHEAD=0 leaves it out). The profile then runs the ordering that passed, with the softmax
 # rows read in each pass as its baseline (with the calling thread's queuing, host ordering as
 # the baseline; host ordering alone where both failed), and leaves out the captured runs where
-# the capture failed (GRAPH=0); the report says why. Where host ordering failed
-# too (gpu_smoke.sh's exit 2), the report says that the step itself failed, not the ordering:
-# kernels new since the last lease run on that path and have never been compiled for a GPU. Each check's run is under a
-# 70 s timeout, so a hang costs a minute.
+# the capture failed (GRAPH=0); the report says why. Where host ordering failed too
+# (gpu_smoke.sh's exit 2), the report says that the step itself failed, not the ordering:
+# kernels new since the last lease run on that path and have never been compiled for a GPU.
+# Each check's run is under a 70 s timeout, so a hang costs a minute.
 #
 # BIN_DIR as gpu_profile.sh takes it (bins.tar.xz, or the binaries). REPORT_DIR receives
 # report.md (the profile's report with the smoke's results and the memory check's table at its
@@ -39,10 +40,10 @@ benchmarks/unpack_bins.sh "$BIN_DIR" "$BIN" || exit 1
 [ -x "$BIN/pretrain" ] || { echo "gpu_session: no pretrain binary in $BIN_DIR"; exit 1; }
 
 # bf16 only: the half-precision products are the ones cuBLAS takes by default. The default
-# device ordering has CubeCL's device thread queue cuBLAS's side of each window (2026-11-29,
-# never run on a GPU); where it fails, the way measured on 2026-11-27 (queued by the thread
-# making the products, FERROTRON_CUBLAS_ORDER=device-caller) is checked before host ordering
-# is fallen back on.
+# device ordering has CubeCL's device thread queue cuBLAS's side of each window; where it
+# fails, the way measured before it (queued by the thread making the products,
+# FERROTRON_CUBLAS_ORDER=device-caller; benchmarks/results/2026-11-27-h200-device-order.md) is
+# checked before host ordering is fallen back on.
 GRAPH=0
 # against_host ORDER REPORT_FILE: the bf16 smoke check of ORDER against host ordering.
 against_host() {
@@ -56,7 +57,8 @@ if [ $smoke -eq 1 ]; then
 fi
 if [ $smoke -eq 0 ] || [ $smoke -eq 3 ]; then
   if [ $smoke -eq 0 ]; then
-    # (Queued by the calling thread it was as fast on 2026-11-30: 42.9 against 42.8 ms.)
+    # (Queued by the calling thread it was as fast on the 345M step; measured:
+    # benchmarks/results/2026-11-30-h200-device-thread.md.)
     ORDER=device BASELINE=FERROTRON_ROW_REGISTERS=0
     VERDICT="device ordering with cuBLAS's side queued by CubeCL's device thread passed the smoke check (the losses of host ordering); the profile runs it, with the softmax rows read in each pass (FERROTRON_ROW_REGISTERS=0, the kernels measured on 2026-11-30) as the baseline"
   else
@@ -73,8 +75,9 @@ if [ $smoke -eq 0 ] || [ $smoke -eq 3 ]; then
     VERDICT="$VERDICT; the captured step FAILED its check (smoke-graph.txt): the profile leaves its runs out"
   fi
 elif [ $smoke -eq 2 ]; then
-  # Host ordering ran on H200s before; a failure there too is the step's own (a kernel new
-  # since, say), which the default runs below will meet again: the report must say so.
+  # Host ordering ran on GPUs before (benchmarks/results/2026-11-30-h200-gpu-history.md); a
+  # failure there too is the step's own (a kernel new since, say), which the default runs below
+  # will meet again: the report must say so.
   ORDER=host BASELINE=
   VERDICT="the default bf16 step FAILED under host ordering as well as device ordering (smoke-device.txt): a fault of the step itself, not of the ordering; the profile runs with host ordering, no baseline and no captured step, and its runs that take the same path will fail the same way"
 else
@@ -91,8 +94,8 @@ if FERROTRON_CUBLAS_ORDER=$ORDER TEST_FLAGS=--use-flash-attn REFERENCE=FERROTRON
 else
   VERDICT="$VERDICT; the fused attention on tensor cores FAILED its check against the CUDA-core kernels (smoke-flash.txt)"
 fi
-# The softmax rows held in registers (2026-11-30, never run on a GPU) against rows read in
-# each pass (the kernels measured before): the same expressions in the same order, so the same
+# The softmax rows held in registers (never run on a GPU) against rows read in each pass (the
+# kernels measured before): the same expressions in the same order, so the same
 # losses but for the compiler contracting a product and a sum differently. Where they differ,
 # the rest of the lease runs the kernels measured before, so that its numbers still mean
 # something.
@@ -107,10 +110,12 @@ else
     VERDICT="$VERDICT, and the profile's baseline is the calling thread's queuing instead"
   fi
 fi
-# The memory check (peak at most PyTorch's: the acceptance's one target not met on
-# 2026-11-30), before the profile takes what is left: the cuBLAS windows' buffers let go once
-# their wait is queued (FERROTRON_CUBLAS_RELEASE=wait, never run on a GPU) against host
-# ordering at 2 layers, then gpu_runahead.sh's peaks at 345M (≈ 130 s on the H200). RUNAHEAD=0
+# The memory check (peak at most PyTorch's: the acceptance's one target not met, see
+# benchmarks/results/2026-11-30-h200-gpu-history.md), before the profile takes what is left:
+# the cuBLAS windows' buffers let go once their wait is queued (FERROTRON_CUBLAS_RELEASE=wait,
+# never run on a GPU) against host ordering at 2 layers, then gpu_runahead.sh's peaks at 345M
+# (short enough to leave the profile most of the call; measured:
+# benchmarks/results/2026-11-29-2core-gpu-session-builds-and-dry-runs.md). RUNAHEAD=0
 # leaves them out.
 if [ "${RUNAHEAD:-1}" = 1 ] && [ "$ORDER" != host ]; then
   if FERROTRON_CUBLAS_RELEASE=wait against_host "$ORDER" smoke-release-at-wait.txt; then

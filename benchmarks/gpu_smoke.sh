@@ -7,7 +7,8 @@
 # right). The run under test is under `timeout 70`, so
 # an ordering bug that hangs the device (see docs/gpu.md, "Matrix products on cuBLAS") costs
 # a minute, not the lease; the reference under `timeout 200` (CubeCL's matmuls autotune on
-# a machine's first run: more than 70 s on an H200).
+# a machine's first run, which outlasted the run under test's limit on a GPU; measured:
+# benchmarks/results/2026-11-27-h200-device-order.md).
 #
 #   benchmarks/gpu_smoke.sh PRETRAIN_BINARY [PYTHON]      PRECISIONS="fp32 bf16" by default
 #

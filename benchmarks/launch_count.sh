@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Kernel launches per training iteration, by class and by kernel, on a CubeCL device that
 # every machine has (lavapipe, Mesa's CPU Vulkan driver): the launch count of each change is
-# visible without a GPU (issue: GPU speed by design, item 6). On an H200 each launch costs
-# ≈ 26 µs of host time (benchmarks/results/2026-11-26-h200-gpu-profile.md).
+# visible without a GPU (issue: GPU speed by design, item 6). On a GPU each launch costs host
+# time, so the count bounds the step from below (measured:
+# benchmarks/results/2026-11-26-h200-gpu-profile.md).
 #
 #   benchmarks/launch_count.sh [PRETRAIN] [DEVICE] [-- extra pretrain flags]
 #

@@ -6,8 +6,9 @@
 #                                              target/release/examples/step_graph
 #
 # Why: a device call carries the working tree (tracked and untracked-not-ignored files) and
-# the carried paths, 64 MiB in all. The repository takes ≈ 32 MB of that and the two stripped
-# binaries ≈ 34 MB in one xz archive whose dictionary spans both: just inside, so a grown
+# the carried paths, 64 MiB in all. The repository and the two stripped binaries, in one xz
+# archive whose dictionary spans both, fit just inside (measured:
+# benchmarks/results/2026-11-29-2core-gpu-session-builds-and-dry-runs.md), so a grown
 # binary or fixture can make the lease's one call fail. This says so here, before the lease.
 # Writes .gpubin/bins.tar.xz and .gpubin/BUILD (the commit, named in gpu_session.sh's report).
 set -euo pipefail

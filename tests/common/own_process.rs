@@ -3,9 +3,10 @@
 //!
 //! Why: in one process every test takes the same CubeCL device, whose one thread makes every
 //! launch and, on lavapipe, has every kernel variant compiled there; so two test threads took
-//! turns on one core. The kernel suite ran at 106 % of two cores' 200 % in one process (421 s)
-//! and at 192 % with each test in a process of its own (246 s; docs/testing.md, "Runs side by
-//! side").
+//! turns on one core. The kernel suite kept little more than one of two cores busy in one
+//! process, and nearly both, finishing much sooner, with each test in a process of its own
+//! (measured: benchmarks/results/2026-11-30-lavapipe-ci-side-by-side.md; docs/testing.md,
+//! "Runs side by side").
 //!
 //! Used by `tests/fused_kernels.rs`, `tests/step_capture.rs`, `tests/model_gradients.rs` (the
 //! Flex device's f64 default is set once per process) and the kernels package's

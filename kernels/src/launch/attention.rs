@@ -112,10 +112,8 @@ impl AttentionLaunch {
     /// The largest block whose tiles fit `client`'s shared memory for heads of `head_dim`
     /// (the smallest on runtimes without planes), unrolled on devices with warp-wide planes
     /// (GPUs); on a CPU Vulkan device (lavapipe) the plane layout with two rows per unit,
-    /// for heads of up to 64.
-    /// `FERROTRON_ATTENTION_BLOCK` (8, 16, 32 or 64), `FERROTRON_ATTENTION_UNROLL` (0 or 1)
-    /// and `FERROTRON_ATTENTION_LAYOUT` (`tiles` or `planes`) override them, for tuning a
-    /// device.
+    /// for heads of up to 64. The device decides; tuning it is a change to these rules,
+    /// measured against the commit before it.
     pub fn for_client(client: &Client, head_dim: usize) -> Self {
         let hardware = &client.properties().hardware;
         let mut launch = Self::fitting(hardware.max_shared_memory_size, head_dim);
@@ -126,29 +124,13 @@ impl AttentionLaunch {
         if hardware.plane_size_max <= 1 {
             launch.block = Self::BLOCKS[3];
         }
-        let vector_unit = crate::rows::vector_unit_plane(client);
-        let env = |name: &str| std::env::var(name).ok();
-        let number = |name: &str| env(name).and_then(|v| v.parse::<u32>().ok());
         // The plane kernels are unrolled over the head row, so lavapipe's compile time (once
         // per process) grows with the head: wider heads than 64 keep tiles (measured:
         // benchmarks/results/2026-11-27-lavapipe-cubecl-cpu-kernel-runtimes.md).
-        let planes = match env("FERROTRON_ATTENTION_LAYOUT").as_deref() {
-            Some("tiles") => None,
-            Some("planes") => Some(hardware.plane_size_min.max(1)),
-            _ => vector_unit.filter(|_| head_dim <= Self::PLANE_HEAD_DIM),
-        };
+        let planes =
+            crate::rows::vector_unit_plane(client).filter(|_| head_dim <= Self::PLANE_HEAD_DIM);
         if let Some(plane) = planes {
             launch = Self::planes(plane, 2 * plane);
-        }
-        if let Some(block) =
-            number("FERROTRON_ATTENTION_BLOCK").filter(|b| Self::BLOCKS.contains(b))
-        {
-            // The plane layout's block is whole planes.
-            let plane = launch.plane.unwrap_or(1);
-            launch.block = (block / plane).max(1) * plane;
-        }
-        if let Some(unroll) = number("FERROTRON_ATTENTION_UNROLL") {
-            launch.unroll = unroll != 0;
         }
         launch.matrix_units = true;
         launch

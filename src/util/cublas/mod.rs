@@ -139,7 +139,7 @@ pub fn matmul(a: &CubeTensor, b: &CubeTensor) -> Option<CubeTensor> {
 /// work is waited for once before all of them and cuBLAS's once after (where each product
 /// alone costs two host waits, or two ordering kernels). For a backward pass's gradient
 /// products, which read the same output gradient and none of each other's results. `None`
-/// where any product does not apply; `FERROTRON_CUBLAS_PAIRS=0` gives each its own window.
+/// where any product does not apply.
 pub fn matmul_independent<const N: usize>(
     products: [(&CubeTensor, &CubeTensor); N],
 ) -> Option<[CubeTensor; N]> {
@@ -148,10 +148,9 @@ pub fn matmul_independent<const N: usize>(
         .map(|(a, b)| plan(a, b))
         .collect::<Option<_>>()?;
     let first = planned.first()?;
-    let shared = pairs_on()
-        && planned
-            .iter()
-            .all(|p| p.a.dtype == first.a.dtype && cuda_index(&p.a) == cuda_index(&first.a));
+    let shared = planned
+        .iter()
+        .all(|p| p.a.dtype == first.a.dtype && cuda_index(&p.a) == cuda_index(&first.a));
     if shared {
         return window::<N>(planned.try_into().ok()?);
     }
@@ -161,12 +160,6 @@ pub fn matmul_independent<const N: usize>(
         outs.push(c);
     }
     outs.try_into().ok()
-}
-
-/// Whether [`matmul_independent`] shares one window (`FERROTRON_CUBLAS_PAIRS=0`: no).
-fn pairs_on() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("FERROTRON_CUBLAS_PAIRS").as_deref() != Ok("0"))
 }
 
 /// One product checked and laid out for cuBLAS: the operands as it reads them and the
