@@ -55,7 +55,7 @@ fn main() -> Result<ExitCode> {
         Some(mpi) => (Ranks::World(mpi.comm()), Some(mpi.size())),
         None => (Ranks::Threads, None),
     };
-    let rank0 = !matches!(&ranks, Ranks::World(w) if w.rank() != 0);
+    let rank0 = ranks.is_rank0();
     let cache = args.dir.join("cache");
     let (cases, refused) = generate(args.seed, args.first, args.cases, world, &data, &cache);
     let failed = match run_cases(&cases, &ranks, &args.dir) {
@@ -94,7 +94,7 @@ fn main() -> Result<ExitCode> {
 /// Checks every case in `dir/case_NNNNN` (kept where it differs): the indices of those that
 /// differ, on world rank 0.
 fn run_cases(cases: &[FuzzCase], ranks: &Ranks, dir: &Path) -> Result<Vec<u64>> {
-    let rank0 = !matches!(ranks, Ranks::World(w) if w.rank() != 0);
+    let rank0 = ranks.is_rank0();
     let mut references = References::default();
     let mut failed = Vec::new();
     for case in cases {

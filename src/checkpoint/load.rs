@@ -326,7 +326,9 @@ pub(super) fn load_model_shard(
         .with_context(|| format!("no checkpoint in {} (no {TRACKER_FILE})", root.display()))
 }
 
-fn load_parts(
+/// [`load_checkpoint`], the optimizer's moments read only `with_optimizer` (they are twice
+/// the model's size).
+pub(super) fn load_parts(
     root: &Path,
     config: Option<&GptConfig>,
     device: &Device,

@@ -172,12 +172,13 @@ impl Checkpoint {
     /// saved.
     pub fn resume_rank(&self, rank: RankRequest) -> Result<ResumedRank> {
         if self.format == CheckpointFormat::Ferrotron {
-            let loaded = load::load_checkpoint(
+            let loaded = load::load_parts(
                 &self.root,
                 Some(rank.config),
                 rank.device,
                 rank.group,
                 Some(rank.stage),
+                rank.with_optimizer,
             )?;
             let (model, info, optimizer) = loaded.with_context(|| self.vanished())?;
             let optimizer = match rank.with_optimizer {

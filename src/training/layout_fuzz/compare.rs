@@ -1,6 +1,8 @@
 //! What the fuzzer compares of a layout's run against the single-process run, and how close
 //! each must be: only the order of float sums may differ between them.
 
+use std::borrow::Cow;
+
 use crate::model::GptConfig;
 use crate::optim::Precision;
 use crate::training::PretrainConfig;
@@ -167,12 +169,12 @@ const STORAGE_ROUNDING: f64 = 8.0 / (1u64 << 24) as f64;
 /// (the key part of the fused QKV bias, and the key norm's bias). A key bias adds the same
 /// `q · b` to every score of a query's row, which the softmax cancels: its gradient is zero
 /// in exact arithmetic and rounding noise in floats.
-fn compared_values(w: &WeightUpdate, model: &GptConfig) -> Vec<f32> {
+fn compared_values<'a>(w: &'a WeightUpdate, model: &GptConfig) -> Cow<'a, [f32]> {
     if w.name.ends_with("k_layernorm.bias") {
-        return Vec::new();
+        return Cow::Borrowed(&[]);
     }
     if !w.name.ends_with("query_key_value.bias") {
-        return w.update.clone();
+        return Cow::Borrowed(&w.update);
     }
     let (d, groups) = (model.head_dim(), model.query_groups());
     let per_group = model.num_attention_heads / groups;
@@ -183,7 +185,8 @@ fn compared_values(w: &WeightUpdate, model: &GptConfig) -> Vec<f32> {
         .enumerate()
         .filter(|(i, _)| !is_key(*i))
         .map(|(_, v)| *v)
-        .collect()
+        .collect::<Vec<_>>()
+        .into()
 }
 
 /// `(‖a − b‖ − floor) / ‖b‖` over two equally long slices, in f64: how far apart they are

@@ -220,8 +220,8 @@ fn draw_recompute(d: &mut Draws) -> Recompute {
 }
 
 /// Case `index` of `seed`'s stream, on `world` ranks when given, its data the dataset at
-/// `data` (GPT-2 tokens) with its index cache in `cache`. `None` when the draw is one the
-/// trainer refuses (the caller moves to the next index; [`generate`] does).
+/// `data` (GPT-2 tokens) with its index cache in `cache`. The draw may be one the trainer
+/// refuses ([`super::refusal`]; [`super::generate`] moves on to the next index then).
 pub fn draw_case(
     seed: u64,
     index: u64,

@@ -31,7 +31,7 @@ pub use generate::{draw_case, FuzzCase, FUZZ_ITERS};
 use crate::checkpoint::{load_model, TRACKER_FILE};
 use crate::comm::world::World;
 use crate::comm::{run_ranks, Communicator};
-use crate::model::named_parameters::named_parameters;
+use crate::model::named_parameters::{named_parameters, NamedValues};
 use crate::training::config::BatchPlan;
 use crate::training::pretrain::pretrain_on;
 use crate::training::PretrainConfig;
@@ -46,7 +46,9 @@ pub enum Ranks {
 }
 
 impl Ranks {
-    fn is_rank0(&self) -> bool {
+    /// Whether this process compares (and reports): world rank 0, or the one process of
+    /// thread ranks.
+    pub fn is_rank0(&self) -> bool {
         match self {
             Ranks::Threads => true,
             Ranks::World(world) => world.rank() == 0,
@@ -76,20 +78,23 @@ fn device() -> Device {
     Device::flex().autodiff()
 }
 
-/// How far the run of `cfg` moved each weight by the latest checkpoint under `root`: its
-/// fp32 main weights (shards joined) minus their initial values. Every layout builds each
-/// parameter whole from the seed and keeps its shard, so the initial values are the
-/// one-process model's.
-fn saved_updates(root: &Path, cfg: &PretrainConfig) -> Result<Vec<WeightUpdate>> {
-    let (model, _) = load_model(root, &Device::flex())
-        .with_context(|| format!("reading the checkpoint under {}", root.display()))?;
-    let initial = cfg
+/// The weights a run of `cfg` starts from. Every layout builds each parameter whole from the
+/// seed and keeps its shard, so they are the one-process model's, whatever the layout.
+fn initial_weights(cfg: &PretrainConfig) -> Result<Vec<NamedValues>> {
+    let model = cfg
+        .in_one_process()
         .model
-        .clone()
-        .with_sequence_parallel(false)
         .init(cfg.seed, &Device::flex())
         .map_err(anyhow::Error::msg)?;
-    let (initial, saved) = (named_parameters(&initial), named_parameters(&model));
+    Ok(named_parameters(&model))
+}
+
+/// How far a run moved each weight by the latest checkpoint under `root`: its fp32 main
+/// weights (shards joined) minus the `initial` ones.
+fn saved_updates(root: &Path, initial: &[NamedValues]) -> Result<Vec<WeightUpdate>> {
+    let (model, _) = load_model(root, &Device::flex())
+        .with_context(|| format!("reading the checkpoint under {}", root.display()))?;
+    let saved = named_parameters(&model);
     anyhow::ensure!(
         saved.len() == initial.len(),
         "{}: {} weights, the model has {}",
@@ -147,7 +152,7 @@ fn observe_on(cfg: &PretrainConfig, world: Arc<dyn Communicator>) -> Result<Opti
         grad_norms: out.grad_norms,
         validation: out.validation,
         skipped: out.skipped_iterations,
-        updates: saved_updates(save, cfg)?,
+        updates: saved_updates(save, &initial_weights(cfg)?)?,
     }))
 }
 
@@ -318,9 +323,11 @@ pub fn first_weight_difference(
     if !ranks.is_rank0() {
         return Ok(None);
     }
+    // Both runs start from the same weights (the layout's are the one-process model's).
+    let initial = initial_weights(single)?;
     for iteration in 1..=single.train_iters {
-        let got = updates_after(layout, iteration)?;
-        let want = updates_after(single, iteration)?;
+        let got = updates_after(layout, iteration, &initial)?;
+        let want = updates_after(single, iteration, &initial)?;
         let compared = compare_updates(iteration, &got, &want, &single.model, tol.updates);
         if let Err(d) = compared {
             return Ok(Some(d));
@@ -329,12 +336,16 @@ pub fn first_weight_difference(
     Ok(None)
 }
 
-/// The updates by checkpoint `iteration` of the run of `cfg` (which saved every iteration),
-/// read by pointing the tracker file at it.
-fn updates_after(cfg: &PretrainConfig, iteration: u64) -> Result<Vec<WeightUpdate>> {
+/// The updates from `initial` by checkpoint `iteration` of the run of `cfg` (which saved
+/// every iteration), read by pointing the tracker file at it.
+fn updates_after(
+    cfg: &PretrainConfig,
+    iteration: u64,
+    initial: &[NamedValues],
+) -> Result<Vec<WeightUpdate>> {
     let root = cfg.save.as_ref().expect("the runs save");
     std::fs::write(root.join(TRACKER_FILE), iteration.to_string())?;
-    saved_updates(root, cfg)
+    saved_updates(root, initial)
 }
 
 /// The cases `first..first + count` of `seed`'s stream that the trainer accepts, on `world`
