@@ -39,17 +39,19 @@ peak_gib() {
 
 # pretrain_model BINARY NAME ITERATIONS [FLAGS...]: the model above trained for ITERATIONS on
 # DATA (logging every 4 iterations, with throughput) under with_memory into WORK/logs/NAME.mem.
-# FLAGS come last, so they may override these (a repeated flag's last value wins, as in
+# RUN_FLAGS (the caller's: flags every run of a lease takes, e.g. `--cublas-ordering host`)
+# and FLAGS come last, so they may override these (a repeated flag's last value wins, as in
 # Megatron).
 pretrain_model() {
   local bin=$1 name=$2 iters=$3; shift 3
+  # shellcheck disable=SC2086
   with_memory "$WORK/logs/$name.mem" "$bin" --device "$DEVICE" --num-layers "$LAYERS" \
     --hidden-size "$HIDDEN" --num-attention-heads "$HEADS" --seq-length "$SEQ" \
     --max-position-embeddings "$SEQ" \
     --micro-batch-size "$MBS" --global-batch-size "$MBS" --train-iters "$iters" \
     --lr 1e-4 --min-lr 1e-5 --lr-warmup-iters 1 --lr-decay-style cosine --split 100,0,0 \
     --log-interval 4 --eval-iters 0 --eval-interval 0 --log-throughput \
-    --data-path "$DATA" --data-cache-path "$WORK/cache" "$@"
+    --data-path "$DATA" --data-cache-path "$WORK/cache" ${RUN_FLAGS:-} "$@"
 }
 
 # lm_losses LOG: the lm loss of each logged iteration, on one line.

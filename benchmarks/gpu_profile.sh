@@ -9,8 +9,8 @@
 #   pretrain            cargo build --release --features cuda --bin pretrain
 #   pretrain-baseline   another CUDA build to compare with, e.g. the commit before a change
 #                       (optional; its bf16 step and host floor run right after the new build's).
-#                       With BASELINE_ENV (e.g. BASELINE_ENV=FERROTRON_MATMUL=cubecl) and no such
-#                       build, the baseline is `pretrain` itself under those variables.
+#                       With BASELINE_FLAGS (e.g. BASELINE_FLAGS="--cuda-matmul cubecl") and no
+#                       such build, the baseline is `pretrain` itself with those flags added.
 #   matmul_shapes       cargo build --release --features cuda --example matmul_shapes
 #                       (target/release/examples/matmul_shapes; optional)
 #   step_graph          cargo build --release --features cuda --example step_graph
@@ -57,8 +57,8 @@ trap finish EXIT
 benchmarks/unpack_bins.sh "$BIN_DIR" "$WORK/bin"
 P="$WORK/bin/pretrain"
 export P
-if [ ! -f "$WORK/bin/pretrain-baseline" ] && [ -n "${BASELINE_ENV:-}" ]; then
-  printf '#!/bin/sh\nexec env %s "%s" "$@"\n' "$BASELINE_ENV" "$P" > "$WORK/bin/pretrain-baseline"
+if [ ! -f "$WORK/bin/pretrain-baseline" ] && [ -n "${BASELINE_FLAGS:-}" ]; then
+  printf '#!/bin/sh\nexec "%s" "$@" %s\n' "$P" "$BASELINE_FLAGS" > "$WORK/bin/pretrain-baseline"
   chmod +x "$WORK/bin/pretrain-baseline"
 fi
 cuda_libraries "$PY"
@@ -212,8 +212,8 @@ say ""
 graph_section "$MODEL" graph_model
 
 # The fused attention (FLASH=0 leaves out its runs): after the acceptance's runs and the
-# profile. Its kernels run on tensor cores (cmma) where the device has them for bf16; the
-# same binary with FERROTRON_ATTENTION_MMA=0 runs the tiled CUDA-core kernels beside them.
+# profile. Its kernels run on tensor cores (cmma) where the device has them for bf16 (the
+# CUDA-core kernels' figures: benchmarks/results/2026-11-30-h200-gpu-history.md).
 FLASH=${FLASH:-1}
 if [ "$FLASH" = 1 ]; then
   say "## Fused attention (--use-flash-attn): $MODEL, bf16, dropout $DROPOUT"
@@ -222,15 +222,11 @@ if [ "$FLASH" = 1 ]; then
   say "|---|---|---|---|---|"
   # shellcheck disable=SC2086
   step bf16-flash 120 50 pretrain_model "$P" bf16-flash "$ITERS" --use-flash-attn $B && train_line bf16-flash
-  # shellcheck disable=SC2086
-  FERROTRON_ATTENTION_MMA=0 step bf16-flash-cuda-cores 120 50 pretrain_model "$P" bf16-flash-cuda-cores "$ITERS" --use-flash-attn $B &&
-    train_line bf16-flash-cuda-cores
   r=$(ratio bf16-flash torch) && say "ferrotron bf16-flash / PyTorch eager bf16+SDPA: $r"
-  r=$(ratio bf16-flash bf16-flash-cuda-cores) && say "ferrotron bf16-flash, tensor cores / CUDA cores: $r"
   r=$(ratio bf16-flash bf16) && say "ferrotron bf16-flash / bf16 (composed attention on cuBLAS): $r"
   say ""
   say "lm loss by logged iteration (tensor cores round the probabilities to bf16 before p·v; expect the first digits to agree):"
-  say_losses bf16 bf16-flash bf16-flash-cuda-cores
+  say_losses bf16 bf16-flash
   say ""
 fi
 

@@ -55,7 +55,7 @@ FERROTRON_CUBLAS_RELEASE=wait step345m release-at-wait
 measured torch-bf16-sdpa with_memory "$WORK/logs/torch-bf16-sdpa.mem" "$PY" benchmarks/torch_gpu_gpt.py \
   "$LAYERS" "$HIDDEN" "$HEADS" "$SEQ" "$MBS" 20 bf16-sdpa 0.1
 FERROTRON_CUBLAS_HELD=32 step345m held-32
-FERROTRON_CUBLAS_ORDER=host step345m host-ordering
+step345m host-ordering --cublas-ordering host
 FERROTRON_CUBLAS_HELD=8 step345m held-8
 step345m log-interval-4-again
 step345m log-interval-1 --log-interval 1

@@ -1,8 +1,9 @@
 //! The row and element-wise kernels loading in vectors against one element at a time (the
-//! baseline, `FERROTRON_ROW_VECTORS=0`), on two CPU runtimes in the same run: lavapipe (wgpu
-//! over Mesa's CPU Vulkan driver) and cubecl-cpu (CubeCL's LLVM JIT), each with its own launch
-//! shape ([`RowLaunch::for_client`]: 8 lanes per row on lavapipe, 1 on cubecl-cpu). The two
-//! modes alternate, three rounds each, and each figure is the median round.
+//! baseline, `ferrotron_kernels::rows::set_vectors_on(false)`), on two CPU runtimes in the
+//! same run: lavapipe (wgpu over Mesa's CPU Vulkan driver) and cubecl-cpu (CubeCL's LLVM
+//! JIT), each with its own launch shape ([`RowLaunch::for_client`]: 8 lanes per row on
+//! lavapipe, 1 on cubecl-cpu). The two modes alternate, three rounds each, and each figure is
+//! the median round.
 //!
 //! ```text
 //! .ci/llvm-bundle      # once: cubecl-cpu builds against Debian's llvm-22-dev

@@ -22,8 +22,8 @@
 //! run's losses and weights bit for bit, then prints milliseconds per step of each, `REPS`
 //! steps queued before one wait (the replays with their per-step values written before
 //! each). On CUDA the half-precision products run on cuBLAS in both, as in training (the
-//! replay queues the recorded products after the graph, `ferrotron::util::cublas`);
-//! `FERROTRON_MATMUL=cubecl` captures CubeCL's instead. With `eager` last, only the eager
+//! replay queues the recorded products after the graph, `ferrotron::util::cublas`; a run
+//! with `--cuda-matmul cubecl` captures CubeCL's instead). With `eager` last, only the eager
 //! step is timed.
 
 #[cfg(any(feature = "wgpu", feature = "cuda"))]

@@ -342,6 +342,12 @@ fn pretrain_cli_refuses_what_it_cannot_split_and_contradicting_flags() {
             &["--use-flash-attn", "--attention-backend", "unfused"][..],
             "--use-flash-attn asks for the flash backend and --attention-backend for unfused",
         ),
+        // The kernel choices are flags, checked however the run's device is: a misspelled
+        // value must not fall back on the default silently.
+        (
+            &["--cublas-ordering", "device-caller"][..],
+            "--cublas-ordering device-caller: expected device or host",
+        ),
     ] {
         assert_refused(dir, &args, extra, 1, message);
     }

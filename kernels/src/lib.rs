@@ -26,6 +26,9 @@
 //!   (tensor cores; CubeCL's `cmma`) where the device has them for the storage type;
 //! - [`attention_planes`]: the same attention for CPU Vulkan devices (lavapipe), one plane per
 //!   cube with rows in registers and plane broadcasts in place of shared-memory tiles;
+//! - [`attention_common`]: what the three attention families share: the kernels' prologue,
+//!   the causal mask (one rule, for whole tiles and for elements), the dropout draw and the
+//!   head rows' loads with their bounds checks;
 //! - [`columns`]: sums over the rows per column in one launch (a bias's gradient, the norms'
 //!   dγ and dβ);
 //! - [`embedding`]: the word embedding's gradient, each token's rows summed in position
@@ -52,6 +55,7 @@
 
 pub mod adam;
 pub mod attention;
+pub mod attention_common;
 pub mod attention_mma;
 pub mod attention_planes;
 pub mod columns;
@@ -60,7 +64,6 @@ pub mod cpu_runtime;
 pub mod cross_entropy;
 pub mod dropout;
 pub mod embedding;
-mod env_switch;
 pub mod gelu;
 pub mod grad_norm;
 pub mod heads;

@@ -14,7 +14,7 @@
 
 use cubecl::prelude::*;
 
-use crate::env_switch::EnvSwitch;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The linear index of this cube (cube counts are 2-D when there are more cubes than one
 /// dimension holds).
@@ -100,7 +100,7 @@ impl RowLaunch {
         Self {
             plane_reduce: launch.lanes > 1 && plane_width(client) == Some(launch.lanes),
             vectorized: vectors_on(),
-            held_in_registers: registers_on(),
+            held_in_registers: true,
             ..launch
         }
     }
@@ -138,31 +138,22 @@ impl RowLaunch {
     }
 }
 
-static VECTORS: EnvSwitch = EnvSwitch::new("FERROTRON_ROW_VECTORS");
-static REGISTERS: EnvSwitch = EnvSwitch::new("FERROTRON_ROW_REGISTERS");
+/// Whether kernels load in vectors: on unless a benchmark turns it off to measure the one
+/// element per load it replaced (`benchmarks/kernel_runtimes.rs`, in the same process). A
+/// process-wide setting rather than a launch field because the element-wise launchers take
+/// no launch shape.
+static VECTORS: AtomicBool = AtomicBool::new(true);
 
 /// Whether kernels load in vectors ([`RowLaunch::vectorized`] and the element-wise
-/// kernels): unless `FERROTRON_ROW_VECTORS=0`, the baseline the kernel-runtime benchmark
-/// measures them against.
+/// kernels): on unless [`set_vectors_on`] turned it off.
 pub fn vectors_on() -> bool {
-    VECTORS.on()
+    VECTORS.load(Ordering::Relaxed)
 }
 
 /// Overrides [`vectors_on`] for the launches that follow (the benchmark's switch between its
 /// two modes in one process).
 pub fn set_vectors_on(on: bool) {
-    VECTORS.set(on);
-}
-
-/// Whether softmax rows that fit are held in registers ([`RowLaunch::held_in_registers`]):
-/// unless `FERROTRON_ROW_REGISTERS=0`, the baseline a GPU profile measures them against.
-pub fn registers_on() -> bool {
-    REGISTERS.on()
-}
-
-/// Overrides [`registers_on`] for the launches that follow.
-pub fn set_registers_on(on: bool) {
-    REGISTERS.set(on);
+    VECTORS.store(on, Ordering::Relaxed);
 }
 
 /// The widest vector of `F` that `client` loads in one instruction and that divides `len`

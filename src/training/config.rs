@@ -14,6 +14,7 @@ use crate::optim::grad_scaler::DynamicGradScalerConfig;
 use crate::optim::{
     AdamWConfig, DynamicGradScaler, GradScaler, LrSchedule, Precision, WeightDecaySchedule,
 };
+use crate::util::matmul::ProductPlan;
 
 /// Everything `pretrain` needs, already validated by the command line.
 #[derive(Clone, Debug)]
@@ -99,6 +100,9 @@ pub struct PretrainConfig {
     /// as one graph after this many eager warm-up steps (`--cuda-graph-warmup-steps`) and
     /// replay it ([`super::step_graph`]); `None`: every step eager.
     pub cuda_graph_warmup_steps: Option<u64>,
+    /// `--cuda-matmul`, `--cublas-ordering` (ferrotron's): which kernels a CUDA run's
+    /// products use, fixed for the process when the run starts; no effect on other devices.
+    pub products: ProductPlan,
     /// `--tensor-model-parallel-size`: ranks the model is split over (threads of this
     /// process, or MPI ranks under a launcher).
     pub tensor_model_parallel_size: usize,
@@ -188,6 +192,7 @@ impl PretrainConfig {
             exit_duration_in_mins: None,
             exit_signal_handler: false,
             cuda_graph_warmup_steps: None,
+            products: ProductPlan::default(),
             tensor_model_parallel_size: 1,
             pipeline_model_parallel_size: 1,
             num_layers_per_virtual_pipeline_stage: None,
@@ -287,15 +292,9 @@ impl PretrainConfig {
         if !device.is_autodiff() {
             bail!("pretrain needs an autodiff device");
         }
-        if self.micro_batch_size == 0
-            || !self.global_batch_size.is_multiple_of(self.micro_batch_size)
-        {
-            bail!(
-                "--global-batch-size {} is not a multiple of --micro-batch-size {}",
-                self.global_batch_size,
-                self.micro_batch_size
-            );
-        }
+        // The batches' one check ([`BatchPlan`]'s), on one data-parallel rank: what fails
+        // there fails on any number.
+        BatchPlan::new(self, 1, 0)?;
         if !device.supports_dtype(self.precision.dtype()) {
             // WGSL, the shader language of wgpu devices, has no bf16, for one.
             bail!(

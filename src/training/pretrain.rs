@@ -114,6 +114,7 @@ pub fn pretrain_on(
     world: Arc<dyn Communicator>,
 ) -> Result<PretrainOutcome> {
     cfg.validate(device)?;
+    crate::util::matmul::choose_products(cfg.products).map_err(anyhow::Error::msg)?;
     let started = std::time::Instant::now();
     // Steady-state steps reuse resident memory instead of page-faulting it back in.
     crate::util::allocator::retain_freed_memory();
@@ -125,6 +126,9 @@ pub fn pretrain_on(
     let rank0 = parallel.is_world_rank0();
     if rank0 {
         println!("{}", parallel.layout.log_line());
+        if let Some(line) = crate::util::matmul::products_log_line(device) {
+            println!(" > {line}");
+        }
     }
     let plan = BatchPlan::new(cfg, parallel.layout.dp, parallel.coordinates.dp)?;
     // Rank 0 builds (and caches) the dataset indices; the others then read the cache.

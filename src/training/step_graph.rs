@@ -93,7 +93,7 @@ impl StepGraph {
         #[cfg(feature = "cuda")]
         if crate::util::matmul::uses_cublas(device) && !crate::util::cublas::capturable() {
             return Err(
-                "cuBLAS's products ordered by the host (FERROTRON_CUBLAS_ORDER=host) cannot be \
+                "cuBLAS's products ordered by the host (--cublas-ordering host) cannot be \
                  replayed: a replay does not come back to the host between products"
                     .into(),
             );

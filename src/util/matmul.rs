@@ -5,10 +5,106 @@
 //! the same kind: `da = dc · bᵀ`, `db = aᵀ · dc` (transposes are strides, never copies), given
 //! to cuBLAS together ([`extension::Gemm::gemm_independent`]: one ordering window for both).
 //! cuBLAS itself is in [`super::cublas`]; without the `cuda` feature, on other devices, for
-//! dtypes it does not take (f32 unless `FERROTRON_MATMUL=cublas`), or with
-//! `FERROTRON_MATMUL=cubecl`, [`matmul`] is exactly `a.matmul(b)`.
+//! f32 (cuBLAS without TF32 was slower than CubeCL's f32 kernels on an H200: docs/gpu.md,
+//! "Matrix products on cuBLAS"), or with `--cuda-matmul cubecl`, [`matmul`] is exactly
+//! `a.matmul(b)`.
+//!
+//! Which kernels a CUDA run's products use is chosen once per process ([`choose_products`],
+//! from the run's configuration) because every layer calls [`matmul`] without a handle on the
+//! run: a choice that changed between layers would mix streams mid-step.
+
+use std::sync::OnceLock;
 
 use burn::tensor::Tensor;
+
+/// Where a CUDA run's half-precision products run (`--cuda-matmul`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ProductKernels {
+    /// `cublas`, the default: bf16 and fp16 products on cuBLAS.
+    #[default]
+    Cublas,
+    /// `cubecl`: CubeCL's autotuned kernels for every product (the step is then CubeCL's
+    /// alone: one stream, what a reference run or a capture of CubeCL's kernels wants).
+    Cubecl,
+}
+
+/// How cuBLAS's stream is ordered against CubeCL's (`--cublas-ordering`): a speed/memory
+/// trade-off a user chooses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CublasOrdering {
+    /// `device`, the default: counters on the device order the streams and the host waits for
+    /// nothing; buffers cuBLAS reads stay pinned until the GPU has run its products, so the
+    /// peak memory is higher.
+    #[default]
+    Device,
+    /// `host`: the host waits for each stream around each window of products (slower, the
+    /// lowest peak memory; a step so ordered cannot be captured).
+    Host,
+}
+
+/// The products' plan of a run: [`ProductKernels`] and [`CublasOrdering`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProductPlan {
+    pub kernels: ProductKernels,
+    pub ordering: CublasOrdering,
+}
+
+impl ProductPlan {
+    /// The plan of `--cuda-matmul` and `--cublas-ordering`, checked.
+    pub fn from_flags(kernels: &str, ordering: &str) -> Result<Self, String> {
+        let kernels = match kernels {
+            "cublas" => ProductKernels::Cublas,
+            "cubecl" => ProductKernels::Cubecl,
+            other => return Err(format!("--cuda-matmul {other}: expected cublas or cubecl")),
+        };
+        let ordering = match ordering {
+            "device" => CublasOrdering::Device,
+            "host" => CublasOrdering::Host,
+            other => {
+                return Err(format!(
+                    "--cublas-ordering {other}: expected device or host"
+                ))
+            }
+        };
+        Ok(Self { kernels, ordering })
+    }
+
+    /// The log's words for it on a CUDA device.
+    pub fn describe(&self) -> &'static str {
+        match (self.kernels, self.ordering) {
+            (ProductKernels::Cubecl, _) => "matrix products: CubeCL's kernels",
+            (ProductKernels::Cublas, CublasOrdering::Device) => {
+                "matrix products: bf16/fp16 on cuBLAS, ordered on the device"
+            }
+            (ProductKernels::Cublas, CublasOrdering::Host) => {
+                "matrix products: bf16/fp16 on cuBLAS, ordered by the host"
+            }
+        }
+    }
+}
+
+static PLAN: OnceLock<ProductPlan> = OnceLock::new();
+
+/// Fixes the process's products to `plan`: an error where products already ran under another
+/// (two runs of one process that differ in it; the first product fixes the default).
+pub fn choose_products(plan: ProductPlan) -> Result<(), String> {
+    let fixed = *PLAN.get_or_init(|| plan);
+    if fixed == plan {
+        Ok(())
+    } else {
+        Err(format!(
+            "this process's matrix products are already fixed ({}); a run asking for another \
+             plan ({}) needs a process of its own",
+            fixed.describe(),
+            plan.describe()
+        ))
+    }
+}
+
+/// The process's products' plan: the one chosen, else the default (fixed from then on).
+pub fn product_plan() -> ProductPlan {
+    *PLAN.get_or_init(ProductPlan::default)
+}
 
 /// `a · b` over the last two dimensions (`[..., m, k] · [..., k, n]`, the same leading
 /// dimensions).
@@ -20,8 +116,8 @@ pub fn matmul<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> Tensor<D> {
     a.matmul(b)
 }
 
-/// Whether some products on `device` go to cuBLAS (a CUDA device, unless
-/// `FERROTRON_MATMUL=cubecl` or cuBLAS is missing): they run on a stream of their own.
+/// Whether some products on `device` go to cuBLAS (a CUDA device, unless `--cuda-matmul
+/// cubecl` or cuBLAS is missing): they run on a stream of their own.
 pub fn uses_cublas(device: &burn::tensor::Device) -> bool {
     #[cfg(feature = "cuda")]
     {
@@ -36,6 +132,21 @@ pub fn uses_cublas(device: &burn::tensor::Device) -> bool {
         let _ = device;
         false
     }
+}
+
+/// The log's line on the products of a run on `device` (once [`choose_products`] fixed
+/// them): `None` off CUDA, where they have no choice.
+pub fn products_log_line(device: &burn::tensor::Device) -> Option<&'static str> {
+    #[cfg(feature = "cuda")]
+    if on_cuda(device) {
+        return Some(if uses_cublas(device) {
+            product_plan().describe()
+        } else {
+            "matrix products: CubeCL's kernels"
+        });
+    }
+    let _ = device;
+    None
 }
 
 /// Whether [`matmul`] takes the extension: a CUDA tensor of a dtype cuBLAS takes.
@@ -191,5 +302,40 @@ pub mod extension {
             a.into_dispatch(),
             b.into_dispatch(),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The two flags' spellings give their plans, and any other value is refused with the
+    /// flag's name and what it takes (a typo must not fall back on the default silently).
+    #[test]
+    fn the_flags_spell_the_plan_and_refuse_other_values() {
+        let plan = ProductPlan::from_flags("cubecl", "host").unwrap();
+        assert_eq!(plan.kernels, ProductKernels::Cubecl);
+        assert_eq!(plan.ordering, CublasOrdering::Host);
+        assert_eq!(
+            ProductPlan::from_flags("cublas", "device").unwrap(),
+            ProductPlan::default()
+        );
+        let err = ProductPlan::from_flags("cuBLAS", "device").unwrap_err();
+        assert!(
+            err.contains("--cuda-matmul cuBLAS: expected cublas or cubecl"),
+            "{err}"
+        );
+        let err = ProductPlan::from_flags("cublas", "device-caller").unwrap_err();
+        assert!(err.contains("--cublas-ordering device-caller"), "{err}");
+    }
+
+    /// The process's plan, once fixed, is what every later run must ask for: the default run
+    /// (every test's) is accepted again; its words name the plan.
+    #[test]
+    fn a_fixed_plan_accepts_itself() {
+        choose_products(ProductPlan::default()).unwrap();
+        choose_products(ProductPlan::default()).unwrap();
+        assert_eq!(product_plan(), ProductPlan::default());
+        assert!(product_plan().describe().contains("on the device"));
     }
 }

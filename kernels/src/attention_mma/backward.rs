@@ -2,29 +2,22 @@
 
 use cubecl::prelude::*;
 
-use super::{
-    accumulate_rows_times, fill_shared, load_rows, rows_times_transposed, store_rows, tiles_at,
-    Tiles,
+use super::{accumulate_rows_times, fill_shared, rows_times_transposed, store_rows};
+use crate::attention_common::{
+    has_row, key_tiles, load_plain_tile, load_row_values, probability_and_gradient, prologue,
+    query_tiles, AttentionScalars, DropoutArgs, RowStats, TileRows,
 };
-use crate::attention::{
-    cube_block, dropout_args, load_row_values, probability_and_gradient, DropoutArgs, RowStats,
-};
-use crate::dropout::salted;
 
 /// `delta = Σ do ⊙ o` of each of the block's query rows (from the `grads` tile and
-/// `output`, in f32) into `delta` (for the key kernel) and `deltas` (this cube's; 0 past the
-/// head's end).
+/// `output`, in f32) into `delta` (for the key kernel) and `deltas` (this cube's; 0 where
+/// the head has no row).
 #[cube]
-#[allow(clippy::too_many_arguments)]
 fn store_deltas<F: Float, A: Float, N: Size>(
     grads: &Shared<[F]>,
     output: &[Vector<F, N>],
     delta: &mut [A],
     deltas: &mut Shared<[A]>,
-    head_row: usize,
-    start: usize,
-    seq: usize,
-    cube_active: bool,
+    own: &TileRows,
     #[comptime] block: u32,
     #[comptime] head_dim: u32,
 ) {
@@ -33,8 +26,8 @@ fn store_deltas<F: Float, A: Float, N: Size>(
     let mut i = UNIT_POS as usize;
     while i < block as usize {
         let mut row_delta = A::new(0.0);
-        if cube_active && start + i < seq {
-            let row = head_row + start + i;
+        if has_row(own, own.start + i) {
+            let row = own.head_row + own.start + i;
             for c in 0..comptime!(head_dim as usize / n) {
                 let o = output[(row * d) / n + c];
                 #[unroll]
@@ -52,7 +45,7 @@ fn store_deltas<F: Float, A: Float, N: Size>(
 
 /// The dropped probability and the score gradient `(p̃, ds)` of element `e` of the plane's
 /// rows of a `[block, block]` tile, from the unscaled score, `do·v` and the query's
-/// statistics; both zero where the query does not see the key. The rows are queries
+/// statistics; both zero where the mask hides the key from the query. The rows are queries
 /// (`start + r`) and the columns keys (`first + c`) in the dq kernel, the other way round
 /// with `by_key` (the dk/dv kernel).
 #[cube]
@@ -64,7 +57,7 @@ fn tile_element<A: Float>(
     deltas: &Shared<[A]>,
     plane: usize,
     e: usize,
-    at: &Tiles,
+    at: &TileRows,
     scale: A,
     draw: &DropoutArgs,
     #[comptime] tile: u32,
@@ -75,28 +68,27 @@ fn tile_element<A: Float>(
     let b = comptime!((tile * planes) as usize);
     let (r, c) = (plane * tile as usize + e / b, e % b);
     let (own, other) = (at.start + r, at.first + c);
-    let mut query = r;
-    let (mut position, mut key_position) = (own, other);
+    let mut query_row = r;
+    let (mut query, mut key) = (own, other);
     if by_key {
-        query = c;
-        position = other;
-        key_position = own;
+        query_row = c;
+        query = other;
+        key = own;
     }
     let stats = RowStats::<A> {
-        lse: lse[query],
-        delta: deltas[query],
+        lse: lse[query_row],
+        delta: deltas[query_row],
     };
     let at_element = plane * tile as usize * b + e;
+    let score = scores[at_element] * scale;
     probability_and_gradient::<A>(
-        scores[at_element] * scale,
+        score,
         dprobs[at_element],
         stats,
-        (at.head_row + position) * at.seq + key_position,
-        position < at.seq && key_position <= position,
-        draw.key_lo,
-        draw.key_hi,
-        draw.threshold,
-        draw.keep_scale,
+        at,
+        query,
+        key,
+        draw,
         dropout,
     )
 }
@@ -112,9 +104,9 @@ fn query_score_grads<F: Float, A: Float>(
     deltas: &Shared<[A]>,
     score_grads: &mut Shared<[F]>,
     plane: usize,
-    at: Tiles,
+    at: &TileRows,
     scale: A,
-    draw: DropoutArgs,
+    draw: &DropoutArgs,
     #[comptime] tile: u32,
     #[comptime] planes: u32,
     #[comptime] dropout: bool,
@@ -123,7 +115,7 @@ fn query_score_grads<F: Float, A: Float>(
     let mut e = UNIT_POS_PLANE as usize;
     while e < comptime!((tile * tile * planes) as usize) {
         let (_, ds) = tile_element::<A>(
-            scores, dprobs, lse, deltas, plane, e, &at, scale, &draw, tile, planes, false, dropout,
+            scores, dprobs, lse, deltas, plane, e, at, scale, draw, tile, planes, false, dropout,
         );
         score_grads[base + e] = F::cast_from(ds);
         e += PLANE_DIM as usize;
@@ -135,7 +127,7 @@ fn query_score_grads<F: Float, A: Float>(
 /// over all the plane's units.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn key_tiles<F: Float, A: Float>(
+fn key_score_grads<F: Float, A: Float>(
     scores: &Shared<[A]>,
     dprobs: &Shared<[A]>,
     lse: &Shared<[A]>,
@@ -143,7 +135,7 @@ fn key_tiles<F: Float, A: Float>(
     kept_probs: &mut Shared<[F]>,
     score_grads: &mut Shared<[F]>,
     plane: usize,
-    at: Tiles,
+    at: &TileRows,
     scale: A,
     draw: &DropoutArgs,
     #[comptime] tile: u32,
@@ -154,7 +146,7 @@ fn key_tiles<F: Float, A: Float>(
     let mut e = UNIT_POS_PLANE as usize;
     while e < comptime!((tile * tile * planes) as usize) {
         let (p_kept, ds) = tile_element::<A>(
-            scores, dprobs, lse, deltas, plane, e, &at, scale, draw, tile, planes, true, dropout,
+            scores, dprobs, lse, deltas, plane, e, at, scale, draw, tile, planes, true, dropout,
         );
         kept_probs[base + e] = F::cast_from(p_kept);
         score_grads[base + e] = F::cast_from(ds);
@@ -175,26 +167,16 @@ pub fn mma_attention_backward_query<F: Float, A: Float, N: Size>(
     logsumexp: &[A],
     delta: &mut [A],
     grad_query: &mut [Vector<F, N>],
-    scale: f32,
-    heads: u32,
-    seq: u32,
+    scalars: AttentionScalars,
     salt: &[u32],
-    key_lo: u32,
-    key_hi: u32,
-    threshold: u32,
-    keep_scale: f32,
     #[comptime] head_dim: u32,
     #[comptime] dropout: bool,
     #[comptime] tile: u32,
     #[comptime] planes: u32,
 ) {
-    let key_lo = salted(key_lo, salt, 0usize, dropout);
-    let key_hi = salted(key_hi, salt, 1usize, dropout);
     let block = comptime!(tile * planes);
-    let (s, b) = (seq as usize, block as usize);
-    let (cube_active, head_row, start) = cube_block(heads, seq, block);
+    let (own, draw, scale) = prologue::<A>(&scalars, salt, block, dropout);
     let plane = (UNIT_POS / PLANE_DIM) as usize;
-    let scale = A::cast_from(scale);
 
     let tile_len = comptime!((block * head_dim) as usize);
     let square = comptime!((block * block) as usize);
@@ -206,39 +188,24 @@ pub fn mma_attention_backward_query<F: Float, A: Float, N: Size>(
     let mut dprobs = Shared::<[A]>::new_slice(square);
     let mut score_grads = Shared::<[F]>::new_slice(square);
     let mut acc = Shared::<[A]>::new_slice(tile_len);
-    let mut lse = Shared::<[A]>::new_slice(b);
-    let mut deltas = Shared::<[A]>::new_slice(b);
+    let mut lse = Shared::<[A]>::new_slice(block as usize);
+    let mut deltas = Shared::<[A]>::new_slice(block as usize);
 
     fill_shared::<A>(&mut acc, A::new(0.0), tile_len);
-    let mut tiles = 0usize;
-    if cube_active {
-        load_rows::<F, N>(query, &mut queries, head_row, start, s, block, head_dim);
-        load_rows::<F, N>(grad_output, &mut grads, head_row, start, s, block, head_dim);
-        load_row_values::<A>(logsumexp, &mut lse, head_row, start, s, block);
-        tiles = start / b + 1;
-    }
+    load_plain_tile::<F, N>(query, &mut queries, &own, block, head_dim);
+    load_plain_tile::<F, N>(grad_output, &mut grads, &own, block, head_dim);
+    load_row_values::<A>(logsumexp, &mut lse, &own, block);
     sync_cube();
-    store_deltas::<F, A, N>(
-        &grads,
-        output,
-        delta,
-        &mut deltas,
-        head_row,
-        start,
-        s,
-        cube_active,
-        block,
-        head_dim,
-    );
-    for t in 0..tiles {
-        let first = t * b;
-        load_rows::<F, N>(key, &mut keys, head_row, first, s, block, head_dim);
-        load_rows::<F, N>(value, &mut values, head_row, first, s, block, head_dim);
+    store_deltas::<F, A, N>(&grads, output, delta, &mut deltas, &own, block, head_dim);
+    let (first_tile, end_tile) = key_tiles(&own, block, block);
+    for t in first_tile..end_tile {
+        let at = own.at_tile(t * block as usize);
+        load_plain_tile::<F, N>(key, &mut keys, &at, block, head_dim);
+        load_plain_tile::<F, N>(value, &mut values, &at, block, head_dim);
         sync_cube();
         rows_times_transposed::<F, A>(&queries, &keys, &mut scores, plane, tile, planes, head_dim);
         rows_times_transposed::<F, A>(&grads, &values, &mut dprobs, plane, tile, planes, head_dim);
         sync_cube();
-        let at = tiles_at(head_row, start, first, s);
         query_score_grads::<F, A>(
             &scores,
             &dprobs,
@@ -246,9 +213,9 @@ pub fn mma_attention_backward_query<F: Float, A: Float, N: Size>(
             &deltas,
             &mut score_grads,
             plane,
-            at,
+            &at,
             scale,
-            dropout_args(key_lo, key_hi, threshold, keep_scale),
+            &draw,
             tile,
             planes,
             dropout,
@@ -257,14 +224,11 @@ pub fn mma_attention_backward_query<F: Float, A: Float, N: Size>(
         accumulate_rows_times::<F, A>(&score_grads, &keys, &mut acc, plane, tile, planes, head_dim);
         sync_cube();
     }
-    if cube_active {
-        store_rows::<F, A, N>(&acc, scale, grad_query, head_row, start, s, block, head_dim);
-    }
+    store_rows::<F, A, N>(&acc, scale, grad_query, &own, block, head_dim);
 }
 
 /// Backward, per block of key rows: `grad_key = scale Σ_i ds q_i` and `grad_value = Σ_i p̃
-/// do_i`, from the queries that see the keys (each key's own position onwards) and their
-/// `logsumexp` and `delta`.
+/// do_i`, from the queries that see the keys and their `logsumexp` and `delta`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn mma_attention_backward_key_value<F: Float, A: Float, N: Size>(
@@ -276,27 +240,16 @@ pub fn mma_attention_backward_key_value<F: Float, A: Float, N: Size>(
     delta: &[A],
     grad_key: &mut [Vector<F, N>],
     grad_value: &mut [Vector<F, N>],
-    scale: f32,
-    heads: u32,
-    seq: u32,
+    scalars: AttentionScalars,
     salt: &[u32],
-    key_lo: u32,
-    key_hi: u32,
-    threshold: u32,
-    keep_scale: f32,
     #[comptime] head_dim: u32,
     #[comptime] dropout: bool,
     #[comptime] tile: u32,
     #[comptime] planes: u32,
 ) {
-    let key_lo = salted(key_lo, salt, 0usize, dropout);
-    let key_hi = salted(key_hi, salt, 1usize, dropout);
-    let draw = dropout_args(key_lo, key_hi, threshold, keep_scale);
     let block = comptime!(tile * planes);
-    let (s, b) = (seq as usize, block as usize);
-    let (cube_active, head_row, start) = cube_block(heads, seq, block);
+    let (own, draw, scale) = prologue::<A>(&scalars, salt, block, dropout);
     let plane = (UNIT_POS / PLANE_DIM) as usize;
-    let scale = A::cast_from(scale);
 
     let tile_len = comptime!((block * head_dim) as usize);
     let square = comptime!((block * block) as usize);
@@ -311,31 +264,25 @@ pub fn mma_attention_backward_key_value<F: Float, A: Float, N: Size>(
     let mut ds = Shared::<[F]>::new_slice(square);
     let mut dk = Shared::<[A]>::new_slice(tile_len);
     let mut dv = Shared::<[A]>::new_slice(tile_len);
-    let mut lse = Shared::<[A]>::new_slice(b);
-    let mut deltas = Shared::<[A]>::new_slice(b);
+    let mut lse = Shared::<[A]>::new_slice(block as usize);
+    let mut deltas = Shared::<[A]>::new_slice(block as usize);
 
     fill_shared::<A>(&mut dk, A::new(0.0), tile_len);
     fill_shared::<A>(&mut dv, A::new(0.0), tile_len);
-    // Query tiles from this block's own (the diagonal) to the head's last.
-    let blocks = s.div_ceil(b);
-    let mut first_tile = blocks;
-    if cube_active {
-        load_rows::<F, N>(key, &mut keys, head_row, start, s, block, head_dim);
-        load_rows::<F, N>(value, &mut values, head_row, start, s, block, head_dim);
-        first_tile = start / b;
-    }
-    for t in first_tile..blocks {
-        let first = t * b;
-        load_rows::<F, N>(query, &mut queries, head_row, first, s, block, head_dim);
-        load_rows::<F, N>(grad_output, &mut grads, head_row, first, s, block, head_dim);
-        load_row_values::<A>(logsumexp, &mut lse, head_row, first, s, block);
-        load_row_values::<A>(delta, &mut deltas, head_row, first, s, block);
+    load_plain_tile::<F, N>(key, &mut keys, &own, block, head_dim);
+    load_plain_tile::<F, N>(value, &mut values, &own, block, head_dim);
+    let (first_tile, end_tile) = query_tiles(&own, block);
+    for t in first_tile..end_tile {
+        let at = own.at_tile(t * block as usize);
+        load_plain_tile::<F, N>(query, &mut queries, &at, block, head_dim);
+        load_plain_tile::<F, N>(grad_output, &mut grads, &at, block, head_dim);
+        load_row_values::<A>(logsumexp, &mut lse, &at, block);
+        load_row_values::<A>(delta, &mut deltas, &at, block);
         sync_cube();
         rows_times_transposed::<F, A>(&keys, &queries, &mut scores, plane, tile, planes, head_dim);
         rows_times_transposed::<F, A>(&values, &grads, &mut dprobs, plane, tile, planes, head_dim);
         sync_cube();
-        let at = tiles_at(head_row, start, first, s);
-        key_tiles::<F, A>(
+        key_score_grads::<F, A>(
             &scores,
             &dprobs,
             &lse,
@@ -343,7 +290,7 @@ pub fn mma_attention_backward_key_value<F: Float, A: Float, N: Size>(
             &mut kept_probs,
             &mut ds,
             plane,
-            at,
+            &at,
             scale,
             &draw,
             tile,
@@ -355,11 +302,7 @@ pub fn mma_attention_backward_key_value<F: Float, A: Float, N: Size>(
         accumulate_rows_times::<F, A>(&ds, &queries, &mut dk, plane, tile, planes, head_dim);
         sync_cube();
     }
-    if cube_active {
-        let unscaled = A::new(1.0);
-        store_rows::<F, A, N>(&dk, scale, grad_key, head_row, start, s, block, head_dim);
-        store_rows::<F, A, N>(
-            &dv, unscaled, grad_value, head_row, start, s, block, head_dim,
-        );
-    }
+    let unscaled = A::new(1.0);
+    store_rows::<F, A, N>(&dk, scale, grad_key, &own, block, head_dim);
+    store_rows::<F, A, N>(&dv, unscaled, grad_value, &own, block, head_dim);
 }

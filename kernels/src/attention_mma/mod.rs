@@ -22,9 +22,13 @@
 //! turn them element by element into probabilities (the forward's online softmax: a running
 //! maximum and sum per row) or score gradients, and the matrix unit adds their products to
 //! the plane's running rows. Products, probabilities and running rows pass through shared
-//! memory, because a matrix fragment's elements are not addressable by row.
+//! memory, because a matrix fragment's elements are not addressable by row. The prologue, the
+//! mask, the dropout and the tile loads are every attention family's
+//! ([`crate::attention_common`]).
 
 use cubecl::prelude::*;
+
+use crate::attention_common::{has_row, TileRows};
 
 mod backward;
 mod forward;
@@ -39,85 +43,28 @@ const ROW_MAJOR: cmma::MatrixLayout = cmma::MatrixLayout::RowMajor;
 const COL_MAJOR: cmma::MatrixLayout = cmma::MatrixLayout::ColMajor;
 const UNDEFINED: cmma::MatrixLayout = cmma::MatrixLayout::Undefined;
 
-/// Where a tile of the other side sits against the cube's own block: the head's first row,
-/// the block's first position, the tile's first position, the sequence length.
-#[derive(CubeType, Clone, Copy)]
-pub(crate) struct Tiles {
-    pub(crate) head_row: usize,
-    pub(crate) start: usize,
-    pub(crate) first: usize,
-    pub(crate) seq: usize,
-}
-
-/// The [`Tiles`] of the tile starting at position `first`.
+/// `rows` (`[block, head_dim]`, f32) times `factor` into the rows of the cube's block of
+/// `target` in vectors of `N`, those the head has, by all the cube's units.
 #[cube]
-pub(crate) fn tiles_at(head_row: usize, start: usize, first: usize, seq: usize) -> Tiles {
-    Tiles {
-        head_row,
-        start,
-        first,
-        seq,
-    }
-}
-
-/// Rows `first..first + block` of the head starting at row `head_row` into `tile`
-/// (`[block, head_dim]`, row-major), zeros past the head's end. The cube's units load
-/// consecutive vectors of `N` (coalesced; `N` divides `head_dim`, so a vector stays in its
-/// row); every unit must take part.
-#[cube]
-pub(crate) fn load_rows<F: Float, N: Size>(
-    source: &[Vector<F, N>],
-    tile: &mut Shared<[F]>,
-    head_row: usize,
-    first: usize,
-    seq: usize,
-    #[comptime] block: u32,
-    #[comptime] head_dim: u32,
-) {
-    let n = N::value().comptime();
-    let d = head_dim as usize;
-    let rows = seq - first;
-    let start = (head_row + first) * d;
-    let mut x = UNIT_POS as usize * n;
-    while x < comptime!((block * head_dim) as usize) {
-        let mut v = Vector::<F, N>::new(F::new(0.0));
-        if x / d < rows {
-            v = source[(start + x) / n];
-        }
-        #[unroll]
-        for k in 0..n {
-            tile[x + k] = v.extract(k);
-        }
-        x += CUBE_DIM as usize * n;
-    }
-}
-
-/// `rows` (`[block, head_dim]`, f32) times `factor` into the head's rows `start..` of
-/// `target` in vectors of `N`, those before the head's end, by all the cube's units.
-#[cube]
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn store_rows<F: Float, A: Float, N: Size>(
     rows: &Shared<[A]>,
     factor: A,
     target: &mut [Vector<F, N>],
-    head_row: usize,
-    start: usize,
-    seq: usize,
+    own: &TileRows,
     #[comptime] block: u32,
     #[comptime] head_dim: u32,
 ) {
     let n = N::value().comptime();
     let d = head_dim as usize;
-    let count = seq - start;
     let mut x = UNIT_POS as usize * n;
     while x < comptime!((block * head_dim) as usize) {
-        if x / d < count {
+        if has_row(own, own.start + x / d) {
             let mut v = Vector::<F, N>::new(F::new(0.0));
             #[unroll]
             for k in 0..n {
                 v.insert(k, F::cast_from(rows[x + k] * factor));
             }
-            target[((head_row + start) * d + x) / n] = v;
+            target[((own.head_row + own.start) * d + x) / n] = v;
         }
         x += CUBE_DIM as usize * n;
     }

@@ -7,6 +7,7 @@ use cubecl::server::Handle;
 use super::dropout::DropoutDraw;
 use super::salt::{current_salt_buffer, drawn_salt_arg, salt_arg};
 use super::{arg, element_vector_size, gcd};
+use crate::attention_common::AttentionScalarsLaunch;
 use crate::rows::cube_count;
 use crate::{attention, attention_planes};
 
@@ -37,6 +38,12 @@ impl AttentionShape {
         self.len() == 0
     }
 
+    /// One cube per block of `block` rows of each head: the launch grid of every attention
+    /// kernel.
+    pub(super) fn cube_count(&self, block: u32) -> CubeCount {
+        cube_count(self.heads * self.seq.div_ceil(block as usize))
+    }
+
     pub(super) fn check(&self, dropout: Option<DropoutDraw>) {
         assert!(
             self.len() <= u32::MAX as usize,
@@ -62,24 +69,68 @@ pub struct AttentionInputs<'a> {
     pub value: &'a Handle,
 }
 
-/// Dropout's kernel arguments for an optional draw: key, threshold, scale, and whether to
-/// drop at all.
-pub(super) fn draw_args(dropout: Option<DropoutDraw>) -> (u32, u32, u32, f32, bool) {
-    match dropout {
-        Some(d) => (d.key_lo, d.key_hi, d.threshold, d.scale, true),
-        None => (0, 0, 0, 1.0, false),
+impl AttentionInputs<'_> {
+    /// The query, key and value buffers' kernel arguments, `len` elements each.
+    pub(super) fn args(&self, len: usize) -> [BufferArg; 3] {
+        [self.query, self.key, self.value].map(|handle| arg(handle, len))
     }
+}
+
+/// What every attention kernel takes after its buffers but for the head width: its scalars
+/// (the shape's, the scale, and the draw's key, threshold and keep scale), the salt's
+/// binding, and whether to drop.
+pub(super) fn kernel_args(
+    client: &Client,
+    shape: AttentionShape,
+    scale: f32,
+    dropout: Option<DropoutDraw>,
+) -> (AttentionScalarsLaunch, BufferArg, bool) {
+    let (key_lo, key_hi, threshold, keep_scale) = match dropout {
+        Some(d) => (d.key_lo, d.key_hi, d.threshold, d.scale),
+        None => (0, 0, 0, 1.0),
+    };
+    let (heads, seq) = (shape.heads as u32, shape.seq as u32);
+    let scalars =
+        AttentionScalarsLaunch::new(scale, heads, seq, key_lo, key_hi, threshold, keep_scale);
+    (scalars, salt_binding(client, dropout), dropout.is_some())
 }
 
 /// The salt's binding of an attention launch (see [`salt_arg`]): without a draw, the salt's
 /// buffer as it is (never read; the launch has no buffer handle of its own to lend), looked
 /// up only then.
-pub(super) fn salt_binding(client: &Client, dropout: Option<DropoutDraw>) -> BufferArg {
+fn salt_binding(client: &Client, dropout: Option<DropoutDraw>) -> BufferArg {
     match dropout {
         Some(draw) => drawn_salt_arg(client, draw),
         None => salt_arg(client, None, &current_salt_buffer(client)),
     }
 }
+
+/// Launches the attention kernel `$kernel` (a path) on `$buffers` with `$geometry`, its
+/// cube count, cube dimension and vector size: after the buffers every attention kernel takes
+/// the same arguments ([`kernel_args`], then the head width), then its layout's own,
+/// `$layout`. For the storage type `F` of the function it is called in.
+macro_rules! launch_attention {
+    ($kernel:path, $client:expr, $geometry:expr, $shape:expr, $scale:expr, $dropout:expr;
+     [$($buffer:expr),+ $(,)?], [$($layout:expr),* $(,)?]) => {{
+        use $kernel as kernel;
+        let (count, dim, vectors) = $geometry;
+        let (scalars, salt, drop) =
+            $crate::launch::attention::kernel_args($client, $shape, $scale, $dropout);
+        kernel::launch::<F, f32>(
+            $client,
+            count,
+            dim,
+            vectors,
+            $($buffer),+,
+            scalars,
+            salt,
+            $shape.head_dim as u32,
+            drop,
+            $($layout),*
+        )
+    }};
+}
+pub(super) use launch_attention;
 
 /// The launch shape of fused attention: `block` rows of one head per cube. With tiles
 /// ([`attention`], GPUs and cubecl-cpu) one unit per 4 × 4 micro-tile, walking the other side
@@ -184,57 +235,44 @@ impl AttentionLaunch {
         }
     }
 
-    fn cube_dim(&self) -> CubeDim {
-        CubeDim::new_1d(self.units())
-    }
-
-    fn cube_count(&self, shape: AttentionShape) -> CubeCount {
-        cube_count(shape.heads * shape.seq.div_ceil(self.block as usize))
+    /// The cube count, cube dimension and vector size of a launch for `shape` stored as `F`
+    /// (see [`launch_attention!`]).
+    fn geometry<F: CubeElement>(
+        &self,
+        client: &Client,
+        shape: AttentionShape,
+    ) -> (CubeCount, CubeDim, usize) {
+        let vectors = attention_vector_size::<F>(client, shape.head_dim);
+        let dim = CubeDim::new_1d(self.units());
+        (shape.cube_count(self.block), dim, vectors)
     }
 }
 
-/// Launches an attention kernel on `$buffers`, with the shape's, scale's and dropout draw's
-/// scalars after them: `$tiles` in the tiled layout, `$planes` in the plane layout (the two
-/// kernels take the same arguments but for the layout's own, the last ones).
 /// The vector size the attention kernels read and write head rows in: the widest the device
 /// loads in one instruction that divides `head_dim` and a quad of 4 (the tiles' unit), or 1
-/// with `FERROTRON_ROW_VECTORS=0`.
+/// where a benchmark turned vectors off.
 fn attention_vector_size<F: CubeElement>(client: &Client, head_dim: usize) -> usize {
     element_vector_size::<F>(client, gcd(head_dim, 4))
 }
 
-macro_rules! launch_attention {
+/// [`launch_attention!`] in `$launch`'s layout: `$tiles` in the tiled layout, `$planes` in
+/// the plane layout (the two kernels take the same arguments but for the layout's own, the
+/// last ones).
+macro_rules! launch_in_layout {
     ($client:expr, $launch:expr, $shape:expr, $scale:expr, $dropout:expr;
      [$($buffer:expr),+ $(,)?], $tiles:path, $planes:path) => {{
-        let (key_lo, key_hi, threshold, keep_scale, drop) = draw_args($dropout);
-        let salt = salt_binding($client, $dropout);
-        macro_rules! with_layout {
-            ($kernel:path, $first:expr, $second:expr) => {{
-                use $kernel as kernel;
-                kernel::launch::<F, f32>(
-                    $client,
-                    $launch.cube_count($shape),
-                    $launch.cube_dim(),
-                    attention_vector_size::<F>($client, $shape.head_dim),
-                    $($buffer),+,
-                    $scale,
-                    $shape.heads as u32,
-                    $shape.seq as u32,
-                    salt,
-                    key_lo,
-                    key_hi,
-                    threshold,
-                    keep_scale,
-                    $shape.head_dim as u32,
-                    drop,
-                    $first,
-                    $second,
-                )
-            }};
-        }
-        match $launch.plane {
-            None => with_layout!($tiles, $launch.block, $launch.unroll),
-            Some(plane) => with_layout!($planes, plane, $launch.block / plane),
+        let launch: AttentionLaunch = $launch;
+        let geometry = launch.geometry::<F>($client, $shape);
+        let (client, shape, scale, dropout) = ($client, $shape, $scale, $dropout);
+        match launch.plane {
+            None => launch_attention!(
+                $tiles, client, geometry, shape, scale, dropout;
+                [$($buffer),+], [launch.block, launch.unroll]
+            ),
+            Some(plane) => launch_attention!(
+                $planes, client, geometry, shape, scale, dropout;
+                [$($buffer),+], [plane, launch.block / plane]
+            ),
         }
     }};
 }
@@ -264,10 +302,10 @@ pub fn flash_attention_forward<F: Float + CubeElement>(
     }
     shape.check(dropout);
     let (n, rows) = (shape.len(), shape.rows());
-    let (q, k, v) = (inputs.query, inputs.key, inputs.value);
-    launch_attention!(
+    let [q, k, v] = inputs.args(n);
+    launch_in_layout!(
         client, launch, shape, scale, dropout;
-        [arg(q, n), arg(k, n), arg(v, n), arg(output, n), arg(logsumexp, rows)],
+        [q, k, v, arg(output, n), arg(logsumexp, rows)],
         attention::flash_attention_forward,
         attention_planes::plane_attention_forward
     );
@@ -316,15 +354,15 @@ pub fn flash_attention_backward<F: Float + CubeElement>(
     shape.check(dropout);
     let (n, rows) = (shape.len(), shape.rows());
     let [grad_query, grad_key, grad_value] = grads;
-    let (q, k, v) = (inputs.query, inputs.key, inputs.value);
     // `delta` is written by the first kernel and read by the second (the same stream, in
     // order).
-    launch_attention!(
+    let [q, k, v] = inputs.args(n);
+    launch_in_layout!(
         client, launch, shape, scale, dropout;
         [
-            arg(q, n),
-            arg(k, n),
-            arg(v, n),
+            q,
+            k,
+            v,
             arg(output, n),
             arg(grad_output, n),
             arg(logsumexp, rows),
@@ -334,12 +372,13 @@ pub fn flash_attention_backward<F: Float + CubeElement>(
         attention::flash_attention_backward_query,
         attention_planes::plane_attention_backward_query
     );
-    launch_attention!(
+    let [q, k, v] = inputs.args(n);
+    launch_in_layout!(
         client, launch, shape, scale, dropout;
         [
-            arg(q, n),
-            arg(k, n),
-            arg(v, n),
+            q,
+            k,
+            v,
             arg(grad_output, n),
             arg(logsumexp, rows),
             arg(delta, rows),

@@ -6,12 +6,10 @@ use cubecl::ir::{ElemType, FloatKind};
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
-use super::attention::{AttentionInputs, AttentionShape};
+use super::attention::{launch_attention, AttentionInputs, AttentionShape};
 use super::dropout::DropoutDraw;
 use super::{arg, element_vector_size};
 use crate::attention_mma;
-use crate::env_switch::EnvSwitch;
-use crate::rows::cube_count;
 
 /// The launch shape of [`mma_attention_forward`] and [`mma_attention_backward`]: `planes`
 /// planes of `plane` units per cube, each plane owning `tile` rows, the matrix unit's
@@ -38,11 +36,8 @@ impl MmaAttention {
     /// The launch for heads of `head_dim` stored as `F`, if `client`'s device multiplies `F`
     /// into f32 on matrix units in square tiles that divide `head_dim`, has planes of a
     /// fixed width, and has the shared memory for one plane at least; `None` otherwise (the
-    /// tiled or plane kernels then run). `FERROTRON_ATTENTION_MMA=0` turns it off.
+    /// tiled or plane kernels then run).
     pub fn for_client<F: Float>(client: &Client, head_dim: usize) -> Option<Self> {
-        if !matrix_units_on() {
-            return None;
-        }
         let properties = client.properties();
         let hardware = &properties.hardware;
         let plane = hardware.plane_size_max;
@@ -102,20 +97,18 @@ impl MmaAttention {
         );
     }
 
-    fn cube_dim(&self) -> CubeDim {
-        CubeDim::new_1d(self.planes * self.plane)
+    /// The cube count, cube dimension and vector size of a launch for `shape` stored as `F`
+    /// (see [`launch_attention!`]): head rows in the widest vectors that divide them, which
+    /// the plain tiles of the matrix units take whole (a vector stays in its row).
+    fn geometry<F: CubeElement>(
+        &self,
+        client: &Client,
+        shape: AttentionShape,
+    ) -> (CubeCount, CubeDim, usize) {
+        let vectors = element_vector_size::<F>(client, shape.head_dim);
+        let dim = CubeDim::new_1d(self.planes * self.plane);
+        (shape.cube_count(self.block()), dim, vectors)
     }
-
-    fn cube_count(&self, shape: AttentionShape) -> CubeCount {
-        cube_count(shape.heads * shape.seq.div_ceil(self.block() as usize))
-    }
-}
-
-/// Whether the attention may run on matrix units: unless `FERROTRON_ATTENTION_MMA=0`, read
-/// once per process (the launchers ask on every attention launch).
-fn matrix_units_on() -> bool {
-    static ON: EnvSwitch = EnvSwitch::new("FERROTRON_ATTENTION_MMA");
-    ON.on()
 }
 
 /// Fused causal attention forward on matrix units: what
@@ -138,32 +131,12 @@ pub fn mma_attention_forward<F: Float + CubeElement>(
     launch.check(shape);
     shape.check(dropout);
     let (n, rows) = (shape.len(), shape.rows());
-    let (key_lo, key_hi, threshold, keep_scale, drop) = super::attention::draw_args(dropout);
-    let salt = super::attention::salt_binding(client, dropout);
-    let vectors = element_vector_size::<F>(client, shape.head_dim);
-    attention_mma::mma_attention_forward::launch::<F, f32>(
-        client,
-        launch.cube_count(shape),
-        launch.cube_dim(),
-        vectors,
-        arg(inputs.query, n),
-        arg(inputs.key, n),
-        arg(inputs.value, n),
-        arg(output, n),
-        arg(logsumexp, rows),
-        scale,
-        shape.heads as u32,
-        shape.seq as u32,
-        salt,
-        key_lo,
-        key_hi,
-        threshold,
-        keep_scale,
-        shape.head_dim as u32,
-        drop,
-        launch.tile,
-        launch.planes,
-        launch.groups,
+    let [q, k, v] = inputs.args(n);
+    launch_attention!(
+        attention_mma::mma_attention_forward,
+        client, launch.geometry::<F>(client, shape), shape, scale, dropout;
+        [q, k, v, arg(output, n), arg(logsumexp, rows)],
+        [launch.tile, launch.planes, launch.groups]
     );
 }
 
@@ -191,60 +164,38 @@ pub fn mma_attention_backward<F: Float + CubeElement>(
     shape.check(dropout);
     let (n, rows) = (shape.len(), shape.rows());
     let [grad_query, grad_key, grad_value] = grads;
-    let (key_lo, key_hi, threshold, keep_scale, drop) = super::attention::draw_args(dropout);
-    let vectors = element_vector_size::<F>(client, shape.head_dim);
     // `delta` is written by the first kernel and read by the second (the same stream, in
     // order).
-    attention_mma::mma_attention_backward_query::launch::<F, f32>(
-        client,
-        launch.cube_count(shape),
-        launch.cube_dim(),
-        vectors,
-        arg(inputs.query, n),
-        arg(inputs.key, n),
-        arg(inputs.value, n),
-        arg(output, n),
-        arg(grad_output, n),
-        arg(logsumexp, rows),
-        arg(delta, rows),
-        arg(grad_query, n),
-        scale,
-        shape.heads as u32,
-        shape.seq as u32,
-        super::attention::salt_binding(client, dropout),
-        key_lo,
-        key_hi,
-        threshold,
-        keep_scale,
-        shape.head_dim as u32,
-        drop,
-        launch.tile,
-        launch.planes,
+    let [q, k, v] = inputs.args(n);
+    launch_attention!(
+        attention_mma::mma_attention_backward_query,
+        client, launch.geometry::<F>(client, shape), shape, scale, dropout;
+        [
+            q,
+            k,
+            v,
+            arg(output, n),
+            arg(grad_output, n),
+            arg(logsumexp, rows),
+            arg(delta, rows),
+            arg(grad_query, n),
+        ],
+        [launch.tile, launch.planes]
     );
-    attention_mma::mma_attention_backward_key_value::launch::<F, f32>(
-        client,
-        launch.cube_count(shape),
-        launch.cube_dim(),
-        vectors,
-        arg(inputs.query, n),
-        arg(inputs.key, n),
-        arg(inputs.value, n),
-        arg(grad_output, n),
-        arg(logsumexp, rows),
-        arg(delta, rows),
-        arg(grad_key, n),
-        arg(grad_value, n),
-        scale,
-        shape.heads as u32,
-        shape.seq as u32,
-        super::attention::salt_binding(client, dropout),
-        key_lo,
-        key_hi,
-        threshold,
-        keep_scale,
-        shape.head_dim as u32,
-        drop,
-        launch.tile,
-        launch.planes,
+    let [q, k, v] = inputs.args(n);
+    launch_attention!(
+        attention_mma::mma_attention_backward_key_value,
+        client, launch.geometry::<F>(client, shape), shape, scale, dropout;
+        [
+            q,
+            k,
+            v,
+            arg(grad_output, n),
+            arg(logsumexp, rows),
+            arg(delta, rows),
+            arg(grad_key, n),
+            arg(grad_value, n),
+        ],
+        [launch.tile, launch.planes]
     );
 }

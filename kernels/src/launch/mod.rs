@@ -49,7 +49,7 @@ fn check_elements(len: usize, what: &str) {
 
 /// The vector size of an element-wise kernel over rows of `hidden` elements of `F` (a bias's
 /// rows, or the whole tensor): the widest vector `client` loads in one instruction that
-/// divides `hidden`, or 1 with `FERROTRON_ROW_VECTORS=0` (as [`RowLaunch::vectorized`]).
+/// divides `hidden`, or 1 where a benchmark turned vectors off ([`crate::rows::vectors_on`]).
 fn element_vector_size<F: CubeElement>(client: &Client, hidden: usize) -> usize {
     if crate::rows::vectors_on() {
         crate::rows::widest_vector::<F>(client, hidden)

@@ -185,7 +185,7 @@ pub struct PretrainArgs {
 
     /// CUDA graphs (Megatron's): `local` with `--cuda-graph-scope full_iteration` captures the
     /// whole training step once and replays it (CubeCL devices, one rank, one micro-batch per
-    /// step, no fp16 loss scaler; on CUDA with FERROTRON_MATMUL=cubecl); `none` (default).
+    /// step, no fp16 loss scaler; on CUDA not with `--cublas-ordering host`); `none` (default).
     #[arg(long, default_value = "none")]
     pub cuda_graph_impl: String,
     /// What `--cuda-graph-impl local` captures: ferrotron captures `full_iteration` only.
@@ -194,6 +194,16 @@ pub struct PretrainArgs {
     /// Eager steps before the step is captured.
     #[arg(long, default_value_t = 3)]
     pub cuda_graph_warmup_steps: u64,
+    /// Where a CUDA run's bf16/fp16 matrix products run (ferrotron's flag): `cublas`
+    /// (default) or `cubecl` (CubeCL's kernels for all: one stream, the reference the GPU
+    /// scripts compare cuBLAS's products against). f32 products are CubeCL's either way.
+    #[arg(long, default_value = "cublas")]
+    pub cuda_matmul: String,
+    /// How cuBLAS's stream is ordered against CubeCL's (ferrotron's flag): `device` (default:
+    /// the host waits for nothing) or `host` (the host waits around each window: slower, the
+    /// lowest peak memory; no CUDA graphs).
+    #[arg(long, default_value = "device")]
+    pub cublas_ordering: String,
 
     /// Write TensorBoard scalars (loss, learning rate, grad norm, batch size, iteration time,
     /// tokens/s, validation loss and perplexity) to this directory.

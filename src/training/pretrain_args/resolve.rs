@@ -13,6 +13,7 @@ use crate::optim::grad_scaler::DynamicGradScalerConfig;
 use crate::optim::Precision;
 use crate::tokenizer::TextTokenizer;
 use crate::training::{AdamWConfig, LogOptions, PretrainConfig};
+use crate::util::matmul::ProductPlan;
 
 impl PretrainArgs {
     /// The run these flags ask for, checked; `verbose` (world rank 0) prints Megatron's notes
@@ -121,6 +122,8 @@ fn build_config(args: &PretrainArgs, verbose: bool) -> Result<PretrainConfig> {
         exit_duration_in_mins: args.exit_duration_in_mins,
         exit_signal_handler: args.exit_signal_handler,
         cuda_graph_warmup_steps: cuda_graph(args)?,
+        products: ProductPlan::from_flags(&args.cuda_matmul, &args.cublas_ordering)
+            .map_err(anyhow::Error::msg)?,
         tensor_model_parallel_size: args.tensor_model_parallel_size,
         pipeline_model_parallel_size: args.pipeline_model_parallel_size,
         num_layers_per_virtual_pipeline_stage: args.num_layers_per_virtual_pipeline_stage,

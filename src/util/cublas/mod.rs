@@ -25,6 +25,7 @@ use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cudarc::cublas::sys;
 
+use crate::util::matmul::ProductKernels;
 use gemm::{data_type, operand, GemmShape, Operand};
 use ordering::window;
 
@@ -32,40 +33,23 @@ use ordering::window;
 type CudaServer =
     <burn_cubecl::cubecl::cuda::CudaRuntime as burn_cubecl::cubecl::__private::Runtime>::Server;
 
-/// Which products go to cuBLAS (`FERROTRON_MATMUL`).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Choice {
-    /// `cubecl`: none.
-    Never,
-    /// The default: f16 and bf16 products (in f32, cuBLAS without TF32 was slower than
-    /// CubeCL's kernels: docs/gpu.md, "Matrix products on cuBLAS").
-    HalfPrecision,
-    /// `cublas`: every f32, f16 and bf16 product.
-    Always,
-}
-
-fn choice() -> Choice {
-    static CHOICE: OnceLock<Choice> = OnceLock::new();
-    *CHOICE.get_or_init(|| {
-        let asked = env_choice(
-            "FERROTRON_MATMUL",
-            &[("cubecl", Choice::Never), ("cublas", Choice::Always)],
-            Choice::HalfPrecision,
-            "using cuBLAS for half-precision products",
-        );
-        if asked == Choice::Never {
-            return asked;
+/// Whether cuBLAS takes this process's half-precision products: the plan asks for it
+/// ([`crate::util::matmul::product_plan`]) and the library is there.
+fn cublas_on() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        if crate::util::matmul::product_plan().kernels == ProductKernels::Cubecl {
+            return false;
         }
         // SAFETY: only tries to open the shared library.
-        if unsafe { sys::is_culib_present() } {
-            asked
-        } else {
+        let present = unsafe { sys::is_culib_present() };
+        if !present {
             eprintln!(
                 "warning: cuBLAS (libcublas) was not found on the library path; matrix \
                  products run on CubeCL's kernels"
             );
-            Choice::Never
         }
+        present
     })
 }
 
@@ -111,11 +95,7 @@ fn env_count(name: &str, default: usize, default_means: &str) -> usize {
 
 /// Whether products of CUDA tensors of `dtype` go to cuBLAS.
 pub fn takes(dtype: DType) -> bool {
-    match choice() {
-        Choice::Never => false,
-        Choice::HalfPrecision => matches!(dtype, DType::BF16 | DType::F16),
-        Choice::Always => matches!(dtype, DType::F32 | DType::BF16 | DType::F16),
-    }
+    cublas_on() && matches!(dtype, DType::BF16 | DType::F16)
 }
 
 /// The CUDA GPU index of `t`, if it is a tensor of burn's CUDA runtime.

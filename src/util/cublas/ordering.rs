@@ -6,7 +6,7 @@
 //! cuBLAS stream waits for that count (`cuStreamWaitValue32`), computes, and writes the count
 //! to a second counter that a CubeCL kernel waits for before anything after the products runs
 //! (`ferrotron_kernels::stream_order`). That makes the step faster than the host waiting for
-//! each stream in turn (two waits per window, `FERROTRON_CUBLAS_ORDER=host`, the fallback where
+//! each stream in turn (two waits per window, `--cublas-ordering host`, also the fallback where
 //! a driver refuses stream memory operations), which leaves the GPU idle at each wait
 //! (measured: benchmarks/results/2026-11-27-h200-device-order.md). CubeCL launches through a
 //! runner thread, so the counting kernel is flushed to the device before cuBLAS's stream is
@@ -17,16 +17,16 @@
 //! counters: the ranks of a threaded tensor-parallel run may share a GPU, and with one pair a
 //! stream's count could release another stream's products.
 //!
-//! Who queues cuBLAS's side of a window: CubeCL's device thread (the default), as a task queued
+//! Who queues cuBLAS's side of a window: CubeCL's device thread, as a task queued
 //! between the window's count and its wait (`util::device_thread`). The flush and the operands'
 //! device addresses are then answers the server gives there, in order, where the thread making
 //! the products had to wait for each (a flush and three lookups per product, ≈ 1,600 waits per
 //! GPT-2 345M step, each until the device thread had run everything queued before it): the two
 //! threads took turns where they now overlap. Queued from the building thread, the step was
 //! bound by the host, not the GPU, which is what this is for (measured before:
-//! benchmarks/results/2026-11-27-h200-device-order.md; after, against
-//! `FERROTRON_CUBLAS_ORDER=device-caller`, which keeps the old way:
-//! benchmarks/results/2026-11-30-h200-device-thread.md).
+//! benchmarks/results/2026-11-27-h200-device-order.md; after:
+//! benchmarks/results/2026-11-30-h200-device-thread.md, which also measured the building
+//! thread's way at the same speed and a higher peak, so it was deleted).
 //!
 //! A captured step (`src/training/step_graph.rs`) records CubeCL's side of each window (the
 //! two ordering kernels) into its graph and cuBLAS's side here ([`RecordedWindows`]: the
@@ -61,14 +61,14 @@ use ferrotron_kernels::launch as kernels;
 
 use super::gemm::{gemm, GemmShape, Operand, Product};
 use super::{cuda_index, env_choice, env_count, CudaServer, Planned};
+use crate::util::matmul::CublasOrdering;
 
 /// One cuBLAS handle and the stream it runs on, for one GPU, and what orders that stream
 /// against CubeCL's.
 struct Blas {
     context: Arc<CudaContext>,
     /// cuBLAS's handle and stream: used by the thread making the products (host ordering,
-    /// [`Order::DeviceFromCaller`], replays) or by CubeCL's device thread
-    /// ([`Order::DeviceThread`]).
+    /// replays) or by CubeCL's device thread ([`Order::DeviceThread`]).
     side: Arc<Mutex<CublasSide>>,
     /// CubeCL's device thread for this GPU, where [`Order::DeviceThread`] queues cuBLAS's side
     /// of each window.
@@ -112,17 +112,13 @@ struct CublasSide {
 // The handle is used by one thread at a time: every use goes through the mutex around it.
 unsafe impl Send for CublasSide {}
 
-/// How cuBLAS's stream is ordered against CubeCL's (`FERROTRON_CUBLAS_ORDER`).
+/// How cuBLAS's stream is ordered against CubeCL's (`--cublas-ordering`, or host ordering
+/// where the device's cannot run).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Order {
     /// `host`: the host waits for CubeCL's stream before each window's products and for
     /// cuBLAS's after them (two waits per window).
     Host,
-    /// `device-caller`: the device orders the streams (the counters), and the thread making
-    /// the products queues cuBLAS's side itself once CubeCL's device thread has run what was
-    /// queued before: a flush and three address lookups per product, each a wait for that
-    /// thread (faster than host ordering: benchmarks/results/2026-11-27-h200-device-order.md).
-    DeviceFromCaller,
     /// `device`, the default: the device orders the streams, and CubeCL's device thread
     /// queues cuBLAS's side as a task after the window's count, so the thread making the
     /// products waits for nothing (see the module's doc).
@@ -222,14 +218,6 @@ impl Counters {
         self.windows = self.windows.wrapping_add(1);
         (self.address, self.windows)
     }
-
-    /// [`Self::count`], flushed to the device; `None` where the flush fails (the host orders
-    /// instead).
-    fn count_on_cubecl(&mut self, client_of: &CubeTensor) -> Option<(u64, u32)> {
-        let at = self.count(client_of);
-        // On the device before cuBLAS's stream waits for it (see the module's doc).
-        client_of.client.flush().ok().map(|()| at)
-    }
 }
 
 /// cuBLAS's side of one ordering window of a captured step: its products.
@@ -273,7 +261,11 @@ fn start(like: &CubeTensor, index: usize) -> Result<Blas, String> {
     }
     let device_thread = crate::util::device_thread::device_thread::<CudaServer>(&like.client);
     if order == Order::DeviceThread && device_thread.is_none() {
-        order = Order::DeviceFromCaller;
+        eprintln!(
+            "warning: CubeCL's device thread is not reachable; cuBLAS products are ordered by \
+             host waits"
+        );
+        order = Order::Host;
     }
     Ok(Blas {
         context,
@@ -321,22 +313,12 @@ fn wait_for_count(stream: &CudaStream, address: u64, count: u32) -> Result<(), S
     }
 }
 
-/// How the streams are to be ordered (`FERROTRON_CUBLAS_ORDER`: `device`, the default,
-/// `device-caller` or `host`).
+/// How the streams are to be ordered: the run's plan ([`crate::util::matmul::product_plan`]).
 fn order_asked() -> Order {
-    static ORDER: OnceLock<Order> = OnceLock::new();
-    *ORDER.get_or_init(|| {
-        env_choice(
-            "FERROTRON_CUBLAS_ORDER",
-            &[
-                ("device", Order::DeviceThread),
-                ("device-caller", Order::DeviceFromCaller),
-                ("host", Order::Host),
-            ],
-            Order::DeviceThread,
-            "the device orders cuBLAS's products",
-        )
-    })
+    match crate::util::matmul::product_plan().ordering {
+        CublasOrdering::Device => Order::DeviceThread,
+        CublasOrdering::Host => Order::Host,
+    }
 }
 
 /// Whether a step making cuBLAS products can be captured into a graph: the device orders
@@ -650,7 +632,6 @@ pub(super) fn window<const N: usize>(products: [Planned; N]) -> Option<[CubeTens
     }
     let queued = match blas.order {
         Order::DeviceThread => window_on_device_thread(blas, &buffers, &outs),
-        Order::DeviceFromCaller => window_from_caller(blas, &buffers, &outs),
         Order::Host => None,
     };
     if queued.is_none() {
@@ -697,38 +678,6 @@ fn window_on_device_thread(
     });
     wait_on_cubecl(&counters.flags, outs);
     Some(())
-}
-
-/// Device ordering with cuBLAS's side queued by this thread ([`Order::DeviceFromCaller`]);
-/// `None` where the flush or the driver refused and nothing was queued (host ordering from
-/// then on).
-fn window_from_caller(blas: &mut Blas, buffers: &[Buffers], outs: &[&CubeTensor]) -> Option<()> {
-    let first = outs[0];
-    let (queued, pins) = addresses_from_caller(first, buffers)?;
-    let counters = thread_counters(&mut blas.counters, first)?;
-    let counted = counters.count_on_cubecl(first);
-    if let Some(at) = counted.filter(|_| blas.context.bind_to_thread().is_ok()) {
-        let mut side = lock(&blas.side);
-        side.release_finished();
-        match queue_window(side.handle, &side.stream, &queued, at) {
-            Ok(()) => {
-                if let Some(far) = pins.far {
-                    side.hold_until_run(far);
-                }
-                drop(side);
-                wait_on_cubecl(&counters.flags, outs);
-                // Anything reusing these buffers now runs after the wait (see [`Release`]).
-                drop(pins.near);
-                return Some(());
-            }
-            Err(WindowError::Refused(e)) => {
-                eprintln!("warning: {e}; cuBLAS products are ordered by host waits")
-            }
-            Err(WindowError::Product(e)) => panic!("{e} ({:?})", first.dtype),
-        }
-    }
-    blas.order = Order::Host;
-    None
 }
 
 /// Host ordering: CubeCL's stream waited for, the products run, cuBLAS's stream waited for.
