@@ -100,6 +100,7 @@ const DRAW: DropoutDraw = DropoutDraw {
     salt_slot: 0,
     threshold: u32::MAX / 10,
     scale: 1.0 / 0.9,
+    slice: DrawSlice::WHOLE,
 };
 
 /// Milliseconds per call of each of [`KERNELS`] with `client`'s launch shape.
@@ -219,8 +220,8 @@ fn element_wise_timings(client: &Client, b: &Buffers, launch: RowLaunch) -> Vec<
     let (len, hidden) = (8192 * 1024, 1024);
     let bias_dropout_add_time = |slice| {
         time(client, || {
-            let (inputs, draw) = ([x, dy], Some(DRAW));
-            bias_dropout_add::<f32>(client, inputs, Some(bias), out, len, hidden, draw, slice)
+            let (inputs, draw) = ([x, dy], Some(DRAW.sliced(slice)));
+            bias_dropout_add::<f32>(client, inputs, Some(bias), out, len, hidden, draw)
         })
     };
     vec![
@@ -264,7 +265,7 @@ fn element_wise_timings(client: &Client, b: &Buffers, launch: RowLaunch) -> Vec<
             });
             copy_at_offsets::<f32, f32>(client, &pieces, out2, Buffers::LEN, 1.0)
         }),
-        bias_dropout_add_time(DrawSlice::whole(len)),
+        bias_dropout_add_time(DrawSlice::WHOLE),
         // The same draw elements as the whole tensor's, through the general index
         // `(i / own) · row + first + i % own` that a whole tensor is compiled without.
         bias_dropout_add_time(DrawSlice::chunk(len, 1, 0)),

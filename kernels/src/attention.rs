@@ -29,8 +29,7 @@ use cubecl::prelude::*;
 use crate::attention_common::{
     has_row, key_tiles, load_quad_tile, load_row_values, log_sum_exp, masked_max,
     masked_probability, no_maximum, normaliser, probability_and_gradient, prologue, quad_sum,
-    quads, query_tiles, read_quad, write_quad, AttentionScalars, DropoutArgs, Quad, RowStats,
-    TileRows,
+    quads, query_tiles, read_quad, write_quad, AttentionScalars, Quad, RowDraw, RowStats, TileRows,
 };
 
 /// Rows of a micro-tile: each unit owns 4 rows of a tile's products.
@@ -268,7 +267,7 @@ fn online_softmax_tile<A: Float>(
     sums: &mut Shared<[A]>,
     rescale: &mut Shared<[A]>,
     at: &TileRows,
-    draw: &DropoutArgs,
+    draw: &RowDraw,
     #[comptime] block: u32,
     #[comptime] dropout: bool,
 ) {
@@ -345,7 +344,7 @@ fn store_query_score_grads<A: Float>(
     my_rows: usize,
     column_group: usize,
     scale: A,
-    draw: &DropoutArgs,
+    draw: &RowDraw,
     #[comptime] block: u32,
     #[comptime] dropout: bool,
 ) {
@@ -388,7 +387,7 @@ fn store_key_tiles<A: Float>(
     my_keys: usize,
     column_group: usize,
     scale: A,
-    draw: &DropoutArgs,
+    draw: &RowDraw,
     #[comptime] block: u32,
     #[comptime] dropout: bool,
 ) {

@@ -19,12 +19,14 @@
 
 use cubecl::prelude::*;
 
-use crate::dropout::{dropout_bits, salted};
+pub(crate) use crate::dropout::RowDraw;
+use crate::dropout::{row_keeps, run_offset, salted};
 use crate::rows::cube_index;
 
 /// The scalars every attention kernel takes: the scores' scale, the number of heads (batch ×
-/// heads) and their length, and the dropout draw's key (before the salt), threshold and keep
-/// scale (unused without dropout). One launch argument, so that the families' kernels and
+/// heads) and their length, and the dropout draw's key (before the salt), threshold, keep
+/// scale and the slice of it the heads' probabilities hold (unused without dropout). One
+/// launch argument, so that the families' kernels and
 /// launchers name them once.
 #[derive(CubeType, CubeLaunch, Clone, Copy)]
 pub struct AttentionScalars {
@@ -42,6 +44,14 @@ pub struct AttentionScalars {
     pub threshold: u32,
     /// What a kept probability is multiplied by (`1 / (1 − p)`).
     pub keep_scale: f32,
+    /// The draw's slice the probabilities `[batch · heads, seq, seq]` hold: elements per run
+    /// (a batch element's heads on this rank).
+    pub draw_own: u32,
+    /// Draw elements per row of runs (a batch element's heads on every rank; 0: the whole
+    /// draw).
+    pub draw_row: u32,
+    /// The run's first element in its row (the rank's first head's).
+    pub draw_first: u32,
 }
 
 /// Where a cube works: the first row of its head, the head's length, the positions within the
@@ -98,9 +108,9 @@ pub(crate) fn prologue<A: Float>(
     salt: &[u32],
     #[comptime] block: u32,
     #[comptime] dropout: bool,
-) -> (TileRows, DropoutArgs, A) {
+) -> (TileRows, RowDraw, A) {
     let own = cube_rows(scalars, block);
-    let draw = dropout_draw(scalars, salt, dropout);
+    let draw = dropout_draw(scalars, salt, &own, dropout);
     (own, draw, A::cast_from(scalars.scale))
 }
 
@@ -150,40 +160,41 @@ pub(crate) fn query_tiles(at: &TileRows, #[comptime] tile: u32) -> (usize, usize
     (lo, hi)
 }
 
-/// A dropout draw inside attention: its key (salted), threshold and keep scale.
-#[derive(CubeType, Clone, Copy)]
-pub(crate) struct DropoutArgs {
-    pub(crate) key_lo: u32,
-    pub(crate) key_hi: u32,
-    pub(crate) threshold: u32,
-    pub(crate) keep_scale: f32,
-}
-
-/// The kernel's dropout draw: the launch's key with the device's salt words applied
-/// ([`salted`]; untouched without dropout).
+/// The cube's dropout draw: the launch's key with the device's salt words applied
+/// ([`salted`]; untouched without dropout), offset to where the probabilities of the cube's
+/// head (`at`) lie in the draw (a head's are one run of the slice).
 #[cube]
 pub(crate) fn dropout_draw(
     scalars: &AttentionScalars,
     salt: &[u32],
+    at: &TileRows,
     #[comptime] dropout: bool,
-) -> DropoutArgs {
-    DropoutArgs {
+) -> RowDraw {
+    let head_start = (at.head_row * at.seq) as u32;
+    RowDraw {
         key_lo: salted(scalars.key_lo, salt, 0usize, dropout),
         key_hi: salted(scalars.key_hi, salt, 1usize, dropout),
         threshold: scalars.threshold,
         keep_scale: scalars.keep_scale,
+        offset: run_offset(
+            head_start,
+            scalars.draw_own,
+            scalars.draw_row,
+            scalars.draw_first,
+        ),
     }
 }
 
 /// The dropout factor of the probability of the key at `key` for the query at `query`:
 /// `keep_scale` where the draw keeps it, 0 where it drops it, 1 without dropout. The draw's
 /// index is the probability's in the `[batch · heads · seq, seq]` probabilities, `row · seq +
-/// key`, the index the unfused dropout ([`crate::dropout`]) gives it, so that fused and
-/// unfused attention drop the same probabilities; the backward re-derives the mask, never
+/// key`, offset for the slice of the draw they hold, the index the unfused dropout
+/// ([`crate::dropout`]) gives it, so that fused and unfused attention drop the same
+/// probabilities on every tensor-parallel layout; the backward re-derives the mask, never
 /// stored.
 #[cube]
 pub(crate) fn kept<A: Float>(
-    draw: &DropoutArgs,
+    draw: &RowDraw,
     at: &TileRows,
     query: usize,
     key: usize,
@@ -192,7 +203,7 @@ pub(crate) fn kept<A: Float>(
     let mut factor = A::new(1.0);
     if dropout {
         let index = (at.head_row + query) * at.seq + key;
-        let keep = dropout_bits(draw.key_lo, draw.key_hi, index as u32) >= draw.threshold;
+        let keep = row_keeps(draw, index as u32);
         factor = select(keep, A::cast_from(draw.keep_scale), A::new(0.0));
     }
     factor
@@ -210,7 +221,7 @@ pub(crate) fn masked_probability<A: Float>(
     at: &TileRows,
     query: usize,
     key: usize,
-    draw: &DropoutArgs,
+    draw: &RowDraw,
     #[comptime] dropout: bool,
 ) -> (A, A) {
     let p = select(sees(at, query, key), A::exp(score - max), A::new(0.0));
@@ -270,7 +281,7 @@ pub(crate) fn probability_and_gradient<A: Float>(
     at: &TileRows,
     query: usize,
     key: usize,
-    draw: &DropoutArgs,
+    draw: &RowDraw,
     #[comptime] dropout: bool,
 ) -> (A, A) {
     let (p, keep) = masked_probability::<A>(score, stats.lse, at, query, key, draw, dropout);

@@ -16,7 +16,7 @@ use cubecl::prelude::*;
 use crate::attention_common::{
     has_row, key_tiles, log_sum_exp, masked_max, masked_probability, no_maximum, normaliser,
     probability_and_gradient, prologue, quad_sum, quads, query_tiles, read_head_quad, write_quad,
-    AttentionScalars, DropoutArgs, Quad, RowStats, TileRows,
+    AttentionScalars, Quad, RowDraw, RowStats, TileRows,
 };
 
 /// The head's row at `position` as [`Quad`]s into `target` from quad `at`, zeros where the
@@ -228,7 +228,7 @@ fn online_softmax_rows<A: Float>(
     sums: &mut Array<A>,
     acc: &mut Array<Quad<A>>,
     at: &TileRows,
-    draw: &DropoutArgs,
+    draw: &RowDraw,
     #[comptime] dropout: bool,
     #[comptime] shape: PlaneShape,
 ) {

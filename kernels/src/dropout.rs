@@ -95,21 +95,94 @@ fn apply_mask<F: Float, N: Size>(
     )
 }
 
-/// The dropout of `x`, the vector at index `vector` of a tensor that is the whole draw keyed
-/// `(key_lo, key_hi)` (elements below `threshold` dropped, the others times `scale`): what
-/// the dropout kernel stores there, for kernels that apply it on the way (the softmax's).
+/// What to add to an element's index in a tensor holding the slice `(own, row, first)` of a
+/// draw ([`dropout`]'s) to get its draw index, for the elements of the run of `own` that holds
+/// the element at `start` (0 for a whole draw, `row = 0`). Kernels whose rows never straddle
+/// two runs (the attention probabilities, a tensor-parallel rank's heads of them) compute it
+/// once per row instead of dividing per element: `i` is draw element `(i / own) · row + first
+/// + i % own`, which is `i` plus this for every `i` of the run.
 #[cube]
-pub(crate) fn whole_dropout<F: Float, N: Size>(
+pub(crate) fn run_offset(start: u32, own: u32, row: u32, first: u32) -> u32 {
+    let mut offset = 0u32;
+    if row > 0 {
+        offset = (start / own) * (row - own) + first;
+    }
+    offset
+}
+
+/// A draw as a kernel applies it along one row of a tensor (a softmax row, an attention
+/// head's probabilities): its key with the salt applied ([`salted`]), the threshold below which
+/// an element's bits drop it, what a kept element is multiplied by, and what the row's element
+/// indices are offset by in the draw ([`run_offset`]; 0 for a tensor that is the whole draw).
+#[derive(CubeType, Clone, Copy)]
+pub(crate) struct RowDraw {
+    pub(crate) key_lo: u32,
+    pub(crate) key_hi: u32,
+    pub(crate) threshold: u32,
+    pub(crate) keep_scale: f32,
+    pub(crate) offset: u32,
+}
+
+/// A draw as a launch passes it to the kernels that apply it along rows (the softmax's): its
+/// key before the salt, threshold and keep scale, and the slice `(own, row, first)` of the
+/// draw the tensor holds ([`dropout`]'s; `row = 0` for the whole draw).
+#[derive(CubeType, CubeLaunch, Clone, Copy)]
+pub struct DrawScalars {
+    /// The key's low word, before the salt.
+    pub key_lo: u32,
+    /// The key's high word, before the salt.
+    pub key_hi: u32,
+    /// Bits below it drop an element.
+    pub threshold: u32,
+    /// What a kept element is multiplied by.
+    pub keep_scale: f32,
+    /// Elements per run of the slice.
+    pub own: u32,
+    /// Draw elements per row of runs (0: the whole draw).
+    pub row: u32,
+    /// The first run's first element in its row.
+    pub first: u32,
+}
+
+/// The draw `scalars` as it applies along the row whose first element is at `start`: its key
+/// salted by `salt` (with `drop`; without, the salt is not read), offset for the slice.
+#[cube]
+pub(crate) fn row_draw(
+    scalars: &DrawScalars,
+    salt: &[u32],
+    start: u32,
+    #[comptime] drop: bool,
+) -> RowDraw {
+    RowDraw {
+        key_lo: salted(scalars.key_lo, salt, 0usize, drop),
+        key_hi: salted(scalars.key_hi, salt, 1usize, drop),
+        threshold: scalars.threshold,
+        keep_scale: scalars.keep_scale,
+        offset: run_offset(start, scalars.own, scalars.row, scalars.first),
+    }
+}
+
+/// Whether `draw` keeps the element at `index` of its row's tensor.
+#[cube]
+pub(crate) fn row_keeps(draw: &RowDraw, index: u32) -> bool {
+    dropout_bits(draw.key_lo, draw.key_hi, index + draw.offset) >= draw.threshold
+}
+
+/// The dropout of `x`, the vector at index `vector` of a row's tensor, by `draw`: what the
+/// dropout kernel stores there, for kernels that apply it on the way (the softmax's).
+#[cube]
+pub(crate) fn row_dropout<F: Float, N: Size>(
     x: Vector<F, N>,
     vector: usize,
-    key_lo: u32,
-    key_hi: u32,
-    threshold: u32,
-    scale: f32,
+    draw: &RowDraw,
 ) -> Vector<F, N> {
-    sliced_dropout::<F, N>(
-        x, vector, key_lo, key_hi, threshold, scale, 1u32, 0u32, 0u32, true,
-    )
+    let mut keep = Vector::<bool, N>::new(false);
+    let at = (vector * N::value()) as u32;
+    #[unroll]
+    for k in 0..N::value() {
+        keep.insert(k, row_keeps(draw, at + k as u32));
+    }
+    apply_mask::<F, N>(keep, x, draw.keep_scale)
 }
 
 /// The dropout of `x`, the vector at index `vector` of a tensor holding the slice `(own, row,

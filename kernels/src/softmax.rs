@@ -25,7 +25,7 @@ pub use held::{held_vectors, MOST_HELD};
 
 use held::{held_row_softmax, held_softmax_backward};
 
-use crate::dropout::{salted, whole_dropout};
+use crate::dropout::{row_draw, row_dropout, DrawScalars, RowDraw};
 use crate::reduce::{row_vector_max, row_vector_sum};
 use crate::rows::{row_index, row_length};
 use crate::vectors::positions;
@@ -147,16 +147,12 @@ fn probability_of<F: Float, A: Float, N: Size>(
     ))
 }
 
-/// What a softmax forward row needs besides its buffers: the draw (salted), its threshold and
-/// the scale of what it keeps, where the row and its mask row start (`base`, `mask_base`, in
+/// What a softmax forward row needs besides its buffers: the draw along it, where the row and its mask row start (`base`, `mask_base`, in
 /// vectors), the keys it sees (`limit`), the scores' scale and the row's vectors (`width`, 0
 /// past the last row).
 #[derive(CubeType, Clone, Copy)]
 struct ForwardArgs {
-    key_lo: u32,
-    key_hi: u32,
-    threshold: u32,
-    keep_scale: f32,
+    draw: RowDraw,
     base: usize,
     mask_base: usize,
     limit: usize,
@@ -165,9 +161,8 @@ struct ForwardArgs {
 }
 
 /// Softmax of one row of `sk` (`width` vectors of `N`) over the columns `j` where `keep(j)`;
-/// writes `output` and, with `drop`, its dropout into `dropped` (the draw `(key_lo, key_hi)`
-/// over the whole tensor, elements below `threshold` dropped, the others times
-/// `keep_scale`; without `keep_output` only `dropped` is written; see [`ForwardArgs`]). The
+/// writes `output` and, with `drop`, its dropout by the row's draw into `dropped` (without
+/// `keep_output` only `dropped` is written; see [`ForwardArgs`]). The
 /// vectors wholly past the causal limit are written as zeros without reading the input: half
 /// a causal softmax's reads and exponentials.
 #[cube]
@@ -185,8 +180,6 @@ fn masked_row_softmax<F: Float, A: Float, N: Size>(
     #[comptime] rows_per_cube: u32,
     #[comptime] plane_reduce: bool,
 ) {
-    let (key_lo, key_hi, threshold, keep_scale) =
-        (args.key_lo, args.key_hi, args.threshold, args.keep_scale);
     let (base, mask_base, causal_limit, scale, width) = (
         args.base,
         args.mask_base,
@@ -227,8 +220,7 @@ fn masked_row_softmax<F: Float, A: Float, N: Size>(
         }
         if drop {
             // As the dropout kernel computes it from the stored `y`.
-            dropped[base + j] =
-                whole_dropout::<F, N>(y, base + j, key_lo, key_hi, threshold, keep_scale);
+            dropped[base + j] = row_dropout::<F, N>(y, base + j, &args.draw);
         }
         j += step;
     }
@@ -252,8 +244,8 @@ fn masked_row_softmax<F: Float, A: Float, N: Size>(
 /// with `padded`, `mask` `[batch, 1, sq, sk]` hides keys where it is non-zero (Megatron's
 /// padding mask; one mask row serves all heads). A kernel without `padded` never reads
 /// `mask` (its launcher binds any buffer there). With `drop`, `dropped` gets the dropout of
-/// `output` (the draw `(key_lo, key_hi)` salted by `salt`, elements below `threshold` dropped, the others
-/// times `keep_scale`); without, it is never written. Without `keep_output` (and with
+/// `output` by `draw` (salted by `salt`; the tensor holds the draw's slice: a tensor-parallel
+/// rank's heads); without, it is never written. Without `keep_output` (and with
 /// `drop`) only `dropped` is written: the probabilities a selectively recomputed attention
 /// core does not keep. With `held` (a power of two, [`held_vectors`]), each unit holds that
 /// many vectors of its row in registers, read once.
@@ -265,10 +257,7 @@ pub fn masked_softmax_forward<F: Float, A: Float, N: Size>(
     output: &mut [Vector<F, N>],
     dropped: &mut [Vector<F, N>],
     salt: &[u32],
-    key_lo: u32,
-    key_hi: u32,
-    threshold: u32,
-    keep_scale: f32,
+    draw: DrawScalars,
     scale: f32,
     rows: u32,
     heads: u32,
@@ -294,10 +283,7 @@ pub fn masked_softmax_forward<F: Float, A: Float, N: Size>(
     }
     let batch = row / (sq * heads as usize);
     let args = ForwardArgs {
-        key_lo: salted(key_lo, salt, 0usize, drop),
-        key_hi: salted(key_hi, salt, 1usize, drop),
-        threshold,
-        keep_scale,
+        draw: row_draw(&draw, salt, (row * sk) as u32, drop),
         base: row * width,
         mask_base: (batch * sq + query) * width,
         limit,
@@ -338,21 +324,17 @@ pub fn masked_softmax_forward<F: Float, A: Float, N: Size>(
 
 /// The gradient reaching the softmax's output at the vector `at`: `grad_output` there, or
 /// with `drop`, the dropout backward of it (what the dropout kernel makes of it, in `F`, the
-/// draw index that of the element in the whole tensor).
+/// row's draw).
 #[cube]
-#[allow(clippy::too_many_arguments)]
 fn output_grad<F: Float, N: Size>(
     grad_output: &[Vector<F, N>],
     at: usize,
-    key_lo: u32,
-    key_hi: u32,
-    threshold: u32,
-    keep_scale: f32,
+    draw: &RowDraw,
     #[comptime] drop: bool,
 ) -> Vector<F, N> {
     let mut dy = grad_output[at];
     if drop {
-        dy = whole_dropout::<F, N>(dy, at, key_lo, key_hi, threshold, keep_scale);
+        dy = row_dropout::<F, N>(dy, at, draw);
     }
     dy
 }
@@ -381,8 +363,7 @@ fn no_statistics<A: Float, N: Size>() -> RowStatistics<A, N> {
 /// With `causal` (rows of `[.., sq, sk]` scores, query `i` seeing keys `j ≤ i + sk − sq`) the
 /// vectors wholly after a row's last key get 0 without `y` or `dy` being read: half the reads
 /// of a causal softmax's backward. With `drop`, `grad_output` is the gradient of the dropped
-/// output (the draw `(key_lo, key_hi)` salted by `salt`, elements below `threshold` dropped,
-/// the others times `keep_scale`), taken back through the dropout on the way in: the mask is
+/// output (by `draw`, salted by `salt`), taken back through the dropout on the way in: the mask is
 /// drawn in both passes over the row instead of a dropout kernel's pass writing `dy` and this
 /// one reading it. With `keep_probabilities` it also writes `probabilities`, what the `p v`
 /// product's gradient reads: `dropout(y)` with `drop` (the forward's dropped probabilities,
@@ -399,10 +380,7 @@ pub fn softmax_backward<F: Float, A: Float, N: Size>(
     grad_input: &mut [Vector<F, N>],
     probabilities: &mut [Vector<F, N>],
     salt: &[u32],
-    key_lo: u32,
-    key_hi: u32,
-    threshold: u32,
-    keep_scale: f32,
+    draw: DrawScalars,
     scale: f32,
     rows: u32,
     sq: u32,
@@ -420,20 +398,13 @@ pub fn softmax_backward<F: Float, A: Float, N: Size>(
     let width = sk as usize / N::value();
     let length = row_length(row, rows, width as u32);
     let base = row * width;
-    let (lo, hi) = (
-        salted(key_lo, salt, 0usize, drop),
-        salted(key_hi, salt, 1usize, drop),
-    );
     // A causal row's keys after the query have y = 0: neither read nor summed.
     let mut limit = sk as usize;
     if causal {
         limit = causal_limit(row % sq as usize, sq as usize, sk as usize);
     }
     let args = BackwardArgs {
-        key_lo: lo,
-        key_hi: hi,
-        threshold,
-        keep_scale,
+        draw: row_draw(&draw, salt, (row * sk as usize) as u32, drop),
         scale,
         base,
         limit,
@@ -474,15 +445,12 @@ pub fn softmax_backward<F: Float, A: Float, N: Size>(
     }
 }
 
-/// What a softmax backward row needs besides its buffers: the draw (salted), the scale, where
+/// What a softmax backward row needs besides its buffers: the draw along it, the scale, where
 /// the row starts (`base`, in vectors), the keys it sees (`limit`), the vectors holding them
 /// (`seen`) and the row's vectors (`length`, 0 past the last row).
 #[derive(CubeType, Clone, Copy)]
 struct BackwardArgs {
-    key_lo: u32,
-    key_hi: u32,
-    threshold: u32,
-    keep_scale: f32,
+    draw: RowDraw,
     scale: f32,
     base: usize,
     limit: usize,
@@ -508,8 +476,7 @@ fn streamed_softmax_backward<F: Float, A: Float, N: Size>(
     #[comptime] plane_reduce: bool,
 ) {
     let step = lanes as usize;
-    let (lo, hi, threshold, keep_scale) =
-        (args.key_lo, args.key_hi, args.threshold, args.keep_scale);
+    let draw = args.draw;
     let (base, limit, seen, length, scale) =
         (args.base, args.limit, args.seen, args.length, args.scale);
     let statistics = if formed {
@@ -533,7 +500,7 @@ fn streamed_softmax_backward<F: Float, A: Float, N: Size>(
     let mut j = UNIT_POS_X as usize;
     while j < seen {
         let y = probability_at::<F, A, N>(input, mask, base, j, limit, &statistics, formed);
-        let dy = output_grad::<F, N>(grad_output, base + j, lo, hi, threshold, keep_scale, drop);
+        let dy = output_grad::<F, N>(grad_output, base + j, &draw, drop);
         local += Vector::<A, N>::cast_from(dy) * Vector::<A, N>::cast_from(y);
         j += step;
     }
@@ -548,12 +515,11 @@ fn streamed_softmax_backward<F: Float, A: Float, N: Size>(
     while j < seen {
         let stored = probability_at::<F, A, N>(input, mask, base, j, limit, &statistics, formed);
         let y = Vector::<A, N>::cast_from(stored);
-        let dy = output_grad::<F, N>(grad_output, base + j, lo, hi, threshold, keep_scale, drop);
+        let dy = output_grad::<F, N>(grad_output, base + j, &draw, drop);
         let dy = Vector::<A, N>::cast_from(dy);
         grad_input[base + j] = Vector::<F, N>::cast_from(scale * y * (dy - dot));
         if keep_probabilities {
-            probabilities[base + j] =
-                kept_probabilities::<F, N>(stored, base + j, lo, hi, threshold, keep_scale, drop);
+            probabilities[base + j] = kept_probabilities::<F, N>(stored, base + j, &draw, drop);
         }
         j += step;
     }
@@ -573,16 +539,13 @@ fn streamed_softmax_backward<F: Float, A: Float, N: Size>(
 fn kept_probabilities<F: Float, N: Size>(
     stored: Vector<F, N>,
     at: usize,
-    key_lo: u32,
-    key_hi: u32,
-    threshold: u32,
-    keep_scale: f32,
+    draw: &RowDraw,
     #[comptime] drop: bool,
 ) -> Vector<F, N> {
     let mut y = stored;
     if drop {
         // As the forward drew it from the same stored `y`.
-        y = whole_dropout::<F, N>(stored, at, key_lo, key_hi, threshold, keep_scale);
+        y = row_dropout::<F, N>(stored, at, draw);
     }
     y
 }

@@ -95,6 +95,7 @@ fn test_draw(key_lo: u32, key_hi: u32, p: f64) -> DropoutDraw {
         salt_slot: u64::from(key_hi % 3),
         threshold: (p * 4294967296.0) as u32,
         scale: (1.0 / (1.0 - p)) as f32,
+        slice: DrawSlice::WHOLE,
     }
 }
 
@@ -1071,14 +1072,13 @@ fn transformed_bias_gradients_match<H: Storage>(
             // Each case: its name, the fused launch, and the element-wise kernel it replaces.
             type Launch<'a> = Box<dyn Fn(&Handle, &Handle) + 'a>;
             let mut cases: Vec<(String, Launch, Launch)> = Vec::new();
-            for slice in [DrawSlice::whole(len), DrawSlice::chunk(cols, 3, 1)] {
+            for slice in [DrawSlice::WHOLE, DrawSlice::chunk(cols, 3, 1)] {
+                let draw = draw.sliced(slice);
                 let fused: Launch = Box::new(move |out, sums| {
-                    dropped_bias_gradient::<H>(
-                        client, launch, grad, out, sums, rows, cols, draw, slice,
-                    )
+                    dropped_bias_gradient::<H>(client, launch, grad, out, sums, rows, cols, draw)
                 });
                 let alone: Launch =
-                    Box::new(move |out, _| dropout_slice::<H>(client, grad, out, len, draw, slice));
+                    Box::new(move |out, _| dropout::<H>(client, grad, out, len, draw));
                 cases.push((format!("dropout {slice:?}"), fused, alone));
             }
             for tanh in [false, true] {
@@ -2106,8 +2106,22 @@ fn host_dropout_bits(key_lo: u32, key_hi: u32, index: u32) -> u32 {
     fmix32(fmix32(index ^ key_lo).wrapping_add(key_hi) ^ 0x9e37_79b9)
 }
 
+/// The draw element of element `i` of a tensor holding `slice` of the draw (its definition:
+/// runs of `own` starting at `first` in rows of `row`).
+fn draw_index(slice: DrawSlice, i: usize) -> u32 {
+    let own = slice.own as usize;
+    ((i / own) * slice.row as usize + slice.first as usize + i % own) as u32
+}
+
+/// A tensor-parallel rank's draw: rank 1 of 2 holding one head of each batch element's two,
+/// the probabilities of heads of `seq` positions.
+fn second_rank_heads(draw: DropoutDraw, seq: usize) -> DropoutDraw {
+    draw.sliced(DrawSlice::chunk(seq * seq, 2, 1))
+}
+
 /// Output and gradients of causal attention in float64, the scores and probabilities
-/// materialised (the unfused math): `[o, dq, dk, dv]`.
+/// materialised (the unfused math), the probabilities dropped by the draw's bits of their
+/// elements in the tensor's slice of it: `[o, dq, dk, dv]`.
 fn attention_reference(
     [q, k, v, dout]: [&[f32]; 4],
     shape: AttentionShape,
@@ -2135,7 +2149,8 @@ fn attention_reference(
                 .map(|j| match dropout {
                     Some(dr) => {
                         let (lo, hi) = dr.key();
-                        let bits = host_dropout_bits(lo, hi, (row(i) * s + j) as u32);
+                        let index = draw_index(dr.slice, row(i) * s + j);
+                        let bits = host_dropout_bits(lo, hi, index);
                         if bits >= dr.threshold {
                             dr.scale as f64
                         } else {
@@ -2202,7 +2217,8 @@ fn attention_launches(client: &Client, head_dim: usize) -> Vec<AttentionLaunch> 
 }
 
 /// Fused attention forward and backward against float64 with the scores materialised, with
-/// and without dropout inside, for every block that fits: heads of one position, sequences
+/// and without dropout inside (of the whole draw, and of a tensor-parallel rank's heads of it),
+/// for every block that fits: heads of one position, sequences
 /// that are not a multiple of the block, head widths 1 to 128.
 #[test]
 fn flash_attention_forward_and_backward_match_float64() {
@@ -2230,7 +2246,12 @@ fn flash_attention_forward_and_backward_match_float64() {
         let n = shape.len();
         let [q, k, v, dout] = [0; 4].map(|_| rng.vec(n, -1.5, 1.5));
         let scale = 1.0 / (head_dim as f64).sqrt();
-        for dropout in [None, Some(draw)] {
+        let mut dropouts = vec![None, Some(draw)];
+        if heads > 1 {
+            // A rank's heads of the draw: each head's probabilities elsewhere in it.
+            dropouts.push(Some(second_rank_heads(draw, seq)));
+        }
+        for dropout in dropouts {
             let want = attention_reference([&q, &k, &v, &dout], shape, scale, dropout);
             for launch in attention_launches(&client, head_dim) {
                 let what = format!("{shape:?}, {launch:?}, dropout {}", dropout.is_some());
@@ -2502,12 +2523,19 @@ fn softmax_dropout_matches<H: Storage>(client: &Client) -> bool {
         return false;
     }
     let mut rng = Rng(23);
-    let draw = test_draw(0x1234_5678, 99, 0.25);
+    let whole = test_draw(0x1234_5678, 99, 0.25);
     for s in [shape(2, 3, 37, 37), shape(1, 2, 64, 64), shape(2, 1, 5, 12)] {
         let x = rounded::<H>(&rng.vec(s.len(), -6.0, 6.0));
         let input = upload_as::<H>(client, &x);
-        for launch in launches(client) {
-            let what = format!("{} {s:?} {launch:?}", H::NAME);
+        // Also a tensor-parallel rank's heads of the draw (rank 1 of 2): the softmax kernels
+        // offset each row's indices once, the dropout kernel divides per element.
+        let rank_heads = DrawSlice::chunk(s.heads * s.sq * s.sk, 2, 1);
+        let draws = [whole, whole.sliced(rank_heads)];
+        for (launch, draw) in launches(client)
+            .into_iter()
+            .flat_map(|l| draws.map(|d| (l, d)))
+        {
+            let what = format!("{} {s:?} {launch:?} {:?}", H::NAME, draw.slice);
             let [y, dropped, y_alone, dropped_alone, dropped_only] =
                 [0; 5].map(|_| poisoned_as::<H>(client, s.len()));
             let causal = SoftmaxMask::Causal;
@@ -3137,9 +3165,9 @@ fn bias_dropout_add_matches_float64_with_the_host_dropout_bits() {
         row: (5 * hidden) as u32,
         first: hidden as u32,
     };
-    for slice in [DrawSlice::whole(len), chunk] {
+    for slice in [DrawSlice::WHOLE, chunk] {
         for with_bias in [false, true] {
-            for dropout in [None, Some(draw)] {
+            for dropout in [None, Some(draw.sliced(slice))] {
                 let out = poisoned(&client, len);
                 let bias_handle = with_bias.then_some(&handles[2]);
                 bias_dropout_add::<f32>(
@@ -3150,7 +3178,6 @@ fn bias_dropout_add_matches_float64_with_the_host_dropout_bits() {
                     len,
                     hidden,
                     dropout,
-                    slice,
                 );
                 let want: Vec<f64> = (0..len)
                     .map(|i| {
@@ -3268,6 +3295,11 @@ fn mma_attention_forward_and_backward_match_float64() {
             };
             for &dropout in dropouts {
                 check_mma_attention(&client, launch, &inputs, shape, dropout, i == 0);
+            }
+            // A rank's heads of the draw (the same kernel: the slice is the launch's scalars).
+            if i == 0 && heads > 1 && head_dim <= 16 {
+                let sliced = Some(second_rank_heads(draw, seq));
+                check_mma_attention(&client, launch, &inputs, shape, sliced, false);
             }
         }
     }

@@ -117,8 +117,7 @@ impl CausalSelfAttention {
     /// Whether the attention core of inputs on `device` is computed from the projection's
     /// rows, in one op that splits and rotates them: on a CubeCL device, when nothing comes
     /// between the projection and the core but a fused rotary embedding (no query/key norms)
-    /// and a fused core is on, whose kernels can drop this rank's probabilities
-    /// ([`Self::fused_core_drops_alike`]).
+    /// and a fused core is on.
     pub fn core_from_rows(&self, device: &Device) -> bool {
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         let on_cube = crate::util::device::is_cube(device);
@@ -131,15 +130,19 @@ impl CausalSelfAttention {
             && self.q_layernorm.is_none()
             && self.rotary.as_ref().is_none_or(RotaryEmbedding::is_fused)
             && (self.flash_attention || self.masked_softmax_fusion)
-            && self.fused_core_drops_alike()
     }
 
-    /// Whether the fused attention kernels draw this rank's dropout mask: they index the
-    /// probabilities' draw as the whole tensor, so not when the heads are split over
-    /// tensor-parallel ranks with attention dropout on (each rank's heads then take their
-    /// part of the mask over every head, which the composed core's separate dropout applies).
-    fn fused_core_drops_alike(&self) -> bool {
-        self.attention_dropout.prob == 0.0 || self.attention_dropout.chunk_of.is_none()
+    /// Which part of the attention dropout's draw (over every head) the probabilities `[batch,
+    /// local heads, seq, seq]` of this rank's heads hold, for the fused kernels that drop
+    /// inside.
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    fn probabilities_slice(
+        &self,
+        batch: usize,
+        seq: usize,
+    ) -> ferrotron_kernels::launch::DrawSlice {
+        self.attention_dropout
+            .slice_of(&[batch, self.local_heads, seq, seq])
     }
 
     /// What the attention core of `x` is computed from: the projection's rows where
@@ -229,10 +232,11 @@ impl CausalSelfAttention {
                 let scale = 1.0 / (self.head_dim as f64).sqrt();
                 let per_group = self.local_heads / self.local_groups;
                 let draw = self.attention_dropout.draw(qkv.is_autodiff());
-                let rotation = self.rotary.as_ref().and_then(|rotary| {
-                    let seq = qkv.dims()[1];
-                    rotary.for_rows(seq, &qkv.device())
-                });
+                let [batch, seq, _] = qkv.dims();
+                let rotation = self
+                    .rotary
+                    .as_ref()
+                    .and_then(|rotary| rotary.for_rows(seq, &qkv.device()));
                 let kernels = self.core_kernels(keeps);
                 super::fused::attention_from_qkv(
                     qkv,
@@ -241,6 +245,7 @@ impl CausalSelfAttention {
                     per_group,
                     scale,
                     draw,
+                    self.probabilities_slice(batch, seq),
                     kernels,
                     rotation,
                 )
@@ -274,12 +279,11 @@ impl CausalSelfAttention {
         let scale = 1.0 / (self.head_dim as f64).sqrt();
         let (k, v) = (self.per_head(k), self.per_head(v));
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
-        if self.flash_attention
-            && self.fused_core_drops_alike()
-            && crate::util::device::is_cube(&q.device())
-        {
+        if self.flash_attention && crate::util::device::is_cube(&q.device()) {
             let draw = self.attention_dropout.draw(q.is_autodiff());
-            return super::fused::causal_attention(q, k, v, scale, draw);
+            let [batch, _, seq, _] = q.dims();
+            let slice = self.probabilities_slice(batch, seq);
+            return super::fused::causal_attention(q, k, v, scale, draw, slice);
         }
         let scores = matmul(q, k.transpose());
         let probs = scaled_causal_masked_softmax(scores, scale, self.masked_softmax_fusion);

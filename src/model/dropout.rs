@@ -52,7 +52,7 @@ impl Dropout {
         use ferrotron_kernels::launch::DrawSlice;
         match &self.chunk_of {
             Some(group) => DrawSlice::chunk(dims[1..].iter().product(), group.size(), group.rank()),
-            None => DrawSlice::whole(dims.iter().product()),
+            None => DrawSlice::WHOLE,
         }
     }
 

@@ -15,6 +15,7 @@ pub mod dropout;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod fused;
 pub mod gpt;
+pub mod kernel_plan;
 pub mod kv_cache;
 pub mod loss;
 pub mod mlp;

@@ -152,6 +152,10 @@ pub fn pretrain_on(
         buffer_limits::check_against(&buffer_limits::largest_tensors(cfg, flat), limit)?;
     }
     let setup = set_up_rank(cfg, plan, &parallel, device, &say)?;
+    let dtype = burn::tensor::DType::from(cfg.precision.dtype());
+    if let Some(line) = setup.optimizer.model().kernels_in_words(device, dtype) {
+        say(format!(" > {line}"));
+    }
     if cfg.overlap_grad_reduce
         && parallel.layout.dp > 1
         && !overlaps_grad_reduce(cfg, &setup, &parallel)

@@ -5,7 +5,7 @@ use cubecl::prelude::*;
 use super::{accumulate_rows_times, fill_shared, rows_times_transposed, store_rows};
 use crate::attention_common::{
     has_row, key_tiles, load_plain_tile, load_row_values, probability_and_gradient, prologue,
-    query_tiles, AttentionScalars, DropoutArgs, RowStats, TileRows,
+    query_tiles, AttentionScalars, RowDraw, RowStats, TileRows,
 };
 
 /// `delta = Σ do ⊙ o` of each of the block's query rows (from the `grads` tile and
@@ -59,7 +59,7 @@ fn tile_element<A: Float>(
     e: usize,
     at: &TileRows,
     scale: A,
-    draw: &DropoutArgs,
+    draw: &RowDraw,
     #[comptime] tile: u32,
     #[comptime] planes: u32,
     #[comptime] by_key: bool,
@@ -106,7 +106,7 @@ fn query_score_grads<F: Float, A: Float>(
     plane: usize,
     at: &TileRows,
     scale: A,
-    draw: &DropoutArgs,
+    draw: &RowDraw,
     #[comptime] tile: u32,
     #[comptime] planes: u32,
     #[comptime] dropout: bool,
@@ -137,7 +137,7 @@ fn key_score_grads<F: Float, A: Float>(
     plane: usize,
     at: &TileRows,
     scale: A,
-    draw: &DropoutArgs,
+    draw: &RowDraw,
     #[comptime] tile: u32,
     #[comptime] planes: u32,
     #[comptime] dropout: bool,

@@ -5,7 +5,7 @@ use cubecl::prelude::*;
 use super::{accumulate_rows_times, fill_shared, rows_times_transposed, store_rows};
 use crate::attention_common::{
     has_row, key_tiles, load_plain_tile, log_sum_exp, masked_max, masked_probability, no_maximum,
-    normaliser, prologue, AttentionScalars, DropoutArgs, TileRows,
+    normaliser, prologue, AttentionScalars, RowDraw, TileRows,
 };
 
 /// The row statistics the online softmax keeps in shared memory: per row its running maximum
@@ -57,7 +57,7 @@ fn plane_softmax<F: Float, A: Float>(
     plane: usize,
     at: &TileRows,
     scale: A,
-    draw: &DropoutArgs,
+    draw: &RowDraw,
     #[comptime] tile: u32,
     #[comptime] planes: u32,
     #[comptime] head_dim: u32,

@@ -4,7 +4,7 @@
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
-use super::dropout::DropoutDraw;
+use super::dropout::{DropoutDraw, NO_DRAW};
 use super::salt::{current_salt_buffer, drawn_salt_arg, salt_arg};
 use super::{arg, element_vector_size, gcd};
 use crate::attention_common::AttentionScalarsLaunch;
@@ -49,11 +49,10 @@ impl AttentionShape {
             self.len() <= u32::MAX as usize,
             "fused attention of more than 2³² elements: {self:?}"
         );
-        if dropout.is_some() {
-            assert!(
-                self.rows() as u128 * self.seq as u128 <= u32::MAX as u128,
-                "dropout inside attention indexes the probabilities with 32 bits: {self:?}"
-            );
+        if let Some(draw) = dropout {
+            // A head's probabilities are one run of the draw's slice (`kept` offsets them once).
+            draw.slice
+                .check_rows(self.rows() * self.seq, self.seq * self.seq);
         }
     }
 }
@@ -77,7 +76,7 @@ impl AttentionInputs<'_> {
 }
 
 /// What every attention kernel takes after its buffers but for the head width: its scalars
-/// (the shape's, the scale, and the draw's key, threshold and keep scale), the salt's
+/// (the shape's, the scale, and the draw's key, threshold, keep scale and slice), the salt's
 /// binding, and whether to drop.
 pub(super) fn kernel_args(
     client: &Client,
@@ -85,13 +84,20 @@ pub(super) fn kernel_args(
     scale: f32,
     dropout: Option<DropoutDraw>,
 ) -> (AttentionScalarsLaunch, BufferArg, bool) {
-    let (key_lo, key_hi, threshold, keep_scale) = match dropout {
-        Some(d) => (d.key_lo, d.key_hi, d.threshold, d.scale),
-        None => (0, 0, 0, 1.0),
-    };
+    let d = dropout.unwrap_or(NO_DRAW);
     let (heads, seq) = (shape.heads as u32, shape.seq as u32);
-    let scalars =
-        AttentionScalarsLaunch::new(scale, heads, seq, key_lo, key_hi, threshold, keep_scale);
+    let scalars = AttentionScalarsLaunch::new(
+        scale,
+        heads,
+        seq,
+        d.key_lo,
+        d.key_hi,
+        d.threshold,
+        d.scale,
+        d.slice.own,
+        d.slice.row,
+        d.slice.first,
+    );
     (scalars, salt_binding(client, dropout), dropout.is_some())
 }
 
@@ -295,7 +301,7 @@ pub fn flash_attention_forward<F: Float + CubeElement>(
     if shape.is_empty() {
         return;
     }
-    if let Some(mma) = matrix_units::<F>(client, launch, shape) {
+    if let Some(mma) = matrix_units::<F>(client, launch, shape.head_dim) {
         return super::mma_attention_forward::<F>(
             client, mma, inputs, output, logsumexp, shape, scale, dropout,
         );
@@ -311,16 +317,42 @@ pub fn flash_attention_forward<F: Float + CubeElement>(
     );
 }
 
-/// The matrix-unit launch for `F` when `launch` allows it and the device has one.
+/// The matrix-unit launch for heads of `head_dim` stored as `F` when `launch` allows it and
+/// the device has one.
 fn matrix_units<F: Float>(
     client: &Client,
     launch: AttentionLaunch,
-    shape: AttentionShape,
+    head_dim: usize,
 ) -> Option<super::MmaAttention> {
     launch
         .matrix_units
-        .then(|| super::MmaAttention::for_client::<F>(client, shape.head_dim))
+        .then(|| super::MmaAttention::for_client::<F>(client, head_dim))
         .flatten()
+}
+
+/// Which kernels [`flash_attention_forward`] and [`flash_attention_backward`] run with
+/// `launch` for heads of `head_dim` stored as `F` on `client`'s device, in words (for the
+/// log: the same choice the launchers make).
+pub fn attention_kernels_in_words<F: Float>(
+    client: &Client,
+    launch: AttentionLaunch,
+    head_dim: usize,
+) -> String {
+    if let Some(mma) = matrix_units::<F>(client, launch, head_dim) {
+        let t = mma.tile;
+        return format!(
+            "on matrix units ({t}×{t}×{t} tiles, {} query rows per cube)",
+            mma.block()
+        );
+    }
+    match launch.plane {
+        Some(plane) => format!("in planes of {plane} ({} rows per cube)", launch.block),
+        None => format!(
+            "in shared-memory tiles ({} rows per cube{})",
+            launch.block,
+            if launch.unroll { ", unrolled" } else { "" }
+        ),
+    }
 }
 
 /// Fused causal attention backward: `[grad_query, grad_key, grad_value]` from the forward's
@@ -345,7 +377,7 @@ pub fn flash_attention_backward<F: Float + CubeElement>(
     if shape.is_empty() {
         return;
     }
-    if let Some(mma) = matrix_units::<F>(client, launch, shape) {
+    if let Some(mma) = matrix_units::<F>(client, launch, shape.head_dim) {
         let (o, dout, lse) = (output, grad_output, logsumexp);
         return super::mma_attention_backward::<F>(
             client, mma, inputs, o, dout, lse, grads, delta, shape, scale, dropout,

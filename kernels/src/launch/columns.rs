@@ -6,7 +6,7 @@ use cubecl::server::Handle;
 
 use super::salt::salt_arg;
 use super::QkvLayout;
-use super::{arg, element_vector_size, DrawSlice, DropoutDraw};
+use super::{arg, element_vector_size, DropoutDraw};
 use crate::columns::{self, GradientTransform, TransformArgsLaunch};
 use crate::rows::cube_count;
 
@@ -74,7 +74,7 @@ pub fn bias_gradient<F: Float + CubeElement>(
 }
 
 /// Bias-dropout-add's backward for `y` and the bias in one launch: `grad_output` (`[rows,
-/// cols]`, holding `slice` of the draw) dropped with `draw`'s mask into `dropped` (bit for bit
+/// cols]`, holding the draw's slice) dropped with `draw`'s mask into `dropped` (bit for bit
 /// the dropout kernel's), and its column sums into `grad_bias` (`cols`, summed in f32: those
 /// of [`bias_gradient`] on `dropped`).
 #[allow(clippy::too_many_arguments)]
@@ -87,9 +87,8 @@ pub fn dropped_bias_gradient<F: Float + CubeElement>(
     rows: usize,
     cols: usize,
     draw: DropoutDraw,
-    slice: DrawSlice,
 ) {
-    slice.check_holds(rows * cols);
+    draw.slice.check_holds(rows * cols);
     let sums = ColumnSums {
         grad_output,
         input: None,
@@ -97,7 +96,7 @@ pub fn dropped_bias_gradient<F: Float + CubeElement>(
         sums: Some(grad_bias),
         transformed: Some(Transformed {
             output: dropped,
-            transform: Transform::Dropout { draw, slice },
+            transform: Transform::Dropout(draw),
         }),
         rows,
         cols,
@@ -238,8 +237,8 @@ struct NormInput<'a> {
 
 /// What is done to the gradient before it is summed (and stored).
 enum Transform<'a> {
-    /// Dropped with this draw, the gradient holding this slice of it.
-    Dropout { draw: DropoutDraw, slice: DrawSlice },
+    /// Dropped with this draw (the gradient holding its slice).
+    Dropout(DropoutDraw),
     /// Multiplied by GELU's slope at `input + bias`.
     BiasGelu {
         input: &'a Handle,
@@ -258,19 +257,20 @@ impl Transform<'_> {
     fn kind(transform: Option<&Self>) -> GradientTransform {
         match transform {
             None => GradientTransform::None,
-            Some(Transform::Dropout { .. }) => GradientTransform::Dropout,
+            Some(Transform::Dropout(_)) => GradientTransform::Dropout,
             Some(Transform::BiasGelu { tanh: false, .. }) => GradientTransform::BiasGelu,
             Some(Transform::BiasGelu { tanh: true, .. }) => GradientTransform::BiasGeluTanh,
             Some(Transform::QkvMerge { .. }) => GradientTransform::QkvMerge,
         }
     }
 
-    /// The kernel's scalars for this transform (`len` elements, in vectors of `vector`).
-    fn args(transform: Option<&Self>, len: usize, vector: usize) -> TransformArgsLaunch {
-        let (draw, slice) = match transform {
-            Some(Transform::Dropout { draw, slice }) => (*draw, *slice),
-            _ => (super::dropout::NO_DRAW, DrawSlice::whole(len)),
+    /// The kernel's scalars for this transform (in vectors of `vector`).
+    fn args(transform: Option<&Self>, vector: usize) -> TransformArgsLaunch {
+        let draw = match transform {
+            Some(Transform::Dropout(draw)) => *draw,
+            _ => super::dropout::NO_DRAW,
         };
+        let slice = draw.slice;
         let layout = match transform {
             Some(Transform::QkvMerge { layout, .. }) => *layout,
             _ => QkvLayout {
@@ -334,7 +334,7 @@ impl ColumnSums<'_> {
         let [grad, x, mean, rstd, bias, key, value, weighted, sums, transformed] =
             bindings.each(vector);
         let draw = match transform {
-            Some(Transform::Dropout { draw, .. }) => Some(*draw),
+            Some(Transform::Dropout(draw)) => Some(*draw),
             _ => None,
         };
         columns::column_sums::launch::<F, f32>(
@@ -355,7 +355,7 @@ impl ColumnSums<'_> {
             salt_arg(client, draw, self.grad_output),
             rows as u32,
             cols as u32,
-            Transform::args(transform, rows * cols, vector),
+            Transform::args(transform, vector),
             self.weighted_sums.is_some(),
             self.input.as_ref().is_some_and(|i| i.mean.is_some()),
             self.sums.is_some(),

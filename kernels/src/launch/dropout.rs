@@ -10,7 +10,7 @@ use crate::rows::cube_count;
 
 /// `output = residual + dropout(input + bias)` of `len` elements, the bias (`hidden`
 /// elements, broadcast over rows) optional, the draw optional (none: nothing dropped), the
-/// tensors holding `slice` of the draw ([`dropout_slice`]'s).
+/// tensors holding the draw's slice.
 #[allow(clippy::too_many_arguments)]
 pub fn bias_dropout_add<F: Float + CubeElement>(
     client: &Client,
@@ -20,17 +20,16 @@ pub fn bias_dropout_add<F: Float + CubeElement>(
     len: usize,
     hidden: usize,
     draw: Option<DropoutDraw>,
-    slice: DrawSlice,
 ) {
     if len == 0 {
         return;
     }
-    slice.check_holds(len);
+    let d = draw.unwrap_or(NO_DRAW);
+    d.slice.check_holds(len);
     assert!(
         hidden > 0 && len.is_multiple_of(hidden),
         "{len} elements in rows of {hidden}"
     );
-    let d = draw.unwrap_or(NO_DRAW);
     let vector = element_vector_size::<F>(client, hidden);
     dropout::bias_dropout_add::launch::<F>(
         client,
@@ -49,19 +48,21 @@ pub fn bias_dropout_add<F: Float + CubeElement>(
         d.scale,
         len as u32,
         hidden as u32,
-        slice.own,
-        slice.row,
-        slice.first,
+        d.slice.own,
+        d.slice.row,
+        d.slice.first,
         bias.is_some(),
         draw.is_some(),
-        slice.is_whole(),
+        d.slice.is_whole(),
     );
 }
 
 /// A dropout draw: its key and the drop probability, as the kernel takes them. The key is
 /// `(key_lo, key_hi)` XOR `salt`: the constant part travels with the launch, the salt (the
 /// micro-batch's) through device memory ([`super::dropout_salt_buffer`]), so that a captured
-/// graph can replay with another micro-batch's masks.
+/// graph can replay with another micro-batch's masks. The tensor it is applied to holds its
+/// `slice` (a sequence-parallel rank's chunk of the sequence, a tensor-parallel rank's heads of
+/// the attention probabilities), so that every layout drops what one process drops.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct DropoutDraw {
     /// Low 32 bits of the draw's constant.
@@ -76,6 +77,8 @@ pub struct DropoutDraw {
     pub threshold: u32,
     /// What kept elements are multiplied by (`1 / (1 − p)`).
     pub scale: f32,
+    /// Which elements of the draw the tensor holds.
+    pub slice: DrawSlice,
 }
 
 impl DropoutDraw {
@@ -84,6 +87,24 @@ impl DropoutDraw {
         (
             self.key_lo ^ self.salt as u32,
             self.key_hi ^ (self.salt >> 32) as u32,
+        )
+    }
+
+    /// The draw for a tensor holding `slice` of it.
+    pub fn sliced(self, slice: DrawSlice) -> Self {
+        Self { slice, ..self }
+    }
+
+    /// The draw as the row kernels (the softmax's) take it.
+    pub(super) fn scalars(&self) -> dropout::DrawScalarsLaunch {
+        dropout::DrawScalarsLaunch::new(
+            self.key_lo,
+            self.key_hi,
+            self.threshold,
+            self.scale,
+            self.slice.own,
+            self.slice.row,
+            self.slice.first,
         )
     }
 }
@@ -96,11 +117,12 @@ pub(super) const NO_DRAW: DropoutDraw = DropoutDraw {
     salt_slot: 0,
     threshold: 0,
     scale: 1.0,
+    slice: DrawSlice::WHOLE,
 };
 
 /// Which elements of a draw a tensor holds: runs of `own` elements starting at `first` in
 /// rows of `row` (a sequence-parallel rank's chunk of the whole sequence's mask), or all of
-/// it ([`DrawSlice::whole`]).
+/// it ([`DrawSlice::WHOLE`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DrawSlice {
     /// Elements per run.
@@ -112,14 +134,13 @@ pub struct DrawSlice {
 }
 
 impl DrawSlice {
-    /// A tensor of `len` elements that is the whole draw.
-    pub fn whole(len: usize) -> Self {
-        Self {
-            own: len.clamp(1, u32::MAX as usize) as u32,
-            row: 0,
-            first: 0,
-        }
-    }
+    /// A tensor that is the whole draw: one run, element `i` draw element `i` (also by the
+    /// general index, `(i / own) · row + first + i % own`).
+    pub const WHOLE: Self = Self {
+        own: u32::MAX,
+        row: 0,
+        first: 0,
+    };
 
     /// Panics unless a tensor of `len` elements holding this slice indexes its draw in 32
     /// bits (what the kernels compute the draw index in).
@@ -128,6 +149,18 @@ impl DrawSlice {
         assert!(
             len <= u32::MAX as usize && rows * u64::from(self.row.max(self.own)) <= 1 << 32,
             "dropout of a draw of more than 2³² elements"
+        );
+    }
+
+    /// [`Self::check_holds`] for a tensor of `len` elements in rows of `row_len`, and panics
+    /// if a run cuts a row: the row kernels (the softmax's, attention's) offset a row's
+    /// indices once ([`crate::dropout::run_offset`]).
+    pub(super) fn check_rows(&self, len: usize, row_len: usize) {
+        self.check_holds(len);
+        assert!(
+            self.row == 0 || (self.own as usize).is_multiple_of(row_len.max(1)),
+            "a draw's runs of {} elements cut rows of {row_len}",
+            self.own
         );
     }
 
@@ -154,7 +187,8 @@ impl DrawSlice {
 }
 
 /// `output = input ⊙ mask` of `len` elements for `draw` (dropout's forward, and its
-/// backward on the output's gradient with the same draw).
+/// backward on the output's gradient with the same draw), the tensors holding the draw's
+/// slice.
 pub fn dropout<F: Float + CubeElement>(
     client: &Client,
     input: &Handle,
@@ -162,21 +196,10 @@ pub fn dropout<F: Float + CubeElement>(
     len: usize,
     draw: DropoutDraw,
 ) {
-    dropout_slice::<F>(client, input, output, len, draw, DrawSlice::whole(len));
-}
-
-/// [`dropout`] of a tensor that holds `slice` of the draw.
-pub fn dropout_slice<F: Float + CubeElement>(
-    client: &Client,
-    input: &Handle,
-    output: &Handle,
-    len: usize,
-    draw: DropoutDraw,
-    slice: DrawSlice,
-) {
     if len == 0 {
         return;
     }
+    let slice = draw.slice;
     slice.check_holds(len);
     let vector = element_vector_size::<F>(client, len);
     dropout::dropout::launch::<F>(

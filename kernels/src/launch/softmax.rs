@@ -49,9 +49,10 @@ pub enum SoftmaxMask<'a> {
 }
 
 /// `output = softmax(scale · input)` with `mask` (Megatron's fused forward) and, with
-/// `dropout = Some((draw, dropped))`, the attention dropout of `output` by `draw` (the whole
-/// tensor's draw) into `dropped` in the same kernel: bit for bit what [`dropout_slice`] makes
-/// of `output`, without that launch and its pass reading `output` back.
+/// `dropout = Some((draw, dropped))`, the attention dropout of `output` by `draw` (`output`
+/// holding its slice: the whole draw, or a tensor-parallel rank's heads) into `dropped` in the
+/// same kernel: bit for bit what [`dropout`](super::dropout()) makes of `output`, without that
+/// launch and its pass reading `output` back.
 #[allow(clippy::too_many_arguments)]
 pub fn softmax_forward<F: Float + CubeElement>(
     client: &Client,
@@ -136,6 +137,9 @@ fn launch_forward<F: Float + CubeElement>(
         Outputs::Both(y, draw, d) => (y, draw, d, true, true),
         Outputs::Dropped(draw, d) => (d, draw, d, true, false),
     };
+    if drop {
+        draw.slice.check_rows(shape.len(), shape.sk);
+    }
     let vector = launch.vector_size::<F>(client, shape.sk);
     softmax::masked_softmax_forward::launch::<F, f32>(
         client,
@@ -147,10 +151,7 @@ fn launch_forward<F: Float + CubeElement>(
         arg(output, shape.len()),
         arg(dropped, shape.len()),
         salt_arg(client, drop.then_some(draw), input),
-        draw.key_lo,
-        draw.key_hi,
-        draw.threshold,
-        draw.scale,
+        draw.scalars(),
         scale,
         shape.rows() as u32,
         shape.heads as u32,
@@ -171,7 +172,7 @@ fn launch_forward<F: Float + CubeElement>(
 /// backward). With `causal`, `output` is a causal softmax's: each row's keys after its query
 /// (zeros there) are not read, and their gradient is 0. With `dropout`, `grad_output` is the
 /// gradient of the dropped output, taken back through the dropout by that draw in the same
-/// kernel: bit for bit [`dropout_slice`] then this. With `redropped` as well, the dropout of
+/// kernel: bit for bit [`dropout`](super::dropout()) then this. With `redropped` as well, the dropout of
 /// `output` by that draw goes into it: the forward's dropped probabilities, bit for bit
 /// ([`softmax_forward`]'s), formed again where the `p v` product's gradient needs them
 /// instead of kept from the forward.
@@ -277,6 +278,7 @@ fn launch_backward<F: Float + CubeElement>(
         Source::Scores(h) => (h, true),
     };
     let draw = dropout.unwrap_or(NO_DRAW);
+    draw.slice.check_rows(len, sk);
     let vector = launch.vector_size::<F>(client, sk);
     softmax::softmax_backward::launch::<F, f32>(
         client,
@@ -291,10 +293,7 @@ fn launch_backward<F: Float + CubeElement>(
         // Never written without `probabilities`: bound to the gradient's buffer in its place.
         arg(probabilities.unwrap_or(grad_input), len),
         salt_arg(client, dropout, input),
-        draw.key_lo,
-        draw.key_hi,
-        draw.threshold,
-        draw.scale,
+        draw.scalars(),
         scale,
         rows as u32,
         shape.sq as u32,

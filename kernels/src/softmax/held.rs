@@ -9,7 +9,7 @@ use super::{
     kept, kept_probabilities, no_statistics, output_grad, probability_of, BackwardArgs,
     ForwardArgs, RowStatistics,
 };
-use crate::dropout::whole_dropout;
+use crate::dropout::row_dropout;
 use crate::reduce::{row_vector_max, row_vector_sum};
 
 /// The most vectors of a row one unit holds in registers ([`held_vectors`]). Eight vectors of
@@ -123,8 +123,6 @@ pub(super) fn held_row_softmax<F: Float, A: Float, N: Size>(
     #[comptime] rows_per_cube: u32,
     #[comptime] plane_reduce: bool,
 ) {
-    let (key_lo, key_hi, threshold, keep_scale) =
-        (args.key_lo, args.key_hi, args.threshold, args.keep_scale);
     let (base, mask_base, causal_limit, scale, width) = (
         args.base,
         args.mask_base,
@@ -159,8 +157,7 @@ pub(super) fn held_row_softmax<F: Float, A: Float, N: Size>(
                 let keep = kept::<N>(mask, mask_base, j, causal_limit, use_mask);
                 y = probability_of::<F, A, N>(x[k], keep, &statistics);
                 if drop {
-                    y_dropped =
-                        whole_dropout::<F, N>(y, base + j, key_lo, key_hi, threshold, keep_scale);
+                    y_dropped = row_dropout::<F, N>(y, base + j, &args.draw);
                 }
             }
             if keep_output {
@@ -194,8 +191,7 @@ pub(super) fn held_softmax_backward<F: Float, A: Float, N: Size>(
     #[comptime] rows_per_cube: u32,
     #[comptime] plane_reduce: bool,
 ) {
-    let (lo, hi, threshold, keep_scale) =
-        (args.key_lo, args.key_hi, args.threshold, args.keep_scale);
+    let draw = args.draw;
     let (base, limit, seen, length) = (args.base, args.limit, args.seen, args.length);
     let x = load_held::<F, A, N>(input, base, seen, lanes, held);
     let statistics = if formed {
@@ -224,7 +220,7 @@ pub(super) fn held_softmax_backward<F: Float, A: Float, N: Size>(
         let mut dy = zero;
         if j < seen {
             let y = held_probability::<F, A, N>(x[k], mask, j, limit, &statistics, formed);
-            let g = output_grad::<F, N>(grad_output, base + j, lo, hi, threshold, keep_scale, drop);
+            let g = output_grad::<F, N>(grad_output, base + j, &draw, drop);
             dy = Vector::<A, N>::cast_from(g);
             local += dy * Vector::<A, N>::cast_from(y);
         }
@@ -246,15 +242,7 @@ pub(super) fn held_softmax_backward<F: Float, A: Float, N: Size>(
             let y = Vector::<A, N>::cast_from(stored);
             grad_input[base + j] = Vector::<F, N>::cast_from(scale * y * (dys[k] - dot));
             if keep_probabilities {
-                probabilities[base + j] = kept_probabilities::<F, N>(
-                    stored,
-                    base + j,
-                    lo,
-                    hi,
-                    threshold,
-                    keep_scale,
-                    drop,
-                );
+                probabilities[base + j] = kept_probabilities::<F, N>(stored, base + j, &draw, drop);
             }
         } else if j < length {
             grad_input[base + j] = none;

@@ -19,7 +19,7 @@ use burn::backend::{backend_extension, Backend, Dispatch, TensorMetadata};
 use burn::tensor::{FloatDType, Shape, Tensor};
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
-use ferrotron_kernels::launch::{DropoutDraw, QkvLayout};
+use ferrotron_kernels::launch::{DrawSlice, DropoutDraw, QkvLayout};
 
 use super::attention_core::{self, AttentionKernels, CoreKernels, Rotation, Saved};
 use super::dropout_draw;
@@ -332,8 +332,8 @@ impl<B: AttentionKernels> Rotation<B> {
 /// (per_group + 2) · head_dim]` (Megatron's per-group layout) to the context `[b, s, heads ·
 /// head_dim]`, as one differentiable op: its backward is one kernel into the rows' gradient,
 /// where the composed split's is eight launches. `kernels` says which attention runs inside
-/// ([`CoreKernels::Flash`]: [`causal_attention`]'s kernel) and so what it keeps; `dropout` as
-/// [`causal_attention`]'s. With `rotary` the queries and keys are rotated after the split
+/// ([`CoreKernels::Flash`]: [`causal_attention`]'s kernel) and so what it keeps; `dropout` and
+/// the `slice` of it the probabilities hold as [`causal_attention`]'s. With `rotary` the queries and keys are rotated after the split
 /// inside the op. The projection's `bias` (if any, `[width]`) is added by the split: `qkv` is
 /// the projection's product without it.
 #[allow(clippy::too_many_arguments)]
@@ -344,6 +344,7 @@ pub fn attention_from_qkv(
     per_group: usize,
     scale: f64,
     dropout: Option<(u64, f64)>,
+    slice: DrawSlice,
     kernels: CoreKernels,
     rotary: Option<RowRotation>,
 ) -> Tensor<3> {
@@ -351,7 +352,7 @@ pub fn attention_from_qkv(
         groups: groups as u32,
         per_group: per_group as u32,
         scale: scale as f32,
-        draw: dropout_draw(dropout),
+        draw: dropout_draw(dropout, slice),
         kernels,
     };
     let bias = bias.map(|b| b.cast(qkv.dtype()).into_dispatch());

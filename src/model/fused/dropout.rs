@@ -34,89 +34,64 @@ use crate::util::cube_tensor::{by_dtype, empty_like, packed, rows_cols};
 
 /// The dropout kernels a backend runs.
 pub trait DropoutKernels: BiasGradKernels {
-    /// `x ⊙ mask` of the dropout draw `draw`, `x` holding `slice` of it (forward; backward
+    /// `x ⊙ mask` of the dropout draw `draw`, `x` holding its slice (forward; backward
     /// on the gradient).
-    fn dropout_apply(
-        x: FloatTensor<Self>,
-        draw: DropoutDraw,
-        slice: DrawSlice,
-    ) -> FloatTensor<Self>;
-    /// `grad` (`[.., hidden]`, holding `slice` of the draw) dropped with `draw`'s mask, and
+    fn dropout_apply(x: FloatTensor<Self>, draw: DropoutDraw) -> FloatTensor<Self>;
+    /// `grad` (`[.., hidden]`, holding the draw's slice) dropped with `draw`'s mask, and
     /// that summed over its rows (`[hidden]`): bias-dropout-add's gradients of `y` and of the
     /// bias, as [`DropoutKernels::dropout_apply`] and [`BiasGradKernels::bias_gradient`] give
     /// them.
     fn dropped_bias_gradient(
         grad: FloatTensor<Self>,
         draw: DropoutDraw,
-        slice: DrawSlice,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
     /// `residual + dropout(y + bias)` (Megatron's bias-dropout-add), the bias broadcast over
-    /// the rows of the last dimension; `y` holds `slice` of the draw.
+    /// the rows of the last dimension; `y` holds the draw's slice.
     fn bias_dropout_add_apply(
         residual: FloatTensor<Self>,
         y: FloatTensor<Self>,
         bias: Option<FloatTensor<Self>>,
         draw: Option<DropoutDraw>,
-        slice: DrawSlice,
     ) -> FloatTensor<Self>;
 }
 
 /// The differentiable fused dropout and bias-dropout-add (a burn backend extension).
 #[backend_extension(Autodiff, Cube)]
 pub trait DropoutOps: Backend {
-    /// Dropout with the mask of `draw`, `x` holding `slice` of it.
-    fn fused_dropout(
-        x: FloatTensor<Self>,
-        draw: DropoutDraw,
-        slice: DrawSlice,
-    ) -> FloatTensor<Self>;
-    /// `residual + dropout(y + bias)`, the bias over the last dimension, `y` holding `slice`
-    /// of the draw (none: nothing dropped).
+    /// Dropout with the mask of `draw`, `x` holding its slice.
+    fn fused_dropout(x: FloatTensor<Self>, draw: DropoutDraw) -> FloatTensor<Self>;
+    /// `residual + dropout(y + bias)`, the bias over the last dimension, `y` holding the
+    /// draw's slice (none: nothing dropped).
     fn fused_bias_dropout_add(
         residual: FloatTensor<Self>,
         y: FloatTensor<Self>,
         bias: FloatTensor<Self>,
         draw: Option<DropoutDraw>,
-        slice: DrawSlice,
     ) -> FloatTensor<Self>;
     /// `residual + dropout(y)` (a layer without biases).
     fn fused_dropout_add(
         residual: FloatTensor<Self>,
         y: FloatTensor<Self>,
         draw: Option<DropoutDraw>,
-        slice: DrawSlice,
     ) -> FloatTensor<Self>;
 }
 
 impl DropoutKernels for CubeBackend {
-    fn dropout_apply(x: CubeTensor, draw: DropoutDraw, slice: DrawSlice) -> CubeTensor {
+    fn dropout_apply(x: CubeTensor, draw: DropoutDraw) -> CubeTensor {
         let x = packed(x);
         let shape = x.shape();
         let len = shape.num_elements();
         let y = empty_like(&x, shape, x.dtype);
-        by_dtype!(
-            x.dtype,
-            dropout_slice,
-            &x.client,
-            &x.handle,
-            &y.handle,
-            len,
-            draw,
-            slice
-        );
+        by_dtype!(x.dtype, dropout, &x.client, &x.handle, &y.handle, len, draw);
         y
     }
 
-    fn dropped_bias_gradient(
-        grad: CubeTensor,
-        draw: DropoutDraw,
-        slice: DrawSlice,
-    ) -> (CubeTensor, CubeTensor) {
+    fn dropped_bias_gradient(grad: CubeTensor, draw: DropoutDraw) -> (CubeTensor, CubeTensor) {
         let grad = packed(grad);
         let shape = grad.shape();
         let (rows, cols) = rows_cols(&shape);
         if rows == 0 {
-            let dropped = Self::dropout_apply(grad.clone(), draw, slice);
+            let dropped = Self::dropout_apply(grad.clone(), draw);
             return (dropped, Self::bias_gradient(grad));
         }
         let dropped = empty_like(&grad, shape, grad.dtype);
@@ -131,8 +106,7 @@ impl DropoutKernels for CubeBackend {
             &sums.handle,
             rows,
             cols,
-            draw,
-            slice
+            draw
         );
         (dropped, sums)
     }
@@ -142,7 +116,6 @@ impl DropoutKernels for CubeBackend {
         y: CubeTensor,
         bias: Option<CubeTensor>,
         draw: Option<DropoutDraw>,
-        slice: DrawSlice,
     ) -> CubeTensor {
         let (residual, y, bias) = (packed(residual), packed(y), bias.map(packed));
         same_dtype("the residual", &y, &residual);
@@ -161,16 +134,15 @@ impl DropoutKernels for CubeBackend {
             &output.handle,
             len,
             hidden,
-            draw,
-            slice
+            draw
         );
         output
     }
 }
 
 impl DropoutOps for CubeBackend {
-    fn fused_dropout(x: CubeTensor, draw: DropoutDraw, slice: DrawSlice) -> CubeTensor {
-        Self::dropout_apply(x, draw, slice)
+    fn fused_dropout(x: CubeTensor, draw: DropoutDraw) -> CubeTensor {
+        Self::dropout_apply(x, draw)
     }
 
     fn fused_bias_dropout_add(
@@ -178,18 +150,16 @@ impl DropoutOps for CubeBackend {
         y: CubeTensor,
         bias: CubeTensor,
         draw: Option<DropoutDraw>,
-        slice: DrawSlice,
     ) -> CubeTensor {
-        Self::bias_dropout_add_apply(residual, y, Some(bias), draw, slice)
+        Self::bias_dropout_add_apply(residual, y, Some(bias), draw)
     }
 
     fn fused_dropout_add(
         residual: CubeTensor,
         y: CubeTensor,
         draw: Option<DropoutDraw>,
-        slice: DrawSlice,
     ) -> CubeTensor {
-        Self::bias_dropout_add_apply(residual, y, None, draw, slice)
+        Self::bias_dropout_add_apply(residual, y, None, draw)
     }
 }
 
@@ -197,15 +167,14 @@ impl DropoutOps for CubeBackend {
 struct DropoutBackward;
 
 impl<B: DropoutKernels> Backward<B, 1> for DropoutBackward {
-    /// The draw and the tensor's slice of it: the backward derives the same mask.
-    type State = (DropoutDraw, DrawSlice);
+    /// The draw (with the tensor's slice of it): the backward derives the same mask.
+    type State = DropoutDraw;
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let [parent] = ops.parents;
         let grad = grads.consume::<B>(&ops.node);
         if let Some(parent) = parent {
-            let (draw, slice) = ops.state;
-            grads.register::<B>(parent.id, B::dropout_apply(grad, draw, slice));
+            grads.register::<B>(parent.id, B::dropout_apply(grad, ops.state));
         }
     }
 }
@@ -215,8 +184,8 @@ impl<B: DropoutKernels> Backward<B, 1> for DropoutBackward {
 #[derive(Debug)]
 struct BiasDropoutAddBackward;
 
-/// The draw, the slice of it `y` holds, and the join with the norm reading the residual.
-type State<B> = (Option<DropoutDraw>, DrawSlice, Option<ResidualJoin<B>>);
+/// The draw (with the slice of it `y` holds) and the join with the norm reading the residual.
+type State<B> = (Option<DropoutDraw>, Option<ResidualJoin<B>>);
 
 /// The residual's gradient (the output's, as is): to the norm that also reads the residual if
 /// it joins them, otherwise registered.
@@ -237,13 +206,9 @@ fn register_residual<B: Backend>(
 }
 
 /// `y`'s gradient from the output's: dropped with the forward's mask.
-fn y_grad<B: DropoutKernels>(
-    grad: &FloatTensor<B>,
-    draw: Option<DropoutDraw>,
-    slice: DrawSlice,
-) -> FloatTensor<B> {
+fn y_grad<B: DropoutKernels>(grad: &FloatTensor<B>, draw: Option<DropoutDraw>) -> FloatTensor<B> {
     match draw {
-        Some(draw) => B::dropout_apply(grad.clone(), draw, slice),
+        Some(draw) => B::dropout_apply(grad.clone(), draw),
         None => grad.clone(),
     }
 }
@@ -253,16 +218,16 @@ impl<B: DropoutKernels> Backward<B, 3> for BiasDropoutAddBackward {
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
         let [residual, y, bias] = ops.parents;
-        let (draw, slice, join) = ops.state;
+        let (draw, join) = ops.state;
         let grad = grads.consume::<B>(&ops.node);
         let grad_y = match (&bias, draw) {
             (Some(bias), Some(draw)) => {
-                let (grad_y, grad_bias) = B::dropped_bias_gradient(grad.clone(), draw, slice);
+                let (grad_y, grad_bias) = B::dropped_bias_gradient(grad.clone(), draw);
                 grads.register::<B>(bias.id, grad_bias);
                 grad_y
             }
             _ => {
-                let grad_y = y_grad::<B>(&grad, draw, slice);
+                let grad_y = y_grad::<B>(&grad, draw);
                 if let Some(bias) = &bias {
                     grads.register::<B>(bias.id, B::bias_gradient(grad_y.clone()));
                 }
@@ -281,9 +246,9 @@ impl<B: DropoutKernels> Backward<B, 2> for BiasDropoutAddBackward {
 
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
         let [residual, y] = ops.parents;
-        let (draw, slice, join) = ops.state;
+        let (draw, join) = ops.state;
         let grad = grads.consume::<B>(&ops.node);
-        let grad_y = y_grad::<B>(&grad, draw, slice);
+        let grad_y = y_grad::<B>(&grad, draw);
         if let Some(y) = y {
             grads.register::<B>(y.id, grad_y);
         }
@@ -296,7 +261,6 @@ impl<B: DropoutKernels> Backward<B, 2> for BiasDropoutAddBackward {
 fn tracked<B: DropoutKernels, C: CheckpointStrategy, const N: usize>(
     inputs: [FloatTensor<Autodiff<B, C>>; N],
     draw: Option<DropoutDraw>,
-    slice: DrawSlice,
 ) -> FloatTensor<Autodiff<B, C>>
 where
     BiasDropoutAddBackward: Backward<B, N, State = State<B>>,
@@ -317,30 +281,24 @@ where
         .stateful()
     {
         OpsKind::Tracked(prep) => {
-            let output = B::bias_dropout_add_apply(residual, y, bias, draw, slice);
+            let output = B::bias_dropout_add_apply(residual, y, bias, draw);
             let join = ResidualJoin::claim(residual_node);
-            prep.finish((draw, slice, join), output)
+            prep.finish((draw, join), output)
         }
-        OpsKind::UnTracked(prep) => {
-            prep.finish(B::bias_dropout_add_apply(residual, y, bias, draw, slice))
-        }
+        OpsKind::UnTracked(prep) => prep.finish(B::bias_dropout_add_apply(residual, y, bias, draw)),
     }
 }
 
 impl<B: DropoutKernels + DropoutOps, C: CheckpointStrategy> DropoutOps for Autodiff<B, C> {
-    fn fused_dropout(
-        x: FloatTensor<Self>,
-        draw: DropoutDraw,
-        slice: DrawSlice,
-    ) -> FloatTensor<Self> {
+    fn fused_dropout(x: FloatTensor<Self>, draw: DropoutDraw) -> FloatTensor<Self> {
         let (x, node) = x.into_parts();
         match DropoutBackward
             .prepare::<C>([node])
             .compute_bound()
             .stateful()
         {
-            OpsKind::Tracked(prep) => prep.finish((draw, slice), B::dropout_apply(x, draw, slice)),
-            OpsKind::UnTracked(prep) => prep.finish(B::dropout_apply(x, draw, slice)),
+            OpsKind::Tracked(prep) => prep.finish(draw, B::dropout_apply(x, draw)),
+            OpsKind::UnTracked(prep) => prep.finish(B::dropout_apply(x, draw)),
         }
     }
 
@@ -349,18 +307,16 @@ impl<B: DropoutKernels + DropoutOps, C: CheckpointStrategy> DropoutOps for Autod
         y: FloatTensor<Self>,
         bias: FloatTensor<Self>,
         draw: Option<DropoutDraw>,
-        slice: DrawSlice,
     ) -> FloatTensor<Self> {
-        tracked::<B, C, 3>([residual, y, bias], draw, slice)
+        tracked::<B, C, 3>([residual, y, bias], draw)
     }
 
     fn fused_dropout_add(
         residual: FloatTensor<Self>,
         y: FloatTensor<Self>,
         draw: Option<DropoutDraw>,
-        slice: DrawSlice,
     ) -> FloatTensor<Self> {
-        tracked::<B, C, 2>([residual, y], draw, slice)
+        tracked::<B, C, 2>([residual, y], draw)
     }
 }
 
@@ -373,9 +329,9 @@ pub fn dropout_slice<const D: usize>(
     p: f64,
     slice: DrawSlice,
 ) -> Tensor<D> {
-    let draw = dropout_draw(Some((key, p))).expect("a draw");
+    let draw = dropout_draw(Some((key, p)), slice).expect("a draw");
     let x = x.into_dispatch();
-    Tensor::from_dispatch(<Dispatch as DropoutOps>::fused_dropout(x, draw, slice))
+    Tensor::from_dispatch(<Dispatch as DropoutOps>::fused_dropout(x, draw))
 }
 
 /// `residual + dropout(y + bias)` fused, the bias (if any) cast to `y`'s dtype and
@@ -388,7 +344,7 @@ pub fn bias_dropout_add(
     dropout: Option<(u64, f64)>,
     slice: DrawSlice,
 ) -> Tensor<3> {
-    let draw = dropout_draw(dropout);
+    let draw = dropout_draw(dropout, slice);
     let residual = residual.cast(y.dtype());
     Tensor::from_dispatch(match bias {
         Some(bias) => <Dispatch as DropoutOps>::fused_bias_dropout_add(
@@ -396,13 +352,11 @@ pub fn bias_dropout_add(
             y.clone().into_dispatch(),
             bias.cast(y.dtype()).into_dispatch(),
             draw,
-            slice,
         ),
         None => <Dispatch as DropoutOps>::fused_dropout_add(
             residual.into_dispatch(),
             y.into_dispatch(),
             draw,
-            slice,
         ),
     })
 }

@@ -9,10 +9,10 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::autodiff::Autodiff;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{backend_extension, Backend, Dispatch, TensorMetadata};
-use burn::tensor::{DType, Shape, Tensor};
+use burn::tensor::{DType, Device, Shape, Tensor};
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
-use ferrotron_kernels::launch::{AttentionInputs, AttentionLaunch, DropoutDraw};
+use ferrotron_kernels::launch::{AttentionInputs, AttentionLaunch, DrawSlice, DropoutDraw};
 
 use super::{attention_shape, dropout_draw};
 use crate::util::cube_tensor::{by_dtype, empty_like, packed};
@@ -196,20 +196,41 @@ impl<B: FlashAttentionKernels + FlashAttentionOps, C: CheckpointStrategy> FlashA
 
 /// Causal attention of `[b, heads, s, head_dim]` queries, keys and values fused
 /// (FlashAttention-style): `dropout(softmax(scale · q kᵀ)) v` with the `[s, s]` scores never
-/// stored. `dropout` is the draw's key and probability; it drops the same probabilities as
-/// [`dropout`] of that key on the materialised `[b, heads, s, s]` probabilities.
+/// stored. `dropout` is the draw's key and probability, of which the `[b, heads, s, s]`
+/// probabilities hold `slice` (a tensor-parallel rank's heads); it drops the same probabilities
+/// as [`dropout`] of that key and slice on the materialised probabilities.
 pub fn causal_attention(
     q: Tensor<4>,
     k: Tensor<4>,
     v: Tensor<4>,
     scale: f64,
     dropout: Option<(u64, f64)>,
+    slice: DrawSlice,
 ) -> Tensor<4> {
     Tensor::from_dispatch(<Dispatch as FlashAttentionOps>::fused_causal_attention(
         q.into_dispatch(),
         k.into_dispatch(),
         v.into_dispatch(),
         scale as f32,
-        dropout_draw(dropout),
+        dropout_draw(dropout, slice),
+    ))
+}
+
+/// The kernels [`causal_attention`] runs for heads of `head_dim` stored as `dtype` on
+/// `device`, in words (`ferrotron_kernels::launch::attention_kernels_in_words`); `None` off
+/// CubeCL devices.
+pub fn attention_kernels_in_words(
+    device: &Device,
+    dtype: DType,
+    head_dim: usize,
+) -> Option<String> {
+    let client = crate::util::device::cube_client(device)?;
+    let launch = AttentionLaunch::for_client(&client, head_dim);
+    Some(by_dtype!(
+        dtype,
+        attention_kernels_in_words,
+        &client,
+        launch,
+        head_dim
     ))
 }

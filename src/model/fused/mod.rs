@@ -25,14 +25,14 @@ pub use attention_core::CoreKernels;
 pub use attention_from_rows::{attention_from_qkv, RowRotation};
 pub use bias_gradient::BiasGradKernels;
 pub use dropout::{bias_dropout_add, dropout_slice};
-pub use flash_attention::causal_attention;
+pub use flash_attention::{attention_kernels_in_words, causal_attention};
 pub use norms::{layer_norm, rms_norm};
 pub use rotary::rotary;
 pub use softmax::causal_softmax;
 
 use burn::tensor::Shape;
 use burn_cubecl::tensor::CubeTensor;
-use ferrotron_kernels::launch::{AttentionShape, DropoutDraw};
+use ferrotron_kernels::launch::{AttentionShape, DrawSlice, DropoutDraw};
 
 /// The kernels' draw of a dropout `(key, probability)` taken now: elements whose bits are
 /// below `p · 2³²` dropped, the others scaled by `1 / (1 − p)` (none: nothing dropped). The
@@ -40,7 +40,10 @@ use ferrotron_kernels::launch::{AttentionShape, DropoutDraw};
 /// reaches the kernels through device memory, and the rest, which the launch carries: the
 /// same for every micro-batch at this point of the step, so a captured step replays with the
 /// masks of the salt written before the replay.
-fn dropout_draw(dropout: Option<(u64, f64)>) -> Option<DropoutDraw> {
+///
+/// The tensor it is applied to holds `slice` of the draw (all of it, a sequence-parallel
+/// rank's chunk, a tensor-parallel rank's heads), so every layout drops what one process drops.
+fn dropout_draw(dropout: Option<(u64, f64)>, slice: DrawSlice) -> Option<DropoutDraw> {
     dropout.map(|(key, p)| {
         let salt = crate::parallel::random::dropout_salt();
         let constant = key ^ salt.value;
@@ -51,6 +54,7 @@ fn dropout_draw(dropout: Option<(u64, f64)>) -> Option<DropoutDraw> {
             salt_slot: salt.slot,
             threshold: crate::parallel::random::dropout_threshold(p),
             scale: (1.0 / (1.0 - p)) as f32,
+            slice,
         }
     })
 }
