@@ -28,11 +28,13 @@ mod save;
 pub mod tensor_file;
 pub mod torch_dist;
 pub mod torch_save;
+mod write;
 
 pub use format::CheckpointFormat;
 pub use load::{load_checkpoint, read_full_checkpoint, read_full_model, FullCheckpoint};
 pub use open::{load_model, load_model_shard, saved_model, Checkpoint};
 pub use save::save_checkpoint;
+pub use write::{RunRecord, SaveFormat, SavedRank};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -53,33 +53,32 @@ impl MicroBatch {
         out
     }
 
-    /// The batch as tensors on `device`: tokens, labels, loss mask.
-    pub fn to_tensors(&self, device: &Device) -> (Tensor<2, Int>, Tensor<2, Int>, Tensor<2>) {
-        let (labels, mask) = self.targets_to_tensors(device);
-        (self.tokens_to_tensor(device), labels, mask)
-    }
-
-    /// The input ids alone (what a first pipeline stage needs).
-    pub fn tokens_to_tensor(&self, device: &Device) -> Tensor<2, Int> {
-        self.ids_to_tensor(&self.tokens, device)
-    }
-
-    /// The target ids and the loss mask (what a last pipeline stage needs).
-    pub fn targets_to_tensors(&self, device: &Device) -> (Tensor<2, Int>, Tensor<2>) {
+    /// The batch uploaded to `device`.
+    pub fn to_device(&self, device: &Device) -> DeviceBatch {
         let shape = [self.batch_size, self.seq_length];
-        (
-            self.ids_to_tensor(&self.labels, device),
-            Tensor::from_data(TensorData::new(self.loss_mask.clone(), shape), device),
-        )
+        let ids = |ids: &[u32]| {
+            let ids: Vec<i64> = ids.iter().map(|&x| x as i64).collect();
+            Tensor::from_data(TensorData::new(ids, shape), device)
+        };
+        DeviceBatch {
+            tokens: ids(&self.tokens),
+            labels: ids(&self.labels),
+            loss_mask: Tensor::from_data(TensorData::new(self.loss_mask.clone(), shape), device),
+        }
     }
+}
 
-    fn ids_to_tensor(&self, ids: &[u32], device: &Device) -> Tensor<2, Int> {
-        let ids: Vec<i64> = ids.iter().map(|&x| x as i64).collect();
-        Tensor::from_data(
-            TensorData::new(ids, [self.batch_size, self.seq_length]),
-            device,
-        )
-    }
+/// One micro-batch's inputs on the device: what a step reads. Who put them there is the
+/// caller's business (an eager step uploads each step's batch; a captured step writes it into
+/// the tensors its graph reads), so the step runs the same either way.
+#[derive(Clone)]
+pub struct DeviceBatch {
+    /// Input ids `[batch, seq]`.
+    pub tokens: Tensor<2, Int>,
+    /// Target ids.
+    pub labels: Tensor<2, Int>,
+    /// Loss mask.
+    pub loss_mask: Tensor<2>,
 }
 
 /// Micro-batches from a starting sample, every `stride` samples, prepared ahead on a thread.

@@ -7,7 +7,7 @@ use anyhow::{bail, Result};
 use burn::tensor::{Device, FloatDType};
 
 use super::batch_size_schedule::BatchSizeSchedule;
-use crate::checkpoint::megatron_torch_save::MegatronSaveOptions;
+use crate::checkpoint::SaveFormat;
 use crate::data::DataSources;
 use crate::model::{GptConfig, Recompute, StageLayers};
 use crate::optim::grad_scaler::DynamicGradScalerConfig;
@@ -79,9 +79,8 @@ pub struct PretrainConfig {
     pub save: Option<PathBuf>,
     /// `--save-interval`.
     pub save_interval: Option<u64>,
-    /// `--ckpt-format torch`: `--save` writes Megatron-LM's format (weights, iteration and
-    /// consumed samples) instead of ferrotron's.
-    pub save_megatron: Option<MegatronSaveOptions>,
+    /// The format `--save` writes (`--ckpt-format torch`: Megatron-LM's).
+    pub save_format: SaveFormat,
     /// `--load`.
     pub load: Option<PathBuf>,
     /// `--finetune`: from `--load` take the weights only (iteration 0, a fresh optimizer).
@@ -184,7 +183,7 @@ impl PretrainConfig {
             eval_iters: 100,
             save: None,
             save_interval: None,
-            save_megatron: None,
+            save_format: SaveFormat::Ferrotron,
             load: None,
             finetune: false,
             no_load_optim: false,
@@ -316,7 +315,9 @@ impl PretrainConfig {
             .validate_parallel(self.tensor_model_parallel_size)
             .map_err(anyhow::Error::msg)?;
         self.validate_pipeline()?;
-        if self.save_megatron.is_some() && self.num_layers_per_virtual_pipeline_stage.is_some() {
+        if matches!(self.save_format, SaveFormat::MegatronTorch(_))
+            && self.num_layers_per_virtual_pipeline_stage.is_some()
+        {
             bail!("--ckpt-format torch with --num-layers-per-virtual-pipeline-stage: pretrain does not write interleaved stages in Megatron's format yet; save ferrotron's format (no --ckpt-format torch) and convert it with convert-checkpoint --target-pipeline-parallel-size");
         }
         if self.seq_length == 0 || self.seq_length > self.model.max_position_embeddings {

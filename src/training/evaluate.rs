@@ -8,7 +8,7 @@ use burn::tensor::Device;
 use super::config::BatchPlan;
 use super::forward_backward::{forward_only_losses, StepInputs};
 use crate::comm::ReduceOp;
-use crate::data::loader::MicroBatch;
+use crate::data::loader::{DeviceBatch, MicroBatch};
 use crate::data::SampleDataset;
 use crate::model::{Gpt, StageLayers};
 use crate::parallel::state::ParallelState;
@@ -45,7 +45,7 @@ pub fn evaluate(
     let model = model.valid();
     let inner = place.device.clone().inner();
     let (all, mine) = plan.evaluation_micro_batches(iters);
-    let batches = (0..mine)
+    let batches: Vec<MicroBatch> = (0..mine)
         .map(|k| {
             MicroBatch::from_dataset(
                 dataset,
@@ -65,9 +65,9 @@ pub fn evaluate(
         seed: 0,
         iteration: 0,
         device: &inner,
-        resident: None,
     };
-    let losses = forward_only_losses(&inputs, batches, place.parallel.layout.pp)?;
+    let batches: Vec<DeviceBatch> = batches.iter().map(|b| b.to_device(&inner)).collect();
+    let losses = forward_only_losses(&inputs, &batches, place.parallel.layout.pp)?;
     let local: f64 = losses
         .into_iter()
         .map(|l| l.into_scalar::<f32>() as f64)

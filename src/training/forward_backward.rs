@@ -18,10 +18,10 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use burn::module::ParamId;
-use burn::tensor::{DType, Device, Gradients, Int, Tensor, TensorData};
+use burn::tensor::{DType, Device, Gradients, Tensor, TensorData};
 
 use crate::comm::Group;
-use crate::data::loader::MicroBatch;
+use crate::data::loader::DeviceBatch;
 use crate::model::recompute::{
     forward_only, ChunkForward, ChunkInput, ChunkPlan, ChunkValue, GradsOf, Targets,
 };
@@ -32,35 +32,6 @@ use crate::pipeline::{
     interleaved_one_forward_one_backward, one_forward_one_backward, run_schedule, PipelineP2p,
     ScheduleTiming, StageWork, Step,
 };
-
-/// One micro-batch's inputs kept on the device, read instead of uploading the batch: a
-/// captured step ([`super::step_graph`]) writes each step's batch into them, so its replay
-/// reads the batch of the step it replays.
-#[derive(Clone)]
-pub struct ResidentBatch {
-    /// Input ids `[batch, seq]`.
-    pub tokens: Tensor<2, Int>,
-    /// Target ids.
-    pub labels: Tensor<2, Int>,
-    /// Loss mask.
-    pub loss_mask: Tensor<2>,
-}
-
-impl ResidentBatch {
-    /// `batch` uploaded to `device`.
-    pub fn upload(batch: &MicroBatch, device: &Device) -> Self {
-        let shape = [batch.batch_size, batch.seq_length];
-        let ids = |ids: &[u32]| {
-            let ids: Vec<i64> = ids.iter().map(|&x| x as i64).collect();
-            Tensor::from_data(TensorData::new(ids, shape), device)
-        };
-        Self {
-            tokens: ids(&batch.tokens),
-            labels: ids(&batch.labels),
-            loss_mask: Tensor::from_data(TensorData::new(batch.loss_mask.clone(), shape), device),
-        }
-    }
-}
 
 /// The schedule of one training step on this pipeline rank: Megatron's 1F1B (with one stage:
 /// each micro-batch's forward then its backward), or the interleaved 1F1B with more than one
@@ -116,9 +87,6 @@ pub struct StepInputs<'a> {
     pub iteration: u64,
     /// The device.
     pub device: &'a Device,
-    /// Each micro-batch's inputs kept on the device, read instead of uploading the batch's
-    /// (a captured step's: [`super::step_graph`]).
-    pub resident: Option<&'a [ResidentBatch]>,
 }
 
 /// `--overlap-grad-reduce`: the data-parallel group and the bucket size.
@@ -146,7 +114,7 @@ pub struct StepGradients {
 /// `recompute`, each micro-batch's loss divided by `divisor` before its backward.
 pub fn forward_backward(
     inputs: &StepInputs<'_>,
-    batches: Vec<MicroBatch>,
+    batches: &[DeviceBatch],
     steps: &[Step],
     recompute: Recompute,
     divisor: f64,
@@ -180,7 +148,7 @@ pub fn forward_backward(
 /// copy: no dropout); returns the last stage's losses (empty on other stages).
 pub fn forward_only_losses(
     inputs: &StepInputs<'_>,
-    batches: Vec<MicroBatch>,
+    batches: &[DeviceBatch],
     pipeline_size: usize,
 ) -> Result<Vec<Tensor<1>>> {
     let steps = forward_only_schedule(batches.len(), inputs.stage.chunks.len(), pipeline_size);
@@ -229,7 +197,7 @@ struct Kept {
 /// The GPT side of one schedule on one rank.
 struct GptStage<'a> {
     inputs: &'a StepInputs<'a>,
-    batches: Vec<MicroBatch>,
+    batches: &'a [DeviceBatch],
     mode: Mode,
     grads: GradientAccumulator,
     losses: Vec<Tensor<1>>,
@@ -238,7 +206,7 @@ struct GptStage<'a> {
 }
 
 impl<'a> GptStage<'a> {
-    fn new(inputs: &'a StepInputs<'a>, batches: Vec<MicroBatch>, mode: Mode) -> Self {
+    fn new(inputs: &'a StepInputs<'a>, batches: &'a [DeviceBatch], mode: Mode) -> Self {
         Self {
             inputs,
             batches,
@@ -255,24 +223,18 @@ impl<'a> GptStage<'a> {
     fn chunk_input(&self, microbatch: usize, input: Option<TensorData>) -> ChunkInput {
         match input {
             Some(data) => ChunkInput::Activation(self.upload(data)),
-            None => ChunkInput::Tokens(match self.inputs.resident {
-                Some(resident) => resident[microbatch].tokens.clone(),
-                None => self.batches[microbatch].tokens_to_tensor(self.inputs.device),
-            }),
+            None => ChunkInput::Tokens(self.batches[microbatch].tokens.clone()),
         }
     }
 
     /// The labels and mask on the last virtual stage.
     fn targets(&self, microbatch: usize, chunk: usize) -> Option<Targets> {
         self.inputs.p2p.is_last(chunk).then(|| {
-            let (labels, loss_mask) = match self.inputs.resident {
-                Some(r) => (
-                    r[microbatch].labels.clone(),
-                    r[microbatch].loss_mask.clone(),
-                ),
-                None => self.batches[microbatch].targets_to_tensors(self.inputs.device),
-            };
-            Targets { labels, loss_mask }
+            let batch = &self.batches[microbatch];
+            Targets {
+                labels: batch.labels.clone(),
+                loss_mask: batch.loss_mask.clone(),
+            }
         })
     }
 

@@ -14,11 +14,9 @@ use super::setup::{build_datasets, print_memory_estimate, set_up_rank, Datasets,
 use super::step_graph::StepGraph;
 use super::train_step::{overlaps_grad_reduce, train_step, StepReport};
 use crate::checkpoint::megatron_optimizer_save::MegatronAdamSettings;
-use crate::checkpoint::megatron_torch_save::{
-    save_megatron_torch_rank, MegatronRun, MegatronSaveOptions, RankPart,
-};
+use crate::checkpoint::megatron_torch_save::RankPart;
 use crate::checkpoint::torch_save::PyValue;
-use crate::checkpoint::{save_checkpoint, OptimizerState, ShardPlace};
+use crate::checkpoint::{OptimizerState, RunRecord, SavedRank, ShardPlace};
 use crate::comm::world::World;
 use crate::comm::{run_ranks, Communicator, ReduceOp};
 use crate::data::loader::BatchLoader;
@@ -514,61 +512,46 @@ impl Trainer<'_> {
         Ok(outcome)
     }
 
-    /// Saves a checkpoint of the fp32 main weights under `--save` (if set): the ranks of
-    /// data-parallel replica 0 write their shards, and every rank waits until the checkpoint
-    /// is complete. ferrotron's format also holds the optimizer state, gathered by name first
-    /// (a collective over the data-parallel group when it is sharded); Megatron's
-    /// (`--ckpt-format torch`) holds the weights only.
+    /// Saves a checkpoint of the fp32 main weights and the optimizer state under `--save` (if
+    /// set), in the run's format: the ranks of data-parallel replica 0 write their shards, and
+    /// every rank waits until the checkpoint is complete.
     fn save(&self) -> Result<()> {
         let Some(dir) = &self.cfg.save else {
             return Ok(());
         };
-        let parallel = self.parallel;
-        let optimizer = &self.setup.optimizer;
+        let (parallel, optimizer, state) =
+            (self.parallel, &self.setup.optimizer, &self.setup.state);
         let place = ShardPlace {
             tp: parallel.coordinates.tp,
             tp_size: parallel.layout.tp,
             pp: parallel.coordinates.pp,
             pp_size: parallel.layout.pp,
         };
-        let state = &self.setup.state;
+        // Gathered on every rank (a collective under the distributed optimizer).
+        let optimizer_state = OptimizerState {
+            steps: optimizer.steps(),
+            moments: optimizer.moments()?,
+            grad_scaler: optimizer.scaler_state(),
+        };
         // The ranks of data-parallel replica 0 (every tensor-parallel rank of every stage) write.
-        let writes = parallel.coordinates.dp == 0;
-        if let Some(options) = &self.cfg.save_megatron {
-            // Gathered on every rank (a collective under the distributed optimizer).
-            let moments = optimizer.moments()?;
-            if writes {
-                let part = RankPart {
+        if parallel.coordinates.dp == 0 {
+            let rank = SavedRank {
+                weights: optimizer.main_weights(),
+                config: &self.cfg.model,
+                optimizer: &optimizer_state,
+                state,
+                part: RankPart {
                     place,
                     stage: &self.setup.stage,
-                };
-                save_megatron_torch_rank(
-                    dir,
-                    optimizer.main_weights(),
-                    &moments,
-                    &self.megatron_run(options),
-                    options.spec,
-                    (&parallel.model, part),
-                )?;
-            }
-        } else {
-            // Gathered on every rank (a collective under the distributed optimizer).
-            let optimizer_state = OptimizerState {
-                steps: optimizer.steps(),
-                moments: optimizer.moments()?,
-                grad_scaler: optimizer.scaler_state(),
+                },
+                run: RunRecord {
+                    seq_length: self.cfg.seq_length,
+                    bf16: self.cfg.precision == Precision::Bf16,
+                    fp16: self.cfg.precision == Precision::Fp16,
+                    adam: self.megatron_adam_settings(),
+                },
             };
-            if writes {
-                save_checkpoint(
-                    dir,
-                    optimizer.main_weights(),
-                    &self.cfg.model,
-                    &optimizer_state,
-                    state,
-                    &parallel.model,
-                    place,
-                )?;
-            }
+            self.cfg.save_format.save_rank(dir, rank, &parallel.model)?;
         }
         parallel.world.barrier()?;
         if parallel.is_world_rank0() {
@@ -580,24 +563,6 @@ impl Trainer<'_> {
             );
         }
         Ok(())
-    }
-
-    /// What Megatron's `args` record of this run at the current iteration.
-    fn megatron_run(&self, options: &MegatronSaveOptions) -> MegatronRun {
-        let state = &self.setup.state;
-        MegatronRun {
-            config: self.cfg.model.clone(),
-            iteration: state.iteration,
-            consumed_train_samples: state.consumed_train_samples,
-            consumed_valid_samples: state.consumed_valid_samples,
-            make_vocab_size_divisible_by: options.make_vocab_size_divisible_by,
-            vocab_size: options.vocab_size,
-            tokenizer_type: options.tokenizer_type.clone(),
-            seq_length: Some(self.cfg.seq_length),
-            bf16: self.cfg.precision == Precision::Bf16,
-            fp16: self.cfg.precision == Precision::Fp16,
-            optimizer: Some(self.megatron_adam_settings()),
-        }
     }
 
     /// What Megatron's optimizer and scheduler record of this run (its `OptimizerParamScheduler`

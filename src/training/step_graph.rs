@@ -22,10 +22,9 @@ use burn::tensor::Device;
 
 use super::batch_size_schedule::BatchSizeSchedule;
 use super::config::{BatchPlan, PretrainConfig};
-use super::forward_backward::ResidentBatch;
 use super::setup::RankSetup;
 use super::train_step::{report_step, run_step, StepOutputs, StepReport};
-use crate::data::loader::MicroBatch;
+use crate::data::loader::{DeviceBatch, MicroBatch};
 use crate::optim::LearningRates;
 use crate::parallel::state::ParallelState;
 
@@ -36,7 +35,7 @@ pub struct StepGraph {
     /// Steps run by replaying the captured graph (the captured one included).
     replayed: u64,
     /// One set of inputs per micro-batch of the step.
-    resident: Vec<ResidentBatch>,
+    resident: Vec<DeviceBatch>,
     captured: Option<Captured>,
 }
 
@@ -119,7 +118,6 @@ impl StepGraph {
     ) -> Result<StepReport> {
         self.steps += 1;
         self.write_batches(&batches, device)?;
-        let resident = Some(self.resident.as_slice());
         if let Some(captured) = &self.captured {
             prepare_replay(cfg, setup, plan, (iteration, lr), device);
             captured.replay()?;
@@ -129,15 +127,7 @@ impl StepGraph {
         }
         let step = (iteration, lr);
         let run = |setup: &mut RankSetup| {
-            run_step(
-                cfg,
-                setup,
-                (parallel, plan),
-                batches,
-                step,
-                device,
-                resident,
-            )
+            run_step(cfg, setup, (parallel, plan), &self.resident, step, device)
         };
         if self.steps <= self.warmup_steps {
             if self.steps == self.warmup_steps {
@@ -168,10 +158,7 @@ impl StepGraph {
     /// step): one set per micro-batch, of one shape throughout.
     fn write_batches(&mut self, batches: &[MicroBatch], device: &Device) -> Result<()> {
         if self.resident.is_empty() {
-            self.resident = batches
-                .iter()
-                .map(|b| ResidentBatch::upload(b, device))
-                .collect();
+            self.resident = batches.iter().map(|b| b.to_device(device)).collect();
             return Ok(());
         }
         if batches.len() != self.resident.len() {

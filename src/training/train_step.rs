@@ -6,13 +6,11 @@ use burn::tensor::{Device, Tensor};
 
 use super::config::{BatchPlan, PretrainConfig};
 use super::finalize_grads::{finalize_model_grads, DataParallelReduce};
-use super::forward_backward::{
-    forward_backward, training_schedule, OverlapGradReduce, ResidentBatch, StepInputs,
-};
+use super::forward_backward::{forward_backward, training_schedule, OverlapGradReduce, StepInputs};
 use super::param_stats::count_zero_grads;
 use super::setup::RankSetup;
 use crate::comm::ReduceOp;
-use crate::data::loader::MicroBatch;
+use crate::data::loader::{DeviceBatch, MicroBatch};
 use crate::optim::mixed_precision_optimizer::read_step_values;
 use crate::optim::{GradNorm, LearningRates, StepResult};
 use crate::parallel::state::ParallelState;
@@ -76,22 +74,22 @@ pub fn train_step(
     (iteration, lr): (u64, LearningRates),
     device: &Device,
 ) -> Result<StepReport> {
+    let batches: Vec<DeviceBatch> = batches.iter().map(|b| b.to_device(device)).collect();
     let step = (iteration, lr);
-    let outputs = run_step(cfg, setup, (parallel, plan), batches, step, device, None)?;
+    let outputs = run_step(cfg, setup, (parallel, plan), &batches, step, device)?;
     report_step(outputs, setup, (parallel, plan))
 }
 
-/// [`train_step`] without reading anything from the device: the schedule, the gradients
-/// finalised and the optimizer's step. With `resident`, micro-batch `k`'s inputs are read
-/// from `resident[k]` (a captured step's; see [`super::step_graph`]).
+/// [`train_step`] without reading anything from the device: the schedule over `batches`
+/// (already on the device: uploaded, or written into a captured step's inputs by
+/// [`super::step_graph`]), the gradients finalised and the optimizer's step.
 pub fn run_step(
     cfg: &PretrainConfig,
     setup: &mut RankSetup,
     (parallel, plan): (&ParallelState, BatchPlan),
-    batches: Vec<MicroBatch>,
+    batches: &[DeviceBatch],
     (iteration, lr): (u64, LearningRates),
     device: &Device,
-    resident: Option<&[ResidentBatch]>,
 ) -> Result<StepOutputs> {
     let pp = parallel.layout.pp;
     let global_index = |k: usize| plan.global_micro_batch(k);
@@ -113,7 +111,6 @@ pub fn run_step(
         seed: cfg.seed,
         iteration,
         device,
-        resident,
     };
     let divisor = plan.loss_divisor(setup.optimizer.loss_scale());
     let mut out = forward_backward(&inputs, batches, &steps, cfg.recompute, divisor, overlap)?;

@@ -6,6 +6,7 @@ use super::data_flags::data_sources;
 use super::PretrainArgs;
 use crate::checkpoint::megatron_torch_save::{LayerSpec, MegatronSaveOptions};
 use crate::checkpoint::saved_model;
+use crate::checkpoint::SaveFormat;
 use crate::model::attention_backend::{AttentionBackend, AttentionChoice};
 use crate::model::vocab::{padded_vocab_log_line, padded_vocab_size};
 use crate::model::{GptConfig, Recompute};
@@ -114,7 +115,7 @@ fn build_config(args: &PretrainArgs, verbose: bool) -> Result<PretrainConfig> {
         eval_iters: args.eval_iters,
         save: args.save.clone(),
         save_interval: args.save_interval,
-        save_megatron: megatron_save_options(args, verbose)?,
+        save_format: save_format(args, verbose)?,
         load: args.load.clone(),
         finetune: args.finetune,
         no_load_optim: args.no_load_optim,
@@ -179,15 +180,12 @@ fn peak_tflops(args: &PretrainArgs) -> Result<Option<f64>> {
     }
 }
 
-/// `--ckpt-format torch`'s options; a note when another format is asked for, since ferrotron
-/// then writes its own.
-fn megatron_save_options(
-    args: &PretrainArgs,
-    verbose: bool,
-) -> Result<Option<MegatronSaveOptions>> {
+/// The format `--save` writes: Megatron's under `--ckpt-format torch`, ferrotron's otherwise
+/// (with a note when another of Megatron's formats is asked for).
+fn save_format(args: &PretrainArgs, verbose: bool) -> Result<SaveFormat> {
     let spec: LayerSpec = args.transformer_impl.parse().map_err(anyhow::Error::msg)?;
     match args.ckpt_format.as_deref() {
-        Some("torch") => Ok(Some(MegatronSaveOptions {
+        Some("torch") => Ok(SaveFormat::MegatronTorch(MegatronSaveOptions {
             spec,
             make_vocab_size_divisible_by: args.make_vocab_size_divisible_by,
             vocab_size: args.tokenizer.vocab_size,
@@ -197,12 +195,12 @@ fn megatron_save_options(
             if verbose {
                 println!("note: --ckpt-format {other}: ferrotron saves its own format (safetensors shards, loadable at any layout); --ckpt-format torch saves Megatron's");
             }
-            Ok(None)
+            Ok(SaveFormat::Ferrotron)
         }
         Some(other) => bail!(
             "--ckpt-format {other:?}: expected torch, torch_dist, zarr, torch_dcp or fsdp_dtensor"
         ),
-        None => Ok(None),
+        None => Ok(SaveFormat::Ferrotron),
     }
 }
 
