@@ -7,12 +7,8 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 
-use ferrotron::checkpoint::{
-    save_checkpoint, OptimizerState, ShardPlace, TrainState, TRACKER_FILE,
-};
-use ferrotron::comm::Group;
+use ferrotron::checkpoint::{SaveFormat, SavedModel, TrainState, TRACKER_FILE};
 use ferrotron::export::hf_model::import_hf;
-use ferrotron::model::named_parameters::load_named_parameters;
 
 /// Convert a directory holding a `GPT2LMHeadModel`, `LlamaForCausalLM`, `MistralForCausalLM`,
 /// `Qwen2ForCausalLM` or `Qwen3ForCausalLM` (`config.json` + `model.safetensors` or its shards,
@@ -42,27 +38,21 @@ fn run(args: Args) -> Result<()> {
     }
     let imported = import_hf(&args.input, args.make_vocab_size_divisible_by)?;
     let (config, vocab) = (imported.config, imported.vocab);
-    let device = burn::tensor::Device::flex();
-    let model = config.init(0, &device).map_err(anyhow::Error::msg)?;
-    let (model, missing) = load_named_parameters(model, &imported.values);
-    if let Some(first) = missing.first() {
-        bail!(
-            "{}: no tensor for {first} ({} parameters missing)",
-            args.input.display(),
-            missing.len()
-        );
-    }
-    let state = TrainState::default();
-    let path = save_checkpoint(
-        &args.save,
-        &model,
-        &config,
-        &OptimizerState::default(),
-        &state,
-        &Group::single(),
-        ShardPlace::tensor(0, 1),
-    )
-    .with_context(|| format!("writing the checkpoint to {}", args.save.display()))?;
+    let model = SavedModel {
+        values: &imported.values,
+        config: &config,
+        state: &TrainState::default(),
+        layout: (1, 1),
+    };
+    SaveFormat::Ferrotron
+        .save_model(&args.save, model)
+        .with_context(|| {
+            format!(
+                "{}: writing the checkpoint to {}",
+                args.input.display(),
+                args.save.display()
+            )
+        })?;
     eprintln!(
         "imported a {}-layer {} (hidden {}, {} heads, vocabulary {vocab} padded to {}) to {}",
         config.num_layers,
@@ -70,7 +60,7 @@ fn run(args: Args) -> Result<()> {
         config.hidden_size,
         config.num_attention_heads,
         config.padded_vocab_size,
-        path.display()
+        args.save.display()
     );
     Ok(())
 }

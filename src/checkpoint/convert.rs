@@ -4,7 +4,7 @@
 //!
 //! The source is read whole (every tensor joined from its rank shards) by the readers
 //! `pretrain --load` uses, the vocabulary re-padded for the target size, and the target
-//! written by [`super::save_checkpoint`] or [`super::megatron_torch_save`]. ferrotron's own
+//! written by [`SaveFormat::save_model`]. ferrotron's own
 //! checkpoints already load at any layout, so converting to ferrotron's format writes one
 //! tensor-parallel rank.
 
@@ -15,13 +15,10 @@ use anyhow::{bail, ensure, Context, Result};
 use super::format::CheckpointFormat;
 use super::megatron_args::MegatronArgs;
 use super::megatron_tensors::ParameterValues;
-use super::megatron_torch_save::{save_megatron_torch, LayerSpec, MegatronRun};
+use super::megatron_torch_save::{LayerSpec, MegatronSaveOptions};
 use super::open::Checkpoint;
-use super::{
-    read_full_model, save_checkpoint, OptimizerState, ShardPlace, TrainState, TRACKER_FILE,
-};
-use crate::comm::Group;
-use crate::model::named_parameters::load_named_parameters;
+use super::write::{SaveFormat, SavedModel};
+use super::{read_full_model, TrainState, TRACKER_FILE};
 use crate::model::{padded_vocab_size, GptConfig};
 use crate::util::host_tensor::HostTensor;
 
@@ -106,31 +103,15 @@ pub fn convert_checkpoint(
         .map_err(anyhow::Error::msg)?;
     let tokenizer_type = tokenizer_type(&source, target)?;
     let values = with_vocab_rows(source.values, padded);
-    match target.format {
-        CheckpointFormat::MegatronTorch => {
-            let run = MegatronRun {
-                config: config.clone(),
-                iteration: source.state.iteration,
-                consumed_train_samples: source.state.consumed_train_samples,
-                consumed_valid_samples: source.state.consumed_valid_samples,
-                make_vocab_size_divisible_by: target.make_vocab_size_divisible_by,
-                // Megatron's `vocab_size` is the tokenizer flag's value, which differs from
-                // the real vocabulary for some types (NullTokenizer's is one less): unknown here.
-                vocab_size: None,
-                tokenizer_type: Some(tokenizer_type),
-                seq_length: None,
-                bf16: false,
-                fp16: false,
-                optimizer: None,
-            };
-            save_megatron_torch(
-                dst,
-                &values,
-                &run,
-                (tensor_parallel, pipeline_parallel),
-                target.spec,
-            )?;
-        }
+    let format = match target.format {
+        CheckpointFormat::MegatronTorch => SaveFormat::MegatronTorch(MegatronSaveOptions {
+            spec: target.spec,
+            make_vocab_size_divisible_by: target.make_vocab_size_divisible_by,
+            // Megatron's `vocab_size` is the tokenizer flag's value, which differs from the
+            // real vocabulary for some types (NullTokenizer's is one less): unknown here.
+            vocab_size: None,
+            tokenizer_type: Some(tokenizer_type),
+        }),
         CheckpointFormat::MegatronTorchDist => bail!(
             "writing Megatron's torch_dist format is not implemented: convert to torch and \
              let Megatron's --ckpt-convert-format torch_dist rewrite it"
@@ -141,24 +122,18 @@ pub fn convert_checkpoint(
                 "ferrotron's checkpoints load at any tensor-parallel size: convert to \
                  --ckpt-format ferrotron without --target-tensor-parallel-size"
             );
-            let model = config
-                .init(0, &burn::tensor::Device::flex())
-                .map_err(anyhow::Error::msg)?;
-            let (model, missing) = load_named_parameters(model, &values);
-            if let Some(first) = missing.first() {
-                bail!("{}: no tensor for {first}", src.display());
-            }
-            save_checkpoint(
-                dst,
-                &model,
-                &config,
-                &OptimizerState::default(),
-                &source.state,
-                &Group::single(),
-                ShardPlace::tensor(0, 1),
-            )?;
+            SaveFormat::Ferrotron
         }
-    }
+    };
+    let model = SavedModel {
+        values: &values,
+        config: &config,
+        state: &source.state,
+        layout: (tensor_parallel, pipeline_parallel),
+    };
+    format
+        .save_model(dst, model)
+        .with_context(|| format!("{}: writing {}", src.display(), dst.display()))?;
     Ok(ConvertSummary {
         source: source.format,
         source_tensor_parallel: source.tensor_parallel,

@@ -108,7 +108,7 @@ pub struct RankPart<'a> {
 /// `mp_rank_TT[_PPP]/model_optim_rng.pt` under `root`. Every rank of `group` (one model
 /// replica's ranks, every tensor-parallel rank of every stage) calls it; its rank 0 creates the
 /// staging directory and publishes it once every shard is written.
-pub fn save_megatron_torch_rank(
+pub(super) fn save_megatron_torch_rank(
     root: &Path,
     model: &Gpt,
     moments: &[NamedMoments],
@@ -164,7 +164,7 @@ pub fn save_megatron_torch_rank(
 /// size) and pipeline-parallel size `pipeline_parallel` (the layers split evenly, as
 /// Megatron's default). Written into a staging directory renamed into place, the tracker
 /// last.
-pub fn save_megatron_torch(
+pub(super) fn save_megatron_torch(
     root: &Path,
     values: &ParameterValues,
     run: &MegatronRun,

@@ -33,8 +33,7 @@ mod write;
 pub use format::CheckpointFormat;
 pub use load::{load_checkpoint, read_full_checkpoint, read_full_model, FullCheckpoint};
 pub use open::{load_model, load_model_shard, saved_model, Checkpoint};
-pub use save::save_checkpoint;
-pub use write::{RunRecord, SaveFormat, SavedRank};
+pub use write::{RunRecord, SaveFormat, SavedModel, SavedRank};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -1,20 +1,22 @@
-//! A training rank's checkpoint written in the format the run saves (`--ckpt-format`): the
-//! trainer hands every format the same [`SavedRank`] and calls one [`SaveFormat::save_rank`],
-//! so a format added later (Megatron's `torch_dist`) is a variant here, not a branch in the
-//! trainer.
+//! Checkpoints written in a chosen format (`--ckpt-format`): the trainer hands every format the
+//! same [`SavedRank`] and calls [`SaveFormat::save_rank`]; the converter and the importers hand
+//! a whole model ([`SavedModel`]) to [`SaveFormat::save_model`]. A format added later
+//! (Megatron's `torch_dist`) is a variant here, not a branch in each tool.
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Result;
+use anyhow::{bail, ensure, Result};
 
 use super::format::CheckpointFormat;
 use super::megatron_optimizer_save::MegatronAdamSettings;
+use super::megatron_tensors::ParameterValues;
 use super::megatron_torch_save::{
-    save_megatron_torch_rank, MegatronRun, MegatronSaveOptions, RankPart,
+    save_megatron_torch, save_megatron_torch_rank, MegatronRun, MegatronSaveOptions, RankPart,
 };
 use super::save::save_checkpoint;
-use super::{OptimizerState, TrainState};
+use super::{OptimizerState, ShardPlace, TrainState};
 use crate::comm::Group;
+use crate::model::named_parameters::load_named_parameters;
 use crate::model::{Gpt, GptConfig};
 
 /// The format `--save` writes, with what that format needs to know of the run.
@@ -42,6 +44,19 @@ pub struct SavedRank<'a> {
     /// What the run was beyond the model (Megatron's `args` record it; ferrotron's format
     /// records the model and the training state only).
     pub run: RunRecord,
+}
+
+/// A whole model to write at a chosen layout, without optimizer state (a converted or imported
+/// checkpoint).
+pub struct SavedModel<'a> {
+    /// Every parameter, whole, by ferrotron's name.
+    pub values: &'a ParameterValues,
+    /// The model's shape.
+    pub config: &'a GptConfig,
+    /// Where training stands.
+    pub state: &'a TrainState,
+    /// Tensor-parallel ranks and pipeline stages to write.
+    pub layout: (usize, usize),
 }
 
 /// The run's settings a checkpoint may record besides the model's shape.
@@ -81,7 +96,7 @@ impl SaveFormat {
                 rank.part.place,
             ),
             SaveFormat::MegatronTorch(options) => {
-                let run = megatron_run(&rank, options);
+                let run = megatron_run(rank.config, rank.state, Some(&rank.run), options);
                 save_megatron_torch_rank(
                     root,
                     rank.weights,
@@ -93,21 +108,65 @@ impl SaveFormat {
             }
         }
     }
+
+    /// Writes the whole `model` under `root`, split into its layout, by one process.
+    pub fn save_model(&self, root: &Path, model: SavedModel<'_>) -> Result<()> {
+        match self {
+            SaveFormat::Ferrotron => {
+                // ferrotron's checkpoints load at any layout: one file holds the model.
+                ensure!(
+                    model.layout == (1, 1),
+                    "ferrotron's checkpoints load at any tensor-parallel size and hold one \
+                     stage: write them without a target layout"
+                );
+                let weights = model
+                    .config
+                    .init(0, &burn::tensor::Device::flex())
+                    .map_err(anyhow::Error::msg)?;
+                let (weights, missing) = load_named_parameters(weights, model.values);
+                if let Some(first) = missing.first() {
+                    bail!(
+                        "no tensor for {first} ({} parameters missing)",
+                        missing.len()
+                    );
+                }
+                save_checkpoint(
+                    root,
+                    &weights,
+                    model.config,
+                    &OptimizerState::default(),
+                    model.state,
+                    &Group::single(),
+                    ShardPlace::tensor(0, 1),
+                )?;
+                Ok(())
+            }
+            SaveFormat::MegatronTorch(options) => {
+                let run = megatron_run(model.config, model.state, None, options);
+                save_megatron_torch(root, model.values, &run, model.layout, options.spec)
+            }
+        }
+    }
 }
 
-/// What Megatron's `args` record of the run `rank` belongs to.
-fn megatron_run(rank: &SavedRank<'_>, options: &MegatronSaveOptions) -> MegatronRun {
+/// What Megatron's `args` record of a run (`None`: a converted model, whose run is unknown).
+fn megatron_run(
+    config: &GptConfig,
+    state: &TrainState,
+    run: Option<&RunRecord>,
+    options: &MegatronSaveOptions,
+) -> MegatronRun {
     MegatronRun {
-        config: rank.config.clone(),
-        iteration: rank.state.iteration,
-        consumed_train_samples: rank.state.consumed_train_samples,
-        consumed_valid_samples: rank.state.consumed_valid_samples,
+        config: config.clone(),
+        iteration: state.iteration,
+        consumed_train_samples: state.consumed_train_samples,
+        consumed_valid_samples: state.consumed_valid_samples,
         make_vocab_size_divisible_by: options.make_vocab_size_divisible_by,
         vocab_size: options.vocab_size,
         tokenizer_type: options.tokenizer_type.clone(),
-        seq_length: Some(rank.run.seq_length),
-        bf16: rank.run.bf16,
-        fp16: rank.run.fp16,
-        optimizer: Some(rank.run.adam.clone()),
+        seq_length: run.map(|r| r.seq_length),
+        bf16: run.is_some_and(|r| r.bf16),
+        fp16: run.is_some_and(|r| r.fp16),
+        optimizer: run.map(|r| r.adam.clone()),
     }
 }
