@@ -18,7 +18,7 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use ferrotron::comm::{run_ranks, Group};
 use ferrotron::model::GptConfig;
 use ferrotron::parallel::random::seed_micro_batch;
-use ferrotron::parallel::sharding::{parameter_holdings, Holding};
+use ferrotron::parallel::{holdings::parameter_holdings, sharding::Holding};
 use ferrotron::training::{AdamW, AdamWConfig, GradientAccumulator};
 
 #[global_allocator]

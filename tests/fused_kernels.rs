@@ -1506,6 +1506,7 @@ fn assert_close_f64(what: &str, got: &[f32], want: &[f64], abs: f64) {
 #[test]
 fn the_kernel_line_says_what_the_layers_run() {
     use burn::tensor::DType;
+    use ferrotron::model::PositionEmbedding;
     let line = |config: GptConfig, device: &Device| {
         let model = config.init(1, device).unwrap();
         model.kernels_in_words(device, DType::F32)
@@ -1519,7 +1520,7 @@ fn the_kernel_line_says_what_the_layers_run() {
             && ["on matrix units", "in planes of", "in shared-memory tiles"]
                 .iter()
                 .any(|layout| flash.contains(layout))
-            && flash.contains("from the QKV rows")
+            && flash.contains("from the QKV rows (split and bias inside)")
             && flash.contains("norms fused")
             && flash.contains("MLP GELU fused"),
         "{flash}"
@@ -1535,6 +1536,14 @@ fn the_kernel_line_says_what_the_layers_run() {
     assert!(
         qk_norms.contains("composed core: products, fused causal softmax;"),
         "{qk_norms}"
+    );
+    let llama = base()
+        .with_position_embedding_type(PositionEmbedding::Rope)
+        .with_add_bias_linear(false);
+    let rotary = line(llama, &gpu).unwrap();
+    assert!(
+        rotary.contains("from the QKV rows (split and rotary embedding inside)"),
+        "{rotary}"
     );
     let cpu = Device::flex();
     assert_eq!(line(base().with_flash_attention(true), &cpu), None);

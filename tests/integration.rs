@@ -14,6 +14,7 @@ mod common;
 mod blended_dataset;
 mod data_parallel;
 mod export_and_evaluate;
+mod floors;
 mod fused_kernels;
 mod generate;
 mod golden;

@@ -14,10 +14,10 @@ use ferrotron::data::DataSources;
 use ferrotron::model::named_parameters::named_parameters;
 use ferrotron::model::GptConfig;
 use ferrotron::parallel::cross_entropy::vocab_parallel_cross_entropy;
+use ferrotron::parallel::holdings::parameter_holdings;
 use ferrotron::parallel::layers::{
     ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
 };
-use ferrotron::parallel::sharding::parameter_holdings;
 use ferrotron::training::{pretrain, LrDecayStyle, LrSchedule, PretrainConfig};
 use ferrotron::util::host_tensor::HostTensor;
 

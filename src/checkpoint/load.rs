@@ -17,7 +17,7 @@ use crate::comm::Group;
 use crate::model::named_parameters::load_named_parameters;
 use crate::model::{Gpt, GptConfig, StageLayers};
 use crate::optim::NamedMoments;
-use crate::parallel::sharding::{parameter_holdings, shard_of};
+use crate::parallel::{holdings::parameter_holdings, sharding::shard_of};
 
 /// First and second moments of one parameter as found in a file (either may be missing).
 type SavedMoments = (Option<Vec<f32>>, Option<Vec<f32>>);

@@ -14,7 +14,10 @@ use crate::comm::Group;
 use crate::model::named_parameters::load_named_parameters;
 use crate::model::{Gpt, GptConfig, StageLayers};
 use crate::optim::NamedMoments;
-use crate::parallel::sharding::{parameter_holdings, shard_of, ParameterHolding};
+use crate::parallel::{
+    holdings::{parameter_holdings, ParameterHolding},
+    sharding::shard_of,
+};
 use crate::util::host_tensor::HostTensor;
 
 /// A Megatron checkpoint's model, as ferrotron parameters.

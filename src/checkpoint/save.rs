@@ -14,7 +14,7 @@ use super::{
 use crate::comm::Group;
 use crate::model::named_parameters::named_parameters;
 use crate::model::{Gpt, GptConfig};
-use crate::parallel::sharding::parameter_holdings;
+use crate::parallel::holdings::parameter_holdings;
 
 /// Saves this rank's shard of the model and optimizer, and the training state, under `root`
 /// (`iter_XXXXXXX/mp_rank_TT[_PPP]/`, at `place`). Every

@@ -51,9 +51,15 @@ impl CausalSelfAttention {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     pub fn core_in_words(&self, device: &Device, dtype: DType) -> String {
         let from_rows = if self.core_from_rows(device) {
-            ", from the QKV rows (split, bias and rotary embedding inside)"
+            let inside = match (self.query_key_value.bias.is_some(), self.rotary.is_some()) {
+                (true, true) => "split, bias and rotary embedding",
+                (true, false) => "split and bias",
+                (false, true) => "split and rotary embedding",
+                (false, false) => "split",
+            };
+            format!(", from the QKV rows ({inside} inside)")
         } else {
-            ""
+            String::new()
         };
         if self.flash_attention {
             let kernels = super::fused::attention_kernels_in_words(device, dtype, self.head_dim)

@@ -459,6 +459,10 @@ impl<M: Module> Optimizer<M> for FlatAdamW {
         false
     }
 
+    fn update_in_words(&self) -> &'static str {
+        "Adam over flat buffers, one fused update per parameter group"
+    }
+
     fn step(
         &mut self,
         module: M,

@@ -77,6 +77,11 @@ impl<M: Module> MixedPrecisionOptimizer<M> {
         self.scaler.as_ref().map(GradScaler::state)
     }
 
+    /// How the inner optimizer updates the parameters, in words (the log's kernel line).
+    pub fn update_in_words(&self) -> &'static str {
+        self.inner.update_in_words()
+    }
+
     /// Whether the inner optimizer sums the gradients over data-parallel ranks itself.
     pub fn reduces_data_parallel_grads(&self) -> bool {
         self.inner.reduces_data_parallel_grads()

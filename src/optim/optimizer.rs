@@ -23,6 +23,10 @@ pub trait Optimizer<M: Module> {
     /// distributed optimizer's reduce-scatter); otherwise they must be summed before it.
     fn reduces_data_parallel_grads(&self) -> bool;
 
+    /// How [`Self::step`] updates the parameters on a CubeCL device, in words, for the log's
+    /// kernel line (each implementation says what it launches).
+    fn update_in_words(&self) -> &'static str;
+
     /// One update of `module` from `grads` (unscaled) with learning rates `lr`, clipped by
     /// the global norm; returns the module and the norm before clipping.
     fn step(
@@ -168,6 +172,10 @@ impl<M: Module> Optimizer<M> for ReplicatedAdamW {
         false
     }
 
+    fn update_in_words(&self) -> &'static str {
+        "Adam fused, one kernel per parameter"
+    }
+
     fn step(
         &mut self,
         module: M,
@@ -250,6 +258,10 @@ impl ShardedAdamW {
 impl<M: Module> Optimizer<M> for ShardedAdamW {
     fn reduces_data_parallel_grads(&self) -> bool {
         true
+    }
+
+    fn update_in_words(&self) -> &'static str {
+        "distributed Adam composed over this rank's flat shard"
     }
 
     fn step(

@@ -15,6 +15,7 @@ pub mod cross_entropy;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod cross_entropy_kernels;
 pub mod embedding_lookup;
+pub mod holdings;
 pub mod layers;
 pub mod mappings;
 pub mod random;

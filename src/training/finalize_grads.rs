@@ -12,8 +12,8 @@ use burn::module::ParamId;
 
 use crate::model::{Gpt, StageLayers};
 use crate::optim::GradientAccumulator;
-use crate::parallel::sharding::{parameter_holdings, Holding};
 use crate::parallel::state::ParallelState;
+use crate::parallel::{holdings::parameter_holdings, sharding::Holding};
 
 /// The parameters a step treats specially, decided once when the model is built.
 #[derive(Clone, Debug, Default)]

@@ -152,7 +152,8 @@ pub fn pretrain_on(
     let setup = set_up_rank(cfg, plan, &parallel, device, &say)?;
     let dtype = burn::tensor::DType::from(cfg.precision.dtype());
     if let Some(line) = setup.optimizer.model().kernels_in_words(device, dtype) {
-        say(format!(" > {line}"));
+        let update = setup.optimizer.update_in_words();
+        say(format!(" > {line}; optimizer: {update}"));
     }
     if cfg.overlap_grad_reduce
         && parallel.layout.dp > 1

@@ -23,3 +23,4 @@ pub mod masked_mean;
 pub mod matmul;
 pub mod numpy_pcg64;
 pub mod numpy_random;
+pub mod product_plan;

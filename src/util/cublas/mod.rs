@@ -25,7 +25,7 @@ use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cudarc::cublas::sys;
 
-use crate::util::matmul::ProductKernels;
+use crate::util::product_plan::ProductKernels;
 use gemm::{data_type, operand, GemmShape, Operand};
 use ordering::window;
 
@@ -34,11 +34,11 @@ type CudaServer =
     <burn_cubecl::cubecl::cuda::CudaRuntime as burn_cubecl::cubecl::__private::Runtime>::Server;
 
 /// Whether cuBLAS takes this process's half-precision products: the plan asks for it
-/// ([`crate::util::matmul::product_plan`]) and the library is there.
+/// ([`crate::util::product_plan::product_plan`]) and the library is there.
 fn cublas_on() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| {
-        if crate::util::matmul::product_plan().kernels == ProductKernels::Cubecl {
+        if crate::util::product_plan::product_plan().kernels == ProductKernels::Cubecl {
             return false;
         }
         // SAFETY: only tries to open the shared library.

@@ -61,7 +61,7 @@ use ferrotron_kernels::launch as kernels;
 
 use super::gemm::{gemm, GemmShape, Operand, Product};
 use super::{cuda_index, env_choice, env_count, CudaServer, Planned};
-use crate::util::matmul::CublasOrdering;
+use crate::util::product_plan::CublasOrdering;
 
 /// One cuBLAS handle and the stream it runs on, for one GPU, and what orders that stream
 /// against CubeCL's.
@@ -313,9 +313,9 @@ fn wait_for_count(stream: &CudaStream, address: u64, count: u32) -> Result<(), S
     }
 }
 
-/// How the streams are to be ordered: the run's plan ([`crate::util::matmul::product_plan`]).
+/// How the streams are to be ordered: the run's plan ([`crate::util::product_plan::product_plan`]).
 fn order_asked() -> Order {
-    match crate::util::matmul::product_plan().ordering {
+    match crate::util::product_plan::product_plan().ordering {
         CublasOrdering::Device => Order::DeviceThread,
         CublasOrdering::Host => Order::Host,
     }
