@@ -24,7 +24,7 @@ use ferrotron::comm::ReduceOp;
 use ferrotron::data::DataSources;
 use ferrotron::model::GptConfig;
 use ferrotron::training::pretrain::pretrain_on;
-use ferrotron::training::{LrDecayStyle, LrSchedule, PretrainConfig};
+use ferrotron::training::{LrDecayStyle, LrSchedule, ParallelConfig, PretrainConfig};
 
 #[global_allocator]
 static ALLOCATOR: ferrotron::util::allocator::TrainingAllocator =
@@ -68,8 +68,6 @@ const BUCKET: usize = 1 << 20;
 
 fn train_config(iters: u64, cache: &Path, overlap: bool) -> PretrainConfig {
     PretrainConfig {
-        ddp_bucket_size: BUCKET,
-        overlap_grad_reduce: overlap,
         seq_length: 256,
         micro_batch_size: 4,
         global_batch_size: 8,
@@ -87,6 +85,11 @@ fn train_config(iters: u64, cache: &Path, overlap: bool) -> PretrainConfig {
         log_interval: 1000,
         eval_interval: 0,
         eval_iters: 0,
+        parallel: ParallelConfig {
+            ddp_bucket_size: BUCKET,
+            overlap_grad_reduce: overlap,
+            ..ParallelConfig::default()
+        },
         ..PretrainConfig::new(
             GptConfig::new(4, 256, 4, 256, 50304),
             DataSources::single(root().join("tests/fixtures/golden/wikitext2_valid_text_document")),

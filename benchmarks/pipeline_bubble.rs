@@ -29,7 +29,7 @@ use ferrotron::model::GptConfig;
 use ferrotron::pipeline::{run_schedule, PipelineP2p, StageWork};
 use ferrotron::training::forward_backward::training_schedule;
 use ferrotron::training::pretrain::pretrain;
-use ferrotron::training::{LrDecayStyle, LrSchedule, PretrainConfig};
+use ferrotron::training::{LrDecayStyle, LrSchedule, ParallelConfig, PretrainConfig};
 
 #[global_allocator]
 static ALLOCATOR: ferrotron::util::allocator::TrainingAllocator =
@@ -178,8 +178,11 @@ fn gpt_config(pp: usize, last_stage_layers: Option<usize>) -> PretrainConfig {
         data_cache_path: Some(std::env::temp_dir().join("ferrotron_pipeline_bubble_cache")),
         eval_interval: 0,
         eval_iters: 0,
-        pipeline_model_parallel_size: pp,
-        decoder_last_pipeline_num_layers: last_stage_layers,
+        parallel: ParallelConfig {
+            pipeline_model_parallel_size: pp,
+            decoder_last_pipeline_num_layers: last_stage_layers,
+            ..ParallelConfig::default()
+        },
         ..PretrainConfig::new(
             GptConfig::new(8, 256, 8, 256, 50304),
             DataSources::single(data),

@@ -16,7 +16,7 @@ use burn::tensor::Device;
 use ferrotron::comm::{run_ranks, Communicator};
 use ferrotron::model::Recompute;
 use ferrotron::training::pretrain::pretrain_on;
-use ferrotron::training::{pretrain, PretrainConfig};
+use ferrotron::training::{pretrain, ParallelConfig, PretrainConfig};
 
 use crate::common::mpi::*;
 use crate::common::*;
@@ -71,12 +71,16 @@ const LAYOUTS: [Layout; 7] = [
 const MPI_LAYOUTS: [Layout; 3] = [LAYOUTS[1], LAYOUTS[3], LAYOUTS[4]];
 
 fn config(cache: &Path, layout: Layout, train_iters: u64) -> PretrainConfig {
+    let base = layout_comparison_run(cache, 2, train_iters, ITERS);
     PretrainConfig {
-        tensor_model_parallel_size: layout.tp,
-        use_distributed_optimizer: layout.distributed_optimizer,
-        overlap_grad_reduce: layout.overlap_grad_reduce,
         recompute: layout.recompute,
-        ..layout_comparison_run(cache, 2, train_iters, ITERS)
+        parallel: ParallelConfig {
+            tensor_model_parallel_size: layout.tp,
+            use_distributed_optimizer: layout.distributed_optimizer,
+            overlap_grad_reduce: layout.overlap_grad_reduce,
+            ..base.parallel
+        },
+        ..base
     }
 }
 

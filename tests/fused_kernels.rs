@@ -12,7 +12,7 @@ use burn::tensor::{Device, Tensor, TensorData};
 use ferrotron::data::{DataSources, MockDocuments};
 use ferrotron::model::ops::{layer_norm, rms_norm, scaled_causal_masked_softmax, swiglu};
 use ferrotron::model::GptConfig;
-use ferrotron::training::{pretrain, LrDecayStyle, LrSchedule, PretrainConfig};
+use ferrotron::training::{pretrain, LrDecayStyle, LrSchedule, ParallelConfig, PretrainConfig};
 use ferrotron::util::device::parse_device;
 
 // Most tests run in a process of their own (one CubeCL device per process: see the module);
@@ -959,7 +959,10 @@ fn small_gpt(dir: &std::path::Path, fused: bool, tp: usize) -> PretrainConfig {
         log_interval: 1,
         eval_interval: 0,
         eval_iters: 0,
-        tensor_model_parallel_size: tp,
+        parallel: ParallelConfig {
+            tensor_model_parallel_size: tp,
+            ..ParallelConfig::default()
+        },
         ..PretrainConfig::new(
             GptConfig::new(2, 32, 4, 16, 512)
                 .with_hidden_dropout(0.0)

@@ -37,8 +37,8 @@ fn a_seeded_sample_of_generated_layouts_reproduces_the_single_process() {
     let any = |f: &dyn Fn(&PretrainConfig, usize) -> bool| {
         cases.iter().any(|c| f(&c.config, c.data_parallel))
     };
-    assert!(any(&|c, _| c.tensor_model_parallel_size > 1));
-    assert!(any(&|c, _| c.pipeline_model_parallel_size > 1));
+    assert!(any(&|c, _| c.parallel.tensor_model_parallel_size > 1));
+    assert!(any(&|c, _| c.parallel.pipeline_model_parallel_size > 1));
     assert!(any(&|_, dp| dp > 1));
     let mut references = References::default();
     let mut differ = Vec::new();

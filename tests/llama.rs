@@ -24,7 +24,7 @@ use ferrotron::inference::{generate, GenerateOptions, Sampler, SamplingConfig};
 use ferrotron::model::named_parameters::named_parameters;
 use ferrotron::model::{GptConfig, Normalization, PositionEmbedding, Recompute};
 use ferrotron::training::pretrain::pretrain_on;
-use ferrotron::training::{pretrain, LrSchedule, PretrainConfig};
+use ferrotron::training::{pretrain, LrSchedule, ParallelConfig, PretrainConfig};
 
 use crate::common::mpi::*;
 use crate::common::*;
@@ -241,11 +241,14 @@ fn config(cache: &Path, layout: Layout, train_iters: u64) -> PretrainConfig {
             ..base.schedule
         },
         model: llama_model().with_sequence_parallel(layout.sequence_parallel),
-        tensor_model_parallel_size: layout.tp,
-        pipeline_model_parallel_size: layout.pp,
-        use_distributed_optimizer: layout.distributed_optimizer,
         recompute: layout.recompute,
-        overlap_grad_reduce: layout.overlap_grad_reduce,
+        parallel: ParallelConfig {
+            tensor_model_parallel_size: layout.tp,
+            pipeline_model_parallel_size: layout.pp,
+            use_distributed_optimizer: layout.distributed_optimizer,
+            overlap_grad_reduce: layout.overlap_grad_reduce,
+            ..base.parallel
+        },
         ..base
     }
 }

@@ -9,7 +9,9 @@ use ferrotron::data::DataSources;
 use ferrotron::model::GptConfig;
 use ferrotron::optim::grad_scaler::DynamicGradScalerConfig;
 use ferrotron::optim::Precision;
-use ferrotron::training::{pretrain, LrDecayStyle, LrSchedule, PretrainConfig, PretrainOutcome};
+use ferrotron::training::{
+    pretrain, LrDecayStyle, LrSchedule, ParallelConfig, PretrainConfig, PretrainOutcome,
+};
 
 use crate::common::*;
 
@@ -33,7 +35,10 @@ fn config(cache: &Path, precision: Precision, train_iters: u64) -> PretrainConfi
         data_cache_path: Some(cache.to_path_buf()),
         log_interval: 50,
         eval_iters: 1,
-        ddp_bucket_size: 1 << 20,
+        parallel: ParallelConfig {
+            ddp_bucket_size: 1 << 20,
+            ..ParallelConfig::default()
+        },
         ..PretrainConfig::new(
             GptConfig::new(2, 32, 4, 16, 50304)
                 .with_hidden_dropout(0.1)
@@ -306,7 +311,7 @@ fn half_precision_layouts_reproduce_the_single_process_losses() {
     let mut bf16 = fp16.clone();
     bf16.precision = Precision::Bf16;
     let single = pretrain(&bf16, &device()).unwrap();
-    bf16.tensor_model_parallel_size = 2;
+    bf16.parallel.tensor_model_parallel_size = 2;
     let tp = pretrain(&bf16, &device()).unwrap();
     let worst = worst_relative(&tp.losses, &single.losses);
     assert!(worst < 1e-2, "bf16 TP=2: {worst}");

@@ -19,7 +19,7 @@ use burn::tensor::Device;
 use ferrotron::comm::{run_ranks, Communicator};
 use ferrotron::model::Recompute;
 use ferrotron::training::pretrain::{pretrain_on, PretrainOutcome};
-use ferrotron::training::{pretrain, PretrainConfig};
+use ferrotron::training::{pretrain, ParallelConfig, PretrainConfig};
 
 use crate::common::mpi::*;
 use crate::common::*;
@@ -158,15 +158,19 @@ fn config(cache: &Path, layout: Layout, train_iters: u64) -> PretrainConfig {
     // 4 layers: 1 per stage at PP=4, 1 per virtual stage at PP=2 × 2 (8 for PP=4 × 2 virtual
     // stages, against an 8-layer one-stage run). Hidden dropout draws each layer's own masks,
     // wherever the layer runs.
+    let base = layout_comparison_run(cache, layout.layers, train_iters, ITERS);
     PretrainConfig {
-        tensor_model_parallel_size: layout.tp,
-        pipeline_model_parallel_size: layout.pp,
-        num_layers_per_virtual_pipeline_stage: layout.virtual_layers,
-        decoder_last_pipeline_num_layers: layout.last_stage_layers,
-        use_distributed_optimizer: layout.distributed_optimizer,
         recompute: layout.recompute,
-        overlap_grad_reduce: layout.overlap_grad_reduce,
-        ..layout_comparison_run(cache, layout.layers, train_iters, ITERS)
+        parallel: ParallelConfig {
+            tensor_model_parallel_size: layout.tp,
+            pipeline_model_parallel_size: layout.pp,
+            num_layers_per_virtual_pipeline_stage: layout.virtual_layers,
+            decoder_last_pipeline_num_layers: layout.last_stage_layers,
+            use_distributed_optimizer: layout.distributed_optimizer,
+            overlap_grad_reduce: layout.overlap_grad_reduce,
+            ..base.parallel
+        },
+        ..base
     }
 }
 

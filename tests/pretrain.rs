@@ -6,7 +6,7 @@ use std::path::Path;
 use burn::tensor::Device;
 use ferrotron::data::DataSources;
 use ferrotron::model::{GptConfig, Recompute};
-use ferrotron::training::{pretrain, LrDecayStyle, LrSchedule, PretrainConfig};
+use ferrotron::training::{pretrain, LrDecayStyle, LrSchedule, ParallelConfig, PretrainConfig};
 
 use crate::common::*;
 
@@ -722,12 +722,15 @@ fn recomputation_gives_the_losses_of_keeping_activations() {
                 .with_attention_dropout(0.1),
             train_iters: 30,
             eval_interval: 10,
-            tensor_model_parallel_size: tp,
-            pipeline_model_parallel_size: 1,
-            num_layers_per_virtual_pipeline_stage: None,
-            decoder_first_pipeline_num_layers: None,
-            decoder_last_pipeline_num_layers: None,
             recompute,
+            parallel: ParallelConfig {
+                tensor_model_parallel_size: tp,
+                pipeline_model_parallel_size: 1,
+                num_layers_per_virtual_pipeline_stage: None,
+                decoder_first_pipeline_num_layers: None,
+                decoder_last_pipeline_num_layers: None,
+                ..ParallelConfig::default()
+            },
             ..tiny(dir.path())
         };
         let kept = pretrain(&cfg(Recompute::None), &Device::flex().autodiff()).unwrap();
@@ -859,10 +862,13 @@ fn the_decoupled_learning_rate_trains_only_the_embedding_and_output_layer() {
                     ..schedule.clone()
                 }),
                 schedule,
-                use_distributed_optimizer: distributed,
                 save: Some(save.clone()),
                 train_iters: 3,
                 eval_interval: 0,
+                parallel: ParallelConfig {
+                    use_distributed_optimizer: distributed,
+                    ..ParallelConfig::default()
+                },
                 ..base.clone()
             },
             &device,

@@ -18,7 +18,7 @@ use ferrotron::parallel::holdings::parameter_holdings;
 use ferrotron::parallel::layers::{
     ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
 };
-use ferrotron::training::{pretrain, LrDecayStyle, LrSchedule, PretrainConfig};
+use ferrotron::training::{pretrain, LrDecayStyle, LrSchedule, ParallelConfig, PretrainConfig};
 use ferrotron::util::host_tensor::HostTensor;
 
 use crate::common::*;
@@ -346,7 +346,10 @@ fn tiny(cache: &Path, tp: usize, train_iters: u64) -> PretrainConfig {
         log_interval: 10,
         eval_interval: 0,
         eval_iters: 0,
-        tensor_model_parallel_size: tp,
+        parallel: ParallelConfig {
+            tensor_model_parallel_size: tp,
+            ..ParallelConfig::default()
+        },
         // 50304 = 128 · 393 is divisible by 1, 2 and 4: the same padded vocabulary at every N.
         // Every dropout on: each N draws the masks of N = 1.
         ..PretrainConfig::new(

@@ -41,7 +41,7 @@ impl WholeTensor {
 /// without the distributed optimizer).
 pub fn largest_tensors(cfg: &PretrainConfig, flat_buffers: bool) -> Vec<WholeTensor> {
     let model = &cfg.model;
-    let vocab = model.padded_vocab_size / cfg.tensor_model_parallel_size.max(1);
+    let vocab = model.padded_vocab_size / cfg.parallel.tensor_model_parallel_size.max(1);
     let working_bytes = match cfg.precision.dtype() {
         FloatDType::F64 => 8,
         FloatDType::F32 | FloatDType::Flex32 => 4,

@@ -102,6 +102,35 @@ pub struct PretrainConfig {
     /// `--cuda-matmul`, `--cublas-ordering` (ferrotron's): which kernels a CUDA run's
     /// products use, fixed for the process when the run starts; no effect on other devices.
     pub products: ProductPlan,
+    /// How the run is split over ranks.
+    pub parallel: ParallelConfig,
+    /// `--tensorboard-dir`: where world rank 0 writes TensorBoard scalars.
+    pub tensorboard_dir: Option<PathBuf>,
+    /// `--tensorboard-log-interval`: iterations between training scalars.
+    pub tensorboard_log_interval: u64,
+    /// `--log-throughput`, `--log-params-norm`, `--log-num-zeros-in-grad`: the log line's
+    /// optional fields.
+    pub log_options: LogOptions,
+}
+
+/// The optional fields of Megatron's training log line.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LogOptions {
+    /// `--log-throughput`: TFLOP/s per rank.
+    pub throughput: bool,
+    /// `--peak-tflops` (ferrotron's): one device's peak TFLOP/s; with `--log-throughput` the
+    /// line adds the model FLOPs utilization (throughput per rank over this peak).
+    pub peak_tflops: Option<f64>,
+    /// `--log-params-norm`: the parameters' L2 norm.
+    pub params_norm: bool,
+    /// `--log-num-zeros-in-grad`: zero gradient elements.
+    pub num_zeros_in_grad: bool,
+}
+
+/// How a run is split over ranks (Megatron's distributed flags); the data-parallel size is
+/// what the world leaves over tensor × pipeline.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParallelConfig {
     /// `--tensor-model-parallel-size`: ranks the model is split over (threads of this
     /// process, or MPI ranks under a launcher).
     pub tensor_model_parallel_size: usize,
@@ -124,27 +153,30 @@ pub struct PretrainConfig {
     /// `--overlap-grad-reduce`: all-reduce the gradient buckets on a communication thread
     /// during the last micro-batch's backward pass (see [`crate::optim::background_reduce`]).
     pub overlap_grad_reduce: bool,
-    /// `--tensorboard-dir`: where world rank 0 writes TensorBoard scalars.
-    pub tensorboard_dir: Option<PathBuf>,
-    /// `--tensorboard-log-interval`: iterations between training scalars.
-    pub tensorboard_log_interval: u64,
-    /// `--log-throughput`, `--log-params-norm`, `--log-num-zeros-in-grad`: the log line's
-    /// optional fields.
-    pub log_options: LogOptions,
 }
 
-/// The optional fields of Megatron's training log line.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct LogOptions {
-    /// `--log-throughput`: TFLOP/s per rank.
-    pub throughput: bool,
-    /// `--peak-tflops` (ferrotron's): one device's peak TFLOP/s; with `--log-throughput` the
-    /// line adds the model FLOPs utilization (throughput per rank over this peak).
-    pub peak_tflops: Option<f64>,
-    /// `--log-params-norm`: the parameters' L2 norm.
-    pub params_norm: bool,
-    /// `--log-num-zeros-in-grad`: zero gradient elements.
-    pub num_zeros_in_grad: bool,
+impl Default for ParallelConfig {
+    /// One process: one tensor-parallel rank, one stage, the replicated optimizer.
+    fn default() -> Self {
+        Self {
+            tensor_model_parallel_size: 1,
+            pipeline_model_parallel_size: 1,
+            num_layers_per_virtual_pipeline_stage: None,
+            decoder_first_pipeline_num_layers: None,
+            decoder_last_pipeline_num_layers: None,
+            use_distributed_optimizer: false,
+            ddp_bucket_size: DEFAULT_DDP_BUCKET_SIZE,
+            overlap_grad_reduce: false,
+        }
+    }
+}
+
+impl ParallelConfig {
+    /// Ranks one model replica spans: tensor × pipeline parallel (the data-parallel size is
+    /// the world's over this).
+    pub fn model_parallel_size(&self) -> usize {
+        self.tensor_model_parallel_size * self.pipeline_model_parallel_size.max(1)
+    }
 }
 
 impl PretrainConfig {
@@ -192,14 +224,7 @@ impl PretrainConfig {
             exit_signal_handler: false,
             cuda_graph_warmup_steps: None,
             products: ProductPlan::default(),
-            tensor_model_parallel_size: 1,
-            pipeline_model_parallel_size: 1,
-            num_layers_per_virtual_pipeline_stage: None,
-            decoder_first_pipeline_num_layers: None,
-            decoder_last_pipeline_num_layers: None,
-            use_distributed_optimizer: false,
-            ddp_bucket_size: DEFAULT_DDP_BUCKET_SIZE,
-            overlap_grad_reduce: false,
+            parallel: ParallelConfig::default(),
             tensorboard_dir: None,
             tensorboard_log_interval: 1,
             log_options: LogOptions::default(),
@@ -213,28 +238,20 @@ impl PretrainConfig {
     pub fn in_one_process(&self) -> Self {
         Self {
             model: self.model.clone().with_sequence_parallel(false),
-            tensor_model_parallel_size: 1,
-            pipeline_model_parallel_size: 1,
-            num_layers_per_virtual_pipeline_stage: None,
-            decoder_first_pipeline_num_layers: None,
-            decoder_last_pipeline_num_layers: None,
-            use_distributed_optimizer: false,
-            overlap_grad_reduce: false,
+            parallel: ParallelConfig {
+                ddp_bucket_size: self.parallel.ddp_bucket_size,
+                ..ParallelConfig::default()
+            },
             recompute: Recompute::None,
             ..self.clone()
         }
     }
 
-    /// Ranks one model replica spans: tensor × pipeline parallel (the data-parallel size is
-    /// the world's over this).
-    pub fn model_parallel_size(&self) -> usize {
-        self.tensor_model_parallel_size * self.pipeline_model_parallel_size.max(1)
-    }
-
     /// Model chunks per pipeline rank: 1, or more with virtual pipeline stages.
     pub fn virtual_pipeline_stages(&self) -> usize {
-        let pp = self.pipeline_model_parallel_size.max(1);
-        self.num_layers_per_virtual_pipeline_stage
+        let pp = self.parallel.pipeline_model_parallel_size.max(1);
+        self.parallel
+            .num_layers_per_virtual_pipeline_stage
             .filter(|&n| n > 0)
             .map_or(1, |n| self.model.num_layers / (n * pp))
     }
@@ -242,16 +259,20 @@ impl PretrainConfig {
     /// This pipeline rank's part of the model.
     pub fn stage_layers(&self, pipeline_rank: usize) -> Result<StageLayers> {
         let (first, last) = (
-            self.decoder_first_pipeline_num_layers,
-            self.decoder_last_pipeline_num_layers,
+            self.parallel.decoder_first_pipeline_num_layers,
+            self.parallel.decoder_last_pipeline_num_layers,
         );
         if first.is_some() || last.is_some() {
-            if self.num_layers_per_virtual_pipeline_stage.is_some() {
+            if self
+                .parallel
+                .num_layers_per_virtual_pipeline_stage
+                .is_some()
+            {
                 bail!("--decoder-first/last-pipeline-num-layers cannot be combined with --num-layers-per-virtual-pipeline-stage here");
             }
             return StageLayers::uneven(
                 self.model.num_layers,
-                self.pipeline_model_parallel_size.max(1),
+                self.parallel.pipeline_model_parallel_size.max(1),
                 first,
                 last,
                 pipeline_rank,
@@ -260,7 +281,7 @@ impl PretrainConfig {
         }
         StageLayers::of(
             self.model.num_layers,
-            self.pipeline_model_parallel_size.max(1),
+            self.parallel.pipeline_model_parallel_size.max(1),
             self.virtual_pipeline_stages(),
             pipeline_rank,
         )
@@ -312,11 +333,14 @@ impl PretrainConfig {
             wd.validate().map_err(anyhow::Error::msg)?;
         }
         self.model
-            .validate_parallel(self.tensor_model_parallel_size)
+            .validate_parallel(self.parallel.tensor_model_parallel_size)
             .map_err(anyhow::Error::msg)?;
         self.validate_pipeline()?;
         if matches!(self.save_format, SaveFormat::MegatronTorch(_))
-            && self.num_layers_per_virtual_pipeline_stage.is_some()
+            && self
+                .parallel
+                .num_layers_per_virtual_pipeline_stage
+                .is_some()
         {
             bail!("--ckpt-format torch with --num-layers-per-virtual-pipeline-stage: pretrain does not write interleaved stages in Megatron's format yet; save ferrotron's format (no --ckpt-format torch) and convert it with convert-checkpoint --target-pipeline-parallel-size");
         }
@@ -327,7 +351,7 @@ impl PretrainConfig {
                 self.model.max_position_embeddings
             );
         }
-        let tp = self.tensor_model_parallel_size;
+        let tp = self.parallel.tensor_model_parallel_size;
         if self.model.sequence_parallel && !self.seq_length.is_multiple_of(tp) {
             bail!(
                 "--sequence-parallel: --seq-length {} is not divisible by --tensor-model-parallel-size {tp}",
@@ -338,11 +362,11 @@ impl PretrainConfig {
     }
 
     fn validate_pipeline(&self) -> Result<()> {
-        let pp = self.pipeline_model_parallel_size;
+        let pp = self.parallel.pipeline_model_parallel_size;
         if pp == 0 {
             bail!("--pipeline-model-parallel-size must be at least 1");
         }
-        if let Some(n) = self.num_layers_per_virtual_pipeline_stage {
+        if let Some(n) = self.parallel.num_layers_per_virtual_pipeline_stage {
             if pp == 1 {
                 bail!(
                     "--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1"
@@ -432,7 +456,7 @@ impl BatchPlan {
                 plan.micro_batch_size
             );
         }
-        let pp = cfg.pipeline_model_parallel_size;
+        let pp = cfg.parallel.pipeline_model_parallel_size;
         let per_rank = plan.micro_batches_per_rank();
         if cfg.virtual_pipeline_stages() > 1 && (per_rank < pp || !per_rank.is_multiple_of(pp)) {
             bail!(

@@ -29,6 +29,6 @@ pub use crate::optim::{
 };
 pub use architecture_args::ArchitectureArgs;
 pub use batch_size_schedule::BatchSizeSchedule;
-pub use config::{BatchPlan, LogOptions, PretrainConfig, DEFAULT_DDP_BUCKET_SIZE};
+pub use config::{BatchPlan, LogOptions, ParallelConfig, PretrainConfig, DEFAULT_DDP_BUCKET_SIZE};
 pub use pretrain::{pretrain, pretrain_on, PretrainOutcome, ScheduledValues};
 pub use schedule_args::{ResolvedSchedule, ScheduleArgs};

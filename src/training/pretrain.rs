@@ -86,10 +86,10 @@ pub struct ScheduledValues {
 pub fn pretrain(cfg: &PretrainConfig, device: &Device) -> Result<PretrainOutcome> {
     cfg.validate(device)?;
     let (tp, pp) = (
-        cfg.tensor_model_parallel_size,
-        cfg.pipeline_model_parallel_size,
+        cfg.parallel.tensor_model_parallel_size,
+        cfg.parallel.pipeline_model_parallel_size,
     );
-    let ranks = cfg.model_parallel_size();
+    let ranks = cfg.parallel.model_parallel_size();
     if ranks == 1 {
         return pretrain_on(cfg, device, World::single().comm());
     }
@@ -118,8 +118,8 @@ pub fn pretrain_on(
     crate::util::allocator::retain_freed_memory();
     let parallel = ParallelState::new(
         world,
-        cfg.tensor_model_parallel_size,
-        cfg.pipeline_model_parallel_size,
+        cfg.parallel.tensor_model_parallel_size,
+        cfg.parallel.pipeline_model_parallel_size,
     )?;
     let rank0 = parallel.is_world_rank0();
     if rank0 {
@@ -146,7 +146,7 @@ pub fn pretrain_on(
     if let Some(limit) = buffer_limits::device_limit(device) {
         // As `setup::build_optimizer` decides; every rank of a run checks the same tensors, so
         // all refuse together.
-        let flat = !cfg.use_distributed_optimizer && parallel.model.size() == 1;
+        let flat = !cfg.parallel.use_distributed_optimizer && parallel.model.size() == 1;
         buffer_limits::check_against(&buffer_limits::largest_tensors(cfg, flat), limit)?;
     }
     let setup = set_up_rank(cfg, plan, &parallel, device, &say)?;
@@ -155,7 +155,7 @@ pub fn pretrain_on(
         let update = setup.optimizer.update_in_words();
         say(format!(" > {line}; optimizer: {update}"));
     }
-    if cfg.overlap_grad_reduce
+    if cfg.parallel.overlap_grad_reduce
         && parallel.layout.dp > 1
         && !overlaps_grad_reduce(cfg, &setup, &parallel)
     {

@@ -259,7 +259,7 @@ fn build_optimizer(
     };
     let saved = saved.map(|s| (s.steps, s.moments));
     let inner = device.clone().inner();
-    if !cfg.use_distributed_optimizer {
+    if !cfg.parallel.use_distributed_optimizer {
         // One replica on one CubeCL device: flat buffers (flat_adam's docs say why).
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         if parallel.model.size() == 1
@@ -319,7 +319,7 @@ fn build_p2p(
     }
     // Under sequence parallelism stages exchange each tensor-parallel rank's sequence chunk.
     let sequence_chunks = if cfg.model.sequence_parallel {
-        cfg.tensor_model_parallel_size
+        cfg.parallel.tensor_model_parallel_size
     } else {
         1
     };
@@ -342,7 +342,7 @@ pub fn print_memory_estimate(cfg: &PretrainConfig, setup: &RankSetup, parallel: 
         seq_length: cfg.seq_length,
         tensor_parallel: parallel.tensor.size(),
         data_parallel: parallel.layout.dp,
-        distributed_optimizer: cfg.use_distributed_optimizer,
+        distributed_optimizer: cfg.parallel.use_distributed_optimizer,
         // This rank's (world rank 0's: the first stage's) activations.
         stage: if pp > 1 {
             memory_estimate::StageMemory::pipelined(

@@ -44,7 +44,7 @@ pub fn overlaps_grad_reduce(
     setup: &RankSetup,
     parallel: &ParallelState,
 ) -> bool {
-    cfg.overlap_grad_reduce
+    cfg.parallel.overlap_grad_reduce
         && parallel.layout.dp > 1
         && !setup.optimizer.reduces_data_parallel_grads()
 }
@@ -101,7 +101,7 @@ pub fn run_step(
     )?;
     let overlap = overlaps_grad_reduce(cfg, setup, parallel).then_some(OverlapGradReduce {
         group: &parallel.data,
-        bucket_elements: cfg.ddp_bucket_size,
+        bucket_elements: cfg.parallel.ddp_bucket_size,
     });
     let inputs = StepInputs {
         model: setup.optimizer.model(),
@@ -128,7 +128,7 @@ pub fn run_step(
     {
         DataParallelReduce::Done
     } else {
-        DataParallelReduce::Buckets(cfg.ddp_bucket_size)
+        DataParallelReduce::Buckets(cfg.parallel.ddp_bucket_size)
     };
     let reduced_here = finalize_model_grads(&mut out.grads, &setup.roles, parallel, data_parallel)?;
     let exposed = out.background_reduce_exposed.or(reduced_here);

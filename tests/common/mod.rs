@@ -115,7 +115,7 @@ pub fn layout_comparison_run(
 ) -> ferrotron::training::PretrainConfig {
     use ferrotron::data::DataSources;
     use ferrotron::model::GptConfig;
-    use ferrotron::training::{LrDecayStyle, LrSchedule, PretrainConfig};
+    use ferrotron::training::{LrDecayStyle, LrSchedule, ParallelConfig, PretrainConfig};
     PretrainConfig {
         seq_length: 16,
         global_batch_size: 8,
@@ -133,7 +133,10 @@ pub fn layout_comparison_run(
         log_interval: 10,
         eval_interval: 15,
         eval_iters: 1,
-        ddp_bucket_size: 20_000,
+        parallel: ParallelConfig {
+            ddp_bucket_size: 20_000,
+            ..ParallelConfig::default()
+        },
         ..PretrainConfig::new(
             GptConfig::new(layers, 32, 4, 16, 50304)
                 .with_hidden_dropout(0.1)

@@ -47,7 +47,7 @@ impl Tolerance {
     /// a gradient that is a sum cancelling to near zero (a bias's, over the tokens) keeps
     /// little of its precision when its terms are rounded otherwise, and its update with it.
     pub fn for_run(cfg: &PretrainConfig) -> Self {
-        let split_sums = cfg.tensor_model_parallel_size > 1;
+        let split_sums = cfg.parallel.tensor_model_parallel_size > 1;
         // Four units in the last place of each format.
         let format = match cfg.precision {
             Precision::Fp32 => 1e-5,

@@ -8,7 +8,7 @@ use crate::model::vocab::padded_vocab_size;
 use crate::model::{GptConfig, Normalization, PositionEmbedding, Recompute};
 use crate::optim::grad_scaler::DynamicGradScalerConfig;
 use crate::optim::{AdamWConfig, LrDecayStyle, LrSchedule, Precision};
-use crate::training::PretrainConfig;
+use crate::training::{ParallelConfig, PretrainConfig};
 
 /// GPT-2's vocabulary, which the fuzzer's data is tokenized with: padded per layout as
 /// Megatron pads it, to a multiple of `--make-vocab-size-divisible-by` × TP.
@@ -59,7 +59,7 @@ pub struct FuzzCase {
 impl FuzzCase {
     /// Ranks the case runs on.
     pub fn world_size(&self) -> usize {
-        self.config.model_parallel_size() * self.data_parallel
+        self.config.parallel.model_parallel_size() * self.data_parallel
     }
 
     /// The same run in one process: one rank, nothing recomputed, the replicated optimizer,
@@ -74,21 +74,26 @@ impl FuzzCase {
         let m = &c.model;
         let mut parts = vec![format!(
             "TP={} PP={} DP={}",
-            c.tensor_model_parallel_size, c.pipeline_model_parallel_size, self.data_parallel
+            c.parallel.tensor_model_parallel_size,
+            c.parallel.pipeline_model_parallel_size,
+            self.data_parallel
         )];
-        if let Some(n) = c.num_layers_per_virtual_pipeline_stage {
+        if let Some(n) = c.parallel.num_layers_per_virtual_pipeline_stage {
             parts.push(format!("{n} layer(s) per virtual stage"));
         }
-        if let Some(n) = c.decoder_first_pipeline_num_layers {
+        if let Some(n) = c.parallel.decoder_first_pipeline_num_layers {
             parts.push(format!("{n} layer(s) on the first stage"));
         }
-        if let Some(n) = c.decoder_last_pipeline_num_layers {
+        if let Some(n) = c.parallel.decoder_last_pipeline_num_layers {
             parts.push(format!("{n} layer(s) on the last stage"));
         }
         let flags = [
             (m.sequence_parallel, "sequence parallel"),
-            (c.use_distributed_optimizer, "distributed optimizer"),
-            (c.overlap_grad_reduce, "overlapped grad reduce"),
+            (
+                c.parallel.use_distributed_optimizer,
+                "distributed optimizer",
+            ),
+            (c.parallel.overlap_grad_reduce, "overlapped grad reduce"),
         ];
         parts.extend(flags.iter().filter(|f| f.0).map(|f| f.1.to_owned()));
         if c.recompute != Recompute::None {
@@ -184,13 +189,16 @@ fn draw_model(d: &mut Draws, s: Sizes) -> GptConfig {
 /// Draws the pipeline's cut: even stages, virtual stages (the interleaved schedule), or
 /// uneven first and last stages.
 fn draw_pipeline_cut(d: &mut Draws, cfg: &mut PretrainConfig, micro_batches: &mut usize) {
-    let (pp, layers) = (cfg.pipeline_model_parallel_size, cfg.model.num_layers);
+    let (pp, layers) = (
+        cfg.parallel.pipeline_model_parallel_size,
+        cfg.model.num_layers,
+    );
     if pp == 1 {
         return;
     }
     match d.pick(&[0, 1, 2]) {
         1 if layers >= 2 * pp => {
-            cfg.num_layers_per_virtual_pipeline_stage = Some(layers / (2 * pp));
+            cfg.parallel.num_layers_per_virtual_pipeline_stage = Some(layers / (2 * pp));
             // The interleaved schedule runs a multiple of PP micro-batches per rank.
             *micro_batches = pp * micro_batches.div_ceil(pp);
         }
@@ -199,9 +207,9 @@ fn draw_pipeline_cut(d: &mut Draws, cfg: &mut PretrainConfig, micro_batches: &mu
             // evenly, which the trainer checks (a refusal is resampled).
             let n = d.pick(&[0, 1, 2, 3]);
             if d.coin() {
-                cfg.decoder_first_pipeline_num_layers = Some(n);
+                cfg.parallel.decoder_first_pipeline_num_layers = Some(n);
             } else {
-                cfg.decoder_last_pipeline_num_layers = Some(n);
+                cfg.parallel.decoder_last_pipeline_num_layers = Some(n);
             }
         }
         _ => {}
@@ -251,8 +259,6 @@ pub fn draw_case(
         log_interval: FUZZ_ITERS,
         eval_interval: FUZZ_ITERS / 2,
         eval_iters: 1,
-        // Small buckets: several all-reduces (and reduce-scatters) per step.
-        ddp_bucket_size: d.pick(&[5_000, 40_000, 40_000_000]),
         seed: d.next() % 100_000,
         precision: d.pick(&[
             Precision::Fp32,
@@ -278,11 +284,16 @@ pub fn draw_case(
             eps: 1e-2,
             ..AdamWConfig::default()
         },
-        tensor_model_parallel_size: s.tp,
-        pipeline_model_parallel_size: s.pp,
-        use_distributed_optimizer: d.coin(),
-        overlap_grad_reduce: d.coin(),
         recompute: draw_recompute(&mut d),
+        parallel: ParallelConfig {
+            // Small buckets: several all-reduces (and reduce-scatters) per step.
+            ddp_bucket_size: d.pick(&[5_000, 40_000, 40_000_000]),
+            tensor_model_parallel_size: s.tp,
+            pipeline_model_parallel_size: s.pp,
+            use_distributed_optimizer: d.coin(),
+            overlap_grad_reduce: d.coin(),
+            ..ParallelConfig::default()
+        },
         ..PretrainConfig::new(model, DataSources::single(data.to_path_buf()))
     };
     draw_pipeline_cut(&mut d, &mut cfg, &mut micro_batches);

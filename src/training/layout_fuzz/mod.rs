@@ -176,7 +176,8 @@ pub fn refusal(case: &FuzzCase) -> Option<String> {
         .validate(&device())
         .and_then(|()| BatchPlan::new(cfg, case.data_parallel, 0).map(|_| ()))
         .and_then(|()| {
-            (0..cfg.pipeline_model_parallel_size).try_for_each(|r| cfg.stage_layers(r).map(|_| ()))
+            (0..cfg.parallel.pipeline_model_parallel_size)
+                .try_for_each(|r| cfg.stage_layers(r).map(|_| ()))
         });
     refused.err().map(|e| format!("{e:#}"))
 }

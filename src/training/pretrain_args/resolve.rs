@@ -13,7 +13,7 @@ use crate::model::{GptConfig, Recompute};
 use crate::optim::grad_scaler::DynamicGradScalerConfig;
 use crate::optim::Precision;
 use crate::tokenizer::TextTokenizer;
-use crate::training::{AdamWConfig, LogOptions, PretrainConfig};
+use crate::training::{AdamWConfig, LogOptions, ParallelConfig, PretrainConfig};
 use crate::util::matmul::ProductPlan;
 
 impl PretrainArgs {
@@ -125,14 +125,6 @@ fn build_config(args: &PretrainArgs, verbose: bool) -> Result<PretrainConfig> {
         cuda_graph_warmup_steps: cuda_graph(args)?,
         products: ProductPlan::from_flags(&args.cuda_matmul, &args.cublas_ordering)
             .map_err(anyhow::Error::msg)?,
-        tensor_model_parallel_size: args.tensor_model_parallel_size,
-        pipeline_model_parallel_size: args.pipeline_model_parallel_size,
-        num_layers_per_virtual_pipeline_stage: args.num_layers_per_virtual_pipeline_stage,
-        decoder_first_pipeline_num_layers: args.decoder_first_pipeline_num_layers,
-        decoder_last_pipeline_num_layers: args.decoder_last_pipeline_num_layers,
-        use_distributed_optimizer: args.use_distributed_optimizer,
-        ddp_bucket_size: args.ddp_bucket_size,
-        overlap_grad_reduce: args.overlap_grad_reduce,
         tensorboard_dir: args.tensorboard_dir.clone(),
         tensorboard_log_interval: args.tensorboard_log_interval,
         log_options: LogOptions {
@@ -142,6 +134,16 @@ fn build_config(args: &PretrainArgs, verbose: bool) -> Result<PretrainConfig> {
             num_zeros_in_grad: args.log_num_zeros_in_grad,
         },
         recompute: attention.recompute,
+        parallel: ParallelConfig {
+            tensor_model_parallel_size: args.tensor_model_parallel_size,
+            pipeline_model_parallel_size: args.pipeline_model_parallel_size,
+            num_layers_per_virtual_pipeline_stage: args.num_layers_per_virtual_pipeline_stage,
+            decoder_first_pipeline_num_layers: args.decoder_first_pipeline_num_layers,
+            decoder_last_pipeline_num_layers: args.decoder_last_pipeline_num_layers,
+            use_distributed_optimizer: args.use_distributed_optimizer,
+            ddp_bucket_size: args.ddp_bucket_size,
+            overlap_grad_reduce: args.overlap_grad_reduce,
+        },
     })
 }
 
