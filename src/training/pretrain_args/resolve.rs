@@ -69,11 +69,6 @@ fn build_config(args: &PretrainArgs, verbose: bool) -> Result<PretrainConfig> {
     let dynamic_loss_scale = loss_scaling(args)?;
     // Features whose absence does not change the math: say so.
     let attention = attention(args, precision, verbose)?;
-    if let Some(ddp) = &args.ddp_impl {
-        if ddp != "local" && ddp != "torch" {
-            bail!("--DDP-impl {ddp}: expected local or torch");
-        }
-    }
     let (model, eod, seq_length) = model_config(args, &tokenizer, &attention, verbose)?;
     let schedule = args
         .schedule
@@ -134,16 +129,28 @@ fn build_config(args: &PretrainArgs, verbose: bool) -> Result<PretrainConfig> {
             num_zeros_in_grad: args.log_num_zeros_in_grad,
         },
         recompute: attention.recompute,
-        parallel: ParallelConfig {
-            tensor_model_parallel_size: args.tensor_model_parallel_size,
-            pipeline_model_parallel_size: args.pipeline_model_parallel_size,
-            num_layers_per_virtual_pipeline_stage: args.num_layers_per_virtual_pipeline_stage,
-            decoder_first_pipeline_num_layers: args.decoder_first_pipeline_num_layers,
-            decoder_last_pipeline_num_layers: args.decoder_last_pipeline_num_layers,
-            use_distributed_optimizer: args.use_distributed_optimizer,
-            ddp_bucket_size: args.ddp_bucket_size,
-            overlap_grad_reduce: args.overlap_grad_reduce,
-        },
+        parallel: parallel_layout(args)?,
+    })
+}
+
+/// How the run is split over ranks (the layout itself is checked with the model, by
+/// [`PretrainConfig::validate`]).
+fn parallel_layout(args: &PretrainArgs) -> Result<ParallelConfig> {
+    // Both of Megatron's data-parallel wrappers reduce the gradients as ferrotron does.
+    if let Some(ddp) = &args.ddp_impl {
+        if ddp != "local" && ddp != "torch" {
+            bail!("--DDP-impl {ddp}: expected local or torch");
+        }
+    }
+    Ok(ParallelConfig {
+        tensor_model_parallel_size: args.tensor_model_parallel_size,
+        pipeline_model_parallel_size: args.pipeline_model_parallel_size,
+        num_layers_per_virtual_pipeline_stage: args.num_layers_per_virtual_pipeline_stage,
+        decoder_first_pipeline_num_layers: args.decoder_first_pipeline_num_layers,
+        decoder_last_pipeline_num_layers: args.decoder_last_pipeline_num_layers,
+        use_distributed_optimizer: args.use_distributed_optimizer,
+        ddp_bucket_size: args.ddp_bucket_size,
+        overlap_grad_reduce: args.overlap_grad_reduce,
     })
 }
 
