@@ -206,8 +206,8 @@ fn thread_ranks_reproduce_the_single_process_losses() {
 /// process counts: the distributed optimizer on its shards after the reduce-scatter, TP=2 on
 /// its shards with the replicated norms counted once. Without linear biases: the key biases'
 /// gradient is zero in exact arithmetic and float noise otherwise, so whether one of its
-/// elements comes out exactly zero depends on the order of the sums (at TP=2 one more did on
-/// an AMD EPYC).
+/// elements comes out exactly zero depends on the order of the sums (and so on the CPU:
+/// benchmarks/results/2026-12-03-figures-from-comments.md).
 #[test]
 fn every_layout_counts_the_zero_gradient_elements_of_the_single_process() {
     let dir = tempfile::tempdir().unwrap();

@@ -699,8 +699,8 @@ fn pretrain_resumes_megatrons_mixed_precision_optimizer_as_megatron_does() {
     // Each element's difference from Megatron's, relative to its update in iteration 5. bf16
     // arithmetic moves the gradients a little (the norm by 5e-4), which moves Adam's direction
     // most where a gradient is near zero: a few percent of the elements. Starting from the
-    // bf16 weights instead of the fp32 main weights puts the median element off by 8% of its
-    // update and 44% of them by more than 10% (measured when this test was written).
+    // bf16 weights instead of the fp32 main weights puts the median element, and many more,
+    // far off their update (benchmarks/results/2026-12-03-figures-from-comments.md).
     let mut relative = Vec::new();
     for (name, (_, want)) in &theirs {
         for ((g, w), b) in ours[name].1.iter().zip(want).zip(&before[name].1) {
@@ -799,8 +799,9 @@ fn megatron_continues_the_adam_state_ferrotron_writes() {
             all.sort_by(|x, y| x.0.cmp(&y.0));
             all
         };
-        // Another CPU's float rounding moves the key biases' noise-driven Adam steps (all 128
-        // of them on an AMD EPYC against the fixture's CPU), so they are left out; of the
+        // Another CPU's float rounding moves the key biases' noise-driven Adam steps (every one
+        // of them, on some CPUs: benchmarks/results/2026-12-03-figures-from-comments.md), so
+        // they are left out; of the
         // rest, an element whose gradient is near zero can have its Adam step moved too (one
         // there): all but 0.1% must agree to float rounding.
         let (ta, tb) = (tensors(&again), tensors(&fixture));

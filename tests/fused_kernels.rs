@@ -939,7 +939,7 @@ fn train_losses(dir: &std::path::Path, fused: bool, tp: usize) -> Vec<(u64, f64)
 /// 4 iterations of a small GPT, dropout off, on Megatron's mock documents with a 512-token
 /// vocabulary: these tests compare the GPU backend with the CPU and fused with composed ops, so
 /// any data serves, and on lavapipe a GPT-2-sized output layer (50,304 columns for a hidden size
-/// of 32) took four fifths of their time.
+/// of 32) took most of their time (benchmarks/results/2026-12-03-figures-from-comments.md).
 fn small_gpt(dir: &std::path::Path, fused: bool, tp: usize) -> PretrainConfig {
     PretrainConfig {
         seq_length: 16,

@@ -5,8 +5,8 @@
 //! the same kind: `da = dc · bᵀ`, `db = aᵀ · dc` (transposes are strides, never copies), given
 //! to cuBLAS together ([`extension::Gemm::gemm_independent`]: one ordering window for both).
 //! cuBLAS itself is in [`super::cublas`]; without the `cuda` feature, on other devices, for
-//! f32 (cuBLAS without TF32 was slower than CubeCL's f32 kernels on an H200: docs/gpu.md,
-//! "Matrix products on cuBLAS"), or with `--cuda-matmul cubecl`, [`matmul`] is exactly
+//! f32 (cuBLAS without TF32 lost to CubeCL's f32 kernels: docs/gpu.md, "Matrix products on
+//! cuBLAS"; benchmarks/results/2026-12-03-figures-from-comments.md), or with `--cuda-matmul cubecl`, [`matmul`] is exactly
 //! `a.matmul(b)`.
 //!
 //! Which kernels a CUDA run's products use is chosen once per process

@@ -31,8 +31,8 @@ pub fn ran_in_own_process() -> bool {
 /// optimisation passes (`GALLIVM_PERF=nopt`, read once per process; other devices ignore it).
 ///
 /// Why: a test of a few small shapes spends its time in lavapipe compiling kernel variants, not
-/// running them; unoptimised, the fused kernels' tests and the attention kernels' took 7–42 %
-/// less time. The kernels compute the same (the bit-for-bit tests pass either way). Tests that
+/// running them; unoptimised, the fused kernels' tests and the attention kernels' take less time
+/// (benchmarks/results/2026-12-03-figures-from-comments.md). The kernels compute the same (the bit-for-bit tests pass either way). Tests that
 /// run long rows or replay captured steps run slower unoptimised, and keep the optimised
 /// shaders (docs/testing.md, "Shaders compiled unoptimised").
 pub fn ran_in_own_process_unoptimised() -> bool {
