@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, ensure, Result};
 
-use super::format::CheckpointFormat;
 use super::megatron_optimizer_save::MegatronAdamSettings;
 use super::megatron_tensors::ParameterValues;
 use super::megatron_torch_save::{
@@ -73,14 +72,6 @@ pub struct RunRecord {
 }
 
 impl SaveFormat {
-    /// The format it writes.
-    pub fn format(&self) -> CheckpointFormat {
-        match self {
-            SaveFormat::Ferrotron => CheckpointFormat::Ferrotron,
-            SaveFormat::MegatronTorch(_) => CheckpointFormat::MegatronTorch,
-        }
-    }
-
     /// Writes `rank` under `root`. Every rank of `group` (one model replica's ranks) calls
     /// it; the group's rank 0 publishes the iteration once every file is written. Returns the
     /// rank's directory.

@@ -53,29 +53,60 @@ impl MicroBatch {
         out
     }
 
-    /// The batch uploaded to `device`.
-    pub fn to_device(&self, device: &Device) -> DeviceBatch {
+    /// What `reads` of the batch uploaded to `device`.
+    pub fn to_device(&self, device: &Device, reads: BatchReads) -> DeviceBatch {
         let shape = [self.batch_size, self.seq_length];
         let ids = |ids: &[u32]| {
             let ids: Vec<i64> = ids.iter().map(|&x| x as i64).collect();
             Tensor::from_data(TensorData::new(ids, shape), device)
         };
         DeviceBatch {
-            tokens: ids(&self.tokens),
-            labels: ids(&self.labels),
-            loss_mask: Tensor::from_data(TensorData::new(self.loss_mask.clone(), shape), device),
+            tokens: reads.tokens.then(|| ids(&self.tokens)),
+            targets: reads.targets.then(|| DeviceTargets {
+                labels: ids(&self.labels),
+                loss_mask: Tensor::from_data(
+                    TensorData::new(self.loss_mask.clone(), shape),
+                    device,
+                ),
+            }),
         }
     }
 }
 
-/// One micro-batch's inputs on the device: what a step reads. Who put them there is the
-/// caller's business (an eager step uploads each step's batch; a captured step writes it into
-/// the tensors its graph reads), so the step runs the same either way.
+/// Which of a micro-batch's inputs a pipeline rank reads: the tokens where it holds the first
+/// stage, the targets where it holds the last (as Megatron's `get_batch` hands them out), so a
+/// middle stage uploads nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchReads {
+    /// The input ids.
+    pub tokens: bool,
+    /// The target ids and the loss mask.
+    pub targets: bool,
+}
+
+impl BatchReads {
+    /// Every input (one stage holds the whole model).
+    pub const ALL: Self = Self {
+        tokens: true,
+        targets: true,
+    };
+}
+
+/// One micro-batch's inputs on the device, those its rank reads: what a step reads. Who put
+/// them there is the caller's business (an eager step uploads each step's batch; a captured
+/// step writes it into the tensors its graph reads), so the step runs the same either way.
 #[derive(Clone)]
 pub struct DeviceBatch {
-    /// Input ids `[batch, seq]`.
-    pub tokens: Tensor<2, Int>,
-    /// Target ids.
+    /// Input ids `[batch, seq]`, on the rank holding the first stage.
+    pub tokens: Option<Tensor<2, Int>>,
+    /// Target ids and loss mask, on the rank holding the last stage.
+    pub targets: Option<DeviceTargets>,
+}
+
+/// A micro-batch's targets on the device.
+#[derive(Clone)]
+pub struct DeviceTargets {
+    /// Target ids `[batch, seq]`.
     pub labels: Tensor<2, Int>,
     /// Loss mask.
     pub loss_mask: Tensor<2>,

@@ -54,6 +54,16 @@ impl PipelineP2p {
         self.virtual_stage(chunk) == 0
     }
 
+    /// Whether this rank holds the model's first virtual stage (it reads the tokens).
+    pub fn holds_first(&self) -> bool {
+        (0..self.chunks).any(|chunk| self.is_first(chunk))
+    }
+
+    /// Whether this rank holds the model's last virtual stage (it reads the targets).
+    pub fn holds_last(&self) -> bool {
+        (0..self.chunks).any(|chunk| self.is_last(chunk))
+    }
+
     /// Whether `chunk` is the model's last virtual stage (it computes the loss).
     pub fn is_last(&self, chunk: usize) -> bool {
         self.virtual_stage(chunk) + 1 == self.size * self.chunks

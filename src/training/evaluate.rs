@@ -6,7 +6,7 @@ use burn::module::Module;
 use burn::tensor::Device;
 
 use super::config::BatchPlan;
-use super::forward_backward::{forward_only_losses, StepInputs};
+use super::forward_backward::{batch_reads, forward_only_losses, StepInputs};
 use crate::comm::ReduceOp;
 use crate::data::loader::{DeviceBatch, MicroBatch};
 use crate::data::SampleDataset;
@@ -45,7 +45,8 @@ pub fn evaluate(
     let model = model.valid();
     let inner = place.device.clone().inner();
     let (all, mine) = plan.evaluation_micro_batches(iters);
-    let batches: Vec<MicroBatch> = (0..mine)
+    let reads = batch_reads(place.p2p);
+    let batches: Vec<DeviceBatch> = (0..mine)
         .map(|k| {
             MicroBatch::from_dataset(
                 dataset,
@@ -54,6 +55,7 @@ pub fn evaluate(
                 place.eod.0,
                 place.eod.1,
             )
+            .to_device(&inner, reads)
         })
         .collect();
     let global_index = |k: usize| plan.global_micro_batch(k);
@@ -66,7 +68,6 @@ pub fn evaluate(
         iteration: 0,
         device: &inner,
     };
-    let batches: Vec<DeviceBatch> = batches.iter().map(|b| b.to_device(&inner)).collect();
     let losses = forward_only_losses(&inputs, &batches, place.parallel.layout.pp)?;
     let local: f64 = losses
         .into_iter()

@@ -21,7 +21,7 @@ use burn::module::ParamId;
 use burn::tensor::{DType, Device, Gradients, Tensor, TensorData};
 
 use crate::comm::Group;
-use crate::data::loader::DeviceBatch;
+use crate::data::loader::{BatchReads, DeviceBatch};
 use crate::model::recompute::{
     forward_only, ChunkForward, ChunkInput, ChunkPlan, ChunkValue, GradsOf, Targets,
 };
@@ -32,6 +32,14 @@ use crate::pipeline::{
     interleaved_one_forward_one_backward, one_forward_one_backward, run_schedule, PipelineP2p,
     ScheduleTiming, StageWork, Step,
 };
+
+/// The micro-batch inputs this pipeline rank reads.
+pub fn batch_reads(p2p: &PipelineP2p) -> BatchReads {
+    BatchReads {
+        tokens: p2p.holds_first(),
+        targets: p2p.holds_last(),
+    }
+}
 
 /// The schedule of one training step on this pipeline rank: Megatron's 1F1B (with one stage:
 /// each micro-batch's forward then its backward), or the interleaved 1F1B with more than one
@@ -223,17 +231,21 @@ impl<'a> GptStage<'a> {
     fn chunk_input(&self, microbatch: usize, input: Option<TensorData>) -> ChunkInput {
         match input {
             Some(data) => ChunkInput::Activation(self.upload(data)),
-            None => ChunkInput::Tokens(self.batches[microbatch].tokens.clone()),
+            None => ChunkInput::Tokens(
+                (self.batches[microbatch].tokens.clone())
+                    .expect("the rank holding the first stage uploads the tokens"),
+            ),
         }
     }
 
     /// The labels and mask on the last virtual stage.
     fn targets(&self, microbatch: usize, chunk: usize) -> Option<Targets> {
         self.inputs.p2p.is_last(chunk).then(|| {
-            let batch = &self.batches[microbatch];
+            let targets = (self.batches[microbatch].targets.clone())
+                .expect("the rank holding the last stage uploads the targets");
             Targets {
-                labels: batch.labels.clone(),
-                loss_mask: batch.loss_mask.clone(),
+                labels: targets.labels,
+                loss_mask: targets.loss_mask,
             }
         })
     }

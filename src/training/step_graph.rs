@@ -24,7 +24,7 @@ use super::batch_size_schedule::BatchSizeSchedule;
 use super::config::{BatchPlan, PretrainConfig};
 use super::setup::RankSetup;
 use super::train_step::{report_step, run_step, StepOutputs, StepReport};
-use crate::data::loader::{DeviceBatch, MicroBatch};
+use crate::data::loader::{BatchReads, DeviceBatch, MicroBatch};
 use crate::optim::LearningRates;
 use crate::parallel::state::ParallelState;
 
@@ -158,7 +158,9 @@ impl StepGraph {
     /// step): one set per micro-batch, of one shape throughout.
     fn write_batches(&mut self, batches: &[MicroBatch], device: &Device) -> Result<()> {
         if self.resident.is_empty() {
-            self.resident = batches.iter().map(|b| b.to_device(device)).collect();
+            // One rank runs a captured step: it reads every input.
+            let all = BatchReads::ALL;
+            self.resident = batches.iter().map(|b| b.to_device(device, all)).collect();
             return Ok(());
         }
         if batches.len() != self.resident.len() {
@@ -169,16 +171,19 @@ impl StepGraph {
             );
         }
         for (batch, resident) in batches.iter().zip(&self.resident) {
+            let (Some(tokens), Some(targets)) = (&resident.tokens, &resident.targets) else {
+                unreachable!("a captured step's inputs are uploaded whole");
+            };
             let shape = [batch.batch_size, batch.seq_length];
-            if resident.tokens.dims() != shape {
+            if tokens.dims() != shape {
                 bail!(
                     "a captured step takes micro-batches of one shape: {shape:?} after {:?}",
-                    resident.tokens.dims()
+                    tokens.dims()
                 );
             }
-            write_ids(&resident.tokens, &batch.tokens)?;
-            write_ids(&resident.labels, &batch.labels)?;
-            write_floats(&resident.loss_mask, &batch.loss_mask)?;
+            write_ids(tokens, &batch.tokens)?;
+            write_ids(&targets.labels, &batch.labels)?;
+            write_floats(&targets.loss_mask, &batch.loss_mask)?;
         }
         Ok(())
     }

@@ -6,7 +6,9 @@ use burn::tensor::{Device, Tensor};
 
 use super::config::{BatchPlan, PretrainConfig};
 use super::finalize_grads::{finalize_model_grads, DataParallelReduce};
-use super::forward_backward::{forward_backward, training_schedule, OverlapGradReduce, StepInputs};
+use super::forward_backward::{
+    batch_reads, forward_backward, training_schedule, OverlapGradReduce, StepInputs,
+};
 use super::param_stats::count_zero_grads;
 use super::setup::RankSetup;
 use crate::comm::ReduceOp;
@@ -65,17 +67,17 @@ pub struct StepOutputs {
 }
 
 /// Trains on `batches` (this rank's micro-batches of the global batch `plan` describes) at
-/// iteration `iteration` with learning rates `lr`.
+/// `step` (the iteration and its learning rates), uploading what this rank reads of them.
 pub fn train_step(
     cfg: &PretrainConfig,
     setup: &mut RankSetup,
     (parallel, plan): (&ParallelState, BatchPlan),
     batches: Vec<MicroBatch>,
-    (iteration, lr): (u64, LearningRates),
+    step: (u64, LearningRates),
     device: &Device,
 ) -> Result<StepReport> {
-    let batches: Vec<DeviceBatch> = batches.iter().map(|b| b.to_device(device)).collect();
-    let step = (iteration, lr);
+    let reads = batch_reads(&setup.p2p);
+    let batches: Vec<DeviceBatch> = batches.iter().map(|b| b.to_device(device, reads)).collect();
     let outputs = run_step(cfg, setup, (parallel, plan), &batches, step, device)?;
     report_step(outputs, setup, (parallel, plan))
 }
