@@ -502,7 +502,7 @@ fn fused_attention_matches_the_composed_attention_with_dropout_and_gradients() {
                 let [q, k, v] = [0, 1, 2].map(|i| inputs[i].clone().require_grad());
                 seed_micro_batch(3, 1, 0);
                 enter_layer(0);
-                let out = attention.core_heads(q.clone(), k.clone(), v.clone());
+                let out = attention.core_heads(q.clone(), k.clone(), v.clone(), None);
                 let grads = (out.clone() * inputs[3].clone()).sum().backward();
                 let mut all = vec![values(out.cast(FloatDType::F32))];
                 for x in [q, k, v] {
@@ -580,7 +580,7 @@ fn qkv_rows_core_run(
     };
     seed_micro_batch(3, 1, 0);
     enter_layer(0);
-    let out = attention.core(inputs, keeps);
+    let out = attention.core(inputs, keeps, &ferrotron::model::Documents::none());
     let grads = (out.clone() * weight.clone()).sum().backward();
     let grad = rows.grad(&grads).unwrap();
     let bias_grad = bias.map(|b| values(b.grad(&grads).unwrap().cast(FloatDType::F32)));

@@ -114,14 +114,18 @@ fn labels_are_shifted_inputs_and_eod_masks_loss() {
     };
     let ds = GptDataset::new(data, Split::Valid, 474..489, &config).unwrap();
     let full = ds.sample_tokens(0);
-    let s = ds.sample(0, 50256, true);
+    let masks = |eod_mask_loss| ferrotron::data::SampleMasks {
+        eod_mask_loss,
+        ..ferrotron::data::SampleMasks::plain(50256)
+    };
+    let s = ds.sample(0, &masks(true));
     assert_eq!(s.tokens, full[..2000]);
     assert_eq!(s.labels, full[1..]);
     let eods = s.tokens.iter().filter(|&&t| t == 50256).count();
     assert!(eods > 0, "a 2000-token sample crosses a document boundary");
     assert_eq!(s.loss_mask.iter().filter(|&&m| m == 0.0).count(), eods);
     assert!(ds
-        .sample(0, 50256, false)
+        .sample(0, &masks(false))
         .loss_mask
         .iter()
         .all(|&m| m == 1.0));

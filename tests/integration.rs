@@ -27,6 +27,7 @@ mod mixed_precision;
 mod model_gradients;
 mod model_reference;
 mod nccl;
+mod packed_documents;
 mod pipeline_parallel;
 mod preprocess_input;
 mod pretrain;

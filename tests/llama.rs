@@ -538,7 +538,7 @@ fn sequence_parallel_ranks_hold_their_chunk_of_the_sequence() {
             .init_parallel(0, &group, &Device::flex())
             .map_err(anyhow::Error::msg)?;
         let tokens = Tensor::<2, Int>::zeros([2, 16], &Device::flex());
-        let x = model.embed(tokens.clone());
+        let x = model.embed(tokens.clone(), &ferrotron::model::Documents::none());
         let after = model.layer(0).unwrap().forward(x.clone());
         Ok((x.dims(), after.dims(), model.forward(tokens).dims()))
     })

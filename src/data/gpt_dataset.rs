@@ -220,8 +220,10 @@ pub(crate) fn fnv1a(text: &str) -> u64 {
     })
 }
 
-/// One training sample: `sequence_length` input tokens, the next-token labels, and the loss
-/// mask (0 where the input token is the EOD with `--eod-mask-loss`, as Megatron does).
+/// One training sample: `sequence_length` input tokens, the next-token labels, the loss
+/// mask (0 where the input token is the EOD with `--eod-mask-loss`, as Megatron does), and
+/// for packed documents each token's position and first visible key
+/// ([`super::sample_masks`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct GptSample {
     /// Input ids.
@@ -230,6 +232,10 @@ pub struct GptSample {
     pub labels: Vec<u32>,
     /// 1.0 where the position counts in the loss.
     pub loss_mask: Vec<f32>,
+    /// Each token's position in its document (`--reset-position-ids`).
+    pub positions: Option<Vec<u32>>,
+    /// Each token's first visible key (`--reset-attention-mask`).
+    pub first_keys: Option<Vec<u32>>,
 }
 
 /// The documents a GPT dataset draws its samples from.

@@ -6,7 +6,8 @@ use std::thread::JoinHandle;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use crossbeam_channel::{bounded, Receiver};
 
-use crate::data::SampleDataset;
+use crate::data::{SampleDataset, SampleMasks};
+use crate::model::Documents;
 
 /// One micro-batch on the host.
 #[derive(Clone, Debug, PartialEq)]
@@ -17,6 +18,10 @@ pub struct MicroBatch {
     pub labels: Vec<u32>,
     /// Loss mask.
     pub loss_mask: Vec<f32>,
+    /// Each token's position in its document (`--reset-position-ids`).
+    pub positions: Option<Vec<u32>>,
+    /// Each token's first visible key (`--reset-attention-mask`).
+    pub first_keys: Option<Vec<u32>>,
     /// Samples in the batch.
     pub batch_size: usize,
     /// Tokens per sample.
@@ -24,31 +29,37 @@ pub struct MicroBatch {
 }
 
 impl MicroBatch {
-    /// Samples `start..start + batch_size` of `dataset` (wrapping around its end).
+    /// Samples `start..start + batch_size` of `dataset` (wrapping around its end), with the
+    /// masks and positions `masks` asks for.
     pub fn from_dataset(
         dataset: &dyn SampleDataset,
         start: u64,
         batch_size: usize,
-        eod: u32,
-        eod_mask_loss: bool,
+        masks: &SampleMasks,
     ) -> Self {
         let mut out = MicroBatch {
             tokens: vec![],
             labels: vec![],
             loss_mask: vec![],
+            positions: masks.reset_position_ids.then(Vec::new),
+            first_keys: masks.reset_attention_mask.then(Vec::new),
             batch_size,
             seq_length: 0,
         };
         for i in 0..batch_size as u64 {
-            let s = dataset.sample(
-                ((start + i) % dataset.len() as u64) as usize,
-                eod,
-                eod_mask_loss,
-            );
+            let s = dataset.sample(((start + i) % dataset.len() as u64) as usize, masks);
             out.seq_length = s.tokens.len();
             out.tokens.extend(s.tokens);
             out.labels.extend(s.labels);
             out.loss_mask.extend(s.loss_mask);
+            for (all, mine) in [
+                (&mut out.positions, s.positions),
+                (&mut out.first_keys, s.first_keys),
+            ] {
+                if let (Some(all), Some(mine)) = (all.as_mut(), mine) {
+                    all.extend(mine);
+                }
+            }
         }
         out
     }
@@ -60,8 +71,15 @@ impl MicroBatch {
             let ids: Vec<i64> = ids.iter().map(|&x| x as i64).collect();
             Tensor::from_data(TensorData::new(ids, shape), device)
         };
+        // Every stage's attention reads the documents, and the first stage's embedding and
+        // every stage's rotary embedding their positions.
+        let documents = Documents {
+            positions: self.positions.as_deref().map(ids),
+            first_keys: self.first_keys.as_deref().map(ids),
+        };
         DeviceBatch {
             tokens: reads.tokens.then(|| ids(&self.tokens)),
+            documents,
             targets: reads.targets.then(|| DeviceTargets {
                 labels: ids(&self.labels),
                 loss_mask: Tensor::from_data(
@@ -101,6 +119,8 @@ pub struct DeviceBatch {
     pub tokens: Option<Tensor<2, Int>>,
     /// Target ids and loss mask, on the rank holding the last stage.
     pub targets: Option<DeviceTargets>,
+    /// The packed documents' positions and attention starts, on every rank.
+    pub documents: Documents,
 }
 
 /// A micro-batch's targets on the device.
@@ -129,21 +149,14 @@ impl BatchLoader {
         start: u64,
         stride: u64,
         batch_size: usize,
-        eod: u32,
-        eod_mask_loss: bool,
+        masks: SampleMasks,
         prefetch: usize,
     ) -> Self {
         let (sender, receiver) = bounded(prefetch.max(1));
         let thread = std::thread::spawn(move || {
             let mut next = start;
             loop {
-                let batch = MicroBatch::from_dataset(
-                    dataset.as_ref(),
-                    next,
-                    batch_size,
-                    eod,
-                    eod_mask_loss,
-                );
+                let batch = MicroBatch::from_dataset(dataset.as_ref(), next, batch_size, &masks);
                 next += stride;
                 if sender.send(batch).is_err() {
                     return;

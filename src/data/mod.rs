@@ -18,6 +18,7 @@ pub mod merge;
 pub mod mock_dataset;
 pub mod npy;
 pub mod sample_dataset;
+pub mod sample_masks;
 pub mod split;
 pub mod stats;
 
@@ -35,6 +36,7 @@ pub use indexed_dataset::{IndexedDataset, Tokens};
 pub use merge::merge_datasets;
 pub use mock_dataset::MockDocuments;
 pub use sample_dataset::SampleDataset;
+pub use sample_masks::SampleMasks;
 pub use stats::DatasetStats;
 
 /// Path of the `.bin` file of a dataset prefix.

@@ -1,6 +1,7 @@
 //! What training reads: numbered samples of `seq_length + 1` tokens, from one GPT dataset or
 //! a blend of several.
 
+use super::sample_masks::SampleMasks;
 use super::GptSample;
 
 /// A dataset of fixed-length token samples in training order (Megatron's `MegatronDataset`
@@ -26,20 +27,18 @@ pub trait SampleDataset: Send + Sync {
     /// What built the dataset's indices, as text: cache keys of the blends holding it.
     fn description(&self) -> String;
 
-    /// Sample `i` as inputs, labels and loss mask (0 where the input token is the EOD with
-    /// `--eod-mask-loss`, as Megatron does).
-    fn sample(&self, i: usize, eod: u32, eod_mask_loss: bool) -> GptSample {
+    /// Sample `i` as inputs, labels, loss mask and, for packed documents, positions and
+    /// attention starts, as `masks` says (Megatron's `_get_ltor_masks_and_position_ids`).
+    fn sample(&self, i: usize, masks: &SampleMasks) -> GptSample {
         let mut tokens = self.sample_tokens(i);
         let labels = tokens[1..].to_vec();
         tokens.pop();
-        let loss_mask = tokens
-            .iter()
-            .map(|&t| if eod_mask_loss && t == eod { 0.0 } else { 1.0 })
-            .collect();
         GptSample {
+            loss_mask: masks.loss_mask(&tokens),
+            positions: masks.positions(&tokens),
+            first_keys: masks.first_keys(&tokens),
             tokens,
             labels,
-            loss_mask,
         }
     }
 }

@@ -3,12 +3,15 @@
 //! query/key norms and rotary position embeddings.
 
 use burn::module::Module;
-use burn::tensor::{Device, Gradients, Tensor};
+use burn::tensor::{Device, Gradients, Int, Tensor};
 
+use super::documents::Documents;
 use super::dropout::Dropout;
 use super::kv_cache::LayerKv;
 use super::norm::Norm;
-use super::ops::{offset_causal_masked_softmax, scaled_causal_masked_softmax};
+use super::ops::{
+    offset_causal_masked_softmax, scaled_causal_masked_softmax, scaled_document_masked_softmax,
+};
 use super::rotary::RotaryEmbedding;
 use super::GptConfig;
 use crate::comm::Group;
@@ -52,6 +55,12 @@ pub struct CausalSelfAttention {
     /// The core from the projection's rows keeps only q, k, v
     /// (`GptConfig::core_keeps_only_inputs`).
     pub core_keeps_only_inputs: bool,
+    /// The micro-batches carry per-document positions (`--reset-position-ids`): the rotary
+    /// embedding is applied at them, outside the core.
+    pub reset_position_ids: bool,
+    /// The micro-batches carry per-document attention starts (`--reset-attention-mask`): the
+    /// core is the composed one, whose softmax takes them.
+    pub reset_attention_mask: bool,
 }
 
 impl CausalSelfAttention {
@@ -111,13 +120,16 @@ impl CausalSelfAttention {
             masked_softmax_fusion: config.masked_softmax_fusion,
             flash_attention: config.flash_attention,
             core_keeps_only_inputs: config.core_keeps_only_inputs,
+            reset_position_ids: config.reset_position_ids,
+            reset_attention_mask: config.reset_attention_mask,
         }
     }
 
     /// Whether the attention core of inputs on `device` is computed from the projection's
     /// rows, in one op that splits and rotates them: on a CubeCL device, when nothing comes
     /// between the projection and the core but a fused rotary embedding (no query/key norms)
-    /// and a fused core is on.
+    /// and a fused core is on, and the micro-batches carry no per-document attention starts
+    /// (nor per-document positions to rotate at).
     pub fn core_from_rows(&self, device: &Device) -> bool {
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         let on_cube = crate::util::device::is_cube(device);
@@ -126,7 +138,10 @@ impl CausalSelfAttention {
             let _ = device;
             false
         };
+        let rotates_per_document = self.reset_position_ids && self.rotary.is_some();
         on_cube
+            && !self.reset_attention_mask
+            && !rotates_per_document
             && self.q_layernorm.is_none()
             && self.rotary.as_ref().is_none_or(RotaryEmbedding::is_fused)
             && (self.flash_attention || self.masked_softmax_fusion)
@@ -147,15 +162,22 @@ impl CausalSelfAttention {
 
     /// What the attention core of `x` is computed from: the projection's rows where
     /// [`Self::core_from_rows`], otherwise [`Self::query_key_value_heads`] at positions
-    /// from 0.
-    pub fn core_inputs(&self, x: Tensor<3>) -> CoreInputs {
+    /// from 0, or at the documents' own positions where `documents` has them.
+    pub fn core_inputs(&self, x: Tensor<3>, documents: &Documents) -> CoreInputs {
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         if self.core_from_rows(&x.device()) {
             // The bias is added by the core's split kernel, not by a launch of its own.
             let (rows, bias) = self.query_key_value.forward_skip_bias(x);
             return CoreInputs::Rows { rows, bias };
         }
-        CoreInputs::Heads(self.query_key_value_heads(x, 0))
+        match (&documents.positions, &self.rotary) {
+            (Some(positions), Some(rotary)) => {
+                let [q, k, v] = self.split_heads(self.query_key_value.forward(x));
+                let [q, k] = rotary.apply_at([q, k], positions);
+                CoreInputs::Heads([q, k, v])
+            }
+            _ => CoreInputs::Heads(self.query_key_value_heads(x, 0)),
+        }
     }
 
     /// Queries `[batch, local heads, seq, head_dim]`, keys and values `[batch, local groups,
@@ -169,6 +191,19 @@ impl CausalSelfAttention {
 
     /// [`Self::query_key_value_heads`] of the projection's rows `qkv`.
     pub fn heads_of(&self, qkv: Tensor<3>, start: usize) -> [Tensor<4>; 3] {
+        let [q, k, v] = self.split_heads(qkv);
+        match &self.rotary {
+            Some(rotary) => {
+                let [q, k] = rotary.apply_to([q, k], start);
+                [q, k, v]
+            }
+            None => [q, k, v],
+        }
+    }
+
+    /// The projection's rows `qkv` split into queries, keys and values per head, the
+    /// query/key norms applied (not the rotary embedding).
+    fn split_heads(&self, qkv: Tensor<3>) -> [Tensor<4>; 3] {
         let (groups, d) = (self.local_groups, self.head_dim);
         let per_group = self.local_heads / groups;
         let [b, s, _] = qkv.dims();
@@ -187,9 +222,6 @@ impl CausalSelfAttention {
         if let (Some(q_norm), Some(k_norm)) = (&self.q_layernorm, &self.k_layernorm) {
             q = q_norm.forward_heads(q);
             k = k_norm.forward_heads(k);
-        }
-        if let Some(rotary) = &self.rotary {
-            [q, k] = rotary.apply_to([q, k], start);
         }
         [q, k, v]
     }
@@ -221,12 +253,15 @@ impl CausalSelfAttention {
     /// seq, local heads · head_dim]`, heads side by side as the output projection takes them.
     /// From the projection's rows it is one fused op (the rotary embedding inside, at
     /// positions from 0), which keeps for its backward what `keeps` says; from per-head
-    /// inputs, [`Self::core_heads`] with the heads merged, which keeps what its ops keep.
-    pub fn core(&self, inputs: CoreInputs, keeps: CoreKeeps) -> Tensor<3> {
+    /// inputs, [`Self::core_heads`] with the heads merged, which keeps what its ops keep;
+    /// each query sees its own document only where `documents` has attention starts.
+    pub fn core(&self, inputs: CoreInputs, keeps: CoreKeeps, documents: &Documents) -> Tensor<3> {
         #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
         let _ = keeps;
         match inputs {
-            CoreInputs::Heads([q, k, v]) => merge_heads(self.core_heads(q, k, v)),
+            CoreInputs::Heads([q, k, v]) => {
+                merge_heads(self.core_heads(q, k, v, documents.first_keys.as_ref()))
+            }
             #[cfg(any(feature = "wgpu", feature = "cuda"))]
             CoreInputs::Rows { rows: qkv, bias } => {
                 let scale = 1.0 / (self.head_dim as f64).sqrt();
@@ -274,10 +309,23 @@ impl CausalSelfAttention {
     ///
     /// With `--use-flash-attn` on a CubeCL device it is one fused kernel that keeps only the
     /// output and a log-sum-exp per row (dropping the same probabilities as the composed
-    /// path for the same seed).
-    pub fn core_heads(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
+    /// path for the same seed). With `first_keys` (`[batch, seq]`, packed documents) each
+    /// query sees the keys from its entry to itself, in the composed core on every device
+    /// (the fused kernels take no document boundaries yet).
+    pub fn core_heads(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        first_keys: Option<&Tensor<2, Int>>,
+    ) -> Tensor<4> {
         let scale = 1.0 / (self.head_dim as f64).sqrt();
         let (k, v) = (self.per_head(k), self.per_head(v));
+        if let Some(first_keys) = first_keys {
+            let scores = matmul(q, k.transpose());
+            let probs = scaled_document_masked_softmax(scores, scale, first_keys.clone());
+            return matmul(self.attention_dropout.forward(probs), v);
+        }
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         if self.flash_attention && crate::util::device::is_cube(&q.device()) {
             let draw = self.attention_dropout.draw(q.is_autodiff());
@@ -292,8 +340,9 @@ impl CausalSelfAttention {
 
     /// `[batch, seq, hidden]` → `[batch, seq, hidden]`.
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let inputs = self.core_inputs(x);
-        self.project_out(self.core(inputs, CoreKeeps::Everything))
+        let documents = Documents::none();
+        let inputs = self.core_inputs(x, &documents);
+        self.project_out(self.core(inputs, CoreKeeps::Everything, &documents))
     }
 
     /// [`Self::forward`] for `x` = the positions after those in `past` (inference only, no

@@ -121,6 +121,14 @@ pub struct GptConfig {
     /// activation memory per rank is lower.
     #[config(default = false)]
     pub sequence_parallel: bool,
+    /// `--reset-position-ids`: the micro-batches carry each token's position in its own
+    /// document (packed documents), which the position embeddings are taken at.
+    #[config(default = false)]
+    pub reset_position_ids: bool,
+    /// `--reset-attention-mask`: the micro-batches carry each query's first visible key (its
+    /// document's first token), and attention sees nothing before it.
+    #[config(default = false)]
+    pub reset_attention_mask: bool,
 }
 
 impl GptConfig {

@@ -4,6 +4,7 @@ use burn::module::{Module, Param, ParamId};
 use burn::tensor::{Device, Int, Tensor};
 
 use super::attention::CoreKeeps;
+use super::documents::Documents;
 use super::dropout::Dropout;
 use super::kv_cache::KvCache;
 use super::norm::Norm;
@@ -193,16 +194,17 @@ impl Gpt {
         self.final_layernorm.is_some()
     }
 
-    /// Runs `layers` (a model chunk of this stage) on `x`, their attention cores keeping for
-    /// the backward what `keeps` says.
+    /// Runs `layers` (a model chunk of this stage) on `x`, a micro-batch of `documents`,
+    /// their attention cores keeping for the backward what `keeps` says.
     pub fn run_layers(
         &self,
         layers: std::ops::Range<usize>,
         mut x: Tensor<3>,
         keeps: CoreKeeps,
+        documents: &Documents,
     ) -> Tensor<3> {
         for i in layers {
-            x = self.held_layer(i).forward_keeping(x, keeps);
+            x = self.held_layer(i).forward_keeping(x, keeps, documents);
         }
         x
     }
@@ -224,9 +226,19 @@ impl Gpt {
 
     /// The embedding block: token (+ learned position) embeddings, then dropout;
     /// `[batch, seq, hidden]` for token ids `[batch, seq]` (this rank's chunk of the sequence
-    /// under `--sequence-parallel`).
-    pub fn embed(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
-        self.embed_from(tokens, 0)
+    /// under `--sequence-parallel`), the learned positions those of `documents` where it has
+    /// them.
+    pub fn embed(&self, tokens: Tensor<2, Int>, documents: &Documents) -> Tensor<3> {
+        match (&documents.positions, &self.position_embeddings) {
+            (Some(positions), Some(table)) => {
+                let [b, s] = positions.dims();
+                let words = self.word_embedding().forward(tokens);
+                let rows = table.val().select(0, positions.clone().reshape([b * s]));
+                let h = rows.dims()[1];
+                self.embedding_output(words + rows.reshape([b, s, h]))
+            }
+            _ => self.embed_from(tokens, 0),
+        }
     }
 
     /// [`Self::embed`] for tokens at positions `start..start + seq` (incremental decoding).
@@ -247,6 +259,11 @@ impl Gpt {
             }
             None => words,
         };
+        self.embedding_output(embeddings)
+    }
+
+    /// The embeddings' dropout, and under sequence parallelism this rank's chunk.
+    fn embedding_output(&self, embeddings: Tensor<3>) -> Tensor<3> {
         let embeddings = self.embedding_dropout.forward(embeddings);
         if self.sequence_parallel {
             scatter_to_sequence_region(embeddings, &self.group)
@@ -288,8 +305,14 @@ impl Gpt {
     /// This rank's logits `[batch, seq, padded vocab / N]` (all of them on one rank) for token
     /// ids `[batch, seq]`: Megatron's `parallel_lm_logits`, never gathered.
     pub fn forward(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
-        let x = self.embed(tokens);
-        self.logits(self.run_layers(0..self.layers.len(), x, CoreKeeps::Everything))
+        self.forward_documents(tokens, &Documents::none())
+    }
+
+    /// [`Self::forward`] of packed `documents` (their own positions and attention).
+    pub fn forward_documents(&self, tokens: Tensor<2, Int>, documents: &Documents) -> Tensor<3> {
+        let x = self.embed(tokens, documents);
+        let y = self.run_layers(0..self.layers.len(), x, CoreKeeps::Everything, documents);
+        self.logits(y)
     }
 
     /// The LM loss of the last layer's output (the head of [`Self::lm_loss`]).

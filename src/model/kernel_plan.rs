@@ -29,7 +29,11 @@ impl Gpt {
             };
             let attention = &layer.self_attention;
             let rotary = attention.rotary.as_ref().map_or(String::new(), |r| {
-                format!("; rotary embedding {}", fused(r.is_fused()))
+                if attention.reset_position_ids {
+                    "; rotary embedding composed, at the documents' positions".into()
+                } else {
+                    format!("; rotary embedding {}", fused(r.is_fused()))
+                }
             });
             return Some(format!(
                 "kernels: attention: {}; norms {}{rotary}; MLP {activation}; bias-dropout-add {}; \
@@ -50,6 +54,12 @@ impl CausalSelfAttention {
     /// choose it.
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     pub fn core_in_words(&self, device: &Device, dtype: DType) -> String {
+        if self.reset_attention_mask {
+            return "composed core: products, composed softmax with per-document masks \
+                    (--reset-attention-mask: the fused attention kernels take no document \
+                    boundaries yet)"
+                .into();
+        }
         let from_rows = if self.core_from_rows(device) {
             let inside = match (self.query_key_value.bias.is_some(), self.rotary.is_some()) {
                 (true, true) => "split, bias and rotary embedding",

@@ -11,6 +11,7 @@ pub mod architecture;
 pub mod attention;
 pub mod attention_backend;
 pub mod config;
+pub mod documents;
 pub mod dropout;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod fused;
@@ -30,6 +31,7 @@ pub mod vocab;
 
 pub use architecture::{Normalization, PositionEmbedding, RopeScaling};
 pub use config::GptConfig;
+pub use documents::Documents;
 pub use gpt::Gpt;
 pub use kv_cache::KvCache;
 pub use loss::{lm_loss, parallel_lm_loss};

@@ -6,7 +6,7 @@
 
 use crate::util::device::at_least_f32;
 use burn::tensor::activation::{silu, softmax};
-use burn::tensor::{Bool, Tensor};
+use burn::tensor::{Bool, Int, Tensor};
 
 /// Megatron's fill value for masked attention scores.
 pub const MASKED_SCORE: f32 = -10000.0;
@@ -36,6 +36,27 @@ pub fn offset_causal_masked_softmax(x: Tensor<4>, scale: f64, offset: usize) -> 
         at_least_f32(x)
             .mul_scalar(scale)
             .mask_fill(mask.unsqueeze::<4>(), MASKED_SCORE),
+        3,
+    )
+    .cast(dtype)
+}
+
+/// [`scaled_causal_masked_softmax`] with each query `i` also blind to the keys before
+/// `first_keys[b, i]` (`[batch, sq]`: its document's first token, `--reset-attention-mask`),
+/// composed of burn ops in fp32 as [`offset_causal_masked_softmax`], with Megatron's fill value
+/// (whose `exp` underflows to 0, so a document's probabilities are those it has alone).
+pub fn scaled_document_masked_softmax(
+    x: Tensor<4>,
+    scale: f64,
+    first_keys: Tensor<2, Int>,
+) -> Tensor<4> {
+    let [b, h, sq, sk] = x.dims();
+    let dtype = x.dtype();
+    let hidden = super::documents::hidden_keys(first_keys, sk).expand([b, h, sq, sk]);
+    softmax(
+        at_least_f32(x)
+            .mul_scalar(scale)
+            .mask_fill(hidden, MASKED_SCORE),
         3,
     )
     .cast(dtype)

@@ -28,6 +28,7 @@ use burn::module::Module;
 use burn::tensor::{Device, Gradients, Int, Tensor};
 
 use super::attention::{CoreInputs, CoreKeeps};
+use super::documents::Documents;
 use super::Gpt;
 use crate::parallel::random::{replaying, rng_state, RngState};
 
@@ -173,6 +174,8 @@ struct KeptPieces {
     /// The embedding's output, with its graph (the first chunk).
     embedded: Option<Tensor<3>>,
     pieces: Vec<Piece>,
+    /// The micro-batch's documents, which the recomputed pieces see again.
+    documents: Documents,
     /// The head's input leaf and the loss with its graph (the last chunk); without it the
     /// chunk's output gradient comes from the next chunk.
     head: Option<(Tensor<3>, Tensor<1>)>,
@@ -240,18 +243,23 @@ struct SelectiveLayer {
 
 impl SelectiveLayer {
     /// The layer's forward from `x` (no graph); returns the kept layer and its output.
-    fn forward(model: &Gpt, layer: usize, x: Tensor<3>) -> (Self, Tensor<3>) {
+    fn forward(
+        model: &Gpt,
+        layer: usize,
+        x: Tensor<3>,
+        documents: &Documents,
+    ) -> (Self, Tensor<3>) {
         let block = model.layer(layer).expect("the chunk holds its layers");
         // Two leaves of the same value (detach gives each its own node): the two graphs that
         // use the layer's input must not share a node.
         let input = x.clone().detach().require_grad();
-        let attention_inputs = block.attention_inputs(input.clone());
+        let attention_inputs = block.attention_inputs(input.clone(), documents);
         let saved = attention_inputs.clone().detach();
         let rng = rng_state();
         // Without a graph: the core's inputs do not require gradients.
         let context = block
             .self_attention
-            .core(saved.clone(), CoreKeeps::Everything)
+            .core(saved.clone(), CoreKeeps::Everything, documents)
             .require_grad();
         let residual = x.detach().require_grad();
         let output = block.after_attention_core(residual.clone(), context.clone());
@@ -270,7 +278,13 @@ impl SelectiveLayer {
     }
 
     /// The layer's backward from its output gradient `g`; returns its input gradient.
-    fn backward(self, model: &Gpt, g: Tensor<3>, on_grads: &mut OnGrads) -> Tensor<3> {
+    fn backward(
+        self,
+        model: &Gpt,
+        g: Tensor<3>,
+        documents: &Documents,
+        on_grads: &mut OnGrads,
+    ) -> Tensor<3> {
         let block = model.layer(self.layer).expect("the chunk holds its layers");
         let of = GradsOf::Layers(self.layer..self.layer + 1);
         let grads = backward_through(self.output, g);
@@ -281,7 +295,7 @@ impl SelectiveLayer {
         let context = replaying(self.rng, || {
             block
                 .self_attention
-                .core(leaves.clone(), CoreKeeps::Everything)
+                .core(leaves.clone(), CoreKeeps::Everything, documents)
         });
         let grads = backward_through(context, g_context);
         // The residual's gradient joins the input's inside this backward pass, so autodiff
@@ -298,9 +312,15 @@ impl SelectiveLayer {
 
 impl Piece {
     /// The piece's backward from its output gradient `g`; returns its input gradient.
-    fn backward(self, model: &Gpt, g: Tensor<3>, on_grads: &mut OnGrads) -> Tensor<3> {
+    fn backward(
+        self,
+        model: &Gpt,
+        g: Tensor<3>,
+        documents: &Documents,
+        on_grads: &mut OnGrads,
+    ) -> Tensor<3> {
         let (layers, input, output) = match self {
-            Self::Selective(layer) => return layer.backward(model, g, on_grads),
+            Self::Selective(layer) => return layer.backward(model, g, documents, on_grads),
             Self::Kept {
                 layers,
                 input,
@@ -309,7 +329,8 @@ impl Piece {
             Self::Recomputed { layers, input, rng } => {
                 let input = input.require_grad();
                 let output = replaying(rng, || {
-                    model.run_layers(layers.clone(), input.clone(), CoreKeeps::Everything)
+                    let input = input.clone();
+                    model.run_layers(layers.clone(), input, CoreKeeps::Everything, documents)
                 });
                 (layers, input, output)
             }
@@ -323,18 +344,20 @@ impl Piece {
     }
 }
 
-/// The pieces of `plan`'s layers from `x` (no graph), their attention cores keeping what
-/// `keeps` says ([`ChunkPlan::core_keeps`]); returns them and the output.
+/// The pieces of `plan`'s layers from `x` (no graph), a micro-batch of `documents`, their
+/// attention cores keeping what `keeps` says ([`ChunkPlan::core_keeps`]); returns them and
+/// the output.
 fn forward_pieces(
     model: &Gpt,
     plan: &ChunkPlan,
     mut x: Tensor<3>,
     keeps: CoreKeeps,
+    documents: &Documents,
 ) -> (Vec<Piece>, Tensor<3>) {
     let mut pieces = Vec::new();
     if plan.recompute == Recompute::Selective && keeps == CoreKeeps::Everything {
         for layer in plan.layers.clone() {
-            let (kept, next) = SelectiveLayer::forward(model, layer, x);
+            let (kept, next) = SelectiveLayer::forward(model, layer, x, documents);
             pieces.push(Piece::Selective(Box::new(kept)));
             x = next;
         }
@@ -354,7 +377,7 @@ fn forward_pieces(
         let layers = start + range.start..start + range.end;
         let rng = rng_state();
         if recomputed {
-            let output = without_graph.run_layers(layers.clone(), x.clone(), keeps);
+            let output = without_graph.run_layers(layers.clone(), x.clone(), keeps, documents);
             pieces.push(Piece::Recomputed {
                 layers,
                 input: x,
@@ -363,7 +386,7 @@ fn forward_pieces(
             x = output;
         } else {
             let input = x.require_grad();
-            let output = model.run_layers(layers.clone(), input.clone(), keeps);
+            let output = model.run_layers(layers.clone(), input.clone(), keeps, documents);
             x = output.clone().detach();
             pieces.push(Piece::Kept {
                 layers,
@@ -393,23 +416,29 @@ impl ChunkPlan {
 }
 
 impl ChunkForward {
-    /// The chunk's forward on `model` (which builds graphs): from `input` through
-    /// `plan.layers`, ending in the loss when `targets` are given.
-    pub fn run(model: &Gpt, input: ChunkInput, plan: &ChunkPlan, targets: Option<Targets>) -> Self {
+    /// The chunk's forward on `model` (which builds graphs): from `input` (a micro-batch of
+    /// `documents`) through `plan.layers`, ending in the loss when `targets` are given.
+    pub fn run(
+        model: &Gpt,
+        input: ChunkInput,
+        documents: &Documents,
+        plan: &ChunkPlan,
+        targets: Option<Targets>,
+    ) -> Self {
         let keeps = plan.core_keeps(model, &input.device());
         let in_one_graph = plan.recompute == Recompute::None || keeps == CoreKeeps::Inputs;
         if in_one_graph && !plan.layer_by_layer {
-            return Self::whole(model, input, plan, targets, keeps);
+            return Self::whole(model, input, documents, plan, targets, keeps);
         }
         let (embedded, x) = match input {
             ChunkInput::Tokens(tokens) => {
-                let embedded = model.embed(tokens);
+                let embedded = model.embed(tokens, documents);
                 let x = embedded.clone().detach();
                 (Some(embedded), x)
             }
             ChunkInput::Activation(x) => (None, x),
         };
-        let (pieces, x) = forward_pieces(model, plan, x, keeps);
+        let (pieces, x) = forward_pieces(model, plan, x, keeps, documents);
         let (head, value) = match targets {
             Some(t) => {
                 let last = x.require_grad();
@@ -423,6 +452,7 @@ impl ChunkForward {
             kept: Kept::Pieces(Box::new(KeptPieces {
                 embedded,
                 pieces,
+                documents: documents.clone(),
                 head,
             })),
             value,
@@ -433,18 +463,19 @@ impl ChunkForward {
     fn whole(
         model: &Gpt,
         input: ChunkInput,
+        documents: &Documents,
         plan: &ChunkPlan,
         targets: Option<Targets>,
         keeps: CoreKeeps,
     ) -> Self {
         let (leaf, x) = match input {
-            ChunkInput::Tokens(tokens) => (None, model.embed(tokens)),
+            ChunkInput::Tokens(tokens) => (None, model.embed(tokens, documents)),
             ChunkInput::Activation(x) => {
                 let leaf = x.require_grad();
                 (Some(leaf.clone()), leaf)
             }
         };
-        let y = model.run_layers(plan.layers.clone(), x, keeps);
+        let y = model.run_layers(plan.layers.clone(), x, keeps, documents);
         let end = match targets {
             Some(t) => ChunkValue::Loss(model.head_loss(y, t.labels, t.loss_mask)),
             None => ChunkValue::Activation(y),
@@ -501,6 +532,7 @@ impl ChunkForward {
                 let KeptPieces {
                     embedded,
                     pieces,
+                    documents,
                     head,
                 } = *kept;
                 let mut g = match (head, output_grad) {
@@ -516,7 +548,7 @@ impl ChunkForward {
                     (None, None) => return Err(MissingOutputGradient),
                 };
                 for piece in pieces.into_iter().rev() {
-                    g = piece.backward(model, g, on_grads);
+                    g = piece.backward(model, g, &documents, on_grads);
                 }
                 match embedded {
                     Some(embedded) => {
@@ -543,19 +575,21 @@ impl std::fmt::Display for MissingOutputGradient {
 
 impl std::error::Error for MissingOutputGradient {}
 
-/// The forward of `plan.layers` from `input` without a graph (evaluation: `model` is the
-/// model's `valid()` copy, so no dropout), ending in the loss when `targets` are given.
+/// The forward of `plan.layers` from `input` (a micro-batch of `documents`) without a graph
+/// (evaluation: `model` is the model's `valid()` copy, so no dropout), ending in the loss
+/// when `targets` are given.
 pub fn forward_only(
     model: &Gpt,
     input: ChunkInput,
+    documents: &Documents,
     layers: Range<usize>,
     targets: Option<Targets>,
 ) -> ChunkValue {
     let x = match input {
-        ChunkInput::Tokens(tokens) => model.embed(tokens),
+        ChunkInput::Tokens(tokens) => model.embed(tokens, documents),
         ChunkInput::Activation(x) => x,
     };
-    let y = model.run_layers(layers, x, CoreKeeps::Everything);
+    let y = model.run_layers(layers, x, CoreKeeps::Everything, documents);
     match targets {
         Some(t) => ChunkValue::Loss(model.head_loss(y, t.labels, t.loss_mask)),
         None => ChunkValue::Activation(y),

@@ -9,7 +9,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use burn::tensor::{DType, Device, Tensor, TensorData};
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 
 use super::GptConfig;
 
@@ -177,6 +177,30 @@ impl RotaryEmbedding {
             self.channel_table(cos, dtype),
             self.channel_table(sin, dtype),
         );
+        xs.map(|x| self.rotate_composed(x, &cos, &sin))
+    }
+
+    /// [`Self::apply_to`] at each token's own position, `positions` `[batch, seq]` (packed
+    /// documents under `--reset-position-ids`): the angle tables' rows gathered per token.
+    /// Composed of burn ops on every device (the fused kernel takes one run of positions).
+    pub fn apply_at<const N: usize>(
+        &self,
+        xs: [Tensor<4>; N],
+        positions: &Tensor<2, Int>,
+    ) -> [Tensor<4>; N] {
+        let Some(first) = xs.first() else {
+            return xs;
+        };
+        let (s, dtype, device) = (first.dims()[2], first.dtype(), first.device());
+        let [b, _] = positions.dims();
+        // A position is at most its token's index, so the tables of 0..s hold every one.
+        let [cos, sin] = self.pair_tables(0, s, &device);
+        let rows = positions.clone().reshape([b * s]);
+        let per_token = |pairs: Tensor<2>| {
+            self.channel_table(pairs.select(0, rows.clone()), dtype)
+                .reshape([b, 1, s, self.dim()])
+        };
+        let (cos, sin) = (per_token(cos), per_token(sin));
         xs.map(|x| self.rotate_composed(x, &cos, &sin))
     }
 

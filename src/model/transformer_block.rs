@@ -4,6 +4,7 @@ use burn::module::Module;
 use burn::tensor::{Device, Tensor};
 
 use super::attention::{CausalSelfAttention, CoreInputs, CoreKeeps};
+use super::documents::Documents;
 use super::dropout::Dropout;
 use super::kv_cache::LayerKv;
 use super::mlp::Mlp;
@@ -81,24 +82,30 @@ impl TransformerBlock {
 
     /// `[batch, seq, hidden]` → `[batch, seq, hidden]`.
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        self.forward_keeping(x, CoreKeeps::Everything)
+        self.forward_keeping(x, CoreKeeps::Everything, &Documents::none())
     }
 
-    /// [`Self::forward`], the attention core keeping for its backward what `keeps` says.
-    pub fn forward_keeping(&self, x: Tensor<3>, keeps: CoreKeeps) -> Tensor<3> {
-        let inputs = self.attention_inputs(x.clone());
-        let context = self.self_attention.core(inputs, keeps);
+    /// [`Self::forward`] of a micro-batch of `documents`, the attention core keeping for its
+    /// backward what `keeps` says.
+    pub fn forward_keeping(
+        &self,
+        x: Tensor<3>,
+        keeps: CoreKeeps,
+        documents: &Documents,
+    ) -> Tensor<3> {
+        let inputs = self.attention_inputs(x.clone(), documents);
+        let context = self.self_attention.core(inputs, keeps, documents);
         self.after_attention_core(x, context)
     }
 
     /// The layer up to the attention core: what the core computes from `ln(x)`. With
     /// [`CausalSelfAttention::core`] and [`Self::after_attention_core`] it is
     /// [`Self::forward`], cut where selective recomputation cuts it.
-    pub fn attention_inputs(&self, x: Tensor<3>) -> CoreInputs {
+    pub fn attention_inputs(&self, x: Tensor<3>, documents: &Documents) -> CoreInputs {
         // The layer's dropouts (attention core, both branches) draw from its own streams.
         enter_layer(self.layer_number);
         self.self_attention
-            .core_inputs(self.input_layernorm.forward(x))
+            .core_inputs(self.input_layernorm.forward(x), documents)
     }
 
     /// The layer after the attention core, from the layer's input `x` (for the residual) and

@@ -8,7 +8,7 @@ use burn::tensor::{Device, FloatDType};
 
 use super::batch_size_schedule::BatchSizeSchedule;
 use crate::checkpoint::SaveFormat;
-use crate::data::DataSources;
+use crate::data::{DataSources, SampleMasks};
 use crate::model::{GptConfig, Recompute, StageLayers};
 use crate::optim::grad_scaler::DynamicGradScalerConfig;
 use crate::optim::{
@@ -228,6 +228,18 @@ impl PretrainConfig {
             tensorboard_dir: None,
             tensorboard_log_interval: 1,
             log_options: LogOptions::default(),
+        }
+    }
+
+    /// What the run's samples carry besides their tokens (Megatron's
+    /// `_get_ltor_masks_and_position_ids` switches): the loss mask's rule, and the packed
+    /// documents' positions and attention starts the model was built for.
+    pub fn sample_masks(&self) -> SampleMasks {
+        SampleMasks {
+            eod: self.eod,
+            eod_mask_loss: self.eod_mask_loss,
+            reset_position_ids: self.model.reset_position_ids,
+            reset_attention_mask: self.model.reset_attention_mask,
         }
     }
 

@@ -26,8 +26,8 @@ pub struct EvaluationPlace<'a> {
     pub parallel: &'a ParallelState,
     /// The device.
     pub device: &'a Device,
-    /// The EOD id and `--eod-mask-loss`.
-    pub eod: (u32, bool),
+    /// What the samples carry besides their tokens.
+    pub masks: crate::data::SampleMasks,
 }
 
 /// Mean LM loss over `iters` global batches of `dataset` from sample `start`. Every rank
@@ -52,8 +52,7 @@ pub fn evaluate(
                 dataset,
                 plan.sample_of(start, k),
                 plan.micro_batch_size,
-                place.eod.0,
-                place.eod.1,
+                &place.masks,
             )
             .to_device(&inner, reads)
         })

@@ -378,7 +378,8 @@ impl StageWork for GptStage<'_> {
         let chunk_input = self.chunk_input(microbatch, input);
         let targets = self.targets(microbatch, chunk);
         let Mode::Train { recompute, .. } = self.mode else {
-            let value = forward_only(inputs.model, chunk_input, layers, targets);
+            let documents = &self.batches[microbatch].documents;
+            let value = forward_only(inputs.model, chunk_input, documents, layers, targets);
             return Ok(self.hand_on(&value));
         };
         let last = self.is_last_backward(microbatch, chunk);
@@ -387,7 +388,8 @@ impl StageWork for GptStage<'_> {
             recompute,
             layer_by_layer: last,
         };
-        let forward = ChunkForward::run(inputs.model, chunk_input, &plan, targets);
+        let documents = &self.batches[microbatch].documents;
+        let forward = ChunkForward::run(inputs.model, chunk_input, documents, &plan, targets);
         let sent = self.hand_on(forward.value());
         self.kept
             .insert((microbatch, chunk), Kept { forward, last });

@@ -1004,8 +1004,6 @@ pub const MEGATRON_FLAGS: &[MegatronFlag] = &[
     ignored("--replication-factor", One),
     ignored("--replication-jump", One),
     ignored("--rerun-mode", One),
-    refused("--reset-attention-mask", Nothing, DOCUMENT_MASKING),
-    refused("--reset-position-ids", Nothing, DOCUMENT_MASKING),
     ignored("--result-rejected-tracker-filename", One),
     refused("--retriever-report-topk-accuracies", List, RETRIEVER),
     refused("--retriever-score-scaling", Nothing, RETRIEVER),

@@ -381,8 +381,7 @@ impl Trainer<'_> {
             plan.sample_of(self.setup.state.consumed_train_samples, 0),
             mbs * plan.data_parallel as u64,
             plan.micro_batch_size,
-            self.cfg.eod,
-            self.cfg.eod_mask_loss,
+            self.cfg.sample_masks(),
             2 * plan.micro_batches_per_rank(),
         )
     }
@@ -395,7 +394,7 @@ impl Trainer<'_> {
             p2p: &self.setup.p2p,
             parallel: self.parallel,
             device: self.device,
-            eod: (self.cfg.eod, self.cfg.eod_mask_loss),
+            masks: self.cfg.sample_masks(),
         };
         evaluate(
             self.setup.optimizer.model(),

@@ -184,6 +184,15 @@ impl StepGraph {
             write_ids(tokens, &batch.tokens)?;
             write_ids(&targets.labels, &batch.labels)?;
             write_floats(&targets.loss_mask, &batch.loss_mask)?;
+            let documents = &resident.documents;
+            for (resident, ids) in [
+                (&documents.positions, &batch.positions),
+                (&documents.first_keys, &batch.first_keys),
+            ] {
+                if let (Some(resident), Some(ids)) = (resident, ids) {
+                    write_ids(resident, ids)?;
+                }
+            }
         }
         Ok(())
     }

@@ -119,6 +119,12 @@ pub struct PretrainArgs {
     /// Do not train on the token that follows an end-of-document.
     #[arg(long)]
     pub eod_mask_loss: bool,
+    /// Packed documents: positions restart at 0 after each end-of-document token.
+    #[arg(long)]
+    pub reset_position_ids: bool,
+    /// Packed documents: a token after an end-of-document attends to nothing up to it.
+    #[arg(long)]
+    pub reset_attention_mask: bool,
     /// Normalize the loss by the global batch's loss tokens (every token counts without
     /// --eod-mask-loss, where this is what ferrotron computes anyway).
     #[arg(long)]

@@ -279,7 +279,9 @@ fn model_config(
     .with_bias_gelu_fusion(!args.no_bias_gelu_fusion)
     .with_bias_dropout_fusion(!args.no_bias_dropout_fusion)
     .with_flash_attention(attention.flash)
-    .with_core_keeps_only_inputs(attention.core_keeps_only_inputs);
+    .with_core_keeps_only_inputs(attention.core_keeps_only_inputs)
+    .with_reset_position_ids(args.reset_position_ids)
+    .with_reset_attention_mask(args.reset_attention_mask);
     let mut model = args.architecture.apply(model).map_err(anyhow::Error::msg)?;
     if let Some((saved, _)) = &saved {
         model = model.with_architecture_of(saved);

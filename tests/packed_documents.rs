@@ -1,0 +1,163 @@
+//! Packed documents (`--reset-position-ids`, `--reset-attention-mask`, `--eod-mask-loss`):
+//! the samples' masks and positions against real Megatron-Core's
+//! `_get_ltor_masks_and_position_ids` on real token windows, and the model on a packed row
+//! against the same model reading each document alone.
+
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use ferrotron::data::SampleMasks;
+use ferrotron::model::{Documents, GptConfig, Normalization, PositionEmbedding};
+
+use crate::common::*;
+
+/// Megatron's outputs for each window (tests/fixtures/megatron_ltor_masks.py wrote them), for
+/// each of the eight combinations of the three switches.
+#[test]
+fn masks_and_positions_are_megatrons() {
+    let text = std::fs::read_to_string(fixture("megatron_ltor_masks.json")).unwrap();
+    let fixture: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let eod = fixture["eod"].as_u64().unwrap() as u32;
+    let ints = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let mut checked = 0;
+    for case in fixture["cases"].as_array().unwrap() {
+        let tokens = ints(&case["tokens"]);
+        let s = tokens.len() as u32;
+        for key in ["000", "001", "010", "011", "100", "101", "110", "111"] {
+            let on = |i: usize| key.as_bytes()[i] == b'1';
+            let masks = SampleMasks {
+                eod,
+                reset_position_ids: on(0),
+                reset_attention_mask: on(1),
+                eod_mask_loss: on(2),
+            };
+            let want = &case[key];
+            let context = format!("window at {} with switches {key}", case["start"]);
+            let positions = masks.positions(&tokens).unwrap_or((0..s).collect());
+            assert_eq!(positions, ints(&want["positions"]), "{context}");
+            let first_keys = masks.first_keys(&tokens).unwrap_or(vec![0; tokens.len()]);
+            assert_eq!(first_keys, ints(&want["first_keys"]), "{context}");
+            let loss_mask: Vec<u32> = masks.loss_mask(&tokens).iter().map(|&m| m as u32).collect();
+            assert_eq!(loss_mask, ints(&want["loss_mask"]), "{context}");
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 7 * 8);
+}
+
+/// A row of `docs` packed one after another, each ending in the end-of-document id.
+fn packed(docs: &[Vec<u32>], eod: u32) -> Vec<u32> {
+    docs.iter()
+        .flat_map(|d| d.iter().copied().chain([eod]))
+        .collect()
+}
+
+fn ids(v: &[u32], rows: usize) -> Tensor<2, Int> {
+    let data: Vec<i64> = v.iter().map(|&x| x as i64).collect();
+    Tensor::from_data(
+        TensorData::new(data, [rows, v.len() / rows]),
+        &Device::flex(),
+    )
+}
+
+/// The model's logits at each token of a packed micro-batch equal its logits for that
+/// token's document read alone from position 0, in GPT-2's form (learned positions) and the
+/// Llama family's (rotary, RMSNorm, SwiGLU, grouped queries); without the switches they do
+/// not (so the test can tell).
+#[test]
+fn a_packed_row_scores_each_document_as_if_alone() {
+    let eod = 50_000;
+    let gpt2 = GptConfig::new(2, 32, 4, 32, 50_048)
+        .with_hidden_dropout(0.0)
+        .with_attention_dropout(0.0);
+    let llama = gpt2
+        .clone()
+        .with_position_embedding_type(PositionEmbedding::Rope)
+        .with_normalization(Normalization::RmsNorm)
+        .with_swiglu(true)
+        .with_ffn_hidden_size(Some(48))
+        .with_num_query_groups(Some(2))
+        .with_add_bias_linear(false);
+    // Two rows of 16 tokens: documents of 5, 1, 7 and 0 tokens (each with its EOD), then a
+    // last one cut off by the window; and one of 3 and a long cut-off one.
+    let rows = [
+        vec![
+            vec![11, 12, 13, 14, 15],
+            vec![21],
+            vec![31, 32, 33, 34, 35, 36, 37],
+            vec![],
+        ],
+        vec![vec![41, 42, 43], (51..63).collect()],
+    ];
+    let mut tokens = Vec::new();
+    for row in &rows {
+        let mut t = packed(row, eod);
+        t.truncate(16);
+        tokens.extend(t);
+    }
+    let masks = SampleMasks {
+        reset_position_ids: true,
+        reset_attention_mask: true,
+        ..SampleMasks::plain(eod)
+    };
+    let per_row = |f: &dyn Fn(&[u32]) -> Option<Vec<u32>>| -> Vec<u32> {
+        tokens.chunks(16).flat_map(|row| f(row).unwrap()).collect()
+    };
+    let documents = Documents {
+        positions: Some(ids(&per_row(&|r| masks.positions(r)), 2)),
+        first_keys: Some(ids(&per_row(&|r| masks.first_keys(r)), 2)),
+    };
+    for config in [gpt2, llama] {
+        let model = config
+            .with_reset_position_ids(true)
+            .with_reset_attention_mask(true)
+            .init(7, &Device::flex())
+            .unwrap();
+        let logits = |t: &[u32], rows: usize, docs: &Documents| -> Vec<f32> {
+            let out = model.forward_documents(ids(t, rows), docs);
+            out.into_data().convert::<f32>().into_vec().unwrap()
+        };
+        let vocab = 50_048;
+        let together = logits(&tokens, 2, &documents);
+        let unmasked = logits(&tokens, 2, &Documents::none());
+        let (mut worst, mut worst_unmasked) = (0f32, 0f32);
+        for (r, row) in tokens.chunks(16).enumerate() {
+            let starts = ferrotron::data::sample_masks::document_starts(row, eod);
+            for (i, &start) in starts.iter().enumerate() {
+                let end = (start as usize..16)
+                    .find(|&j| row[j] == eod)
+                    .map_or(16, |j| j + 1);
+                let alone = logits(&row[start as usize..end], 1, &Documents::none());
+                let at = |v: &[f32], k: usize| v[k * vocab..(k + 1) * vocab].to_vec();
+                let want = at(&alone, i - start as usize);
+                let got = at(&together, r * 16 + i);
+                let off = at(&unmasked, r * 16 + i);
+                for c in 0..vocab {
+                    worst = worst.max((got[c] - want[c]).abs());
+                    worst_unmasked = worst_unmasked.max((off[c] - want[c]).abs());
+                }
+            }
+        }
+        assert!(
+            worst < 1e-5,
+            "{}: packed logits {worst} off",
+            config_name(&model)
+        );
+        assert!(
+            worst_unmasked > 1e-3,
+            "without the masks the documents see each other"
+        );
+    }
+}
+
+fn config_name(model: &ferrotron::model::Gpt) -> &'static str {
+    if model.position_embeddings.is_some() {
+        "GPT-2"
+    } else {
+        "Llama"
+    }
+}
