@@ -57,7 +57,7 @@ fn main() -> Result<ExitCode> {
     };
     let rank0 = ranks.is_rank0();
     let cache = args.dir.join("cache");
-    let (cases, refused) = generate(args.seed, args.first, args.cases, world, &data, &cache);
+    let (cases, refused) = generate(args.seed, args.first, args.cases, world, &data, &cache)?;
     let failed = match run_cases(&cases, &ranks, &args.dir) {
         Ok(failed) => failed,
         Err(e) => match &mpi {

@@ -14,7 +14,8 @@ use crate::common::*;
 
 /// The CI sample's seed and size: its cases cover tensor, pipeline (virtual stages among
 /// them) and data parallelism, sequence parallelism, the distributed optimizer, each
-/// precision and recomputation (checked below, so a generator change that loses one fails).
+/// precision, recomputation and packed documents (the parallelisms and the packing checked
+/// below, so a generator change that loses one fails).
 const CI_SEED: u64 = 2026;
 const CI_CASES: usize = 6;
 
@@ -27,6 +28,7 @@ fn cases(seed: u64, count: usize, cache: &std::path::Path) -> Vec<FuzzCase> {
         &golden("wikitext2_valid", "text"),
         cache,
     )
+    .unwrap()
     .0
 }
 
@@ -40,6 +42,12 @@ fn a_seeded_sample_of_generated_layouts_reproduces_the_single_process() {
     assert!(any(&|c, _| c.parallel.tensor_model_parallel_size > 1));
     assert!(any(&|c, _| c.parallel.pipeline_model_parallel_size > 1));
     assert!(any(&|_, dp| dp > 1));
+    assert!(any(
+        &|c, _| c.model.reset_attention_mask && c.parallel.tensor_model_parallel_size > 1
+    ));
+    assert!(any(
+        &|c, _| c.model.reset_position_ids && c.parallel.pipeline_model_parallel_size > 1
+    ));
     let mut references = References::default();
     let mut differ = Vec::new();
     for case in &cases {

@@ -119,7 +119,7 @@ fn a_packed_row_scores_each_document_as_if_alone() {
             .unwrap();
         let logits = |t: &[u32], rows: usize, docs: &Documents| -> Vec<f32> {
             let out = model.forward_documents(ids(t, rows), docs);
-            out.into_data().convert::<f32>().into_vec().unwrap()
+            out.into_data().try_into_vec_as::<f32>().unwrap()
         };
         let vocab = 50_048;
         let together = logits(&tokens, 2, &documents);
@@ -160,4 +160,101 @@ fn config_name(model: &ferrotron::model::Gpt) -> &'static str {
     } else {
         "Llama"
     }
+}
+
+/// `pretrain --reset-position-ids --reset-attention-mask --eod-mask-loss` on a corpus of short
+/// documents trains, and `evaluate` with the same switches prints the loss of the trained
+/// model scoring each document of each window on its own, from position 0, over the targets
+/// whose input is not an end-of-document.
+#[test]
+fn pretrain_and_evaluate_score_packed_documents_alone() {
+    use ferrotron::data::sample_masks::document_starts;
+    use ferrotron::data::IndexedDataset;
+    use ferrotron::inference::next_token_scores::{score_rows, OutputColumns};
+    use ferrotron::inference::window_eval::contiguous_windows;
+
+    let dir = tempfile::tempdir().unwrap();
+    let short = ferrotron::training::layout_fuzz::generate::short_documents(
+        &golden("wikitext2_valid", "text"),
+        &dir.path().join("data"),
+    )
+    .unwrap();
+    let short = short.to_str().unwrap();
+    let switches = [
+        "--reset-position-ids",
+        "--reset-attention-mask",
+        "--eod-mask-loss",
+    ];
+    let tokenizer = ["--tokenizer-type", "NullTokenizer", "--vocab-size", "50257"];
+    let mut args: Vec<&str> = "--num-layers 1 --hidden-size 16 --num-attention-heads 2 \
+        --seq-length 16 --max-position-embeddings 16 --micro-batch-size 2 \
+        --global-batch-size 2 --train-iters 3 --lr 1e-2 --min-lr 1e-3 --lr-decay-style cosine \
+        --split 100,0,0 --eval-iters 0 --log-interval 1 --save ckpt --save-interval 3"
+        .split_whitespace()
+        .collect();
+    args.extend(["--data-path", short]);
+    args.extend(tokenizer.iter().chain(&switches));
+    let out = run_tool(env!("CARGO_BIN_EXE_pretrain"), &args, dir.path());
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        logged_losses(&String::from_utf8_lossy(&out.stdout)).len(),
+        3
+    );
+
+    let evaluate = |with_switches: bool| -> f64 {
+        let mut args = vec!["--load", "ckpt", "--data-path", short, "--seq-length", "16"];
+        args.extend(["--num-samples", "6"].iter().chain(&tokenizer));
+        if with_switches {
+            args.extend(switches);
+        }
+        let out = run_tool(env!("CARGO_BIN_EXE_evaluate"), &args, dir.path());
+        assert!(out.status.success(), "{}", stderr(&out));
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with("mean lm loss: "))
+            .unwrap();
+        line["mean lm loss: ".len()..].parse().unwrap()
+    };
+    let (model, _) =
+        ferrotron::checkpoint::load_model(&dir.path().join("ckpt"), &Device::flex()).unwrap();
+    let data = IndexedDataset::open(short).unwrap();
+    let (mut total, mut counted) = (0.0, 0usize);
+    for window in contiguous_windows(&data, 16, 6).unwrap() {
+        let inputs = &window[..16];
+        let starts = document_starts(inputs, 50256);
+        let mut begin = 0;
+        while begin < 16 {
+            let end = (begin..16)
+                .find(|&i| starts[i] != begin as u32)
+                .unwrap_or(16);
+            // The document's inputs and the target after its last one.
+            let row = window[begin..=end].to_vec();
+            let scores = score_rows(
+                &model,
+                &[row.clone()],
+                OutputColumns::Real(50257),
+                1,
+                &Device::flex(),
+            )
+            .unwrap();
+            for (j, log_prob) in scores[0].log_probs.iter().enumerate() {
+                if row[j] != 50256 {
+                    total -= log_prob;
+                    counted += 1;
+                }
+            }
+            begin = end;
+        }
+    }
+    let alone = total / counted as f64;
+    let packed = evaluate(true);
+    assert!(
+        (packed - alone).abs() < 2e-6,
+        "evaluate {packed}, each document alone {alone}"
+    );
+    assert!(
+        (evaluate(false) - alone).abs() > 1e-3,
+        "the switches change the loss"
+    );
 }

@@ -13,12 +13,12 @@ use burn::tensor::Device;
 use clap::Parser;
 
 use ferrotron::checkpoint::load_model;
-use ferrotron::data::{normalize_prefix, IndexedDataset};
+use ferrotron::data::{normalize_prefix, IndexedDataset, SampleMasks};
 use ferrotron::inference::detokenizer::Detokenizer;
 use ferrotron::inference::lambada::{lambada_correct, read_lambada};
 use ferrotron::inference::loglikelihood::{encode_request, loglikelihoods, read_requests};
 use ferrotron::inference::wikitext::{read_wikitext, wikitext_perplexity, Perplexity};
-use ferrotron::inference::window_eval::{contiguous_windows, mean_window_loss};
+use ferrotron::inference::window_eval::{contiguous_windows, masked_window_loss, mean_window_loss};
 use ferrotron::model::Gpt;
 use ferrotron::tokenizer::{TextTokenizer, TokenizerArgs};
 
@@ -47,6 +47,18 @@ struct Args {
     /// Number of windows (the windows evaluation).
     #[arg(long)]
     num_samples: Option<usize>,
+    /// The windows evaluation: no loss where the input token is the end-of-document (as
+    /// `pretrain --eod-mask-loss`).
+    #[arg(long)]
+    eod_mask_loss: bool,
+    /// The windows evaluation: positions restart after each end-of-document (as `pretrain
+    /// --reset-position-ids`).
+    #[arg(long)]
+    reset_position_ids: bool,
+    /// The windows evaluation: a token after an end-of-document attends to nothing up to it
+    /// (as `pretrain --reset-attention-mask`).
+    #[arg(long)]
+    reset_attention_mask: bool,
     /// Windows, passages or requests per forward pass.
     #[arg(long, default_value_t = 4)]
     micro_batch_size: usize,
@@ -135,7 +147,21 @@ fn run_windows(args: &Args, s: &Scorer) -> Result<()> {
     let data = IndexedDataset::open(normalize_prefix(prefix))?;
     let windows = contiguous_windows(&data, seq_length, count).map_err(anyhow::Error::msg)?;
     let vocab = s.tokenizer.vocab_size();
-    let loss = mean_window_loss(&s.model, &windows, vocab, s.batch, &s.device);
+    let masks = SampleMasks {
+        eod_mask_loss: args.eod_mask_loss,
+        reset_position_ids: args.reset_position_ids,
+        reset_attention_mask: args.reset_attention_mask,
+        ..SampleMasks::plain(
+            s.tokenizer
+                .eod()
+                .context("the tokenizer has no end-of-document token")?,
+        )
+    };
+    let loss = if masks.packs_documents() || masks.eod_mask_loss {
+        masked_window_loss(&s.model, &windows, vocab, s.batch, &s.device, &masks)
+    } else {
+        mean_window_loss(&s.model, &windows, vocab, s.batch, &s.device)
+    };
     println!("{count} windows of {seq_length} tokens");
     println!("mean lm loss: {loss:.6}");
     println!("lm loss PPL: {:.4}", loss.exp());

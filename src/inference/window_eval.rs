@@ -3,11 +3,12 @@
 //! Window i is tokens `i·L .. i·L + L + 1` of the whole token stream, unshuffled, so any other
 //! implementation (a HuggingFace export, Megatron) can score exactly the same samples.
 
-use burn::tensor::Device;
+use burn::tensor::{Device, Int, Tensor, TensorData};
 
 use super::next_token_scores::{score_rows, OutputColumns};
-use crate::data::IndexedDataset;
-use crate::model::Gpt;
+use crate::data::{IndexedDataset, SampleMasks};
+use crate::model::loss::token_losses;
+use crate::model::{Documents, Gpt};
 
 /// The first `count` windows of `seq_length + 1` tokens; an error if the dataset is too short.
 pub fn contiguous_windows(
@@ -51,4 +52,50 @@ pub fn mean_window_loss(
     let count: usize = scores.iter().map(|s| s.log_probs.len()).sum();
     let total: f64 = scores.iter().flat_map(|s| &s.log_probs).sum();
     -total / count.max(1) as f64
+}
+
+/// [`mean_window_loss`] with Megatron's sample masks: each window's documents at their own
+/// positions and attending within themselves (`--reset-position-ids`,
+/// `--reset-attention-mask`), the mean over the targets the loss mask keeps
+/// (`--eod-mask-loss`), as training's loss counts them.
+pub fn masked_window_loss(
+    model: &Gpt,
+    windows: &[Vec<u32>],
+    vocab_size: usize,
+    batch_size: usize,
+    device: &Device,
+    masks: &SampleMasks,
+) -> f64 {
+    let (mut total, mut counted) = (0.0, 0.0);
+    for chunk in windows.chunks(batch_size.max(1)) {
+        let steps = chunk[0].len() - 1;
+        let ids = |of: &dyn Fn(&[u32]) -> Vec<u32>| {
+            let ids: Vec<i64> = chunk.iter().flat_map(|w| of(w)).map(i64::from).collect();
+            Tensor::<2, Int>::from_data(TensorData::new(ids, [chunk.len(), steps]), device)
+        };
+        let inputs = |w: &[u32]| w[..steps].to_vec();
+        let documents = Documents {
+            positions: masks
+                .reset_position_ids
+                .then(|| ids(&|w| masks.positions(&inputs(w)).unwrap_or_default())),
+            first_keys: masks
+                .reset_attention_mask
+                .then(|| ids(&|w| masks.first_keys(&inputs(w)).unwrap_or_default())),
+        };
+        let logits = model.gather_logits(model.forward_documents(ids(&inputs), &documents));
+        let logits = logits
+            .clone()
+            .narrow(2, 0, vocab_size.min(logits.dims()[2]));
+        let losses = token_losses(logits, ids(&|w| w[1..].to_vec()));
+        let losses = losses
+            .into_data()
+            .try_into_vec_as::<f32>()
+            .expect("f32 losses");
+        let kept = chunk.iter().flat_map(|w| masks.loss_mask(&inputs(w)));
+        for (loss, keep) in losses.iter().zip(kept) {
+            total += (loss * keep) as f64;
+            counted += keep as f64;
+        }
+    }
+    total / counted.max(1.0)
 }

@@ -1,9 +1,11 @@
 //! The fuzzer's generator: from a seed, run configurations that combine every parallelism and
 //! option the trainer has, drawn independently, so that combinations nobody listed get run.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use crate::data::DataSources;
+use anyhow::{Context, Result};
+
+use crate::data::{DType, DataSources, IndexedDataset, IndexedDatasetBuilder};
 use crate::model::vocab::padded_vocab_size;
 use crate::model::{GptConfig, Normalization, PositionEmbedding, Recompute};
 use crate::optim::grad_scaler::DynamicGradScalerConfig;
@@ -13,6 +15,9 @@ use crate::training::{ParallelConfig, PretrainConfig};
 /// GPT-2's vocabulary, which the fuzzer's data is tokenized with: padded per layout as
 /// Megatron pads it, to a multiple of `--make-vocab-size-divisible-by` × TP.
 const TOKENIZER_VOCAB: usize = 50257;
+
+/// GPT-2's end-of-document id.
+const EOD: u32 = 50256;
 
 /// Training iterations of every case: enough for a wrong gradient to show in the losses, the
 /// gradient norms and the weights, few enough for hundreds of cases.
@@ -95,7 +100,13 @@ impl FuzzCase {
             ),
             (c.parallel.overlap_grad_reduce, "overlapped grad reduce"),
         ];
-        parts.extend(flags.iter().filter(|f| f.0).map(|f| f.1.to_owned()));
+        let packing = [
+            (m.reset_position_ids, "per-document positions"),
+            (m.reset_attention_mask, "per-document attention"),
+            (c.eod_mask_loss, "EOD loss masked"),
+        ];
+        let flags = flags.iter().chain(&packing);
+        parts.extend(flags.filter(|f| f.0).map(|f| f.1.to_owned()));
         if c.recompute != Recompute::None {
             parts.push(format!("recompute {:?}", c.recompute));
         }
@@ -227,6 +238,61 @@ fn draw_recompute(d: &mut Draws) -> Recompute {
     ])
 }
 
+/// Draws packed documents: in one case of three some of `--reset-position-ids`,
+/// `--reset-attention-mask` and `--eod-mask-loss`, on [`short_documents`] (so that every
+/// sample holds several documents).
+fn draw_packing(d: &mut Draws, cfg: &mut PretrainConfig, cache: &Path) {
+    if d.pick(&[0, 0, 1]) == 0 {
+        return;
+    }
+    let (positions, attention) = match d.pick(&[0, 1, 2]) {
+        0 => (true, false),
+        1 => (false, true),
+        _ => (true, true),
+    };
+    cfg.model.reset_position_ids = positions;
+    cfg.model.reset_attention_mask = attention;
+    cfg.eod_mask_loss = d.coin();
+    cfg.data = DataSources::single(short_documents_prefix(cache));
+}
+
+/// Where [`short_documents`] writes its dataset under the index cache `cache`.
+fn short_documents_prefix(cache: &Path) -> PathBuf {
+    cache.join("short_documents_text_document")
+}
+
+/// The packed cases' corpus: the first 20,000 tokens of `data` (its own end-of-document
+/// tokens left out) cut into documents of 1 to 11 tokens, each ended by the end-of-document
+/// id, so that a 16-token sample holds several (real corpora's documents run to thousands of
+/// tokens). Written into `cache` once; returns its prefix.
+pub fn short_documents(data: &Path, cache: &Path) -> Result<PathBuf> {
+    let prefix = short_documents_prefix(cache);
+    if crate::data::index_file_path(&prefix).exists() {
+        return Ok(prefix);
+    }
+    std::fs::create_dir_all(cache).with_context(|| format!("cannot create {}", cache.display()))?;
+    let source = IndexedDataset::open(data)?;
+    let mut tokens = Vec::new();
+    for i in 0..source.sequence_count() {
+        source.sequence(i).append_to(&mut tokens);
+        if tokens.len() >= 20_000 {
+            break;
+        }
+    }
+    tokens.retain(|&t| t != EOD);
+    let mut builder = IndexedDatasetBuilder::new(&prefix, DType::U16)?;
+    let mut lengths = Draws(0x5eed);
+    let mut rest = &tokens[..tokens.len().min(20_000)];
+    while !rest.is_empty() {
+        let n = (1 + lengths.next() as usize % 11).min(rest.len());
+        let document: Vec<u32> = rest[..n].iter().copied().chain([EOD]).collect();
+        builder.add_document(&document, &[document.len()])?;
+        rest = &rest[n..];
+    }
+    builder.finish()?.persist()?;
+    Ok(prefix)
+}
+
 /// Case `index` of `seed`'s stream, on `world` ranks when given, its data the dataset at
 /// `data` (GPT-2 tokens) with its index cache in `cache`. The draw may be one the trainer
 /// refuses ([`super::refusal`]; [`super::generate`] moves on to the next index then).
@@ -297,6 +363,8 @@ pub fn draw_case(
         ..PretrainConfig::new(model, DataSources::single(data.to_path_buf()))
     };
     draw_pipeline_cut(&mut d, &mut cfg, &mut micro_batches);
+    // Drawn last, so the cases drawn before packing was a choice keep their other choices.
+    draw_packing(&mut d, &mut cfg, cache);
     cfg.global_batch_size = micro_batch_size * micro_batches * s.dp;
     // No warm-up (its first step would have a learning rate of 0): a cosine decay from the
     // first iteration over the run.

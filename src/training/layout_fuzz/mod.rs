@@ -350,7 +350,8 @@ fn updates_after(
 }
 
 /// The cases `first..first + count` of `seed`'s stream that the trainer accepts, on `world`
-/// ranks when given, and the draws it refused (their index and the trainer's reason).
+/// ranks when given, and the draws it refused (their index and the trainer's reason); an
+/// error when the packed cases' corpus cannot be written.
 pub fn generate(
     seed: u64,
     first: u64,
@@ -358,7 +359,9 @@ pub fn generate(
     world: Option<usize>,
     data: &Path,
     cache: &Path,
-) -> (Vec<FuzzCase>, Vec<(u64, String)>) {
+) -> Result<(Vec<FuzzCase>, Vec<(u64, String)>)> {
+    // The packed cases' corpus, made before any case needs it.
+    generate::short_documents(data, cache).context("the packed documents' corpus")?;
     let mut cases = Vec::with_capacity(count);
     let mut refused = Vec::new();
     let mut index = first;
@@ -370,7 +373,7 @@ pub fn generate(
         }
         index += 1;
     }
-    (cases, refused)
+    Ok((cases, refused))
 }
 
 /// A fresh directory for case `index` under `root` (emptied when a previous run left one).
