@@ -56,12 +56,9 @@ fn packed(docs: &[Vec<u32>], eod: u32) -> Vec<u32> {
         .collect()
 }
 
-fn ids(v: &[u32], rows: usize) -> Tensor<2, Int> {
+fn ids(v: &[u32], rows: usize, device: &Device) -> Tensor<2, Int> {
     let data: Vec<i64> = v.iter().map(|&x| x as i64).collect();
-    Tensor::from_data(
-        TensorData::new(data, [rows, v.len() / rows]),
-        &Device::flex(),
-    )
+    Tensor::from_data(TensorData::new(data, [rows, v.len() / rows]), device)
 }
 
 /// The model's logits at each token of a packed micro-batch equal its logits for that
@@ -70,6 +67,22 @@ fn ids(v: &[u32], rows: usize) -> Tensor<2, Int> {
 /// not (so the test can tell).
 #[test]
 fn a_packed_row_scores_each_document_as_if_alone() {
+    packed_row_against_each_document_alone(&Device::flex());
+}
+
+/// The same on a CubeCL device (wgpu on lavapipe), where the layers run the fused kernels but
+/// the attention core must be the composed one with the documents' mask.
+#[test]
+fn a_packed_row_scores_each_document_as_if_alone_on_a_cubecl_device() {
+    if crate::common::own_process::ran_in_own_process_unoptimised() {
+        return;
+    }
+    packed_row_against_each_document_alone(
+        &ferrotron::util::device::parse_device("wgpu-cpu").unwrap(),
+    );
+}
+
+fn packed_row_against_each_document_alone(device: &Device) {
     let eod = 50_000;
     let gpt2 = GptConfig::new(2, 32, 4, 32, 50_048)
         .with_hidden_dropout(0.0)
@@ -108,17 +121,17 @@ fn a_packed_row_scores_each_document_as_if_alone() {
         tokens.chunks(16).flat_map(|row| f(row).unwrap()).collect()
     };
     let documents = Documents {
-        positions: Some(ids(&per_row(&|r| masks.positions(r)), 2)),
-        first_keys: Some(ids(&per_row(&|r| masks.first_keys(r)), 2)),
+        positions: Some(ids(&per_row(&|r| masks.positions(r)), 2, device)),
+        first_keys: Some(ids(&per_row(&|r| masks.first_keys(r)), 2, device)),
     };
     for config in [gpt2, llama] {
         let model = config
             .with_reset_position_ids(true)
             .with_reset_attention_mask(true)
-            .init(7, &Device::flex())
+            .init(7, device)
             .unwrap();
         let logits = |t: &[u32], rows: usize, docs: &Documents| -> Vec<f32> {
-            let out = model.forward_documents(ids(t, rows), docs);
+            let out = model.forward_documents(ids(t, rows, device), docs);
             out.into_data().try_into_vec_as::<f32>().unwrap()
         };
         let vocab = 50_048;
