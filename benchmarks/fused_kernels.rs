@@ -175,7 +175,7 @@ fn attention_core_rows(device: &Device, reps: usize, in_use: impl Fn() -> f64) {
         let [q, k, v] = qkv.clone().map(|t| t.require_grad());
         device.sync().expect("device sync");
         let before = in_use();
-        let y = layer.core_heads(q.clone(), k.clone(), v.clone());
+        let y = layer.core_heads(q.clone(), k.clone(), v.clone(), None);
         device.sync().expect("device sync");
         held[side].set(in_use() - before);
         let grads = (y * dy.clone()).sum().backward();
@@ -251,7 +251,7 @@ fn core_from_rows_recomputed(device: &Device, reps: usize, in_use: impl Fn() -> 
             rows: x.clone(),
             bias: None,
         };
-        let y = attention.core(inputs, keeps);
+        let y = attention.core(inputs, keeps, &ferrotron::model::Documents::none());
         device.sync().expect("device sync");
         held[side].set(in_use() - before);
         let g = (y * dy.clone()).sum().backward();

@@ -245,7 +245,7 @@ fn pretrain_and_evaluate_score_packed_documents_alone() {
             let row = window[begin..=end].to_vec();
             let scores = score_rows(
                 &model,
-                &[row.clone()],
+                std::slice::from_ref(&row),
                 OutputColumns::Real(50257),
                 1,
                 &Device::flex(),

@@ -349,6 +349,9 @@ fn updates_after(
     saved_updates(root, initial)
 }
 
+/// A draw the trainer refused: its index and the trainer's reason.
+pub type Refused = (u64, String);
+
 /// The cases `first..first + count` of `seed`'s stream that the trainer accepts, on `world`
 /// ranks when given, and the draws it refused (their index and the trainer's reason); an
 /// error when the packed cases' corpus cannot be written.
@@ -359,7 +362,7 @@ pub fn generate(
     world: Option<usize>,
     data: &Path,
     cache: &Path,
-) -> Result<(Vec<FuzzCase>, Vec<(u64, String)>)> {
+) -> Result<(Vec<FuzzCase>, Vec<Refused>)> {
     // The packed cases' corpus, made before any case needs it.
     generate::short_documents(data, cache).context("the packed documents' corpus")?;
     let mut cases = Vec::with_capacity(count);
