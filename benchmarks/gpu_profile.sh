@@ -167,7 +167,7 @@ say ""
 # The step captured as a graph and replayed (one launch for the host, then the recorded
 # cuBLAS products) against the same step eager, in one process (benchmarks/step_graph.rs,
 # optional: pretrain's bf16-graph and floor-graph runs measure the same through the training
-# loop). First at the host floor's sizes, where the step is launch overhead (30 s); the
+# loop). First at the host floor's sizes, where the step is launch overhead (short); the
 # model's sizes after the profile.
 SG="$WORK/bin/step_graph"
 # CUBE_DEVICE: a CubeCL device for the runs that need one (these captured steps, the

@@ -963,8 +963,9 @@ fn column_sums_match_float64_for_every_launch_shape() {
             (2048, 64),
             (2, 70_001),
         ] {
-            // 70,001 cubes of 256 units take lavapipe 24 s: more cubes than one dimension
-            // holds are checked on one unit per cube (the grid is the same for every launch),
+            // So many cubes of 256 units are slow on lavapipe (the time: benchmarks/results/
+            // 2026-12-03-figures-from-comments.md): more cubes than one dimension holds are
+            // checked on one unit per cube (the grid is the same for every launch),
             // the trees of units on the other shapes.
             let cubes = cols.div_ceil(launch.vectors as usize);
             if cubes > MAX_CUBES_PER_DIMENSION && launch.row_lanes > 1 {
@@ -2203,7 +2204,8 @@ fn attention_launches(client: &Client, head_dim: usize) -> Vec<AttentionLaunch> 
     };
     add(tiles);
     // One row per unit only for narrow heads: the plane kernels are unrolled over the head
-    // row, and lavapipe compiles them for heads of 64 in ≈ 10 s a row.
+    // row, and lavapipe is slow to compile them for wide heads (benchmarks/results/
+    // 2026-12-03-figures-from-comments.md).
     if let Some(plane) = own.plane.filter(|_| head_dim <= 16) {
         add(AttentionLaunch::planes(plane, plane));
     }
@@ -2229,7 +2231,8 @@ fn flash_attention_forward_and_backward_match_float64() {
     let mut rng = Rng(11);
     let draw = test_draw(0x1234_5678, 99, 0.2);
     // Several heads once (their offsets are the same code at every width): the longer
-    // sequences with one head, which halves their time on cubecl-cpu (≈ 7 s a launch there).
+    // sequences with one head, which halves their time on cubecl-cpu (a launch there is
+    // seconds: benchmarks/results/2026-12-03-figures-from-comments.md).
     let shapes = [
         (1, 1, 1),
         (3, 17, 8),
@@ -3247,7 +3250,8 @@ fn lavapipe_reduces_rows_and_runs_attention_in_its_planes() {
 /// f32 rounding. The backward on matrix units gives float64's gradients within the f16
 /// rounding of the score gradients and probabilities it multiplies; so does the CUDA-core
 /// backward fed the matrix units' forward (first launch of a shape). Each kernel variant is
-/// compiled by lavapipe on first use (≈ 2 min for these cold), hence not every combination.
+/// compiled by lavapipe on first use, minutes for these cold (benchmarks/results/
+/// 2026-12-03-figures-from-comments.md), hence not every combination.
 #[cfg(feature = "spirv")]
 #[test]
 fn mma_attention_forward_and_backward_match_float64() {
@@ -3285,7 +3289,7 @@ fn mma_attention_forward_and_backward_match_float64() {
             .into_iter()
             .filter(|l| l.shared_bytes(head_dim, 2) <= shared);
         for (i, launch) in launches.enumerate() {
-            // With and without dropout are two kernels, each 3–33 s for lavapipe to compile:
+            // With and without dropout are two kernels, each slow for lavapipe to compile:
             // both for narrow heads; heads of 64 (GPT-2's, trained with dropout) with it,
             // heads of 128 (Llama's, trained without) without.
             let dropouts: &[Option<DropoutDraw>] = match (i, head_dim) {

@@ -1,7 +1,7 @@
 //! Adam's step as one CubeCL kernel per parameter (`ferrotron_kernels::adam`), on CUDA and
 //! wgpu devices. Composed of burn ops the step launches about fifteen element-wise kernels per
-//! parameter: 4,400 launches per step for a 24-layer GPT, most of a small model's launches
-//! (README: "Profile of a step"). The arithmetic is the composed step's, in f32.
+//! parameter, most of a small model's launches (the count for a 24-layer GPT:
+//! benchmarks/results/2026-12-03-figures-from-comments.md). The arithmetic is the composed step's, in f32.
 
 use burn::tensor::{DType, Shape, Tensor};
 use burn_cubecl::kernel::into_contiguous;

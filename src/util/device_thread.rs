@@ -5,8 +5,9 @@
 //! server, and returns at once; a call that needs the server's answer (a buffer's device
 //! address, a flush) waits until that thread has run everything queued before it. Made by
 //! the thread that builds a training step, such calls make the two threads take turns where
-//! they would overlap: cuBLAS's side of GPT-2 345M's 290 ordering windows per step made
-//! ≈ 1,600 of them when it was queued from the calling thread (`util::cublas`). Queued as a
+//! they would overlap: cuBLAS's side of a step's ordering windows made one per flush and
+//! operand lookup when it was queued from the calling thread (`util::cublas`; the count for
+//! GPT-2 345M: benchmarks/results/2026-12-03-figures-from-comments.md). Queued as a
 //! task of the device thread itself, the same work runs in the same order, and nobody waits.
 
 use std::any::TypeId;

@@ -20,8 +20,9 @@
 //! Who queues cuBLAS's side of a window: CubeCL's device thread, as a task queued
 //! between the window's count and its wait (`util::device_thread`). The flush and the operands'
 //! device addresses are then answers the server gives there, in order, where the thread making
-//! the products had to wait for each (a flush and three lookups per product, ≈ 1,600 waits per
-//! GPT-2 345M step, each until the device thread had run everything queued before it): the two
+//! the products had to wait for each (a flush and three lookups per product, each until the
+//! device thread had run everything queued before it; how many per step:
+//! benchmarks/results/2026-12-03-figures-from-comments.md): the two
 //! threads took turns where they now overlap. Queued from the building thread, the step was
 //! bound by the host, not the GPU, which is what this is for (measured before:
 //! benchmarks/results/2026-11-27-h200-device-order.md; after:
