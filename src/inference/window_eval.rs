@@ -69,29 +69,30 @@ pub fn masked_window_loss(
     let (mut total, mut counted) = (0.0, 0.0);
     for chunk in windows.chunks(batch_size.max(1)) {
         let steps = chunk[0].len() - 1;
-        let ids = |of: &dyn Fn(&[u32]) -> Vec<u32>| {
-            let ids: Vec<i64> = chunk.iter().flat_map(|w| of(w)).map(i64::from).collect();
+        let inputs: Vec<&[u32]> = chunk.iter().map(|w| &w[..steps]).collect();
+        let ids = |rows: Vec<u32>| {
+            let ids: Vec<i64> = rows.into_iter().map(i64::from).collect();
             Tensor::<2, Int>::from_data(TensorData::new(ids, [chunk.len(), steps]), device)
         };
-        let inputs = |w: &[u32]| w[..steps].to_vec();
-        let documents = Documents {
-            positions: masks
-                .reset_position_ids
-                .then(|| ids(&|w| masks.positions(&inputs(w)).unwrap_or_default())),
-            first_keys: masks
-                .reset_attention_mask
-                .then(|| ids(&|w| masks.first_keys(&inputs(w)).unwrap_or_default())),
+        // One per-token list per row, or none where the switch is off.
+        let per_row = |of: &dyn Fn(&[u32]) -> Option<Vec<u32>>| {
+            let rows: Option<Vec<Vec<u32>>> = inputs.iter().map(|w| of(w)).collect();
+            rows.map(|rows| ids(rows.concat()))
         };
-        let logits = model.gather_logits(model.forward_documents(ids(&inputs), &documents));
+        let documents = Documents {
+            positions: per_row(&|w| masks.positions(w)),
+            first_keys: per_row(&|w| masks.first_keys(w)),
+        };
+        let logits = model.gather_logits(model.forward_documents(ids(inputs.concat()), &documents));
         let logits = logits
             .clone()
             .narrow(2, 0, vocab_size.min(logits.dims()[2]));
-        let losses = token_losses(logits, ids(&|w| w[1..].to_vec()));
-        let losses = losses
+        let targets = chunk.iter().flat_map(|w| w[1..].iter().copied()).collect();
+        let losses = token_losses(logits, ids(targets))
             .into_data()
             .try_into_vec_as::<f32>()
             .expect("f32 losses");
-        let kept = chunk.iter().flat_map(|w| masks.loss_mask(&inputs(w)));
+        let kept = inputs.iter().flat_map(|w| masks.loss_mask(w));
         for (loss, keep) in losses.iter().zip(kept) {
             total += (loss * keep) as f64;
             counted += keep as f64;

@@ -23,11 +23,6 @@ impl Documents {
     pub fn none() -> Self {
         Self::default()
     }
-
-    /// Whether neither is reset.
-    pub fn is_none(&self) -> bool {
-        self.positions.is_none() && self.first_keys.is_none()
-    }
 }
 
 /// `[batch, 1, sq, sk]`, true where query `i` may not see key `j`: after it (causal), or

@@ -278,13 +278,8 @@ impl SelectiveLayer {
     }
 
     /// The layer's backward from its output gradient `g`; returns its input gradient.
-    fn backward(
-        self,
-        model: &Gpt,
-        g: Tensor<3>,
-        documents: &Documents,
-        on_grads: &mut OnGrads,
-    ) -> Tensor<3> {
+    fn backward(self, rerun: Rerun<'_>, g: Tensor<3>, on_grads: &mut OnGrads) -> Tensor<3> {
+        let Rerun { model, documents } = rerun;
         let block = model.layer(self.layer).expect("the chunk holds its layers");
         let of = GradsOf::Layers(self.layer..self.layer + 1);
         let grads = backward_through(self.output, g);
@@ -310,17 +305,20 @@ impl SelectiveLayer {
     }
 }
 
+/// What a piece's backward runs its layers again on: the model, and the micro-batch's
+/// documents, which the recomputed attention must see as the forward did.
+#[derive(Clone, Copy)]
+struct Rerun<'a> {
+    model: &'a Gpt,
+    documents: &'a Documents,
+}
+
 impl Piece {
     /// The piece's backward from its output gradient `g`; returns its input gradient.
-    fn backward(
-        self,
-        model: &Gpt,
-        g: Tensor<3>,
-        documents: &Documents,
-        on_grads: &mut OnGrads,
-    ) -> Tensor<3> {
+    fn backward(self, rerun: Rerun<'_>, g: Tensor<3>, on_grads: &mut OnGrads) -> Tensor<3> {
+        let Rerun { model, documents } = rerun;
         let (layers, input, output) = match self {
-            Self::Selective(layer) => return layer.backward(model, g, documents, on_grads),
+            Self::Selective(layer) => return layer.backward(rerun, g, on_grads),
             Self::Kept {
                 layers,
                 input,
@@ -548,7 +546,11 @@ impl ChunkForward {
                     (None, None) => return Err(MissingOutputGradient),
                 };
                 for piece in pieces.into_iter().rev() {
-                    g = piece.backward(model, g, &documents, on_grads);
+                    let rerun = Rerun {
+                        model,
+                        documents: &documents,
+                    };
+                    g = piece.backward(rerun, g, on_grads);
                 }
                 match embedded {
                     Some(embedded) => {
