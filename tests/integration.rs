@@ -31,6 +31,7 @@ mod packed_documents;
 mod pipeline_parallel;
 mod preprocess_input;
 mod pretrain;
+mod sliding_window;
 mod step_capture;
 mod tensor_parallel;
 mod tokenizer_exact;

@@ -14,8 +14,8 @@ use crate::common::*;
 
 /// The CI sample's seed and size: its cases cover tensor, pipeline (virtual stages among
 /// them) and data parallelism, sequence parallelism, the distributed optimizer, each
-/// precision, recomputation and packed documents (the parallelisms and the packing checked
-/// below, so a generator change that loses one fails).
+/// precision, recomputation, packed documents and a sliding window (the parallelisms, the
+/// packing and the window checked below, so a generator change that loses one fails).
 const CI_SEED: u64 = 2026;
 const CI_CASES: usize = 6;
 
@@ -48,6 +48,9 @@ fn a_seeded_sample_of_generated_layouts_reproduces_the_single_process() {
     assert!(any(
         &|c, _| c.model.reset_position_ids && c.parallel.pipeline_model_parallel_size > 1
     ));
+    assert!(any(&|c, dp| c.model.window_size.is_some()
+        && c.parallel.pipeline_model_parallel_size > 1
+        && dp > 1));
     let mut references = References::default();
     let mut differ = Vec::new();
     for case in &cases {

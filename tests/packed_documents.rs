@@ -5,7 +5,9 @@
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use ferrotron::data::SampleMasks;
-use ferrotron::model::{Documents, GptConfig, Normalization, PositionEmbedding};
+use ferrotron::model::named_parameters::named_parameters;
+use ferrotron::model::{lm_loss, Documents, GptConfig, Normalization, PositionEmbedding};
+use ferrotron::training::GradientAccumulator;
 
 use crate::common::*;
 
@@ -67,36 +69,95 @@ fn ids(v: &[u32], rows: usize, device: &Device) -> Tensor<2, Int> {
 /// not (so the test can tell).
 #[test]
 fn a_packed_row_scores_each_document_as_if_alone() {
-    packed_row_against_each_document_alone(&Device::flex());
+    packed_row_against_each_document_alone(&Device::flex(), &[gpt2(), llama()]);
 }
 
-/// The same on a CubeCL device (wgpu on lavapipe), where the layers run the fused kernels but
-/// the attention core must be the composed one with the documents' mask.
+/// The same on a CubeCL device (wgpu on lavapipe), where the layers run the fused kernels:
+/// the composed attention core with the documents' mask, and the fused attention
+/// (`--use-flash-attn`) taking the documents' first keys; and the fused attention's
+/// gradients over packed documents (and under a sliding window) equal the composed core's.
 #[test]
 fn a_packed_row_scores_each_document_as_if_alone_on_a_cubecl_device() {
     if crate::common::own_process::ran_in_own_process_unoptimised() {
         return;
     }
-    packed_row_against_each_document_alone(
-        &ferrotron::util::device::parse_device("wgpu-cpu").unwrap(),
-    );
+    let device = ferrotron::util::device::parse_device("wgpu-cpu").unwrap();
+    let flash = [gpt2(), llama()].map(|c| c.with_flash_attention(true));
+    packed_row_against_each_document_alone(&device, &[gpt2(), llama(), flash[0].clone()]);
+    packed_row_against_each_document_alone(&device, &flash[1..]);
+    // And with a sliding window inside the documents (`--window-size 3,0`).
+    for config in [gpt2(), llama(), llama().with_window_size(Some(3))] {
+        fused_attention_gradients_equal_the_composed_cores(&device, config);
+    }
 }
 
-fn packed_row_against_each_document_alone(device: &Device) {
-    let eod = 50_000;
-    let gpt2 = GptConfig::new(2, 32, 4, 32, 50_048)
+fn gpt2() -> GptConfig {
+    GptConfig::new(2, 32, 4, 32, 50_048)
         .with_hidden_dropout(0.0)
-        .with_attention_dropout(0.0);
-    let llama = gpt2
-        .clone()
+        .with_attention_dropout(0.0)
+}
+
+fn llama() -> GptConfig {
+    gpt2()
         .with_position_embedding_type(PositionEmbedding::Rope)
         .with_normalization(Normalization::RmsNorm)
         .with_swiglu(true)
         .with_ffn_hidden_size(Some(48))
         .with_num_query_groups(Some(2))
-        .with_add_bias_linear(false);
-    // Two rows of 16 tokens: documents of 5, 1, 7 and 0 tokens (each with its EOD), then a
-    // last one cut off by the window; and one of 3 and a long cut-off one.
+        .with_add_bias_linear(false)
+}
+
+/// Every parameter's gradient of the loss over a packed micro-batch with the fused attention
+/// (`--use-flash-attn`, its backward kernels reading the documents' first keys) equals the
+/// composed core's with the documents' mask (within 1e-4 of the largest), on `device`.
+fn fused_attention_gradients_equal_the_composed_cores(device: &Device, config: GptConfig) {
+    let eod = 50_000;
+    let (tokens, documents) = packed_batch(eod, device);
+    let autodiff = device.clone().autodiff();
+    let documents = Documents {
+        positions: documents.positions.map(|p| p.to_device(&autodiff)),
+        first_keys: documents.first_keys.map(|p| p.to_device(&autodiff)),
+    };
+    let labels: Vec<u32> = tokens.iter().map(|t| (t * 7 + 3) % 50_000).collect();
+    let gradients = |flash: bool| {
+        let model = config
+            .clone()
+            .with_reset_position_ids(true)
+            .with_reset_attention_mask(true)
+            .with_flash_attention(flash)
+            .init(7, &autodiff)
+            .unwrap();
+        let logits = model.forward_documents(ids(&tokens, 2, &autodiff), &documents);
+        let mask = Tensor::<2>::ones([2, 16], &autodiff);
+        let loss = lm_loss(logits, ids(&labels, 2, &autodiff), mask);
+        let mut grads = GradientAccumulator::default();
+        grads.add(&model, loss.backward());
+        named_parameters(&model)
+            .into_iter()
+            .map(|p| {
+                let g = grads.get(&p.id).expect("every parameter has a gradient");
+                (p.name, g.clone().try_into_vec_as::<f32>().unwrap())
+            })
+            .collect::<Vec<_>>()
+    };
+    let (fused, composed) = (gradients(true), gradients(false));
+    for ((name, got), (_, want)) in fused.iter().zip(&composed) {
+        let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let worst = got
+            .iter()
+            .zip(want)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(
+            worst <= 1e-4 * scale.max(1e-3),
+            "{name}: fused attention's gradient {worst} off the composed core's (largest {scale})"
+        );
+    }
+}
+
+/// Two rows of 16 tokens: documents of 5, 1, 7 and 0 tokens (each with its EOD), then a last
+/// one cut off by the window; and one of 3 and a long cut-off one. With their documents'
+/// positions and first keys.
+fn packed_batch(eod: u32, device: &Device) -> (Vec<u32>, Documents) {
     let rows = [
         vec![
             vec![11, 12, 13, 14, 15],
@@ -124,8 +185,15 @@ fn packed_row_against_each_document_alone(device: &Device) {
         positions: Some(ids(&per_row(&|r| masks.positions(r)), 2, device)),
         first_keys: Some(ids(&per_row(&|r| masks.first_keys(r)), 2, device)),
     };
-    for config in [gpt2, llama] {
+    (tokens, documents)
+}
+
+fn packed_row_against_each_document_alone(device: &Device, configs: &[GptConfig]) {
+    let eod = 50_000;
+    let (tokens, documents) = packed_batch(eod, device);
+    for config in configs {
         let model = config
+            .clone()
             .with_reset_position_ids(true)
             .with_reset_attention_mask(true)
             .init(7, device)

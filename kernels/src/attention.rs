@@ -514,12 +514,14 @@ pub fn flash_attention_forward<F: Float, A: Float, N: Size>(
     logsumexp: &mut [A],
     scalars: AttentionScalars,
     salt: &[u32],
+    first_keys: &[u32],
     #[comptime] head_dim: u32,
     #[comptime] dropout: bool,
+    #[comptime] documents: bool,
     #[comptime] block: u32,
     #[comptime] unroll: bool,
 ) {
-    let (own, draw, scale) = prologue::<A>(&scalars, salt, block, dropout);
+    let (own, draw, scale) = prologue::<A>(&scalars, salt, first_keys, block, dropout, documents);
     let tile = comptime!(TileShape::new(block, head_dim, unroll));
     let (row_group, column_group) = unit_groups(block);
     let (my_rows, my_keys) = (row_group * 4, column_group * 4);
@@ -618,12 +620,14 @@ pub fn flash_attention_backward_query<F: Float, A: Float, N: Size>(
     grad_query: &mut [Vector<F, N>],
     scalars: AttentionScalars,
     salt: &[u32],
+    first_keys: &[u32],
     #[comptime] head_dim: u32,
     #[comptime] dropout: bool,
+    #[comptime] documents: bool,
     #[comptime] block: u32,
     #[comptime] unroll: bool,
 ) {
-    let (own, draw, scale) = prologue::<A>(&scalars, salt, block, dropout);
+    let (own, draw, scale) = prologue::<A>(&scalars, salt, first_keys, block, dropout, documents);
     let tile = comptime!(TileShape::new(block, head_dim, unroll));
     let (row_group, column_group) = unit_groups(block);
     let (my_rows, my_keys) = (row_group * 4, column_group * 4);
@@ -691,12 +695,14 @@ pub fn flash_attention_backward_key_value<F: Float, A: Float, N: Size>(
     grad_value: &mut [Vector<F, N>],
     scalars: AttentionScalars,
     salt: &[u32],
+    first_keys: &[u32],
     #[comptime] head_dim: u32,
     #[comptime] dropout: bool,
+    #[comptime] documents: bool,
     #[comptime] block: u32,
     #[comptime] unroll: bool,
 ) {
-    let (own, draw, scale) = prologue::<A>(&scalars, salt, block, dropout);
+    let (own, draw, scale) = prologue::<A>(&scalars, salt, first_keys, block, dropout, documents);
     let tile = comptime!(TileShape::new(block, head_dim, unroll));
     let (row_group, column_group) = unit_groups(block);
     // Rows are keys here, columns queries.
@@ -716,7 +722,7 @@ pub fn flash_attention_backward_key_value<F: Float, A: Float, N: Size>(
     load_tile::<F, A, N>(value, &mut values, &own, tile);
     let mut dk = zero_accumulator::<A>(block, head_dim);
     let mut dv = zero_accumulator::<A>(block, head_dim);
-    let (first_tile, end_tile) = query_tiles(&own, block);
+    let (first_tile, end_tile) = query_tiles(&own, block, block);
     for t in first_tile..end_tile {
         let at = own.at_tile(t * block as usize);
         load_tile::<F, A, N>(query, &mut queries, &at, tile);

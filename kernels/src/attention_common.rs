@@ -52,81 +52,126 @@ pub struct AttentionScalars {
     pub draw_row: u32,
     /// The run's first element in its row (the rank's first head's).
     pub draw_first: u32,
+    /// Heads per batch element: with documents, head `h` reads row `h / sample_heads` of the
+    /// first visible keys (unused without).
+    pub sample_heads: u32,
 }
 
 /// Where a cube works: the first row of its head, the head's length, the positions within the
 /// head of the cube's own block and of the first row of the tile of the other side it is at
 /// (keys for the forward and `dq`, queries for `dk`/`dv`), and whether the cube has a block
-/// at all (the cube count may round up).
+/// at all (the cube count may round up). With `documents` (packed documents, a sliding
+/// window) also the first key each position of the head's batch element sees: `first_keys`
+/// from `key_row` on, one per position (see [`sees`]).
 #[derive(CubeType, Clone, Copy)]
-pub(crate) struct TileRows {
+pub(crate) struct TileRows<'a> {
     pub(crate) head_row: usize,
     pub(crate) seq: usize,
     pub(crate) start: usize,
     pub(crate) first: usize,
     pub(crate) active: bool,
+    pub(crate) first_keys: &'a [u32],
+    pub(crate) key_row: usize,
+    #[cube(comptime)]
+    pub(crate) documents: bool,
 }
 
 #[cube]
-impl TileRows {
+impl<'a> TileRows<'a> {
     /// The same cube at the tile of the other side whose first row is at `first`.
-    pub(crate) fn at_tile(&self, first: usize) -> TileRows {
-        TileRows {
+    pub(crate) fn at_tile(&self, first: usize) -> TileRows<'a> {
+        TileRows::<'a> {
             head_row: self.head_row,
             seq: self.seq,
             start: self.start,
             first,
             active: self.active,
+            first_keys: self.first_keys,
+            key_row: self.key_row,
+            documents: self.documents,
         }
     }
 }
 
 /// The prologue of every attention kernel: this cube's block of `block` rows, cube by cube
-/// through the blocks of a head, then head by head (at its own block: `first = start`).
+/// through the blocks of a head, then head by head (at its own block: `first = start`), and
+/// with `documents` where its batch element's first keys are.
 #[cube]
-pub(crate) fn cube_rows(scalars: &AttentionScalars, #[comptime] block: u32) -> TileRows {
+pub(crate) fn cube_rows<'a>(
+    scalars: &AttentionScalars,
+    first_keys: &'a [u32],
+    #[comptime] block: u32,
+    #[comptime] documents: bool,
+) -> TileRows<'a> {
     let s = scalars.seq as usize;
     let b = block as usize;
     let blocks = s.div_ceil(b);
     let cube = cube_index();
     let head = cube / blocks;
     let start = (cube % blocks) * b;
-    TileRows {
+    let mut key_row = 0usize;
+    if documents {
+        key_row = (head / scalars.sample_heads as usize) * s;
+    }
+    TileRows::<'a> {
         head_row: head * s,
         seq: s,
         start,
         first: start,
         active: head < scalars.heads as usize,
+        first_keys,
+        key_row,
+        documents,
     }
 }
 
 /// The prologue of every attention kernel: this cube's rows ([`cube_rows`]), its dropout draw
 /// ([`dropout_draw`]) and the scores' scale in the compute type `A`.
 #[cube]
-pub(crate) fn prologue<A: Float>(
+pub(crate) fn prologue<'a, A: Float>(
     scalars: &AttentionScalars,
     salt: &[u32],
+    first_keys: &'a [u32],
     #[comptime] block: u32,
     #[comptime] dropout: bool,
-) -> (TileRows, RowDraw, A) {
-    let own = cube_rows(scalars, block);
+    #[comptime] documents: bool,
+) -> (TileRows<'a>, RowDraw, A) {
+    let own = cube_rows(scalars, first_keys, block, documents);
     let draw = dropout_draw(scalars, salt, &own, dropout);
     (own, draw, A::cast_from(scalars.scale))
 }
 
+/// The first key the query at position `query` (one the head has) sees: 0, or with
+/// `documents` its entry of the first keys (where its document starts, or its window).
+#[cube]
+fn first_key(at: &TileRows, query: usize) -> usize {
+    let mut lowest = 0usize;
+    if at.documents {
+        lowest = at.first_keys[at.key_row + query] as usize;
+    }
+    lowest
+}
+
 /// Whether the query at position `query` of the head sees the key at `key`: query `i` sees
-/// keys `0..=i`, and a position past the head's end (a head may end inside a block) sees
-/// none. The one rule of the mask: every family's per-element masking asks it, and
-/// [`key_tiles`] and [`query_tiles`] are what it means for whole tiles, so a per-document
-/// mask or a sliding window is a change to these three alone.
+/// keys `0..=i`, from its first key on with documents, and a position past the head's end (a
+/// head may end inside a block) sees none. The one rule of the mask: every family's
+/// per-element masking asks it, and [`key_tiles`] and [`query_tiles`] are what it means for
+/// whole tiles. The first keys must not decrease along a head and each must be at most its own
+/// position (documents are contiguous and a token sees itself), which is what lets whole tiles
+/// be skipped.
 #[cube]
 pub(crate) fn sees(at: &TileRows, query: usize, key: usize) -> bool {
-    query < at.seq && key <= query
+    let mut visible = false;
+    if query < at.seq {
+        visible = key <= query && key >= first_key(at, query);
+    }
+    visible
 }
 
 /// The tiles of `tile` keys (tile `t` holding keys `t · tile ..`) that the `rows` queries of
 /// the cube's block see, `lo..hi`: up to the block's last query that exists, the tiles above
-/// the causal diagonal skipped; none for a cube without a block.
+/// the causal diagonal skipped, and with documents those before the first key of the block's
+/// first query (the smallest of the block's); none for a cube without a block.
 #[cube]
 pub(crate) fn key_tiles(
     at: &TileRows,
@@ -137,25 +182,45 @@ pub(crate) fn key_tiles(
     if end > at.seq {
         end = at.seq;
     }
-    let lo = 0usize;
+    let mut lo = 0usize;
     let mut hi = 0usize;
     if at.active {
+        lo = first_key(at, at.start) / tile as usize;
         hi = end.div_ceil(tile as usize);
     }
     (lo, hi)
 }
 
-/// The tiles of `tile` queries that see any key of the cube's block, `lo..hi`: from the tile
-/// of its first key (which its own query sees) to the head's last; none for a cube without a
-/// block.
+/// The tiles of `tile` queries that see any key of the cube's block of `rows` keys, `lo..hi`:
+/// from the tile of its first key (which its own query sees) to the head's last, or with
+/// documents to the tile of the last query whose first key is at most the block's last key
+/// (found by bisection: the first keys do not decrease); none for a cube without a block.
 #[cube]
-pub(crate) fn query_tiles(at: &TileRows, #[comptime] tile: u32) -> (usize, usize) {
+pub(crate) fn query_tiles(
+    at: &TileRows,
+    #[comptime] rows: u32,
+    #[comptime] tile: u32,
+) -> (usize, usize) {
     let t = tile as usize;
     let mut lo = 0usize;
     let mut hi = 0usize;
     if at.active {
         lo = at.start / t;
-        hi = at.seq.div_ceil(t);
+        let mut end = at.seq;
+        if at.documents {
+            let last_key = usize::min(at.start + rows as usize, at.seq) - 1;
+            // Queries below `seeing` see up to `last_key`; none from `end` on does.
+            let mut seeing = at.start;
+            while seeing < end {
+                let middle = (seeing + end) / 2;
+                if first_key(at, middle) <= last_key {
+                    seeing = middle + 1;
+                } else {
+                    end = middle;
+                }
+            }
+        }
+        hi = end.div_ceil(t);
     }
     (lo, hi)
 }
@@ -451,5 +516,29 @@ pub(crate) fn load_row_values<A: Float>(
         }
         tile[i] = x;
         i += CUBE_DIM_X as usize;
+    }
+}
+
+/// The tiles of `block` rows each cube of a tiled attention launch visits, written as
+/// `[key tiles lo, hi, query tiles lo, hi]` per cube (the forward's and `dq`'s walk over
+/// keys, the `dk`/`dv` walk over queries): what [`key_tiles`] and [`query_tiles`] give the
+/// kernels, so that a test can count the tiles skipped.
+#[cube(launch)]
+pub fn attention_tile_ranges(
+    scalars: AttentionScalars,
+    first_keys: &[u32],
+    ranges: &mut [u32],
+    #[comptime] block: u32,
+    #[comptime] documents: bool,
+) {
+    let own = cube_rows(&scalars, first_keys, block, documents);
+    if UNIT_POS == 0 && own.active {
+        let (key_lo, key_hi) = key_tiles(&own, block, block);
+        let (query_lo, query_hi) = query_tiles(&own, block, block);
+        let at = cube_index() * 4;
+        ranges[at] = key_lo as u32;
+        ranges[at + 1] = key_hi as u32;
+        ranges[at + 2] = query_lo as u32;
+        ranges[at + 3] = query_hi as u32;
     }
 }

@@ -299,13 +299,22 @@ pub fn plane_attention_forward<F: Float, A: Float, N: Size>(
     logsumexp: &mut [A],
     scalars: AttentionScalars,
     salt: &[u32],
+    first_keys: &[u32],
     #[comptime] head_dim: u32,
     #[comptime] dropout: bool,
+    #[comptime] documents: bool,
     #[comptime] plane: u32,
     #[comptime] rows: u32,
 ) {
     let shape = comptime!(PlaneShape::new(head_dim, plane, rows));
-    let (own, draw, scale) = prologue::<A>(&scalars, salt, comptime!(shape.block()), dropout);
+    let (own, draw, scale) = prologue::<A>(
+        &scalars,
+        salt,
+        first_keys,
+        comptime!(shape.block()),
+        dropout,
+        documents,
+    );
     let (n, p, r_count) = comptime!((shape.n(), shape.p(), shape.r()));
 
     let q = load_unit_rows::<F, A, N>(query, &own, shape);
@@ -395,13 +404,22 @@ pub fn plane_attention_backward_query<F: Float, A: Float, N: Size>(
     grad_query: &mut [Vector<F, N>],
     scalars: AttentionScalars,
     salt: &[u32],
+    first_keys: &[u32],
     #[comptime] head_dim: u32,
     #[comptime] dropout: bool,
+    #[comptime] documents: bool,
     #[comptime] plane: u32,
     #[comptime] rows: u32,
 ) {
     let shape = comptime!(PlaneShape::new(head_dim, plane, rows));
-    let (own, draw, scale) = prologue::<A>(&scalars, salt, comptime!(shape.block()), dropout);
+    let (own, draw, scale) = prologue::<A>(
+        &scalars,
+        salt,
+        first_keys,
+        comptime!(shape.block()),
+        dropout,
+        documents,
+    );
     let (n, p, r_count) = comptime!((shape.n(), shape.p(), shape.r()));
 
     let q = load_unit_rows::<F, A, N>(query, &own, shape);
@@ -457,13 +475,22 @@ pub fn plane_attention_backward_key_value<F: Float, A: Float, N: Size>(
     grad_value: &mut [Vector<F, N>],
     scalars: AttentionScalars,
     salt: &[u32],
+    first_keys: &[u32],
     #[comptime] head_dim: u32,
     #[comptime] dropout: bool,
+    #[comptime] documents: bool,
     #[comptime] plane: u32,
     #[comptime] rows: u32,
 ) {
     let shape = comptime!(PlaneShape::new(head_dim, plane, rows));
-    let (own, draw, scale) = prologue::<A>(&scalars, salt, comptime!(shape.block()), dropout);
+    let (own, draw, scale) = prologue::<A>(
+        &scalars,
+        salt,
+        first_keys,
+        comptime!(shape.block()),
+        dropout,
+        documents,
+    );
     let (n, p, r_count) = comptime!((shape.n(), shape.p(), shape.r()));
 
     let k = load_unit_rows::<F, A, N>(key, &own, shape);
@@ -471,7 +498,7 @@ pub fn plane_attention_backward_key_value<F: Float, A: Float, N: Size>(
     let mut dk = zeros::<A>(comptime!(shape.unit_quads()));
     let mut dv = zeros::<A>(comptime!(shape.unit_quads()));
     let (mut q, mut g) = (zeros::<A>(n), zeros::<A>(n));
-    let (first_tile, end_tile) = query_tiles(&own, plane);
+    let (first_tile, end_tile) = query_tiles(&own, comptime!(shape.block()), plane);
     for t in first_tile..end_tile {
         let at = own.at_tile(t * p);
         let query_position = at.first + UNIT_POS_X as usize;

@@ -2048,11 +2048,7 @@ fn run_attention<S: Storage>(
 ) -> [Vec<f32>; 4] {
     let n = shape.len();
     let [qh, kh, vh, dh] = [q, k, v, dout].map(|x| upload_as::<S>(client, x));
-    let inputs = AttentionInputs {
-        query: &qh,
-        key: &kh,
-        value: &vh,
-    };
+    let inputs = AttentionInputs::causal(&qh, &kh, &vh);
     let (oh, lh) = (poisoned_as::<S>(client, n), poisoned(client, shape.rows()));
     let scale = 0.25;
     flash_attention_forward::<S>(client, launch, inputs, &oh, &lh, shape, scale, Some(draw));
@@ -2124,18 +2120,35 @@ fn second_rank_heads(draw: DropoutDraw, seq: usize) -> DropoutDraw {
 /// materialised (the unfused math), the probabilities dropped by the draw's bits of their
 /// elements in the tensor's slice of it: `[o, dq, dk, dv]`.
 fn attention_reference(
-    [q, k, v, dout]: [&[f32]; 4],
+    inputs: [&[f32]; 4],
     shape: AttentionShape,
     scale: f64,
     dropout: Option<DropoutDraw>,
 ) -> [Vec<f64>; 4] {
+    let everything = vec![0; shape.seq];
+    document_attention_reference(inputs, shape, scale, dropout, &everything)
+}
+
+/// [`attention_reference`] with query `i` of batch element `b` seeing keys
+/// `first_keys[b · seq + i] ..= i` (`first_keys` holds `batch` rows; the heads are
+/// `[batch · heads]`): each key outside that range is simply left out of the row.
+fn document_attention_reference(
+    [q, k, v, dout]: [&[f32]; 4],
+    shape: AttentionShape,
+    scale: f64,
+    dropout: Option<DropoutDraw>,
+    first_keys: &[u32],
+) -> [Vec<f64>; 4] {
     let (s, d) = (shape.seq, shape.head_dim);
+    let sample_heads = shape.heads / (first_keys.len() / s);
     let at = |t: &[f32], row: usize, c: usize| t[row * d + c] as f64;
     let mut out = [0; 4].map(|_| vec![0.0; shape.len()]);
     for h in 0..shape.heads {
         let row = |i: usize| h * s + i;
+        let firsts = &first_keys[(h / sample_heads) * s..][..s];
         for i in 0..s {
-            let scores: Vec<f64> = (0..=i)
+            let first = firsts[i] as usize;
+            let scores: Vec<f64> = (first..=i)
                 .map(|j| {
                     scale
                         * (0..d)
@@ -2146,7 +2159,7 @@ fn attention_reference(
             let max = scores.iter().cloned().fold(f64::MIN, f64::max);
             let sum: f64 = scores.iter().map(|x| (x - max).exp()).sum();
             let p: Vec<f64> = scores.iter().map(|x| (x - max).exp() / sum).collect();
-            let z: Vec<f64> = (0..=i)
+            let z: Vec<f64> = (first..=i)
                 .map(|j| match dropout {
                     Some(dr) => {
                         let (lo, hi) = dr.key();
@@ -2161,21 +2174,23 @@ fn attention_reference(
                     None => 1.0,
                 })
                 .collect();
-            let dp: Vec<f64> = (0..=i)
+            let dp: Vec<f64> = (first..=i)
                 .map(|j| {
-                    z[j] * (0..d)
-                        .map(|c| at(dout, row(i), c) * at(v, row(j), c))
-                        .sum::<f64>()
+                    z[j - first]
+                        * (0..d)
+                            .map(|c| at(dout, row(i), c) * at(v, row(j), c))
+                            .sum::<f64>()
                 })
                 .collect();
-            let delta: f64 = (0..=i).map(|j| p[j] * dp[j]).sum();
-            for j in 0..=i {
-                let ds = p[j] * (dp[j] - delta);
+            let delta: f64 = (0..p.len()).map(|j| p[j] * dp[j]).sum();
+            for (x, j) in (first..=i).enumerate() {
+                let (p, z) = (p[x], z[x]);
+                let ds = p * (dp[x] - delta);
                 for c in 0..d {
-                    out[0][row(i) * d + c] += p[j] * z[j] * at(v, row(j), c);
+                    out[0][row(i) * d + c] += p * z * at(v, row(j), c);
                     out[1][row(i) * d + c] += scale * ds * at(k, row(j), c);
                     out[2][row(j) * d + c] += scale * ds * at(q, row(i), c);
-                    out[3][row(j) * d + c] += p[j] * z[j] * at(dout, row(i), c);
+                    out[3][row(j) * d + c] += p * z * at(dout, row(i), c);
                 }
             }
         }
@@ -2257,51 +2272,214 @@ fn flash_attention_forward_and_backward_match_float64() {
         for dropout in dropouts {
             let want = attention_reference([&q, &k, &v, &dout], shape, scale, dropout);
             for launch in attention_launches(&client, head_dim) {
-                let what = format!("{shape:?}, {launch:?}, dropout {}", dropout.is_some());
-                let [qh, kh, vh, dh] = [&q, &k, &v, &dout].map(|x| upload(&client, x));
-                let inputs = AttentionInputs {
-                    query: &qh,
-                    key: &kh,
-                    value: &vh,
-                };
-                let (oh, lh) = (poisoned(&client, n), poisoned(&client, shape.rows()));
-                flash_attention_forward::<f32>(
-                    &client,
-                    launch,
-                    inputs,
-                    &oh,
-                    &lh,
-                    shape,
-                    scale as f32,
-                    dropout,
-                );
-                let grads = [0; 3].map(|_| poisoned(&client, n));
-                let delta = poisoned(&client, shape.rows());
-                flash_attention_backward::<f32>(
-                    &client,
-                    launch,
-                    inputs,
-                    &oh,
-                    &dh,
-                    &lh,
-                    [&grads[0], &grads[1], &grads[2]],
-                    &delta,
-                    shape,
-                    scale as f32,
-                    dropout,
-                );
-                let got_o = download(&client, oh, n);
-                assert_close(&format!("{what}: output"), &got_o, &want[0], 1e-5, 1e-4);
-                for (name, grad, want) in [
-                    ("dq", 0, &want[1]),
-                    ("dk", 1, &want[2]),
-                    ("dv", 2, &want[3]),
-                ] {
-                    let got = download(&client, grads[grad].clone(), n);
-                    assert_close(&format!("{what}: {name}"), &got, want, 1e-4, 1e-3);
-                }
+                let inputs = [&q[..], &k, &v, &dout];
+                check_flash_attention(&client, launch, inputs, shape, dropout, None, &want);
             }
         }
+    }
+}
+
+/// `launch`'s fused attention forward and backward on `[q, k, v, do]` (with `first_keys`, of
+/// their `batch` rows, if given) against `want`, `[o, dq, dk, dv]` in float64.
+fn check_flash_attention(
+    client: &Client,
+    launch: AttentionLaunch,
+    [q, k, v, dout]: [&[f32]; 4],
+    shape: AttentionShape,
+    dropout: Option<DropoutDraw>,
+    first_keys: Option<(&[u32], usize)>,
+    want: &[Vec<f64>; 4],
+) {
+    let n = shape.len();
+    let scale = 1.0 / (shape.head_dim as f64).sqrt();
+    let what = format!(
+        "{shape:?}, {launch:?}, dropout {}, documents {}",
+        dropout.is_some(),
+        first_keys.is_some()
+    );
+    let [qh, kh, vh, dh] = [q, k, v, dout].map(|x| upload(client, x));
+    let keys =
+        first_keys.map(|(keys, batch)| (client.create_from_slice(u32::as_bytes(keys)), batch));
+    let inputs = AttentionInputs {
+        first_keys: keys.as_ref().map(|(handle, batch)| FirstKeys {
+            handle,
+            batch: *batch,
+        }),
+        ..AttentionInputs::causal(&qh, &kh, &vh)
+    };
+    let (oh, lh) = (poisoned(client, n), poisoned(client, shape.rows()));
+    flash_attention_forward::<f32>(
+        client,
+        launch,
+        inputs,
+        &oh,
+        &lh,
+        shape,
+        scale as f32,
+        dropout,
+    );
+    let grads = [0; 3].map(|_| poisoned(client, n));
+    let delta = poisoned(client, shape.rows());
+    flash_attention_backward::<f32>(
+        client,
+        launch,
+        inputs,
+        &oh,
+        &dh,
+        &lh,
+        [&grads[0], &grads[1], &grads[2]],
+        &delta,
+        shape,
+        scale as f32,
+        dropout,
+    );
+    let got_o = download(client, oh, n);
+    assert_close(&format!("{what}: output"), &got_o, &want[0], 1e-5, 1e-4);
+    for (name, grad, want) in [
+        ("dq", 0, &want[1]),
+        ("dk", 1, &want[2]),
+        ("dv", 2, &want[3]),
+    ] {
+        let got = download(client, grads[grad].clone(), n);
+        assert_close(&format!("{what}: {name}"), &got, want, 1e-4, 1e-3);
+    }
+}
+
+/// The first key each position sees when `batch` rows of `seq` tokens pack documents of 1 to
+/// `longest` tokens (Megatron's `--reset-attention-mask`: a position sees back to where its
+/// document starts), lengths drawn from `rng`.
+fn packed_first_keys(rng: &mut Rng, batch: usize, seq: usize, longest: usize) -> Vec<u32> {
+    let mut keys = Vec::with_capacity(batch * seq);
+    for _ in 0..batch {
+        let mut start = 0;
+        while start < seq {
+            let len = 1 + (rng.uniform() * longest as f64) as usize;
+            let end = (start + len).min(seq);
+            keys.extend(std::iter::repeat_n(start as u32, end - start));
+            start = end;
+        }
+    }
+    keys
+}
+
+/// Fused attention over packed documents (each query seeing back to its document's start,
+/// from `[batch, seq]` first keys shared by an element's heads) against float64 with the
+/// keys of other documents left out of each row, on every launch shape, with and without
+/// dropout: documents shorter than a block, several in a block, longer than one, and
+/// batch elements packed differently; and with a sliding window inside the documents.
+#[test]
+fn flash_attention_over_packed_documents_matches_float64() {
+    if ran_in_own_process_unoptimised() {
+        return;
+    }
+    let client = client();
+    let mut rng = Rng(29);
+    let draw = test_draw(0x0f0f_1234, 5, 0.2);
+    // (batch, heads per element, seq, head_dim, longest document)
+    for (batch, heads, seq, head_dim, longest) in [(2, 2, 37, 16, 12), (1, 1, 70, 64, 40)] {
+        let shape = AttentionShape {
+            heads: batch * heads,
+            seq,
+            head_dim,
+        };
+        let n = shape.len();
+        let [q, k, v, dout] = [0; 4].map(|_| rng.vec(n, -1.5, 1.5));
+        let packed = packed_first_keys(&mut rng, batch, seq, longest);
+        // And a sliding window of 9 keys before each query inside the documents (the same
+        // kernels: the first keys are the later of the two).
+        let windowed: Vec<u32> = (0..batch * seq)
+            .map(|at| packed[at].max((at % seq).saturating_sub(9) as u32))
+            .collect();
+        let scale = 1.0 / (head_dim as f64).sqrt();
+        for (keys, dropout) in [(&packed, None), (&packed, Some(draw)), (&windowed, None)] {
+            let inputs = [&q[..], &k, &v, &dout];
+            let want = document_attention_reference(inputs, shape, scale, dropout, keys);
+            for launch in attention_launches(&client, head_dim) {
+                let documents = Some((&keys[..], batch));
+                check_flash_attention(&client, launch, inputs, shape, dropout, documents, &want);
+            }
+        }
+    }
+}
+
+/// The tiles the attention kernels visit over packed documents are exactly those holding a
+/// query–key pair the mask lets through, the forward's key tiles per query block and the
+/// backward's query tiles per key block (counted from the kernels' own tile ranges against
+/// the mask itself, element by element), and far fewer than causal attention visits: the
+/// work and memory traffic grow with the documents' lengths, not the sequence's.
+#[test]
+fn attention_over_packed_documents_visits_only_the_tiles_it_sees() {
+    if ran_in_own_process() {
+        return;
+    }
+    let client = client();
+    let mut rng = Rng(31);
+    let (batch, seq) = (2, 203);
+    let keys = packed_first_keys(&mut rng, batch, seq, 30);
+    let shape = AttentionShape {
+        heads: batch,
+        seq,
+        head_dim: 8,
+    };
+    for block in [8u32, 16] {
+        let b = block as usize;
+        let cubes = shape.heads * seq.div_ceil(b);
+        let visited = |first_keys: Option<FirstKeys<'_>>| {
+            let ranges = poisoned(&client, 4 * cubes);
+            attention_tile_ranges(&client, shape, first_keys, block, &ranges);
+            u32::from_bytes(&client.read_one_unchecked(ranges))[..4 * cubes].to_vec()
+        };
+        let keys_handle = client.create_from_slice(u32::as_bytes(&keys));
+        let documents = visited(Some(FirstKeys {
+            handle: &keys_handle,
+            batch,
+        }));
+        let causal = visited(None);
+        let everything = vec![0u32; batch * seq];
+        let count =
+            |ranges: &[u32]| -> usize { ranges.chunks(2).map(|r| (r[1] - r[0]) as usize).sum() };
+        for (name, ranges, firsts) in [
+            ("documents", &documents, &keys),
+            ("causal", &causal, &everything),
+        ] {
+            for cube in 0..cubes {
+                let (h, start) = (cube / seq.div_ceil(b), (cube % seq.div_ceil(b)) * b);
+                let first = &firsts[h * seq..][..seq];
+                let sees = |i: usize, j: usize| i < seq && j <= i && j >= first[i] as usize;
+                let tiles = seq.div_ceil(b);
+                let block_rows = start..(start + b).min(seq);
+                let key_tiles: Vec<usize> = (0..tiles)
+                    .filter(|t| {
+                        block_rows
+                            .clone()
+                            .any(|i| (t * b..(t + 1) * b).any(|j| sees(i, j)))
+                    })
+                    .collect();
+                let query_tiles: Vec<usize> = (0..tiles)
+                    .filter(|t| {
+                        (t * b..(t + 1) * b).any(|i| block_rows.clone().any(|j| sees(i, j)))
+                    })
+                    .collect();
+                let r = &ranges[cube * 4..][..4];
+                let range = |lo: u32, hi: u32| (lo as usize..hi as usize).collect::<Vec<_>>();
+                assert_eq!(
+                    range(r[0], r[1]),
+                    key_tiles,
+                    "{name}: key tiles of block {cube} ({block})"
+                );
+                assert_eq!(
+                    range(r[2], r[3]),
+                    query_tiles,
+                    "{name}: query tiles of block {cube} ({block})"
+                );
+            }
+        }
+        let (packed, full) = (count(&documents), count(&causal));
+        println!("blocks of {block}: {packed} tiles visited over documents, {full} causal");
+        assert!(
+            3 * packed < full,
+            "{packed} tiles visited over documents, {full} causal"
+        );
     }
 }
 
@@ -3298,12 +3476,27 @@ fn mma_attention_forward_and_backward_match_float64() {
                 _ => &[Some(draw)],
             };
             for &dropout in dropouts {
-                check_mma_attention(&client, launch, &inputs, shape, dropout, i == 0);
+                check_mma_attention(&client, launch, &inputs, shape, dropout, i == 0, None);
             }
             // A rank's heads of the draw (the same kernel: the slice is the launch's scalars).
             if i == 0 && heads > 1 && head_dim <= 16 {
                 let sliced = Some(second_rank_heads(draw, seq));
-                check_mma_attention(&client, launch, &inputs, shape, sliced, false);
+                check_mma_attention(&client, launch, &inputs, shape, sliced, false, None);
+            }
+            // Packed documents (each head its own packing), with dropout: one more variant of
+            // each kernel for lavapipe to compile, so once, on narrow heads.
+            if i == 0 && seq == 64 {
+                let keys = packed_first_keys(&mut rng, heads, seq, 20);
+                let documents = Some((&keys[..], heads));
+                check_mma_attention(
+                    &client,
+                    launch,
+                    &inputs,
+                    shape,
+                    Some(draw),
+                    false,
+                    documents,
+                );
             }
         }
     }
@@ -3319,19 +3512,29 @@ fn check_mma_attention(
     shape: AttentionShape,
     dropout: Option<DropoutDraw>,
     tiled: bool,
+    first_keys: Option<(&[u32], usize)>,
 ) {
     let [q, k, v, dout] = inputs;
     let (n, head_dim) = (shape.len(), shape.head_dim);
     let scale = 1.0 / (head_dim as f64).sqrt();
-    let want = attention_reference([q, k, v, dout], shape, scale, dropout);
-    let lse = attention_logsumexp(q, k, shape, scale);
+    let everything = vec![0; shape.seq];
+    let (keys, batch) = first_keys.unwrap_or((&everything, 1));
+    let want = document_attention_reference([q, k, v, dout], shape, scale, dropout, keys);
+    let lse = attention_logsumexp(q, k, shape, scale, keys);
     let keep = dropout.map_or(1.0, |d| d.scale as f64);
-    let what = format!("{shape:?}, {launch:?}, dropout {}", dropout.is_some());
+    let what = format!(
+        "{shape:?}, {launch:?}, dropout {}, documents {}",
+        dropout.is_some(),
+        first_keys.is_some()
+    );
     let [qh, kh, vh, dh] = [q, k, v, dout].map(|x| upload_as::<half::f16>(client, x));
+    let keys_handle = client.create_from_slice(u32::as_bytes(keys));
     let handles = AttentionInputs {
-        query: &qh,
-        key: &kh,
-        value: &vh,
+        first_keys: first_keys.map(|_| FirstKeys {
+            handle: &keys_handle,
+            batch,
+        }),
+        ..AttentionInputs::causal(&qh, &kh, &vh)
     };
     let oh = poisoned_as::<half::f16>(client, n);
     let lh = poisoned(client, shape.rows());
@@ -3376,14 +3579,23 @@ fn check_mma_attention(
     }
 }
 
-/// The log-sum-exp of each query row's scaled causal scores, in float64.
+/// The log-sum-exp of each query row's scaled causal scores, in float64, query `i` of
+/// element `b` from key `first_keys[b · seq + i]` on.
 #[cfg(feature = "spirv")]
-fn attention_logsumexp(q: &[f32], k: &[f32], shape: AttentionShape, scale: f64) -> Vec<f64> {
+fn attention_logsumexp(
+    q: &[f32],
+    k: &[f32],
+    shape: AttentionShape,
+    scale: f64,
+    first_keys: &[u32],
+) -> Vec<f64> {
     let (s, d) = (shape.seq, shape.head_dim);
+    let sample_heads = shape.heads / (first_keys.len() / s);
     let mut out = Vec::with_capacity(shape.rows());
     for h in 0..shape.heads {
         for i in 0..s {
-            let scores: Vec<f64> = (0..=i)
+            let first = first_keys[(h / sample_heads) * s + i] as usize;
+            let scores: Vec<f64> = (first..=i)
                 .map(|j| {
                     let (a, b) = ((h * s + i) * d, (h * s + j) * d);
                     scale

@@ -64,18 +64,29 @@ impl LlamaFamily {
         if config.apply_layernorm_1p || config.rotary_interleaved {
             return unsupported("--apply-layernorm-1p or --rotary-interleaved");
         }
-        Ok(
-            match (
-                config.qk_layernorm,
-                config.add_bias_linear,
-                config.add_qkv_bias,
-            ) {
-                (true, false, false) => Self::Qwen3,
-                (false, false, true) => Self::Qwen2,
-                (false, _, false) => Self::Llama,
-                _ => return unsupported("this combination of biases and query/key norms"),
-            },
-        )
+        let family = match (
+            config.qk_layernorm,
+            config.add_bias_linear,
+            config.add_qkv_bias,
+        ) {
+            (true, false, false) => Self::Qwen3,
+            (false, false, true) => Self::Qwen2,
+            (false, _, false) => Self::Llama,
+            _ => return unsupported("this combination of biases and query/key norms"),
+        };
+        if config.window_size.is_none() {
+            return Ok(family);
+        }
+        match family {
+            // Mistral is Llama with a window on every layer (and no MLP bias).
+            Self::Llama if config.window_layers.is_none() && !config.add_bias_linear => {
+                Ok(Self::Mistral)
+            }
+            Self::Llama => unsupported(
+                "a sliding window on some layers only, or biases (Mistral windows every layer, without biases)",
+            ),
+            _ => first_windowed_layer(config).map(|_| family),
+        }
     }
 
     /// HF's `model_type` and class name.
@@ -187,14 +198,9 @@ pub fn llama_config_from_hf(
     let (hidden, heads) = (c.int("hidden_size")?, c.int("num_attention_heads")?);
     let groups = c.int_or("num_key_value_heads", heads)?;
     let head_dim = c.int_or("head_dim", hidden / heads.max(1))?;
-    let mut max_positions = c.int("max_position_embeddings")?;
-    if family == LlamaFamily::Mistral || c.flag("use_sliding_window", false) {
-        // Full attention equals sliding-window attention on sequences no longer than the
-        // window, so the model is imported for those.
-        if let Some(window) = json.get("sliding_window").and_then(Value::as_u64) {
-            max_positions = max_positions.min(window as usize);
-        }
-    }
+    let max_positions = c.int("max_position_embeddings")?;
+    let layers = c.int("num_hidden_layers")?;
+    let (window_size, window_layers) = sliding_window_from_hf(&c, family, layers)?;
     let (rotary_base, rope_scaling) = rope_from_hf(&c)?;
     let attention_bias = c.flag("attention_bias", false);
     let mlp_bias = c.flag("mlp_bias", false);
@@ -227,9 +233,86 @@ pub fn llama_config_from_hf(
     .with_num_query_groups(Some(groups))
     .with_kv_channels(Some(head_dim))
     .with_qk_layernorm(family == LlamaFamily::Qwen3)
-    .with_untie_embeddings_and_output_weights(!c.flag("tie_word_embeddings", false));
+    .with_untie_embeddings_and_output_weights(!c.flag("tie_word_embeddings", false))
+    .with_window_size(window_size)
+    .with_window_layers(window_layers);
     config.validate().map_err(anyhow::Error::msg)?;
     Ok((config, vocab))
+}
+
+/// The sliding window of a `config.json` as ferrotron's (Megatron's) `window_size` and
+/// `window_layers`: HF's `sliding_window` W lets a query see W keys, itself included
+/// (`kv_idx > q_idx - W`), which is Megatron's window of W − 1 keys before it. Mistral windows
+/// every layer; Qwen2 and Qwen3 only with `use_sliding_window`, the layers `layer_types` names
+/// `sliding_attention` or else those from `max_window_layers` on.
+fn sliding_window_from_hf(
+    c: &ConfigJson<'_>,
+    family: LlamaFamily,
+    layers: usize,
+) -> Result<(Option<usize>, Option<Vec<bool>>)> {
+    let windowed_family = match family {
+        LlamaFamily::Llama => false,
+        LlamaFamily::Mistral => true,
+        LlamaFamily::Qwen2 | LlamaFamily::Qwen3 => c.flag("use_sliding_window", false),
+    };
+    let window = match c.json.get("sliding_window") {
+        _ if !windowed_family => return Ok((None, None)),
+        None | Some(Value::Null) => return Ok((None, None)),
+        Some(_) => c.int("sliding_window")?,
+    };
+    ensure!(
+        window > 0,
+        "{}: sliding_window 0 sees no key",
+        c.path.display()
+    );
+    if family == LlamaFamily::Mistral {
+        return Ok((Some(window - 1), None));
+    }
+    let pattern: Vec<bool> = match c.json.get("layer_types").and_then(Value::as_array) {
+        Some(types) => types
+            .iter()
+            .map(|t| match t.as_str() {
+                Some("sliding_attention") => Ok(true),
+                Some("full_attention") => Ok(false),
+                _ => bail!(
+                    "{}: layer_types entry {t}: expected sliding_attention or full_attention",
+                    c.path.display()
+                ),
+            })
+            .collect::<Result<_>>()?,
+        None => {
+            let first = c.int_or("max_window_layers", 28)?;
+            (0..layers).map(|i| i >= first).collect()
+        }
+    };
+    ensure!(
+        pattern.len() == layers,
+        "{}: {} layer_types for {layers} layers",
+        c.path.display(),
+        pattern.len()
+    );
+    Ok(match pattern.iter().all(|&w| w) {
+        true => (Some(window - 1), None),
+        false if pattern.iter().any(|&w| w) => (Some(window - 1), Some(pattern)),
+        false => (None, None),
+    })
+}
+
+/// The first windowed layer of `config` when the window covers exactly the layers from it on
+/// (what Qwen2's `max_window_layers` can say), or why not.
+fn first_windowed_layer(config: &GptConfig) -> Result<usize> {
+    let windowed: Vec<bool> = (0..config.num_layers)
+        .map(|i| config.layer_window(i).is_some())
+        .collect();
+    let first = windowed
+        .iter()
+        .position(|&w| w)
+        .unwrap_or(config.num_layers);
+    ensure!(
+        windowed[first..].iter().all(|&w| w),
+        "a sliding window on layers {windowed:?}: HF's Qwen2/Qwen3 classes window the layers from max_window_layers on"
+    );
+    Ok(first)
 }
 
 /// HF's `config.json` for `config` as `family`, with the unpadded vocabulary and `eod` as the
@@ -279,8 +362,27 @@ pub fn hf_llama_config(config: &GptConfig, family: LlamaFamily, vocab: usize, eo
     if family == LlamaFamily::Llama {
         out["mlp_bias"] = json!(config.add_bias_linear);
     }
-    if matches!(family, LlamaFamily::Qwen2 | LlamaFamily::Qwen3) {
-        out["use_sliding_window"] = json!(false);
+    // HF's window counts the query itself (see `sliding_window_from_hf`).
+    let hf_window = config.window_size.map(|w| w + 1);
+    match family {
+        LlamaFamily::Mistral => out["sliding_window"] = json!(hf_window),
+        LlamaFamily::Qwen2 | LlamaFamily::Qwen3 => {
+            out["use_sliding_window"] = json!(hf_window.is_some());
+            out["sliding_window"] = json!(hf_window);
+            if hf_window.is_some() {
+                // `for_config` chose the family only if the windowed layers are a suffix.
+                let first = first_windowed_layer(config).unwrap_or(0);
+                let kinds: Vec<&str> = (0..config.num_layers)
+                    .map(|i| match config.layer_window(i) {
+                        Some(_) => "sliding_attention",
+                        None => "full_attention",
+                    })
+                    .collect();
+                out["max_window_layers"] = json!(first);
+                out["layer_types"] = json!(kinds);
+            }
+        }
+        LlamaFamily::Llama => {}
     }
     out
 }

@@ -75,6 +75,7 @@ fn fits_gpt2(config: &GptConfig) -> bool {
         && config.tied_output()
         && config.query_groups() == config.num_attention_heads
         && config.head_dim() * config.num_attention_heads == config.hidden_size
+        && config.window_size.is_none()
 }
 
 /// HF's `config.json` and tensors for `model` (a whole model), with the vocabulary cut to

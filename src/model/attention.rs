@@ -5,12 +5,13 @@
 use burn::module::Module;
 use burn::tensor::{Device, Gradients, Int, Tensor};
 
-use super::documents::Documents;
+use super::documents::{window_first_keys, Documents};
 use super::dropout::Dropout;
 use super::kv_cache::LayerKv;
 use super::norm::Norm;
 use super::ops::{
-    offset_causal_masked_softmax, scaled_causal_masked_softmax, scaled_document_masked_softmax,
+    offset_causal_masked_softmax, offset_document_masked_softmax, scaled_causal_masked_softmax,
+    scaled_document_masked_softmax,
 };
 use super::rotary::RotaryEmbedding;
 use super::GptConfig;
@@ -61,6 +62,9 @@ pub struct CausalSelfAttention {
     /// The micro-batches carry per-document attention starts (`--reset-attention-mask`): the
     /// core is the composed one, whose softmax takes them.
     pub reset_attention_mask: bool,
+    /// The keys before each query this layer sees besides itself (sliding-window attention,
+    /// `--window-size`); `None`: all of them.
+    pub sliding_window: Option<usize>,
 }
 
 impl CausalSelfAttention {
@@ -122,7 +126,35 @@ impl CausalSelfAttention {
             core_keeps_only_inputs: config.core_keeps_only_inputs,
             reset_position_ids: config.reset_position_ids,
             reset_attention_mask: config.reset_attention_mask,
+            sliding_window: None,
         }
+    }
+
+    /// The same layer seeing only `window` keys before each query (`None`: all of them).
+    pub fn with_window(mut self, window: Option<usize>) -> Self {
+        self.sliding_window = window;
+        self
+    }
+
+    /// The first key each query of a `[batch, seq]` micro-batch sees, where it is not key 0:
+    /// its document's first token (`first_keys`, packed documents), or `window` keys back,
+    /// whichever is later. `None` where every query sees from key 0.
+    pub fn visible_first_keys(
+        &self,
+        first_keys: Option<&Tensor<2, Int>>,
+        [batch, seq]: [usize; 2],
+        device: &Device,
+    ) -> Option<Tensor<2, Int>> {
+        let Some(window) = self.sliding_window else {
+            return first_keys.cloned();
+        };
+        let windowed = super::documents::window_first_keys(window, 0, seq, device)
+            .unsqueeze::<2>()
+            .expand([batch, seq]);
+        Some(match first_keys {
+            Some(documents) => documents.clone().max_pair(windowed),
+            None => windowed,
+        })
     }
 
     /// Whether the attention core of inputs on `device` is computed from the projection's
@@ -141,6 +173,7 @@ impl CausalSelfAttention {
         let rotates_per_document = self.reset_position_ids && self.rotary.is_some();
         on_cube
             && !self.reset_attention_mask
+            && self.sliding_window.is_none()
             && !rotates_per_document
             && self.q_layernorm.is_none()
             && self.rotary.as_ref().is_none_or(RotaryEmbedding::is_fused)
@@ -260,7 +293,10 @@ impl CausalSelfAttention {
         let _ = keeps;
         match inputs {
             CoreInputs::Heads([q, k, v]) => {
-                merge_heads(self.core_heads(q, k, v, documents.first_keys.as_ref()))
+                let [batch, _, seq, _] = q.dims();
+                let first_keys = documents.first_keys.as_ref();
+                let first_keys = self.visible_first_keys(first_keys, [batch, seq], &q.device());
+                merge_heads(self.core_heads(q, k, v, first_keys.as_ref()))
             }
             #[cfg(any(feature = "wgpu", feature = "cuda"))]
             CoreInputs::Rows { rows: qkv, bias } => {
@@ -310,8 +346,8 @@ impl CausalSelfAttention {
     /// With `--use-flash-attn` on a CubeCL device it is one fused kernel that keeps only the
     /// output and a log-sum-exp per row (dropping the same probabilities as the composed
     /// path for the same seed). With `first_keys` (`[batch, seq]`, packed documents) each
-    /// query sees the keys from its entry to itself, in the composed core on every device
-    /// (the fused kernels take no document boundaries yet).
+    /// query sees the keys from its entry to itself: in the fused kernel, which skips the
+    /// tiles of other documents, or else in the composed core with a mask built from them.
     pub fn core_heads(
         &self,
         q: Tensor<4>,
@@ -321,17 +357,18 @@ impl CausalSelfAttention {
     ) -> Tensor<4> {
         let scale = 1.0 / (self.head_dim as f64).sqrt();
         let (k, v) = (self.per_head(k), self.per_head(v));
-        if let Some(first_keys) = first_keys {
-            let scores = matmul(q, k.transpose());
-            let probs = scaled_document_masked_softmax(scores, scale, first_keys.clone());
-            return matmul(self.attention_dropout.forward(probs), v);
-        }
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         if self.flash_attention && crate::util::device::is_cube(&q.device()) {
             let draw = self.attention_dropout.draw(q.is_autodiff());
             let [batch, _, seq, _] = q.dims();
             let slice = self.probabilities_slice(batch, seq);
-            return super::fused::causal_attention(q, k, v, scale, draw, slice);
+            let first_keys = first_keys.cloned();
+            return super::fused::causal_attention(q, k, v, scale, draw, slice, first_keys);
+        }
+        if let Some(first_keys) = first_keys {
+            let scores = matmul(q, k.transpose());
+            let probs = scaled_document_masked_softmax(scores, scale, first_keys.clone());
+            return matmul(self.attention_dropout.forward(probs), v);
         }
         let scores = matmul(q, k.transpose());
         let probs = scaled_causal_masked_softmax(scores, scale, self.masked_softmax_fusion);
@@ -364,10 +401,14 @@ impl CausalSelfAttention {
         });
         let scale = 1.0 / (self.head_dim as f64).sqrt();
         let scores = q.matmul(self.per_head(k).transpose());
-        let probs = if cached == 0 {
-            scaled_causal_masked_softmax(scores, scale, self.masked_softmax_fusion)
-        } else {
-            offset_causal_masked_softmax(scores, scale, cached)
+        let probs = match (self.sliding_window, cached) {
+            (Some(window), _) => {
+                let sq = scores.dims()[2];
+                let first_keys = window_first_keys(window, cached, sq, &scores.device());
+                offset_document_masked_softmax(scores, scale, cached, first_keys.unsqueeze())
+            }
+            (None, 0) => scaled_causal_masked_softmax(scores, scale, self.masked_softmax_fusion),
+            (None, _) => offset_causal_masked_softmax(scores, scale, cached),
         };
         self.project_out(merge_heads(probs.matmul(self.per_head(v))))
     }

@@ -129,6 +129,13 @@ pub struct GptConfig {
     /// document's first token), and attention sees nothing before it.
     #[config(default = false)]
     pub reset_attention_mask: bool,
+    /// `--window-size L,0`: sliding-window attention, each query seeing itself and the `L`
+    /// keys before it (Megatron's `window_size[0]`; HF's `sliding_window` is `L + 1`), within
+    /// its document under `--reset-attention-mask`. `None`: every key before it.
+    pub window_size: Option<usize>,
+    /// Which layers the window applies to, one entry per layer (`--window-attn-skip-freq`:
+    /// the others see every key before them). `None`: every layer.
+    pub window_layers: Option<Vec<bool>>,
 }
 
 impl GptConfig {
@@ -168,6 +175,8 @@ impl GptConfig {
             num_query_groups: saved.num_query_groups,
             qk_layernorm: saved.qk_layernorm,
             untie_embeddings_and_output_weights: saved.untie_embeddings_and_output_weights,
+            window_size: saved.window_size,
+            window_layers: saved.window_layers.clone(),
             ..self
         }
     }
@@ -181,6 +190,17 @@ impl GptConfig {
     pub fn head_dim(&self) -> usize {
         self.kv_channels
             .unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
+    }
+
+    /// The keys before each query that layer `layer` (from 0) sees besides itself: the
+    /// sliding window where the layer has one (`window_size`, `window_layers`), `None` where
+    /// it sees every key before it.
+    pub fn layer_window(&self, layer: usize) -> Option<usize> {
+        let windowed = self
+            .window_layers
+            .as_ref()
+            .is_none_or(|layers| layers.get(layer).copied().unwrap_or(false));
+        self.window_size.filter(|_| windowed)
     }
 
     /// Key/value heads: one per query group (one per head without grouped-query attention).
@@ -295,6 +315,15 @@ impl GptConfig {
             ));
         }
         self.validate_attention()?;
+        if let Some(layers) = &self.window_layers {
+            if self.window_size.is_none() || layers.len() != self.num_layers {
+                return Err(format!(
+                    "--window-attn-skip-freq names {} layers of {} (and needs --window-size)",
+                    layers.len(),
+                    self.num_layers
+                ));
+            }
+        }
         for (flag, p) in [
             ("--hidden-dropout", self.hidden_dropout),
             ("--attention-dropout", self.attention_dropout),

@@ -54,10 +54,10 @@ impl CausalSelfAttention {
     /// choose it.
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     pub fn core_in_words(&self, device: &Device, dtype: DType) -> String {
-        if self.reset_attention_mask {
+        if self.reset_attention_mask && !self.flash_attention {
             return "composed core: products, composed softmax with per-document masks \
-                    (--reset-attention-mask: the fused attention kernels take no document \
-                    boundaries yet)"
+                    (--reset-attention-mask; with --use-flash-attn the fused kernels skip \
+                    the other documents' tiles)"
                 .into();
         }
         let from_rows = if self.core_from_rows(device) {
@@ -74,7 +74,12 @@ impl CausalSelfAttention {
         if self.flash_attention {
             let kernels = super::fused::attention_kernels_in_words(device, dtype, self.head_dim)
                 .unwrap_or_default();
-            return format!("fused core (--use-flash-attn) {kernels}{from_rows}");
+            let documents = if self.reset_attention_mask {
+                ", each query from its document's start (tiles of other documents skipped)"
+            } else {
+                ""
+            };
+            return format!("fused core (--use-flash-attn) {kernels}{from_rows}{documents}");
         }
         let softmax = match (self.masked_softmax_fusion, from_rows.is_empty()) {
             (true, false) => "fused causal softmax with its dropout",

@@ -50,9 +50,21 @@ pub fn scaled_document_masked_softmax(
     scale: f64,
     first_keys: Tensor<2, Int>,
 ) -> Tensor<4> {
+    offset_document_masked_softmax(x, scale, 0, first_keys)
+}
+
+/// [`scaled_document_masked_softmax`] for queries after `offset` cached keys (query `i` at
+/// key position `offset + i`), `first_keys` `[batch or 1, sq]`: a KV cache's step under a
+/// sliding window.
+pub fn offset_document_masked_softmax(
+    x: Tensor<4>,
+    scale: f64,
+    offset: usize,
+    first_keys: Tensor<2, Int>,
+) -> Tensor<4> {
     let [b, h, sq, sk] = x.dims();
     let dtype = x.dtype();
-    let hidden = super::documents::hidden_keys(first_keys, sk).expand([b, h, sq, sk]);
+    let hidden = super::documents::hidden_keys(first_keys, sk, offset).expand([b, h, sq, sk]);
     softmax(
         at_least_f32(x)
             .mul_scalar(scale)

@@ -70,7 +70,8 @@ impl TransformerBlock {
                 &format!("{name}.self_attention"),
                 group,
                 device,
-            ),
+            )
+            .with_window(config.layer_window(index)),
             post_attention_layernorm: norm("post_attention_layernorm"),
             mlp: Mlp::new(config, seed, &format!("{name}.mlp"), group, device),
             hidden_dropout: Dropout::new(config.hidden_dropout, RngRegion::Replicated)

@@ -63,6 +63,15 @@ pub struct ArchitectureArgs {
     /// The output layer gets its own weight instead of the word embedding's.
     #[arg(long)]
     pub untie_embeddings_and_output_weights: bool,
+    /// Sliding-window attention as Megatron's `(left, right)` pair, `L,0` or `(L, 0)`: each
+    /// query sees itself and the L keys before it (HF's `sliding_window` is L + 1); right
+    /// must be 0 (a GPT is causal), and a left of -1 means no window.
+    #[arg(long)]
+    pub window_size: Option<String>,
+    /// Layers that skip the window: N (every N-th layer, counting from 1, sees every key) or
+    /// a pattern of one entry per layer, 1 windowed, 0 full (`"([1]*3+[0])*2"`).
+    #[arg(long)]
+    pub window_attn_skip_freq: Option<String>,
 }
 
 impl ArchitectureArgs {
@@ -126,7 +135,116 @@ impl ArchitectureArgs {
             qk_layernorm: self.qk_layernorm,
             untie_embeddings_and_output_weights: self.untie_embeddings_and_output_weights,
             ffn_hidden_size,
+            window_size: self.window()?,
+            window_layers: self.window_layers(config.num_layers)?,
             ..config
         })
+    }
+
+    /// `--window-size`'s left side, `None` without a window (or with Megatron's -1, no bound).
+    fn window(&self) -> Result<Option<usize>, String> {
+        let Some(text) = &self.window_size else {
+            return Ok(None);
+        };
+        let bad = || format!("--window-size {text:?}: expected two integers, `L,0` or `(L, 0)`");
+        let sides: Vec<i64> = text
+            .trim()
+            .trim_start_matches('(')
+            .trim_end_matches(')')
+            .split(',')
+            .map(|side| side.trim().parse::<i64>().map_err(|_| bad()))
+            .collect::<Result<_, _>>()?;
+        let [left, right] = sides[..] else {
+            return Err(bad());
+        };
+        if right != 0 {
+            return Err(format!(
+                "--window-size {text:?}: a right side of {right} lets a query see keys after it; \
+                 a GPT's attention is causal (0)"
+            ));
+        }
+        match left {
+            -1 => Ok(None),
+            0.. => Ok(Some(left as usize)),
+            _ => Err(format!(
+                "--window-size {text:?}: the left side must be -1 or at least 0"
+            )),
+        }
+    }
+
+    /// `--window-attn-skip-freq` as one entry per layer (true: windowed), Megatron's
+    /// `is_layer_window_attention`: N windows every layer but each N-th (counting from 1); a
+    /// pattern gives each layer's entry.
+    fn window_layers(&self, layers: usize) -> Result<Option<Vec<bool>>, String> {
+        let Some(text) = &self.window_attn_skip_freq else {
+            return Ok(None);
+        };
+        if self.window_size.is_none() {
+            return Err("--window-attn-skip-freq needs --window-size".into());
+        }
+        if let Ok(every) = text.trim().parse::<usize>() {
+            if every == 0 {
+                return Err("--window-attn-skip-freq 0: must be positive".into());
+            }
+            return Ok(Some((1..=layers).map(|n| n % every != 0).collect()));
+        }
+        let pattern = super::layer_pattern::parse_layer_pattern(text)
+            .map_err(|e| format!("--window-attn-skip-freq {text:?}: {e}"))?;
+        if pattern.len() != layers {
+            return Err(format!(
+                "--window-attn-skip-freq {text:?}: {} entries for {layers} layers",
+                pattern.len()
+            ));
+        }
+        Ok(Some(pattern.into_iter().map(|entry| entry != 0).collect()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ArchitectureArgs;
+    use crate::model::GptConfig;
+
+    fn windowed(size: &str, skip: Option<&str>) -> Result<GptConfig, String> {
+        let args = ArchitectureArgs {
+            window_size: Some(size.into()),
+            window_attn_skip_freq: skip.map(Into::into),
+            normalization: "LayerNorm".into(),
+            ..Default::default()
+        };
+        args.apply(GptConfig::new(4, 8, 2, 16, 32))
+    }
+
+    /// `--window-size` in Megatron's spellings, `--window-attn-skip-freq` as Megatron's
+    /// `is_layer_window_attention` reads it (N: every N-th layer from 1 is full), and what is
+    /// refused.
+    #[test]
+    fn window_flags_read_as_megatrons() {
+        assert_eq!(windowed("4095,0", None).unwrap().window_size, Some(4095));
+        assert_eq!(windowed("(7, 0)", None).unwrap().window_size, Some(7));
+        assert_eq!(windowed("-1,0", None).unwrap().window_size, None);
+        let every_second = windowed("7,0", Some("2")).unwrap();
+        assert_eq!(
+            every_second.window_layers,
+            Some(vec![true, false, true, false])
+        );
+        assert_eq!(
+            (0..4)
+                .map(|i| every_second.layer_window(i))
+                .collect::<Vec<_>>(),
+            [Some(7), None, Some(7), None]
+        );
+        let pattern = windowed("7,0", Some("[0]+[1]*3")).unwrap();
+        assert_eq!(pattern.window_layers, Some(vec![false, true, true, true]));
+        for (size, skip, says) in [
+            ("7,1", None, "causal"),
+            ("7", None, "two integers"),
+            ("-2,0", None, "at least 0"),
+            ("7,0", Some("[1]*3"), "3 entries for 4 layers"),
+            ("7,0", Some("0"), "positive"),
+        ] {
+            let err = windowed(size, skip).unwrap_err();
+            assert!(err.contains(says), "{size} {skip:?}: {err}");
+        }
     }
 }

@@ -128,8 +128,6 @@ const VALIDATION_SETS: &str =
     "this validation setup is not implemented (one set, --eval-iters global batches)";
 /// QK-clip (Muon-trained MLA models).
 const QK_CLIP: &str = "QK-clip is not implemented";
-/// Sliding-window attention.
-const SLIDING_WINDOW: &str = "sliding-window attention is not implemented";
 /// T5-style relative position buckets.
 const RELATIVE_POSITIONS: &str = "relative position embeddings are not implemented";
 /// Which parameters weight decay applies to.
@@ -1156,8 +1154,6 @@ pub const MEGATRON_FLAGS: &[MegatronFlag] = &[
     ignored("--wandb-save-dir", One),
     refused("--warmup", One, OLD_WARMUP),
     ignored("--wgrad-deferral-limit", One),
-    refused("--window-attn-skip-freq", One, SLIDING_WINDOW),
-    refused("--window-size", One, SLIDING_WINDOW),
     refused("--yaml-cfg", One, YAML_CONFIG),
     refused("--yarn-beta-fast", One, YARN),
     refused("--yarn-beta-slow", One, YARN),

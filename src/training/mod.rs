@@ -12,6 +12,7 @@ pub mod config;
 pub mod evaluate;
 pub mod finalize_grads;
 pub mod forward_backward;
+pub mod layer_pattern;
 pub mod layout_fuzz;
 pub mod megatron_command_line;
 pub mod megatron_flags;

@@ -169,13 +169,15 @@ pub fn mma_attention_backward_query<F: Float, A: Float, N: Size>(
     grad_query: &mut [Vector<F, N>],
     scalars: AttentionScalars,
     salt: &[u32],
+    first_keys: &[u32],
     #[comptime] head_dim: u32,
     #[comptime] dropout: bool,
+    #[comptime] documents: bool,
     #[comptime] tile: u32,
     #[comptime] planes: u32,
 ) {
     let block = comptime!(tile * planes);
-    let (own, draw, scale) = prologue::<A>(&scalars, salt, block, dropout);
+    let (own, draw, scale) = prologue::<A>(&scalars, salt, first_keys, block, dropout, documents);
     let plane = (UNIT_POS / PLANE_DIM) as usize;
 
     let tile_len = comptime!((block * head_dim) as usize);
@@ -242,13 +244,15 @@ pub fn mma_attention_backward_key_value<F: Float, A: Float, N: Size>(
     grad_value: &mut [Vector<F, N>],
     scalars: AttentionScalars,
     salt: &[u32],
+    first_keys: &[u32],
     #[comptime] head_dim: u32,
     #[comptime] dropout: bool,
+    #[comptime] documents: bool,
     #[comptime] tile: u32,
     #[comptime] planes: u32,
 ) {
     let block = comptime!(tile * planes);
-    let (own, draw, scale) = prologue::<A>(&scalars, salt, block, dropout);
+    let (own, draw, scale) = prologue::<A>(&scalars, salt, first_keys, block, dropout, documents);
     let plane = (UNIT_POS / PLANE_DIM) as usize;
 
     let tile_len = comptime!((block * head_dim) as usize);
@@ -271,7 +275,7 @@ pub fn mma_attention_backward_key_value<F: Float, A: Float, N: Size>(
     fill_shared::<A>(&mut dv, A::new(0.0), tile_len);
     load_plain_tile::<F, N>(key, &mut keys, &own, block, head_dim);
     load_plain_tile::<F, N>(value, &mut values, &own, block, head_dim);
-    let (first_tile, end_tile) = query_tiles(&own, block);
+    let (first_tile, end_tile) = query_tiles(&own, block, block);
     for t in first_tile..end_tile {
         let at = own.at_tile(t * block as usize);
         load_plain_tile::<F, N>(query, &mut queries, &at, block, head_dim);

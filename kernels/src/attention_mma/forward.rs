@@ -173,14 +173,16 @@ pub fn mma_attention_forward<F: Float, A: Float, N: Size>(
     logsumexp: &mut [A],
     scalars: AttentionScalars,
     salt: &[u32],
+    first_keys: &[u32],
     #[comptime] head_dim: u32,
     #[comptime] dropout: bool,
+    #[comptime] documents: bool,
     #[comptime] tile: u32,
     #[comptime] planes: u32,
     #[comptime] groups: u32,
 ) {
     let block = comptime!(tile * planes);
-    let (own, draw, scale) = prologue::<A>(&scalars, salt, block, dropout);
+    let (own, draw, scale) = prologue::<A>(&scalars, salt, first_keys, block, dropout, documents);
     let plane = (UNIT_POS / PLANE_DIM) as usize;
 
     let tile_len = comptime!((block * head_dim) as usize);

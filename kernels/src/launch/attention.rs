@@ -44,7 +44,15 @@ impl AttentionShape {
         cube_count(self.heads * self.seq.div_ceil(block as usize))
     }
 
-    pub(super) fn check(&self, dropout: Option<DropoutDraw>) {
+    pub(super) fn check(&self, dropout: Option<DropoutDraw>, first_keys: Option<FirstKeys<'_>>) {
+        if let Some(keys) = first_keys {
+            assert!(
+                keys.batch > 0 && self.heads.is_multiple_of(keys.batch),
+                "first keys of {} batch elements for {} heads",
+                keys.batch,
+                self.heads
+            );
+        }
         assert!(
             self.len() <= u32::MAX as usize,
             "fused attention of more than 2³² elements: {self:?}"
@@ -57,7 +65,8 @@ impl AttentionShape {
     }
 }
 
-/// The query, key and value buffers of fused attention (`[batch · heads, seq, head_dim]`).
+/// The query, key and value buffers of fused attention (`[batch · heads, seq, head_dim]`),
+/// and for packed documents (or a sliding window) the first key each position sees.
 #[derive(Clone, Copy, Debug)]
 pub struct AttentionInputs<'a> {
     /// Queries.
@@ -66,9 +75,39 @@ pub struct AttentionInputs<'a> {
     pub key: &'a Handle,
     /// Values.
     pub value: &'a Handle,
+    /// The first visible keys (`None`: every query sees keys `0..=i`).
+    pub first_keys: Option<FirstKeys<'a>>,
+}
+
+/// The first key each position of a batch element sees (`u32`, `[batch, seq]`): where its
+/// document starts, so that packed documents do not see each other
+/// (`--reset-attention-mask`) with no `seq × seq` mask anywhere. Along a row they must not
+/// decrease and each must be at most its own position (documents are contiguous and a token
+/// sees itself): the kernels skip whole tiles by that, and read nothing else of the mask.
+/// The heads of element `b` (`[batch · heads, ..]`, `heads / batch` per element) read row `b`.
+#[derive(Clone, Copy, Debug)]
+pub struct FirstKeys<'a> {
+    /// The `[batch, seq]` first keys.
+    pub handle: &'a Handle,
+    /// Batch elements (rows).
+    pub batch: usize,
 }
 
 impl AttentionInputs<'_> {
+    /// Queries, keys and values, every query seeing keys `0..=i`.
+    pub fn causal<'a>(
+        query: &'a Handle,
+        key: &'a Handle,
+        value: &'a Handle,
+    ) -> AttentionInputs<'a> {
+        AttentionInputs {
+            query,
+            key,
+            value,
+            first_keys: None,
+        }
+    }
+
     /// The query, key and value buffers' kernel arguments, `len` elements each.
     pub(super) fn args(&self, len: usize) -> [BufferArg; 3] {
         [self.query, self.key, self.value].map(|handle| arg(handle, len))
@@ -76,16 +115,26 @@ impl AttentionInputs<'_> {
 }
 
 /// What every attention kernel takes after its buffers but for the head width: its scalars
-/// (the shape's, the scale, and the draw's key, threshold, keep scale and slice), the salt's
-/// binding, and whether to drop.
+/// (the shape's, the scale, the draw's key, threshold, keep scale and slice, and the heads
+/// per batch element), the salt's binding, the first keys' binding, whether to drop, and
+/// whether there are first keys.
 pub(super) fn kernel_args(
     client: &Client,
     shape: AttentionShape,
     scale: f32,
     dropout: Option<DropoutDraw>,
-) -> (AttentionScalarsLaunch, BufferArg, bool) {
+    first_keys: Option<FirstKeys<'_>>,
+) -> (AttentionScalarsLaunch, BufferArg, BufferArg, bool, bool) {
     let d = dropout.unwrap_or(NO_DRAW);
     let (heads, seq) = (shape.heads as u32, shape.seq as u32);
+    let (keys, sample_heads) = match first_keys {
+        Some(keys) => (
+            arg(keys.handle, keys.batch * shape.seq),
+            shape.heads / keys.batch,
+        ),
+        // Never read: the salt's buffer lends the binding.
+        None => (arg(&current_salt_buffer(client), 1), 1),
+    };
     let scalars = AttentionScalarsLaunch::new(
         scale,
         heads,
@@ -97,8 +146,10 @@ pub(super) fn kernel_args(
         d.slice.own,
         d.slice.row,
         d.slice.first,
+        sample_heads as u32,
     );
-    (scalars, salt_binding(client, dropout), dropout.is_some())
+    let salt = salt_binding(client, dropout);
+    (scalars, salt, keys, dropout.is_some(), first_keys.is_some())
 }
 
 /// The salt's binding of an attention launch (see [`salt_arg`]): without a draw, the salt's
@@ -112,16 +163,18 @@ fn salt_binding(client: &Client, dropout: Option<DropoutDraw>) -> BufferArg {
 }
 
 /// Launches the attention kernel `$kernel` (a path) on `$buffers` with `$geometry`, its
-/// cube count, cube dimension and vector size: after the buffers every attention kernel takes
-/// the same arguments ([`kernel_args`], then the head width), then its layout's own,
-/// `$layout`. For the storage type `F` of the function it is called in.
+/// cube count, cube dimension and vector size, and the first keys `$first_keys`: after the
+/// buffers every attention kernel takes the same arguments ([`kernel_args`], then the head
+/// width), then its layout's own, `$layout`. For the storage type `F` of the function it is
+/// called in.
 macro_rules! launch_attention {
-    ($kernel:path, $client:expr, $geometry:expr, $shape:expr, $scale:expr, $dropout:expr;
-     [$($buffer:expr),+ $(,)?], [$($layout:expr),* $(,)?]) => {{
+    ($kernel:path, $client:expr, $geometry:expr, $shape:expr, $scale:expr, $dropout:expr,
+     $first_keys:expr; [$($buffer:expr),+ $(,)?], [$($layout:expr),* $(,)?]) => {{
         use $kernel as kernel;
         let (count, dim, vectors) = $geometry;
-        let (scalars, salt, drop) =
-            $crate::launch::attention::kernel_args($client, $shape, $scale, $dropout);
+        let (scalars, salt, keys, drop, documents) = $crate::launch::attention::kernel_args(
+            $client, $shape, $scale, $dropout, $first_keys,
+        );
         kernel::launch::<F, f32>(
             $client,
             count,
@@ -130,8 +183,10 @@ macro_rules! launch_attention {
             $($buffer),+,
             scalars,
             salt,
+            keys,
             $shape.head_dim as u32,
             drop,
+            documents,
             $($layout),*
         )
     }};
@@ -265,18 +320,18 @@ fn attention_vector_size<F: CubeElement>(client: &Client, head_dim: usize) -> us
 /// the plane layout (the two kernels take the same arguments but for the layout's own, the
 /// last ones).
 macro_rules! launch_in_layout {
-    ($client:expr, $launch:expr, $shape:expr, $scale:expr, $dropout:expr;
+    ($client:expr, $launch:expr, $shape:expr, $scale:expr, $dropout:expr, $first_keys:expr;
      [$($buffer:expr),+ $(,)?], $tiles:path, $planes:path) => {{
         let launch: AttentionLaunch = $launch;
         let geometry = launch.geometry::<F>($client, $shape);
         let (client, shape, scale, dropout) = ($client, $shape, $scale, $dropout);
         match launch.plane {
             None => launch_attention!(
-                $tiles, client, geometry, shape, scale, dropout;
+                $tiles, client, geometry, shape, scale, dropout, $first_keys;
                 [$($buffer),+], [launch.block, launch.unroll]
             ),
             Some(plane) => launch_attention!(
-                $planes, client, geometry, shape, scale, dropout;
+                $planes, client, geometry, shape, scale, dropout, $first_keys;
                 [$($buffer),+], [plane, launch.block / plane]
             ),
         }
@@ -306,11 +361,11 @@ pub fn flash_attention_forward<F: Float + CubeElement>(
             client, mma, inputs, output, logsumexp, shape, scale, dropout,
         );
     }
-    shape.check(dropout);
+    shape.check(dropout, inputs.first_keys);
     let (n, rows) = (shape.len(), shape.rows());
     let [q, k, v] = inputs.args(n);
     launch_in_layout!(
-        client, launch, shape, scale, dropout;
+        client, launch, shape, scale, dropout, inputs.first_keys;
         [q, k, v, arg(output, n), arg(logsumexp, rows)],
         attention::flash_attention_forward,
         attention_planes::plane_attention_forward
@@ -383,14 +438,14 @@ pub fn flash_attention_backward<F: Float + CubeElement>(
             client, mma, inputs, o, dout, lse, grads, delta, shape, scale, dropout,
         );
     }
-    shape.check(dropout);
+    shape.check(dropout, inputs.first_keys);
     let (n, rows) = (shape.len(), shape.rows());
     let [grad_query, grad_key, grad_value] = grads;
     // `delta` is written by the first kernel and read by the second (the same stream, in
     // order).
     let [q, k, v] = inputs.args(n);
     launch_in_layout!(
-        client, launch, shape, scale, dropout;
+        client, launch, shape, scale, dropout, inputs.first_keys;
         [
             q,
             k,
@@ -406,7 +461,7 @@ pub fn flash_attention_backward<F: Float + CubeElement>(
     );
     let [q, k, v] = inputs.args(n);
     launch_in_layout!(
-        client, launch, shape, scale, dropout;
+        client, launch, shape, scale, dropout, inputs.first_keys;
         [
             q,
             k,
@@ -419,5 +474,31 @@ pub fn flash_attention_backward<F: Float + CubeElement>(
         ],
         attention::flash_attention_backward_key_value,
         attention_planes::plane_attention_backward_key_value
+    );
+}
+
+/// The tiles of `block` rows each cube of a tiled launch for `shape` visits (see
+/// [`crate::attention_common::attention_tile_ranges`]): `[key tiles lo, hi, query tiles lo,
+/// hi]` per cube, cube by cube through a head's blocks, head by head, into `ranges` (`u32`,
+/// four per cube).
+pub fn attention_tile_ranges(
+    client: &Client,
+    shape: AttentionShape,
+    first_keys: Option<FirstKeys<'_>>,
+    block: u32,
+    ranges: &Handle,
+) {
+    shape.check(None, first_keys);
+    let cubes = shape.heads * shape.seq.div_ceil(block as usize);
+    let (scalars, _, keys, _, documents) = kernel_args(client, shape, 1.0, None, first_keys);
+    crate::attention_common::attention_tile_ranges::launch(
+        client,
+        shape.cube_count(block),
+        CubeDim::new_1d(1),
+        scalars,
+        keys,
+        arg(ranges, 4 * cubes),
+        block,
+        documents,
     );
 }

@@ -129,12 +129,12 @@ pub fn mma_attention_forward<F: Float + CubeElement>(
         return;
     }
     launch.check(shape);
-    shape.check(dropout);
+    shape.check(dropout, inputs.first_keys);
     let (n, rows) = (shape.len(), shape.rows());
     let [q, k, v] = inputs.args(n);
     launch_attention!(
         attention_mma::mma_attention_forward,
-        client, launch.geometry::<F>(client, shape), shape, scale, dropout;
+        client, launch.geometry::<F>(client, shape), shape, scale, dropout, inputs.first_keys;
         [q, k, v, arg(output, n), arg(logsumexp, rows)],
         [launch.tile, launch.planes, launch.groups]
     );
@@ -161,7 +161,7 @@ pub fn mma_attention_backward<F: Float + CubeElement>(
         return;
     }
     launch.check(shape);
-    shape.check(dropout);
+    shape.check(dropout, inputs.first_keys);
     let (n, rows) = (shape.len(), shape.rows());
     let [grad_query, grad_key, grad_value] = grads;
     // `delta` is written by the first kernel and read by the second (the same stream, in
@@ -169,7 +169,7 @@ pub fn mma_attention_backward<F: Float + CubeElement>(
     let [q, k, v] = inputs.args(n);
     launch_attention!(
         attention_mma::mma_attention_backward_query,
-        client, launch.geometry::<F>(client, shape), shape, scale, dropout;
+        client, launch.geometry::<F>(client, shape), shape, scale, dropout, inputs.first_keys;
         [
             q,
             k,
@@ -185,7 +185,7 @@ pub fn mma_attention_backward<F: Float + CubeElement>(
     let [q, k, v] = inputs.args(n);
     launch_attention!(
         attention_mma::mma_attention_backward_key_value,
-        client, launch.geometry::<F>(client, shape), shape, scale, dropout;
+        client, launch.geometry::<F>(client, shape), shape, scale, dropout, inputs.first_keys;
         [
             q,
             k,

@@ -116,14 +116,7 @@ fn half_precision_instantiates(client: &Client, h: &Handle) {
             seq: 1,
             head_dim: 1,
         };
-        let (q, o) = (
-            AttentionInputs {
-                query: h,
-                key: h,
-                value: h,
-            },
-            h,
-        );
+        let (q, o) = (AttentionInputs::causal(h, h, h), h);
         let tiles = AttentionLaunch::for_client(client, 1);
         flash_attention_forward::<F>(client, tiles, q, o, h, heads, 1.0, None);
         flash_attention_backward::<F>(client, tiles, q, o, h, h, [h, h, h], h, heads, 1.0, None);

@@ -115,7 +115,7 @@ pub fn forward<B: AttentionKernels>(
     let qkv = [q.clone(), k.clone(), v.clone()];
     let (heads, saved) = match kernels {
         CoreKernels::Flash => {
-            let (output, logsumexp) = B::flash_attention_forward(q, k, v, scale, draw);
+            let (output, logsumexp) = B::flash_attention_forward(q, k, v, scale, draw, None);
             let saved = Saved::Flash {
                 qkv,
                 output: output.clone(),
@@ -162,7 +162,7 @@ pub fn backward<B: AttentionKernels>(
             logsumexp,
         } => {
             let (dq, dk, dv) =
-                B::flash_attention_backward(q, k, v, output, logsumexp, grad, scale, draw);
+                B::flash_attention_backward(q, k, v, output, logsumexp, grad, scale, draw, None);
             [dq, dk, dv]
         }
         Saved::Composed { qkv, probs } => composed_backward::<B>(qkv, probs, grad, scale, draw),

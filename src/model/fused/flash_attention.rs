@@ -1,18 +1,24 @@
 //! Causal attention as one FlashAttention-style kernel (`--use-flash-attn`): online softmax,
 //! dropout inside with the composed path's masks, and a backward that forms the probabilities
-//! again from a log-sum-exp saved per row, so no `[batch, heads, s, s]` tensor is stored.
+//! again from a log-sum-exp saved per row, so no `[batch, heads, s, s]` tensor is stored. With
+//! packed documents the kernels take each position's first visible key (`[batch, seq]`) and
+//! skip the tiles no query of a block sees, so neither a mask nor the other documents' scores
+//! are formed.
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::autodiff::Autodiff;
-use burn::backend::tensor::FloatTensor;
+use burn::backend::ops::IntTensorOps;
+use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::backend::{backend_extension, Backend, Dispatch, TensorMetadata};
-use burn::tensor::{DType, Device, Shape, Tensor};
+use burn::tensor::{DType, Device, Int, IntDType, Shape, Tensor};
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
-use ferrotron_kernels::launch::{AttentionInputs, AttentionLaunch, DrawSlice, DropoutDraw};
+use ferrotron_kernels::launch::{
+    AttentionInputs, AttentionLaunch, DrawSlice, DropoutDraw, FirstKeys,
+};
 
 use super::{attention_shape, dropout_draw};
 use crate::util::cube_tensor::{by_dtype, empty_like, packed};
@@ -20,16 +26,18 @@ use crate::util::cube_tensor::{by_dtype, empty_like, packed};
 /// The fused attention kernels a backend runs.
 pub trait FlashAttentionKernels: Backend {
     /// Causal attention of `[b, heads, s, head_dim]` queries, keys and values, dropout
-    /// inside: the output, and the per-row log-sum-exp of the scores (f32, `[b · heads · s]`).
+    /// inside, each query seeing from its entry of `first_keys` (`[b, s]`) on if given: the
+    /// output, and the per-row log-sum-exp of the scores (f32, `[b · heads · s]`).
     fn flash_attention_forward(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         scale: f32,
         dropout: Option<DropoutDraw>,
+        first_keys: Option<IntTensor<Self>>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
     /// The attention's backward: dq, dk, dv from the forward's inputs, output and
-    /// log-sum-exp, the output's gradient and the same dropout draw.
+    /// log-sum-exp, the output's gradient, the same dropout draw and first keys.
     #[allow(clippy::too_many_arguments)]
     fn flash_attention_backward(
         q: FloatTensor<Self>,
@@ -40,6 +48,7 @@ pub trait FlashAttentionKernels: Backend {
         grad_output: FloatTensor<Self>,
         scale: f32,
         dropout: Option<DropoutDraw>,
+        first_keys: Option<IntTensor<Self>>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 }
 
@@ -55,6 +64,31 @@ pub trait FlashAttentionOps: Backend {
         scale: f32,
         draw: Option<DropoutDraw>,
     ) -> FloatTensor<Self>;
+    /// [`Self::fused_causal_attention`] with each query seeing from its entry of `first_keys`
+    /// (`[b, s]`) on: packed documents. (An op of its own: an extension's tensor arguments
+    /// cannot be optional.)
+    fn fused_document_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        first_keys: IntTensor<Self>,
+        scale: f32,
+        draw: Option<DropoutDraw>,
+    ) -> FloatTensor<Self>;
+}
+
+/// The first keys as the kernels read them (i32, contiguous: the same bytes as the `u32`
+/// they take, the keys being positions).
+fn kernel_first_keys(first_keys: Option<CubeTensor>) -> Option<CubeTensor> {
+    first_keys.map(|keys| packed(CubeBackend::int_cast(keys, IntDType::I32)))
+}
+
+/// The kernels' view of `keys` (`[batch, seq]`).
+fn first_keys_of(keys: &Option<CubeTensor>) -> Option<FirstKeys<'_>> {
+    keys.as_ref().map(|keys| FirstKeys {
+        handle: &keys.handle,
+        batch: keys.shape()[0],
+    })
 }
 
 impl FlashAttentionKernels for CubeBackend {
@@ -64,16 +98,17 @@ impl FlashAttentionKernels for CubeBackend {
         v: CubeTensor,
         scale: f32,
         dropout: Option<DropoutDraw>,
+        first_keys: Option<CubeTensor>,
     ) -> (CubeTensor, CubeTensor) {
         let (q, k, v) = (packed(q), packed(k), packed(v));
         let shape = q.shape();
         let attention = attention_shape(&shape);
         let output = empty_like(&q, shape, q.dtype);
         let logsumexp = empty_like(&q, Shape::new([attention.rows()]), DType::F32);
+        let keys = kernel_first_keys(first_keys);
         let inputs = AttentionInputs {
-            query: &q.handle,
-            key: &k.handle,
-            value: &v.handle,
+            first_keys: first_keys_of(&keys),
+            ..AttentionInputs::causal(&q.handle, &k.handle, &v.handle)
         };
         by_dtype!(
             q.dtype,
@@ -99,6 +134,7 @@ impl FlashAttentionKernels for CubeBackend {
         grad_output: CubeTensor,
         scale: f32,
         dropout: Option<DropoutDraw>,
+        first_keys: Option<CubeTensor>,
     ) -> (CubeTensor, CubeTensor, CubeTensor) {
         let (q, k, v) = (packed(q), packed(k), packed(v));
         let (output, grad_output) = (packed(output), packed(grad_output));
@@ -106,10 +142,10 @@ impl FlashAttentionKernels for CubeBackend {
         let attention = attention_shape(&shape);
         let [dq, dk, dv] = [0; 3].map(|_| empty_like(&q, shape.clone(), q.dtype));
         let delta = empty_like(&q, Shape::new([attention.rows()]), DType::F32);
+        let keys = kernel_first_keys(first_keys);
         let inputs = AttentionInputs {
-            query: &q.handle,
-            key: &k.handle,
-            value: &v.handle,
+            first_keys: first_keys_of(&keys),
+            ..AttentionInputs::causal(&q.handle, &k.handle, &v.handle)
         };
         by_dtype!(
             q.dtype,
@@ -138,7 +174,18 @@ impl FlashAttentionOps for CubeBackend {
         scale: f32,
         draw: Option<DropoutDraw>,
     ) -> CubeTensor {
-        Self::flash_attention_forward(q, k, v, scale, draw).0
+        Self::flash_attention_forward(q, k, v, scale, draw, None).0
+    }
+
+    fn fused_document_attention(
+        q: CubeTensor,
+        k: CubeTensor,
+        v: CubeTensor,
+        first_keys: CubeTensor,
+        scale: f32,
+        draw: Option<DropoutDraw>,
+    ) -> CubeTensor {
+        Self::flash_attention_forward(q, k, v, scale, draw, Some(first_keys)).0
     }
 }
 
@@ -146,16 +193,21 @@ impl FlashAttentionOps for CubeBackend {
 struct AttentionBackward;
 
 impl<B: FlashAttentionKernels> Backward<B, 3> for AttentionBackward {
-    /// q, k, v, the output and its log-sum-exp per row, the scale and the dropout draw:
-    /// `O(s · head_dim)` per head, no `[s, s]` tensor.
-    type State = ([FloatTensor<B>; 5], f32, Option<DropoutDraw>);
+    /// q, k, v, the output and its log-sum-exp per row, the scale, the dropout draw and the
+    /// first keys: `O(s · head_dim)` per head, no `[s, s]` tensor.
+    type State = (
+        [FloatTensor<B>; 5],
+        f32,
+        Option<DropoutDraw>,
+        Option<IntTensor<B>>,
+    );
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
         let [pq, pk, pv] = ops.parents;
         let grad = grads.consume::<B>(&ops.node);
-        let ([q, k, v, output, logsumexp], scale, draw) = ops.state;
+        let ([q, k, v, output, logsumexp], scale, draw, keys) = ops.state;
         let (dq, dk, dv) =
-            B::flash_attention_backward(q, k, v, output, logsumexp, grad, scale, draw);
+            B::flash_attention_backward(q, k, v, output, logsumexp, grad, scale, draw, keys);
         for (parent, g) in [(pq, dq), (pk, dk), (pv, dv)] {
             if let Some(p) = parent {
                 grads.register::<B>(p.id, g);
@@ -174,22 +226,46 @@ impl<B: FlashAttentionKernels + FlashAttentionOps, C: CheckpointStrategy> FlashA
         scale: f32,
         draw: Option<DropoutDraw>,
     ) -> FloatTensor<Self> {
-        let (q, nq) = q.into_parts();
-        let (k, nk) = k.into_parts();
-        let (v, nv) = v.into_parts();
-        match AttentionBackward
-            .prepare::<C>([nq, nk, nv])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                let (output, logsumexp) =
-                    B::flash_attention_forward(q.clone(), k.clone(), v.clone(), scale, draw);
-                prep.finish(([q, k, v, output.clone(), logsumexp], scale, draw), output)
-            }
-            OpsKind::UnTracked(prep) => {
-                prep.finish(B::flash_attention_forward(q, k, v, scale, draw).0)
-            }
+        tracked_attention::<B, C>([q, k, v], scale, draw, None)
+    }
+
+    fn fused_document_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        first_keys: IntTensor<Self>,
+        scale: f32,
+        draw: Option<DropoutDraw>,
+    ) -> FloatTensor<Self> {
+        tracked_attention::<B, C>([q, k, v], scale, draw, Some(first_keys))
+    }
+}
+
+/// The fused attention as a node of the autodiff graph: the forward's kernels, and what the
+/// backward's need kept (see [`AttentionBackward`]).
+fn tracked_attention<B: FlashAttentionKernels, C: CheckpointStrategy>(
+    [q, k, v]: [FloatTensor<Autodiff<B, C>>; 3],
+    scale: f32,
+    draw: Option<DropoutDraw>,
+    first_keys: Option<IntTensor<B>>,
+) -> FloatTensor<Autodiff<B, C>> {
+    let (q, nq) = q.into_parts();
+    let (k, nk) = k.into_parts();
+    let (v, nv) = v.into_parts();
+    match AttentionBackward
+        .prepare::<C>([nq, nk, nv])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => {
+            let (qkv, keys) = ([q.clone(), k.clone(), v.clone()], first_keys.clone());
+            let (output, logsumexp) = B::flash_attention_forward(q, k, v, scale, draw, keys);
+            let [q, k, v] = qkv;
+            let saved = [q, k, v, output.clone(), logsumexp];
+            prep.finish((saved, scale, draw, first_keys), output)
+        }
+        OpsKind::UnTracked(prep) => {
+            prep.finish(B::flash_attention_forward(q, k, v, scale, draw, first_keys).0)
         }
     }
 }
@@ -198,7 +274,9 @@ impl<B: FlashAttentionKernels + FlashAttentionOps, C: CheckpointStrategy> FlashA
 /// (FlashAttention-style): `dropout(softmax(scale · q kᵀ)) v` with the `[s, s]` scores never
 /// stored. `dropout` is the draw's key and probability, of which the `[b, heads, s, s]`
 /// probabilities hold `slice` (a tensor-parallel rank's heads); it drops the same probabilities
-/// as [`dropout`] of that key and slice on the materialised probabilities.
+/// as [`dropout`] of that key and slice on the materialised probabilities. With `first_keys`
+/// (`[b, s]`, packed documents: not decreasing along a row, each at most its position) query
+/// `i` sees keys `first_keys[i] ..= i` only.
 pub fn causal_attention(
     q: Tensor<4>,
     k: Tensor<4>,
@@ -206,14 +284,21 @@ pub fn causal_attention(
     scale: f64,
     dropout: Option<(u64, f64)>,
     slice: DrawSlice,
+    first_keys: Option<Tensor<2, Int>>,
 ) -> Tensor<4> {
-    Tensor::from_dispatch(<Dispatch as FlashAttentionOps>::fused_causal_attention(
-        q.into_dispatch(),
-        k.into_dispatch(),
-        v.into_dispatch(),
-        scale as f32,
-        dropout_draw(dropout, slice),
-    ))
+    let (q, k, v) = (q.into_dispatch(), k.into_dispatch(), v.into_dispatch());
+    let (scale, draw) = (scale as f32, dropout_draw(dropout, slice));
+    Tensor::from_dispatch(match first_keys {
+        None => <Dispatch as FlashAttentionOps>::fused_causal_attention(q, k, v, scale, draw),
+        Some(keys) => <Dispatch as FlashAttentionOps>::fused_document_attention(
+            q,
+            k,
+            v,
+            keys.into_dispatch(),
+            scale,
+            draw,
+        ),
+    })
 }
 
 /// The kernels [`causal_attention`] runs for heads of `head_dim` stored as `dtype` on

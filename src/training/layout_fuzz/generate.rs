@@ -107,6 +107,13 @@ impl FuzzCase {
         ];
         let flags = flags.iter().chain(&packing);
         parts.extend(flags.filter(|f| f.0).map(|f| f.1.to_owned()));
+        if let Some(window) = m.window_size {
+            let layers = match m.window_layers {
+                Some(_) => "every other layer",
+                None => "every layer",
+            };
+            parts.push(format!("sliding window of {window} on {layers}"));
+        }
         if c.recompute != Recompute::None {
             parts.push(format!("recompute {:?}", c.recompute));
         }
@@ -256,6 +263,18 @@ fn draw_packing(d: &mut Draws, cfg: &mut PretrainConfig, cache: &Path) {
     cfg.data = DataSources::single(short_documents_prefix(cache));
 }
 
+/// Draws sliding-window attention (`--window-size`) in one case of four, shorter than the
+/// 16-token samples, on every layer or (`--window-attn-skip-freq`) on every other one.
+fn draw_window(d: &mut Draws, model: &mut GptConfig) {
+    if d.pick(&[0, 0, 0, 1]) == 0 {
+        return;
+    }
+    model.window_size = Some(d.pick(&[1, 3, 6]));
+    if model.num_layers > 1 && d.coin() {
+        model.window_layers = Some((0..model.num_layers).map(|i| i % 2 == 0).collect());
+    }
+}
+
 /// Where [`short_documents`] writes its dataset under the index cache `cache`.
 fn short_documents_prefix(cache: &Path) -> PathBuf {
     cache.join("short_documents_text_document")
@@ -365,6 +384,7 @@ pub fn draw_case(
     draw_pipeline_cut(&mut d, &mut cfg, &mut micro_batches);
     // Drawn last, so the cases drawn before packing was a choice keep their other choices.
     draw_packing(&mut d, &mut cfg, cache);
+    draw_window(&mut d, &mut cfg.model);
     cfg.global_batch_size = micro_batch_size * micro_batches * s.dp;
     // No warm-up (its first step would have a learning rate of 0): a cosine decay from the
     // first iteration over the run.

@@ -1,0 +1,212 @@
+//! Sliding-window attention (`--window-size L,0`, `--window-attn-skip-freq`): the keys each
+//! query sees against a transcription of Megatron-Core's `get_sliding_window_causal_mask`, a
+//! one-layer model's windowed logits against the same model reading only the window, the KV
+//! cache against the whole sequence, the fused attention against the composed core, and the
+//! window through HuggingFace's `config.json` (Mistral, Qwen2) and back.
+
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use ferrotron::export::hf_model::{export_hf, import_hf};
+use ferrotron::model::{Gpt, GptConfig, KvCache, Normalization, PositionEmbedding};
+
+fn ids(v: &[u32], rows: usize, device: &Device) -> Tensor<2, Int> {
+    let data: Vec<i64> = v.iter().map(|&x| x as i64).collect();
+    Tensor::from_data(TensorData::new(data, [rows, v.len() / rows]), device)
+}
+
+fn llama(layers: usize) -> GptConfig {
+    GptConfig::new(layers, 32, 4, 64, 128)
+        .with_hidden_dropout(0.0)
+        .with_attention_dropout(0.0)
+        .with_position_embedding_type(PositionEmbedding::Rope)
+        .with_normalization(Normalization::RmsNorm)
+        .with_swiglu(true)
+        .with_ffn_hidden_size(Some(48))
+        .with_num_query_groups(Some(2))
+        .with_add_bias_linear(false)
+}
+
+fn logits(model: &Gpt, tokens: &[u32], device: &Device) -> Vec<f32> {
+    let out = model.forward(ids(tokens, 1, device));
+    out.into_data().try_into_vec_as::<f32>().unwrap()
+}
+
+/// Megatron-Core's `get_sliding_window_causal_mask(sq, skv, window_size)` transcribed: ones,
+/// `triu(diagonal = skv − sq − left)`, `tril(diagonal = skv − sq + right)`, negated (true:
+/// hidden).
+fn megatron_window_mask(sq: usize, skv: usize, (left, right): (i64, i64)) -> Vec<Vec<bool>> {
+    let offset = skv as i64 - sq as i64;
+    (0..sq as i64)
+        .map(|i| {
+            (0..skv as i64)
+                .map(|j| {
+                    let upper = j - i >= offset - left;
+                    let lower = j - i <= offset + right;
+                    !(upper && lower)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The keys a layer with a window of `left` keys lets each query see, from its first keys
+/// ([`ferrotron::model::attention::CausalSelfAttention::visible_first_keys`]) through the mask the
+/// composed core builds of them, equal Megatron's window mask (with right side 0), for
+/// windows from 0 to past the sequence; and under packed documents, Megatron's window mask
+/// and the document mask both.
+#[test]
+fn the_window_hides_the_keys_megatrons_mask_hides() {
+    let device = Device::flex();
+    let seq = 9;
+    let documents: Vec<i64> = vec![0, 0, 0, 0, 4, 4, 4, 4, 4];
+    for left in [0usize, 1, 3, 8, 20] {
+        let layer = &llama(1)
+            .with_window_size(Some(left))
+            .init(1, &device)
+            .unwrap()
+            .layers[0];
+        let attention = &layer.as_ref().unwrap().self_attention;
+        let packed =
+            Tensor::<2, Int>::from_data(TensorData::new(documents.clone(), [1, seq]), &device);
+        for with_documents in [false, true] {
+            let given = with_documents.then_some(&packed);
+            let first = attention
+                .visible_first_keys(given, [1, seq], &device)
+                .unwrap();
+            let hidden = ferrotron::model::documents::hidden_keys(first, seq, 0);
+            let hidden: Vec<bool> = hidden.into_data().try_to_vec().unwrap();
+            let window = megatron_window_mask(seq, seq, (left as i64, 0));
+            for i in 0..seq {
+                for j in 0..seq {
+                    let other_document = with_documents && (j as i64) < documents[i];
+                    assert_eq!(
+                        hidden[i * seq + j],
+                        window[i][j] || other_document,
+                        "window {left}, documents {with_documents}: query {i}, key {j}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A one-layer model with a window of 3 keys before each query gives at each position of a
+/// 12-token row the logits of the same model reading only that position's window (4 tokens
+/// from position 0: the rotary embedding is relative), and not those of the whole row.
+#[test]
+fn a_windowed_layer_reads_only_its_window() {
+    let device = Device::flex();
+    let left = 3;
+    let tokens: Vec<u32> = (0..12).map(|i| (i * 37 + 5) % 128).collect();
+    let windowed = llama(1)
+        .with_window_size(Some(left))
+        .init(5, &device)
+        .unwrap();
+    let full = llama(1).init(5, &device).unwrap();
+    let vocab = 128;
+    let together = logits(&windowed, &tokens, &device);
+    let unwindowed = logits(&full, &tokens, &device);
+    let (mut worst, mut worst_full) = (0f32, 0f32);
+    for i in 0..tokens.len() {
+        let start = i.saturating_sub(left);
+        let alone = logits(&full, &tokens[start..=i], &device);
+        let want = &alone[(i - start) * vocab..][..vocab];
+        let got = &together[i * vocab..][..vocab];
+        let off = &unwindowed[i * vocab..][..vocab];
+        for c in 0..vocab {
+            worst = worst.max((got[c] - want[c]).abs());
+            worst_full = worst_full.max((off[c] - want[c]).abs());
+        }
+    }
+    assert!(
+        worst < 1e-4,
+        "windowed logits {worst} off the window read alone"
+    );
+    assert!(worst_full > 1e-3, "without the window the logits differ");
+}
+
+/// Generation's KV cache under a window (every other layer, `--window-attn-skip-freq 2`):
+/// feeding a row token by token after a prompt gives the logits of the whole row at once.
+#[test]
+fn the_kv_cache_keeps_to_the_window() {
+    let device = Device::flex();
+    let config = llama(2)
+        .with_window_size(Some(2))
+        .with_window_layers(Some(vec![true, false]));
+    let model = config.init(9, &device).unwrap();
+    let tokens: Vec<u32> = (0..10).map(|i| (i * 53 + 11) % 128).collect();
+    let whole = logits(&model, &tokens, &device);
+    let mut cache = KvCache::new(2);
+    let mut stepped = model
+        .forward_cached(ids(&tokens[..4], 1, &device), &mut cache)
+        .into_data()
+        .try_into_vec_as::<f32>()
+        .unwrap();
+    for &t in &tokens[4..] {
+        let out = model.forward_cached(ids(&[t], 1, &device), &mut cache);
+        stepped.extend(out.into_data().try_into_vec_as::<f32>().unwrap());
+    }
+    let worst = whole
+        .iter()
+        .zip(&stepped)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(worst < 1e-5, "cached logits {worst} off the whole row's");
+}
+
+/// A windowed Mistral and a Qwen2 windowed from its second layer (`max_window_layers`, and
+/// `layer_types` as transformers 5 writes it) import with Megatron's window (HF's
+/// `sliding_window` less the query itself), export with HF's, and import back the same.
+#[test]
+fn the_window_goes_through_huggingfaces_config() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, edits, layers) in [
+        (
+            "hf_tiny_mistral",
+            serde_json::json!({"sliding_window": 5}),
+            None,
+        ),
+        (
+            "hf_tiny_qwen2",
+            serde_json::json!({"use_sliding_window": true, "sliding_window": 5,
+                "layer_types": ["full_attention", "sliding_attention"]}),
+            Some(vec![false, true]),
+        ),
+        (
+            "hf_tiny_qwen2",
+            serde_json::json!({"use_sliding_window": true, "sliding_window": 5,
+                "max_window_layers": 1, "layer_types": null}),
+            Some(vec![false, true]),
+        ),
+    ] {
+        let from = crate::common::fixture(name);
+        let to = dir
+            .path()
+            .join(format!("{name}_{}", edits.to_string().len()));
+        std::fs::create_dir_all(&to).unwrap();
+        for entry in std::fs::read_dir(&from).unwrap() {
+            let entry = entry.unwrap();
+            std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+        }
+        let config_path = to.join("config.json");
+        let mut config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+        for (key, value) in edits.as_object().unwrap() {
+            config[key] = value.clone();
+        }
+        std::fs::write(&config_path, config.to_string()).unwrap();
+        let imported = import_hf(&to, 128).unwrap();
+        assert_eq!(imported.config.window_size, Some(4), "{name}");
+        assert_eq!(imported.config.window_layers, layers, "{name}");
+        let model = imported.config.init(0, &Device::flex()).unwrap();
+        let (model, _) =
+            ferrotron::model::named_parameters::load_named_parameters(model, &imported.values);
+        let (exported, tensors) = export_hf(&model, &imported.config, 250, 249).unwrap();
+        assert_eq!(exported["sliding_window"], 5, "{name}");
+        let again = to.with_extension("again");
+        ferrotron::export::hf_model::write_hf_dir(&again, &exported, &tensors).unwrap();
+        assert_eq!(
+            import_hf(&again, 128).unwrap().config,
+            imported.config,
+            "{name}"
+        );
+    }
+}
