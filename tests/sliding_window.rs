@@ -1,5 +1,6 @@
-//! Sliding-window attention (`--window-size L,0`, `--window-attn-skip-freq`): the keys each
-//! query sees against a transcription of Megatron-Core's `get_sliding_window_causal_mask`, a
+//! Sliding-window attention (`--window-size L,0`, `--window-attn-skip-freq`) and YaRN: the
+//! keys each query sees against Megatron-Core's own `get_sliding_window_causal_mask`, YaRN's
+//! frequencies against Megatron-Core's `YarnRotaryEmbedding`, a
 //! one-layer model's windowed logits against the same model reading only the window, the KV
 //! cache against the whole sequence, the fused attention against the composed core, and the
 //! window through HuggingFace's `config.json` (Mistral, Qwen2) and back.
@@ -30,62 +31,107 @@ fn logits(model: &Gpt, tokens: &[u32], device: &Device) -> Vec<f32> {
     out.into_data().try_into_vec_as::<f32>().unwrap()
 }
 
-/// Megatron-Core's `get_sliding_window_causal_mask(sq, skv, window_size)` transcribed: ones,
-/// `triu(diagonal = skv − sq − left)`, `tril(diagonal = skv − sq + right)`, negated (true:
-/// hidden).
-fn megatron_window_mask(sq: usize, skv: usize, (left, right): (i64, i64)) -> Vec<Vec<bool>> {
-    let offset = skv as i64 - sq as i64;
-    (0..sq as i64)
-        .map(|i| {
-            (0..skv as i64)
-                .map(|j| {
-                    let upper = j - i >= offset - left;
-                    let lower = j - i <= offset + right;
-                    !(upper && lower)
-                })
-                .collect()
-        })
-        .collect()
+/// Megatron-Core's own outputs (tests/fixtures/megatron_window_yarn.py wrote them).
+fn megatron_fixture() -> serde_json::Value {
+    let path = crate::common::fixture("megatron_window_yarn.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
 /// The keys a layer with a window of `left` keys lets each query see, from its first keys
-/// ([`ferrotron::model::attention::CausalSelfAttention::visible_first_keys`]) through the mask the
-/// composed core builds of them, equal Megatron's window mask (with right side 0), for
-/// windows from 0 to past the sequence; and under packed documents, Megatron's window mask
-/// and the document mask both.
+/// ([`ferrotron::model::attention::CausalSelfAttention::visible_first_keys`]) through the
+/// mask the composed core builds of them, equal Megatron-Core's own
+/// `get_sliding_window_causal_mask(sq, skv, (left, 0))` for windows from 0 to past the
+/// sequence, and for a KV cache's queries after cached keys (`sq < skv`, the generation
+/// step's mask); under packed documents, the window's mask and the documents' both.
 #[test]
 fn the_window_hides_the_keys_megatrons_mask_hides() {
     let device = Device::flex();
-    let seq = 9;
     let documents: Vec<i64> = vec![0, 0, 0, 0, 4, 4, 4, 4, 4];
-    for left in [0usize, 1, 3, 8, 20] {
-        let layer = &llama(1)
+    for case in megatron_fixture()["windows"].as_array().unwrap() {
+        let count = |key: &str| case[key].as_u64().unwrap() as usize;
+        let (sq, skv, left) = (count("sq"), count("skv"), count("left"));
+        let want: Vec<Vec<bool>> = case["hidden"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|row| row.as_array().unwrap().iter().map(|x| x == 1).collect())
+            .collect();
+        let offset = skv - sq;
+        let first = ferrotron::model::documents::window_first_keys(left, offset, sq, &device);
+        let hidden = ferrotron::model::documents::hidden_keys(first.unsqueeze(), skv, offset);
+        let hidden: Vec<bool> = hidden.into_data().try_to_vec().unwrap();
+        assert_eq!(hidden.len(), sq * skv);
+        for i in 0..sq {
+            assert_eq!(
+                &hidden[i * skv..][..skv],
+                &want[i][..],
+                "{sq}×{skv}, window {left}: query {i}"
+            );
+        }
+        if sq != skv {
+            continue;
+        }
+        let layer = llama(1)
             .with_window_size(Some(left))
             .init(1, &device)
-            .unwrap()
-            .layers[0];
-        let attention = &layer.as_ref().unwrap().self_attention;
+            .unwrap();
+        let attention = &layer.layers[0].as_ref().unwrap().self_attention;
         let packed =
-            Tensor::<2, Int>::from_data(TensorData::new(documents.clone(), [1, seq]), &device);
-        for with_documents in [false, true] {
-            let given = with_documents.then_some(&packed);
-            let first = attention
-                .visible_first_keys(given, [1, seq], &device)
-                .unwrap();
-            let hidden = ferrotron::model::documents::hidden_keys(first, seq, 0);
-            let hidden: Vec<bool> = hidden.into_data().try_to_vec().unwrap();
-            let window = megatron_window_mask(seq, seq, (left as i64, 0));
-            for i in 0..seq {
-                for j in 0..seq {
-                    let other_document = with_documents && (j as i64) < documents[i];
-                    assert_eq!(
-                        hidden[i * seq + j],
-                        window[i][j] || other_document,
-                        "window {left}, documents {with_documents}: query {i}, key {j}"
-                    );
-                }
+            Tensor::<2, Int>::from_data(TensorData::new(documents.clone(), [1, sq]), &device);
+        let first = attention
+            .visible_first_keys(Some(&packed), [1, sq], &device)
+            .unwrap();
+        let hidden = ferrotron::model::documents::hidden_keys(first, skv, 0);
+        let hidden: Vec<bool> = hidden.into_data().try_to_vec().unwrap();
+        for i in 0..sq {
+            for j in 0..skv {
+                let other_document = (j as i64) < documents[i];
+                assert_eq!(
+                    hidden[i * skv + j],
+                    want[i][j] || other_document,
+                    "window {left}, documents: query {i}, key {j}"
+                );
             }
         }
+    }
+}
+
+/// YaRN's inverse frequencies and concentration equal Megatron-Core's own
+/// (`YarnRotaryEmbedding.get_emb` and its `_yarn_*` helpers, float32 there, so to 1e-6), with
+/// the ramp's ends rounded and not, and with `mscale`/`mscale_all_dim` set.
+#[test]
+fn yarn_frequencies_are_megatrons() {
+    for case in megatron_fixture()["yarn"].as_array().unwrap() {
+        let float = |key: &str| case[key].as_f64().unwrap();
+        let yarn = ferrotron::model::YarnScaling {
+            factor: float("factor"),
+            original_max_position_embeddings: float("original"),
+            beta_fast: float("beta_fast"),
+            beta_slow: float("beta_slow"),
+            mscale: float("mscale"),
+            mscale_all_dim: float("mscale_all_dim"),
+            round_to_int: case["round_to_int"].as_bool().unwrap(),
+        };
+        let dim = case["dim"].as_u64().unwrap() as usize;
+        let got = yarn.inverse_frequencies(float("base"), dim);
+        let want: Vec<f64> = case["inv_freq"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        assert_eq!(got.len(), want.len());
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-6 * w.abs(),
+                "{case}: pair {i}: {g} vs {w}"
+            );
+        }
+        let concentration = yarn.concentration();
+        assert!(
+            (concentration - float("concentration")).abs() < 1e-12,
+            "{case}: {concentration}"
+        );
     }
 }
 
@@ -209,4 +255,53 @@ fn the_window_goes_through_huggingfaces_config() {
             "{name}"
         );
     }
+}
+
+/// `pretrain --window-size 3,0 --window-attn-skip-freq 2 --position-embedding-type yarn`
+/// trains a Llama-form model, and its checkpoint in Megatron's `torch` format carries
+/// Megatron's arguments for both (`window_size`, the per-layer pattern, `yarn` and its
+/// constants), read back into the same model; a window that sees later keys is refused.
+#[test]
+fn pretrain_saves_the_window_and_yarn_as_megatron_arguments() {
+    use crate::common::*;
+    use ferrotron::checkpoint::megatron_args::MegatronArgs;
+
+    let dir = tempfile::tempdir().unwrap();
+    let data = golden("wikitext2_valid", "text");
+    let mut args: Vec<&str> = "--num-layers 2 --hidden-size 16 --num-attention-heads 2 \
+        --seq-length 16 --max-position-embeddings 64 --micro-batch-size 2 \
+        --global-batch-size 2 --train-iters 2 --lr 1e-2 --split 100,0,0 --eval-iters 0 \
+        --log-interval 1 --save ckpt --save-interval 2 --ckpt-format torch \
+        --tokenizer-type NullTokenizer --vocab-size 50257 --normalization RMSNorm --swiglu \
+        --ffn-hidden-size 32 \
+        --disable-bias-linear --window-size 3,0 --window-attn-skip-freq 2 \
+        --position-embedding-type yarn --rotary-scaling-factor 4 \
+        --yarn-original-max-position-embeddings 16"
+        .split_whitespace()
+        .collect();
+    args.extend(["--data-path", data.to_str().unwrap()]);
+    let out = run_tool(env!("CARGO_BIN_EXE_pretrain"), &args, dir.path());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let saved = dir
+        .path()
+        .join("ckpt/iter_0000002/mp_rank_00/model_optim_rng.pt");
+    let config = MegatronArgs::read(&saved).unwrap().model_config().unwrap();
+    assert_eq!(config.window_size, Some(3));
+    assert_eq!(config.window_layers, Some(vec![true, false]));
+    let yarn = config.yarn.expect("YaRN saved");
+    assert_eq!(
+        (yarn.factor, yarn.original_max_position_embeddings),
+        (4.0, 16.0)
+    );
+    let (_, checkpoint) =
+        ferrotron::checkpoint::load_model(&dir.path().join("ckpt"), &Device::flex()).unwrap();
+    assert_eq!(checkpoint.config, config);
+
+    let bad = args
+        .iter()
+        .map(|a| if *a == "3,0" { "3,2" } else { a })
+        .collect::<Vec<_>>();
+    let out = run_tool(env!("CARGO_BIN_EXE_pretrain"), &bad, dir.path());
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("causal"), "{}", stderr(&out));
 }

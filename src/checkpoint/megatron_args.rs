@@ -15,7 +15,7 @@ use anyhow::{bail, Context, Result};
 
 use super::check_same_model;
 use super::pickle::{read_torch_save_pickle, Unpickled};
-use crate::model::{GptConfig, Normalization, PositionEmbedding, RopeScaling};
+use crate::model::{GptConfig, Normalization, PositionEmbedding, RopeScaling, YarnScaling};
 
 /// What a Megatron checkpoint file says about its model and run.
 #[derive(Clone, Debug)]
@@ -252,13 +252,72 @@ impl MegatronArgs {
         if let Some(p) = self.float("attention_dropout")? {
             config.attention_dropout = p;
         }
+        self.read_window(&mut config)?;
+        config.yarn = self.yarn()?;
         Ok(config)
+    }
+
+    /// `window_size` (Megatron's `(left, right)` tuple, `None` without a window) and
+    /// `window_attn_skip_freq` (an int or a per-layer list) into `config`.
+    fn read_window(&self, config: &mut GptConfig) -> Result<()> {
+        let sides = match self.value("window_size") {
+            None | Some(Unpickled::None) => return Ok(()),
+            Some(Unpickled::Tuple(sides) | Unpickled::List(sides)) => sides,
+            Some(_) => return Err(self.error("window_size", "a (left, right) pair")),
+        };
+        let [Unpickled::Int(left), Unpickled::Int(0)] = sides[..] else {
+            return Err(self.error("window_size", "a (left, 0) pair of ints (a causal window)"));
+        };
+        config.window_size = (left >= 0).then_some(left as usize);
+        let layers = config.num_layers;
+        config.window_layers = match self.value("window_attn_skip_freq") {
+            None | Some(Unpickled::None) => None,
+            Some(Unpickled::Int(every)) if *every > 0 => {
+                Some((1..=layers).map(|n| n % *every as usize != 0).collect())
+            }
+            Some(Unpickled::List(entries)) if entries.len() == layers => Some(
+                entries
+                    .iter()
+                    .map(|e| matches!(e, Unpickled::Int(1) | Unpickled::Bool(true)))
+                    .collect(),
+            ),
+            Some(_) => {
+                return Err(self.error(
+                    "window_attn_skip_freq",
+                    "a positive int or one entry per layer",
+                ))
+            }
+        };
+        Ok(())
+    }
+
+    /// YaRN's constants where `position_embedding_type` is `yarn` (Megatron-Core's
+    /// `YarnRotaryEmbedding` defaults where an argument is missing).
+    fn yarn(&self) -> Result<Option<YarnScaling>> {
+        if self.string("position_embedding_type")? != Some("yarn") {
+            return Ok(None);
+        }
+        let original = self
+            .count("yarn_original_max_position_embeddings")?
+            .unwrap_or(4096);
+        Ok(Some(YarnScaling {
+            factor: self.float("rotary_scaling_factor")?.unwrap_or(1.0),
+            original_max_position_embeddings: original as f64,
+            beta_fast: self.float("yarn_beta_fast")?.unwrap_or(32.0),
+            beta_slow: self.float("yarn_beta_slow")?.unwrap_or(1.0),
+            mscale: self.float("mscale")?.unwrap_or(1.0),
+            mscale_all_dim: self.float("mscale_all_dim")?.unwrap_or(0.0),
+            round_to_int: self.value("yarn_correction_range_round_to_int").is_none()
+                || self.flag("yarn_correction_range_round_to_int")?,
+        }))
     }
 
     /// `position_embedding_type`, with the legacy `use_rotary_position_embeddings` and
     /// `add_position_embedding` (False without rope: no positions at all).
     fn position_embedding(&self) -> Result<PositionEmbedding> {
         let named = match self.string("position_embedding_type")? {
+            // YaRN stretches the rotary embedding (`Self::yarn`).
+            Some("yarn") => PositionEmbedding::Rope,
             Some(name) => name
                 .parse()
                 .map_err(|e: String| anyhow::anyhow!("{}: {e}", self.file))?,

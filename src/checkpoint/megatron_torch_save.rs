@@ -577,6 +577,9 @@ fn args_namespace(run: &MegatronRun, place: ShardPlace) -> PyValue {
     if let Some(scaling) = &c.rope_scaling {
         fields.push(("rope_scaling_factor", PyValue::Float(scaling.factor)));
     }
+    let attention = window_and_yarn_fields(c);
+    fields.retain(|(name, _)| attention.iter().all(|(replaced, _)| replaced != name));
+    fields.extend(attention);
     if let Some(v) = run.vocab_size {
         fields.push(("vocab_size", int(v)));
     }
@@ -587,6 +590,37 @@ fn args_namespace(run: &MegatronRun, place: ShardPlace) -> PyValue {
         fields.push(("seq_length", int(s)));
     }
     PyValue::Namespace(fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
+}
+
+/// Megatron's arguments for a sliding window (`window_size` as its `(left, 0)` tuple,
+/// `window_attn_skip_freq` as the per-layer list) and YaRN (`position_embedding_type` `yarn`
+/// replaced, and its constants), so that Megatron builds the same attention.
+fn window_and_yarn_fields(c: &GptConfig) -> Vec<(&'static str, PyValue)> {
+    let mut fields = Vec::new();
+    if let Some(window) = c.window_size {
+        let pair = vec![PyValue::Int(window as i64), PyValue::Int(0)];
+        fields.push(("window_size", PyValue::Tuple(pair)));
+        if let Some(layers) = &c.window_layers {
+            let list = layers.iter().map(|&w| PyValue::Int(i64::from(w))).collect();
+            fields.push(("window_attn_skip_freq", PyValue::List(list)));
+        }
+    }
+    if let Some(y) = &c.yarn {
+        fields.push(("position_embedding_type", PyValue::Str("yarn".into())));
+        fields.push(("rotary_scaling_factor", PyValue::Float(y.factor)));
+        let original = y.original_max_position_embeddings as i64;
+        fields.push((
+            "yarn_original_max_position_embeddings",
+            PyValue::Int(original),
+        ));
+        fields.push(("yarn_beta_fast", PyValue::Float(y.beta_fast)));
+        fields.push(("yarn_beta_slow", PyValue::Float(y.beta_slow)));
+        fields.push(("mscale", PyValue::Float(y.mscale)));
+        fields.push(("mscale_all_dim", PyValue::Float(y.mscale_all_dim)));
+        let round = PyValue::Bool(y.round_to_int);
+        fields.push(("yarn_correction_range_round_to_int", round));
+    }
+    fields
 }
 
 /// Writes one model-parallel rank's `model_optim_rng.pt` into the staging directory, with

@@ -108,3 +108,82 @@ impl RopeScaling {
         }
     }
 }
+
+/// YaRN's stretching of the rotary frequencies to a longer context (`--position-embedding-type
+/// yarn`; Megatron-Core's `YarnRotaryEmbedding`): the pairs that turn fewer than `beta_slow`
+/// times over the original context are interpolated (slowed by `factor`), those that turn more
+/// than `beta_fast` times are kept, a linear ramp over the pair index blends the band between,
+/// and both `cos` and `sin` are multiplied by a concentration factor (so the scores by its
+/// square).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct YarnScaling {
+    /// How far the context is stretched (`--rotary-scaling-factor`).
+    pub factor: f64,
+    /// The context the model was first trained at (`--yarn-original-max-position-embeddings`).
+    pub original_max_position_embeddings: f64,
+    /// Rotations over the original context above which a pair is kept (`--yarn-beta-fast`, 32).
+    pub beta_fast: f64,
+    /// Rotations below which a pair is interpolated (`--yarn-beta-slow`, 1).
+    pub beta_slow: f64,
+    /// `--mscale` (1).
+    pub mscale: f64,
+    /// `--mscale-all-dim` (0).
+    pub mscale_all_dim: f64,
+    /// The ramp's ends rounded out to whole pairs (`--yarn-correction-range-round-to-int`,
+    /// Megatron's default).
+    pub round_to_int: bool,
+}
+
+impl YarnScaling {
+    /// The inverse frequencies of `dim` rotated channels at rotary base `base`
+    /// (`_yarn_find_correction_range` and `_yarn_linear_ramp_mask`, in float64).
+    pub fn inverse_frequencies(&self, base: f64, dim: usize) -> Vec<f64> {
+        let d = dim as f64;
+        // The pair index whose wavelength turns `rotations` times over the original context.
+        let pair_for = |rotations: f64| {
+            d * (self.original_max_position_embeddings / (rotations * 2.0 * std::f64::consts::PI))
+                .ln()
+                / (2.0 * base.ln())
+        };
+        let (mut low, mut high) = (pair_for(self.beta_fast), pair_for(self.beta_slow));
+        if self.round_to_int {
+            (low, high) = (low.floor(), high.ceil());
+        }
+        let (low, mut high) = (low.max(0.0), high.min(d - 1.0));
+        if low == high {
+            high += 0.001;
+        }
+        (0..dim / 2)
+            .map(|i| {
+                let extrapolated = base.powf(-((2 * i) as f64) / d);
+                let interpolated = extrapolated / self.factor;
+                let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+                interpolated * ramp + extrapolated * (1.0 - ramp)
+            })
+            .collect()
+    }
+
+    /// What `cos` and `sin` are multiplied by (`_yarn_get_concentration_factor`).
+    pub fn concentration(&self) -> f64 {
+        let mscale = |m: f64| match self.factor <= 1.0 {
+            true => 1.0,
+            false => 0.1 * m * self.factor.ln() + 1.0,
+        };
+        mscale(self.mscale) / mscale(self.mscale_all_dim)
+    }
+
+    /// Rejects constants the rule cannot use, with a one-line reason.
+    pub fn validate(&self) -> Result<(), String> {
+        let ok = self.factor > 0.0
+            && self.original_max_position_embeddings > 0.0
+            && self.beta_fast > 0.0
+            && self.beta_slow > 0.0
+            && self.concentration().is_finite();
+        match ok {
+            true => Ok(()),
+            false => Err(format!(
+                "YaRN {self:?}: need a positive factor, original context and betas"
+            )),
+        }
+    }
+}

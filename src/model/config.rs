@@ -3,7 +3,7 @@
 use burn::config::Config;
 use burn::tensor::Device;
 
-use super::architecture::{Normalization, PositionEmbedding, RopeScaling};
+use super::architecture::{Normalization, PositionEmbedding, RopeScaling, YarnScaling};
 use super::stage::StageLayers;
 use super::Gpt;
 use crate::comm::Group;
@@ -88,6 +88,9 @@ pub struct GptConfig {
     pub rotary_interleaved: bool,
     /// `--use-rope-scaling` (Llama 3.1's long-context frequencies).
     pub rope_scaling: Option<RopeScaling>,
+    /// `--position-embedding-type yarn`: YaRN's frequencies and concentration (with the
+    /// rotary embedding; not with `rope_scaling`).
+    pub yarn: Option<YarnScaling>,
     /// `--normalization`.
     #[config(default = "Normalization::LayerNorm")]
     pub normalization: Normalization,
@@ -165,6 +168,7 @@ impl GptConfig {
             rotary_percent: saved.rotary_percent,
             rotary_interleaved: saved.rotary_interleaved,
             rope_scaling: saved.rope_scaling,
+            yarn: saved.yarn,
             normalization: saved.normalization,
             layernorm_epsilon: saved.layernorm_epsilon,
             apply_layernorm_1p: saved.apply_layernorm_1p,
@@ -245,9 +249,10 @@ impl GptConfig {
                 } else {
                     ""
                 },
-                match &self.rope_scaling {
-                    Some(r) => format!(", scaled by {}", r.factor),
-                    None => String::new(),
+                match (&self.rope_scaling, &self.yarn) {
+                    (Some(r), _) => format!(", scaled by {}", r.factor),
+                    (None, Some(y)) => format!(", YaRN × {}", y.factor),
+                    (None, None) => String::new(),
                 }
             ),
         });
@@ -351,6 +356,9 @@ impl GptConfig {
                 self.num_attention_heads
             ));
         }
+        if self.yarn.is_some() && self.position_embedding_type != PositionEmbedding::Rope {
+            return Err("YaRN scales the rotary embedding; the model has none".into());
+        }
         if self.position_embedding_type == PositionEmbedding::Rope {
             if !(self.rotary_percent > 0.0 && self.rotary_percent <= 1.0) {
                 return Err(format!(
@@ -371,6 +379,15 @@ impl GptConfig {
             }
             if let Some(scaling) = &self.rope_scaling {
                 scaling.validate()?;
+            }
+            if let Some(yarn) = &self.yarn {
+                yarn.validate()?;
+                if self.rope_scaling.is_some()
+                    || self.rotary_percent != 1.0
+                    || self.rotary_interleaved
+                {
+                    return Err("YaRN rotates every channel in halves (--rotary-percent 1, not --rotary-interleaved) and replaces --use-rope-scaling".into());
+                }
             }
         }
         Ok(())

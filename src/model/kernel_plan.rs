@@ -54,10 +54,11 @@ impl CausalSelfAttention {
     /// choose it.
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     pub fn core_in_words(&self, device: &Device, dtype: DType) -> String {
-        if self.reset_attention_mask && !self.flash_attention {
-            return "composed core: products, composed softmax with per-document masks \
-                    (--reset-attention-mask; with --use-flash-attn the fused kernels skip \
-                    the other documents' tiles)"
+        let masked = self.reset_attention_mask || self.sliding_window.is_some();
+        if masked && !self.flash_attention {
+            return "composed core: products, composed softmax masked from each query's first \
+                    key (--reset-attention-mask, --window-size; with --use-flash-attn the \
+                    fused kernels skip the tiles no query of a block sees)"
                 .into();
         }
         let from_rows = if self.core_from_rows(device) {
@@ -74,8 +75,8 @@ impl CausalSelfAttention {
         if self.flash_attention {
             let kernels = super::fused::attention_kernels_in_words(device, dtype, self.head_dim)
                 .unwrap_or_default();
-            let documents = if self.reset_attention_mask {
-                ", each query from its document's start (tiles of other documents skipped)"
+            let documents = if masked {
+                ", each query from its first visible key (tiles before it skipped)"
             } else {
                 ""
             };

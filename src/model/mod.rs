@@ -29,7 +29,7 @@ pub mod stage;
 pub mod transformer_block;
 pub mod vocab;
 
-pub use architecture::{Normalization, PositionEmbedding, RopeScaling};
+pub use architecture::{Normalization, PositionEmbedding, RopeScaling, YarnScaling};
 pub use config::GptConfig;
 pub use documents::Documents;
 pub use gpt::Gpt;

@@ -21,6 +21,8 @@ pub struct RotaryEmbedding {
     inv_freq: Vec<f64>,
     /// Pairs are (2i, 2i+1) instead of (i, i + rotary_dim / 2).
     interleaved: bool,
+    /// What the `cos` and `sin` tables are multiplied by: YaRN's concentration, else 1.
+    table_scale: f64,
     /// Use the fused kernel where the backend has it; follows the norms' fusion switch
     /// (`--no-persist-layer-norm` turns it off), the math is the same.
     fused: bool,
@@ -45,6 +47,7 @@ impl PartialEq for RotaryEmbedding {
     fn eq(&self, other: &Self) -> bool {
         self.inv_freq == other.inv_freq
             && self.interleaved == other.interleaved
+            && self.table_scale == other.table_scale
             && self.fused == other.fused
     }
 }
@@ -53,15 +56,19 @@ impl RotaryEmbedding {
     /// The rotary embedding `config` asks for.
     pub fn new(config: &GptConfig) -> Self {
         let dim = config.rotary_dim();
-        let inv_freq = (0..dim / 2)
-            .map(|i| {
-                let f = config.rotary_base.powf(-((2 * i) as f64) / dim as f64);
-                config.rope_scaling.as_ref().map_or(f, |s| s.apply(f))
-            })
-            .collect();
+        let inv_freq = match &config.yarn {
+            Some(yarn) => yarn.inverse_frequencies(config.rotary_base, dim),
+            None => (0..dim / 2)
+                .map(|i| {
+                    let f = config.rotary_base.powf(-((2 * i) as f64) / dim as f64);
+                    config.rope_scaling.as_ref().map_or(f, |s| s.apply(f))
+                })
+                .collect(),
+        };
         Self {
             inv_freq,
             interleaved: config.rotary_interleaved,
+            table_scale: config.yarn.as_ref().map_or(1.0, |y| y.concentration()),
             fused: config.rope_fusion,
             tables: Arc::default(),
         }
@@ -108,8 +115,8 @@ impl RotaryEmbedding {
         for position in start..start + len {
             for theta in &self.inv_freq {
                 let angle = position as f64 * theta;
-                cos.push(angle.cos() as f32);
-                sin.push(angle.sin() as f32);
+                cos.push((angle.cos() * self.table_scale) as f32);
+                sin.push((angle.sin() * self.table_scale) as f32);
             }
         }
         [cos, sin].map(|v| Tensor::<2>::from_data(TensorData::new(v, [len, pairs]), device))
@@ -278,6 +285,39 @@ mod tests {
                 for c in 0..8 {
                     assert!((got[s * 8 + c] as f64 - want[c]).abs() < 1e-5, "{s} {c}");
                 }
+            }
+        }
+    }
+
+    /// Under YaRN each pair turns by YaRN's frequency (Megatron-Core's, checked in
+    /// tests/sliding_window.rs) and the rotated vector is scaled by its concentration, on the
+    /// composed path and in the tables the fused kernel reads.
+    #[test]
+    fn yarn_turns_by_its_frequencies_and_scales_by_its_concentration() {
+        let device = Device::flex();
+        let yarn = crate::model::YarnScaling {
+            factor: 4.0,
+            original_max_position_embeddings: 16.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            mscale: 1.0,
+            mscale_all_dim: 0.0,
+            round_to_int: true,
+        };
+        let rope = RotaryEmbedding::new(&config(false, 1.0).with_yarn(Some(yarn)));
+        let theta = yarn.inverse_frequencies(10000.0, 8);
+        assert_eq!(rope.inv_freq, theta);
+        let scale = yarn.concentration();
+        assert!(scale > 1.1, "{scale}");
+        let values: Vec<f32> = (0..3 * 8).map(|i| ((i * 5) % 9) as f32 - 4.0).collect();
+        let x = Tensor::<4>::from_data(TensorData::new(values.clone(), [1, 1, 3, 8]), &device);
+        let got: Vec<f32> = rope.apply(x, 7).into_data().try_to_vec().unwrap();
+        for s in 0..3 {
+            let v: Vec<f64> = values[s * 8..s * 8 + 8].iter().map(|&x| x as f64).collect();
+            let want = rotate_by_hand(&v, 7 + s, &theta, false);
+            for c in 0..8 {
+                let w = want[c] * scale;
+                assert!((got[s * 8 + c] as f64 - w).abs() < 1e-5, "{s} {c}");
             }
         }
     }

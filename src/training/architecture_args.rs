@@ -3,7 +3,7 @@
 
 use clap::Args;
 
-use crate::model::{GptConfig, Normalization, PositionEmbedding, RopeScaling};
+use crate::model::{GptConfig, Normalization, PositionEmbedding, RopeScaling, YarnScaling};
 
 /// The flags that turn Megatron's GPT into a Llama-family model (names, defaults and legacy
 /// spellings as Megatron-LM's).
@@ -33,6 +33,30 @@ pub struct ArchitectureArgs {
     /// The scaling factor of --use-rope-scaling.
     #[arg(long, default_value_t = 8.0)]
     pub rope_scaling_factor: f64,
+    /// YaRN's context stretch (with --position-embedding-type yarn).
+    #[arg(long, default_value_t = 1.0)]
+    pub rotary_scaling_factor: f64,
+    /// The context the model was first trained at, for YaRN [required with yarn].
+    #[arg(long)]
+    pub yarn_original_max_position_embeddings: Option<usize>,
+    /// YaRN: rotations over the original context above which a pair is kept [default: 32].
+    #[arg(long)]
+    pub yarn_beta_fast: Option<f64>,
+    /// YaRN: rotations below which a pair is interpolated [default: 1].
+    #[arg(long)]
+    pub yarn_beta_slow: Option<f64>,
+    /// YaRN: round the ramp's ends out to whole pairs (Megatron's default).
+    #[arg(long, overrides_with = "no_yarn_correction_range_round_to_int")]
+    pub yarn_correction_range_round_to_int: bool,
+    /// YaRN: keep the ramp's ends where they fall.
+    #[arg(long)]
+    pub no_yarn_correction_range_round_to_int: bool,
+    /// YaRN's concentration: `mscale` of `0.1 · mscale · ln(factor) + 1`.
+    #[arg(long, default_value_t = 1.0)]
+    pub mscale: f64,
+    /// YaRN's concentration is divided by the same with this `mscale`.
+    #[arg(long, default_value_t = 0.0)]
+    pub mscale_all_dim: f64,
     /// LayerNorm or RMSNorm.
     #[arg(long, default_value = "LayerNorm")]
     pub normalization: String,
@@ -80,7 +104,9 @@ impl ArchitectureArgs {
     /// rope (as Megatron's Llama scripts pass them together) it changes nothing, and alone it
     /// means none.
     fn position_embedding_type(&self) -> Result<PositionEmbedding, String> {
-        let named: Option<PositionEmbedding> = match &self.position_embedding_type {
+        let named: Option<PositionEmbedding> = match self.position_embedding_type.as_deref() {
+            // YaRN is the rotary embedding with its frequencies stretched (`Self::yarn`).
+            Some("yarn") => Some(PositionEmbedding::Rope),
             Some(kind) => Some(kind.parse()?),
             None => None,
         };
@@ -135,10 +161,31 @@ impl ArchitectureArgs {
             qk_layernorm: self.qk_layernorm,
             untie_embeddings_and_output_weights: self.untie_embeddings_and_output_weights,
             ffn_hidden_size,
+            yarn: self.yarn()?,
             window_size: self.window()?,
             window_layers: self.window_layers(config.num_layers)?,
             ..config
         })
+    }
+
+    /// YaRN's constants under `--position-embedding-type yarn` (Megatron-Core's
+    /// `YarnRotaryEmbedding` defaults where a flag is not given), `None` otherwise.
+    fn yarn(&self) -> Result<Option<YarnScaling>, String> {
+        if self.position_embedding_type.as_deref() != Some("yarn") {
+            return Ok(None);
+        }
+        let original = self.yarn_original_max_position_embeddings.ok_or(
+            "--position-embedding-type yarn needs --yarn-original-max-position-embeddings (the context the model was first trained at)",
+        )?;
+        Ok(Some(YarnScaling {
+            factor: self.rotary_scaling_factor,
+            original_max_position_embeddings: original as f64,
+            beta_fast: self.yarn_beta_fast.unwrap_or(32.0),
+            beta_slow: self.yarn_beta_slow.unwrap_or(1.0),
+            mscale: self.mscale,
+            mscale_all_dim: self.mscale_all_dim,
+            round_to_int: !self.no_yarn_correction_range_round_to_int,
+        }))
     }
 
     /// `--window-size`'s left side, `None` without a window (or with Megatron's -1, no bound).

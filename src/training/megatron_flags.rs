@@ -65,9 +65,9 @@ const MLA: &str = "multi-latent attention is not implemented";
 const MTP: &str = "multi-token prediction is not implemented";
 /// The settings of SGD, Muon and Lion.
 const OTHER_OPTIMIZER: &str = "only the Adam optimizer (--optimizer adam) is implemented";
-/// YaRN rotary scaling and its parameters.
+/// `--rope-type`, multi-latent attention's choice of rotary form.
 const YARN: &str =
-    "YaRN rotary scaling is not implemented (--use-rope-scaling gives Llama 3.1's scaling)";
+    "--rope-type chooses the rotary form of multi-latent attention, which is not implemented; --position-embedding-type yarn gives YaRN";
 /// Mamba, gated-delta and linear-attention layers.
 const HYBRID: &str = "hybrid Mamba / linear-attention models are not implemented";
 /// Softmax variants and sparse or experimental attention.
@@ -822,8 +822,6 @@ pub const MEGATRON_FLAGS: &[MegatronFlag] = &[
     refused("--moe-use-upcycling", Nothing, MOE),
     refused("--moe-z-loss-coeff", One, MOE),
     refused("--mrope-section", List, MROPE),
-    refused_unless("--mscale", One, YARN, "1.0"),
-    refused_unless("--mscale-all-dim", One, YARN, "0.0"),
     refused("--mtp-detach-heads", Nothing, MTP),
     refused("--mtp-hsm", Nothing, MTP),
     refused("--mtp-hybrid-override-pattern", One, MTP),
@@ -914,7 +912,6 @@ pub const MEGATRON_FLAGS: &[MegatronFlag] = &[
     ignored("--no-use-layer-wise-param-layout", Nothing),
     ignored("--no-use-tokenizer-model-from-checkpoint-args", Nothing),
     refused("--no-weight-decay-cond-type", One, WEIGHT_DECAY_CONDITION),
-    refused("--no-yarn-correction-range-round-to-int", Nothing, YARN),
     ignored("--non-persistent-ckpt-type", One),
     ignored("--non-persistent-global-ckpt-dir", One),
     ignored("--non-persistent-local-ckpt-algo", One),
@@ -1043,7 +1040,6 @@ pub const MEGATRON_FLAGS: &[MegatronFlag] = &[
     refused("--rl-use-sequence-packing", Nothing, RL),
     refused("--rl-verify-model-weights-swap", Nothing, RL),
     refused_unless("--rope-type", One, YARN, "rope"),
-    refused_unless("--rotary-scaling-factor", One, YARN, "1.0"),
     refused(
         "--rotary-seq-len-interpolation-factor",
         One,
@@ -1155,8 +1151,4 @@ pub const MEGATRON_FLAGS: &[MegatronFlag] = &[
     refused("--warmup", One, OLD_WARMUP),
     ignored("--wgrad-deferral-limit", One),
     refused("--yaml-cfg", One, YAML_CONFIG),
-    refused("--yarn-beta-fast", One, YARN),
-    refused("--yarn-beta-slow", One, YARN),
-    refused("--yarn-correction-range-round-to-int", Nothing, YARN),
-    refused("--yarn-original-max-position-embeddings", One, YARN),
 ];

@@ -107,6 +107,9 @@ impl FuzzCase {
         ];
         let flags = flags.iter().chain(&packing);
         parts.extend(flags.filter(|f| f.0).map(|f| f.1.to_owned()));
+        if m.yarn.is_some() {
+            parts.push("YaRN".to_owned());
+        }
         if let Some(window) = m.window_size {
             let layers = match m.window_layers {
                 Some(_) => "every other layer",
@@ -275,6 +278,23 @@ fn draw_window(d: &mut Draws, model: &mut GptConfig) {
     }
 }
 
+/// Draws YaRN (`--position-embedding-type yarn`) for a rotary model in one case of four: the
+/// 16-token samples as a context stretched 4 times from 4.
+fn draw_yarn(d: &mut Draws, model: &mut GptConfig) {
+    if model.position_embedding_type != PositionEmbedding::Rope || d.pick(&[0, 0, 0, 1]) == 0 {
+        return;
+    }
+    model.yarn = Some(crate::model::YarnScaling {
+        factor: 4.0,
+        original_max_position_embeddings: 4.0,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        mscale: 1.0,
+        mscale_all_dim: 0.0,
+        round_to_int: d.coin(),
+    });
+}
+
 /// Where [`short_documents`] writes its dataset under the index cache `cache`.
 fn short_documents_prefix(cache: &Path) -> PathBuf {
     cache.join("short_documents_text_document")
@@ -385,6 +405,7 @@ pub fn draw_case(
     // Drawn last, so the cases drawn before packing was a choice keep their other choices.
     draw_packing(&mut d, &mut cfg, cache);
     draw_window(&mut d, &mut cfg.model);
+    draw_yarn(&mut d, &mut cfg.model);
     cfg.global_batch_size = micro_batch_size * micro_batches * s.dp;
     // No warm-up (its first step would have a learning rate of 0): a cosine decay from the
     // first iteration over the run.
