@@ -1887,7 +1887,9 @@ fn half_dropout_matches_f32<H: Storage>(client: &Client, rng: &mut Rng) {
 /// of any tile; one head (the f32 test has several).
 fn half_attention_matches_f32<H: Storage>(client: &Client, rng: &mut Rng) {
     let draw = test_draw(0x9e37_79b9, 7, 0.1);
-    for head_dim in [64, 128] {
+    let documents = packed_first_keys(rng, 1, 37, 12);
+    // Heads of 64 also over packed documents (the first keys' kernels).
+    for (head_dim, keys) in [(64, None), (128, None), (64, Some(&documents[..]))] {
         let a = AttentionShape {
             heads: 1,
             seq: 37,
@@ -1895,13 +1897,20 @@ fn half_attention_matches_f32<H: Storage>(client: &Client, rng: &mut Rng) {
         };
         let tiles = AttentionLaunch::for_client(client, head_dim);
         let inputs = [0; 4].map(|_| rounded::<H>(&rng.vec(a.len(), -1.5, 1.5)));
-        let forward_f32 = run_attention::<f32>(client, tiles, &inputs, None, a, draw);
-        let forward_half = run_attention::<H>(client, tiles, &inputs, None, a, draw);
-        let what = |name: &str| format!("attention {name}, head_dim {head_dim}");
+        let run = |storage_f32: bool, output: Option<&[f32]>| match storage_f32 {
+            true => run_attention::<f32>(client, tiles, &inputs, output, a, draw, keys),
+            false => run_attention::<H>(client, tiles, &inputs, output, a, draw, keys),
+        };
+        let (forward_f32, forward_half) = (run(true, None), run(false, None));
+        let what = |name: &str| {
+            format!(
+                "attention {name}, head_dim {head_dim}, documents {}",
+                keys.is_some()
+            )
+        };
         assert_within_an_ulp::<H>(&what("output"), &forward_half[0], &forward_f32[0], 0.0);
         let o = forward_half[0].clone();
-        let backward_f32 = run_attention::<f32>(client, tiles, &inputs, Some(&o), a, draw);
-        let backward_half = run_attention::<H>(client, tiles, &inputs, Some(&o), a, draw);
+        let (backward_f32, backward_half) = (run(true, Some(&o)), run(false, Some(&o)));
         for (i, name) in [(1, "dq"), (2, "dk"), (3, "dv")] {
             assert_within_an_ulp::<H>(&what(name), &backward_half[i], &backward_f32[i], 0.0);
         }
@@ -2045,10 +2054,15 @@ fn run_attention<S: Storage>(
     output: Option<&[f32]>,
     shape: AttentionShape,
     draw: DropoutDraw,
+    first_keys: Option<&[u32]>,
 ) -> [Vec<f32>; 4] {
     let n = shape.len();
     let [qh, kh, vh, dh] = [q, k, v, dout].map(|x| upload_as::<S>(client, x));
-    let inputs = AttentionInputs::causal(&qh, &kh, &vh);
+    let keys = first_keys.map(|keys| client.create_from_slice(u32::as_bytes(keys)));
+    let inputs = AttentionInputs {
+        first_keys: keys.as_ref().map(|handle| FirstKeys { handle, batch: 1 }),
+        ..AttentionInputs::causal(&qh, &kh, &vh)
+    };
     let (oh, lh) = (poisoned_as::<S>(client, n), poisoned(client, shape.rows()));
     let scale = 0.25;
     flash_attention_forward::<S>(client, launch, inputs, &oh, &lh, shape, scale, Some(draw));
