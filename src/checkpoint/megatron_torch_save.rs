@@ -574,9 +574,6 @@ fn args_namespace(run: &MegatronRun, place: ShardPlace) -> PyValue {
         ("no_save_optim", PyValue::Bool(run.optimizer.is_none())),
         ("no_save_rng", PyValue::Bool(true)),
     ];
-    if let Some(scaling) = &c.rope_scaling {
-        fields.push(("rope_scaling_factor", PyValue::Float(scaling.factor)));
-    }
     let attention = window_and_yarn_fields(c);
     fields.retain(|(name, _)| attention.iter().all(|(replaced, _)| replaced != name));
     fields.extend(attention);
@@ -592,11 +589,15 @@ fn args_namespace(run: &MegatronRun, place: ShardPlace) -> PyValue {
     PyValue::Namespace(fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
 }
 
-/// Megatron's arguments for a sliding window (`window_size` as its `(left, 0)` tuple,
+/// Megatron's arguments for Llama 3.1's rotary scaling (`rope_scaling_factor`), a sliding
+/// window (`window_size` as its `(left, 0)` tuple,
 /// `window_attn_skip_freq` as the per-layer list) and YaRN (`position_embedding_type` `yarn`
 /// replaced, and its constants), so that Megatron builds the same attention.
 fn window_and_yarn_fields(c: &GptConfig) -> Vec<(&'static str, PyValue)> {
     let mut fields = Vec::new();
+    if let Some(scaling) = &c.rope_scaling {
+        fields.push(("rope_scaling_factor", PyValue::Float(scaling.factor)));
+    }
     if let Some(window) = c.window_size {
         let pair = vec![PyValue::Int(window as i64), PyValue::Int(0)];
         fields.push(("window_size", PyValue::Tuple(pair)));
