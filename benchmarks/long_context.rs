@@ -137,7 +137,7 @@ fn measure(device: &Device, seq: usize, reps: usize) -> ([f64; 4], [f64; 4]) {
     };
     // The composed core's `s × s` scores (4 · s² floats) are not even tried past
     // `FERROTRON_BENCH_COMPOSED_MAX` positions (default 8192): on a CPU device they are host
-    // memory, 17 GB at 32k.
+    // memory, which this machine does not have at the longest lengths.
     let composed_max: usize = std::env::var("FERROTRON_BENCH_COMPOSED_MAX")
         .ok()
         .and_then(|v| v.parse().ok())

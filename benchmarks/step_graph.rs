@@ -3,8 +3,8 @@
 //! same device in the same process.
 //!
 //! Why: on a GPU the host's cost per kernel launch
-//! (benchmarks/results/2026-11-26-h200-gpu-profile.md), over the about 1,200 launches of GPT-2
-//! 345M's step (docs/benchmarks.md, "Kernel launches per step"), exceeds the GPU's work: the
+//! (benchmarks/results/2026-11-26-h200-gpu-profile.md), over the launches of a GPT-2 345M
+//! step (docs/benchmarks.md, "Kernel launches per step"), exceeds the GPU's work: the
 //! host, not the GPU, bounds the step. A captured step costs the host one launch and two small
 //! writes (the dropout salt, Adam's learning rate and bias corrections). This measures what
 //! that gives before the training loop captures its steps.

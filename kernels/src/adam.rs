@@ -136,8 +136,9 @@ pub fn adam_step_in_place<F: Float, N: Size>(
 }
 
 /// The most sources one [`copy_at_offsets`] launch takes (fewer where the device binds fewer
-/// buffers to a kernel): GPT-2 345M's 292 gradients in 10 launches, where four per launch
-/// (wgpu's default limit of eight storage buffers) took 73, and on a GPU each launch costs
+/// buffers to a kernel): a model's gradients in an eighth of the launches four per launch
+/// (wgpu's default limit of eight storage buffers) would take (GPT-2 345M's counts:
+/// benchmarks/results/2026-12-03-figures-from-comments.md), and on a GPU each launch costs
 /// the host more than the copy takes the device. A launch's sources are bound as a comptime
 /// sequence, so each count is a kernel of its own: the launcher pads a partial launch to a
 /// power of two (a handful of variants). The price is on CPU devices: lavapipe runs every

@@ -5,10 +5,10 @@
 //! before the bias and the bias's sums are then one launch (see [`GradientTransform`]).
 //!
 //! Why one launch with a strip of columns per cube: on a GPU the bias gradients through burn's
-//! `sum_dim` (96 a GPT-2 345M step) and LayerNorm's two dγ/dβ stages each took many times what
+//! `sum_dim` (several per layer) and LayerNorm's two dγ/dβ stages each took many times what
 //! the bytes of the gradient need (measured: benchmarks/results/2026-11-27-h200-device-order.md
 //! and benchmarks/results/2026-11-30-h200-gpu-history.md). Both designs left most of the GPU
-//! idle: `sum_dim` along the rows gives a column to one unit, which walks all 4,096 rows; the
+//! idle: `sum_dim` along the rows gives a column to one unit, which walks every row; the
 //! second LayerNorm stage did the same over the partial rows with four cubes. Here a cube owns
 //! `vectors` column vectors and has `row_lanes` units for each (along y), each summing every
 //! `row_lanes`-th row four rows at a time (four loads in flight); the lanes' sums are then

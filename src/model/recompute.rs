@@ -183,8 +183,9 @@ struct KeptPieces {
 
 /// Whose parameters a piece's gradients are: the parameters to look them up among. Why: a
 /// gradient is found by visiting parameters, and a model has hundreds where a layer's piece
-/// touches a dozen; looked up in the whole model, the ≈ 50 pieces of a 24-layer backward
-/// visit ≈ 29,000 parameters per step, host time the step waits for.
+/// touches a dozen; looked up in the whole model, every piece of a deep model's backward would
+/// visit all of them (benchmarks/results/2026-12-03-figures-from-comments.md counts a 24-layer
+/// step's), host time the step waits for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum GradsOf {
     /// These layers' parameters only.

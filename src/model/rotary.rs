@@ -27,9 +27,8 @@ pub struct RotaryEmbedding {
     /// (`--no-persist-layer-norm` turns it off), the math is the same.
     fused: bool,
     /// The last angle tables built, kept: every micro-batch of every step asks for the same
-    /// positions, and building them (a cosine and a sine in float64 per position and pair,
-    /// 65,536 of each for seq 1024 and heads of 128) then uploading them took host time on
-    /// each layer's every call.
+    /// positions, and building them (a cosine and a sine in float64 per position and pair)
+    /// then uploading them took host time on each layer's every call.
     tables: Arc<Mutex<Option<PairTables>>>,
 }
 

@@ -7,7 +7,7 @@
 //! 24 layers at hidden 64, with and without this:
 //! `benchmarks/results/2026-11-26-h200-flat-adam.md`), and per parameter the previous step
 //! launched about seven kernels (norm square and sum, clip multiply, Adam, the half-precision
-//! cast), about half of a 345M GPT's launches (benchmarks/results/
+//! cast), a large share of a GPT's launches (benchmarks/results/
 //! 2026-12-03-figures-from-comments.md). Here a step is one copy per four parameters
 //! (their gradients into the flat buffer), two launches for the global norm and the clipping
 //! coefficient (read on the device, so nothing waits for the host), one in-place Adam launch per

@@ -1,7 +1,7 @@
 //! Training steps captured as one graph and replayed (Megatron's `--cuda-graph-impl local
 //! --cuda-graph-scope full_iteration`): on a GPU the eager step is bound by the host's cost
-//! per kernel launch (about 1,200 launches per GPT-2 345M step, costing the host more than the
-//! GPU's work; measured: benchmarks/results/2026-11-26-h200-gpu-profile.md), and a replayed
+//! per kernel launch (a step's launches cost the host more than the GPU's work; measured:
+//! benchmarks/results/2026-11-26-h200-gpu-profile.md), and a replayed
 //! step costs the host one graph launch and a few small writes.
 //!
 //! A step is captured with CubeCL's graph capture after warm-up steps, and every later step

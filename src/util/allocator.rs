@@ -1,7 +1,7 @@
 //! The memory allocator of the training binaries, and how it is tuned.
 //!
 //! burn frees and allocates the same large tensors every step (the logits alone are
-//! `tokens × vocab × 4` bytes, 412 MB for the benchmark's batch). glibc's malloc returns such
+//! `tokens × vocab × 4` bytes, hundreds of MB for GPT-2 at the benchmark's batch). glibc's malloc returns such
 //! blocks to the kernel on every free, so each step page-faults them back in and the kernel
 //! zeroes every page: that was a large share of a training run. mimalloc keeps them, but by
 //! default still *purges* (decommits) memory that stayed free for a second, and a training

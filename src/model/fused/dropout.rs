@@ -10,7 +10,8 @@
 //! autodiff does for the composed ops: the residual gets the output's gradient as is, `y` the
 //! gradient dropped with the same mask, the bias its sum over rows: one launch of the
 //! column-sum kernel dropping the gradient on the way (the dropout kernel and the column sums
-//! were two launches and two reads of the gradient; 48 launches of GPT-2 345M's step). The
+//! were two launches and two reads of the gradient per layer: benchmarks/results/
+//! 2026-12-03-figures-from-comments.md counts them). The
 //! residual's gradient goes to the norm that also reads the residual, whose backward kernel
 //! adds it ([`super::residual_join`]), where autodiff would add the two in a launch of its own.
 

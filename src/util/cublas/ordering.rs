@@ -41,7 +41,8 @@
 //!
 //! Either way the ordering is per window, not per product: a backward pass's two gradient
 //! products, which read the same output gradient and not each other's results, share one
-//! ([`matmul_independent`]), so GPT-2 345M's 435 products per step take 290 windows; the
+//! ([`matmul_independent`]), so a step has about two products per window (GPT-2 345M's count:
+//! benchmarks/results/2026-12-03-figures-from-comments.md); the
 //! composed attention core's backward runs its three last products in one.
 
 use std::collections::{HashMap, VecDeque};
