@@ -97,7 +97,7 @@ fn gpt2() -> GptConfig {
         .with_attention_dropout(0.0)
 }
 
-fn llama() -> GptConfig {
+pub(crate) fn llama() -> GptConfig {
     gpt2()
         .with_position_embedding_type(PositionEmbedding::Rope)
         .with_normalization(Normalization::RmsNorm)

@@ -7,23 +7,22 @@
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use ferrotron::export::hf_model::{export_hf, import_hf};
-use ferrotron::model::{Gpt, GptConfig, KvCache, Normalization, PositionEmbedding};
+use ferrotron::model::{Gpt, GptConfig, KvCache};
 
 fn ids(v: &[u32], rows: usize, device: &Device) -> Tensor<2, Int> {
     let data: Vec<i64> = v.iter().map(|&x| x as i64).collect();
     Tensor::from_data(TensorData::new(data, [rows, v.len() / rows]), device)
 }
 
+/// The Llama form of `packed_documents` (rotary, RMSNorm, SwiGLU, grouped queries) with
+/// `layers` layers, 64 positions and a vocabulary of 128.
 fn llama(layers: usize) -> GptConfig {
-    GptConfig::new(layers, 32, 4, 64, 128)
-        .with_hidden_dropout(0.0)
-        .with_attention_dropout(0.0)
-        .with_position_embedding_type(PositionEmbedding::Rope)
-        .with_normalization(Normalization::RmsNorm)
-        .with_swiglu(true)
-        .with_ffn_hidden_size(Some(48))
-        .with_num_query_groups(Some(2))
-        .with_add_bias_linear(false)
+    GptConfig {
+        num_layers: layers,
+        max_position_embeddings: 64,
+        padded_vocab_size: 128,
+        ..crate::packed_documents::llama()
+    }
 }
 
 fn logits(model: &Gpt, tokens: &[u32], device: &Device) -> Vec<f32> {

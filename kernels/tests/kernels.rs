@@ -1897,9 +1897,12 @@ fn half_attention_matches_f32<H: Storage>(client: &Client, rng: &mut Rng) {
         };
         let tiles = AttentionLaunch::for_client(client, head_dim);
         let inputs = [0; 4].map(|_| rounded::<H>(&rng.vec(a.len(), -1.5, 1.5)));
+        let (inputs, keys) = (inputs.each_ref().map(|v| &v[..]), keys.map(|k| (k, 1)));
         let run = |storage_f32: bool, output: Option<&[f32]>| match storage_f32 {
-            true => run_attention::<f32>(client, tiles, &inputs, output, a, draw, keys),
-            false => run_attention::<H>(client, tiles, &inputs, output, a, draw, keys),
+            true => {
+                run_attention::<f32>(client, tiles, inputs, output, a, (0.25, Some(draw)), keys)
+            }
+            false => run_attention::<H>(client, tiles, inputs, output, a, (0.25, Some(draw)), keys),
         };
         let (forward_f32, forward_half) = (run(true, None), run(false, None));
         let what = |name: &str| {
@@ -2050,37 +2053,41 @@ impl Storage for f32 {
 fn run_attention<S: Storage>(
     client: &Client,
     launch: AttentionLaunch,
-    [q, k, v, dout]: &[Vec<f32>; 4],
+    [q, k, v, dout]: [&[f32]; 4],
     output: Option<&[f32]>,
     shape: AttentionShape,
-    draw: DropoutDraw,
-    first_keys: Option<&[u32]>,
+    (scale, dropout): (f32, Option<DropoutDraw>),
+    first_keys: Option<(&[u32], usize)>,
 ) -> [Vec<f32>; 4] {
     let n = shape.len();
     let [qh, kh, vh, dh] = [q, k, v, dout].map(|x| upload_as::<S>(client, x));
-    let keys = first_keys.map(|keys| client.create_from_slice(u32::as_bytes(keys)));
+    let keys = first_keys.map(|(keys, _)| client.create_from_slice(u32::as_bytes(keys)));
     let inputs = AttentionInputs {
-        first_keys: keys.as_ref().map(|handle| FirstKeys { handle, batch: 1 }),
+        first_keys: keys
+            .as_ref()
+            .zip(first_keys)
+            .map(|(handle, (_, batch))| FirstKeys { handle, batch }),
         ..AttentionInputs::causal(&qh, &kh, &vh)
     };
     let (oh, lh) = (poisoned_as::<S>(client, n), poisoned(client, shape.rows()));
-    let scale = 0.25;
-    flash_attention_forward::<S>(client, launch, inputs, &oh, &lh, shape, scale, Some(draw));
+    flash_attention_forward::<S>(client, launch, inputs, &oh, &lh, shape, scale, dropout);
     let oh = output.map_or(oh, |o| upload_as::<S>(client, o));
     let grads = [0; 3].map(|_| poisoned_as::<S>(client, n));
     let delta = poisoned(client, shape.rows());
+    let grad_handles = [&grads[0], &grads[1], &grads[2]];
+    let (o, d) = (&oh, &dh);
     flash_attention_backward::<S>(
         client,
         launch,
         inputs,
-        &oh,
-        &dh,
+        o,
+        d,
         &lh,
-        [&grads[0], &grads[1], &grads[2]],
+        grad_handles,
         &delta,
         shape,
         scale,
-        Some(draw),
+        dropout,
     );
     let [dq, dk, dv] = grads.map(|g| download_as::<S>(client, g, n));
     [download_as::<S>(client, oh, n), dq, dk, dv]
@@ -2298,64 +2305,23 @@ fn flash_attention_forward_and_backward_match_float64() {
 fn check_flash_attention(
     client: &Client,
     launch: AttentionLaunch,
-    [q, k, v, dout]: [&[f32]; 4],
+    inputs: [&[f32]; 4],
     shape: AttentionShape,
     dropout: Option<DropoutDraw>,
     first_keys: Option<(&[u32], usize)>,
     want: &[Vec<f64>; 4],
 ) {
-    let n = shape.len();
-    let scale = 1.0 / (shape.head_dim as f64).sqrt();
+    let scale = (1.0 / (shape.head_dim as f64).sqrt()) as f32;
     let what = format!(
         "{shape:?}, {launch:?}, dropout {}, documents {}",
         dropout.is_some(),
         first_keys.is_some()
     );
-    let [qh, kh, vh, dh] = [q, k, v, dout].map(|x| upload(client, x));
-    let keys =
-        first_keys.map(|(keys, batch)| (client.create_from_slice(u32::as_bytes(keys)), batch));
-    let inputs = AttentionInputs {
-        first_keys: keys.as_ref().map(|(handle, batch)| FirstKeys {
-            handle,
-            batch: *batch,
-        }),
-        ..AttentionInputs::causal(&qh, &kh, &vh)
-    };
-    let (oh, lh) = (poisoned(client, n), poisoned(client, shape.rows()));
-    flash_attention_forward::<f32>(
-        client,
-        launch,
-        inputs,
-        &oh,
-        &lh,
-        shape,
-        scale as f32,
-        dropout,
-    );
-    let grads = [0; 3].map(|_| poisoned(client, n));
-    let delta = poisoned(client, shape.rows());
-    flash_attention_backward::<f32>(
-        client,
-        launch,
-        inputs,
-        &oh,
-        &dh,
-        &lh,
-        [&grads[0], &grads[1], &grads[2]],
-        &delta,
-        shape,
-        scale as f32,
-        dropout,
-    );
-    let got_o = download(client, oh, n);
-    assert_close(&format!("{what}: output"), &got_o, &want[0], 1e-5, 1e-4);
-    for (name, grad, want) in [
-        ("dq", 0, &want[1]),
-        ("dk", 1, &want[2]),
-        ("dv", 2, &want[3]),
-    ] {
-        let got = download(client, grads[grad].clone(), n);
-        assert_close(&format!("{what}: {name}"), &got, want, 1e-4, 1e-3);
+    let draw = (scale, dropout);
+    let got = run_attention::<f32>(client, launch, inputs, None, shape, draw, first_keys);
+    assert_close(&format!("{what}: output"), &got[0], &want[0], 1e-5, 1e-4);
+    for (name, i) in [("dq", 1), ("dk", 2), ("dv", 3)] {
+        assert_close(&format!("{what}: {name}"), &got[i], &want[i], 1e-4, 1e-3);
     }
 }
 

@@ -261,7 +261,7 @@ impl MegatronArgs {
     /// `window_attn_skip_freq` (an int or a per-layer list) into `config`.
     fn read_window(&self, config: &mut GptConfig) -> Result<()> {
         let sides = match self.value("window_size") {
-            None | Some(Unpickled::None) => return Ok(()),
+            None => return Ok(()),
             Some(Unpickled::Tuple(sides) | Unpickled::List(sides)) => sides,
             Some(_) => return Err(self.error("window_size", "a (left, right) pair")),
         };
@@ -271,7 +271,7 @@ impl MegatronArgs {
         config.window_size = (left >= 0).then_some(left as usize);
         let layers = config.num_layers;
         config.window_layers = match self.value("window_attn_skip_freq") {
-            None | Some(Unpickled::None) => None,
+            None => None,
             Some(Unpickled::Int(every)) if *every > 0 => {
                 Some((1..=layers).map(|n| n % *every as usize != 0).collect())
             }

@@ -83,12 +83,19 @@ fn kernel_first_keys(first_keys: Option<CubeTensor>) -> Option<CubeTensor> {
     first_keys.map(|keys| packed(CubeBackend::int_cast(keys, IntDType::I32)))
 }
 
-/// The kernels' view of `keys` (`[batch, seq]`).
-fn first_keys_of(keys: &Option<CubeTensor>) -> Option<FirstKeys<'_>> {
-    keys.as_ref().map(|keys| FirstKeys {
-        handle: &keys.handle,
-        batch: keys.shape()[0],
-    })
+/// The kernels' inputs: the heads `q`, `k`, `v` and the first keys `keys` (`[batch, seq]`,
+/// [`kernel_first_keys`]) where there are.
+fn kernel_inputs<'a>(
+    [q, k, v]: [&'a CubeTensor; 3],
+    keys: &'a Option<CubeTensor>,
+) -> AttentionInputs<'a> {
+    AttentionInputs {
+        first_keys: keys.as_ref().map(|keys| FirstKeys {
+            handle: &keys.handle,
+            batch: keys.shape()[0],
+        }),
+        ..AttentionInputs::causal(&q.handle, &k.handle, &v.handle)
+    }
 }
 
 impl FlashAttentionKernels for CubeBackend {
@@ -106,10 +113,7 @@ impl FlashAttentionKernels for CubeBackend {
         let output = empty_like(&q, shape, q.dtype);
         let logsumexp = empty_like(&q, Shape::new([attention.rows()]), DType::F32);
         let keys = kernel_first_keys(first_keys);
-        let inputs = AttentionInputs {
-            first_keys: first_keys_of(&keys),
-            ..AttentionInputs::causal(&q.handle, &k.handle, &v.handle)
-        };
+        let inputs = kernel_inputs([&q, &k, &v], &keys);
         by_dtype!(
             q.dtype,
             flash_attention_forward,
@@ -143,10 +147,7 @@ impl FlashAttentionKernels for CubeBackend {
         let [dq, dk, dv] = [0; 3].map(|_| empty_like(&q, shape.clone(), q.dtype));
         let delta = empty_like(&q, Shape::new([attention.rows()]), DType::F32);
         let keys = kernel_first_keys(first_keys);
-        let inputs = AttentionInputs {
-            first_keys: first_keys_of(&keys),
-            ..AttentionInputs::causal(&q.handle, &k.handle, &v.handle)
-        };
+        let inputs = kernel_inputs([&q, &k, &v], &keys);
         by_dtype!(
             q.dtype,
             flash_attention_backward,
@@ -258,9 +259,9 @@ fn tracked_attention<B: FlashAttentionKernels, C: CheckpointStrategy>(
         .stateful()
     {
         OpsKind::Tracked(prep) => {
-            let (qkv, keys) = ([q.clone(), k.clone(), v.clone()], first_keys.clone());
-            let (output, logsumexp) = B::flash_attention_forward(q, k, v, scale, draw, keys);
-            let [q, k, v] = qkv;
+            let (heads, keys) = ((q.clone(), k.clone(), v.clone()), first_keys.clone());
+            let (output, logsumexp) =
+                B::flash_attention_forward(heads.0, heads.1, heads.2, scale, draw, keys);
             let saved = [q, k, v, output.clone(), logsumexp];
             prep.finish((saved, scale, draw, first_keys), output)
         }
