@@ -283,7 +283,7 @@ fn mpi_ranks_reproduce_the_single_process_losses() {
     );
     assert!(ok, "{out}");
     assert!(
-        out.contains("using world size: 4, data-parallel size: 2, tensor-model-parallel size: 2, pipeline-model-parallel size: 1"),
+        out.contains("using world size: 4, data-parallel size: 2, context-parallel size: 1, hierarchical context-parallel sizes: None, tensor-model-parallel size: 2, pipeline-model-parallel size: 1"),
         "{out}"
     );
     // The sharded Adam state per rank is 1/DP of the whole (DP = 2 and 4 here).
@@ -494,7 +494,7 @@ fn the_pretrain_binary_runs_under_mpirun() {
     assert!(out.status.success(), "{stdout}{}", stderr(&out));
     assert_eq!(
         stdout
-            .matches("using world size: 2, data-parallel size: 2, tensor-model-parallel size: 1, pipeline-model-parallel size: 1")
+            .matches("using world size: 2, data-parallel size: 2, context-parallel size: 1, hierarchical context-parallel sizes: None, tensor-model-parallel size: 1, pipeline-model-parallel size: 1")
             .count(),
         1,
         "{stdout}"

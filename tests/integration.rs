@@ -12,6 +12,7 @@
 mod common;
 
 mod blended_dataset;
+mod context_parallel;
 mod data_parallel;
 mod export_and_evaluate;
 mod floors;

@@ -410,7 +410,7 @@ fn mpi_pipeline_stages_reproduce_the_one_stage_losses() {
     );
     assert!(ok, "{out}");
     assert!(
-        out.contains("using world size: 4, data-parallel size: 1, tensor-model-parallel size: 2, pipeline-model-parallel size: 2"),
+        out.contains("using world size: 4, data-parallel size: 1, context-parallel size: 1, hierarchical context-parallel sizes: None, tensor-model-parallel size: 2, pipeline-model-parallel size: 2"),
         "{out}"
     );
     let file = dir.path().join("runs4.json");

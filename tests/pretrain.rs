@@ -238,7 +238,7 @@ fn pretrain_cli_runs_the_seed_tutorial_flags() {
         ["mp_rank_00", "mp_rank_01", "mp_rank_02", "mp_rank_03"]
     );
     assert!(
-        stdout.contains("using world size: 4, data-parallel size: 1, tensor-model-parallel size: 4, pipeline-model-parallel size: 1"),
+        stdout.contains("using world size: 4, data-parallel size: 1, context-parallel size: 1, hierarchical context-parallel sizes: None, tensor-model-parallel size: 4, pipeline-model-parallel size: 1"),
         "{stdout}"
     );
     assert!(

@@ -196,7 +196,7 @@ fn generate_on_rank(
     sampling: SamplingConfig,
     world: Arc<dyn Communicator>,
 ) -> Result<()> {
-    let parallel = ParallelState::new(world, args.tensor_model_parallel_size, 1)?;
+    let parallel = ParallelState::new(world, args.tensor_model_parallel_size, 1, 1)?;
     let printing = parallel.is_world_rank0();
     let device = parse_device(&args.device).map_err(anyhow::Error::msg)?;
     let tokenizer = args.tokenizer.load()?;

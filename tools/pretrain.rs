@@ -42,7 +42,7 @@ fn run(args: PretrainArgs, world: &World) -> Result<()> {
     match args.distributed_backend.as_deref() {
         None | Some("gloo") | Some("mpi") => {}
         Some("nccl") => {
-            let nccl = nccl_world(&args.device, config.parallel.model_parallel_size(), world)?;
+            let nccl = nccl_world(&args.device, config.parallel.replica_ranks(), world)?;
             return pretrain_on(&config, &device, nccl).map(drop);
         }
         Some(other) => bail!("--distributed-backend {other}: expected nccl, gloo or mpi"),

@@ -71,7 +71,7 @@ fn run(args: Args) -> Result<()> {
 
 /// Rank 0 serves; the other ranks of the tensor-parallel group follow its batches.
 fn serve_on_rank(args: &Args, world: Arc<dyn Communicator>) -> Result<()> {
-    let parallel = ParallelState::new(world, args.tensor_model_parallel_size, 1)?;
+    let parallel = ParallelState::new(world, args.tensor_model_parallel_size, 1, 1)?;
     let device = parse_device(&args.device).map_err(anyhow::Error::msg)?;
     let tokenizer = args.tokenizer.load()?;
     let (model, _) = load_for_inference(&args.load, &device, &parallel.tensor, &tokenizer)?;

@@ -62,6 +62,7 @@ pub fn run_all(comm: &dyn Communicator) -> Result<()> {
         collectives(comm, dtype).with_context(|| format!("{dtype:?}"))?;
     }
     point_to_point(comm).context("send/recv")?;
+    rings(comm).context("ring collectives")?;
     sub_groups(comm).context("split")?;
     mismatch(comm).context("mismatched shapes")?;
     Ok(())
@@ -160,6 +161,40 @@ pub fn collectives(comm: &dyn Communicator, dtype: DType) -> Result<()> {
             &shape,
             dtype,
             want,
+        )?;
+    }
+    comm.barrier()?;
+    Ok(())
+}
+
+/// The ring's all-gather and reduce-scatter (made of sends and receives) equal the
+/// backend's own collectives, along both dimensions.
+pub fn rings(comm: &dyn Communicator) -> Result<()> {
+    let (rank, size) = (comm.rank(), comm.size());
+    for dim in 0..2 {
+        let shape = [2, 3];
+        let mine = data(contribution(rank, &shape, 7), &shape, DType::F32);
+        let want = comm.all_gather(mine.clone(), dim)?;
+        let got = super::ring::ring_all_gather(comm, mine, dim)?;
+        let gathered = want.shape().to_vec();
+        check(
+            "ring_all_gather",
+            &got,
+            &gathered,
+            DType::F32,
+            &values(&want),
+        )?;
+        let mut big = shape.to_vec();
+        big[dim] *= size;
+        let mine = data(contribution(rank, &big, 8), &big, DType::F32);
+        let want = comm.reduce_scatter(mine.clone(), dim, ReduceOp::Sum)?;
+        let got = super::ring::ring_reduce_scatter(comm, mine, dim)?;
+        check(
+            "ring_reduce_scatter",
+            &got,
+            &shape,
+            DType::F32,
+            &values(&want),
         )?;
     }
     comm.barrier()?;

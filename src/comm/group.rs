@@ -150,6 +150,39 @@ impl Group {
             .unwrap_or_else(|e| self.comm_panic(e))
     }
 
+    /// All-gather along `dim` around the ring ([`super::ring::ring_all_gather`]).
+    pub fn ring_all_gather(&self, data: TensorData, dim: usize) -> Result<TensorData, CommError> {
+        match self.communicator() {
+            Some(g) => super::ring::ring_all_gather(g.as_ref(), data, dim),
+            None => Ok(data),
+        }
+    }
+
+    /// Sum-reduce-scatter along `dim` around the ring ([`super::ring::ring_reduce_scatter`]).
+    pub fn ring_reduce_scatter(
+        &self,
+        data: TensorData,
+        dim: usize,
+    ) -> Result<TensorData, CommError> {
+        match self.communicator() {
+            Some(g) => super::ring::ring_reduce_scatter(g.as_ref(), data, dim),
+            None => Ok(data),
+        }
+    }
+
+    /// [`Self::ring_all_gather`], panicking on failure (see [`Self::all_reduce_or_panic`]).
+    pub fn ring_all_gather_or_panic(&self, data: TensorData, dim: usize) -> TensorData {
+        self.ring_all_gather(data, dim)
+            .unwrap_or_else(|e| self.comm_panic(e))
+    }
+
+    /// [`Self::ring_reduce_scatter`], panicking on failure (see
+    /// [`Self::all_reduce_or_panic`]).
+    pub fn ring_reduce_scatter_or_panic(&self, data: TensorData, dim: usize) -> TensorData {
+        self.ring_reduce_scatter(data, dim)
+            .unwrap_or_else(|e| self.comm_panic(e))
+    }
+
     fn comm_panic(&self, error: CommError) -> ! {
         std::panic::panic_any(format!("rank {} of a parallel group: {error}", self.rank()))
     }

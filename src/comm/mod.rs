@@ -23,6 +23,7 @@ mod group;
 pub mod mpi;
 #[cfg(feature = "cuda")]
 pub mod nccl;
+pub mod ring;
 pub mod tensor;
 mod thread;
 pub mod world;

@@ -8,6 +8,7 @@ use crossbeam_channel::{bounded, Receiver};
 
 use crate::data::{SampleDataset, SampleMasks};
 use crate::model::Documents;
+use crate::parallel::context::{context_rows, context_slice};
 
 /// One micro-batch on the host.
 #[derive(Clone, Debug, PartialEq)]
@@ -26,6 +27,25 @@ pub struct MicroBatch {
     pub batch_size: usize,
     /// Tokens per sample.
     pub seq_length: usize,
+    /// Where the batch holds a context-parallel rank's part of each sequence: the whole
+    /// micro-batch's `Σ loss mask`, which this rank's `Σ loss · mask` is divided by, so that
+    /// the ranks' losses sum to the micro-batch's (`None`: whole sequences, the masked mean).
+    pub loss_normalizer: Option<f64>,
+}
+
+/// Which tokens of each sequence a rank reads: all of them, or context-parallel rank `rank`'s
+/// two chunks of `size` ([`crate::parallel::context`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SequencePart {
+    /// Ranks each sequence is split over (1: whole sequences).
+    pub size: usize,
+    /// This rank's place among them.
+    pub rank: usize,
+}
+
+impl SequencePart {
+    /// Whole sequences.
+    pub const WHOLE: Self = Self { size: 1, rank: 0 };
 }
 
 impl MicroBatch {
@@ -45,6 +65,7 @@ impl MicroBatch {
             first_keys: masks.reset_attention_mask.then(Vec::new),
             batch_size,
             seq_length: 0,
+            loss_normalizer: None,
         };
         for i in 0..batch_size as u64 {
             let s = dataset.sample(((start + i) % dataset.len() as u64) as usize, masks);
@@ -62,6 +83,36 @@ impl MicroBatch {
             }
         }
         out
+    }
+
+    /// The part of this batch `part` reads: its tokens, targets, positions and attention
+    /// starts at those rows. Positions are always kept (those of the whole sequence where the
+    /// run does not reset them), since the rows are no longer `0..seq`; attention starts
+    /// keep their whole-sequence key indices.
+    pub fn part(self, part: SequencePart) -> Self {
+        if part.size == 1 {
+            return self;
+        }
+        let shape = [self.batch_size, self.seq_length];
+        let slice = |v: &[u32]| context_slice(v, shape, part.size, part.rank);
+        let positions = match &self.positions {
+            Some(reset) => slice(reset),
+            None => {
+                let rows = context_rows(part.size, part.rank, self.seq_length);
+                let rows: Vec<u32> = rows.into_iter().map(|p| p as u32).collect();
+                rows.repeat(self.batch_size)
+            }
+        };
+        Self {
+            tokens: slice(&self.tokens),
+            labels: slice(&self.labels),
+            loss_mask: context_slice(&self.loss_mask, shape, part.size, part.rank),
+            positions: Some(positions),
+            first_keys: self.first_keys.as_deref().map(slice),
+            batch_size: self.batch_size,
+            seq_length: self.seq_length / part.size,
+            loss_normalizer: Some(self.loss_mask.iter().map(|&m| m as f64).sum()),
+        }
     }
 
     /// What `reads` of the batch uploaded to `device`.
@@ -86,6 +137,7 @@ impl MicroBatch {
                     TensorData::new(self.loss_mask.clone(), shape),
                     device,
                 ),
+                loss_normalizer: self.loss_normalizer,
             }),
         }
     }
@@ -130,6 +182,9 @@ pub struct DeviceTargets {
     pub labels: Tensor<2, Int>,
     /// Loss mask.
     pub loss_mask: Tensor<2>,
+    /// What this rank's masked loss sum is divided by, where it holds part of each sequence
+    /// ([`MicroBatch::loss_normalizer`]).
+    pub loss_normalizer: Option<f64>,
 }
 
 /// Micro-batches from a starting sample, every `stride` samples, prepared ahead on a thread.
@@ -143,20 +198,22 @@ pub struct BatchLoader {
 
 impl BatchLoader {
     /// Starts loading micro-batches of `batch_size` from sample `start`, the next one
-    /// `stride` samples further, `prefetch` ahead.
+    /// `stride` samples further, `prefetch` ahead, with what `masks` asks for, each the
+    /// `part` of its sequences this rank reads.
     pub fn new(
         dataset: Arc<dyn SampleDataset>,
         start: u64,
         stride: u64,
         batch_size: usize,
-        masks: SampleMasks,
+        (masks, part): (SampleMasks, SequencePart),
         prefetch: usize,
     ) -> Self {
         let (sender, receiver) = bounded(prefetch.max(1));
         let thread = std::thread::spawn(move || {
             let mut next = start;
             loop {
-                let batch = MicroBatch::from_dataset(dataset.as_ref(), next, batch_size, &masks);
+                let batch =
+                    MicroBatch::from_dataset(dataset.as_ref(), next, batch_size, &masks).part(part);
                 next += stride;
                 if sender.send(batch).is_err() {
                     return;

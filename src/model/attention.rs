@@ -16,6 +16,7 @@ use super::ops::{
 use super::rotary::RotaryEmbedding;
 use super::GptConfig;
 use crate::comm::Group;
+use crate::parallel::context::ContextSplit;
 use crate::parallel::layers::{ColumnParallelLinear, RowParallelLinear};
 use crate::parallel::random::RngRegion;
 use crate::util::matmul::matmul;
@@ -65,6 +66,10 @@ pub struct CausalSelfAttention {
     /// The keys before each query this layer sees besides itself (sliding-window attention,
     /// `--window-size`); `None`: all of them.
     pub sliding_window: Option<usize>,
+    /// The micro-batches hold a context-parallel rank's two chunks of each sequence
+    /// (`--context-parallel-size`): the core gathers the whole sequence's keys and values.
+    #[module(skip)]
+    pub context: Option<ContextSplit>,
 }
 
 impl CausalSelfAttention {
@@ -127,7 +132,15 @@ impl CausalSelfAttention {
             reset_position_ids: config.reset_position_ids,
             reset_attention_mask: config.reset_attention_mask,
             sliding_window: None,
+            context: None,
         }
+    }
+
+    /// The same layer on a context-parallel rank's chunks of each sequence (`None`: whole
+    /// sequences).
+    pub fn with_context(mut self, split: Option<ContextSplit>) -> Self {
+        self.context = split;
+        self
     }
 
     /// The same layer seeing only `window` keys before each query (`None`: all of them).
@@ -148,9 +161,15 @@ impl CausalSelfAttention {
         let Some(window) = self.sliding_window else {
             return first_keys.cloned();
         };
-        let windowed = super::documents::window_first_keys(window, 0, seq, device)
-            .unsqueeze::<2>()
-            .expand([batch, seq]);
+        // Each query's window ends at its position in the whole sequence.
+        let windowed = match &self.context {
+            Some(split) => split
+                .rows(seq, device)
+                .sub_scalar(window as i64)
+                .clamp_min(0),
+            None => window_first_keys(window, 0, seq, device),
+        };
+        let windowed = windowed.unsqueeze::<2>().expand([batch, seq]);
         Some(match first_keys {
             Some(documents) => documents.clone().max_pair(windowed),
             None => windowed,
@@ -172,6 +191,7 @@ impl CausalSelfAttention {
         };
         let rotates_per_document = self.reset_position_ids && self.rotary.is_some();
         on_cube
+            && self.context.is_none()
             && !self.reset_attention_mask
             && self.sliding_window.is_none()
             && !rotates_per_document
@@ -206,7 +226,9 @@ impl CausalSelfAttention {
         match (&documents.positions, &self.rotary) {
             (Some(positions), Some(rotary)) => {
                 let [q, k, v] = self.split_heads(self.query_key_value.forward(x));
-                let [q, k] = rotary.apply_at([q, k], positions);
+                let whole_seq =
+                    positions.dims()[1] * self.context.as_ref().map_or(1, ContextSplit::size);
+                let [q, k] = rotary.apply_at([q, k], positions, whole_seq);
                 CoreInputs::Heads([q, k, v])
             }
             _ => CoreInputs::Heads(self.query_key_value_heads(x, 0)),
@@ -296,6 +318,9 @@ impl CausalSelfAttention {
                 let [batch, _, seq, _] = q.dims();
                 let first_keys = documents.first_keys.as_ref();
                 let first_keys = self.visible_first_keys(first_keys, [batch, seq], &q.device());
+                if let Some(split) = &self.context {
+                    return merge_heads(self.context_core_heads([q, k, v], first_keys, split));
+                }
                 merge_heads(self.core_heads(q, k, v, first_keys.as_ref()))
             }
             #[cfg(any(feature = "wgpu", feature = "cuda"))]
@@ -373,6 +398,67 @@ impl CausalSelfAttention {
         let scores = matmul(q, k.transpose());
         let probs = scaled_causal_masked_softmax(scores, scale, self.masked_softmax_fusion);
         matmul(self.attention_dropout.forward(probs), v)
+    }
+
+    /// [`Self::core_heads`] of a context-parallel rank's queries (its two chunks of the
+    /// sequence, `[batch, local heads, 2c, head_dim]`) over the whole sequence's keys and
+    /// values, gathered from every rank of `split`. Each chunk's queries at positions
+    /// `start..start + c` see keys `0..start + c` only, causally from `start` (and from their
+    /// `first_keys` on), so a rank computes `(2 · size + 1) · c²` scores of the sequence's
+    /// `(2 · size · c)²`; the attention dropout is the whole sequence's draw at those scores.
+    fn context_core_heads(
+        &self,
+        [q, k, v]: [Tensor<4>; 3],
+        first_keys: Option<Tensor<2, Int>>,
+        split: &ContextSplit,
+    ) -> Tensor<4> {
+        let scale = 1.0 / (self.head_dim as f64).sqrt();
+        // Gathered per group, before the repeat for each head: fewer bytes travel.
+        let k = self.per_head(split.gather_sequence(k));
+        let v = self.per_head(split.gather_sequence(v));
+        let [batch, heads, local, _] = q.dims();
+        let whole_seq = k.dims()[2];
+        let draw = self.attention_dropout.draw(q.is_autodiff());
+        let half = local / 2;
+        let contexts = split
+            .chunks(local)
+            .into_iter()
+            .enumerate()
+            .map(|(i, rows)| {
+                let q = q.clone().narrow(2, i * half, half);
+                let seen = rows.end;
+                let scores = matmul(q, k.clone().narrow(2, 0, seen).transpose());
+                let probs = match &first_keys {
+                    Some(first) => {
+                        let first = first.clone().narrow(1, i * half, half);
+                        offset_document_masked_softmax(scores, scale, rows.start, first)
+                    }
+                    None => offset_causal_masked_softmax(scores, scale, rows.start),
+                };
+                let probs = match draw {
+                    Some((key, _)) => {
+                        let heads_held = self.attention_dropout.rows_of(heads);
+                        let whole_heads = heads
+                            * self
+                                .attention_dropout
+                                .chunk_of
+                                .as_ref()
+                                .map_or(1, Group::size);
+                        let whole = [batch, whole_heads, whole_seq, whole_seq];
+                        let picks = [
+                            (0..batch).collect(),
+                            heads_held,
+                            rows.collect(),
+                            (0..seen).collect(),
+                        ];
+                        self.attention_dropout
+                            .forward_drawn(probs, key, whole, picks)
+                    }
+                    None => probs,
+                };
+                matmul(probs, v.clone().narrow(2, 0, seen))
+            });
+        Tensor::cat(contexts.collect(), 2)
     }
 
     /// `[batch, seq, hidden]` → `[batch, seq, hidden]`.

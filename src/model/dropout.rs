@@ -3,13 +3,15 @@
 //! tensor-parallel ranks. On CubeCL devices (CUDA, wgpu) the mask is derived in the kernel
 //! from the draw's key and the element index, with the bits the host draws on the CPU. A
 //! tensor split over ranks along dimension 1 (the sequence under sequence parallelism, the
-//! heads of the attention probabilities) takes its chunk of the whole tensor's mask.
+//! heads of the attention probabilities, a context-parallel rank's two chunks of the
+//! sequence) takes its part of the whole tensor's mask.
 
 use burn::module::Module;
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{Tensor, TensorData};
 
 use crate::comm::Group;
-use crate::parallel::random::{dropout_mask_of, next_dropout_key, RngRegion};
+use crate::parallel::context::{context_rows, ContextSplit};
+use crate::parallel::random::{dropout_mask_of, dropout_mask_picked, next_dropout_key, RngRegion};
 
 /// Zeroes each element with probability `prob` and scales the rest by `1 / (1 − prob)`, in
 /// training only (on an autodiff tensor).
@@ -26,6 +28,10 @@ pub struct Dropout {
     /// keeps its chunk's, so the run drops what the one-process run drops.
     #[module(skip)]
     pub chunk_of: Option<Group>,
+    /// The tensor's dimension 1 is a context-parallel rank's two chunks of the sequence
+    /// (before any [`Self::chunk_of`] split): the mask is the whole sequence's at their rows.
+    #[module(skip)]
+    pub context: Option<ContextSplit>,
 }
 
 impl Dropout {
@@ -35,7 +41,15 @@ impl Dropout {
             prob,
             region,
             chunk_of: None,
+            context: None,
         }
+    }
+
+    /// The same dropout for a tensor whose sequence (dimension 1) is `split`'s part of the
+    /// whole (context parallelism; `None`: the whole sequence).
+    pub fn with_context(mut self, split: Option<ContextSplit>) -> Self {
+        self.context = split;
+        self
     }
 
     /// The same dropout for a tensor of which this rank holds its chunk of `group` along
@@ -70,6 +84,11 @@ impl Dropout {
             return x;
         }
         let key = next_dropout_key(self.region);
+        if self.context.is_some() {
+            // The fused kernels take a rank's rows as one chunk; two chunks are masked here.
+            let dims = x.dims();
+            return self.forward_drawn(x, key, self.whole_of(&dims), self.picks_of(&dims));
+        }
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         if crate::util::device::is_cube(&x.device()) {
             // Generated on the device from the key (this rank's chunk of it), never stored;
@@ -77,9 +96,9 @@ impl Dropout {
             let slice = self.slice_of(&x.dims());
             return super::fused::dropout_slice(x, key, self.prob, slice);
         }
-        if let Some(group) = &self.chunk_of {
-            let mask = self.chunk_mask(key, x.dims(), group, &x.device());
-            return x.clone() * mask.cast(x.dtype());
+        if self.chunk_of.is_some() {
+            let dims = x.dims();
+            return self.forward_drawn(x, key, self.whole_of(&dims), self.picks_of(&dims));
         }
         let shape = x.dims();
         let n = shape.iter().product();
@@ -102,7 +121,7 @@ impl Dropout {
         fused: bool,
     ) -> Tensor<3> {
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
-        if fused && crate::util::device::is_cube(&y.device()) {
+        if fused && self.context.is_none() && crate::util::device::is_cube(&y.device()) {
             let slice = self.slice_of(&y.dims());
             let draw = self.draw(y.is_autodiff());
             return super::fused::bias_dropout_add(residual, y, bias, draw, slice);
@@ -115,26 +134,54 @@ impl Dropout {
         residual + self.forward(y)
     }
 
-    /// This rank's chunk (along dimension 1) of the mask of draw `key` over the whole
-    /// tensor, for a chunk of shape `chunk`.
-    fn chunk_mask<const D: usize>(
+    /// `x` times the part of draw `key`'s mask over a tensor of shape `whole` that `picks`
+    /// says `x` holds (see [`dropout_mask_picked`]): for a tensor of which this rank holds
+    /// part, and for the attention core under context parallelism, which takes one draw for
+    /// the probabilities of both its chunks.
+    pub fn forward_drawn<const D: usize>(
         &self,
+        x: Tensor<D>,
         key: u64,
-        chunk: [usize; D],
-        group: &Group,
-        device: &Device,
+        whole: [usize; D],
+        picks: [Vec<usize>; D],
     ) -> Tensor<D> {
-        let (parts, rank) = (group.size(), group.rank());
-        let mut whole = chunk;
-        whole[1] *= parts;
-        let values = dropout_mask_of(key, whole.iter().product(), self.prob);
-        // Rows of the whole mask before dimension 1, each [seq · rest] long.
-        let rest: usize = chunk[2..].iter().product();
-        let (row, own) = (whole[1] * rest, chunk[1] * rest);
-        let mut mine = Vec::with_capacity(chunk.iter().product());
-        for outer in values.chunks(row) {
-            mine.extend_from_slice(&outer[rank * own..(rank + 1) * own]);
+        let mask = dropout_mask_picked(key, self.prob, &whole, &picks);
+        let mask = Tensor::<D>::from_data(TensorData::new(mask, x.dims()), &x.device());
+        let dtype = x.dtype();
+        x * mask.cast(dtype)
+    }
+
+    /// The whole tensor's indices along dimension 1 of the `local` this rank holds: its chunk
+    /// under [`Self::chunk_of`], mapped to the whole sequence's rows under [`Self::context`].
+    pub fn rows_of(&self, local: usize) -> Vec<usize> {
+        let (parts, rank) = self
+            .chunk_of
+            .as_ref()
+            .map_or((1, 0), |g| (g.size(), g.rank()));
+        let own = rank * local..(rank + 1) * local;
+        match &self.context {
+            Some(split) => {
+                let whole = local * parts * split.size();
+                let rows = context_rows(split.size(), split.group.rank(), whole);
+                rows[own].to_vec()
+            }
+            None => own.collect(),
         }
-        Tensor::<D>::from_data(TensorData::new(mine, chunk), device)
+    }
+
+    /// The shape of the whole tensor of which this rank holds one of shape `dims`.
+    fn whole_of<const D: usize>(&self, dims: &[usize; D]) -> [usize; D] {
+        let mut whole = *dims;
+        whole[1] *= self.chunk_of.as_ref().map_or(1, Group::size);
+        whole[1] *= self.context.as_ref().map_or(1, ContextSplit::size);
+        whole
+    }
+
+    /// Which whole-tensor indices a tensor of shape `dims` holds along each dimension.
+    fn picks_of<const D: usize>(&self, dims: &[usize; D]) -> [Vec<usize>; D] {
+        std::array::from_fn(|d| match d {
+            1 => self.rows_of(dims[1]),
+            _ => (0..dims[d]).collect(),
+        })
     }
 }

@@ -8,6 +8,7 @@ use super::documents::Documents;
 use super::dropout::Dropout;
 use super::kv_cache::KvCache;
 use super::norm::Norm;
+use super::recompute::Targets;
 use super::stage::StageLayers;
 use super::transformer_block::TransformerBlock;
 use super::GptConfig;
@@ -167,6 +168,22 @@ impl Gpt {
         }
     }
 
+    /// The same model on a context-parallel rank of `split` (`None`: whole sequences): its
+    /// attention gathers the whole sequence's keys and values, its dropouts draw the whole
+    /// sequence's masks at this rank's rows. Parameters are untouched (context parallelism
+    /// does not shard them).
+    pub fn with_context_split(
+        mut self,
+        split: Option<crate::parallel::context::ContextSplit>,
+    ) -> Self {
+        self.embedding_dropout = self.embedding_dropout.with_context(split.clone());
+        for layer in self.layers.iter_mut().flatten() {
+            layer.hidden_dropout = layer.hidden_dropout.clone().with_context(split.clone());
+            layer.self_attention = layer.self_attention.clone().with_context(split.clone());
+        }
+        self
+    }
+
     /// The word embedding (first and last stage only).
     pub fn word_embedding(&self) -> &VocabParallelEmbedding {
         self.word_embeddings
@@ -315,20 +332,18 @@ impl Gpt {
         self.logits(y)
     }
 
-    /// The LM loss of the last layer's output (the head of [`Self::lm_loss`]).
-    pub fn head_loss(
-        &self,
-        last_layer_output: Tensor<3>,
-        labels: Tensor<2, Int>,
-        loss_mask: Tensor<2>,
-    ) -> Tensor<1> {
-        super::loss::parallel_lm_loss(
-            self.logits(last_layer_output),
-            labels,
-            loss_mask,
-            self.vocab_start(),
-            &self.group,
-        )
+    /// The LM loss of the last layer's output (the head of [`Self::lm_loss`]) against
+    /// `targets`: their masked mean, or the masked sum over their normalizer.
+    pub fn head_loss(&self, last_layer_output: Tensor<3>, targets: Targets) -> Tensor<1> {
+        let logits = self.logits(last_layer_output);
+        let (labels, mask) = (targets.labels, targets.loss_mask);
+        let (vocab_start, group) = (self.vocab_start(), &self.group);
+        match targets.loss_normalizer {
+            None => super::loss::parallel_lm_loss(logits, labels, mask, vocab_start, group),
+            Some(normalizer) => {
+                super::loss::partial_lm_loss(logits, labels, mask, normalizer, vocab_start, group)
+            }
+        }
     }
 
     /// [`Self::forward`] for `tokens` continuing the positions held in `cache`, which takes

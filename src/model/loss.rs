@@ -4,6 +4,7 @@ use burn::tensor::{Int, Tensor};
 
 use crate::comm::Group;
 use crate::parallel::cross_entropy::vocab_parallel_cross_entropy;
+use crate::util::fixed_order_sum::fixed_order_sum;
 use crate::util::masked_mean::masked_mean;
 
 /// Per-token cross-entropy `[batch, seq]` of full logits `[batch, seq, vocab]` against
@@ -28,4 +29,19 @@ pub fn parallel_lm_loss(
 ) -> Tensor<1> {
     let losses = vocab_parallel_cross_entropy(logits, labels, vocab_start, group);
     masked_mean(losses, loss_mask)
+}
+
+/// [`parallel_lm_loss`]'s numerator over `normalizer`: `Σ loss · mask / normalizer`, for a
+/// rank holding part of each sequence (context parallelism), whose ranks' losses then sum to
+/// the masked mean over the whole sequences (`normalizer` their `Σ mask`).
+pub fn partial_lm_loss(
+    logits: Tensor<3>,
+    labels: Tensor<2, Int>,
+    loss_mask: Tensor<2>,
+    normalizer: f64,
+    vocab_start: usize,
+    group: &Group,
+) -> Tensor<1> {
+    let losses = vocab_parallel_cross_entropy(logits, labels, vocab_start, group);
+    fixed_order_sum(losses * loss_mask).div_scalar(normalizer)
 }

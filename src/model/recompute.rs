@@ -125,6 +125,9 @@ pub struct Targets {
     pub labels: Tensor<2, Int>,
     /// `[batch, seq]` 1 where the token counts in the loss.
     pub loss_mask: Tensor<2>,
+    /// Divides the masked loss sum instead of `Σ loss_mask` where the batch holds part of
+    /// each sequence (context parallelism: the whole micro-batch's `Σ loss_mask`).
+    pub loss_normalizer: Option<f64>,
 }
 
 /// Which layers a chunk runs and how it keeps what its backward needs.
@@ -441,7 +444,7 @@ impl ChunkForward {
         let (head, value) = match targets {
             Some(t) => {
                 let last = x.require_grad();
-                let loss = model.head_loss(last.clone(), t.labels, t.loss_mask);
+                let loss = model.head_loss(last.clone(), t);
                 let value = ChunkValue::Loss(loss.clone().detach());
                 (Some((last, loss)), value)
             }
@@ -476,7 +479,7 @@ impl ChunkForward {
         };
         let y = model.run_layers(plan.layers.clone(), x, keeps, documents);
         let end = match targets {
-            Some(t) => ChunkValue::Loss(model.head_loss(y, t.labels, t.loss_mask)),
+            Some(t) => ChunkValue::Loss(model.head_loss(y, t)),
             None => ChunkValue::Activation(y),
         };
         let value = match &end {
@@ -594,7 +597,7 @@ pub fn forward_only(
     };
     let y = model.run_layers(layers, x, CoreKeeps::Everything, documents);
     match targets {
-        Some(t) => ChunkValue::Loss(model.head_loss(y, t.labels, t.loss_mask)),
+        Some(t) => ChunkValue::Loss(model.head_loss(y, t)),
         None => ChunkValue::Activation(y),
     }
 }

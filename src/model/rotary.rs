@@ -193,14 +193,17 @@ impl RotaryEmbedding {
         &self,
         xs: [Tensor<4>; N],
         positions: &Tensor<2, Int>,
+        whole_seq: usize,
     ) -> [Tensor<4>; N] {
         let Some(first) = xs.first() else {
             return xs;
         };
         let (s, dtype, device) = (first.dims()[2], first.dtype(), first.device());
         let [b, _] = positions.dims();
-        // A position is at most its token's index, so the tables of 0..s hold every one.
-        let [cos, sin] = self.pair_tables(0, s, &device);
+        // A position is at most its token's index in the whole sequence (`whole_seq` long; a
+        // context-parallel rank holds `s` of its tokens), so the tables of 0..whole_seq hold
+        // every one.
+        let [cos, sin] = self.pair_tables(0, whole_seq, &device);
         let rows = positions.clone().reshape([b * s]);
         let per_token = |pairs: Tensor<2>| {
             self.channel_table(pairs.select(0, rows.clone()), dtype)

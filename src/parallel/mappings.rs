@@ -54,6 +54,11 @@ pub enum RegionKind {
     /// Reduce-scatter of the sequence forward, all-gather backward
     /// (`reduce_scatter_to_sequence_parallel_region` after a row-parallel layer).
     SequenceReduceScatter,
+    /// [`Self::SequenceGather`] by blocks passed around the ring (context parallelism's
+    /// `p2p` exchange of keys and values), backward [`Self::RingReduceScatter`].
+    RingGather,
+    /// [`Self::SequenceReduceScatter`] around the ring, backward [`Self::RingGather`].
+    RingReduceScatter,
 }
 
 /// The sequence dimension of `[batch, seq, hidden]` activations.
@@ -70,6 +75,8 @@ impl RegionKind {
             // A backward only runs its transpose's forward: the all-gather of a gather.
             Self::SequenceScatter | Self::SequenceReduceScatter => Self::SequenceGather,
             Self::SequenceGather => Self::SequenceReduceScatter,
+            Self::RingGather => Self::RingReduceScatter,
+            Self::RingReduceScatter => Self::RingGather,
         }
     }
 }
@@ -112,6 +119,8 @@ fn region_forward<B: Backend>(x: FloatTensor<B>, region: &Region) -> FloatTensor
             RegionKind::SequenceReduceScatter => {
                 group.reduce_scatter_or_panic(data, SEQUENCE_DIM, ReduceOp::Sum)
             }
+            RegionKind::RingGather => group.ring_all_gather_or_panic(data, SEQUENCE_DIM),
+            RegionKind::RingReduceScatter => group.ring_reduce_scatter_or_panic(data, SEQUENCE_DIM),
         })
     })
 }
@@ -166,7 +175,8 @@ impl<B: RegionOps, C: CheckpointStrategy> RegionOps for Autodiff<B, C> {
     }
 }
 
-fn apply<const D: usize>(x: Tensor<D>, kind: RegionKind, group: &Group) -> Tensor<D> {
+/// `kind`'s operator over `group` on `x` (the identity on a group of one).
+pub(crate) fn apply<const D: usize>(x: Tensor<D>, kind: RegionKind, group: &Group) -> Tensor<D> {
     if group.size() == 1 {
         return x;
     }

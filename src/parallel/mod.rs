@@ -1,7 +1,8 @@
 //! Megatron-style model parallelism, kept in the same pieces as Megatron-Core's
 //! `tensor_parallel/` package and its `parallel_state`:
 //!
-//! - [`state`]: the world cut into tensor-, data- and pipeline-parallel groups;
+//! - [`state`]: the world cut into tensor-, context-, data- and pipeline-parallel groups;
+//! - [`context`]: context parallelism's load-balanced split of each sequence;
 //! - [`mappings`]: the four region operators with their custom backward;
 //! - [`layers`]: column-, row- and vocab-parallel modules;
 //! - [`cross_entropy`]: the vocab-parallel cross-entropy;
@@ -11,6 +12,7 @@
 //!
 //! The collectives themselves are in [`crate::comm`].
 
+pub mod context;
 pub mod cross_entropy;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod cross_entropy_kernels;

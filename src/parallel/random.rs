@@ -184,11 +184,36 @@ pub fn dropout_threshold(p: f64) -> u32 {
 /// 0 where dropped (each with probability `p`).
 pub fn dropout_mask_of(key: u64, n: usize, p: f64) -> Vec<f32> {
     assert!(n <= u32::MAX as usize, "dropout of more than 2³² elements");
+    dropout_mask_at(key, 0..n, p)
+}
+
+/// The part of the mask of draw `key` over a tensor of shape `whole` that a tensor holding
+/// some of its elements holds: along each dimension `d`, local index `i` is whole index
+/// `picks[d][i]` (a chunk of the sequence, a rank's heads, a context-parallel rank's two
+/// chunks). The elements' bits are those of the whole tensor's, so every layout drops alike.
+pub fn dropout_mask_picked(key: u64, p: f64, whole: &[usize], picks: &[Vec<usize>]) -> Vec<f32> {
+    assert!(
+        whole.iter().product::<usize>() <= u32::MAX as usize,
+        "dropout of more than 2³² elements"
+    );
+    let mut offsets = vec![0usize];
+    for (pick, &size) in picks.iter().zip(whole) {
+        offsets = offsets
+            .iter()
+            .flat_map(|&o| pick.iter().map(move |&i| o * size + i))
+            .collect();
+    }
+    dropout_mask_at(key, offsets, p)
+}
+
+/// The mask values at whole-tensor element indices `indices`.
+fn dropout_mask_at(key: u64, indices: impl IntoIterator<Item = usize>, p: f64) -> Vec<f32> {
     let threshold = dropout_threshold(p);
     let keep = (1.0 / (1.0 - p)) as f32;
-    (0..n as u32)
+    indices
+        .into_iter()
         .map(|i| {
-            if dropout_bits(key, i) < threshold {
+            if dropout_bits(key, i as u32) < threshold {
                 0.0
             } else {
                 keep

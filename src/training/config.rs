@@ -137,6 +137,12 @@ pub struct ParallelConfig {
     /// `--pipeline-model-parallel-size`: stages the layers are cut into (ranks, as for
     /// tensor parallelism); tensor × pipeline × data-parallel ranks make the world.
     pub pipeline_model_parallel_size: usize,
+    /// `--context-parallel-size`: ranks each sequence is split over (Megatron's load-balanced
+    /// two chunks per rank, `parallel::context`); they sum gradients with the data-parallel
+    /// ranks.
+    pub context_parallel_size: usize,
+    /// `--cp-comm-type`: how the keys and values of the whole sequence reach every rank.
+    pub cp_comm_type: crate::parallel::context::ContextComm,
     /// `--num-layers-per-virtual-pipeline-stage`: model chunks of this many layers, several
     /// per pipeline rank, run with the interleaved schedule.
     pub num_layers_per_virtual_pipeline_stage: Option<usize>,
@@ -161,6 +167,8 @@ impl Default for ParallelConfig {
         Self {
             tensor_model_parallel_size: 1,
             pipeline_model_parallel_size: 1,
+            context_parallel_size: 1,
+            cp_comm_type: Default::default(),
             num_layers_per_virtual_pipeline_stage: None,
             decoder_first_pipeline_num_layers: None,
             decoder_last_pipeline_num_layers: None,
@@ -176,6 +184,12 @@ impl ParallelConfig {
     /// the world's over this).
     pub fn model_parallel_size(&self) -> usize {
         self.tensor_model_parallel_size * self.pipeline_model_parallel_size.max(1)
+    }
+
+    /// Ranks one data-parallel replica spans: tensor × pipeline × context parallel (the
+    /// threads of a run without a launcher).
+    pub fn replica_ranks(&self) -> usize {
+        self.model_parallel_size() * self.context_parallel_size.max(1)
     }
 }
 
@@ -368,6 +382,32 @@ impl PretrainConfig {
             bail!(
                 "--sequence-parallel: --seq-length {} is not divisible by --tensor-model-parallel-size {tp}",
                 self.seq_length
+            );
+        }
+        self.validate_context_parallel()
+    }
+
+    /// Megatron's checks of `--context-parallel-size`: each rank holds two equal chunks of
+    /// every sequence, and under sequence parallelism its tokens split over the tensor ranks.
+    fn validate_context_parallel(&self) -> Result<()> {
+        let cp = self.parallel.context_parallel_size;
+        if cp == 0 {
+            bail!("--context-parallel-size must be at least 1");
+        }
+        if cp == 1 {
+            return Ok(());
+        }
+        if !self.seq_length.is_multiple_of(2 * cp) {
+            bail!(
+                "--context-parallel-size {cp}: --seq-length {} is not divisible by 2 × {cp} (each rank holds two equal chunks of every sequence)",
+                self.seq_length
+            );
+        }
+        let tp = self.parallel.tensor_model_parallel_size;
+        if self.model.sequence_parallel && !(self.seq_length / cp).is_multiple_of(tp) {
+            bail!(
+                "--sequence-parallel with --context-parallel-size {cp}: a rank's {} tokens are not divisible by --tensor-model-parallel-size {tp}",
+                self.seq_length / cp
             );
         }
         Ok(())

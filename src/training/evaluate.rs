@@ -28,6 +28,8 @@ pub struct EvaluationPlace<'a> {
     pub device: &'a Device,
     /// What the samples carry besides their tokens.
     pub masks: crate::data::SampleMasks,
+    /// The part of each sequence this rank reads.
+    pub part: crate::data::loader::SequencePart,
 }
 
 /// Mean LM loss over `iters` global batches of `dataset` from sample `start`. Every rank
@@ -54,6 +56,7 @@ pub fn evaluate(
                 plan.micro_batch_size,
                 &place.masks,
             )
+            .part(place.part)
             .to_device(&inner, reads)
         })
         .collect();
@@ -79,7 +82,7 @@ pub fn evaluate(
         .all_reduce_scalar(local, ReduceOp::Sum)?;
     let total = place
         .parallel
-        .data
+        .data_with_context
         .all_reduce_scalar(stages, ReduceOp::Sum)?;
     Ok(total / all.max(1) as f64)
 }

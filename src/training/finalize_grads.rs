@@ -71,9 +71,9 @@ pub fn finalize_model_grads(
 ) -> Result<Option<Duration>> {
     grads.all_reduce_parameters(&roles.shared_across_stages, &parallel.embedding)?;
     match data_parallel {
-        DataParallelReduce::Buckets(elements) if parallel.data.size() > 1 => {
+        DataParallelReduce::Buckets(elements) if parallel.data_with_context.size() > 1 => {
             let start = Instant::now();
-            grads.all_reduce_in_buckets(&parallel.data, elements.max(1))?;
+            grads.all_reduce_in_buckets(&parallel.data_with_context, elements.max(1))?;
             Ok(Some(start.elapsed()))
         }
         _ => Ok(None),

@@ -246,6 +246,7 @@ impl<'a> GptStage<'a> {
             Targets {
                 labels: targets.labels,
                 loss_mask: targets.loss_mask,
+                loss_normalizer: targets.loss_normalizer,
             }
         })
     }

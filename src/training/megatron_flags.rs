@@ -56,9 +56,9 @@ const QUANT: &str =
     "quantized training (Kitchen, Transformer Engine precision recipes) is not implemented";
 /// Mixture-of-experts architecture and routing (the expert kernels and dispatch are ignored).
 const MOE: &str = "mixture-of-experts models are not implemented";
-/// Context parallelism: the sequence split over ranks.
-const CP: &str =
-    "context parallelism is not implemented (tensor, pipeline and data parallelism are)";
+/// Context parallelism beyond one flat group.
+const CP: &str = "hierarchical and hybrid context parallelism are not implemented \
+                  (--context-parallel-size with --cp-comm-type p2p or allgather is)";
 /// Multi-latent attention (DeepSeek).
 const MLA: &str = "multi-latent attention is not implemented";
 /// Multi-token prediction heads.
@@ -317,8 +317,6 @@ pub const MEGATRON_FLAGS: &[MegatronFlag] = &[
     refused("--ckpt-step", One, CKPT_STEP),
     refused_unless("--classes-fraction", One, VISION, "1.0"),
     ignored("--config-logger-dir", One),
-    refused_unless("--context-parallel-size", One, CP, "1"),
-    ignored("--cp-comm-type", List),
     ignored("--cpu-offloading-num-layers", One),
     ignored("--cpu-offloading-retain-pinned-cpu-buffers", Nothing),
     ignored("--create-all-gather-group", Nothing),

@@ -20,6 +20,7 @@ use crate::checkpoint::{OptimizerState, RunRecord, SavedRank, ShardPlace};
 use crate::comm::world::World;
 use crate::comm::{run_ranks, Communicator, ReduceOp};
 use crate::data::loader::BatchLoader;
+use crate::data::loader::SequencePart;
 use crate::logging::metrics::{print_validation, IterationRecord, MetricsOptions, MetricsSink};
 use crate::optim::mixed_precision::Precision;
 use crate::optim::param_scheduler::WeightDecayIncrStyle;
@@ -85,11 +86,12 @@ pub struct ScheduledValues {
 /// [`pretrain_on`] with the MPI world instead.
 pub fn pretrain(cfg: &PretrainConfig, device: &Device) -> Result<PretrainOutcome> {
     cfg.validate(device)?;
-    let (tp, pp) = (
+    let (tp, pp, cp) = (
         cfg.parallel.tensor_model_parallel_size,
         cfg.parallel.pipeline_model_parallel_size,
+        cfg.parallel.context_parallel_size,
     );
-    let ranks = cfg.parallel.model_parallel_size();
+    let ranks = cfg.parallel.replica_ranks();
     if ranks == 1 {
         return pretrain_on(cfg, device, World::single().comm());
     }
@@ -97,7 +99,12 @@ pub fn pretrain(cfg: &PretrainConfig, device: &Device) -> Result<PretrainOutcome
     if ranks > cores {
         eprintln!("warning: {ranks} model-parallel ranks are more than the {cores} cores here; the ranks share them");
     }
-    println!(" > tensor model parallel size: {tp}, pipeline model parallel size: {pp} ({ranks} ranks, one thread each)");
+    let context = if cp > 1 {
+        format!(", context parallel size: {cp}")
+    } else {
+        String::new()
+    };
+    println!(" > tensor model parallel size: {tp}, pipeline model parallel size: {pp}{context} ({ranks} ranks, one thread each)");
     let mut outcomes = run_ranks(ranks, |world| pretrain_on(cfg, device, world))?;
     // World rank 0 is on the first stage; the losses are known everywhere.
     Ok(outcomes.swap_remove(0))
@@ -120,6 +127,7 @@ pub fn pretrain_on(
         world,
         cfg.parallel.tensor_model_parallel_size,
         cfg.parallel.pipeline_model_parallel_size,
+        cfg.parallel.context_parallel_size,
     )?;
     let rank0 = parallel.is_world_rank0();
     if rank0 {
@@ -156,7 +164,7 @@ pub fn pretrain_on(
         say(format!(" > {line}; optimizer: {update}"));
     }
     if cfg.parallel.overlap_grad_reduce
-        && parallel.layout.dp > 1
+        && parallel.layout.gradient_ranks() > 1
         && !overlaps_grad_reduce(cfg, &setup, &parallel)
     {
         say(" > --overlap-grad-reduce: not overlapped with --use-distributed-optimizer; the gradients are reduced after the backward pass".into());
@@ -381,7 +389,7 @@ impl Trainer<'_> {
             plan.sample_of(self.setup.state.consumed_train_samples, 0),
             mbs * plan.data_parallel as u64,
             plan.micro_batch_size,
-            self.cfg.sample_masks(),
+            (self.cfg.sample_masks(), sequence_part(self.parallel)),
             2 * plan.micro_batches_per_rank(),
         )
     }
@@ -395,6 +403,7 @@ impl Trainer<'_> {
             parallel: self.parallel,
             device: self.device,
             masks: self.cfg.sample_masks(),
+            part: sequence_part(self.parallel),
         };
         evaluate(
             self.setup.optimizer.model(),
@@ -533,8 +542,9 @@ impl Trainer<'_> {
             moments: optimizer.moments()?,
             grad_scaler: optimizer.scaler_state(),
         };
-        // The ranks of data-parallel replica 0 (every tensor-parallel rank of every stage) write.
-        if parallel.coordinates.dp == 0 {
+        // The ranks of data-parallel replica 0 (every tensor-parallel rank of every stage) write;
+        // context-parallel ranks hold the same parameters, so their rank 0 writes.
+        if parallel.coordinates.dp == 0 && parallel.coordinates.cp == 0 {
             let rank = SavedRank {
                 weights: optimizer.main_weights(),
                 config: &self.cfg.model,
@@ -613,5 +623,13 @@ impl Trainer<'_> {
                 ("wd_incr_steps".into(), steps(wd.incr_steps)),
             ],
         }
+    }
+}
+
+/// The part of each sequence this rank reads: its context-parallel rank's two chunks.
+pub fn sequence_part(parallel: &ParallelState) -> SequencePart {
+    SequencePart {
+        size: parallel.layout.cp,
+        rank: parallel.coordinates.cp,
     }
 }

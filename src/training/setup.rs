@@ -2,6 +2,7 @@
 //! (from a checkpoint or from scratch), the optimizer around the main weights, and the links
 //! to the neighbouring pipeline stages.
 
+use crate::parallel::context::ContextSplit;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
@@ -84,6 +85,8 @@ pub fn set_up_rank(
 ) -> Result<RankSetup> {
     let stage = cfg.stage_layers(parallel.coordinates.pp)?;
     let (main, state, saved) = load_or_init(cfg, parallel, &stage, device, say)?;
+    let split = ContextSplit::over(&parallel.context, cfg.parallel.cp_comm_type);
+    let main = main.with_context_split(split);
     say(format!(
         " > number of parameters: {} ({} layers, hidden {}, {} heads, vocab {})",
         cfg.model.num_parameters(),
@@ -278,7 +281,7 @@ fn build_optimizer(
     let sharded = ShardedAdamW::new(
         &setup,
         main,
-        parallel.data.clone(),
+        parallel.data_with_context.clone(),
         parallel.world.clone(),
         saved,
         &inner,
@@ -288,7 +291,7 @@ fn build_optimizer(
         " > distributed optimizer: Adam state {:.1} MB per rank ({:.1} MB unsharded, data-parallel size {})",
         mine as f64 * 4e-6,
         whole as f64 * 4e-6,
-        parallel.layout.dp
+        parallel.layout.gradient_ranks()
     ));
     Box::new(sharded)
 }
@@ -323,9 +326,11 @@ fn build_p2p(
     } else {
         1
     };
+    // A context-parallel rank holds its part of each sequence.
+    let rank_tokens = cfg.seq_length / cfg.parallel.context_parallel_size.max(1);
     let expect = activation_expect(
         cfg.micro_batch_size,
-        cfg.seq_length / sequence_chunks,
+        rank_tokens / sequence_chunks,
         cfg.model.hidden_size,
         DType::from(cfg.precision.dtype()),
     );

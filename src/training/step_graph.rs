@@ -61,7 +61,7 @@ impl StepGraph {
             return Err("not asked for".into());
         };
         let layout = parallel.layout;
-        if layout.pp * layout.tp * layout.dp > 1 {
+        if layout.world() > 1 {
             return Err("one rank only (the step's collectives run on the host)".into());
         }
         if !matches!(cfg.batch_size_schedule, BatchSizeSchedule::Constant) {

@@ -47,7 +47,7 @@ pub fn overlaps_grad_reduce(
     parallel: &ParallelState,
 ) -> bool {
     cfg.parallel.overlap_grad_reduce
-        && parallel.layout.dp > 1
+        && parallel.layout.gradient_ranks() > 1
         && !setup.optimizer.reduces_data_parallel_grads()
 }
 
@@ -102,7 +102,7 @@ pub fn run_step(
         setup.stage.chunks.len(),
     )?;
     let overlap = overlaps_grad_reduce(cfg, setup, parallel).then_some(OverlapGradReduce {
-        group: &parallel.data,
+        group: &parallel.data_with_context,
         bucket_elements: cfg.parallel.ddp_bucket_size,
     });
     let inputs = StepInputs {
@@ -180,7 +180,10 @@ pub fn report_step(
     let stages = parallel
         .pipeline
         .all_reduce_scalar(local_loss, ReduceOp::Sum)?;
-    let loss_sum = parallel.data.all_reduce_scalar(stages, ReduceOp::Sum)?;
+    // Context-parallel ranks hold parts of each micro-batch's loss: the sum is over both.
+    let loss_sum = parallel
+        .data_with_context
+        .all_reduce_scalar(stages, ReduceOp::Sum)?;
     Ok(StepReport {
         lm_loss: loss_sum / plan.micro_batches() as f64,
         grad_norm,

@@ -10,6 +10,7 @@ use crate::model::vocab::padded_vocab_size;
 use crate::model::{GptConfig, Normalization, PositionEmbedding, Recompute};
 use crate::optim::grad_scaler::DynamicGradScalerConfig;
 use crate::optim::{AdamWConfig, LrDecayStyle, LrSchedule, Precision};
+use crate::parallel::context::ContextComm;
 use crate::training::{ParallelConfig, PretrainConfig};
 
 /// GPT-2's vocabulary, which the fuzzer's data is tokenized with: padded per layout as
@@ -55,7 +56,7 @@ pub struct FuzzCase {
     pub index: u64,
     /// The generator's seed.
     pub seed: u64,
-    /// Data-parallel ranks (the world is TP × PP × DP).
+    /// Data-parallel ranks (the world is TP × PP × CP × DP).
     pub data_parallel: usize,
     /// The run on the layout.
     pub config: PretrainConfig,
@@ -64,7 +65,7 @@ pub struct FuzzCase {
 impl FuzzCase {
     /// Ranks the case runs on.
     pub fn world_size(&self) -> usize {
-        self.config.parallel.model_parallel_size() * self.data_parallel
+        self.config.parallel.replica_ranks() * self.data_parallel
     }
 
     /// The same run in one process: one rank, nothing recomputed, the replicated optimizer,
@@ -83,6 +84,12 @@ impl FuzzCase {
             c.parallel.pipeline_model_parallel_size,
             self.data_parallel
         )];
+        if c.parallel.context_parallel_size > 1 {
+            parts.push(format!(
+                "CP={} ({:?})",
+                c.parallel.context_parallel_size, c.parallel.cp_comm_type
+            ));
+        }
         if let Some(n) = c.parallel.num_layers_per_virtual_pipeline_stage {
             parts.push(format!("{n} layer(s) per virtual stage"));
         }
@@ -295,6 +302,23 @@ fn draw_yarn(d: &mut Draws, model: &mut GptConfig) {
     });
 }
 
+/// Draws context parallelism in one case of three whose data-parallel size allows it: CP = 2
+/// or 4 of the drawn data-parallel ranks become context-parallel ones (the world keeps its
+/// size, so an MPI launch's cases still fit), exchanging keys and values either way.
+fn draw_context(d: &mut Draws, s: &mut Sizes, parallel: &mut ParallelConfig) {
+    if s.dp == 1 || d.pick(&[0, 0, 1]) == 0 {
+        return;
+    }
+    let cp = if s.dp == 4 { d.pick(&[2, 4]) } else { 2 };
+    s.dp /= cp;
+    parallel.context_parallel_size = cp;
+    parallel.cp_comm_type = if d.coin() {
+        ContextComm::P2p
+    } else {
+        ContextComm::AllGather
+    };
+}
+
 /// Where [`short_documents`] writes its dataset under the index cache `cache`.
 fn short_documents_prefix(cache: &Path) -> PathBuf {
     cache.join("short_documents_text_document")
@@ -343,7 +367,7 @@ pub fn draw_case(
     cache: &Path,
 ) -> FuzzCase {
     let mut d = Draws(seed ^ index.wrapping_mul(0xA076_1D64_78BD_642F));
-    let s = draw_sizes(&mut d, world);
+    let mut s = draw_sizes(&mut d, world);
     let model = draw_model(&mut d, s);
     let micro_batch_size = d.pick(&[1, 2]);
     let mut micro_batches: usize = d.pick(&[1, 2, 3, 4]);
@@ -406,6 +430,7 @@ pub fn draw_case(
     draw_packing(&mut d, &mut cfg, cache);
     draw_window(&mut d, &mut cfg.model);
     draw_yarn(&mut d, &mut cfg.model);
+    draw_context(&mut d, &mut s, &mut cfg.parallel);
     cfg.global_batch_size = micro_batch_size * micro_batches * s.dp;
     // No warm-up (its first step would have a learning rate of 0): a cosine decay from the
     // first iteration over the run.

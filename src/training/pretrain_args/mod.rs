@@ -249,6 +249,15 @@ pub struct PretrainArgs {
     /// (threads without a launcher), run with Megatron's 1F1B schedule.
     #[arg(long, default_value_t = 1)]
     pub pipeline_model_parallel_size: usize,
+    /// Context-parallel size: each sequence is split over this many ranks (threads without a
+    /// launcher), each holding two of its `2·N` chunks (Megatron's load-balanced split).
+    #[arg(long, default_value_t = 1)]
+    pub context_parallel_size: usize,
+    /// How context-parallel ranks exchange keys and values: `p2p` (around the ring,
+    /// Megatron's default) or `allgather`; Megatron's per-layer list form takes one type for
+    /// every layer.
+    #[arg(long, num_args = 1.., default_values_t = vec!["p2p".to_string()])]
+    pub cp_comm_type: Vec<String>,
     /// Layers per virtual pipeline stage: each rank holds several model chunks of this many
     /// layers and runs the interleaved 1F1B schedule (a smaller bubble).
     #[arg(long)]

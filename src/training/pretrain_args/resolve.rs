@@ -1,5 +1,6 @@
 //! The flags resolved into the run's configuration.
 
+use crate::parallel::context::ContextComm;
 use anyhow::{bail, Context, Result};
 
 use super::data_flags::data_sources;
@@ -142,9 +143,21 @@ fn parallel_layout(args: &PretrainArgs) -> Result<ParallelConfig> {
             bail!("--DDP-impl {ddp}: expected local or torch");
         }
     }
+    let cp_comm_type = match args.cp_comm_type.as_slice() {
+        [one] => ContextComm::parse(one).map_err(anyhow::Error::msg)?,
+        [first, rest @ ..] if rest.iter().all(|t| t == first) => {
+            ContextComm::parse(first).map_err(anyhow::Error::msg)?
+        }
+        types => bail!(
+            "--cp-comm-type {}: a different type per layer is not implemented (give one)",
+            types.join(" ")
+        ),
+    };
     Ok(ParallelConfig {
         tensor_model_parallel_size: args.tensor_model_parallel_size,
         pipeline_model_parallel_size: args.pipeline_model_parallel_size,
+        context_parallel_size: args.context_parallel_size,
+        cp_comm_type,
         num_layers_per_virtual_pipeline_stage: args.num_layers_per_virtual_pipeline_stage,
         decoder_first_pipeline_num_layers: args.decoder_first_pipeline_num_layers,
         decoder_last_pipeline_num_layers: args.decoder_last_pipeline_num_layers,

@@ -1,0 +1,196 @@
+//! Context parallelism (`--context-parallel-size`) trains the single process's model: each
+//! layout below, on thread ranks, over 20 iterations with every dropout on, held by the layout
+//! fuzzer's oracle (losses within 1e-5 in fp32, gradient norms, validation losses and every
+//! weight's update) to the same run in one process. The fuzzer draws CP among its other
+//! choices too; these are the combinations the issue names, fixed.
+
+use ferrotron::data::DataSources;
+use ferrotron::model::{GptConfig, Normalization, PositionEmbedding};
+use ferrotron::optim::{AdamWConfig, LrDecayStyle, LrSchedule};
+use ferrotron::parallel::context::ContextComm;
+use ferrotron::training::layout_fuzz::generate::short_documents;
+use ferrotron::training::layout_fuzz::{case_dir, check_case, FuzzCase, Ranks, References};
+use ferrotron::training::{ParallelConfig, PretrainConfig};
+
+use crate::common::*;
+
+const ITERS: u64 = 20;
+
+/// A two-layer Llama-style model (RoPE, RMSNorm, SwiGLU, grouped queries) or GPT-2-style
+/// (learned positions, LayerNorm), at 32 tokens: chunks of 8 tokens at CP = 2, of 4 at 4.
+fn model(llama: bool, tp: usize) -> GptConfig {
+    let vocab = ferrotron::model::vocab::padded_vocab_size(50257, 128, tp);
+    let m = GptConfig::new(2, 32, 4, 32, vocab)
+        .with_hidden_dropout(0.1)
+        .with_attention_dropout(0.1);
+    if llama {
+        m.with_position_embedding_type(PositionEmbedding::Rope)
+            .with_normalization(Normalization::RmsNorm)
+            .with_swiglu(true)
+            .with_ffn_hidden_size(Some(48))
+            .with_num_query_groups(Some(2))
+            .with_add_bias_linear(false)
+    } else {
+        m
+    }
+}
+
+/// The layout and what the run packs: `documents` trains on short packed documents with
+/// per-document positions, attention and loss mask; `window` adds a sliding window.
+struct Layout {
+    tp: usize,
+    pp: usize,
+    cp: usize,
+    dp: usize,
+    comm: ContextComm,
+    distributed_optimizer: bool,
+    sequence_parallel: bool,
+    documents: bool,
+    window: Option<usize>,
+}
+
+const BASE: Layout = Layout {
+    tp: 1,
+    pp: 1,
+    cp: 2,
+    dp: 1,
+    comm: ContextComm::P2p,
+    distributed_optimizer: false,
+    sequence_parallel: false,
+    documents: false,
+    window: None,
+};
+
+fn case(index: u64, l: &Layout, llama: bool, cache: &std::path::Path) -> FuzzCase {
+    let data = golden("wikitext2_valid", "text");
+    let mut model = model(llama, l.tp).with_sequence_parallel(l.sequence_parallel);
+    model.window_size = l.window;
+    model.reset_position_ids = l.documents;
+    model.reset_attention_mask = l.documents;
+    let data = if l.documents {
+        short_documents(&data, cache).unwrap()
+    } else {
+        data
+    };
+    let (micro_batch_size, micro_batches) = (2, 2);
+    let global_batch_size = micro_batch_size * micro_batches * l.dp;
+    let config = PretrainConfig {
+        seq_length: 32,
+        micro_batch_size,
+        global_batch_size,
+        train_iters: ITERS,
+        schedule: LrSchedule {
+            max_lr: 4e-3,
+            min_lr: 4e-4,
+            decay_steps: (global_batch_size as u64 * ITERS) as f64,
+            style: LrDecayStyle::Cosine,
+            ..Default::default()
+        },
+        split: "90,10,0".into(),
+        data_cache_path: Some(cache.to_path_buf()),
+        log_interval: ITERS,
+        eval_interval: ITERS / 2,
+        eval_iters: 1,
+        eod_mask_loss: l.documents,
+        seed: 1234 + index,
+        // The fuzzer's ε (its generator says why): updates proportional to the gradients.
+        adam: AdamWConfig {
+            eps: 1e-2,
+            ..AdamWConfig::default()
+        },
+        parallel: ParallelConfig {
+            tensor_model_parallel_size: l.tp,
+            pipeline_model_parallel_size: l.pp,
+            context_parallel_size: l.cp,
+            cp_comm_type: l.comm,
+            use_distributed_optimizer: l.distributed_optimizer,
+            ..ParallelConfig::default()
+        },
+        ..PretrainConfig::new(model, DataSources::single(data))
+    };
+    FuzzCase {
+        index,
+        seed: 0,
+        data_parallel: l.dp,
+        config,
+    }
+}
+
+fn check(layouts: &[(Layout, bool)]) {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let mut references = References::default();
+    let mut differ = Vec::new();
+    for (i, (layout, llama)) in layouts.iter().enumerate() {
+        let case = case(i as u64, layout, *llama, &cache);
+        let case_dir = case_dir(dir.path(), case.index).unwrap();
+        let verdict = check_case(&case, &Ranks::Threads, &case_dir, &mut references)
+            .unwrap()
+            .expect("thread ranks compare in this process");
+        println!("{verdict}");
+        if !verdict.passed() {
+            differ.push(verdict.to_string());
+        }
+    }
+    assert!(differ.is_empty(), "{differ:#?}");
+}
+
+/// CP = 2 and 4 on their own, each exchange, with and without packed documents and a window.
+#[test]
+fn context_parallel_ranks_train_the_single_process_model() {
+    check(&[
+        (BASE, true),
+        (
+            Layout {
+                cp: 4,
+                comm: ContextComm::AllGather,
+                documents: true,
+                ..BASE
+            },
+            true,
+        ),
+        (
+            Layout {
+                documents: true,
+                window: Some(5),
+                comm: ContextComm::AllGather,
+                ..BASE
+            },
+            false,
+        ),
+    ]);
+}
+
+/// CP with TP (and sequence parallelism), with PP, and with DP under the distributed
+/// optimizer (which shards over data × context ranks).
+#[test]
+fn context_parallelism_composes_with_tensor_pipeline_and_data_parallelism() {
+    check(&[
+        (
+            Layout {
+                tp: 2,
+                sequence_parallel: true,
+                documents: true,
+                ..BASE
+            },
+            true,
+        ),
+        (
+            Layout {
+                pp: 2,
+                window: Some(6),
+                ..BASE
+            },
+            false,
+        ),
+        (
+            Layout {
+                dp: 2,
+                distributed_optimizer: true,
+                documents: true,
+                ..BASE
+            },
+            true,
+        ),
+    ]);
+}
