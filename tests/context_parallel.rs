@@ -16,6 +16,10 @@ use crate::common::*;
 
 const ITERS: u64 = 20;
 
+fn device() -> burn::tensor::Device {
+    burn::tensor::Device::flex().autodiff()
+}
+
 /// A two-layer Llama-style model (RoPE, RMSNorm, SwiGLU, grouped queries) or GPT-2-style
 /// (learned positions, LayerNorm), at 32 tokens: chunks of 8 tokens at CP = 2, of 4 at 4.
 fn model(llama: bool, tp: usize) -> GptConfig {
@@ -193,4 +197,67 @@ fn context_parallelism_composes_with_tensor_pipeline_and_data_parallelism() {
             true,
         ),
     ]);
+}
+
+/// Context parallelism does not shard parameters, so a checkpoint saved at one CP continues
+/// at any other: CP = 2 × DP = 2 with the distributed optimizer saves at iteration 6; CP = 4
+/// continues from it, and so does one process, both following the uninterrupted run.
+#[test]
+fn checkpoints_saved_at_one_context_parallel_size_continue_at_another() {
+    use ferrotron::comm::run_ranks;
+    use ferrotron::training::{pretrain, pretrain_on};
+    let save_at = 6;
+    let dir = tempfile::tempdir().unwrap();
+    let (cache, saved) = (dir.path().join("cache"), dir.path().join("saved"));
+    // One global batch (and learning-rate schedule) for every layout.
+    let run = |l: &Layout| {
+        let config = case(0, l, true, &cache).config;
+        PretrainConfig {
+            global_batch_size: 4,
+            eval_iters: 0,
+            schedule: LrSchedule {
+                decay_steps: (4 * ITERS) as f64,
+                ..config.schedule.clone()
+            },
+            ..config
+        }
+    };
+    let saving = Layout {
+        dp: 2,
+        distributed_optimizer: true,
+        documents: true,
+        ..BASE
+    };
+    let saving = PretrainConfig {
+        save: Some(saved.clone()),
+        exit_interval: Some(save_at),
+        ..run(&saving)
+    };
+    run_ranks(4, |world| {
+        pretrain_on(&saving, &device(), world).map(|_| ())
+    })
+    .unwrap();
+    let whole = |cp| Layout {
+        cp,
+        documents: true,
+        ..BASE
+    };
+    let uninterrupted = pretrain(&run(&whole(1)), &device()).unwrap().losses;
+    let resuming = |l: &Layout| PretrainConfig {
+        load: Some(saved.clone()),
+        ..run(l)
+    };
+    let cp4 = run_ranks(4, |world| {
+        pretrain_on(&resuming(&whole(4)), &device(), world).map(|o| o.losses)
+    })
+    .unwrap();
+    let single = pretrain(&resuming(&whole(1)), &device()).unwrap().losses;
+    let tail = uninterrupted[save_at as usize..].to_vec();
+    let (a, b) = (
+        worst_relative(&cp4[0], &tail),
+        worst_relative(&single, &tail),
+    );
+    println!("saved at CP=2 × DP=2: resumed at CP=4 {a:.2e}, in one process {b:.2e}");
+    assert_eq!(cp4[0].len(), tail.len());
+    assert!(a < 1e-5 && b < 1e-5, "{a} {b}");
 }

@@ -14,8 +14,9 @@ use crate::common::*;
 
 /// The CI sample's seed and size: its cases cover tensor, pipeline (virtual stages among
 /// them) and data parallelism, sequence parallelism, the distributed optimizer, each
-/// precision, recomputation, packed documents and a sliding window (the parallelisms, the
-/// packing and the window checked below, so a generator change that loses one fails).
+/// precision, recomputation, packed documents, a sliding window and context parallelism (the
+/// parallelisms, the packing, the window and CP checked below, so a generator change that
+/// loses one fails).
 const CI_SEED: u64 = 2026;
 const CI_CASES: usize = 6;
 
@@ -36,6 +37,9 @@ fn cases(seed: u64, count: usize, cache: &std::path::Path) -> Vec<FuzzCase> {
 fn a_seeded_sample_of_generated_layouts_reproduces_the_single_process() {
     let dir = tempfile::tempdir().unwrap();
     let cases = cases(CI_SEED, CI_CASES, &dir.path().join("cache"));
+    for case in &cases {
+        println!("case {}: {}", case.index, case.describe());
+    }
     let any = |f: &dyn Fn(&PretrainConfig, usize) -> bool| {
         cases.iter().any(|c| f(&c.config, c.data_parallel))
     };
@@ -48,9 +52,12 @@ fn a_seeded_sample_of_generated_layouts_reproduces_the_single_process() {
     assert!(any(
         &|c, _| c.model.reset_position_ids && c.parallel.pipeline_model_parallel_size > 1
     ));
-    assert!(any(&|c, dp| c.model.window_size.is_some()
+    assert!(any(&|c, _| c.model.window_size.is_some()
         && c.parallel.pipeline_model_parallel_size > 1
-        && dp > 1));
+        && c.parallel.context_parallel_size > 1));
+    assert!(any(
+        &|c, _| c.parallel.context_parallel_size == 4 && c.parallel.use_distributed_optimizer
+    ));
     let mut references = References::default();
     let mut differ = Vec::new();
     for case in &cases {

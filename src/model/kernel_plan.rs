@@ -54,6 +54,15 @@ impl CausalSelfAttention {
     /// choose it.
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     pub fn core_in_words(&self, device: &Device, dtype: DType) -> String {
+        if let Some(split) = &self.context {
+            return format!(
+                "composed core per context-parallel chunk: keys and values gathered over {} \
+                 ranks ({:?}), each chunk's queries over the keys before them (the fused \
+                 kernels do not take a chunk's offset yet)",
+                split.size(),
+                split.comm
+            );
+        }
         let masked = self.reset_attention_mask || self.sliding_window.is_some();
         if masked && !self.flash_attention {
             return "composed core: products, composed softmax masked from each query's first \
