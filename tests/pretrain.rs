@@ -284,7 +284,7 @@ fn pretrain_cli_refuses_what_it_cannot_split_and_contradicting_flags() {
     // nearest real flag; neither starts any work (argparse's exit code 2).
     for (extra, message) in [
         (&["--fp8-format", "hybrid"][..], "--fp8-format hybrid: FP8 training is not implemented"),
-        (&["--context-parallel-size", "2"][..], "--context-parallel-size 2: "),
+        (&["--hybrid-context-parallel"][..], "--hybrid-context-parallel: hierarchical and hybrid context parallelism are not implemented"),
         (&["--num-layer", "2"][..], "unrecognized argument --num-layer (neither Megatron-LM nor ferrotron has it); did you mean --num-layers?"),
     ] {
         assert_refused(dir, &args, extra, 2, message);
@@ -305,6 +305,25 @@ fn pretrain_cli_refuses_what_it_cannot_split_and_contradicting_flags() {
         &[],
         1,
         "pipeline",
+    );
+    // A context-parallel split that leaves unequal chunks, and an exchange not implemented.
+    assert_refused(
+        dir,
+        &with_value(
+            &with_value(&args, "--tensor-model-parallel-size", "1"),
+            "--context-parallel-size",
+            "3",
+        ),
+        &[],
+        1,
+        "--seq-length 16 is not divisible by 2 × 3",
+    );
+    assert_refused(
+        dir,
+        &args,
+        &["--cp-comm-type", "a2a"],
+        1,
+        "--cp-comm-type a2a is not implemented (p2p and allgather are)",
     );
     let odd_heads = with_value(
         &with_value(&args, "--hidden-size", "10"),
