@@ -172,6 +172,7 @@ fn llama_model() -> GptConfig {
 struct Layout {
     tp: usize,
     pp: usize,
+    cp: usize,
     distributed_optimizer: bool,
     recompute: Recompute,
     overlap_grad_reduce: bool,
@@ -182,6 +183,7 @@ const fn layout(tp: usize, pp: usize) -> Layout {
     Layout {
         tp,
         pp,
+        cp: 1,
         distributed_optimizer: false,
         recompute: Recompute::None,
         overlap_grad_reduce: false,
@@ -196,7 +198,7 @@ const fn sequence_parallel(tp: usize, pp: usize) -> Layout {
     }
 }
 
-const LAYOUTS: [Layout; 8] = [
+const LAYOUTS: [Layout; 9] = [
     layout(2, 1),
     Layout {
         distributed_optimizer: true,
@@ -224,12 +226,17 @@ const LAYOUTS: [Layout; 8] = [
         ..sequence_parallel(2, 1)
     },
     sequence_parallel(2, 2),
+    // Context parallelism's key exchange beside sequence parallelism's.
+    Layout {
+        cp: 2,
+        ..sequence_parallel(2, 1)
+    },
 ];
 
 /// Under `mpirun`: tensor-parallel collectives with the distributed optimizer across
-/// processes, pipeline point-to-point with tensor parallelism, and sequence parallelism's
-/// all-gathers and reduce-scatters across processes.
-const MPI_LAYOUTS: [Layout; 3] = [LAYOUTS[1], LAYOUTS[3], LAYOUTS[7]];
+/// processes, pipeline point-to-point with tensor parallelism, sequence parallelism's
+/// all-gathers and reduce-scatters across processes, and context parallelism's ring.
+const MPI_LAYOUTS: [Layout; 4] = [LAYOUTS[1], LAYOUTS[3], LAYOUTS[7], LAYOUTS[8]];
 
 fn config(cache: &Path, layout: Layout, train_iters: u64) -> PretrainConfig {
     let base = layout_comparison_run(cache, 2, train_iters, ITERS);
@@ -245,6 +252,7 @@ fn config(cache: &Path, layout: Layout, train_iters: u64) -> PretrainConfig {
         parallel: ParallelConfig {
             tensor_model_parallel_size: layout.tp,
             pipeline_model_parallel_size: layout.pp,
+            context_parallel_size: layout.cp,
             use_distributed_optimizer: layout.distributed_optimizer,
             overlap_grad_reduce: layout.overlap_grad_reduce,
             ..base.parallel

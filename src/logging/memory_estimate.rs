@@ -175,6 +175,8 @@ pub fn estimate(plan: &MemoryPlan, precision: Precision, recompute: Recompute) -
     }
     let layers = stage.layers_per_chunk as f64;
     let kept = match recompute {
+        // A stage of no layers (an uneven cut's first or last) keeps nothing of its own.
+        _ if stage.layers_per_chunk == 0 => 0.0,
         Recompute::None => layers * per_layer,
         Recompute::Selective => layers * rest + scores,
         Recompute::Uniform(n) => {

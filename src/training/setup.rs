@@ -344,7 +344,9 @@ pub fn print_memory_estimate(cfg: &PretrainConfig, setup: &RankSetup, parallel: 
         model: &cfg.model,
         rank_parameters: setup.optimizer.main_weights().num_params(),
         micro_batch_size: cfg.micro_batch_size,
-        seq_length: cfg.seq_length,
+        // A context-parallel rank's tokens (its attention scores over the whole sequence's
+        // keys, `(2C + 1)·c²`, are counted as its tokens' square: an underestimate).
+        seq_length: cfg.seq_length / cfg.parallel.context_parallel_size.max(1),
         tensor_parallel: parallel.tensor.size(),
         data_parallel: parallel.layout.dp,
         distributed_optimizer: cfg.parallel.use_distributed_optimizer,
