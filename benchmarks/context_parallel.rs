@@ -8,6 +8,8 @@
 //! ```text
 //! cargo bench --bench context_parallel --profile dev
 //! FERROTRON_BENCH_SEQS=2048,4096,8192 FERROTRON_BENCH_CPS=1,2,4 cargo bench --bench context_parallel --profile dev
+//! # the fused attention on lavapipe (its device memory is the process's)
+//! FERROTRON_BENCH_FLAGS="--device wgpu-cpu --use-flash-attn" cargo bench --bench context_parallel --profile dev
 //! ```
 //!
 //! On this machine's 2 cores, 4 ranks share 2 cores: tokens/s there says what the split
@@ -85,6 +87,7 @@ fn train(seq: usize, cp: usize, cache: &Path) -> Run {
         ])
         .arg(env!("CARGO_BIN_EXE_pretrain"))
         .args(flags)
+        .args(extra_flags())
         .arg("--data-path")
         .arg(&data)
         .arg("--data-cache-path")
@@ -120,13 +123,21 @@ fn train(seq: usize, cp: usize, cache: &Path) -> Run {
     }
 }
 
+/// `FERROTRON_BENCH_FLAGS`: more `pretrain` flags for every run (the device, the core).
+fn extra_flags() -> Vec<String> {
+    std::env::var("FERROTRON_BENCH_FLAGS")
+        .map(|f| f.split_whitespace().map(str::to_owned).collect())
+        .unwrap_or_default()
+}
+
 fn main() {
     let cache = tempfile::tempdir().expect("temp dir");
     let seqs = list("FERROTRON_BENCH_SEQS", "2048,4096,8192");
     let cps = list("FERROTRON_BENCH_CPS", "1,2,4");
     println!(
         "context parallelism, 2 layers, hidden 256, 4 heads, RoPE, micro-batch 1, no dropout, \
-         CPU, one MPI process per rank; peak RSS of one rank, tokens/s of iteration 3"
+         one MPI process per rank, flags {:?}; peak RSS of one rank, tokens/s of iteration 3",
+        extra_flags()
     );
     println!("| seq | CP | peak RSS per rank (MiB) | vs CP=1 | tokens/s | vs CP=1 | losses |");
     println!("|---|---|---|---|---|---|---|");

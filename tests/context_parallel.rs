@@ -261,3 +261,40 @@ fn checkpoints_saved_at_one_context_parallel_size_continue_at_another() {
     assert_eq!(cp4[0].len(), tail.len());
     assert!(a < 1e-5 && b < 1e-5, "{a} {b}");
 }
+
+/// With `--use-flash-attn` on a CubeCL device (wgpu on lavapipe) a context-parallel rank runs
+/// the fused kernels, each chunk's queries over the keys before them: CP = 2 with packed
+/// documents and dropout trains the single process's fused-kernel model.
+#[test]
+fn context_parallel_ranks_run_the_fused_attention_on_a_cubecl_device() {
+    if crate::common::own_process::ran_in_own_process_unoptimised() {
+        return;
+    }
+    use ferrotron::comm::run_ranks;
+    use ferrotron::training::{pretrain, pretrain_on};
+    let device = ferrotron::util::device::parse_device("wgpu-cpu")
+        .unwrap()
+        .autodiff();
+    let dir = tempfile::tempdir().unwrap();
+    let layout = Layout {
+        documents: true,
+        ..BASE
+    };
+    let mut config = PretrainConfig {
+        train_iters: 6,
+        eval_iters: 0,
+        ..case(0, &layout, true, &dir.path().join("cache")).config
+    };
+    config.model = config.model.with_flash_attention(true);
+    let single = pretrain(&config.in_one_process(), &device).unwrap().losses;
+    let split = run_ranks(2, |world| {
+        pretrain_on(&config, &device, world).map(|o| o.losses)
+    })
+    .unwrap();
+    let worst = worst_relative(&split[0], &single);
+    println!(
+        "CP=2 with the fused attention on lavapipe: worst relative loss difference {worst:.2e}"
+    );
+    assert_eq!(split[0].len(), 6);
+    assert!(worst < 1e-5, "{worst}");
+}

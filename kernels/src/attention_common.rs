@@ -55,6 +55,13 @@ pub struct AttentionScalars {
     /// Heads per batch element: with documents, head `h` reads row `h / sample_heads` of the
     /// first visible keys (unused without).
     pub sample_heads: u32,
+    /// With documents, positions before it see no key: a context-parallel chunk's queries
+    /// are a head's rows from it on, the rows before it padding (0: every row is a query).
+    pub queries_from: u32,
+    /// The length of the sequence whose dropout draw the probabilities are part of: a head's
+    /// own `seq`, or the whole sequence of which a context-parallel chunk's keys are the
+    /// first `seq`.
+    pub draw_seq: u32,
 }
 
 /// Where a cube works: the first row of its head, the head's length, the positions within the
@@ -65,6 +72,7 @@ pub struct AttentionScalars {
 /// from `key_row` on, one per position (see [`sees`]).
 #[derive(CubeType, Clone, Copy)]
 pub(crate) struct TileRows<'a> {
+    pub(crate) head: usize,
     pub(crate) head_row: usize,
     pub(crate) seq: usize,
     pub(crate) start: usize,
@@ -72,6 +80,8 @@ pub(crate) struct TileRows<'a> {
     pub(crate) active: bool,
     pub(crate) first_keys: &'a [u32],
     pub(crate) key_row: usize,
+    pub(crate) queries_from: usize,
+    pub(crate) draw_seq: usize,
     #[cube(comptime)]
     pub(crate) documents: bool,
 }
@@ -81,6 +91,7 @@ impl<'a> TileRows<'a> {
     /// The same cube at the tile of the other side whose first row is at `first`.
     pub(crate) fn at_tile(&self, first: usize) -> TileRows<'a> {
         TileRows::<'a> {
+            head: self.head,
             head_row: self.head_row,
             seq: self.seq,
             start: self.start,
@@ -88,6 +99,8 @@ impl<'a> TileRows<'a> {
             active: self.active,
             first_keys: self.first_keys,
             key_row: self.key_row,
+            queries_from: self.queries_from,
+            draw_seq: self.draw_seq,
             documents: self.documents,
         }
     }
@@ -114,6 +127,7 @@ pub(crate) fn cube_rows<'a>(
         key_row = (head / scalars.sample_heads as usize) * s;
     }
     TileRows::<'a> {
+        head,
         head_row: head * s,
         seq: s,
         start,
@@ -121,6 +135,8 @@ pub(crate) fn cube_rows<'a>(
         active: head < scalars.heads as usize,
         first_keys,
         key_row,
+        queries_from: scalars.queries_from as usize,
+        draw_seq: scalars.draw_seq as usize,
         documents,
     }
 }
@@ -158,14 +174,29 @@ fn first_key(at: &TileRows, query: usize) -> usize {
 /// per-element masking asks it, and [`key_tiles`] and [`query_tiles`] are what it means for
 /// whole tiles. The first keys must not decrease along a head and each must be at most its own
 /// position (documents are contiguous and a token sees itself), which is what lets whole tiles
-/// be skipped.
+/// be skipped. With documents, a position before the queries' first (padding before a
+/// context-parallel chunk) sees nothing.
 #[cube]
 pub(crate) fn sees(at: &TileRows, query: usize, key: usize) -> bool {
     let mut visible = false;
     if query < at.seq {
         visible = key <= query && key >= first_key(at, query);
+        if at.documents {
+            visible = visible && query >= at.queries_from;
+        }
     }
     visible
+}
+
+/// The first of positions `from..` that is a query: `from`, or with documents not before the
+/// queries' first ([`sees`]).
+#[cube]
+fn first_query_from(at: &TileRows, from: usize) -> usize {
+    let mut first = from;
+    if at.documents && first < at.queries_from {
+        first = at.queries_from;
+    }
+    first
 }
 
 /// The tiles of `tile` keys (tile `t` holding keys `t · tile ..`) that the `rows` queries of
@@ -184,8 +215,10 @@ pub(crate) fn key_tiles(
     }
     let mut lo = 0usize;
     let mut hi = 0usize;
-    if at.active {
-        lo = first_key(at, at.start) / tile as usize;
+    // A block of padding rows before a chunk's queries visits nothing.
+    let first = first_query_from(at, at.start);
+    if at.active && first < end {
+        lo = first_key(at, first) / tile as usize;
         hi = end.div_ceil(tile as usize);
     }
     (lo, hi)
@@ -205,12 +238,15 @@ pub(crate) fn query_tiles(
     let mut lo = 0usize;
     let mut hi = 0usize;
     if at.active {
-        lo = at.start / t;
+        // The block's keys are seen by queries from its own first on (causal), not before
+        // the chunk's first query.
+        let first = first_query_from(at, at.start);
+        lo = first / t;
         let mut end = at.seq;
         if at.documents {
             let last_key = usize::min(at.start + rows as usize, at.seq) - 1;
             // Queries below `seeing` see up to `last_key`; none from `end` on does.
-            let mut seeing = at.start;
+            let mut seeing = first;
             while seeing < end {
                 let middle = (seeing + end) / 2;
                 if first_key(at, middle) <= last_key {
@@ -235,7 +271,7 @@ pub(crate) fn dropout_draw(
     at: &TileRows,
     #[comptime] dropout: bool,
 ) -> RowDraw {
-    let head_start = (at.head_row * at.seq) as u32;
+    let head_start = (at.head * at.draw_seq * at.draw_seq) as u32;
     RowDraw {
         key_lo: salted(scalars.key_lo, salt, 0usize, dropout),
         key_hi: salted(scalars.key_hi, salt, 1usize, dropout),
@@ -267,7 +303,7 @@ pub(crate) fn kept<A: Float>(
 ) -> A {
     let mut factor = A::new(1.0);
     if dropout {
-        let index = (at.head_row + query) * at.seq + key;
+        let index = (at.head * at.draw_seq + query) * at.draw_seq + key;
         let keep = row_keeps(draw, index as u32);
         factor = select(keep, A::cast_from(draw.keep_scale), A::new(0.0));
     }

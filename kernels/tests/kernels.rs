@@ -1899,10 +1899,26 @@ fn half_attention_matches_f32<H: Storage>(client: &Client, rng: &mut Rng) {
         let inputs = [0; 4].map(|_| rounded::<H>(&rng.vec(a.len(), -1.5, 1.5)));
         let (inputs, keys) = (inputs.each_ref().map(|v| &v[..]), keys.map(|k| (k, 1)));
         let run = |storage_f32: bool, output: Option<&[f32]>| match storage_f32 {
-            true => {
-                run_attention::<f32>(client, tiles, inputs, output, a, (0.25, Some(draw)), keys)
-            }
-            false => run_attention::<H>(client, tiles, inputs, output, a, (0.25, Some(draw)), keys),
+            true => run_attention::<f32>(
+                client,
+                tiles,
+                inputs,
+                output,
+                a,
+                (0.25, Some(draw)),
+                keys,
+                None,
+            ),
+            false => run_attention::<H>(
+                client,
+                tiles,
+                inputs,
+                output,
+                a,
+                (0.25, Some(draw)),
+                keys,
+                None,
+            ),
         };
         let (forward_f32, forward_half) = (run(true, None), run(false, None));
         let what = |name: &str| {
@@ -2058,15 +2074,20 @@ fn run_attention<S: Storage>(
     shape: AttentionShape,
     (scale, dropout): (f32, Option<DropoutDraw>),
     first_keys: Option<(&[u32], usize)>,
+    chunk: Option<(usize, usize)>,
 ) -> [Vec<f32>; 4] {
     let n = shape.len();
     let [qh, kh, vh, dh] = [q, k, v, dout].map(|x| upload_as::<S>(client, x));
     let keys = first_keys.map(|(keys, _)| client.create_from_slice(u32::as_bytes(keys)));
     let inputs = AttentionInputs {
-        first_keys: keys
-            .as_ref()
-            .zip(first_keys)
-            .map(|(handle, (_, batch))| FirstKeys { handle, batch }),
+        first_keys: keys.as_ref().zip(first_keys).map(|(handle, (_, batch))| {
+            let (queries_from, draw_seq) = chunk.unwrap_or((0, shape.seq));
+            FirstKeys {
+                queries_from,
+                draw_seq,
+                ..FirstKeys::of(handle, batch, shape.seq)
+            }
+        }),
         ..AttentionInputs::causal(&qh, &kh, &vh)
     };
     let (oh, lh) = (poisoned_as::<S>(client, n), poisoned(client, shape.rows()));
@@ -2318,7 +2339,7 @@ fn check_flash_attention(
         first_keys.is_some()
     );
     let draw = (scale, dropout);
-    let got = run_attention::<f32>(client, launch, inputs, None, shape, draw, first_keys);
+    let got = run_attention::<f32>(client, launch, inputs, None, shape, draw, first_keys, None);
     assert_close(&format!("{what}: output"), &got[0], &want[0], 1e-5, 1e-4);
     for (name, i) in [("dq", 1), ("dk", 2), ("dv", 3)] {
         assert_close(&format!("{what}: {name}"), &got[i], &want[i], 1e-4, 1e-3);
@@ -2382,6 +2403,117 @@ fn flash_attention_over_packed_documents_matches_float64() {
     }
 }
 
+/// A context-parallel chunk's attention (its queries the positions `from..seen` of a head
+/// `seen` long, the positions before them padding of any value, keys `0..seen`, its dropout
+/// drawn over the whole `whole`-long sequence) gives the rows of the whole sequence's attention
+/// at those queries: the output and `dq` there, and the keys' and values' gradients of the
+/// whole attention whose output gradient is zero off the chunk. Chunk ends off the blocks'
+/// (blocks of padding and queries), packed documents, with dropout.
+#[test]
+fn flash_attention_of_a_context_parallel_chunk_is_the_rows_of_the_whole() {
+    if ran_in_own_process_unoptimised() {
+        return;
+    }
+    let client = client();
+    for launch in attention_launches(&client, 8) {
+        let run = |inputs: [&[f32]; 4], shape, keys: &[u32], chunk| {
+            let draw = (0.35, Some(test_draw(0x5eed_c0de, 17, 0.2)));
+            run_attention::<f32>(
+                &client,
+                launch,
+                inputs,
+                None,
+                shape,
+                draw,
+                Some((keys, 2)),
+                chunk,
+            )
+        };
+        check_chunk_rows(&format!("{launch:?}"), &run, 1e-5);
+    }
+}
+
+/// [`flash_attention_of_a_context_parallel_chunk_is_the_rows_of_the_whole`] for the attention
+/// `run` runs (`[o, dq, dk, dv]` of `[q, k, v, do]` of a shape, with first keys of 2 batch
+/// elements and a chunk's `(queries_from, draw_seq)`), within `tolerance`.
+#[allow(clippy::type_complexity)]
+fn check_chunk_rows(
+    what: &str,
+    run: &dyn Fn([&[f32]; 4], AttentionShape, &[u32], Option<(usize, usize)>) -> [Vec<f32>; 4],
+    tolerance: f64,
+) {
+    let mut rng = Rng(43);
+    let (batch, whole, d, from, seen) = (2, 96, 8, 37, 70);
+    let full = AttentionShape {
+        heads: batch,
+        seq: whole,
+        head_dim: d,
+    };
+    let chunk = AttentionShape { seq: seen, ..full };
+    let [q, k, v, dout] = [0; 4].map(|_| rng.vec(full.len(), -1.5, 1.5));
+    let garbage = rng.vec(full.len(), -1.5, 1.5);
+    // The whole's output gradient only at the chunk's queries; the chunk's queries after
+    // padding of any value.
+    let (mut masked_dout, mut cq, mut cdout) = (dout.clone(), vec![], vec![]);
+    for h in 0..batch {
+        for p in 0..whole {
+            let row = (h * whole + p) * d..(h * whole + p + 1) * d;
+            let query = (from..seen).contains(&p);
+            if !query {
+                masked_dout[row.clone()].fill(0.0);
+            }
+            if p < seen {
+                cq.extend_from_slice(if query {
+                    &q[row.clone()]
+                } else {
+                    &garbage[row.clone()]
+                });
+                cdout.extend(dout[row].iter().map(|&x| if query { x } else { 0.0 }));
+            }
+        }
+    }
+    let rows = |x: &[f32], range: std::ops::Range<usize>, len: usize| -> Vec<f32> {
+        (0..batch)
+            .flat_map(|h| x[(h * len + range.start) * d..(h * len + range.end) * d].to_vec())
+            .collect()
+    };
+    let (ck, cv) = (rows(&k, 0..seen, whole), rows(&v, 0..seen, whole));
+    // Packed documents (a chunk without them reads first keys of 0: the same code; one case,
+    // a launch on cubecl-cpu being seconds). The padding's first keys are 0, so that they do
+    // not decrease along the head.
+    let keys = packed_first_keys(&mut rng, batch, whole, 20);
+    let chunk_keys: Vec<u32> = (0..batch)
+        .flat_map(|b| (0..seen).map(move |p| (b, p)))
+        .map(|(b, p)| if p < from { 0 } else { keys[b * whole + p] })
+        .collect();
+    let whole_run = run([&q, &k, &v, &masked_dout], full, &keys, None);
+    let got = run(
+        [&cq, &ck, &cv, &cdout],
+        chunk,
+        &chunk_keys,
+        Some((from, whole)),
+    );
+    for (name, i, range) in [
+        ("output", 0, from..seen),
+        ("dq", 1, from..seen),
+        ("dk", 2, 0..seen),
+        ("dv", 3, 0..seen),
+    ] {
+        let want: Vec<f64> = rows(&whole_run[i], range.clone(), whole)
+            .into_iter()
+            .map(f64::from)
+            .collect();
+        let mine = rows(&got[i], range, seen);
+        assert_close(
+            &format!("{what}: {name}"),
+            &mine,
+            &want,
+            tolerance,
+            tolerance,
+        );
+    }
+}
+
 /// The tiles the attention kernels visit over packed documents are exactly those holding a
 /// query–key pair the mask lets through, the forward's key tiles per query block and the
 /// backward's query tiles per key block (counted from the kernels' own tile ranges against
@@ -2410,10 +2542,7 @@ fn attention_over_packed_documents_visits_only_the_tiles_it_sees() {
             u32::from_bytes(&client.read_one_unchecked(ranges))[..4 * cubes].to_vec()
         };
         let keys_handle = client.create_from_slice(u32::as_bytes(&keys));
-        let documents = visited(Some(FirstKeys {
-            handle: &keys_handle,
-            batch,
-        }));
+        let documents = visited(Some(FirstKeys::of(&keys_handle, batch, seq)));
         let causal = visited(None);
         let everything = vec![0u32; batch * seq];
         let count =
@@ -3482,6 +3611,52 @@ fn mma_attention_forward_and_backward_match_float64() {
     }
 }
 
+/// [`flash_attention_of_a_context_parallel_chunk_is_the_rows_of_the_whole`] on matrix units
+/// (f16 heads): a chunk's attention is the whole attention's rows there too.
+#[cfg(feature = "spirv")]
+#[test]
+fn mma_attention_of_a_context_parallel_chunk_is_the_rows_of_the_whole() {
+    if ran_in_own_process_unoptimised() {
+        return;
+    }
+    let client = client();
+    let launch = MmaAttention::for_client::<half::f16>(&client, 8)
+        .expect("this device has no f16 matrix units (cooperative matrices) for these heads");
+    let run = |inputs: [&[f32]; 4],
+               shape: AttentionShape,
+               keys: &[u32],
+               chunk: Option<(usize, usize)>| {
+        let n = shape.len();
+        let [qh, kh, vh, dh] = inputs.map(|x| upload_as::<half::f16>(&client, x));
+        let keys_handle = client.create_from_slice(u32::as_bytes(keys));
+        let (queries_from, draw_seq) = chunk.unwrap_or((0, shape.seq));
+        let handles = AttentionInputs {
+            first_keys: Some(FirstKeys {
+                queries_from,
+                draw_seq,
+                ..FirstKeys::of(&keys_handle, 2, shape.seq)
+            }),
+            ..AttentionInputs::causal(&qh, &kh, &vh)
+        };
+        let (oh, lh) = (
+            poisoned_as::<half::f16>(&client, n),
+            poisoned(&client, shape.rows()),
+        );
+        let draw = Some(test_draw(0x5eed_c0de, 17, 0.2));
+        mma_attention_forward::<half::f16>(&client, launch, handles, &oh, &lh, shape, 0.35, draw);
+        let grads = [0; 3].map(|_| poisoned_as::<half::f16>(&client, n));
+        let delta = poisoned(&client, shape.rows());
+        let refs = [&grads[0], &grads[1], &grads[2]];
+        mma_attention_backward::<half::f16>(
+            &client, launch, handles, &oh, &dh, &lh, refs, &delta, shape, 0.35, draw,
+        );
+        let o = download_as::<half::f16>(&client, oh, n);
+        let [dq, dk, dv] = grads.map(|g| download_as::<half::f16>(&client, g, n));
+        [o, dq, dk, dv]
+    };
+    check_chunk_rows(&format!("{launch:?}"), &run, 1e-2);
+}
+
 /// One case of [`mma_attention_forward_and_backward_match_float64`]: `launch`'s forward and
 /// backward (and with `tiled`, the CUDA-core backward fed its forward) on `[q, k, v, do]`.
 #[cfg(feature = "spirv")]
@@ -3510,10 +3685,7 @@ fn check_mma_attention(
     let [qh, kh, vh, dh] = [q, k, v, dout].map(|x| upload_as::<half::f16>(client, x));
     let keys_handle = client.create_from_slice(u32::as_bytes(keys));
     let handles = AttentionInputs {
-        first_keys: first_keys.map(|_| FirstKeys {
-            handle: &keys_handle,
-            batch,
-        }),
+        first_keys: first_keys.map(|_| FirstKeys::of(&keys_handle, batch, shape.seq)),
         ..AttentionInputs::causal(&qh, &kh, &vh)
     };
     let oh = poisoned_as::<half::f16>(client, n);

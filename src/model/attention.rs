@@ -388,7 +388,7 @@ impl CausalSelfAttention {
             let [batch, _, seq, _] = q.dims();
             let slice = self.probabilities_slice(batch, seq);
             let first_keys = first_keys.cloned();
-            return super::fused::causal_attention(q, k, v, scale, draw, slice, first_keys);
+            return super::fused::causal_attention(q, k, v, scale, draw, slice, first_keys, None);
         }
         if let Some(first_keys) = first_keys {
             let scores = matmul(q, k.transpose());
@@ -419,6 +419,17 @@ impl CausalSelfAttention {
         let [batch, heads, local, _] = q.dims();
         let whole_seq = k.dims()[2];
         let draw = self.attention_dropout.draw(q.is_autodiff());
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        if self.flash_attention && crate::util::device::is_cube(&q.device()) {
+            let inputs = ContextChunks {
+                q,
+                k,
+                v,
+                first_keys,
+                chunks: split.chunks(local),
+            };
+            return self.fused_context_chunks(inputs, draw, scale);
+        }
         let half = local / 2;
         let contexts = split
             .chunks(local)
@@ -458,6 +469,66 @@ impl CausalSelfAttention {
                 };
                 matmul(probs, v.clone().narrow(2, 0, seen))
             });
+        Tensor::cat(contexts.collect(), 2)
+    }
+
+    /// [`Self::context_core_heads`] in the fused kernels: each chunk's queries as the
+    /// positions `start..start + c` of a head `start + c` long (the positions before them
+    /// padding, which see nothing and which the kernels skip by the block), over the keys up
+    /// to its end; one draw for both chunks, the whole sequence's. Memory stays linear in the
+    /// sequence: the padding is `start` rows of a head.
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    fn fused_context_chunks(
+        &self,
+        inputs: ContextChunks,
+        draw: Option<(u64, f64)>,
+        scale: f64,
+    ) -> Tensor<4> {
+        use super::fused::ChunkRows;
+        let ContextChunks {
+            q,
+            k,
+            v,
+            first_keys,
+            chunks,
+        } = inputs;
+        let [batch, heads, local, d] = q.dims();
+        let (whole, half, device) = (k.dims()[2], local / 2, q.device());
+        let slice = self.probabilities_slice(batch, whole);
+        let contexts = chunks.into_iter().enumerate().map(|(i, rows)| {
+            let (start, seen) = (rows.start, rows.end);
+            let mine = q.clone().narrow(2, i * half, half);
+            let first = match &first_keys {
+                Some(first) => first.clone().narrow(1, i * half, half),
+                None => Tensor::<2, Int>::zeros([batch, half], &device),
+            };
+            let (queries, first) = if start == 0 {
+                (mine, first)
+            } else {
+                let padding = Tensor::<4>::zeros([batch, heads, start, d], (&device, mine.dtype()));
+                let before = Tensor::<2, Int>::zeros([batch, start], &device);
+                (
+                    Tensor::cat(vec![padding, mine], 2),
+                    Tensor::cat(vec![before, first], 1),
+                )
+            };
+            let rows = ChunkRows {
+                queries_from: start,
+                draw_seq: whole,
+            };
+            let (k, v) = (k.clone().narrow(2, 0, seen), v.clone().narrow(2, 0, seen));
+            super::fused::causal_attention(
+                queries,
+                k,
+                v,
+                scale,
+                draw,
+                slice,
+                Some(first),
+                Some(rows),
+            )
+            .narrow(2, start, half)
+        });
         Tensor::cat(contexts.collect(), 2)
     }
 
@@ -592,4 +663,15 @@ impl CoreInputs {
 fn merge_heads(context: Tensor<4>) -> Tensor<3> {
     let [b, heads, s, head_dim] = context.dims();
     context.swap_dims(1, 2).reshape([b, s, heads * head_dim])
+}
+
+/// A context-parallel rank's attention inputs: its queries (two chunks), the whole sequence's
+/// keys and values (per head), the queries' first visible keys, and where its chunks lie.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+struct ContextChunks {
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    first_keys: Option<Tensor<2, Int>>,
+    chunks: [std::ops::Range<usize>; 2],
 }

@@ -55,10 +55,14 @@ impl CausalSelfAttention {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     pub fn core_in_words(&self, device: &Device, dtype: DType) -> String {
         if let Some(split) = &self.context {
+            let core = if self.flash_attention {
+                "fused core (--use-flash-attn)"
+            } else {
+                "composed core"
+            };
             return format!(
-                "composed core per context-parallel chunk: keys and values gathered over {} \
-                 ranks ({:?}), each chunk's queries over the keys before them (the fused \
-                 kernels do not take a chunk's offset yet)",
+                "{core} per context-parallel chunk: keys and values gathered over {} ranks \
+                 ({:?}), each chunk's queries over the keys before them",
                 split.size(),
                 split.comm
             );

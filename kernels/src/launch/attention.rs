@@ -57,10 +57,20 @@ impl AttentionShape {
             self.len() <= u32::MAX as usize,
             "fused attention of more than 2³² elements: {self:?}"
         );
+        if let Some(keys) = first_keys {
+            assert!(
+                keys.queries_from <= self.seq && keys.draw_seq >= self.seq,
+                "queries from {} of {} positions, drawn over {}",
+                keys.queries_from,
+                self.seq,
+                keys.draw_seq
+            );
+        }
         if let Some(draw) = dropout {
             // A head's probabilities are one run of the draw's slice (`kept` offsets them once).
+            let drawn = first_keys.map_or(self.seq, |keys| keys.draw_seq);
             draw.slice
-                .check_rows(self.rows() * self.seq, self.seq * self.seq);
+                .check_rows(self.heads * drawn * drawn, drawn * drawn);
         }
     }
 }
@@ -91,6 +101,24 @@ pub struct FirstKeys<'a> {
     pub handle: &'a Handle,
     /// Batch elements (rows).
     pub batch: usize,
+    /// Positions before it see no key: a context-parallel chunk's queries are the positions
+    /// from it on, those before padding whose outputs are not read (0: every position).
+    pub queries_from: usize,
+    /// The length of the sequence whose dropout draw the probabilities are part of: `seq`, or
+    /// the whole sequence of which a context-parallel chunk's keys are the first `seq`.
+    pub draw_seq: usize,
+}
+
+impl<'a> FirstKeys<'a> {
+    /// The first keys of `batch` elements, every position a query of the sequence itself.
+    pub fn of(handle: &'a Handle, batch: usize, seq: usize) -> Self {
+        Self {
+            handle,
+            batch,
+            queries_from: 0,
+            draw_seq: seq,
+        }
+    }
 }
 
 impl AttentionInputs<'_> {
@@ -127,13 +155,15 @@ pub(super) fn kernel_args(
 ) -> (AttentionScalarsLaunch, BufferArg, BufferArg, bool, bool) {
     let d = dropout.unwrap_or(NO_DRAW);
     let (heads, seq) = (shape.heads as u32, shape.seq as u32);
-    let (keys, sample_heads) = match first_keys {
+    let (keys, sample_heads, queries_from, draw_seq) = match first_keys {
         Some(keys) => (
             arg(keys.handle, keys.batch * shape.seq),
             shape.heads / keys.batch,
+            keys.queries_from,
+            keys.draw_seq,
         ),
         // Never read: the salt's buffer lends the binding.
-        None => (arg(&current_salt_buffer(client), 1), 1),
+        None => (arg(&current_salt_buffer(client), 1), 1, 0, shape.seq),
     };
     let scalars = AttentionScalarsLaunch::new(
         scale,
@@ -147,6 +177,8 @@ pub(super) fn kernel_args(
         d.slice.row,
         d.slice.first,
         sample_heads as u32,
+        queries_from as u32,
+        draw_seq as u32,
     );
     let salt = salt_binding(client, dropout);
     (scalars, salt, keys, dropout.is_some(), first_keys.is_some())

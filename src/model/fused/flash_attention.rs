@@ -23,6 +23,17 @@ use ferrotron_kernels::launch::{
 use super::{attention_shape, dropout_draw};
 use crate::util::cube_tensor::{by_dtype, empty_like, packed};
 
+/// Where a context-parallel chunk's attention sits in the whole sequence's: its queries are
+/// the heads' positions from `queries_from` on (those before are padding, which sees nothing),
+/// its probabilities part of the dropout draw over a `draw_seq`-long sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkRows {
+    /// The first position that is a query.
+    pub queries_from: usize,
+    /// The whole sequence's length.
+    pub draw_seq: usize,
+}
+
 /// The fused attention kernels a backend runs.
 pub trait FlashAttentionKernels: Backend {
     /// Causal attention of `[b, heads, s, head_dim]` queries, keys and values, dropout
@@ -34,7 +45,7 @@ pub trait FlashAttentionKernels: Backend {
         v: FloatTensor<Self>,
         scale: f32,
         dropout: Option<DropoutDraw>,
-        first_keys: Option<IntTensor<Self>>,
+        first_keys: Option<(IntTensor<Self>, Option<ChunkRows>)>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
     /// The attention's backward: dq, dk, dv from the forward's inputs, output and
     /// log-sum-exp, the output's gradient, the same dropout draw and first keys.
@@ -48,7 +59,7 @@ pub trait FlashAttentionKernels: Backend {
         grad_output: FloatTensor<Self>,
         scale: f32,
         dropout: Option<DropoutDraw>,
-        first_keys: Option<IntTensor<Self>>,
+        first_keys: Option<(IntTensor<Self>, Option<ChunkRows>)>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 }
 
@@ -65,8 +76,8 @@ pub trait FlashAttentionOps: Backend {
         draw: Option<DropoutDraw>,
     ) -> FloatTensor<Self>;
     /// [`Self::fused_causal_attention`] with each query seeing from its entry of `first_keys`
-    /// (`[b, s]`) on: packed documents. (An op of its own: an extension's tensor arguments
-    /// cannot be optional.)
+    /// (`[b, s]`) on: packed documents, or with `rows` a context-parallel chunk. (An op of
+    /// its own: an extension's tensor arguments cannot be optional.)
     fn fused_document_attention(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -74,25 +85,31 @@ pub trait FlashAttentionOps: Backend {
         first_keys: IntTensor<Self>,
         scale: f32,
         draw: Option<DropoutDraw>,
+        rows: Option<ChunkRows>,
     ) -> FloatTensor<Self>;
 }
 
 /// The first keys as the kernels read them (i32, contiguous: the same bytes as the `u32`
 /// they take, the keys being positions).
-fn kernel_first_keys(first_keys: Option<CubeTensor>) -> Option<CubeTensor> {
-    first_keys.map(|keys| packed(CubeBackend::int_cast(keys, IntDType::I32)))
+fn kernel_first_keys(
+    first_keys: Option<(CubeTensor, Option<ChunkRows>)>,
+) -> Option<(CubeTensor, Option<ChunkRows>)> {
+    first_keys.map(|(keys, rows)| (packed(CubeBackend::int_cast(keys, IntDType::I32)), rows))
 }
 
 /// The kernels' inputs: the heads `q`, `k`, `v` and the first keys `keys` (`[batch, seq]`,
 /// [`kernel_first_keys`]) where there are.
 fn kernel_inputs<'a>(
     [q, k, v]: [&'a CubeTensor; 3],
-    keys: &'a Option<CubeTensor>,
+    keys: &'a Option<(CubeTensor, Option<ChunkRows>)>,
 ) -> AttentionInputs<'a> {
+    let seq = q.shape()[2];
     AttentionInputs {
-        first_keys: keys.as_ref().map(|keys| FirstKeys {
+        first_keys: keys.as_ref().map(|(keys, rows)| FirstKeys {
             handle: &keys.handle,
             batch: keys.shape()[0],
+            queries_from: rows.map_or(0, |r| r.queries_from),
+            draw_seq: rows.map_or(seq, |r| r.draw_seq),
         }),
         ..AttentionInputs::causal(&q.handle, &k.handle, &v.handle)
     }
@@ -105,7 +122,7 @@ impl FlashAttentionKernels for CubeBackend {
         v: CubeTensor,
         scale: f32,
         dropout: Option<DropoutDraw>,
-        first_keys: Option<CubeTensor>,
+        first_keys: Option<(CubeTensor, Option<ChunkRows>)>,
     ) -> (CubeTensor, CubeTensor) {
         let (q, k, v) = (packed(q), packed(k), packed(v));
         let shape = q.shape();
@@ -138,7 +155,7 @@ impl FlashAttentionKernels for CubeBackend {
         grad_output: CubeTensor,
         scale: f32,
         dropout: Option<DropoutDraw>,
-        first_keys: Option<CubeTensor>,
+        first_keys: Option<(CubeTensor, Option<ChunkRows>)>,
     ) -> (CubeTensor, CubeTensor, CubeTensor) {
         let (q, k, v) = (packed(q), packed(k), packed(v));
         let (output, grad_output) = (packed(output), packed(grad_output));
@@ -185,8 +202,9 @@ impl FlashAttentionOps for CubeBackend {
         first_keys: CubeTensor,
         scale: f32,
         draw: Option<DropoutDraw>,
+        rows: Option<ChunkRows>,
     ) -> CubeTensor {
-        Self::flash_attention_forward(q, k, v, scale, draw, Some(first_keys)).0
+        Self::flash_attention_forward(q, k, v, scale, draw, Some((first_keys, rows))).0
     }
 }
 
@@ -200,7 +218,7 @@ impl<B: FlashAttentionKernels> Backward<B, 3> for AttentionBackward {
         [FloatTensor<B>; 5],
         f32,
         Option<DropoutDraw>,
-        Option<IntTensor<B>>,
+        Option<(IntTensor<B>, Option<ChunkRows>)>,
     );
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
@@ -237,8 +255,9 @@ impl<B: FlashAttentionKernels + FlashAttentionOps, C: CheckpointStrategy> FlashA
         first_keys: IntTensor<Self>,
         scale: f32,
         draw: Option<DropoutDraw>,
+        rows: Option<ChunkRows>,
     ) -> FloatTensor<Self> {
-        tracked_attention::<B, C>([q, k, v], scale, draw, Some(first_keys))
+        tracked_attention::<B, C>([q, k, v], scale, draw, Some((first_keys, rows)))
     }
 }
 
@@ -248,7 +267,7 @@ fn tracked_attention<B: FlashAttentionKernels, C: CheckpointStrategy>(
     [q, k, v]: [FloatTensor<Autodiff<B, C>>; 3],
     scale: f32,
     draw: Option<DropoutDraw>,
-    first_keys: Option<IntTensor<B>>,
+    first_keys: Option<(IntTensor<B>, Option<ChunkRows>)>,
 ) -> FloatTensor<Autodiff<B, C>> {
     let (q, nq) = q.into_parts();
     let (k, nk) = k.into_parts();
@@ -277,7 +296,9 @@ fn tracked_attention<B: FlashAttentionKernels, C: CheckpointStrategy>(
 /// probabilities hold `slice` (a tensor-parallel rank's heads); it drops the same probabilities
 /// as [`dropout`] of that key and slice on the materialised probabilities. With `first_keys`
 /// (`[b, s]`, packed documents: not decreasing along a row, each at most its position) query
-/// `i` sees keys `first_keys[i] ..= i` only.
+/// `i` sees keys `first_keys[i] ..= i` only; with `rows` too, only the positions from
+/// `rows.queries_from` on are queries (a context-parallel chunk, [`ChunkRows`]).
+#[allow(clippy::too_many_arguments)]
 pub fn causal_attention(
     q: Tensor<4>,
     k: Tensor<4>,
@@ -286,6 +307,7 @@ pub fn causal_attention(
     dropout: Option<(u64, f64)>,
     slice: DrawSlice,
     first_keys: Option<Tensor<2, Int>>,
+    rows: Option<ChunkRows>,
 ) -> Tensor<4> {
     let (q, k, v) = (q.into_dispatch(), k.into_dispatch(), v.into_dispatch());
     let (scale, draw) = (scale as f32, dropout_draw(dropout, slice));
@@ -298,6 +320,7 @@ pub fn causal_attention(
             keys.into_dispatch(),
             scale,
             draw,
+            rows,
         ),
     })
 }

@@ -25,7 +25,7 @@ pub use attention_core::CoreKernels;
 pub use attention_from_rows::{attention_from_qkv, RowRotation};
 pub use bias_gradient::BiasGradKernels;
 pub use dropout::{bias_dropout_add, dropout_slice};
-pub use flash_attention::{attention_kernels_in_words, causal_attention};
+pub use flash_attention::{attention_kernels_in_words, causal_attention, ChunkRows};
 pub use norms::{layer_norm, rms_norm};
 pub use rotary::rotary;
 pub use softmax::causal_softmax;
