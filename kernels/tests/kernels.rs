@@ -2066,6 +2066,7 @@ impl Storage for f32 {
 
 /// Fused attention stored in `S`: `[o, dq, dk, dv]` for `[q, k, v, do]`, the backward given
 /// `output` in place of the forward's when it is `Some`.
+#[allow(clippy::too_many_arguments)]
 fn run_attention<S: Storage>(
     client: &Client,
     launch: AttentionLaunch,
