@@ -404,8 +404,10 @@ impl CausalSelfAttention {
     /// sequence, `[batch, local heads, 2c, head_dim]`) over the whole sequence's keys and
     /// values, gathered from every rank of `split`. Each chunk's queries at positions
     /// `start..start + c` see keys `0..start + c` only, causally from `start` (and from their
-    /// `first_keys` on), so a rank computes `(2 · size + 1) · c²` scores of the sequence's
-    /// `(2 · size · c)²`; the attention dropout is the whole sequence's draw at those scores.
+    /// `first_keys` on); the attention dropout is the whole sequence's draw at those scores.
+    /// With `--use-flash-attn` on a CubeCL device the fused kernels take each chunk
+    /// ([`Self::fused_context_chunks`]); otherwise the composed core computes each chunk's
+    /// scores, `(2 · size + 1) · c²` of the sequence's `(2 · size · c)²` on a rank.
     fn context_core_heads(
         &self,
         [q, k, v]: [Tensor<4>; 3],
