@@ -263,8 +263,9 @@ fn checkpoints_saved_at_one_context_parallel_size_continue_at_another() {
 }
 
 /// With `--use-flash-attn` on a CubeCL device (wgpu on lavapipe) a context-parallel rank runs
-/// the fused kernels, each chunk's queries over the keys before them: CP = 2 with packed
-/// documents and dropout trains the single process's fused-kernel model.
+/// the fused kernels, each chunk's queries over the keys before them, and its dropouts draw on
+/// the device: CP = 2 × TP = 2 with sequence parallelism, packed documents and dropout trains
+/// the single process's fused-kernel model.
 #[test]
 fn context_parallel_ranks_run_the_fused_attention_on_a_cubecl_device() {
     if crate::common::own_process::ran_in_own_process_unoptimised() {
@@ -277,6 +278,8 @@ fn context_parallel_ranks_run_the_fused_attention_on_a_cubecl_device() {
         .autodiff();
     let dir = tempfile::tempdir().unwrap();
     let layout = Layout {
+        tp: 2,
+        sequence_parallel: true,
         documents: true,
         ..BASE
     };
@@ -287,13 +290,13 @@ fn context_parallel_ranks_run_the_fused_attention_on_a_cubecl_device() {
     };
     config.model = config.model.with_flash_attention(true);
     let single = pretrain(&config.in_one_process(), &device).unwrap().losses;
-    let split = run_ranks(2, |world| {
+    let split = run_ranks(4, |world| {
         pretrain_on(&config, &device, world).map(|o| o.losses)
     })
     .unwrap();
     let worst = worst_relative(&split[0], &single);
     println!(
-        "CP=2 with the fused attention on lavapipe: worst relative loss difference {worst:.2e}"
+        "CP=2 × TP=2 with the fused attention on lavapipe: worst relative loss difference {worst:.2e}"
     );
     assert_eq!(split[0].len(), 6);
     assert!(worst < 1e-5, "{worst}");

@@ -85,7 +85,10 @@ impl Dropout {
         }
         let key = next_dropout_key(self.region);
         if self.context.is_some() {
-            // The fused kernels take a rank's rows as one chunk; two chunks are masked here.
+            #[cfg(any(feature = "wgpu", feature = "cuda"))]
+            if crate::util::device::is_cube(&x.device()) {
+                return self.context_runs_on_device(x, key);
+            }
             let dims = x.dims();
             return self.forward_drawn(x, key, self.whole_of(&dims), self.picks_of(&dims));
         }
@@ -149,6 +152,35 @@ impl Dropout {
         let mask = Tensor::<D>::from_data(TensorData::new(mask, x.dims()), &x.device());
         let dtype = x.dtype();
         x * mask.cast(dtype)
+    }
+
+    /// [`Self::forward`] of a context-parallel rank's rows on a CubeCL device: one fused
+    /// dropout per run of consecutive whole-sequence rows (a rank's two chunks, or the parts
+    /// of them a sequence-parallel rank holds), each a slice of the whole tensor's draw, so
+    /// the mask is derived on the device as without context parallelism.
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    fn context_runs_on_device<const D: usize>(&self, x: Tensor<D>, key: u64) -> Tensor<D> {
+        use ferrotron_kernels::launch::DrawSlice;
+        let dims = x.dims();
+        let (whole, rows) = (self.whole_of(&dims)[1], self.rows_of(dims[1]));
+        let rest: usize = dims[2..].iter().product();
+        let mut runs: Vec<(usize, usize)> = vec![]; // (first local row, first whole row)
+        for (i, &row) in rows.iter().enumerate() {
+            if i == 0 || rows[i - 1] + 1 != row {
+                runs.push((i, row));
+            }
+        }
+        let ends: Vec<usize> = runs.iter().skip(1).map(|r| r.0).chain([dims[1]]).collect();
+        let parts = runs.iter().zip(ends).map(|(&(from, row), end)| {
+            let slice = DrawSlice {
+                own: ((end - from) * rest) as u32,
+                row: (whole * rest) as u32,
+                first: (row * rest) as u32,
+            };
+            let part = x.clone().narrow(1, from, end - from);
+            super::fused::dropout_slice(part, key, self.prob, slice)
+        });
+        Tensor::cat(parts.collect(), 1)
     }
 
     /// The whole tensor's indices along dimension 1 of the `local` this rank holds: its chunk
