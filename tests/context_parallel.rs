@@ -9,7 +9,7 @@ use ferrotron::model::{GptConfig, Normalization, PositionEmbedding};
 use ferrotron::optim::{AdamWConfig, LrDecayStyle, LrSchedule};
 use ferrotron::parallel::context::ContextComm;
 use ferrotron::training::layout_fuzz::generate::short_documents;
-use ferrotron::training::layout_fuzz::{case_dir, check_case, FuzzCase, Ranks, References};
+use ferrotron::training::layout_fuzz::FuzzCase;
 use ferrotron::training::{ParallelConfig, PretrainConfig};
 
 use crate::common::*;
@@ -123,20 +123,12 @@ fn case(index: u64, l: &Layout, llama: bool, cache: &std::path::Path) -> FuzzCas
 fn check(layouts: &[(Layout, bool)]) {
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("cache");
-    let mut references = References::default();
-    let mut differ = Vec::new();
-    for (i, (layout, llama)) in layouts.iter().enumerate() {
-        let case = case(i as u64, layout, *llama, &cache);
-        let case_dir = case_dir(dir.path(), case.index).unwrap();
-        let verdict = check_case(&case, &Ranks::Threads, &case_dir, &mut references)
-            .unwrap()
-            .expect("thread ranks compare in this process");
-        println!("{verdict}");
-        if !verdict.passed() {
-            differ.push(verdict.to_string());
-        }
-    }
-    assert!(differ.is_empty(), "{differ:#?}");
+    let cases: Vec<FuzzCase> = layouts
+        .iter()
+        .enumerate()
+        .map(|(i, (layout, llama))| case(i as u64, layout, *llama, &cache))
+        .collect();
+    assert_cases_reproduce_one_process(&cases, dir.path());
 }
 
 /// CP = 2 and 4 on their own, each exchange, with and without packed documents and a window.

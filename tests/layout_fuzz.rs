@@ -5,8 +5,7 @@
 
 use ferrotron::optim::LrSchedule;
 use ferrotron::training::layout_fuzz::{
-    case_dir, check_case, compare, first_weight_difference, generate, FuzzCase, Observation, Ranks,
-    References, Tolerance,
+    compare, first_weight_difference, generate, FuzzCase, Observation, Ranks, Tolerance,
 };
 use ferrotron::training::PretrainConfig;
 
@@ -58,19 +57,7 @@ fn a_seeded_sample_of_generated_layouts_reproduces_the_single_process() {
     assert!(any(
         &|c, _| c.parallel.context_parallel_size == 4 && c.parallel.use_distributed_optimizer
     ));
-    let mut references = References::default();
-    let mut differ = Vec::new();
-    for case in &cases {
-        let case_dir = case_dir(dir.path(), case.index).unwrap();
-        let verdict = check_case(case, &Ranks::Threads, &case_dir, &mut references)
-            .unwrap()
-            .expect("thread ranks compare in this process");
-        println!("{verdict}");
-        if !verdict.passed() {
-            differ.push(verdict.to_string());
-        }
-    }
-    assert!(differ.is_empty(), "{differ:#?}");
+    assert_cases_reproduce_one_process(&cases, dir.path());
 }
 
 /// The oracle finds what it is for: a "layout" whose learning rate is 1 % off trains from the

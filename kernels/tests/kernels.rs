@@ -2480,7 +2480,7 @@ fn check_chunk_rows(
     };
     let (ck, cv) = (rows(&k, 0..seen, whole), rows(&v, 0..seen, whole));
     // Packed documents (a chunk without them reads first keys of 0: the same code; one case,
-    // a launch on cubecl-cpu being seconds). The padding's first keys are 0, so that they do
+    // each launch costing much on cubecl-cpu). The padding's first keys are 0, so that they do
     // not decrease along the head.
     let keys = packed_first_keys(&mut rng, batch, whole, 20);
     let chunk_keys: Vec<u32> = (0..batch)

@@ -184,3 +184,25 @@ pub fn fnv1a_hex(bytes: impl IntoIterator<Item = u8>) -> String {
     });
     format!("{h:016x}")
 }
+
+/// Holds each of `cases` (on thread ranks, run under `dir`) to its single-process run with the
+/// layout fuzzer's oracle, printing each verdict; panics naming every case that differs.
+pub fn assert_cases_reproduce_one_process(
+    cases: &[ferrotron::training::layout_fuzz::FuzzCase],
+    dir: &Path,
+) {
+    use ferrotron::training::layout_fuzz::{case_dir, check_case, Ranks, References};
+    let mut references = References::default();
+    let mut differ = Vec::new();
+    for case in cases {
+        let case_dir = case_dir(dir, case.index).unwrap();
+        let verdict = check_case(case, &Ranks::Threads, &case_dir, &mut references)
+            .unwrap()
+            .expect("thread ranks compare in this process");
+        println!("{verdict}");
+        if !verdict.passed() {
+            differ.push(verdict.to_string());
+        }
+    }
+    assert!(differ.is_empty(), "{differ:#?}");
+}
